@@ -1,0 +1,79 @@
+"""edgesdk: put trained models on small devices and keep them healthy there.
+
+Public API (imported lazily so ``edgesdk --help`` and small scripts start fast)::
+
+    import edgesdk
+    profile = edgesdk.detect_device()
+    with edgesdk.Runtime("model.tflite", profile=profile, mode="latency") as rt:
+        rt.predict(frame)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Runtime": "edgesdk.runtime",
+    "RuntimeInfo": "edgesdk.runtime",
+    "TensorSpec": "edgesdk.tensors",
+    "StatsSnapshot": "edgesdk.stats",
+    "DeviceProfile": "edgesdk.profiles",
+    "CoreCluster": "edgesdk.profiles",
+    "PowerMode": "edgesdk.profiles",
+    "Accelerator": "edgesdk.profiles",
+    "RuntimeMode": "edgesdk.profiles",
+    "load_profile": "edgesdk.profiles",
+    "list_profiles": "edgesdk.profiles",
+    "detect_device": "edgesdk.detect",
+    "CorePlan": "edgesdk.scheduling",
+    "plan_cores": "edgesdk.scheduling",
+    "EdgeSDKError": "edgesdk.errors",
+    "ProfileError": "edgesdk.errors",
+    "ModelFormatError": "edgesdk.errors",
+    "BackendError": "edgesdk.errors",
+    "InputError": "edgesdk.errors",
+    "ScheduleError": "edgesdk.errors",
+    "BudgetError": "edgesdk.errors",
+    "SignatureError": "edgesdk.errors",
+    "TransferError": "edgesdk.errors",
+    "OffloadError": "edgesdk.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edgesdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from edgesdk.detect import detect_device
+    from edgesdk.errors import (
+        BackendError,
+        BudgetError,
+        EdgeSDKError,
+        InputError,
+        ModelFormatError,
+        OffloadError,
+        ProfileError,
+        ScheduleError,
+        SignatureError,
+        TransferError,
+    )
+    from edgesdk.profiles import Accelerator, CoreCluster, DeviceProfile, PowerMode, RuntimeMode, list_profiles, load_profile
+    from edgesdk.runtime import Runtime, RuntimeInfo
+    from edgesdk.scheduling import CorePlan, plan_cores
+    from edgesdk.stats import StatsSnapshot
+    from edgesdk.tensors import TensorSpec

@@ -1,0 +1,41 @@
+"""Inference backends behind one small interface (:class:`Backend`)."""
+
+from __future__ import annotations
+
+import enum
+
+from edgesdk.backends.base import Backend, BackendInfo
+from edgesdk.errors import BackendError
+from edgesdk.model_file import ModelFile, ModelFormat
+from edgesdk.profiles import Accelerator
+from edgesdk.scheduling import CorePlan
+
+__all__ = ["Backend", "BackendInfo", "BackendKind", "open_backend"]
+
+
+class BackendKind(str, enum.Enum):
+    AUTO = "auto"
+    LITERT = "litert"
+    ONNXRUNTIME = "onnxruntime"
+
+
+_NATIVE = {ModelFormat.TFLITE: BackendKind.LITERT, ModelFormat.ONNX: BackendKind.ONNXRUNTIME}
+
+
+def open_backend(kind: BackendKind, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...]) -> Backend:
+    """Load ``model`` in the backend that runs its format (``auto``) or the one asked for."""
+    native = _NATIVE[model.format]
+    if kind is BackendKind.AUTO:
+        kind = native
+    if kind is not native:
+        raise BackendError(
+            f"backend {kind.value!r} cannot run {model.format.value} model {model.path}; "
+            f"use backend='{native.value}' or 'auto', or convert the model with `edgesdk convert`"
+        )
+    if kind is BackendKind.LITERT:
+        from edgesdk.backends.litert import LiteRTBackend
+
+        return LiteRTBackend(model, plan, accelerators)
+    from edgesdk.backends.onnxruntime import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend(model, plan, accelerators)

@@ -1,0 +1,57 @@
+"""The ``edgesdk`` command line. Thin: it parses, calls the library, prints.
+
+Subcommands live in their own modules and are imported only when run, so
+``edgesdk --help`` does not pay for numpy or onnxruntime.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from edgesdk import __version__
+from edgesdk.errors import EdgeSDKError
+
+#: command name -> (module, attribute, one-line help shown by --help without importing it)
+_COMMANDS = {
+    "profile": ("edgesdk.cli.profile", "profile", "List, show and detect device profiles."),
+    "bench": ("edgesdk.cli.bench", "bench", "Measure a model's latency, throughput and memory here."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in _COMMANDS:
+            return None
+        module, attribute, _ = _COMMANDS[name]
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, short) for name, (_, _, short) in sorted(_COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # The one place library errors become a message and an exit code, without a traceback.
+        try:
+            return super().invoke(ctx)
+        except EdgeSDKError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_LazyGroup)
+@click.version_option(__version__, prog_name="edgesdk")
+def cli() -> None:
+    """edgesdk: convert, run and update models on edge devices."""
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,48 @@
+"""``edgesdk bench MODEL``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--profile", default=None, help="Profile name or YAML path (default: detect this board).")
+@click.option("--mode", type=click.Choice(["latency", "balanced", "power"]), default="latency", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "litert", "onnxruntime"]), default="auto", show_default=True)
+@click.option("--accelerator", default="auto", show_default=True, help="auto, cpu, or an accelerator of the profile.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Override the mode's thread count.")
+@click.option("--runs", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def bench(model: str, profile: str | None, mode: str, backend: str, accelerator: str, threads: int | None,
+          runs: int, warmup: int, as_json: bool) -> None:
+    """Measure MODEL's latency percentiles, throughput and peak memory on this device."""
+    from edgesdk.bench import benchmark
+
+    with click.progressbar(length=runs, label="benchmarking", file=click.get_text_stream("stderr")) as bar:
+        result = benchmark(model, profile=profile, mode=mode, backend=backend, accelerator=accelerator,
+                           threads=threads, runs=runs, warmup=warmup, on_progress=bar.update)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    info = result.info
+    rows = [
+        ("model", info.model),
+        ("profile / mode", f"{info.profile} / {info.mode} (power mode {info.power_mode or '-'})"),
+        ("backend", f"{info.backend} {info.backend_version}"),
+        ("accelerator", info.accelerator),
+        ("threads / cores", f"{info.threads} on {list(info.cores)}"),
+        ("latency p50 / p95 / p99", f"{result.p50_ms:.3f} / {result.p95_ms:.3f} / {result.p99_ms:.3f} ms"),
+        ("latency min / mean / max", f"{result.min_ms:.3f} / {result.mean_ms:.3f} / {result.max_ms:.3f} ms"),
+        ("throughput", f"{result.throughput_per_s:.1f} inferences/s"),
+        ("peak RSS", f"{result.peak_rss_mb:.1f} MiB"),
+        ("runs (warm-up)", f"{result.runs} ({result.warmup})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+    for note in info.fallbacks:
+        click.echo(f"fallback: {note}")

@@ -1,0 +1,95 @@
+"""The edgesdk exception tree.
+
+Every error edgesdk raises on purpose is an :class:`EdgeSDKError`; errors of the
+libraries underneath (onnx, onnxruntime, LiteRT, paho-mqtt, PyYAML) are translated
+once, where they cross into edgesdk, with ``raise ... from exc``::
+
+    EdgeSDKError                     exit 1
+    ├── ProfileError                 exit 3   a device profile file is missing or invalid
+    ├── ModelFormatError             exit 4   a model file is missing, corrupt or of the wrong kind
+    ├── BackendError                 exit 5   no usable inference library, or it failed at run time
+    ├── InputError                   exit 6   predict() got names, shapes or dtypes the model does not take
+    ├── ScheduleError                exit 7   a power mode or core set cannot be applied
+    ├── BudgetError                  exit 8   no model variant fits a device's memory or power budget
+    ├── SignatureError               exit 9   a bundle's signature or hash does not verify
+    ├── TransferError                exit 10  an OTA transfer failed or was truncated
+    └── OffloadError                 exit 11  the cloud offload endpoint could not serve a request
+
+Each message says what was wrong, with the value, and what to do about it. The CLI
+catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EdgeSDKError",
+    "ProfileError",
+    "ModelFormatError",
+    "BackendError",
+    "InputError",
+    "ScheduleError",
+    "BudgetError",
+    "SignatureError",
+    "TransferError",
+    "OffloadError",
+]
+
+
+class EdgeSDKError(Exception):
+    """Base of every error edgesdk raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ProfileError(EdgeSDKError):
+    """A device profile is missing, or its YAML has a missing, mistyped or unknown field."""
+
+    exit_code = 3
+
+
+class ModelFormatError(EdgeSDKError):
+    """A model file is missing, truncated, corrupt, or not the format its name says."""
+
+    exit_code = 4
+
+
+class BackendError(EdgeSDKError):
+    """No usable inference library is installed, or the library failed while running."""
+
+    exit_code = 5
+
+
+class InputError(EdgeSDKError, ValueError):
+    """``predict()`` got input names, shapes or dtypes the model does not accept."""
+
+    exit_code = 6
+
+
+class ScheduleError(EdgeSDKError):
+    """A requested power mode, thread count or core set cannot be applied."""
+
+    exit_code = 7
+
+
+class BudgetError(EdgeSDKError):
+    """No model variant fits the device profile's memory or power budget."""
+
+    exit_code = 8
+
+
+class SignatureError(EdgeSDKError):
+    """A bundle's signature, manifest or content hash does not verify."""
+
+    exit_code = 9
+
+
+class TransferError(EdgeSDKError):
+    """An over-the-air transfer failed, was truncated, or a chunk did not verify."""
+
+    exit_code = 10
+
+
+class OffloadError(EdgeSDKError):
+    """The cloud offload endpoint could not serve a request."""
+
+    exit_code = 11

@@ -1,0 +1,409 @@
+"""Device profiles: what a board has and how edgesdk may use it.
+
+A profile is one YAML file per board (``device_profiles/*.yaml``, shipped as package
+data). Users add their own with a directory passed as ``profile_dirs`` or listed in the
+``EDGESDK_PROFILE_PATH`` environment variable (``os.pathsep``-separated); a user profile
+with the same ``name`` as a shipped one replaces it.
+
+The YAML is read into frozen dataclasses and validated field by field: a missing field,
+a wrong type or an unknown key raises :class:`~edgesdk.errors.ProfileError` naming the
+file and the field path (``clusters[1].max_mhz``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from edgesdk.errors import ProfileError
+
+__all__ = [
+    "RuntimeMode",
+    "CoreCluster",
+    "PowerMode",
+    "Accelerator",
+    "DetectionHints",
+    "DeviceProfile",
+    "PROFILE_PATH_ENV",
+    "load_profile",
+    "list_profiles",
+    "profile_from_dict",
+]
+
+PROFILE_PATH_ENV = "EDGESDK_PROFILE_PATH"
+
+
+class RuntimeMode(str, enum.Enum):
+    """What the application asks the runtime to optimise for."""
+
+    LATENCY = "latency"
+    BALANCED = "balanced"
+    POWER = "power"
+
+    @classmethod
+    def parse(cls, value: str | RuntimeMode) -> RuntimeMode:
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise ProfileError(f"unknown mode {value!r}; use one of: {choices}") from None
+
+
+class AcceleratorKind(str, enum.Enum):
+    GPU = "gpu"
+    NPU = "npu"
+    DSP = "dsp"
+
+
+@dataclass(frozen=True)
+class CoreCluster:
+    """CPU cores of one microarchitecture and frequency domain."""
+
+    name: str
+    cores: tuple[int, ...]
+    microarchitecture: str
+    max_mhz: int
+    #: Relative compute capacity as Linux reports it in ``cpu_capacity`` (1024 = fastest core).
+    capacity: int
+    #: ``CPU part`` from /proc/cpuinfo (e.g. ``0xd0b`` for Cortex-A76); None on x86.
+    cpu_part: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.cores:
+            raise ProfileError(f"cluster {self.name!r} has no cores; list at least one core id")
+        if len(set(self.cores)) != len(self.cores) or min(self.cores) < 0:
+            raise ProfileError(f"cluster {self.name!r} cores {list(self.cores)} must be distinct ids >= 0")
+        if self.max_mhz <= 0 or not 0 < self.capacity <= 1024:
+            raise ProfileError(
+                f"cluster {self.name!r}: max_mhz must be > 0 and capacity in 1..1024, "
+                f"got max_mhz={self.max_mhz}, capacity={self.capacity}"
+            )
+
+
+@dataclass(frozen=True)
+class PowerMode:
+    """A board power state: its sustained power draw and which cores it keeps running."""
+
+    name: str
+    #: Typical sustained board power with the CPU cores of this mode busy, in watts.
+    watts: float
+    #: Names of the clusters scheduled in this mode.
+    clusters: tuple[str, ...]
+    #: The runtime modes this power state serves.
+    serves: tuple[RuntimeMode, ...]
+    #: Frequency cap per cluster name in this mode (clusters not listed run at their max).
+    max_mhz: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: How many of the listed clusters' cores stay online (e.g. Jetson Nano 5W keeps 2).
+    online_cores: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.watts <= 0:
+            raise ProfileError(f"power mode {self.name!r}: watts must be > 0, got {self.watts}")
+        if not self.clusters:
+            raise ProfileError(f"power mode {self.name!r} lists no clusters")
+        if self.online_cores is not None and self.online_cores < 1:
+            raise ProfileError(f"power mode {self.name!r}: online_cores must be >= 1, got {self.online_cores}")
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU/NPU/DSP and the LiteRT delegates / ONNX Runtime providers that can drive it."""
+
+    name: str
+    kind: AcceleratorKind
+    #: Shared libraries for ``load_delegate``, tried in order.
+    litert_delegates: tuple[str, ...] = ()
+    #: ONNX Runtime execution providers, best first (CPU is always appended last).
+    onnxruntime_providers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DetectionHints:
+    """How :func:`edgesdk.detect_device` recognises the board."""
+
+    #: Case-insensitive substrings of ``/proc/device-tree/model``.
+    device_tree_model: tuple[str, ...] = ()
+    #: Entries of ``/proc/device-tree/compatible`` (any one matches).
+    compatible: tuple[str, ...] = ()
+    #: ``CPU part`` ids expected in /proc/cpuinfo (used when the device tree is absent).
+    cpu_parts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Everything edgesdk knows about one kind of board."""
+
+    name: str
+    description: str
+    arch: str
+    clusters: tuple[CoreCluster, ...]
+    ram_mb: int
+    #: Memory a model (weights + arena) may take on this board, in MiB.
+    model_budget_mb: int
+    power_modes: tuple[PowerMode, ...]
+    accelerators: tuple[Accelerator, ...] = ()
+    detect: DetectionHints = DetectionHints()
+    sources: tuple[str, ...] = ()
+    #: Where the profile came from: a file path, or ``"detected"``.
+    origin: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.clusters]
+        if not self.clusters:
+            raise ProfileError(f"profile {self.name!r} has no CPU clusters")
+        if len(set(names)) != len(names):
+            raise ProfileError(f"profile {self.name!r}: cluster names {names} must be unique")
+        all_cores = [core for c in self.clusters for core in c.cores]
+        if len(set(all_cores)) != len(all_cores):
+            raise ProfileError(f"profile {self.name!r}: a core id appears in two clusters: {sorted(all_cores)}")
+        if not 0 < self.model_budget_mb <= self.ram_mb:
+            raise ProfileError(
+                f"profile {self.name!r}: model_budget_mb={self.model_budget_mb} must be in 1..ram_mb={self.ram_mb}"
+            )
+        for mode in self.power_modes:
+            unknown = set(mode.clusters) - set(names)
+            unknown |= set(mode.max_mhz) - set(names)
+            if unknown:
+                raise ProfileError(
+                    f"profile {self.name!r}: power mode {mode.name!r} names clusters {sorted(unknown)} "
+                    f"that are not defined; defined clusters: {names}"
+                )
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        return tuple(sorted(core for c in self.clusters for core in c.cores))
+
+    @property
+    def is_heterogeneous(self) -> bool:
+        """True when the board has clusters of different capacity (big.LITTLE)."""
+        return len({c.capacity for c in self.clusters}) > 1
+
+    def cluster(self, name: str) -> CoreCluster:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise ProfileError(f"profile {self.name!r} has no cluster {name!r}; it has {[c.name for c in self.clusters]}")
+
+    def power_mode_for(self, mode: RuntimeMode | str) -> PowerMode | None:
+        """The board power state that serves a runtime mode, or None if none is declared."""
+        wanted = RuntimeMode.parse(mode)
+        for pm in self.power_modes:
+            if wanted in pm.serves:
+                return pm
+        return None
+
+
+# --------------------------------------------------------------------------- YAML reading
+
+
+class _Fields:
+    """Reads one YAML mapping, naming the file and field path in every error."""
+
+    def __init__(self, data: Any, where: str, origin: str) -> None:
+        self.where, self.origin = where, origin
+        if not isinstance(data, Mapping):
+            self.fail(f"must be a mapping, got {type(data).__name__}")
+        self.data = data
+        self.seen: set[str] = set()
+
+    def fail(self, message: str) -> None:
+        raise ProfileError(f"{self.origin}: {self.where or 'top level'}: {message}")
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., ) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise ProfileError(f"{self.origin}: missing field {self.path(key)!r}")
+            return default
+        value = self.data[key]
+        # bool is an int subclass; a YAML `yes` must not pass as a number.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            value_ok = False
+        else:
+            value_ok = isinstance(value, kind)
+        if not value_ok:
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise ProfileError(
+                f"{self.origin}: field {self.path(key)!r} must be {names}, got {type(value).__name__} {value!r}"
+            )
+        return value
+
+    def sub(self, key: str, data: Any) -> _Fields:
+        return _Fields(data, self.path(key), self.origin)
+
+    def strings(self, key: str, default: Any = ...) -> tuple[str, ...]:
+        items = self.get(key, list, default=[] if default is not ... else ...)
+        for i, item in enumerate(items):
+            if not isinstance(item, (str, int)) or isinstance(item, bool):
+                self.fail(f"{self.path(key)}[{i}] must be a string, got {type(item).__name__}")
+        return tuple(str(item) for item in items)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.seen)
+        if unknown:
+            raise ProfileError(
+                f"{self.origin}: unknown field(s) {[self.path(k) for k in unknown]}; "
+                f"allowed here: {sorted(self.seen)}"
+            )
+
+
+def _cluster(f: _Fields) -> CoreCluster:
+    cores = f.get("cores", list)
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in cores):
+        f.fail(f"cores must be a list of integer core ids, got {cores!r}")
+    part = f.get("cpu_part", (str, type(None)), default=None)
+    cluster = CoreCluster(
+        name=f.get("name", str),
+        cores=tuple(cores),
+        microarchitecture=f.get("microarchitecture", str),
+        max_mhz=f.get("max_mhz", int),
+        capacity=f.get("capacity", int),
+        cpu_part=part.lower() if part else None,
+    )
+    f.done()
+    return cluster
+
+
+def _power_mode(f: _Fields) -> PowerMode:
+    serves = []
+    for value in f.strings("serves"):
+        try:
+            serves.append(RuntimeMode(value))
+        except ValueError:
+            f.fail(f"serves: {value!r} is not a runtime mode; use latency, balanced or power")
+    max_mhz = f.get("max_mhz", dict, default={})
+    for k, v in max_mhz.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            f.fail(f"max_mhz.{k} must be int, got {type(v).__name__} {v!r}")
+    mode = PowerMode(
+        name=f.get("name", str),
+        watts=float(f.get("watts", (int, float))),
+        clusters=f.strings("clusters"),
+        serves=tuple(serves),
+        max_mhz=MappingProxyType(dict(max_mhz)),
+        online_cores=f.get("online_cores", (int, type(None)), default=None),
+    )
+    f.done()
+    return mode
+
+
+def _accelerator(f: _Fields) -> Accelerator:
+    kind = f.get("kind", str)
+    try:
+        parsed_kind = AcceleratorKind(kind)
+    except ValueError:
+        f.fail(f"kind {kind!r} is not one of {[k.value for k in AcceleratorKind]}")
+    acc = Accelerator(
+        name=f.get("name", str),
+        kind=parsed_kind,
+        litert_delegates=f.strings("litert_delegates", default=[]),
+        onnxruntime_providers=f.strings("onnxruntime_providers", default=[]),
+    )
+    f.done()
+    return acc
+
+
+def profile_from_dict(data: Any, origin: str = "<memory>") -> DeviceProfile:
+    """Build and validate a :class:`DeviceProfile` from parsed YAML."""
+    top = _Fields(data, "", origin)
+    cpu = top.sub("cpu", top.get("cpu", dict))
+    clusters = tuple(_cluster(cpu.sub(f"clusters[{i}]", c)) for i, c in enumerate(cpu.get("clusters", list)))
+    cpu.done()
+    memory = top.sub("memory", top.get("memory", dict))
+    ram_mb, budget_mb = memory.get("ram_mb", int), memory.get("model_budget_mb", int)
+    memory.done()
+    modes = tuple(_power_mode(top.sub(f"power_modes[{i}]", m)) for i, m in enumerate(top.get("power_modes", list)))
+    accs = tuple(
+        _accelerator(top.sub(f"accelerators[{i}]", a)) for i, a in enumerate(top.get("accelerators", list, default=[]))
+    )
+    hints_f = top.sub("detect", top.get("detect", dict, default={}))
+    hints = DetectionHints(
+        device_tree_model=hints_f.strings("device_tree_model", default=[]),
+        compatible=hints_f.strings("compatible", default=[]),
+        cpu_parts=tuple(p.lower() for p in hints_f.strings("cpu_parts", default=[])),
+    )
+    hints_f.done()
+    try:
+        profile = DeviceProfile(
+            name=top.get("name", str),
+            description=top.get("description", str),
+            arch=top.get("arch", str),
+            clusters=clusters,
+            ram_mb=ram_mb,
+            model_budget_mb=budget_mb,
+            power_modes=modes,
+            accelerators=accs,
+            detect=hints,
+            sources=top.strings("sources", default=[]),
+            origin=origin,
+        )
+    except ProfileError as exc:
+        if str(exc).startswith(origin):
+            raise
+        raise ProfileError(f"{origin}: {exc}") from None
+    top.done()
+    return profile
+
+
+def _read_file(path: Path) -> DeviceProfile:
+    import yaml  # deferred: keeps `edgesdk --help` fast
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+    return profile_from_dict(data, origin=str(path))
+
+
+def _search_dirs(profile_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[Path]:
+    """Shipped profiles first, then EDGESDK_PROFILE_PATH, then explicit dirs (later wins)."""
+    shipped = Path(str(resources.files("edgesdk.device_profiles")))
+    env = [Path(p) for p in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep) if p]
+    return [shipped, *env, *(Path(d) for d in profile_dirs)]
+
+
+def list_profiles(profile_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[DeviceProfile]:
+    """Every profile found, sorted by name; user directories override shipped names."""
+    found: dict[str, DeviceProfile] = {}
+    for directory in _search_dirs(profile_dirs):
+        if not directory.is_dir():
+            raise ProfileError(
+                f"profile directory {directory} does not exist or is not a directory; "
+                f"fix ${PROFILE_PATH_ENV} or the profile directory option"
+            )
+        for path in sorted(directory.glob("*.yaml")):
+            profile = _read_file(path)
+            found[profile.name] = profile
+    return sorted(found.values(), key=lambda p: p.name)
+
+
+def load_profile(
+    name_or_path: str | os.PathLike[str] | DeviceProfile,
+    profile_dirs: Iterable[str | os.PathLike[str]] = (),
+) -> DeviceProfile:
+    """Load a profile by name (``"rk3588"``) or from a YAML file path."""
+    if isinstance(name_or_path, DeviceProfile):
+        return name_or_path
+    text = os.fspath(name_or_path)
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        return _read_file(Path(text))
+    profiles = {p.name: p for p in list_profiles(profile_dirs)}
+    if text not in profiles:
+        raise ProfileError(
+            f"no device profile named {text!r}; known profiles: {', '.join(sorted(profiles))}. "
+            f"Add your own YAML file in a directory listed in ${PROFILE_PATH_ENV}."
+        )
+    return profiles[text]

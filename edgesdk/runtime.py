@@ -1,0 +1,186 @@
+"""``edgesdk.Runtime``: load a model on the right backend, cores and accelerator, and run it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgesdk.backends import BackendKind, open_backend
+from edgesdk.errors import BackendError, EdgeSDKError, InputError, ScheduleError
+from edgesdk.model_file import read_model
+from edgesdk.profiles import Accelerator, DeviceProfile, RuntimeMode, load_profile
+from edgesdk.scheduling import plan_cores
+from edgesdk.stats import LatencyStats, StatsSnapshot
+from edgesdk.tensors import TensorSpec, validate_inputs
+
+__all__ = ["Runtime", "RuntimeInfo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What the runtime actually set up, after every fallback."""
+
+    model: str
+    model_format: str
+    profile: str
+    mode: str
+    power_mode: str | None
+    backend: str
+    backend_version: str
+    requested_accelerator: str
+    #: Delegate / execution provider actually running the model.
+    accelerator: str
+    threads: int
+    cores: tuple[int, ...]
+    #: Every fallback taken, in order (also logged as warnings).
+    fallbacks: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "cores": list(self.cores), "fallbacks": list(self.fallbacks)}
+
+
+def _accelerators(profile: DeviceProfile, accelerator: str) -> tuple[Accelerator, ...]:
+    if accelerator == "auto":
+        return profile.accelerators
+    if accelerator == "cpu":
+        return ()
+    chosen = tuple(a for a in profile.accelerators if a.name == accelerator or a.kind.value == accelerator)
+    if not chosen:
+        names = ["auto", "cpu", *(a.name for a in profile.accelerators)]
+        raise BackendError(f"profile {profile.name!r} has no accelerator {accelerator!r}; choose one of {names}")
+    return chosen
+
+
+class Runtime:
+    """A model loaded for inference on this device.
+
+    >>> with Runtime("model.tflite", mode="latency") as rt:   # doctest: +SKIP
+    ...     scores = rt.predict(frame)
+
+    ``profile`` is a profile name, a YAML path or a :class:`DeviceProfile`; None detects
+    the board. ``mode`` picks cores by the big/little rule of :mod:`edgesdk.scheduling`.
+    ``accelerator`` is ``"auto"`` (the profile's accelerators, then CPU), ``"cpu"``, or an
+    accelerator name/kind from the profile; a delegate that cannot load falls back to the
+    CPU and the fallback is recorded in :attr:`info`.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        profile: str | os.PathLike[str] | DeviceProfile | None = None,
+        mode: str | RuntimeMode = RuntimeMode.LATENCY,
+        backend: str = "auto",
+        accelerator: str = "auto",
+        threads: int | None = None,
+        stats_window: int = 1000,
+    ) -> None:
+        if profile is None:
+            from edgesdk.detect import detect_device
+
+            profile = detect_device()
+        self.profile = load_profile(profile)
+        try:
+            kind = BackendKind(backend)
+        except ValueError:
+            raise BackendError(f"unknown backend {backend!r}; use auto, litert or onnxruntime") from None
+        try:
+            parsed_mode = RuntimeMode(mode)
+        except ValueError:
+            raise ScheduleError(f"unknown mode {mode!r}; use latency, balanced or power") from None
+        self.plan = plan_cores(self.profile, parsed_mode, threads)
+        for note in self.plan.notes:
+            log.warning("scheduling: %s", note)
+        model_file = read_model(model)
+        self._backend = open_backend(kind, model_file, self.plan, _accelerators(self.profile, accelerator))
+        backend_info = self._backend.info
+        self.info = RuntimeInfo(
+            model=str(model_file.path),
+            model_format=model_file.format.value,
+            profile=self.profile.name,
+            mode=self.plan.mode.value,
+            power_mode=self.plan.power_mode,
+            backend=backend_info.backend,
+            backend_version=backend_info.version,
+            requested_accelerator=accelerator,
+            accelerator=backend_info.accelerator,
+            threads=backend_info.threads,
+            cores=self.plan.cores,
+            fallbacks=self.plan.notes + backend_info.fallbacks,
+        )
+        self._cores = frozenset(self.plan.cores)
+        self._input_specs = self._backend.inputs
+        self._output_names = [o.name for o in self._backend.outputs]
+        self._stats = LatencyStats(stats_window)
+        self._closed = False
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._input_specs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._backend.outputs
+
+    def predict(self, inputs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
+        """Run one inference.
+
+        ``inputs`` is one array (single-input models) or ``{name: array}``; names, shapes and
+        dtypes must match :attr:`inputs` exactly (no silent casts), else :class:`InputError`.
+        Returns the output array for single-output models, else ``{name: array}``.
+        """
+        if self._closed:
+            raise BackendError("this Runtime is closed; create a new one to run predictions")
+        try:
+            feeds = validate_inputs(self._input_specs, inputs)
+        except InputError:
+            self._stats.record_error()
+            raise
+        # The calling thread joins the backend's thread pool, so it runs on the chosen cores too.
+        previous = os.sched_getaffinity(0)
+        repin = not previous <= self._cores
+        start = time.perf_counter_ns()
+        try:
+            if repin:
+                os.sched_setaffinity(0, self._cores)
+            try:
+                outputs = self._backend.run(feeds)
+            finally:
+                if repin:
+                    os.sched_setaffinity(0, previous)
+        except EdgeSDKError:
+            self._stats.record_error()
+            raise
+        except Exception as exc:
+            self._stats.record_error()
+            raise BackendError(f"{self.info.backend} failed during inference: {type(exc).__name__}: {exc}") from exc
+        self._stats.record(time.perf_counter_ns() - start)
+        if len(outputs) == 1:
+            return outputs[0]
+        return dict(zip(self._output_names, outputs))
+
+    def stats(self) -> StatsSnapshot:
+        """Request count, error count and latency percentiles over the sliding window."""
+        return self._stats.snapshot()
+
+    def close(self) -> None:
+        """Free the interpreter/session. Safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        i = self.info
+        return f"Runtime({i.model!r}, backend={i.backend}, accelerator={i.accelerator}, threads={i.threads}, cores={list(i.cores)})"

@@ -1,0 +1,58 @@
+"""Request counters and sliding-window latency percentiles for a runtime."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["LatencyStats", "StatsSnapshot"]
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Counts since start and latency percentiles (milliseconds) over the last ``window`` calls."""
+
+    count: int
+    errors: int
+    window: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return dict(self.__dict__)
+
+
+class LatencyStats:
+    """Thread-safe recorder; ``record`` is O(1), percentiles are computed on ``snapshot``."""
+
+    def __init__(self, window: int = 1000) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._lock = threading.Lock()
+        self._latencies_ns: deque[int] = deque(maxlen=window)
+        self._count = 0
+        self._errors = 0
+
+    def record(self, latency_ns: int) -> None:
+        with self._lock:
+            self._count += 1
+            self._latencies_ns.append(latency_ns)
+
+    def record_error(self) -> None:
+        with self._lock:
+            self._count += 1
+            self._errors += 1
+
+    def snapshot(self) -> StatsSnapshot:
+        with self._lock:
+            samples = np.fromiter(self._latencies_ns, dtype=np.float64, count=len(self._latencies_ns))
+            count, errors = self._count, self._errors
+        if samples.size == 0:
+            return StatsSnapshot(count, errors, 0, None, None, None, None)
+        p50, p95, p99 = np.percentile(samples, [50, 95, 99]) / 1e6
+        return StatsSnapshot(count, errors, int(samples.size), float(p50), float(p95), float(p99), float(samples.mean() / 1e6))

@@ -1,0 +1,69 @@
+"""Typed tensor signatures and input validation for ``Runtime.predict``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import InputError
+
+__all__ = ["TensorSpec", "validate_inputs"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output: its name, shape (None marks a dynamic dim) and dtype."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: np.dtype[Any]
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype.name}[{dims}]"
+
+    def accepts_shape(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(self.shape) and all(e is None or e == s for e, s in zip(self.shape, shape))
+
+
+def _check(spec: TensorSpec, value: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise InputError(
+            f"input {spec.name!r} must be a numpy array ({spec.describe()}), got {type(value).__name__}; "
+            f"wrap it with np.asarray(value, dtype=np.{spec.dtype.name})"
+        )
+    if value.dtype != spec.dtype:
+        # Silent casts hide preprocessing bugs (float64 images, int64 labels), so refuse them.
+        raise InputError(
+            f"input {spec.name!r} expects dtype {spec.dtype.name}, got {value.dtype.name}; "
+            f"convert explicitly with x.astype(np.{spec.dtype.name})"
+        )
+    if not spec.accepts_shape(value.shape):
+        what = "rank" if value.ndim != len(spec.shape) else "shape"
+        raise InputError(
+            f"input {spec.name!r} has wrong {what}: expected {spec.describe()}, got shape {tuple(value.shape)}"
+        )
+    return value
+
+
+def validate_inputs(specs: tuple[TensorSpec, ...], inputs: Any) -> dict[str, np.ndarray]:
+    """Map ``inputs`` (one array, or a dict of arrays) onto ``specs``; raise InputError on any mismatch."""
+    if isinstance(inputs, Mapping):
+        expected = [s.name for s in specs]
+        missing = [n for n in expected if n not in inputs]
+        unknown = [n for n in inputs if n not in expected]
+        if missing or unknown:
+            raise InputError(
+                f"input names do not match the model: missing {missing}, unexpected {unknown}; "
+                f"the model takes {[s.describe() for s in specs]}"
+            )
+        return {s.name: _check(s, inputs[s.name]) for s in specs}
+    if len(specs) != 1:
+        raise InputError(
+            f"this model has {len(specs)} inputs {[s.describe() for s in specs]}; "
+            f"pass a dict {{name: array}} instead of a single {type(inputs).__name__}"
+        )
+    return {specs[0].name: _check(specs[0], inputs)}
