@@ -7,6 +7,7 @@ built against numpy 1), then ``tensorflow.lite``.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import threading
@@ -98,6 +99,8 @@ class LiteRTBackend(Backend):
         for acc in accelerators:
             for library in acc.litert_delegates:
                 try:
+                    # dlopen first: LiteRT's Delegate object raises in __del__ when its own load fails.
+                    ctypes.CDLL(library)
                     delegates = [litert.load_delegate(library)]
                 except (ValueError, OSError, RuntimeError) as exc:
                     fallbacks.append(f"LiteRT delegate {library} for {acc.name} did not load ({exc})")
@@ -109,16 +112,14 @@ class LiteRTBackend(Backend):
 
         # Threads the interpreter creates (XNNPACK's pool) inherit this thread's mask.
         with pinned(plan.cores):
-            try:
-                self._interpreter = self._create(litert, model, plan, delegates)
-            except ModelFormatError:
-                raise
-            except Exception as exc:
-                if not delegates:
-                    raise BackendError(f"{model.path}: LiteRT failed to prepare the model: {exc}") from exc
-                fallbacks.append(f"{accelerator} could not run this model ({exc}); using xnnpack on the CPU")
-                accelerator, delegates = "xnnpack", []
-                self._interpreter = self._create(litert, model, plan, delegates)
+            interpreter = None
+            if delegates:
+                try:
+                    interpreter = self._create(litert, model, plan, delegates)
+                except Exception as exc:
+                    fallbacks.append(f"{accelerator} could not prepare this model ({exc}); using xnnpack on the CPU")
+                    accelerator = "xnnpack"
+            self._interpreter = interpreter or self._create(litert, model, plan, [])
         for note in fallbacks:
             log.warning("LiteRT fallback: %s", note)
 
@@ -144,7 +145,10 @@ class LiteRTBackend(Backend):
                 f"{model.path}: LiteRT cannot read this model ({exc}); the file is corrupt or truncated: "
                 "copy or convert it again"
             ) from exc
-        interpreter.allocate_tensors()
+        try:
+            interpreter.allocate_tensors()
+        except RuntimeError as exc:
+            raise BackendError(f"{model.path}: LiteRT cannot prepare this model: {exc}") from exc
         return interpreter
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Create .venv and install edgesdk (editable) with the extras given as $1 (e.g. "dev").
+# System packages the tests need are installed with apt-get when running as root;
+# otherwise the script says which ones to install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-dev}"
+python="${PYTHON:-python3}"
+
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "edgesdk needs Python >= 3.10; $python is $("$python" --version 2>&1). Set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+
+apt_packages=()
+# Debian splits venv/ensurepip out of python3.
+"$python" -c 'import venv, ensurepip' 2>/dev/null || apt_packages+=(python3-venv)
+# A C compiler builds the test-only LiteRT delegate plugin (tests/integration/test_delegates.py).
+command -v cc >/dev/null 2>&1 || apt_packages+=(gcc libc6-dev)
+if ((${#apt_packages[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing system packages: ${apt_packages[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+  else
+    echo "missing system packages: ${apt_packages[*]}; run: sudo apt-get install -y ${apt_packages[*]}" >&2
+    exit 1
+  fi
+fi
+
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${extras}]"

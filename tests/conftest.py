@@ -1,0 +1,80 @@
+"""Session-wide fixtures: small real models trained or built once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edgesdk.profiles import DeviceProfile, profile_from_dict
+
+BOARDS = Path(__file__).parent / "data" / "boards"
+
+
+@pytest.fixture(scope="session")
+def digits():
+    from edgesdk.testing import load_digits_data
+
+    return load_digits_data()
+
+
+@pytest.fixture(scope="session")
+def digits_mlp(digits):
+    from edgesdk.testing import train_digits_mlp
+
+    return train_digits_mlp(digits)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def digits_onnx(digits_mlp, model_dir) -> Path:
+    from edgesdk.testing import write_mlp_onnx
+
+    return write_mlp_onnx(digits_mlp, model_dir / "digits.onnx")
+
+
+@pytest.fixture(scope="session")
+def digits_tflite(digits_mlp, model_dir) -> Path:
+    from edgesdk.testing import write_mlp_tflite
+
+    return write_mlp_tflite(digits_mlp, model_dir / "digits.tflite")
+
+
+@pytest.fixture(scope="session")
+def wide_mlp(model_dir):
+    """An untrained wide MLP: enough work per call for worker threads to matter."""
+    from edgesdk.testing import random_mlp, write_mlp_onnx, write_mlp_tflite
+
+    weights = random_mlp([256, 1024, 1024, 10])
+    return weights, write_mlp_onnx(weights, model_dir / "wide.onnx"), write_mlp_tflite(weights, model_dir / "wide.tflite")
+
+
+def host_profile_dict(little: list[int], big: list[int]) -> dict:
+    return {
+        "name": "host-big-little",
+        "description": "this test host seen as a big.LITTLE board",
+        "arch": "x86_64",
+        "cpu": {"clusters": [
+            {"name": "little", "cores": little, "microarchitecture": "host", "max_mhz": 1000, "capacity": 512},
+            {"name": "big", "cores": big, "microarchitecture": "host", "max_mhz": 2000, "capacity": 1024},
+        ]},
+        "memory": {"ram_mb": 4096, "model_budget_mb": 512},
+        "power_modes": [
+            {"name": "performance", "watts": 10, "clusters": ["big"], "serves": ["latency", "balanced"]},
+            {"name": "efficiency", "watts": 3, "clusters": ["little"], "serves": ["power"]},
+        ],
+    }
+
+
+@pytest.fixture(scope="session")
+def host_big_little() -> DeviceProfile:
+    """This host's first usable CPU as the little cluster and the second as the big one."""
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        pytest.skip(f"needs 2 usable CPUs to tell cores apart; this host allows {usable}")
+    return profile_from_dict(host_profile_dict([usable[0]], [usable[1]]), origin="<host-big-little>")
