@@ -183,4 +183,5 @@ class Runtime:
 
     def __repr__(self) -> str:
         i = self.info
-        return f"Runtime({i.model!r}, backend={i.backend}, accelerator={i.accelerator}, threads={i.threads}, cores={list(i.cores)})"
+        return (f"Runtime({i.model!r}, backend={i.backend}, accelerator={i.accelerator}, "
+                f"threads={i.threads}, cores={list(i.cores)})")

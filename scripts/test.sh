@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up and run the whole test suite (unit + integration). Extra arguments go to pytest.
+# Set up, lint (ruff, mypy) and run the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev >&2
+.venv/bin/ruff check .
+.venv/bin/mypy edgesdk converters ota_server
 exec .venv/bin/python -m pytest "$@"

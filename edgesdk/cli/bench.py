@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -22,7 +23,7 @@ def bench(model: str, profile: str | None, mode: str, backend: str, accelerator:
     """Measure MODEL's latency percentiles, throughput and peak memory on this device."""
     from edgesdk.bench import benchmark
 
-    with click.progressbar(length=runs, label="benchmarking", file=click.get_text_stream("stderr")) as bar:
+    with click.progressbar(length=runs, label="benchmarking", file=sys.stderr) as bar:
         result = benchmark(model, profile=profile, mode=mode, backend=backend, accelerator=accelerator,
                            threads=threads, runs=runs, warmup=warmup, on_progress=bar.update)
     if as_json:

@@ -1,0 +1,45 @@
+"""The built wheel: namespace mapping, shipped data, and a light base install."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("tensorflow", "onnx2tf", "torch", "fastapi", "flask", "starlette", "uvicorn", "django", "opencv", "onnx")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)], check=True)
+    (path,) = out.glob("edgesdk-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_folders_land_inside_the_edgesdk_namespace(wheel):
+    names = wheel.namelist()
+    for expected in ("edgesdk/converters/__init__.py", "edgesdk/ota_server/__init__.py", "edgesdk/py.typed",
+                     "edgesdk/device_profiles/rk3588.yaml", "edgesdk/device_profiles/raspberry-pi-5.yaml",
+                     "edgesdk/backends/litert.py", "edgesdk/cli/bench.py"):
+        assert expected in names, expected
+    top_level = {n.split("/")[0] for n in names if not n.startswith("edgesdk-")}
+    assert top_level == {"edgesdk"}, top_level
+
+
+def test_base_requirements_are_light(wheel):
+    metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = [line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
+                if line.startswith("Requires-Dist:")]
+    base = [r for r in requires if "extra ==" not in r]
+    base_names = {re.split(r"[<>=;\[ ]", r, maxsplit=1)[0].lower() for r in base}
+    assert base_names == {"numpy", "onnxruntime", "paho-mqtt", "click", "pyyaml", "cryptography", "ai-edge-litert"}
+    assert not [h for h in HEAVY if h in base_names]
+    extras = {line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
+              if line.startswith("Provides-Extra:")}
+    assert extras == {"convert", "server", "vision", "dev", "all"}
