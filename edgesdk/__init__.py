@@ -40,6 +40,10 @@ _EXPORTS = {
     "SignatureError": "edgesdk.errors",
     "TransferError": "edgesdk.errors",
     "OffloadError": "edgesdk.errors",
+    "ConversionError": "edgesdk.errors",
+    "UnsupportedOpError": "edgesdk.errors",
+    "DataError": "edgesdk.errors",
+    "BundleError": "edgesdk.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -63,6 +67,9 @@ if TYPE_CHECKING:
     from edgesdk.errors import (
         BackendError,
         BudgetError,
+        BundleError,
+        ConversionError,
+        DataError,
         EdgeSDKError,
         InputError,
         ModelFormatError,
@@ -71,6 +78,7 @@ if TYPE_CHECKING:
         ScheduleError,
         SignatureError,
         TransferError,
+        UnsupportedOpError,
     )
     from edgesdk.profiles import Accelerator, CoreCluster, DeviceProfile, PowerMode, RuntimeMode, list_profiles, load_profile
     from edgesdk.runtime import Runtime, RuntimeInfo

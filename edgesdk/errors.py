@@ -13,7 +13,11 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── BudgetError                  exit 8   no model variant fits a device's memory or power budget
     ├── SignatureError               exit 9   a bundle's signature or hash does not verify
     ├── TransferError                exit 10  an OTA transfer failed or was truncated
-    └── OffloadError                 exit 11  the cloud offload endpoint could not serve a request
+    ├── OffloadError                 exit 11  the cloud offload endpoint could not serve a request
+    ├── ConversionError              exit 12  a model could not be loaded, exported, quantized or converted
+    │   └── UnsupportedOpError       exit 13  a converter has no kernel for an op (the op is named)
+    ├── DataError                    exit 14  calibration/evaluation data is empty or does not fit the model
+    └── BundleError                  exit 15  a bundle directory or manifest is missing fields or malformed
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
 catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
@@ -32,6 +36,10 @@ __all__ = [
     "SignatureError",
     "TransferError",
     "OffloadError",
+    "ConversionError",
+    "UnsupportedOpError",
+    "DataError",
+    "BundleError",
 ]
 
 
@@ -93,3 +101,31 @@ class OffloadError(EdgeSDKError):
     """The cloud offload endpoint could not serve a request."""
 
     exit_code = 11
+
+
+class ConversionError(EdgeSDKError):
+    """A model could not be loaded, exported, simplified, quantized or converted."""
+
+    exit_code = 12
+
+
+class UnsupportedOpError(ConversionError):
+    """A converter cannot handle some op types; ``ops`` names them."""
+
+    exit_code = 13
+
+    def __init__(self, message: str, ops: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.ops = ops
+
+
+class DataError(EdgeSDKError, ValueError):
+    """Calibration or evaluation data is empty, or its shape/dtype does not match the model."""
+
+    exit_code = 14
+
+
+class BundleError(EdgeSDKError):
+    """A bundle directory or its manifest is missing, malformed, or of an unknown format_version."""
+
+    exit_code = 15

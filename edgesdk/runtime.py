@@ -6,11 +6,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgesdk.backends import BackendKind, open_backend
+from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, EdgeSDKError, InputError, ScheduleError
 from edgesdk.model_file import read_model
 from edgesdk.profiles import Accelerator, DeviceProfile, RuntimeMode, load_profile
@@ -64,8 +66,10 @@ class Runtime:
     >>> with Runtime("model.tflite", mode="latency") as rt:   # doctest: +SKIP
     ...     scores = rt.predict(frame)
 
-    ``profile`` is a profile name, a YAML path or a :class:`DeviceProfile`; None detects
-    the board. ``mode`` picks cores by the big/little rule of :mod:`edgesdk.scheduling`.
+    ``model`` is a ``.tflite``/``.onnx`` file or a bundle directory (its hashes are checked;
+    see :mod:`edgesdk.bundle`). ``profile`` is a profile name, a YAML path or a
+    :class:`DeviceProfile`; None detects the board. ``mode`` picks cores by the big/little
+    rule of :mod:`edgesdk.scheduling` (default: the bundle's power mode, else latency).
     ``accelerator`` is ``"auto"`` (the profile's accelerators, then CPU), ``"cpu"``, or an
     accelerator name/kind from the profile; a delegate that cannot load falls back to the
     CPU and the fallback is recorded in :attr:`info`.
@@ -75,12 +79,20 @@ class Runtime:
         self,
         model: str | os.PathLike[str],
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
-        mode: str | RuntimeMode = RuntimeMode.LATENCY,
+        mode: str | RuntimeMode | None = None,
         backend: str = "auto",
         accelerator: str = "auto",
         threads: int | None = None,
         stats_window: int = 1000,
     ) -> None:
+        self.bundle: Bundle | None = None
+        if Path(model).is_dir():
+            self.bundle = read_bundle(model)
+            model_file = self.bundle.read_model()
+        else:
+            model_file = read_model(model)
+        if mode is None:
+            mode = self.bundle.manifest.power_mode if self.bundle else RuntimeMode.LATENCY
         if profile is None:
             from edgesdk.detect import detect_device
 
@@ -97,7 +109,6 @@ class Runtime:
         self.plan = plan_cores(self.profile, parsed_mode, threads)
         for note in self.plan.notes:
             log.warning("scheduling: %s", note)
-        model_file = read_model(model)
         self._backend = open_backend(kind, model_file, self.plan, _accelerators(self.profile, accelerator))
         backend_info = self._backend.info
         self.info = RuntimeInfo(

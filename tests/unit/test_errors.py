@@ -36,7 +36,8 @@ def test_public_api_is_exactly_the_documented_names():
         "__version__", "Runtime", "RuntimeInfo", "TensorSpec", "StatsSnapshot", "DeviceProfile", "CoreCluster",
         "PowerMode", "Accelerator", "RuntimeMode", "load_profile", "list_profiles", "detect_device", "CorePlan",
         "plan_cores", "EdgeSDKError", "ProfileError", "ModelFormatError", "BackendError", "InputError",
-        "ScheduleError", "BudgetError", "SignatureError", "TransferError", "OffloadError",
+        "ScheduleError", "BudgetError", "SignatureError", "TransferError", "OffloadError", "ConversionError",
+        "UnsupportedOpError", "DataError", "BundleError",
     }
     for name in edgesdk.__all__:
         assert getattr(edgesdk, name) is not None

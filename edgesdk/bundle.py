@@ -1,0 +1,367 @@
+"""The bundle format: the one contract between the converter, the OTA server and devices.
+
+A bundle is a directory::
+
+    manifest.json        what the model is, how it was made, its files' hashes (below)
+    model.onnx|.tflite   the model
+    health_check.npz     sample input + expected output for the on-device health check
+    signature.json       optional: Ed25519 signature over the exact bytes of manifest.json
+
+``manifest.json`` (``format_version`` 1) holds: ``name``, ``version`` (dotted integers,
+e.g. ``"1.4.0"``; devices refuse a lower one), ``model_file``, ``model_format``,
+``files`` (every other file of the bundle with ``sha256`` and ``size``),
+``source_model_sha256``, ``variant``, ``quantization`` (the full config that made the
+variant, or null), ``target`` (``profile``, ``power_mode``), ``inputs``/``outputs``
+(name, shape with null for dynamic dims, dtype), ``preprocessing`` (free-form notes),
+``measured`` (figures from the converter; estimates are labelled as such),
+``health_check`` (``file``, ``atol``, ``rtol``, ``max_latency_ms``), ``tool``
+(``edgesdk`` version) and ``created_at`` (UTC, ISO 8601).
+
+Because the manifest carries every file's hash, signing the manifest bytes signs the
+whole bundle. Bundles are written to a temporary sibling directory and renamed into
+place, so a half-written bundle never appears under its final name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import BundleError, SignatureError
+from edgesdk.model_file import ModelFile, ModelFormat
+from edgesdk.tensors import TensorSpec
+
+__all__ = ["FORMAT_VERSION", "FileEntry", "HealthCheck", "Manifest", "Bundle", "write_bundle", "read_bundle",
+           "sign_bundle", "parse_version", "MANIFEST", "SIGNATURE", "HEALTH_FILE"]
+
+FORMAT_VERSION = 1
+MANIFEST, SIGNATURE, HEALTH_FILE = "manifest.json", "signature.json", "health_check.npz"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"1.4.0"`` -> ``(1, 4, 0)``; anything else is a BundleError."""
+    if not isinstance(text, str) or not re.fullmatch(r"\d+(\.\d+){0,3}", text):
+        raise BundleError(f"version {text!r} must be dotted integers such as '1.4.0'")
+    return tuple(int(p) for p in text.split("."))
+
+
+def safe_name(value: str, what: str) -> str:
+    """Names from a manifest become file and directory names: no separators, no '..'."""
+    if not isinstance(value, str) or not _SAFE_NAME.match(value) or ".." in value:
+        raise BundleError(f"{what} {value!r} is not a safe name: use letters, digits, '.', '_' or '-' (no '/' or '..')")
+    return value
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """The on-device check: run ``file``'s ``input`` and compare to its ``expected`` output."""
+
+    file: str = HEALTH_FILE
+    atol: float = 1e-3
+    rtol: float = 1e-3
+    #: Latency the device must meet on the sample (None: no latency gate).
+    max_latency_ms: float | None = None
+
+
+def _spec_dict(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype.name}
+
+
+def _spec(data: Any, where: str) -> TensorSpec:
+    try:
+        return TensorSpec(str(data["name"]), tuple(None if d is None else int(d) for d in data["shape"]),
+                          np.dtype(data["dtype"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"manifest {where}: expected {{name, shape, dtype}}, got {data!r} ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed, validated ``manifest.json``."""
+
+    name: str
+    version: str
+    model_file: str
+    model_format: ModelFormat
+    files: Mapping[str, FileEntry]
+    source_model_sha256: str
+    variant: str
+    target_profile: str
+    power_mode: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    quantization: Mapping[str, Any] | None = None
+    preprocessing: Mapping[str, Any] = field(default_factory=dict)
+    measured: Mapping[str, Any] = field(default_factory=dict)
+    health_check: HealthCheck | None = None
+    tool_version: str = ""
+    created_at: str = ""
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        safe_name(self.name, "bundle name")
+        parse_version(self.version)
+        for file_name in self.files:
+            safe_name(file_name, "bundle file name")
+        if self.model_file not in self.files:
+            raise BundleError(f"manifest lists model_file {self.model_file!r} but no hash for it in 'files'")
+        if self.health_check and self.health_check.file not in self.files:
+            raise BundleError(f"manifest health_check file {self.health_check.file!r} has no hash in 'files'")
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return parse_version(self.version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "name": self.name,
+            "version": self.version,
+            "model_file": self.model_file,
+            "model_format": self.model_format.value,
+            "files": {k: dataclasses.asdict(v) for k, v in sorted(self.files.items())},
+            "source_model_sha256": self.source_model_sha256,
+            "variant": self.variant,
+            "quantization": dict(self.quantization) if self.quantization is not None else None,
+            "target": {"profile": self.target_profile, "power_mode": self.power_mode},
+            "inputs": [_spec_dict(s) for s in self.inputs],
+            "outputs": [_spec_dict(s) for s in self.outputs],
+            "preprocessing": dict(self.preprocessing),
+            "measured": dict(self.measured),
+            "health_check": dataclasses.asdict(self.health_check) if self.health_check else None,
+            "tool": {"name": "edgesdk", "version": self.tool_version},
+            "created_at": self.created_at,
+        }
+
+    def to_bytes(self) -> bytes:
+        """Canonical bytes (sorted keys, no spaces): what is hashed and signed."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Manifest:
+        if not isinstance(data, dict):
+            raise BundleError(f"manifest must be a JSON object, got {type(data).__name__}")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise BundleError(f"manifest format_version {version!r} is not supported (this edgesdk reads "
+                              f"{FORMAT_VERSION}); upgrade edgesdk on this device")
+        try:
+            files = {str(k): FileEntry(str(v["sha256"]), int(v["size"])) for k, v in data["files"].items()}
+            health = HealthCheck(**data["health_check"]) if data.get("health_check") else None
+            return cls(
+                name=data["name"], version=data["version"], model_file=data["model_file"],
+                model_format=ModelFormat(data["model_format"]), files=files,
+                source_model_sha256=data["source_model_sha256"], variant=data["variant"],
+                target_profile=data["target"]["profile"], power_mode=data["target"]["power_mode"],
+                inputs=tuple(_spec(s, f"inputs[{i}]") for i, s in enumerate(data["inputs"])),
+                outputs=tuple(_spec(s, f"outputs[{i}]") for i, s in enumerate(data["outputs"])),
+                quantization=data.get("quantization"), preprocessing=data.get("preprocessing") or {},
+                measured=data.get("measured") or {}, health_check=health,
+                tool_version=data.get("tool", {}).get("version", ""), created_at=data.get("created_at", ""),
+            )
+        except KeyError as exc:
+            raise BundleError(f"manifest is missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, BundleError):
+                raise
+            raise BundleError(f"manifest has a field of the wrong type or value: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle read from disk whose files all matched the manifest's hashes."""
+
+    path: Path
+    manifest: Manifest
+    #: Key id of the signature that verified, or None for an unsigned bundle.
+    signed_by: str | None
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / self.manifest.model_file
+
+    def read_model(self) -> ModelFile:
+        """The model's bytes, checked again against the manifest hash (so a swapped file is caught)."""
+        content = self.model_path.read_bytes()
+        expected = self.manifest.files[self.manifest.model_file].sha256
+        if hashlib.sha256(content).hexdigest() != expected:
+            raise SignatureError(f"{self.model_path}: content changed since the bundle was verified; reinstall it")
+        return ModelFile(self.model_path, self.manifest.model_format, content)
+
+    def health_sample(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The health check's inputs and expected outputs, by tensor name."""
+        if self.manifest.health_check is None:
+            raise BundleError(f"{self.path}: manifest has no health_check")
+        with np.load(self.path / self.manifest.health_check.file, allow_pickle=False) as data:
+            inputs = {s.name: data[f"input:{s.name}"] for s in self.manifest.inputs}
+            outputs = {s.name: data[f"output:{s.name}"] for s in self.manifest.outputs}
+        return inputs, outputs
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_bundle(
+    out_dir: str | os.PathLike[str],
+    model: ModelFile,
+    *,
+    name: str,
+    version: str,
+    source_model_sha256: str,
+    variant: str,
+    target_profile: str,
+    power_mode: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    health_inputs: Mapping[str, np.ndarray],
+    health_outputs: Mapping[str, np.ndarray],
+    health_check: HealthCheck = HealthCheck(),
+    quantization: Mapping[str, Any] | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
+    measured: Mapping[str, Any] | None = None,
+    private_key: Any = None,
+) -> Bundle:
+    """Write a bundle directory atomically (temp dir + rename) and return it read back."""
+    from edgesdk import __version__
+
+    out = Path(out_dir)
+    if out.exists():
+        raise BundleError(f"{out} already exists; choose a new --out directory or remove it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model_name = f"model.{model.format.value}"
+        _write_file(staging / model_name, model.content)
+        arrays = {f"input:{k}": np.asarray(v) for k, v in health_inputs.items()}
+        arrays.update({f"output:{k}": np.asarray(v) for k, v in health_outputs.items()})
+        with open(staging / health_check.file, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs read ** as allow_pickle
+            f.flush()
+            os.fsync(f.fileno())
+        files = {n: FileEntry(sha256_file(staging / n), (staging / n).stat().st_size)
+                 for n in (model_name, health_check.file)}
+        manifest = Manifest(
+            name=name, version=version, model_file=model_name, model_format=model.format, files=files,
+            source_model_sha256=source_model_sha256, variant=variant, target_profile=target_profile,
+            power_mode=power_mode, inputs=inputs, outputs=outputs, quantization=quantization,
+            preprocessing=preprocessing or {}, measured=measured or {}, health_check=health_check,
+            tool_version=__version__, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        _write_file(staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode())
+        if private_key is not None:
+            _write_signature(staging, private_key)
+        _fsync_dir(staging)
+        os.replace(staging, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return read_bundle(out)
+
+
+def _write_signature(directory: Path, private_key: Any) -> None:
+    import base64
+
+    from edgesdk.signing import key_id, sign
+
+    manifest_bytes = (directory / MANIFEST).read_bytes()
+    payload = {"algorithm": "ed25519", "key_id": key_id(private_key.public_key()),
+               "signature": base64.b64encode(sign(private_key, manifest_bytes)).decode()}
+    tmp = directory / f".{SIGNATURE}.tmp"
+    _write_file(tmp, json.dumps(payload, indent=2).encode())
+    os.replace(tmp, directory / SIGNATURE)
+
+
+def sign_bundle(path: str | os.PathLike[str], private_key: Any) -> Bundle:
+    """Sign an existing bundle's manifest (after checking its hashes); replaces any old signature."""
+    bundle = read_bundle(path)
+    _write_signature(bundle.path, private_key)
+    return read_bundle(path, public_key=private_key.public_key(), require_signature=True)
+
+
+def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_signature: bool = False) -> Bundle:
+    """Read and verify a bundle: manifest schema, every file's hash, and the signature if a key is given.
+
+    With ``require_signature`` an unsigned bundle is a SignatureError.
+    """
+    import base64
+
+    from edgesdk.signing import key_id, verify
+
+    root = Path(path)
+    manifest_path = root / MANIFEST
+    try:
+        manifest_bytes = manifest_path.read_bytes()
+    except FileNotFoundError:
+        raise BundleError(f"{root} is not a bundle: {MANIFEST} not found") from None
+    try:
+        manifest = Manifest.from_dict(json.loads(manifest_bytes))
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{manifest_path} is not valid JSON ({exc}); the bundle is corrupt or truncated") from exc
+
+    signed_by = None
+    signature_path = root / SIGNATURE
+    if signature_path.exists() and public_key is not None:
+        try:
+            payload = json.loads(signature_path.read_text())
+            signature = base64.b64decode(payload["signature"], validate=True)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SignatureError(f"{signature_path} is malformed ({exc}); re-sign the bundle") from exc
+        verify(public_key, manifest_bytes, signature, str(root))
+        signed_by = key_id(public_key)
+    elif require_signature:
+        raise SignatureError(f"{root} is not signed (no {SIGNATURE}) or no public key was given; sign it with "
+                             "`edgesdk sign` or pass the server's public key")
+
+    for file_name, entry in manifest.files.items():
+        file_path = root / file_name
+        if not file_path.is_file():
+            raise BundleError(f"{root}: manifest lists {file_name!r} but the file is missing")
+        size = file_path.stat().st_size
+        if size != entry.size:
+            raise SignatureError(f"{file_path}: size {size} does not match the manifest's {entry.size}; "
+                                 "the file is truncated or was replaced")
+        digest = sha256_file(file_path)
+        if digest != entry.sha256:
+            raise SignatureError(f"{file_path}: sha256 {digest[:16]}… does not match the manifest's "
+                                 f"{entry.sha256[:16]}…; the bundle was modified after it was made")
+    return Bundle(root, manifest, signed_by)
