@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.memory import peak_rss_mb
 from edgesdk.profiles import DeviceProfile
 from edgesdk.runtime import Runtime, RuntimeInfo
 from edgesdk.tensors import TensorSpec
@@ -55,10 +55,6 @@ def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0, dynamic_dim: int
     return feeds
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def benchmark(
     model: str | os.PathLike[str],
     profile: str | os.PathLike[str] | DeviceProfile | None = None,
@@ -90,5 +86,5 @@ def benchmark(
         return BenchResult(
             info=rt.info, runs=runs, warmup=warmup, p50_ms=float(p50), p95_ms=float(p95), p99_ms=float(p99),
             mean_ms=float(latencies.mean()), min_ms=float(latencies.min()), max_ms=float(latencies.max()),
-            throughput_per_s=runs / wall, peak_rss_mb=_peak_rss_mb(),
+            throughput_per_s=runs / wall, peak_rss_mb=peak_rss_mb(),
         )

@@ -31,6 +31,8 @@ class RuntimeInfo:
 
     model: str
     model_format: str
+    #: SHA-256 of the model bytes that were loaded (matches bench figures to converter variants).
+    model_sha256: str
     profile: str
     mode: str
     power_mode: str | None
@@ -114,6 +116,7 @@ class Runtime:
         self.info = RuntimeInfo(
             model=str(model_file.path),
             model_format=model_file.format.value,
+            model_sha256=model_file.sha256,
             profile=self.profile.name,
             mode=self.plan.mode.value,
             power_mode=self.plan.power_mode,

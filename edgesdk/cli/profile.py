@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
 
 import click
 
-from edgesdk.profiles import DeviceProfile, list_profiles, load_profile
+from edgesdk.profiles import DeviceProfile, list_profiles, load_profile, profile_to_dict
 
 _dirs_option = click.option(
     "--profile-dir", "profile_dirs", multiple=True, type=click.Path(file_okay=False),
     help="Extra directory of profile YAML files (also: $EDGESDK_PROFILE_PATH).",
 )
-
-
-def _jsonable(profile: DeviceProfile) -> dict[str, Any]:
-    data = asdict(profile)
-    for mode in data["power_modes"]:
-        mode["serves"] = [m.value for m in mode["serves"]]
-        mode["max_mhz"] = dict(mode["max_mhz"])
-    for acc in data["accelerators"]:
-        acc["kind"] = acc["kind"].value
-    return data
 
 
 def _describe(profile: DeviceProfile) -> str:
@@ -55,7 +44,7 @@ def list_command(profile_dirs: tuple[str, ...], as_json: bool) -> None:
     """List every known profile (shipped and user)."""
     profiles = list_profiles(profile_dirs)
     if as_json:
-        click.echo(json.dumps([_jsonable(p) for p in profiles], indent=2))
+        click.echo(json.dumps([profile_to_dict(p) for p in profiles], indent=2))
         return
     for p in profiles:
         cores = "+".join(f"{len(c.cores)}x{c.microarchitecture}" for c in p.clusters)
@@ -69,7 +58,7 @@ def list_command(profile_dirs: tuple[str, ...], as_json: bool) -> None:
 def show_command(name: str, profile_dirs: tuple[str, ...], as_json: bool) -> None:
     """Show one profile by name or YAML path."""
     p = load_profile(name, profile_dirs)
-    click.echo(json.dumps(_jsonable(p), indent=2) if as_json else _describe(p))
+    click.echo(json.dumps(profile_to_dict(p), indent=2) if as_json else _describe(p))
 
 
 @profile.command("detect")
@@ -84,7 +73,7 @@ def detect_command(root: str, profile_dirs: tuple[str, ...], as_json: bool) -> N
     found = detect(root, profile_dirs)
     if as_json:
         topology = asdict(found.topology)
-        click.echo(json.dumps({"topology": topology, "reason": found.reason, "profile": _jsonable(found.profile)},
+        click.echo(json.dumps({"topology": topology, "reason": found.reason, "profile": profile_to_dict(found.profile)},
                               indent=2))
         return
     t = found.topology

@@ -45,7 +45,7 @@ def test_profile_list_shows_every_shipped_board():
 def test_profile_show_json_round_trips():
     result = _run("profile", "show", "rk3588", "--json")
     data = json.loads(result.output)
-    assert {c["name"] for c in data["clusters"]} == {"little", "big"}
+    assert {c["name"] for c in data["cpu"]["clusters"]} == {"little", "big"}
 
 
 def test_profile_detect_on_a_recorded_rk3588_tree():

@@ -98,3 +98,10 @@ def test_thread_override_and_oversubscription_note():
 def test_unknown_mode_names_the_choices():
     with pytest.raises(ProfileError, match="unknown mode 'turbo'.*latency, balanced, power"):
         plan_cores(_profile(), "turbo", available=ALL8)
+
+
+def test_profile_dict_round_trip():
+    from edgesdk.profiles import profile_to_dict
+
+    profile = _profile()
+    assert profile_from_dict(profile_to_dict(profile)) == profile

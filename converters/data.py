@@ -1,0 +1,146 @@
+"""Calibration and evaluation data: ``.npy``, ``.npz`` or a folder of images.
+
+Arrays are batch-first in the model's own layout and dtype; they are checked against the
+model's inputs and nothing is cast silently. Images (needs the ``[vision]`` extra) are
+read with OpenCV and preprocessed by a documented :class:`ImagePreprocessing`: resized to
+the model's H x W, converted to RGB (or kept BGR), scaled by ``scale``, normalised with
+``mean``/``std`` per channel, and laid out NCHW or NHWC to match the model input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import DataError
+from edgesdk.tensors import TensorSpec
+
+__all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "IMAGE_SUFFIXES"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+@dataclass(frozen=True)
+class ImagePreprocessing:
+    """How a folder of images becomes model input (recorded in the bundle manifest)."""
+
+    color: str = "RGB"
+    scale: float = 1 / 255
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+
+    def __post_init__(self) -> None:
+        if self.color not in ("RGB", "BGR", "GRAY"):
+            raise DataError(f"color must be RGB, BGR or GRAY, got {self.color!r}")
+        if any(s == 0 for s in self.std):
+            raise DataError(f"std {self.std} has a zero; every channel's std must be non-zero")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _layout(spec: TensorSpec) -> tuple[str, int, int, int]:
+    if len(spec.shape) != 4:
+        raise DataError(f"images need a 4-D model input; {spec.describe()} is not")
+    _, a, b, c = spec.shape
+    if a in (1, 3) and c not in (1, 3):
+        return "NCHW", int(a), int(b or 0), int(c or 0)
+    return "NHWC", int(c or 0), int(a or 0), int(b or 0)
+
+
+def _load_images(folder: Path, spec: TensorSpec, prep: ImagePreprocessing) -> np.ndarray:
+    try:
+        import cv2
+    except ImportError as exc:
+        raise DataError("reading image folders needs OpenCV: pip install 'edgesdk[vision]'") from exc
+    layout, channels, height, width = _layout(spec)
+    if not height or not width:
+        raise DataError(f"{spec.describe()} has dynamic H/W; fix the input shape to read images")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise DataError(f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) found")
+    batch = []
+    for path in files:
+        image = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
+        if image is None:
+            raise DataError(f"{path}: OpenCV cannot decode this image; remove or replace it")
+        image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+        if channels == 3 and prep.color == "RGB":
+            image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+        image = image.reshape(height, width, channels).astype(np.float32) * np.float32(prep.scale)
+        image = (image - np.asarray(prep.mean[:channels], np.float32)) / np.asarray(prep.std[:channels], np.float32)
+        batch.append(image.transpose(2, 0, 1) if layout == "NCHW" else image)
+    return np.stack(batch).astype(spec.dtype)
+
+
+def load_arrays(path: str | os.PathLike[str], specs: tuple[TensorSpec, ...],
+                preprocessing: ImagePreprocessing | None = None) -> dict[str, np.ndarray]:
+    """Read data for ``specs`` from ``path`` and check it (see :func:`check_arrays`)."""
+    path = Path(path)
+    if path.is_dir():
+        if len(specs) != 1:
+            raise DataError(f"{path}: an image folder feeds one input, the model has {len(specs)}; use .npz")
+        arrays = {specs[0].name: _load_images(path, specs[0], preprocessing or ImagePreprocessing())}
+    elif path.suffix == ".npy":
+        if len(specs) != 1:
+            raise DataError(f"{path}: one .npy array feeds one input, the model has {[s.name for s in specs]}; "
+                            "use .npz with one array per input name")
+        arrays = {specs[0].name: _np_load(path)}
+    elif path.suffix == ".npz":
+        with _np_load(path) as data:
+            names = list(data.files)
+            if len(specs) == 1 and names == ["arr_0"]:
+                arrays = {specs[0].name: data["arr_0"]}
+            else:
+                missing = [s.name for s in specs if s.name not in names]
+                if missing:
+                    raise DataError(f"{path}: has arrays {names}, missing inputs {missing}; save one array per "
+                                    "input name (np.savez(path, **{name: array}))")
+                arrays = {s.name: data[s.name] for s in specs}
+    elif not path.exists():
+        raise DataError(f"{path}: data file not found")
+    else:
+        raise DataError(f"{path}: data must be .npy, .npz or a folder of images, got {path.suffix or 'no suffix'!r}")
+    return check_arrays(arrays, specs, str(path))
+
+
+def _np_load(path: Path) -> Any:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read numpy data ({exc}); the file is corrupt or not numpy") from exc
+
+
+def check_arrays(arrays: Mapping[str, np.ndarray], specs: tuple[TensorSpec, ...], where: str) -> dict[str, np.ndarray]:
+    """Every input present, non-empty, same sample count, dtype exact, sample dims matching."""
+    counts = set()
+    for spec in specs:
+        array = arrays.get(spec.name)
+        if array is None:
+            raise DataError(f"{where}: no data for input {spec.describe()}")
+        if array.ndim == 0 or len(array) == 0:
+            raise DataError(f"{where}: data for {spec.name!r} is empty; give at least one sample")
+        if array.dtype != spec.dtype:
+            raise DataError(f"{where}: data for {spec.name!r} is {array.dtype.name}, the model takes "
+                            f"{spec.dtype.name}; convert it with .astype(np.{spec.dtype.name}) before saving")
+        if array.ndim != len(spec.shape) or not all(e is None or e == s for e, s in zip(spec.shape[1:], array.shape[1:])):
+            raise DataError(f"{where}: data for {spec.name!r} has shape {array.shape}, the model takes "
+                            f"{spec.describe()} (first dim = samples)")
+        counts.add(len(array))
+    if len(counts) > 1:
+        raise DataError(f"{where}: inputs have different sample counts {sorted(counts)}")
+    return {s.name: np.ascontiguousarray(arrays[s.name]) for s in specs}
+
+
+def load_labels(path: str | os.PathLike[str], n_samples: int) -> np.ndarray:
+    labels = _np_load(Path(path))
+    if not isinstance(labels, np.ndarray) or labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise DataError(f"{path}: labels must be a 1-D integer .npy array of class ids")
+    if len(labels) != n_samples:
+        raise DataError(f"{path}: {len(labels)} labels for {n_samples} evaluation samples; they must match")
+    return labels

@@ -1,0 +1,318 @@
+"""``convert()``: from a model and a board to a measured, chosen, bundled variant.
+
+Steps: load (ONNX, PyTorch export, or a TFLite file passed through) → check and fix
+shapes → shrink → build variants (FP32, FP16, INT8 dynamic, INT8 static per calibration
+method, mixed precision when static INT8 misses the accuracy bound; TFLite variants via
+onnx2tf when asked) → measure each in its own process → plan → write the bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from converters.config import QuantizationConfig
+from converters.measure import Measurement, adapt_layout, measure_variant
+from converters.metrics import Metric, resolve_metric
+from converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
+from converters.planner import Candidate, PlanResult, choose, estimate_on_board
+from converters.quantize import node_sensitivity, quantize_dynamic_int8, quantize_static_int8, to_fp16
+from edgesdk.bundle import Bundle, HealthCheck, write_bundle
+from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
+from edgesdk.model_file import read_model
+from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
+from edgesdk.scheduling import plan_cores, usable_cpus
+from edgesdk.tensors import TensorSpec
+
+__all__ = ["ConversionReport", "convert", "Progress"]
+
+log = logging.getLogger(__name__)
+
+#: progress(stage, done, total)
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """Every variant with its figures and verdict, the chosen one, and the bundle."""
+
+    profile: str
+    mode: str
+    metric: str
+    metric_unit: str
+    max_accuracy_drop: float
+    plan: PlanResult
+    bundle: Bundle
+    #: Why TFLite variants are missing, if they were asked for and could not be made.
+    tflite_error: str | None
+    tflite_parity_max_abs_diff: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for c in self.plan.candidates:
+            m = c.measurement
+            rows.append({
+                "name": c.name, "format": c.format, "precision": c.precision, "chosen": c.chosen,
+                "size_bytes": m.size_bytes, "peak_memory_mb": round(m.model_memory_mb, 2),
+                "host_latency_p50_ms": round(m.latency_p50_ms, 4), "accuracy_drop": round(c.accuracy_drop, 4),
+                "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
+                "estimate_basis": c.estimate.basis, "rejected": list(c.rejected), "notes": list(c.notes),
+                "sha256": m.sha256, "file": str(c.path),
+            })
+        return {"profile": self.profile, "mode": self.mode, "metric": self.metric, "metric_unit": self.metric_unit,
+                "max_accuracy_drop": self.max_accuracy_drop, "chosen": self.plan.chosen.name,
+                "reason": self.plan.reason, "bundle": str(self.bundle.path), "variants": rows,
+                "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff}
+
+
+def _specs(path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    import onnxruntime as ort
+
+    from edgesdk.backends.onnxruntime import _spec
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return tuple(_spec(a) for a in session.get_inputs()), tuple(_spec(a) for a in session.get_outputs())
+
+
+def _prepare_source(model: Any, work: Path, example_inputs: Sequence[Any] | None,
+                    input_shapes: Mapping[str, Sequence[int]] | None) -> Path:
+    """The simplified FP32 ONNX file every variant is made from."""
+    if not isinstance(model, (str, os.PathLike)):
+        if example_inputs is None:
+            raise ConversionError("a PyTorch module needs example_inputs to be exported")
+        model = export_torch(model, example_inputs, work / "exported.onnx", dynamic_batch=input_shapes is None)
+    loaded = load_onnx(model)
+    if input_shapes:
+        loaded = fix_input_shapes(loaded, input_shapes)
+    return save_onnx(simplify(loaded), work / "fp32.onnx")
+
+
+def convert(
+    model: str | os.PathLike[str] | Any,
+    profile: str | os.PathLike[str] | DeviceProfile,
+    *,
+    calibration: Mapping[str, np.ndarray],
+    evaluation: Mapping[str, np.ndarray],
+    out_dir: str | os.PathLike[str],
+    mode: str = "latency",
+    labels: np.ndarray | None = None,
+    metric: str | Callable[..., float] | None = None,
+    max_accuracy_drop: float = 0.5,
+    formats: Sequence[str] = ("onnx",),
+    config: QuantizationConfig | None = None,
+    example_inputs: Sequence[Any] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    name: str = "model",
+    version: str = "1.0.0",
+    board_figures: Mapping[str, float] | None = None,
+    target_fps: float | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
+    private_key: Any = None,
+    host_profile: DeviceProfile | None = None,
+    progress: Progress | None = None,
+) -> ConversionReport:
+    """Build, measure and plan every variant; write the chosen one as a bundle in ``out_dir/bundle``.
+
+    ``calibration``/``evaluation`` map input names to batch-first arrays; ``labels`` are
+    class ids for ``evaluation``. ``board_figures`` maps a variant's model SHA-256 to a
+    latency measured on the board (``edgesdk bench --json``'s ``p50_ms``).
+    """
+    from edgesdk.detect import detect_device
+
+    board = load_profile(profile)
+    mode = RuntimeMode.parse(mode).value
+    formats = tuple(formats)
+    if unknown := set(formats) - {"onnx", "tflite"}:
+        raise ConversionError(f"unknown format(s) {sorted(unknown)}; use onnx and/or tflite")
+    config = config or QuantizationConfig.for_profile(board)
+    host = host_profile or detect_device()
+    out = Path(out_dir)
+    variants_dir = out / "variants"
+    if (out / "bundle").exists():
+        raise ConversionError(f"{out / 'bundle'} already exists; choose a new --out directory")
+    variants_dir.mkdir(parents=True, exist_ok=True)
+    notify = progress or (lambda stage, done, total: None)
+
+    source_sha = (read_model(model).sha256 if isinstance(model, (str, os.PathLike))
+                  and Path(model).suffix in (".onnx", ".tflite") else "")
+    if isinstance(model, (str, os.PathLike)) and Path(model).suffix == ".tflite":
+        return _tflite_passthrough(Path(model), board, mode, evaluation, labels, metric, max_accuracy_drop, out,
+                                   name, version, board_figures, target_fps, preprocessing, private_key, host, notify)
+    fp32_path = _prepare_source(model, variants_dir, example_inputs, input_shapes)
+    source_sha = source_sha or read_model(fp32_path).sha256
+    inputs, outputs = _specs(fp32_path)
+    from converters.data import check_arrays
+
+    calibration = check_arrays(calibration, inputs, "calibration data")
+    evaluation = check_arrays(evaluation, inputs, "evaluation data")
+    if labels is not None and len(labels) != len(next(iter(evaluation.values()))):
+        raise DataError(f"{len(labels)} labels for {len(next(iter(evaluation.values())))} evaluation samples")
+    scorer = resolve_metric(metric, labels)
+
+    board_threads = plan_cores(board, mode, available=frozenset(range(1024))).threads
+    threads = max(1, min(board_threads, len(usable_cpus())))
+    measured: dict[str, tuple[Path, str, str, Measurement, Mapping[str, Any] | None, tuple[str, ...]]] = {}
+
+    def measure(label: str, path: Path, fmt: str, precision: str, cfg: Mapping[str, Any] | None,
+                notes: tuple[str, ...] = ()) -> Measurement:
+        notify(f"measuring {label}", len(measured), len(measured) + 1)
+        m = measure_variant(path, board, mode, threads, evaluation)
+        measured[label] = (path, fmt, precision, m, cfg, notes)
+        return m
+
+    reference = measure("onnx-fp32", fp32_path, "onnx", "fp32", None).outputs
+
+    def drop(m: Measurement) -> float:
+        return scorer.drop(reference, m.outputs, labels)
+
+    cfg_dict = config.to_dict()
+    builders: list[tuple[str, str, Callable[[Path], Path]]] = [
+        ("onnx-fp16", "fp16", lambda p: to_fp16(fp32_path, p, config)),
+        ("onnx-int8-dynamic", "int8_dynamic", lambda p: quantize_dynamic_int8(fp32_path, p, config)),
+    ]
+    for label, precision, build in builders:
+        try:
+            path = build(variants_dir / f"{label}.onnx")
+        except ConversionError as exc:
+            log.warning("%s skipped: %s", label, exc)
+            continue
+        measure(label, path, "onnx", precision, cfg_dict)
+
+    static: list[tuple[float, str, Path]] = []
+    for method in config.calibration_methods:
+        label = f"onnx-int8-static-{method.value}"
+        path = quantize_static_int8(fp32_path, variants_dir / f"{label}.onnx", calibration, config, method)
+        m = measure(label, path, "onnx", "int8_static", {**cfg_dict, "calibration_method": method.value})
+        static.append((drop(m), method.value, path))
+    best_drop, best_method, best_path = min(static)
+    if best_drop > max_accuracy_drop and config.max_float_nodes > 0:
+        _mixed(fp32_path, best_path, best_method, variants_dir, calibration, evaluation, config, cfg_dict,
+               max_accuracy_drop, measure, drop)
+
+    tflite_error, parity = None, None
+    if "tflite" in formats:
+        tflite_error, parity = _tflite_variants(fp32_path, variants_dir, calibration, evaluation, measure, notify)
+
+    candidates = []
+    figures = board_figures or {}
+    for label, (path, fmt, precision, m, cfg, notes) in measured.items():
+        estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256))
+        if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
+            notes = (*notes, f"calibration {best_method} was more accurate")
+        candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes))
+    plan = choose(candidates, board, mode, max_accuracy_drop, target_fps)
+    bundle = _bundle(plan.chosen, out, board, mode, source_sha, evaluation, name, version, preprocessing,
+                     private_key, scorer, plan)
+    return ConversionReport(board.name, mode, scorer.name, scorer.unit, max_accuracy_drop, plan, bundle,
+                            tflite_error, parity)
+
+
+def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, calibration: Mapping[str, np.ndarray],
+           evaluation: Mapping[str, np.ndarray], config: QuantizationConfig, cfg_dict: Mapping[str, Any],
+           bound: float, measure: Callable[..., Measurement], drop: Callable[[Measurement], float]) -> None:
+    """Keep the most sensitive nodes in float, 1, 2, 4, ... of them, until the bound holds."""
+    from converters.config import CalibrationMethod
+
+    sample = {k: v[:64] for k, v in evaluation.items()}
+    ranked = [n for n, _ in node_sensitivity(fp32_path, qdq_path, sample)]
+    limit = min(config.max_float_nodes, len(ranked))
+    for count in sorted({min(2**i, limit) for i in range(limit.bit_length() + 1)} - {0}):
+        float_nodes = tuple(ranked[:count])
+        path = quantize_static_int8(fp32_path, variants_dir / "onnx-mixed.onnx", calibration, config,
+                                    CalibrationMethod(method), float_nodes=float_nodes)
+        m = measure("onnx-mixed", path, "onnx", "mixed", {**cfg_dict, "calibration_method": method,
+                                                          "float_nodes": list(float_nodes)},
+                    (f"{count} most sensitive node(s) kept in float: {', '.join(float_nodes)}",))
+        if drop(m) <= bound:
+            return
+
+
+def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[str, np.ndarray],
+                     evaluation: Mapping[str, np.ndarray], measure: Callable[..., Measurement],
+                     notify: Progress) -> tuple[str | None, float | None]:
+    from converters.tflite import convert_to_tflite
+
+    notify("converting to TFLite (onnx2tf)", 0, 1)
+    sample = {k: v[:32] for k, v in evaluation.items()}
+    try:
+        result = convert_to_tflite(fp32_path, variants_dir / "tflite", calibration=calibration, eval_inputs=sample)
+    except UnsupportedOpError as exc:
+        log.warning("TFLite variants skipped: %s", exc)
+        return str(exc), None
+    except EdgeSDKError as exc:
+        log.warning("TFLite conversion failed: %s", exc)
+        return str(exc), None
+    for precision, path in result.models.items():
+        measure(f"tflite-{precision.replace('_', '-')}", Path(path), "tflite", precision, None,
+                (f"onnx2tf; FP32 parity max abs diff {result.parity_max_abs_diff:.2e}",)
+                if result.parity_max_abs_diff is not None else ())
+    return None, result.parity_max_abs_diff
+
+
+def _tflite_passthrough(path: Path, board: DeviceProfile, mode: str, evaluation: Mapping[str, np.ndarray],
+                        labels: np.ndarray | None, metric: Any, bound: float, out: Path, name: str, version: str,
+                        board_figures: Mapping[str, float] | None, target_fps: float | None,
+                        preprocessing: Mapping[str, Any] | None, private_key: Any, host: DeviceProfile,
+                        notify: Progress) -> ConversionReport:
+    """An existing .tflite is measured and planned as is (its accuracy is the reference)."""
+    from converters.data import check_arrays
+    from edgesdk.runtime import Runtime
+
+    with Runtime(path, profile=board, mode=mode) as rt:
+        specs = rt.inputs
+    evaluation = check_arrays(adapt_layout(evaluation, specs), specs, "evaluation data")
+    scorer = resolve_metric(metric, labels)
+    threads = max(1, min(plan_cores(board, mode, available=frozenset(range(1024))).threads, len(usable_cpus())))
+    notify("measuring tflite", 0, 1)
+    m = measure_variant(path, board, mode, threads, evaluation)
+    estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, (board_figures or {}).get(m.sha256))
+    (out / "variants").mkdir(parents=True, exist_ok=True)
+    candidate = Candidate("tflite-input", "tflite", path, "as-given", m, 0.0, estimate,
+                          notes=("passed through: the given .tflite is the accuracy reference",))
+    plan = choose([candidate], board, mode, bound, target_fps)
+    bundle = _bundle(plan.chosen, out, board, mode, m.sha256, evaluation, name, version, preprocessing, private_key,
+                     scorer, plan)
+    return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle, None, None)
+
+
+def _bundle(chosen: Candidate, out: Path, board: DeviceProfile, mode: str, source_sha: str,
+            evaluation: Mapping[str, np.ndarray], name: str, version: str, preprocessing: Mapping[str, Any] | None,
+            private_key: Any, scorer: Metric, plan: PlanResult) -> Bundle:
+    """Write the chosen variant as a bundle, with its own output on one evaluation sample as the health check."""
+    from edgesdk.runtime import Runtime
+
+    model_file = read_model(chosen.path)
+    with Runtime(chosen.path, profile=board, mode=mode) as rt:
+        sample = adapt_layout({k: v[:1] for k, v in evaluation.items()}, rt.inputs)
+        result = rt.predict(sample)
+        inputs, outputs = rt.inputs, rt.outputs
+    expected = {outputs[0].name: result} if isinstance(result, np.ndarray) else dict(result)
+    m = chosen.measurement
+    measured = {
+        "host": {"latency_p50_ms": m.latency_p50_ms, "latency_p95_ms": m.latency_p95_ms, "load_ms": m.load_ms,
+                 "peak_memory_mb": m.model_memory_mb, "threads": m.threads, "backend": m.backend},
+        "board": {"latency_ms": chosen.estimate.latency_ms, "energy_mj": chosen.estimate.energy_mj,
+                  "basis": chosen.estimate.basis},
+        "size_bytes": m.size_bytes,
+        "accuracy": {"metric": scorer.name, "unit": scorer.unit, "drop_vs_fp32": chosen.accuracy_drop},
+        "chosen_because": plan.reason,
+    }
+    # The health check allows for the difference between this host's kernels and the board's.
+    tolerance = 1e-2 if chosen.precision in ("fp32", "fp16", "as-given") else 5e-2
+    latency_gate = max(50.0, chosen.estimate.latency_ms * 5)
+    bundle = write_bundle(
+        out / "bundle", model_file, name=name, version=version, source_model_sha256=source_sha,
+        variant=chosen.name, target_profile=board.name, power_mode=mode, inputs=inputs, outputs=outputs,
+        health_inputs=sample, health_outputs=expected,
+        health_check=HealthCheck(atol=tolerance, rtol=tolerance, max_latency_ms=round(latency_gate, 2)),
+        quantization=dict(chosen.config) if chosen.config else None, preprocessing=preprocessing or {},
+        measured=measured, private_key=private_key,
+    )
+    return bundle
+

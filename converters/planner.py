@@ -1,0 +1,165 @@
+"""Choosing the variant that fits a device: memory, power, accuracy, and speed.
+
+**Fit.** A variant fits a profile when its file size and its peak resident memory
+while loaded and running (measured here, in its own process) are both within the
+profile's ``model_budget_mb``; and, when a frame rate is asked for, its estimated
+energy per inference times that rate (its sustained power) is within the power mode's
+watts, i.e. the board can keep up in that mode.
+
+**Estimates (labelled "estimated" in every report).** Board latency is scaled from
+the host's measured latency::
+
+    board_ms = host_ms * perf(host cores, threads) / perf(board cores, threads)
+    perf     = (1 + 0.7 * (threads - 1)) * max_mhz * ipc(core)
+
+``ipc`` is a per-microarchitecture relative throughput (Cortex-A76 = 1.0; table below,
+from published per-clock benchmark ratios), and 0.7 is the assumed parallel efficiency
+of each extra thread. Energy per inference (mJ) = power-mode watts × board_ms. Feed
+``edgesdk bench --json`` results measured on the board (matched by model SHA-256) and
+they replace the estimate ("measured on board").
+
+**Choice.** Among variants that fit and whose accuracy drop is within the bound, the
+fastest on the board wins (smaller file breaks ties). A quantized variant slower than
+FP32 on this host is never chosen, unless FP32 does not fit and size is the only way in.
+Nothing fits: :class:`BudgetError` naming the closest variant's figures and the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from converters.measure import Measurement
+from edgesdk.errors import BudgetError
+from edgesdk.profiles import CoreCluster, DeviceProfile, RuntimeMode
+from edgesdk.scheduling import plan_cores
+
+__all__ = ["Candidate", "PlanResult", "BoardEstimate", "estimate_on_board", "choose", "IPC", "PARALLEL_EFFICIENCY"]
+
+IPC = {
+    "cortex-a53": 0.40, "cortex-a55": 0.45, "cortex-a57": 0.60, "cortex-a72": 0.75, "cortex-a73": 0.75,
+    "cortex-a75": 0.90, "cortex-a76": 1.00, "cortex-a77": 1.10, "cortex-a78": 1.15, "cortex-a78ae": 1.10,
+    "cortex-x1": 1.30, "x86_64": 1.40,
+}
+PARALLEL_EFFICIENCY = 0.7
+_ALL = frozenset(range(1024))
+
+
+def _ipc(cluster: CoreCluster, arch: str) -> float:
+    return IPC.get(cluster.microarchitecture.lower(), IPC.get(arch, 1.0))
+
+
+def _perf(profile: DeviceProfile, mode: str, threads: int | None = None, available: frozenset[int] = _ALL) -> float:
+    plan = plan_cores(profile, mode, threads, available=available)
+    by_core = {core: c for c in profile.clusters for core in c.cores}
+    cores = [by_core[c] for c in plan.cores if c in by_core] or [profile.clusters[0]]
+    power_mode = profile.power_mode_for(mode)
+    mhz = sum(min(c.max_mhz, (power_mode.max_mhz.get(c.name, c.max_mhz) if power_mode else c.max_mhz))
+              for c in cores) / len(cores)
+    ipc = sum(_ipc(c, profile.arch) for c in cores) / len(cores)
+    threads = min(plan.threads, len(plan.cores))
+    return (1 + PARALLEL_EFFICIENCY * (threads - 1)) * mhz * ipc
+
+
+@dataclass(frozen=True)
+class BoardEstimate:
+    latency_ms: float
+    energy_mj: float
+    #: "estimated" (scaled from this host) or "measured on board".
+    basis: str
+
+
+def estimate_on_board(host_latency_ms: float, host: DeviceProfile, host_threads: int, board: DeviceProfile,
+                      mode: str, measured_ms: float | None = None) -> BoardEstimate:
+    """Board latency and energy per inference for a variant measured on ``host``."""
+    power_mode = board.power_mode_for(mode)
+    watts = power_mode.watts if power_mode else max(m.watts for m in board.power_modes)
+    if measured_ms is not None:
+        return BoardEstimate(measured_ms, watts * measured_ms, "measured on board")
+    scale = _perf(host, RuntimeMode.LATENCY.value, host_threads, available=frozenset(host.cores)) / _perf(board, mode)
+    latency = host_latency_ms * scale
+    return BoardEstimate(latency, watts * latency, "estimated")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One variant with its measurement, accuracy drop, board estimate and verdict."""
+
+    name: str
+    format: str
+    path: Any
+    precision: str
+    measurement: Measurement
+    accuracy_drop: float
+    estimate: BoardEstimate
+    config: Mapping[str, Any] | None = None
+    rejected: tuple[str, ...] = ()
+    chosen: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.precision not in ("fp32",)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    candidates: tuple[Candidate, ...]
+    chosen: Candidate
+    reason: str
+
+
+def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max_accuracy_drop: float,
+           target_fps: float | None = None) -> PlanResult:
+    """Mark every candidate fitting or rejected (with reasons) and pick one; see the module doc."""
+    budget = board.model_budget_mb
+    power_mode = board.power_mode_for(mode)
+    watts = power_mode.watts if power_mode else max(m.watts for m in board.power_modes)
+    fp32 = next((c for c in candidates if c.precision == "fp32" and c.format == "onnx"), None)
+
+    def memory_reasons(c: Candidate) -> list[str]:
+        m, reasons = c.measurement, []
+        if m.size_bytes / 2**20 > budget:
+            reasons.append(f"file {m.size_bytes / 2**20:.1f} MiB > budget {budget} MiB")
+        if m.model_memory_mb > budget:
+            reasons.append(f"peak memory {m.model_memory_mb:.1f} MiB > budget {budget} MiB")
+        return reasons
+
+    fp32_fits = fp32 is not None and not memory_reasons(fp32)
+    judged = []
+    for c in candidates:
+        reasons = memory_reasons(c)
+        if target_fps is not None:
+            sustained = c.estimate.energy_mj * target_fps / 1e3
+            if sustained > watts:
+                reasons.append(f"{target_fps:g} fps needs {sustained:.1f} W ({c.estimate.basis}) > "
+                               f"{watts:g} W of power mode {power_mode.name if power_mode else '?'}")
+        if c.accuracy_drop > max_accuracy_drop:
+            reasons.append(f"accuracy drop {c.accuracy_drop:.3g} > bound {max_accuracy_drop:g}")
+        if (c.is_quantized and fp32 is not None and fp32_fits
+                and c.measurement.latency_p50_ms > fp32.measurement.latency_p50_ms):
+            reasons.append(f"slower than FP32 on this host ({c.measurement.latency_p50_ms:.3f} ms vs "
+                           f"{fp32.measurement.latency_p50_ms:.3f} ms)")
+        judged.append(replace(c, rejected=tuple(reasons)))
+
+    fitting = [c for c in judged if not c.rejected]
+    if not fitting:
+        def closeness(c: Candidate) -> tuple[int, float]:
+            return (len(memory_reasons(c)), c.accuracy_drop)
+
+        best = min(judged, key=closeness)
+        m = best.measurement
+        raise BudgetError(
+            f"no variant fits {board.name} ({mode}, model budget {budget} MiB, {watts:g} W, max accuracy drop "
+            f"{max_accuracy_drop:g}); closest: {best.name} — file {m.size_bytes / 2**20:.2f} MiB, peak memory "
+            f"{m.model_memory_mb:.1f} MiB, accuracy drop {best.accuracy_drop:.3g}, {best.estimate.latency_ms:.2f} ms "
+            f"({best.estimate.basis}); rejected because: {'; '.join(best.rejected)}. Loosen --max-accuracy-drop, "
+            "choose a larger board or a smaller model"
+        )
+    winner = min(fitting, key=lambda c: (c.estimate.latency_ms, c.measurement.size_bytes))
+    final = tuple(replace(c, chosen=c is winner) for c in judged)
+    chosen = next(c for c in final if c.chosen)
+    reason = (f"fastest variant within budget ({chosen.estimate.latency_ms:.3f} ms on {board.name}, "
+              f"{chosen.estimate.basis}) with accuracy drop {chosen.accuracy_drop:.3g} <= {max_accuracy_drop:g}")
+    return PlanResult(final, chosen, reason)
