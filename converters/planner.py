@@ -145,8 +145,10 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
 
     fitting = [c for c in judged if not c.rejected]
     if not fitting:
-        def closeness(c: Candidate) -> tuple[int, float]:
-            return (len(memory_reasons(c)), c.accuracy_drop)
+        def closeness(c: Candidate) -> tuple[float, float]:
+            m = c.measurement
+            over_memory = max(0.0, max(m.size_bytes / 2**20, m.model_memory_mb) - budget)
+            return (over_memory, max(0.0, c.accuracy_drop - max_accuracy_drop))
 
         best = min(judged, key=closeness)
         m = best.measurement

@@ -1,0 +1,167 @@
+"""edgesdk convert end to end: real ONNX Runtime quantization, subprocess measurement, bundles."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from edgesdk import Runtime
+from edgesdk.bundle import read_bundle
+from edgesdk.cli import cli
+from edgesdk.converters.config import QuantizationConfig
+from edgesdk.converters.pipeline import convert
+from edgesdk.errors import BudgetError, DataError, ModelFormatError
+from edgesdk.profiles import list_profiles, profile_from_dict
+from tests.conftest import host_profile_dict
+
+
+@pytest.fixture(scope="module")
+def digits_arrays(digits):
+    return {"input": digits.x_train[:256]}, {"input": digits.x_test}
+
+
+@pytest.fixture(scope="module")
+def digits_report(digits_onnx, digits, digits_arrays, tmp_path_factory):
+    calibration, evaluation = digits_arrays
+    return convert(digits_onnx, "raspberry-pi-5", calibration=calibration, evaluation=evaluation,
+                   labels=digits.y_test, out_dir=tmp_path_factory.mktemp("convert") / "out", name="digits",
+                   version="1.2.0")
+
+
+def test_every_onnx_variant_is_built_measured_and_judged(digits_report):
+    names = {c.name for c in digits_report.plan.candidates}
+    assert {"onnx-fp32", "onnx-fp16", "onnx-int8-dynamic", "onnx-int8-static-minmax", "onnx-int8-static-entropy",
+            "onnx-int8-static-percentile"} <= names
+    for c in digits_report.plan.candidates:
+        m = c.measurement
+        assert m.size_bytes > 0 and m.latency_p50_ms > 0 and m.peak_rss_mb > m.rss_before_mb
+        assert c.chosen or c.rejected or c.estimate.latency_ms >= digits_report.plan.chosen.estimate.latency_ms
+        assert c.estimate.basis == "estimated"
+    sizes = {c.name: c.measurement.size_bytes for c in digits_report.plan.candidates}
+    assert sizes["onnx-int8-static-minmax"] < 0.6 * sizes["onnx-fp32"]
+    assert sizes["onnx-fp16"] < 0.7 * sizes["onnx-fp32"]
+
+
+def test_static_int8_on_digits_stays_within_half_a_point(digits_report):
+    drops = {c.name: c.accuracy_drop for c in digits_report.plan.candidates}
+    assert digits_report.metric == "top1_accuracy" and drops["onnx-fp32"] == 0
+    assert min(d for n, d in drops.items() if n.startswith("onnx-int8-static")) <= 0.5
+
+
+def test_chosen_variant_is_bundled_with_a_health_check_that_passes(digits_report):
+    bundle = read_bundle(digits_report.bundle.path)
+    m = bundle.manifest
+    assert (m.name, m.version, m.target_profile, m.power_mode) == ("digits", "1.2.0", "raspberry-pi-5", "latency")
+    assert m.variant == digits_report.plan.chosen.name
+    assert m.measured["board"]["basis"] == "estimated" and m.measured["accuracy"]["metric"] == "top1_accuracy"
+    if m.variant != "onnx-fp32":
+        assert m.quantization is not None and m.quantization["per_channel"] is True
+    inputs, expected = bundle.health_sample()
+    with Runtime(bundle.path, profile="generic-x86_64") as rt:
+        out = rt.predict(inputs)
+    np.testing.assert_allclose(out, expected["probabilities"], atol=m.health_check.atol, rtol=m.health_check.rtol)
+
+
+def test_mixed_precision_keeps_the_most_sensitive_nodes_in_float(digits_onnx, digits, digits_arrays, tmp_path):
+    calibration, evaluation = digits_arrays
+    # A bound static INT8 cannot meet on its own makes the converter measure sensitivity and exclude nodes.
+    report = convert(digits_onnx, "raspberry-pi-5", calibration=calibration, evaluation=evaluation,
+                     metric="max_abs_error", max_accuracy_drop=1e-4, out_dir=tmp_path / "out",
+                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    mixed = [c for c in report.plan.candidates if c.name == "onnx-mixed"]
+    assert mixed, "no mixed-precision variant was tried"
+    assert "kept in float" in mixed[0].notes[0]
+    assert mixed[0].config["float_nodes"], "no node was excluded"
+    static = next(c for c in report.plan.candidates if c.name == "onnx-int8-static-minmax")
+    assert mixed[0].accuracy_drop < static.accuracy_drop
+
+
+@pytest.mark.parametrize("profile", [p.name for p in list_profiles()])
+def test_a_valid_bundle_for_every_shipped_profile(profile, digits_onnx, digits_arrays, tmp_path):
+    calibration, evaluation = digits_arrays
+    report = convert(digits_onnx, profile, calibration=calibration, evaluation=evaluation, out_dir=tmp_path / "o",
+                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    bundle = read_bundle(report.bundle.path)
+    assert bundle.manifest.target_profile == profile
+    assert bundle.manifest.measured["board"]["latency_ms"] > 0
+
+
+def test_not_an_onnx_file(tmp_path, digits_arrays):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x08\x01garbage that is not protobuf" * 4)
+    with pytest.raises(ModelFormatError, match="not an ONNX model"):
+        convert(path, "raspberry-pi-5", calibration=digits_arrays[0], evaluation=digits_arrays[1], out_dir=tmp_path / "o")
+
+
+def test_model_the_onnx_checker_rejects(tmp_path, digits_arrays):
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
+    graph = helper.make_graph([helper.make_node("Relu", ["missing_tensor"], ["y"])], "bad", [x], [y])
+    path = tmp_path / "bad.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.raises(ModelFormatError, match="checker rejects"):
+        convert(path, "raspberry-pi-5", calibration=digits_arrays[0], evaluation=digits_arrays[1], out_dir=tmp_path / "o")
+
+
+@pytest.mark.parametrize(
+    ("calibration", "pattern"),
+    [
+        ({"input": np.zeros((8, 63), np.float32)}, r"shape \(8, 63\).*input: float32\[\?, 64\]"),
+        ({"input": np.zeros((8, 64), np.float64)}, "is float64, the model takes float32"),
+        ({"input": np.zeros((0, 64), np.float32)}, "is empty"),
+        ({"pixels": np.zeros((8, 64), np.float32)}, "no data for input"),
+    ],
+    ids=["shape", "dtype", "empty", "name"],
+)
+def test_calibration_data_that_does_not_fit_the_model(digits_onnx, digits_arrays, tmp_path, calibration, pattern):
+    with pytest.raises(DataError, match=pattern):
+        convert(digits_onnx, "raspberry-pi-5", calibration=calibration, evaluation=digits_arrays[1],
+                out_dir=tmp_path / "o")
+
+
+def test_empty_evaluation_set(digits_onnx, digits_arrays, tmp_path):
+    with pytest.raises(DataError, match="evaluation data.*empty"):
+        convert(digits_onnx, "raspberry-pi-5", calibration=digits_arrays[0],
+                evaluation={"input": np.zeros((0, 64), np.float32)}, out_dir=tmp_path / "o")
+
+
+def test_budget_no_variant_fits(digits_onnx, digits_arrays, tmp_path):
+    data = host_profile_dict([0], [1])
+    data["memory"] = {"ram_mb": 64, "model_budget_mb": 1}
+    with pytest.raises(BudgetError, match=r"no variant fits host-big-little .*model budget 1 MiB.*closest"):
+        convert(digits_onnx, profile_from_dict(data), calibration=digits_arrays[0], evaluation=digits_arrays[1],
+                out_dir=tmp_path / "o", config=QuantizationConfig(calibration_methods=("minmax",)))
+
+
+def test_cli_convert_prints_the_table_and_signs(tmp_path, digits_onnx, digits):
+    np.save(tmp_path / "calib.npy", digits.x_train[:128])
+    np.save(tmp_path / "eval.npy", digits.x_test)
+    np.save(tmp_path / "labels.npy", digits.y_test)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["keys", "generate", "--out", str(tmp_path / "keys")]).exit_code == 0
+    result = runner.invoke(cli, [
+        "convert", str(digits_onnx), "--profile", "rk3588", "--calibration", str(tmp_path / "calib.npy"),
+        "--eval", str(tmp_path / "eval.npy"), "--labels", str(tmp_path / "labels.npy"), "--out", str(tmp_path / "o"),
+        "--sign", str(tmp_path / "keys" / "edgesdk.key"), "--name", "digits"])
+    assert result.exit_code == 0, result.output
+    assert "CHOSEN" in result.output and "onnx-int8-static-minmax" in result.output and "(signed)" in result.output
+    verified = runner.invoke(cli, ["verify", str(tmp_path / "o" / "bundle"), "--pub", str(tmp_path / "keys" / "edgesdk.pub")])
+    assert verified.exit_code == 0 and "signed by" in verified.output
+    bad = runner.invoke(cli, ["convert", str(digits_onnx), "--profile", "rk3588", "--eval", str(tmp_path / "labels.npy"),
+                              "--out", str(tmp_path / "o2")])
+    assert bad.exit_code == DataError.exit_code and "error:" in bad.output and "Traceback" not in bad.output
+
+
+def test_cli_convert_json(tmp_path, digits_onnx, digits):
+    np.save(tmp_path / "eval.npy", digits.x_test[:100])
+    result = CliRunner().invoke(cli, ["convert", str(digits_onnx), "--profile", "jetson-orin-nano", "--eval",
+                                      str(tmp_path / "eval.npy"), "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["profile"] == "jetson-orin-nano" and data["metric"] == "top1_agreement"
+    assert sum(v["chosen"] for v in data["variants"]) == 1

@@ -1,0 +1,101 @@
+"""Planner rules on synthetic measurements (the integration tests measure real variants)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from edgesdk.converters.measure import Measurement
+from edgesdk.converters.planner import Candidate, choose, estimate_on_board
+from edgesdk.errors import BudgetError
+from edgesdk.profiles import profile_from_dict
+from tests.unit.test_scheduling import BIG_LITTLE
+
+HOST = profile_from_dict({
+    **copy.deepcopy(BIG_LITTLE), "name": "host", "arch": "x86_64",
+    "cpu": {"clusters": [{"name": "cpu", "cores": [0, 1], "microarchitecture": "x86_64", "max_mhz": 3000,
+                          "capacity": 1024}]},
+    "power_modes": [{"name": "p", "watts": 30, "clusters": ["cpu"], "serves": ["latency", "balanced", "power"]}],
+})
+BOARD = profile_from_dict(copy.deepcopy(BIG_LITTLE))  # 1536 MiB budget, 9 W performance / 4 W efficiency
+
+
+def _m(size_mb=1.0, memory_mb=10.0, latency_ms=1.0, sha="x"):
+    return Measurement(size_bytes=int(size_mb * 2**20), sha256=sha, load_ms=1.0, latency_p50_ms=latency_ms,
+                       latency_p95_ms=latency_ms, rss_before_mb=50.0, peak_rss_mb=50.0 + memory_mb, threads=2,
+                       backend="onnxruntime", accelerator="CPUExecutionProvider", outputs=np.zeros((1, 1)))
+
+
+def _c(name, precision, drop=0.0, board=BOARD, **m):
+    measurement = _m(**m)
+    est = estimate_on_board(measurement.latency_p50_ms, HOST, 2, board, "latency")
+    return Candidate(name, "onnx", f"{name}.onnx", precision, measurement, drop, est)
+
+
+def test_estimate_scales_host_latency_by_cores_clock_and_ipc():
+    est = estimate_on_board(1.0, HOST, 2, BOARD, "latency")
+    # host: (1 + 0.7) * 3000 MHz * 1.4; board big cluster: (1 + 0.7*3) * 2400 MHz * 1.0
+    assert est.latency_ms == pytest.approx((1.7 * 3000 * 1.4) / (3.1 * 2400 * 1.0))
+    assert est.energy_mj == pytest.approx(9.0 * est.latency_ms) and est.basis == "estimated"
+    slower = estimate_on_board(1.0, HOST, 2, BOARD, "power")  # 4 little A55 cores
+    assert slower.latency_ms > est.latency_ms
+
+
+def test_measured_board_figures_replace_the_estimate():
+    est = estimate_on_board(1.0, HOST, 2, BOARD, "latency", measured_ms=3.5)
+    assert (est.latency_ms, est.basis, est.energy_mj) == (3.5, "measured on board", pytest.approx(31.5))
+
+
+def test_fastest_fitting_variant_within_the_accuracy_bound_wins():
+    result = choose([_c("fp32", "fp32", latency_ms=2.0), _c("int8", "int8_static", drop=0.2, latency_ms=1.0),
+                     _c("int8-lossy", "int8_static", drop=3.0, latency_ms=0.5)], BOARD, "latency", 0.5)
+    assert result.chosen.name == "int8"
+    lossy = next(c for c in result.candidates if c.name == "int8-lossy")
+    assert "accuracy drop 3 > bound 0.5" in lossy.rejected[0]
+
+
+def test_quantized_variant_slower_than_fp32_is_never_chosen_when_fp32_fits():
+    result = choose([_c("fp32", "fp32", latency_ms=1.0), _c("int8-dyn", "int8_dynamic", size_mb=0.3, latency_ms=3.0)],
+                    BOARD, "latency", 0.5)
+    assert result.chosen.name == "fp32"
+    assert "slower than FP32" in result.candidates[1].rejected[0]
+
+
+def test_slower_quantized_variant_is_chosen_when_size_is_the_only_way_to_fit():
+    small = copy.deepcopy(BIG_LITTLE)
+    small["memory"] = {"ram_mb": 512, "model_budget_mb": 64}
+    board = profile_from_dict(small)
+    result = choose([_c("fp32", "fp32", board=board, size_mb=100, memory_mb=150, latency_ms=1.0),
+                     _c("int8", "int8_static", board=board, size_mb=25, memory_mb=40, latency_ms=1.5)],
+                    board, "latency", 0.5)
+    assert result.chosen.name == "int8"
+    assert "file 100.0 MiB > budget 64 MiB" in result.candidates[0].rejected[0]
+
+
+def test_frame_rate_the_power_mode_cannot_sustain_rejects_the_variant():
+    slow = _c("fp32", "fp32", latency_ms=200.0)
+    with pytest.raises(BudgetError, match=r"30 fps needs .* W \(estimated\) > 9 W of power mode performance"):
+        choose([slow], BOARD, "latency", 0.5, target_fps=30)
+
+
+def test_nothing_fits_names_the_closest_variant_and_the_budget():
+    tiny = copy.deepcopy(BIG_LITTLE)
+    tiny["memory"] = {"ram_mb": 512, "model_budget_mb": 8}
+    board = profile_from_dict(tiny)
+    with pytest.raises(BudgetError) as info:
+        choose([_c("fp32", "fp32", board=board, size_mb=40, memory_mb=60),
+                _c("int8", "int8_static", board=board, size_mb=10, memory_mb=20, drop=0.1)], board, "latency", 0.5)
+    message = str(info.value)
+    assert "model budget 8 MiB" in message and "closest: int8" in message and "file 10.00 MiB" in message
+
+
+def test_accuracy_bound_no_variant_meets_reports_the_best():
+    tiny = copy.deepcopy(BIG_LITTLE)
+    tiny["memory"] = {"ram_mb": 512, "model_budget_mb": 32}
+    board = profile_from_dict(tiny)
+    with pytest.raises(BudgetError, match=r"closest: mixed .*accuracy drop 0.8.*accuracy drop 0.8 > bound 0.5"):
+        choose([_c("fp32", "fp32", board=board, size_mb=40, memory_mb=60),
+                _c("int8", "int8_static", board=board, size_mb=10, memory_mb=20, drop=2.0),
+                _c("mixed", "mixed", board=board, size_mb=12, memory_mb=22, drop=0.8)], board, "latency", 0.5)
