@@ -17,9 +17,9 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     # Import everything a Runtime needs before the baseline, so the delta is the model's.
     import onnxruntime  # noqa: F401
-    from edgesdk.converters.measure import adapt_layout
 
     from edgesdk.backends.litert import import_litert
+    from edgesdk.converters.measure import adapt_layout
     from edgesdk.profiles import profile_from_dict
     from edgesdk.runtime import Runtime
 

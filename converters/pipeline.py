@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from converters.config import QuantizationConfig
-from converters.measure import Measurement, adapt_layout, measure_variant
-from converters.metrics import Metric, resolve_metric
-from converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
-from converters.planner import Candidate, PlanResult, choose, estimate_on_board
-from converters.quantize import node_sensitivity, quantize_dynamic_int8, quantize_static_int8, to_fp16
 from edgesdk.bundle import Bundle, HealthCheck, write_bundle
+from edgesdk.converters.config import QuantizationConfig
+from edgesdk.converters.measure import Measurement, adapt_layout, measure_variant
+from edgesdk.converters.metrics import Metric, resolve_metric
+from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
+from edgesdk.converters.planner import Candidate, PlanResult, choose, estimate_on_board
+from edgesdk.converters.quantize import node_sensitivity, quantize_dynamic_int8, quantize_static_int8, to_fp16
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
 from edgesdk.model_file import read_model
 from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
@@ -147,7 +147,7 @@ def convert(
     fp32_path = _prepare_source(model, variants_dir, example_inputs, input_shapes)
     source_sha = source_sha or read_model(fp32_path).sha256
     inputs, outputs = _specs(fp32_path)
-    from converters.data import check_arrays
+    from edgesdk.converters.data import check_arrays
 
     calibration = check_arrays(calibration, inputs, "calibration data")
     evaluation = check_arrays(evaluation, inputs, "evaluation data")
@@ -217,7 +217,7 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
            evaluation: Mapping[str, np.ndarray], config: QuantizationConfig, cfg_dict: Mapping[str, Any],
            bound: float, measure: Callable[..., Measurement], drop: Callable[[Measurement], float]) -> None:
     """Keep the most sensitive nodes in float, 1, 2, 4, ... of them, until the bound holds."""
-    from converters.config import CalibrationMethod
+    from edgesdk.converters.config import CalibrationMethod
 
     sample = {k: v[:64] for k, v in evaluation.items()}
     ranked = [n for n, _ in node_sensitivity(fp32_path, qdq_path, sample)]
@@ -236,7 +236,7 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
 def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[str, np.ndarray],
                      evaluation: Mapping[str, np.ndarray], measure: Callable[..., Measurement],
                      notify: Progress) -> tuple[str | None, float | None]:
-    from converters.tflite import convert_to_tflite
+    from edgesdk.converters.tflite import convert_to_tflite
 
     notify("converting to TFLite (onnx2tf)", 0, 1)
     sample = {k: v[:32] for k, v in evaluation.items()}
@@ -261,7 +261,7 @@ def _tflite_passthrough(path: Path, board: DeviceProfile, mode: str, evaluation:
                         preprocessing: Mapping[str, Any] | None, private_key: Any, host: DeviceProfile,
                         notify: Progress) -> ConversionReport:
     """An existing .tflite is measured and planned as is (its accuracy is the reference)."""
-    from converters.data import check_arrays
+    from edgesdk.converters.data import check_arrays
     from edgesdk.runtime import Runtime
 
     with Runtime(path, profile=board, mode=mode) as rt:

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from converters.measure import Measurement
+from edgesdk.converters.measure import Measurement
 from edgesdk.errors import BudgetError
 from edgesdk.profiles import CoreCluster, DeviceProfile, RuntimeMode
 from edgesdk.scheduling import plan_cores

@@ -8,7 +8,10 @@ inputs), most sensitive first.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -17,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from converters.config import CalibrationMethod, QuantizationConfig, QuantType
-from converters.onnx_model import save_onnx
+from edgesdk.converters.config import CalibrationMethod, QuantizationConfig, QuantType
+from edgesdk.converters.onnx_model import save_onnx
 from edgesdk.errors import ConversionError
 
 __all__ = ["to_fp16", "quantize_dynamic_int8", "quantize_static_int8", "node_sensitivity", "QUANTIZABLE_OPS"]
@@ -131,9 +134,15 @@ def _quantize_atomically(dst: Path, run: Any) -> None:
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
         out = str(Path(tmp) / dst.name)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the quantizer warns about pre-processing and opsets it handles
-                run(out)
+            # The calibrators print progress to stdout, which belongs to --json output: send it to stderr.
+            with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+                warnings.simplefilter("ignore")
+                # It also logs "consider pre-processing" on the root logger: this pipeline already simplified.
+                logging.disable(logging.WARNING)
+                try:
+                    run(out)
+                finally:
+                    logging.disable(logging.NOTSET)
         except Exception as exc:
             raise ConversionError(f"ONNX Runtime quantization failed for {dst.name}: {type(exc).__name__}: {exc}") \
                 from exc

@@ -43,3 +43,15 @@ def test_base_requirements_are_light(wheel):
     extras = {line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
               if line.startswith("Provides-Extra:")}
     assert extras == {"convert", "server", "vision", "dev", "all"}
+
+
+def test_sources_import_the_mapped_folders_through_the_edgesdk_namespace():
+    # `converters` and `ota_server` exist only as edgesdk.converters / edgesdk.ota_server once installed.
+    offenders = []
+    for path in ROOT.glob("**/*.py"):
+        if ".venv" in path.parts or "build" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"\s*(from|import)\s+(converters|ota_server|device_profiles)\b", line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, offenders
