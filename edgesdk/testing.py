@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["MLPWeights", "DigitsData", "load_digits_data", "train_digits_mlp", "random_mlp", "mlp_forward",
-           "write_mlp_onnx", "write_mlp_tflite"]
+           "write_mlp_onnx", "write_mlp_tflite", "digits_cnn", "mobilenet_v2_shaped"]
 
 
 @dataclass(frozen=True)
@@ -183,3 +183,81 @@ def write_mlp_tflite(weights: MLPWeights, path: str | os.PathLike[str], batch: i
     path = Path(path)
     path.write_bytes(bytes(builder.Output()))
     return path
+
+
+def digits_cnn(data: DigitsData, epochs: int = 30, seed: int = 0):  # type: ignore[no-untyped-def]
+    """A small CNN (conv-BN-ReLU x2, pool, linear) trained on the 8x8 digits in a few seconds (needs torch).
+
+    Input ``[N, 1, 8, 8]`` float32 in [0, 1]; returns the ``nn.Module`` in eval mode (~98% test accuracy).
+    """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
+    )
+    x = torch.from_numpy(data.x_train.reshape(-1, 1, 8, 8))
+    y = torch.from_numpy(data.y_train.astype(np.int64))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        for batch in torch.randperm(len(x), generator=generator).split(64):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    return model.eval()
+
+
+def mobilenet_v2_shaped(num_classes: int = 1000, width: float = 1.0, seed: int = 0):  # type: ignore[no-untyped-def]
+    """An untrained network with MobileNetV2's layer structure (inverted residuals, ReLU6), for speed figures.
+
+    Input ``[N, 3, 224, 224]``. Weights are random (no model hub is reachable), so accuracy
+    figures on it are agreement with its own FP32 outputs, not ImageNet accuracy.
+    """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+
+    def conv_bn(cin: int, cout: int, kernel: int, stride: int, groups: int = 1, act: bool = True) -> nn.Sequential:
+        layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+                                   nn.BatchNorm2d(cout)]
+        if act:
+            layers.append(nn.ReLU6())
+        return nn.Sequential(*layers)
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+            super().__init__()
+            hidden = cin * expand
+            layers = [conv_bn(cin, hidden, 1, 1)] if expand != 1 else []
+            layers += [conv_bn(hidden, hidden, 3, stride, groups=hidden), conv_bn(hidden, cout, 1, 1, act=False)]
+            self.block = nn.Sequential(*layers)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return x + self.block(x) if self.residual else self.block(x)
+
+    def ch(c: int) -> int:
+        return max(8, int(c * width + 4) // 8 * 8)
+
+    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1)]
+    layers: list[nn.Module] = [conv_bn(3, ch(32), 3, 2)]
+    cin = ch(32)
+    for expand, c, repeats, stride in settings:
+        for i in range(repeats):
+            layers.append(InvertedResidual(cin, ch(c), stride if i == 0 else 1, expand))
+            cin = ch(c)
+    layers += [conv_bn(cin, 1280, 1, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, num_classes)]
+    model = nn.Sequential(*layers).eval()
+    with torch.no_grad():  # give BatchNorm non-trivial statistics, as a trained network has
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+    return model
