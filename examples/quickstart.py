@@ -3,7 +3,9 @@
 1. train a small digit classifier (scikit-learn's bundled digits) and write it as ONNX and TFLite;
 2. detect this device and pick its profile;
 3. run both files with edgesdk.Runtime (ONNX Runtime and LiteRT) and check their accuracy;
-4. benchmark them here, and show how the power modes would schedule threads on each shipped board.
+4. benchmark them here, and show how the power modes would schedule threads on each shipped board;
+5. convert the model for an RK3588 board: build, measure and choose a variant, write a signed bundle,
+   verify it and run its health check.
 
     python examples/quickstart.py [--out demo-output] [--runs 200]
 """
@@ -73,7 +75,37 @@ def main() -> int:
         cells = "  ".join(f"{p.mode.value}: {p.threads}t on {list(p.cores)}" for p in plans)
         print(f"   {profile.name:<18} {cells}")
 
-    print("\nresult:", "OK" if ok else f"FAILED (accuracy below {MIN_ACCURACY})")
+    print("\n== 5. convert for rk3588 and bundle")
+    from edgesdk.bundle import read_bundle
+    from edgesdk.converters.pipeline import convert
+    from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+
+    keys = args.out / "keys"
+    if not (keys / "edgesdk.key").exists():
+        generate_keypair(keys)
+    out = args.out / "convert"
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    report = convert(models[0], "rk3588", calibration={"input": data.x_train[:256]}, evaluation={"input": data.x_test},
+                     labels=data.y_test, out_dir=out, name="digits", version="1.0.0",
+                     private_key=load_private_key(keys / "edgesdk.key"))
+    for c in report.plan.candidates:
+        verdict = "CHOSEN" if c.chosen else "; ".join(c.rejected) or "fits, slower"
+        print(f"   {c.name:<28} {c.measurement.size_bytes / 1024:6.1f} KiB  host {c.measurement.latency_p50_ms:.3f} ms  "
+              f"rk3588 ~{c.estimate.latency_ms:.3f} ms  drop {c.accuracy_drop:.2f} pt  {verdict}")
+    bundle = read_bundle(report.bundle.path, public_key=load_public_key(keys / "edgesdk.pub"), require_signature=True)
+    inputs, expected = bundle.health_sample()
+    with edgesdk.Runtime(bundle.path, profile=found.profile) as rt:
+        result = rt.predict(inputs)
+    healthy = bool(np.allclose(result, expected[rt.outputs[0].name], atol=bundle.manifest.health_check.atol,
+                               rtol=bundle.manifest.health_check.rtol))
+    ok &= healthy
+    print(f"   bundle {bundle.path}: {bundle.manifest.variant}, signed by {bundle.signed_by}, "
+          f"health check {'passed' if healthy else 'FAILED'}")
+
+    print("\nresult:", "OK" if ok else "FAILED (see above)")
     return 0 if ok else 1
 
 

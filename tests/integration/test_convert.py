@@ -165,3 +165,29 @@ def test_cli_convert_json(tmp_path, digits_onnx, digits):
     data = json.loads(result.stdout)
     assert data["profile"] == "jetson-orin-nano" and data["metric"] == "top1_agreement"
     assert sum(v["chosen"] for v in data["variants"]) == 1
+
+
+def test_pytorch_module_is_exported_then_converted(digits, tmp_path):
+    import torch
+
+    from edgesdk.testing import digits_cnn
+
+    cnn = digits_cnn(digits, epochs=3)
+    images = digits.x_test.reshape(-1, 1, 8, 8)
+    report = convert(cnn, "raspberry-pi-5", example_inputs=[torch.zeros(1, 1, 8, 8)],
+                     calibration={"input": digits.x_train[:128].reshape(-1, 1, 8, 8)}, evaluation={"input": images},
+                     labels=digits.y_test, out_dir=tmp_path / "o", config=QuantizationConfig(calibration_methods=("minmax",)))
+    spec = report.bundle.manifest.inputs[0]
+    assert (spec.name, spec.shape) == ("input", (None, 1, 8, 8))
+    fp32 = next(c for c in report.plan.candidates if c.name == "onnx-fp32")
+    with torch.no_grad():
+        reference = cnn(torch.from_numpy(images)).numpy()
+    np.testing.assert_allclose(fp32.measurement.outputs, reference, atol=1e-4)
+
+
+def test_dynamic_batch_can_be_fixed_from_the_users_shape(digits_onnx, digits_arrays, tmp_path):
+    report = convert(digits_onnx, "raspberry-pi-5", calibration=digits_arrays[0], evaluation=digits_arrays[1],
+                     input_shapes={"input": [1, 64]}, out_dir=tmp_path / "o",
+                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    assert report.bundle.manifest.inputs[0].shape == (1, 64)
+    assert len(report.plan.chosen.measurement.outputs) == len(digits_arrays[1]["input"])
