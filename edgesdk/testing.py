@@ -257,7 +257,7 @@ def mobilenet_v2_shaped(num_classes: int = 1000, width: float = 1.0, seed: int =
     model = nn.Sequential(*layers).eval()
     with torch.no_grad():  # give BatchNorm non-trivial statistics, as a trained network has
         for module in model.modules():
-            if isinstance(module, nn.BatchNorm2d):
+            if isinstance(module, nn.BatchNorm2d) and module.running_mean is not None and module.running_var is not None:
                 module.running_mean.uniform_(-0.1, 0.1)
                 module.running_var.uniform_(0.5, 1.5)
     return model
