@@ -44,6 +44,8 @@ _EXPORTS = {
     "UnsupportedOpError": "edgesdk.errors",
     "DataError": "edgesdk.errors",
     "BundleError": "edgesdk.errors",
+    "HealthCheckError": "edgesdk.errors",
+    "ManagedRuntime": "edgesdk.agent.managed",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -63,6 +65,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from edgesdk.agent.managed import ManagedRuntime
     from edgesdk.detect import detect_device
     from edgesdk.errors import (
         BackendError,
@@ -71,6 +74,7 @@ if TYPE_CHECKING:
         ConversionError,
         DataError,
         EdgeSDKError,
+        HealthCheckError,
         InputError,
         ModelFormatError,
         OffloadError,

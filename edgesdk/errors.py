@@ -17,7 +17,8 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── ConversionError              exit 12  a model could not be loaded, exported, quantized or converted
     │   └── UnsupportedOpError       exit 13  a converter has no kernel for an op (the op is named)
     ├── DataError                    exit 14  calibration/evaluation data is empty or does not fit the model
-    └── BundleError                  exit 15  a bundle directory or manifest is missing fields or malformed
+    ├── BundleError                  exit 15  a bundle directory or manifest is missing fields or malformed
+    └── HealthCheckError             exit 16  a new model failed its on-device health or latency check
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
 catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
@@ -40,6 +41,7 @@ __all__ = [
     "UnsupportedOpError",
     "DataError",
     "BundleError",
+    "HealthCheckError",
 ]
 
 
@@ -129,3 +131,9 @@ class BundleError(EdgeSDKError):
     """A bundle directory or its manifest is missing, malformed, or of an unknown format_version."""
 
     exit_code = 15
+
+
+class HealthCheckError(EdgeSDKError):
+    """A newly installed model gave wrong outputs on its health sample or missed its latency gate."""
+
+    exit_code = 16

@@ -1,0 +1,360 @@
+"""The device agent: receives signed commands over MQTT, fetches, verifies, swaps, reports.
+
+Per deployment: verify the command's signature (before anything is written) → refuse a
+replay or a downgrade that is not a signed rollback → receive chunks (the group broadcast,
+plus re-requests of whatever is missing, on this device's own topic) checking each hash →
+check the whole archive → unpack and verify into a new slot → record the install as
+pending → point ``current`` at it → load and health-check it under live traffic → commit,
+or point back at the previous slot and report why. A restarted agent resumes unfinished
+transfers and finishes or undoes a pending install, so the store always holds a working
+model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgesdk.agent.managed import ManagedRuntime, health_check
+from edgesdk.agent.store import ModelStore
+from edgesdk.agent.transfer import IncomingTransfer
+from edgesdk.bundle import parse_version, read_bundle
+from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
+from edgesdk.ota import Command, Topics, check_id, parse_command, unpack_bundle
+from edgesdk.transport import MqttTransport, Transport
+
+__all__ = ["DeviceAgent", "AgentConfig"]
+
+log = logging.getLogger(__name__)
+
+#: Failpoints for crash tests: EDGESDK_AGENT_FAILPOINT=before_switch makes the agent die there.
+_FAILPOINT = os.environ.get("EDGESDK_AGENT_FAILPOINT", "")
+
+
+def _failpoint(name: str) -> None:
+    if _FAILPOINT == name:
+        os._exit(70)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    device_id: str
+    group: str
+    broker: str
+    store: Path
+    server_key: Any = None
+    #: Development only: accept unsigned commands when no server key is pinned.
+    allow_unsigned: bool = False
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    #: How many missing chunks one request asks for.
+    request_window: int = 32
+    #: Re-request missing chunks after this long without progress.
+    retry_interval_s: float = 1.0
+    #: How long after a deploy command the agent waits for the group broadcast before asking for chunks itself.
+    broadcast_wait_s: float = 2.0
+
+
+class DeviceAgent:
+    """Runs the OTA protocol for one device; give it a ManagedRuntime to swap models under an app."""
+
+    def __init__(self, config: AgentConfig, runtime: ManagedRuntime | None = None,
+                 transport_factory: Callable[..., Transport] = MqttTransport) -> None:
+        self.config = config
+        check_id(config.device_id, "device id")
+        check_id(config.group, "group")
+        self.store = ModelStore(config.store)
+        self.runtime = runtime
+        self._transport_factory = transport_factory
+        self._transfers: dict[str, IncomingTransfer] = {}
+        self._started: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._stop = threading.Event()
+        self._worker: threading.Thread | None = None
+        self.transport: Transport | None = None
+        self.events: list[dict[str, Any]] = []
+
+    # lifecycle ---------------------------------------------------------------------------
+    def start(self) -> DeviceAgent:
+        cfg = self.config
+        self._recover()
+        offline = json.dumps({"status": "offline", "group": cfg.group}).encode()
+        self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-agent-{cfg.device_id}",
+                                                 username=cfg.username, password=cfg.password,
+                                                 will=(Topics.state(cfg.device_id), offline), ca_file=cfg.ca_file)
+        self.transport.subscribe(Topics.cmd(cfg.device_id), self._on_command)
+        self.transport.subscribe(Topics.device_chunks(cfg.device_id, "+") + "/+", self._on_chunk)
+        self._worker = threading.Thread(target=self._run, name=f"agent-{cfg.device_id}", daemon=True)
+        self._worker.start()
+        for cmd_file in sorted(self.store.incoming.glob("*.cmd")):
+            self._work.put(("resume", cmd_file.read_bytes()))
+        self._publish_state()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._work.put(("stop", None))
+        if self._worker:
+            self._worker.join(timeout=10)
+        if self.transport:
+            self.transport.publish(Topics.state(self.config.device_id),
+                                   json.dumps({"status": "offline", "group": self.config.group}).encode(), retain=True)
+            time.sleep(0.05)
+            self.transport.close()
+        for transfer in self._transfers.values():
+            transfer.close()
+
+    def __enter__(self) -> DeviceAgent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # state -------------------------------------------------------------------------------
+    def current_version(self) -> tuple[str, str] | None:
+        slot = self.store.pointer("current")
+        if slot is None:
+            return None
+        manifest = read_bundle(self.store.slots / slot).manifest
+        return manifest.name, manifest.version
+
+    def _publish_state(self) -> None:
+        assert self.transport is not None
+        current = self.current_version()
+        state = {"status": "online", "group": self.config.group, "model": current[0] if current else None,
+                 "version": current[1] if current else None, "previous": self.store.pointer("previous"),
+                 "slots": sorted(p.name for p in self.store.slots.iterdir() if not p.name.startswith(".")),
+                 "updated": time.time()}
+        self.transport.publish(Topics.state(self.config.device_id), json.dumps(state).encode(), retain=True)
+
+    def _event(self, command: Command | None, event: str, **details: Any) -> None:
+        payload = {"event": event, "time": time.time(), **details}
+        if command is not None:
+            payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
+        self.events.append(payload)
+        log.info("%s: %s %s", self.config.device_id, event, details)
+        if self.transport is not None:
+            self.transport.publish(Topics.events(self.config.device_id), json.dumps(payload).encode())
+
+    def _recover(self) -> None:
+        """Finish or undo an install a crash interrupted, before taking any command."""
+        state = self.store.load_state()
+        pending = state.pending
+        if pending is None:
+            if state.committed and self.store.pointer("current") != state.committed and self.store.has_slot(state.committed):
+                self.store.set_pointer("current", state.committed)
+            self._load_current()
+            return
+        slot, previous = pending["slot"], pending.get("previous")
+        if self.store.has_slot(slot):
+            # The new slot is complete and verified: point at it and health-check it again.
+            self._work.put(("activate", pending))
+            if previous and self.store.has_slot(previous):
+                self.store.set_pointer("current", previous)
+        elif previous:
+            self.store.set_pointer("current", previous)
+        state.pending = None if not self.store.has_slot(slot) else pending
+        self.store.save_state(state)
+        self._load_current()
+
+    def _load_current(self) -> None:
+        path = self.store.current_path()
+        if self.runtime is not None and path is not None and self.runtime.bundle is None:
+            self.runtime.swap(path)
+
+    # network callbacks (paho's thread) -------------------------------------------------------
+    def _on_command(self, topic: str, payload: bytes) -> None:
+        self._work.put(("command", payload))
+
+    def _on_chunk(self, topic: str, payload: bytes) -> None:
+        parts = topic.split("/")
+        transfer_id, index = parts[-2], parts[-1]
+        with self._lock:
+            transfer = self._transfers.get(transfer_id)
+        if transfer is None or not index.isdigit():
+            return
+        if not transfer.accept(int(index), payload):
+            log.warning("%s: chunk %s of %s failed its hash check; it will be fetched again",
+                        self.config.device_id, index, transfer_id)
+        elif transfer.complete:
+            self._work.put(("complete", transfer_id))
+
+    # worker ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                kind, item = self._work.get(timeout=self.config.retry_interval_s / 2)
+            except queue.Empty:
+                self._request_missing()
+                continue
+            try:
+                if kind == "stop":
+                    return
+                if kind in ("command", "resume"):
+                    self._handle_command(item, resume=kind == "resume")
+                elif kind == "complete":
+                    self._complete(item)
+                elif kind == "activate":
+                    self._activate(item)
+            except Exception:
+                log.exception("%s: %s failed", self.config.device_id, kind)
+            self._request_missing()
+
+    def _handle_command(self, envelope: bytes, resume: bool) -> None:
+        cfg = self.config
+        try:
+            command = parse_command(envelope, cfg.server_key, allow_unsigned=cfg.allow_unsigned)
+        except (SignatureError, TransferError) as exc:
+            self._event(None, "rejected", reason=str(exc))
+            return
+        state = self.store.load_state()
+        if command.deployment_id in state.seen and not resume:
+            self._event(command, "rejected", reason=f"replayed command: deployment {command.deployment_id} was "
+                                                     "already handled")
+            return
+        current = self.current_version()
+        if (current and current[0] == command.name and not command.rollback
+                and parse_version(current[1]) >= command.version_tuple):
+            self._event(command, "rejected", reason=f"refused downgrade: {command.name} {command.version} <= installed "
+                                                     f"{current[1]}; only a signed rollback may go back")
+            self._remember(command)
+            return
+        self._remember(command)
+        slot = self.store.slot_name(command.name, command.version)
+        if command.type == "rollback" or self.store.has_slot(slot):
+            if not self.store.has_slot(slot):
+                self._event(command, "failed", reason=f"rollback target {slot} is not in this device's store")
+                return
+            self._install(command, slot, downloaded=False)
+            return
+        transfer = IncomingTransfer(self.store.incoming, command)
+        with self._lock:
+            self._transfers[command.transfer_id] = transfer
+            self._started[command.transfer_id] = time.monotonic()
+        assert self.transport is not None
+        self.transport.subscribe(Topics.group_chunks(command.group, command.transfer_id) + "/+", self._on_chunk)
+        self._event(command, "accepted", chunks=len(command.archive.chunks) if command.archive else 0,
+                    resumed_chunks=transfer.resumed_chunks, missing=len(transfer.missing()))
+        if transfer.complete:
+            self._work.put(("complete", command.transfer_id))
+        elif resume:
+            self._request(transfer)
+
+    def _remember(self, command: Command) -> None:
+        state = self.store.load_state()
+        if command.deployment_id not in state.seen:
+            state.seen.append(command.deployment_id)
+            self.store.save_state(state)
+
+    def _request(self, transfer: IncomingTransfer) -> None:
+        missing = transfer.missing()[: self.config.request_window]
+        if missing and self.transport is not None:
+            self.transport.publish(Topics.need(self.config.device_id), json.dumps(
+                {"transfer_id": transfer.command.transfer_id, "chunks": missing}).encode())
+            transfer.last_progress = time.monotonic()
+
+    def _request_missing(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            transfers = list(self._transfers.values())
+        for transfer in transfers:
+            tid = transfer.command.transfer_id
+            if transfer.complete or now - self._started.get(tid, now) < self.config.broadcast_wait_s:
+                continue
+            if now - transfer.last_progress >= self.config.retry_interval_s:
+                self._request(transfer)
+
+    def _complete(self, transfer_id: str) -> None:
+        with self._lock:
+            transfer = self._transfers.get(transfer_id)
+        if transfer is None:
+            return
+        command = transfer.command
+        try:
+            archive = transfer.finish()
+        except TransferError as exc:
+            self._event(command, "progress", reason=str(exc))
+            self._request(transfer)
+            return
+        with self._lock:
+            self._transfers.pop(transfer_id, None)
+        assert self.transport is not None
+        self.transport.unsubscribe(Topics.group_chunks(command.group, transfer_id) + "/+")
+        slot = self.store.slot_name(command.name, command.version)
+        try:
+            self.store.add_slot(slot, lambda tmp: unpack_bundle(archive, tmp))
+        except EdgeSDKError as exc:
+            transfer.discard()
+            self._event(command, "failed", reason=f"bundle rejected: {exc}")
+            self._publish_state()
+            return
+        transfer.discard()
+        self._install(command, slot, downloaded=True, rejected_chunks=transfer.rejected)
+
+    def _install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self.store.verify_slot(slot)
+        except EdgeSDKError as exc:
+            self._event(command, "failed", reason=f"slot {slot} does not verify: {exc}")
+            return
+        state = self.store.load_state()
+        previous = self.store.pointer("current")
+        state.pending = {"slot": slot, "previous": previous, "deployment_id": command.deployment_id,
+                         "name": command.name, "version": command.version}
+        self.store.save_state(state)
+        _failpoint("before_switch")
+        self._activate(state.pending, command, started, downloaded=downloaded, **details)
+
+    def _activate(self, pending: dict[str, Any], command: Command | None = None, started: float | None = None,
+                  **details: Any) -> None:
+        started = started or time.perf_counter()
+        slot, previous = pending["slot"], pending.get("previous")
+        if previous and previous != slot and self.store.has_slot(previous):
+            self.store.set_pointer("previous", previous)
+        self.store.set_pointer("current", slot)
+        _failpoint("after_switch")
+        try:
+            if self.runtime is not None:
+                report = self.runtime.swap(self.store.slots / slot)
+                health = {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}
+            else:
+                from edgesdk.runtime import Runtime
+
+                bundle = self.store.verify_slot(slot)
+                with Runtime(bundle.path, profile=None) as rt:
+                    report = health_check(rt, bundle)
+                health = {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}
+        except Exception as exc:
+            if previous and self.store.has_slot(previous):
+                self.store.set_pointer("current", previous)
+            state = self.store.load_state()
+            state.pending = None
+            self.store.save_state(state)
+            self._event_for(pending, command, "rolled_back", reason=f"{type(exc).__name__}: {exc}",
+                            restored=previous)
+            self._publish_state()
+            return
+        state = self.store.load_state()
+        state.committed, state.pending = slot, None
+        self.store.save_state(state)
+        apply_ms = (time.perf_counter() - started) * 1e3
+        self._event_for(pending, command, "committed", apply_ms=apply_ms, health=health, **details)
+        self._publish_state()
+
+    def _event_for(self, pending: dict[str, Any], command: Command | None, event: str, **details: Any) -> None:
+        if command is not None:
+            self._event(command, event, **details)
+        else:
+            self._event(None, event, deployment_id=pending.get("deployment_id"), name=pending.get("name"),
+                        version=pending.get("version"), **details)

@@ -1,0 +1,200 @@
+"""``ManagedRuntime``: serve predictions while models are swapped underneath.
+
+Requests in flight finish on the model they started on; new requests go to the new one;
+the old runtime is closed when its last request returns. With ``swap_order="unload-first"``
+(memory-tight boards) the old model is closed before the new one loads and requests
+arriving in between wait instead of failing. ``"auto"`` picks unload-first when two models
+would not fit the profile's model budget together.
+
+Before a new model takes traffic it must pass its bundle's health check: the sample input
+must give the expected output within the manifest's tolerance, and the median latency of
+a few runs must be within ``max_latency_ms``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.bundle import Bundle, read_bundle
+from edgesdk.errors import BackendError, HealthCheckError
+from edgesdk.profiles import DeviceProfile, load_profile
+from edgesdk.runtime import Runtime
+
+__all__ = ["ManagedRuntime", "HealthReport", "health_check"]
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    max_abs_error: float
+    latency_ms: float
+    load_ms: float
+
+
+def health_check(runtime: Runtime, bundle: Bundle, runs: int = 5) -> HealthReport:
+    """Run the bundle's sample; raise HealthCheckError saying which output or gate failed."""
+    check = bundle.manifest.health_check
+    if check is None:
+        raise HealthCheckError(f"{bundle.path}: the bundle has no health check; refusing to activate it")
+    inputs, expected = bundle.health_sample()
+    outputs = runtime.predict(inputs)
+    got = outputs if isinstance(outputs, dict) else {runtime.outputs[0].name: outputs}
+    worst = 0.0
+    for name, want in expected.items():
+        have = np.asarray(got[name], dtype=np.float64)
+        if have.shape != want.shape:
+            raise HealthCheckError(f"health check: output {name!r} has shape {have.shape}, expected {want.shape}")
+        error = float(np.max(np.abs(have - want))) if have.size else 0.0
+        worst = max(worst, error)
+        if not np.allclose(have, want, atol=check.atol, rtol=check.rtol):
+            raise HealthCheckError(f"health check: output {name!r} differs from the expected sample output by up to "
+                                   f"{error:.3g} (atol {check.atol:g}, rtol {check.rtol:g})")
+    timings = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        runtime.predict(inputs)
+        timings.append((time.perf_counter() - t0) * 1e3)
+    latency = statistics.median(timings)
+    if check.max_latency_ms is not None and latency > check.max_latency_ms:
+        raise HealthCheckError(f"health check: median latency {latency:.2f} ms exceeds the bundle's gate of "
+                               f"{check.max_latency_ms:g} ms")
+    return HealthReport(worst, latency, 0.0)
+
+
+class _Active:
+    """A runtime plus the count of requests running on it."""
+
+    def __init__(self, runtime: Runtime, bundle: Bundle) -> None:
+        self.runtime, self.bundle = runtime, bundle
+        self.inflight = 0
+        self.retired = False
+
+
+class ManagedRuntime:
+    """A Runtime whose model can be replaced while it serves (see the module doc)."""
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, profile: str | DeviceProfile | None = None,
+                 mode: str | None = None, swap_order: str = "auto", wait_timeout_s: float = 30.0,
+                 **runtime_options: Any) -> None:
+        if swap_order not in ("auto", "load-first", "unload-first"):
+            raise BackendError(f"swap_order {swap_order!r} must be auto, load-first or unload-first")
+        if profile is None:
+            from edgesdk.detect import detect_device
+
+            profile = detect_device()
+        self.profile = load_profile(profile)
+        self.mode, self.swap_order, self.wait_timeout_s = mode, swap_order, wait_timeout_s
+        self._options = runtime_options
+        self._cond = threading.Condition()
+        self._active: _Active | None = None
+        self._swap_lock = threading.Lock()
+        self.swaps = 0
+        if model is not None:
+            bundle = read_bundle(model)
+            self._active = _Active(self._load(bundle), bundle)
+
+    def _load(self, bundle: Bundle) -> Runtime:
+        return Runtime(bundle.path, profile=self.profile, mode=self.mode, **self._options)
+
+    @property
+    def bundle(self) -> Bundle | None:
+        with self._cond:
+            return self._active.bundle if self._active else None
+
+    def predict(self, inputs: Any) -> Any:
+        """Like :meth:`Runtime.predict`; waits (up to ``wait_timeout_s``) while no model is active."""
+        with self._cond:
+            if self._active is None and not self._cond.wait_for(lambda: self._active is not None, self.wait_timeout_s):
+                raise BackendError(f"no model is active after {self.wait_timeout_s:g} s; install one first")
+            active = self._active
+            assert active is not None
+            active.inflight += 1
+        try:
+            return active.runtime.predict(inputs)
+        finally:
+            with self._cond:
+                active.inflight -= 1
+                if active.retired and active.inflight == 0:
+                    active.runtime.close()
+                    self._cond.notify_all()
+
+    def _unload_first(self, bundle: Bundle) -> bool:
+        if self.swap_order != "auto":
+            return self.swap_order == "unload-first"
+        measured = bundle.manifest.measured.get("host", {}).get("peak_memory_mb")
+        size_mb = bundle.manifest.files[bundle.manifest.model_file].size / 2**20
+        per_model = float(measured) if measured else 2 * size_mb
+        return 2 * per_model > self.profile.model_budget_mb
+
+    def _retire(self, old: _Active | None) -> None:
+        """Called with the condition held."""
+        if old is None:
+            return
+        old.retired = True
+        if old.inflight == 0:
+            old.runtime.close()
+
+    def swap(self, bundle_dir: str | os.PathLike[str] | Path) -> HealthReport:
+        """Load the bundle, health-check it, and make it serve; on failure the old model keeps serving."""
+        with self._swap_lock:
+            bundle = read_bundle(bundle_dir)
+            if self._unload_first(bundle):
+                return self._swap_unload_first(bundle)
+            started = time.perf_counter()
+            runtime = self._load(bundle)
+            try:
+                report = health_check(runtime, bundle)
+            except Exception:
+                runtime.close()
+                raise
+            with self._cond:
+                old, self._active = self._active, _Active(runtime, bundle)
+                self._retire(old)
+                self._cond.notify_all()
+            self.swaps += 1
+            return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
+
+    def _swap_unload_first(self, bundle: Bundle) -> HealthReport:
+        started = time.perf_counter()
+        with self._cond:
+            old, self._active = self._active, None  # new requests wait from here
+            if old is not None:
+                old.retired = True
+                self._cond.wait_for(lambda: old.inflight == 0)
+                old.runtime.close()
+        try:
+            runtime = self._load(bundle)
+            try:
+                report = health_check(runtime, bundle)
+            except Exception:
+                runtime.close()
+                raise
+        except Exception:
+            if old is not None:  # bring the old model back before reporting the failure
+                with self._cond:
+                    self._active = _Active(self._load(old.bundle), old.bundle)
+                    self._cond.notify_all()
+            raise
+        with self._cond:
+            self._active = _Active(runtime, bundle)
+            self._cond.notify_all()
+        self.swaps += 1
+        return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
+
+    def close(self) -> None:
+        with self._cond:
+            active, self._active = self._active, None
+            self._retire(active)
+
+    def __enter__(self) -> ManagedRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

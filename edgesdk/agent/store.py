@@ -1,0 +1,135 @@
+"""The device's model store: verified bundle slots, an atomic ``current`` pointer, and state.
+
+Layout::
+
+    store/slots/<name>-<version>/   verified bundle directories (never modified once named)
+    store/current, store/previous   symlinks into slots/, replaced atomically (os.replace)
+    store/state.json                {"committed", "pending", "seen"}, written tmp + fsync + rename
+    store/incoming/<transfer>.*     a transfer in progress (see edgesdk.agent.transfer)
+
+Only a slot that was fully written, fsynced and verified is ever named under ``slots/``,
+and ``current`` only ever points at such a slot, so after a crash at any step the device
+has an old or a new model, never neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgesdk.bundle import Bundle, read_bundle
+from edgesdk.errors import BundleError
+
+__all__ = ["ModelStore", "StoreState"]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclass
+class StoreState:
+    #: Slot the device runs and has health-checked.
+    committed: str | None = None
+    #: An install that switched ``current`` but has not passed its health check yet.
+    pending: dict[str, Any] | None = None
+    #: Deployment ids already acted on (a replayed command is refused).
+    seen: list[str] = field(default_factory=list)
+
+
+class ModelStore:
+    """Slots on disk plus the ``current``/``previous`` pointers and the agent's state file."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.slots = self.root / "slots"
+        self.incoming = self.root / "incoming"
+        for d in (self.slots, self.incoming):
+            d.mkdir(parents=True, exist_ok=True)
+        self._state_path = self.root / "state.json"
+        for leftover in self.slots.glob(".*"):  # half-extracted slots from a crash
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    # state -------------------------------------------------------------------------------
+    def load_state(self) -> StoreState:
+        if not self._state_path.exists():
+            return StoreState()
+        data = json.loads(self._state_path.read_text())
+        return StoreState(data.get("committed"), data.get("pending"), list(data.get("seen", [])))
+
+    def save_state(self, state: StoreState) -> None:
+        write_json_atomic(self._state_path, {"committed": state.committed, "pending": state.pending,
+                                             "seen": state.seen[-200:]})
+
+    # slots -------------------------------------------------------------------------------
+    @staticmethod
+    def slot_name(name: str, version: str) -> str:
+        return f"{name}-{version}"
+
+    def has_slot(self, slot: str) -> bool:
+        return (self.slots / slot / "manifest.json").is_file()
+
+    def verify_slot(self, slot: str, public_key: Any = None) -> Bundle:
+        return read_bundle(self.slots / slot, public_key=public_key)
+
+    def add_slot(self, slot: str, fill: Any) -> Path:
+        """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified, then renamed."""
+        final = self.slots / slot
+        if final.exists():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{slot}.", dir=self.slots))
+        shutil.rmtree(tmp)
+        try:
+            fill(tmp)
+            read_bundle(tmp)  # hashes of every file against the bundle manifest
+            fsync_dir(tmp)
+            os.replace(tmp, final)
+            fsync_dir(self.slots)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    def remove_slot(self, slot: str) -> None:
+        shutil.rmtree(self.slots / slot, ignore_errors=True)
+
+    # pointers ----------------------------------------------------------------------------
+    def pointer(self, which: str) -> str | None:
+        link = self.root / which
+        return os.readlink(link).split("/")[-1] if link.is_symlink() else None
+
+    def set_pointer(self, which: str, slot: str | None) -> None:
+        link = self.root / which
+        if slot is None:
+            link.unlink(missing_ok=True)
+            return
+        if not self.has_slot(slot):
+            raise BundleError(f"cannot point {which} at {slot!r}: no such verified slot in {self.slots}")
+        tmp = self.root / f".{which}.tmp"
+        tmp.unlink(missing_ok=True)
+        os.symlink(f"slots/{slot}", tmp)
+        os.replace(tmp, link)
+        fsync_dir(self.root)
+
+    def current_path(self) -> Path | None:
+        slot = self.pointer("current")
+        return self.slots / slot if slot else None

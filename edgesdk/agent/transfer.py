@@ -1,0 +1,119 @@
+"""One incoming chunked transfer, resumable across disconnects and agent restarts.
+
+Files in ``store/incoming``: ``<T>.cmd`` (the signed command, so a restarted agent knows
+what it was fetching), ``<T>.part`` (the archive, written at each chunk's offset) and
+``<T>.have`` (one byte per chunk, set after the chunk's bytes are written). A chunk is
+accepted only if its SHA-256 matches the signed manifest; on restart every chunk marked
+done is hashed again from ``.part`` so a torn write is fetched again rather than trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+from edgesdk.errors import TransferError
+from edgesdk.ota import ArchiveInfo, Command
+
+__all__ = ["IncomingTransfer"]
+
+
+class IncomingTransfer:
+    """Chunks of one archive arriving in any order, any number of times."""
+
+    def __init__(self, incoming: Path, command: Command) -> None:
+        assert command.archive is not None
+        self.command = command
+        self.archive: ArchiveInfo = command.archive
+        tid = command.transfer_id
+        self.part, self.have_path, self.cmd_path = (incoming / f"{tid}.part", incoming / f"{tid}.have",
+                                                    incoming / f"{tid}.cmd")
+        self._lock = threading.Lock()
+        n = len(self.archive.chunks)
+        fresh = not self.cmd_path.exists()
+        if fresh:
+            for path in (self.part, self.have_path):
+                path.unlink(missing_ok=True)
+        self._fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(self._fd, self.archive.size)
+        self._have_fd = os.open(self.have_path, os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._have_fd).st_size != n:
+            os.ftruncate(self._have_fd, n)
+        self.have = bytearray(os.pread(self._have_fd, n, 0).ljust(n, b"\0"))
+        self.resumed_chunks = 0
+        for index in range(n):  # re-verify what an earlier run recorded
+            if self.have[index]:
+                start, end = self.archive.chunk_range(index)
+                if hashlib.sha256(os.pread(self._fd, end - start, start)).hexdigest() == self.archive.chunks[index]:
+                    self.resumed_chunks += 1
+                else:
+                    self._mark(index, 0)
+        if fresh:
+            tmp = self.cmd_path.with_suffix(".cmd.tmp")
+            tmp.write_bytes(command.raw)
+            os.replace(tmp, self.cmd_path)
+        self.rejected = 0
+        self.received = 0
+        self.last_progress = time.monotonic()
+
+    def _mark(self, index: int, value: int) -> None:
+        self.have[index] = value
+        os.pwrite(self._have_fd, bytes([value]), index)
+
+    def accept(self, index: int, payload: bytes) -> bool:
+        """Write chunk ``index`` if its hash matches; False (and counted) if it does not."""
+        if not 0 <= index < len(self.archive.chunks):
+            self.rejected += 1
+            return False
+        if hashlib.sha256(payload).hexdigest() != self.archive.chunks[index]:
+            self.rejected += 1
+            return False
+        with self._lock:
+            if self.have[index]:
+                return True
+            start, _ = self.archive.chunk_range(index)
+            os.pwrite(self._fd, payload, start)
+            self._mark(index, 1)
+            self.received += 1
+            self.last_progress = time.monotonic()
+        return True
+
+    def missing(self) -> list[int]:
+        return [i for i, done in enumerate(self.have) if not done]
+
+    @property
+    def complete(self) -> bool:
+        return all(self.have)
+
+    def finish(self) -> Path:
+        """Check the whole archive's hash and return it as ``<T>.tar``; a mismatch starts over."""
+        os.fsync(self._fd)
+        digest = hashlib.sha256()
+        offset = 0
+        while offset < self.archive.size:
+            block = os.pread(self._fd, min(1 << 20, self.archive.size - offset), offset)
+            digest.update(block)
+            offset += len(block)
+        if digest.hexdigest() != self.archive.sha256:
+            for index in range(len(self.have)):
+                self._mark(index, 0)
+            raise TransferError(f"archive of transfer {self.command.transfer_id} hashes to {digest.hexdigest()[:16]}…, "
+                                f"the signed manifest says {self.archive.sha256[:16]}…; fetching it again")
+        tar = self.part.with_suffix(".tar")
+        os.replace(self.part, tar)
+        return tar
+
+    def close(self) -> None:
+        for fd in (self._fd, self._have_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def discard(self) -> None:
+        self.close()
+        for path in (self.part, self.have_path, self.cmd_path, self.part.with_suffix(".tar")):
+            path.unlink(missing_ok=True)
