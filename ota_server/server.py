@@ -1,0 +1,326 @@
+"""The OTA server: fleet state from MQTT, chunk service, and the rollout engine.
+
+Devices announce themselves on their retained state topic; events drive each target's
+status; chunk requests are answered on the requesting device's own topic. A rollout
+sends signed commands to one stage at a time, broadcasts the archive once to the
+group's chunk topic, waits for every target to report plus the health window, and then
+promotes, completes, or aborts and rolls the stage's updated devices back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from edgesdk.errors import BundleError, EdgeSDKError
+from edgesdk.ota import ArchiveInfo, Topics, check_id, sign_command
+from edgesdk.ota_server.fleet import TERMINAL, FleetDB
+from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.ota_server.rollout import RolloutPolicy, canary_order, stage_sizes
+from edgesdk.transport import MqttTransport, Transport
+
+__all__ = ["OTAServer", "ServerConfig"]
+
+log = logging.getLogger(__name__)
+
+FAILED = ("failed", "rolled_back", "rejected", "timeout")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    broker: str
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    tick_s: float = 0.2
+    #: Broadcast after every target accepted, or after this long (late devices pull what they miss).
+    broadcast_wait_s: float = 2.0
+
+
+@dataclass
+class _Transfer:
+    name: str
+    version: str
+    data: bytes
+    info: ArchiveInfo
+
+
+class OTAServer:
+    def __init__(self, config: ServerConfig, repository: ModelRepository, db: FleetDB, signing_key: Any,
+                 transport_factory: Any = MqttTransport) -> None:
+        self.config, self.repo, self.db, self.key = config, repository, db, signing_key
+        self._transport_factory = transport_factory
+        self.transport: Transport | None = None
+        self._transfers: dict[str, _Transfer] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._engine: threading.Thread | None = None
+        self._accepted: dict[str, set[str]] = defaultdict(set)
+        #: (device, transfer) -> chunk indices resent on request; bytes published, for tests and benchmarks.
+        self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
+        self.bytes_published = 0
+
+    # lifecycle ---------------------------------------------------------------------------
+    def start(self) -> OTAServer:
+        cfg = self.config
+        self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-server-{uuid.uuid4().hex[:8]}",
+                                                 username=cfg.username, password=cfg.password, ca_file=cfg.ca_file)
+        self.transport.subscribe(Topics.ALL_STATES, self._on_state)
+        self.transport.subscribe(Topics.ALL_EVENTS, self._on_event)
+        self.transport.subscribe(Topics.ALL_NEEDS, self._on_need)
+        self._engine = threading.Thread(target=self._run, name="rollout-engine", daemon=True)
+        self._engine.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._engine:
+            self._engine.join(timeout=5)
+        if self.transport:
+            self.transport.close()
+
+    def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        assert self.transport is not None
+        self.bytes_published += len(payload)
+        self.transport.publish(topic, payload, qos=1, retain=retain)
+
+    # MQTT handlers -------------------------------------------------------------------------
+    def _on_state(self, topic: str, payload: bytes) -> None:
+        try:
+            device = check_id(Topics.device_of(topic), "device id")
+            state = json.loads(payload)
+            self.db.upsert_device(device, check_id(state.get("group", "default"), "group"), str(state["status"]),
+                                  state.get("model"), state.get("version"), list(state.get("slots", [])))
+        except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring malformed state on %s: %s", topic, exc)
+
+    def _on_event(self, topic: str, payload: bytes) -> None:
+        try:
+            device = check_id(Topics.device_of(topic), "device id")
+            event = json.loads(payload)
+            kind = str(event["event"])
+        except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring malformed event on %s: %s", topic, exc)
+            return
+        deployment = str(event.get("deployment_id") or "")
+        reverting = deployment.endswith("-rollback")
+        rollout_id = deployment.removesuffix("-rollback")
+        self.db.log(kind, event, device_id=device, rollout_id=rollout_id or None)
+        if not rollout_id:
+            return
+        if kind == "accepted":
+            self._accepted[rollout_id].add(device)
+            status = "reverting" if reverting else "downloading"
+        elif kind == "committed":
+            status = "reverted" if reverting else "committed"
+        elif kind in ("failed", "rolled_back", "rejected"):
+            status = "revert_failed" if reverting else kind
+        else:
+            return
+        self.db.set_target(rollout_id, device, status, event.get("reason"))
+
+    def _on_need(self, topic: str, payload: bytes) -> None:
+        try:
+            device = check_id(Topics.device_of(topic), "device id")
+            request = json.loads(payload)
+            transfer_id = check_id(request["transfer_id"], "transfer id")
+            indices = [int(i) for i in request["chunks"]][:256]
+        except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring malformed chunk request on %s: %s", topic, exc)
+            return
+        with self._lock:
+            transfer = self._transfers.get(transfer_id)
+        if transfer is None:
+            return
+        for index in indices:
+            if 0 <= index < len(transfer.info.chunks):
+                self.resent[(device, transfer_id)].append(index)
+                self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", self._chunk(transfer, index))
+
+    def _chunk(self, transfer: _Transfer, index: int) -> bytes:
+        start, end = transfer.info.chunk_range(index)
+        return transfer.data[start:end]
+
+    # rollouts ------------------------------------------------------------------------------
+    def upload(self, archive: bytes) -> dict[str, str]:
+        manifest = self.repo.add_archive(archive)
+        self.repo.apply_policy(in_use=self._in_use())
+        return {"name": manifest.name, "version": manifest.version}
+
+    def _in_use(self) -> set[tuple[str, str]]:
+        used = {(d["model"], d["version"]) for d in self.db.devices() if d["model"] and d["version"]}
+        used |= {(r["model"], r["version"]) for r in self.db.rollouts("running")}
+        return used
+
+    def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
+                      rollback: bool = False) -> str:
+        check_id(group, "group")
+        self.repo.path(name, version)  # must exist
+        devices = [d for d in self.db.devices(group) if d["status"] == "online"]
+        if not devices:
+            raise EdgeSDKError(f"group {group!r} has no online device; start the agents first")
+        running = [r for r in self.db.rollouts("running") if r["grp"] == group]
+        if running:
+            raise EdgeSDKError(f"group {group!r} already has rollout {running[0]['id']} running; abort or wait for it")
+        policy = policy or RolloutPolicy()
+        rollout_id = f"r{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.db.add_rollout(rollout_id, name, version, group, policy.to_dict(), rollback)
+        order = canary_order(group, [d["id"] for d in devices])
+        sizes = stage_sizes(len(order), policy)
+        by_id = {d["id"]: d for d in devices}
+        start = 0
+        for wave, end in enumerate(sizes):
+            for device in order[start:end]:
+                self.db.add_target(rollout_id, device, wave, by_id[device]["version"])
+            start = end
+        self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback},
+                    rollout_id=rollout_id)
+        return rollout_id
+
+    def promote(self, rollout_id: str) -> None:
+        """Send the next stage now, without waiting for the health window."""
+        r = self._running(rollout_id)
+        self._send_wave(r, r["wave"] + 1)
+
+    def abort(self, rollout_id: str, reason: str = "aborted by operator") -> None:
+        r = self._running(rollout_id)
+        self._abort(r, reason)
+
+    def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
+        """Roll a finished or aborted rollout's group back with a signed rollback, as a new rollout."""
+        r = self.db.rollout(rollout_id)
+        if r is None:
+            raise EdgeSDKError(f"no rollout {rollout_id!r}")
+        if r["state"] == "running":
+            self._abort(r, "rolled back by operator")
+        if to_version is None:
+            previous = [t["previous_version"] for t in r["targets"] if t["previous_version"]]
+            if not previous:
+                raise EdgeSDKError(f"rollout {rollout_id} has no previous version to go back to; pass --to VERSION")
+            to_version = max(set(previous), key=previous.count)
+        policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0, max_failure_rate=0.99)
+        return self.start_rollout(r["model"], to_version, r["grp"], policy, rollback=True)
+
+    def status(self, rollout_id: str) -> dict[str, Any]:
+        r = self.db.rollout(rollout_id)
+        if r is None:
+            raise EdgeSDKError(f"no rollout {rollout_id!r}")
+        return r
+
+    def _running(self, rollout_id: str) -> dict[str, Any]:
+        r = self.status(rollout_id)
+        if r["state"] != "running":
+            raise EdgeSDKError(f"rollout {rollout_id} is {r['state']}, not running")
+        return r
+
+    # engine --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.tick_s):
+            for summary in self.db.rollouts("running"):
+                try:
+                    self._tick(self.status(summary["id"]))
+                except Exception:
+                    log.exception("rollout %s: engine step failed", summary["id"])
+
+    def _tick(self, r: dict[str, Any]) -> None:
+        policy = RolloutPolicy.from_dict(r["policy"])
+        if r["wave"] < 0:
+            self._send_wave(r, 0)
+            return
+        now = time.time()
+        stage = [t for t in r["targets"] if t["wave"] == r["wave"]]
+        for t in stage:
+            if t["status"] not in TERMINAL and t["sent"] and now - t["sent"] > policy.deploy_timeout_s:
+                self.db.set_target(r["id"], t["device_id"], "timeout", f"no report in {policy.deploy_timeout_s:g} s")
+        r = self.status(r["id"])
+        sent = [t for t in r["targets"] if t["wave"] <= r["wave"]]
+        failed = [t for t in sent if t["status"] in FAILED]
+        if sent and len(failed) / len(sent) > policy.max_failure_rate:
+            reasons = "; ".join(f"{t['device_id']}: {t['reason']}" for t in failed[:3])
+            self._abort(r, f"{len(failed)}/{len(sent)} devices failed (> {policy.max_failure_rate:.0%}): {reasons}")
+            return
+        stage = [t for t in r["targets"] if t["wave"] == r["wave"]]
+        if not all(t["status"] in TERMINAL for t in stage):
+            return
+        if r["wave_settled"] is None:
+            self.db.update_rollout(r["id"], wave_settled=now)
+            return
+        if now - r["wave_settled"] < policy.health_window_s:
+            return
+        last_wave = max(t["wave"] for t in r["targets"])
+        if r["wave"] >= last_wave:
+            self.db.update_rollout(r["id"], state="completed", reason=f"{len(sent) - len(failed)}/{len(sent)} updated")
+            self.db.log("rollout_completed", {"failed": len(failed)}, rollout_id=r["id"])
+        elif policy.auto_promote:
+            self._send_wave(r, r["wave"] + 1)
+
+    def _command(self, r: dict[str, Any], device: str, rollback: bool, deployment_id: str, version: str,
+                 transfer_id: str, archive: ArchiveInfo | None) -> bytes:
+        kind = "deploy" if archive is not None else "rollback"
+        return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r["model"],
+                            version=version, group=r["grp"], rollback=rollback, archive=archive)
+
+    def _send_wave(self, r: dict[str, Any], wave: int) -> None:
+        targets = [t for t in r["targets"] if t["wave"] == wave]
+        if not targets:
+            raise EdgeSDKError(f"rollout {r['id']} has no stage {wave}")
+        data, info = self.repo.archive(r["model"], r["version"])
+        transfer_id = f"{r['id']}-w{wave}"
+        with self._lock:
+            self._transfers[transfer_id] = _Transfer(r["model"], r["version"], data, info)
+        self.db.update_rollout(r["id"], wave=wave, wave_started=time.time(), wave_settled=None)
+        slot = f"{r['model']}-{r['version']}"
+        needs_download = []
+        for t in targets:
+            device = self.db.device(t["device_id"]) or {"slots": []}
+            has_slot = slot in device["slots"]
+            archive = None if (r["rollback"] and has_slot) else info
+            envelope = self._command(r, t["device_id"], bool(r["rollback"]), r["id"], r["version"], transfer_id,
+                                     archive)
+            self._publish(Topics.cmd(t["device_id"]), envelope)
+            self.db.set_target(r["id"], t["device_id"], "sent", sent=True)
+            if not has_slot:
+                needs_download.append(t["device_id"])
+        self.db.log("wave_sent", {"wave": wave, "devices": [t["device_id"] for t in targets]}, rollout_id=r["id"])
+        if needs_download:
+            threading.Thread(target=self._broadcast, args=(r["id"], r["grp"], transfer_id, set(needs_download)),
+                             daemon=True).start()
+
+    def _broadcast(self, rollout_id: str, group: str, transfer_id: str, devices: set[str]) -> None:
+        deadline = time.monotonic() + self.config.broadcast_wait_s
+        while time.monotonic() < deadline and not devices <= self._accepted[rollout_id] and not self._stop.is_set():
+            time.sleep(0.02)
+        with self._lock:
+            transfer = self._transfers[transfer_id]
+        topic = Topics.group_chunks(group, transfer_id)
+        for index in range(len(transfer.info.chunks)):
+            self._publish(f"{topic}/{index}", self._chunk(transfer, index))
+
+    def _abort(self, r: dict[str, Any], reason: str) -> None:
+        self.db.update_rollout(r["id"], state="aborted", reason=reason)
+        self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r["id"])
+        log.warning("rollout %s aborted: %s", r["id"], reason)
+        for t in r["targets"]:
+            if t["status"] != "committed" or not t["previous_version"]:
+                continue
+            device = self.db.device(t["device_id"]) or {"slots": []}
+            has_slot = f"{r['model']}-{t['previous_version']}" in device["slots"]
+            info = None
+            if not has_slot:  # the device must download the old version; it pulls the chunks
+                try:
+                    data, info = self.repo.archive(r["model"], t["previous_version"])
+                except BundleError as exc:
+                    self.db.set_target(r["id"], t["device_id"], "revert_failed", str(exc))
+                    continue
+                with self._lock:
+                    self._transfers[f"{r['id']}-rb"] = _Transfer(r["model"], t["previous_version"], data, info)
+            envelope = self._command(r, t["device_id"], True, f"{r['id']}-rollback", t["previous_version"],
+                                     f"{r['id']}-rb", info)
+            self._publish(Topics.cmd(t["device_id"]), envelope)
+            self.db.set_target(r["id"], t["device_id"], "reverting", reason)

@@ -1,0 +1,159 @@
+"""OTA fixtures: a real mosquitto on a free loopback port, signed bundles, a server, agents."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgesdk import Runtime
+from edgesdk.agent.agent import AgentConfig, DeviceAgent
+from edgesdk.bundle import HealthCheck, write_bundle
+from edgesdk.model_file import read_model
+from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.ota_server.server import OTAServer, ServerConfig
+from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+from edgesdk.testing import random_mlp, write_mlp_onnx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Mosquitto:
+    """A mosquitto process on 127.0.0.1; ``restart()`` keeps the port."""
+
+    def __init__(self, workdir: Path, conf_lines: list[str] | None = None, port: int | None = None) -> None:
+        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        assert os.path.exists(binary), "mosquitto is not installed; scripts/setup.sh installs it (apt-get install mosquitto)"
+        self.binary, self.port = binary, port or free_port()
+        self.conf = workdir / "mosquitto.conf"
+        lines = conf_lines or [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.log = workdir / "mosquitto.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen([self.binary, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"mosquitto exited: {self.log.read_text()[-500:]}")
+                time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start listening")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def restart(self, down_s: float = 0.5) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+
+@pytest.fixture
+def broker(tmp_path) -> Iterator[Mosquitto]:
+    b = Mosquitto(tmp_path)
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("keys")
+    generate_keypair(folder, "server")
+    generate_keypair(folder, "converter")
+    return {"server": load_private_key(folder / "server.key"), "server_pub": load_public_key(folder / "server.pub"),
+            "converter": load_private_key(folder / "converter.key"),
+            "converter_pub": load_public_key(folder / "converter.pub"), "dir": folder}
+
+
+def make_bundle(out: Path, version: str, keys: dict, seed: int = 0, wrong_health_output: bool = False,
+                width: int = 32, name: str = "digits") -> Path:
+    """A signed bundle of a small MLP; ``wrong_health_output`` stores an expected output the model won't give."""
+    work = out.parent / f".{out.name}-model"
+    work.mkdir(parents=True, exist_ok=True)
+    model_path = write_mlp_onnx(random_mlp([64, width, 10], seed=seed), work / "model.onnx")
+    model = read_model(model_path)
+    x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
+    with Runtime(model_path, profile="generic-x86_64") as rt:
+        expected = rt.predict(x)
+        inputs, outputs = rt.inputs, rt.outputs
+    if wrong_health_output:
+        expected = np.roll(expected, 3, axis=-1) + 0.5
+    write_bundle(out, model, name=name, version=version, source_model_sha256=model.sha256, variant="onnx-fp32",
+                 target_profile="generic-x86_64", power_mode="latency", inputs=inputs, outputs=outputs,
+                 health_inputs={"input": x}, health_outputs={"probabilities": expected},
+                 health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0), private_key=keys["converter"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def bundles(tmp_path_factory, keys) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bundles")
+    return {"1.0.0": make_bundle(folder / "v1", "1.0.0", keys, seed=1),
+            "2.0.0": make_bundle(folder / "v2", "2.0.0", keys, seed=2),
+            "3.0.0-bad": make_bundle(folder / "v3", "3.0.0", keys, seed=3, wrong_health_output=True)}
+
+
+@pytest.fixture
+def make_server(tmp_path, keys) -> Iterator[Callable[..., OTAServer]]:
+    servers: list[OTAServer] = []
+
+    def factory(broker_url: str, **config: object) -> OTAServer:
+        repo = ModelRepository(tmp_path / "repo", signer_key=keys["converter_pub"])
+        server = OTAServer(ServerConfig(broker_url, tick_s=0.05, **config), repo, FleetDB(tmp_path / "fleet.db"),
+                           keys["server"]).start()
+        servers.append(server)
+        return server
+
+    yield factory
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def make_agent(tmp_path, keys) -> Iterator[Callable[..., DeviceAgent]]:
+    agents: list[DeviceAgent] = []
+
+    def factory(device_id: str, broker_url: str, group: str = "cams", runtime=None, **config: object) -> DeviceAgent:
+        cfg = AgentConfig(device_id=device_id, group=group, broker=broker_url, store=tmp_path / "devices" / device_id,
+                          server_key=keys["server_pub"], retry_interval_s=0.3, broadcast_wait_s=0.5, **config)
+        agent = DeviceAgent(cfg, runtime=runtime).start()
+        agents.append(agent)
+        return agent
+
+    yield factory
+    for a in agents:
+        a.stop()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
