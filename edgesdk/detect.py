@@ -45,6 +45,8 @@ ARM_PARTS = {
 
 #: Used when the kernel exposes no cpufreq (VMs, some x86 hosts) and cpuinfo has no MHz.
 UNKNOWN_MHZ = 1000
+#: The shipped profiles' budget rule: 25% of RAM, at most this much.
+MAX_MODEL_BUDGET_MB = 2048
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,8 @@ def _match(topology: Topology, profiles: Iterable[DeviceProfile]) -> tuple[Devic
 def _generic(topology: Topology, profiles: Iterable[DeviceProfile]) -> DeviceProfile:
     """The shipped generic profile for the architecture, rebuilt around the discovered cores.
 
-    Budget: the template's budget/RAM ratio applied to the discovered RAM. Power modes:
+    Budget: the template's budget/RAM ratio applied to the discovered RAM, capped at
+    MAX_MODEL_BUDGET_MB like every shipped profile. Power modes:
     big.LITTLE → "performance" on the fastest cluster (latency, balanced) and "efficiency" on
     the slowest (power); homogeneous → "performance" on all cores and "powersave" on half.
     Watts come from the template's highest and lowest modes.
@@ -217,7 +220,7 @@ def _generic(topology: Topology, profiles: Iterable[DeviceProfile]) -> DevicePro
         raise ProfileError("no generic-* profile found; reinstall edgesdk (its device_profiles are missing)")
     clusters = topology.clusters
     ram_mb = topology.mem_total_mb or template.ram_mb
-    budget_mb = max(1, round(ram_mb * template.model_budget_mb / template.ram_mb))
+    budget_mb = max(1, min(MAX_MODEL_BUDGET_MB, round(ram_mb * template.model_budget_mb / template.ram_mb)))
     watts = sorted(m.watts for m in template.power_modes) or [1.0]
     fast = max(clusters, key=lambda c: (c.capacity, c.max_mhz))
     slow = min(clusters, key=lambda c: (c.capacity, c.max_mhz))

@@ -62,11 +62,12 @@ class MqttTransport(Transport):
 
     def __init__(self, url: str, client_id: str, username: str | None = None, password: str | None = None,
                  will: tuple[str, bytes] | None = None, ca_file: str | None = None, keepalive: int = 10,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, on_connect: Callable[[], None] | None = None) -> None:
         import paho.mqtt.client as mqtt
 
         self.address = parse_broker_url(url)
         self._subscriptions: dict[str, tuple[Handler, int]] = {}
+        self._on_connect_hook = on_connect
         self._lock = threading.Lock()
         self._connected = threading.Event()
         self.connects = 0
@@ -109,6 +110,8 @@ class MqttTransport(Transport):
             self._send_subscribe(topic_filter, qos)
         self.connects += 1
         self._connected.set()
+        if self._on_connect_hook is not None:
+            self._on_connect_hook()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):  # type: ignore[no-untyped-def]
         self._connected.clear()

@@ -41,6 +41,8 @@ class ServerConfig:
     tick_s: float = 0.2
     #: Broadcast after every target accepted, or after this long (late devices pull what they miss).
     broadcast_wait_s: float = 2.0
+    #: Re-send a command a device has not acknowledged after this long (a broker restart can drop it).
+    resend_s: float = 3.0
 
 
 @dataclass
@@ -65,6 +67,7 @@ class OTAServer:
         #: (device, transfer) -> chunk indices resent on request; bytes published, for tests and benchmarks.
         self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
         self.bytes_published = 0
+        self._envelopes: dict[tuple[str, str], tuple[bytes, float]] = {}
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> OTAServer:
@@ -225,6 +228,8 @@ class OTAServer:
             for summary in self.db.rollouts("running"):
                 try:
                     self._tick(self.status(summary["id"]))
+                except EdgeSDKError as exc:  # e.g. a bundle changed on disk after upload
+                    self._abort(self.status(summary["id"]), f"server error: {exc}")
                 except Exception:
                     log.exception("rollout %s: engine step failed", summary["id"])
 
@@ -238,6 +243,8 @@ class OTAServer:
         for t in stage:
             if t["status"] not in TERMINAL and t["sent"] and now - t["sent"] > policy.deploy_timeout_s:
                 self.db.set_target(r["id"], t["device_id"], "timeout", f"no report in {policy.deploy_timeout_s:g} s")
+            elif t["status"] == "sent":
+                self._resend(r["id"], t["device_id"], now)
         r = self.status(r["id"])
         sent = [t for t in r["targets"] if t["wave"] <= r["wave"]]
         failed = [t for t in sent if t["status"] in FAILED]
@@ -283,6 +290,7 @@ class OTAServer:
             archive = None if (r["rollback"] and has_slot) else info
             envelope = self._command(r, t["device_id"], bool(r["rollback"]), r["id"], r["version"], transfer_id,
                                      archive)
+            self._envelopes[(r["id"], t["device_id"])] = (envelope, time.time())
             self._publish(Topics.cmd(t["device_id"]), envelope)
             self.db.set_target(r["id"], t["device_id"], "sent", sent=True)
             if not has_slot:
@@ -291,6 +299,12 @@ class OTAServer:
         if needs_download:
             threading.Thread(target=self._broadcast, args=(r["id"], r["grp"], transfer_id, set(needs_download)),
                              daemon=True).start()
+
+    def _resend(self, rollout_id: str, device: str, now: float) -> None:
+        envelope, last = self._envelopes.get((rollout_id, device), (b"", now))
+        if envelope and now - last >= self.config.resend_s:
+            self._envelopes[(rollout_id, device)] = (envelope, now)
+            self._publish(Topics.cmd(device), envelope)
 
     def _broadcast(self, rollout_id: str, group: str, transfer_id: str, devices: set[str]) -> None:
         deadline = time.monotonic() + self.config.broadcast_wait_s

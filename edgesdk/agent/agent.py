@@ -35,12 +35,13 @@ __all__ = ["DeviceAgent", "AgentConfig"]
 
 log = logging.getLogger(__name__)
 
-#: Failpoints for crash tests: EDGESDK_AGENT_FAILPOINT=before_switch makes the agent die there.
+#: Failpoints for crash tests: EDGESDK_AGENT_FAILPOINT=before_switch (or after_chunks:N) makes the
+#: agent process die there, as abruptly as a kill -9 or a power cut would stop it.
 _FAILPOINT = os.environ.get("EDGESDK_AGENT_FAILPOINT", "")
 
 
-def _failpoint(name: str) -> None:
-    if _FAILPOINT == name:
+def _failpoint(name: str, count: int | None = None) -> None:
+    if _FAILPOINT == name or (count is not None and _FAILPOINT == f"{name}:{count}"):
         os._exit(70)
 
 
@@ -89,16 +90,18 @@ class DeviceAgent:
         cfg = self.config
         self._recover()
         offline = json.dumps({"status": "offline", "group": cfg.group}).encode()
+        # State is re-published on every (re)connect: a restarted broker forgets retained messages.
         self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-agent-{cfg.device_id}",
                                                  username=cfg.username, password=cfg.password,
-                                                 will=(Topics.state(cfg.device_id), offline), ca_file=cfg.ca_file)
+                                                 will=(Topics.state(cfg.device_id), offline), ca_file=cfg.ca_file,
+                                                 on_connect=self._publish_state)
         self.transport.subscribe(Topics.cmd(cfg.device_id), self._on_command)
         self.transport.subscribe(Topics.device_chunks(cfg.device_id, "+") + "/+", self._on_chunk)
         self._worker = threading.Thread(target=self._run, name=f"agent-{cfg.device_id}", daemon=True)
         self._worker.start()
         for cmd_file in sorted(self.store.incoming.glob("*.cmd")):
             self._work.put(("resume", cmd_file.read_bytes()))
-        self._publish_state()
+        self._publish_state()  # the first connect happened before self.transport was set
         return self
 
     def stop(self) -> None:
@@ -129,7 +132,8 @@ class DeviceAgent:
         return manifest.name, manifest.version
 
     def _publish_state(self) -> None:
-        assert self.transport is not None
+        if self.transport is None:
+            return
         current = self.current_version()
         state = {"status": "online", "group": self.config.group, "model": current[0] if current else None,
                  "version": current[1] if current else None, "previous": self.store.pointer("previous"),
@@ -186,7 +190,9 @@ class DeviceAgent:
         if not transfer.accept(int(index), payload):
             log.warning("%s: chunk %s of %s failed its hash check; it will be fetched again",
                         self.config.device_id, index, transfer_id)
-        elif transfer.complete:
+            return
+        _failpoint("after_chunks", transfer.received)
+        if transfer.complete:
             self._work.put(("complete", transfer_id))
 
     # worker ------------------------------------------------------------------------------
@@ -219,6 +225,14 @@ class DeviceAgent:
             return
         state = self.store.load_state()
         if command.deployment_id in state.seen and not resume:
+            slot = self.store.slot_name(command.name, command.version)
+            with self._lock:
+                in_progress = command.transfer_id in self._transfers
+            if in_progress:
+                return  # the server re-sent a command whose transfer is running: nothing to do
+            if self.store.pointer("current") == slot and state.pending is None and state.committed == slot:
+                self._event(command, "committed", repeated=True)  # its first report may have been lost
+                return
             self._event(command, "rejected", reason=f"replayed command: deployment {command.deployment_id} was "
                                                      "already handled")
             return

@@ -23,6 +23,7 @@ _COMMANDS = {
     "keys": ("edgesdk.cli.keys", "keys", "Generate Ed25519 signing keys."),
     "sign": ("edgesdk.cli.keys", "sign", "Sign a bundle's manifest."),
     "verify": ("edgesdk.cli.keys", "verify", "Verify a bundle's hashes and signature."),
+    "agent": ("edgesdk.cli.agent", "agent", "Run the device agent (OTA updates over MQTT)."),
 }
 
 

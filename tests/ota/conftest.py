@@ -39,6 +39,8 @@ class Mosquitto:
         self.binary, self.port = binary, port or free_port()
         self.conf = workdir / "mosquitto.conf"
         lines = conf_lines or [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]
+        if os.geteuid() == 0:  # as root, mosquitto drops to user "mosquitto", who cannot read our 0600 files
+            lines = [*lines, "user root"]
         self.conf.write_text("\n".join(lines) + "\n")
         self.log = workdir / "mosquitto.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -58,7 +60,7 @@ class Mosquitto:
                 return
             except OSError:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"mosquitto exited: {self.log.read_text()[-500:]}")
+                    raise RuntimeError(f"mosquitto exited: {self.log.read_text()[-500:]}") from None
                 time.sleep(0.05)
         raise RuntimeError("mosquitto did not start listening")
 

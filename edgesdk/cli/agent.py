@@ -1,0 +1,45 @@
+"""``edgesdk agent``: run the device agent until interrupted."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--device-id", required=True)
+@click.option("--group", required=True)
+@click.option("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+@click.option("--store", type=click.Path(file_okay=False), required=True, help="Directory of the model store.")
+@click.option("--server-key", type=click.Path(exists=True, dir_okay=False),
+              help="The OTA server's Ed25519 public key (PEM); commands must be signed with it.")
+@click.option("--credentials", type=click.Path(exists=True, dir_okay=False),
+              help="JSON with username/password (from `edgesdk server mosquitto-config`).")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
+@click.option("--profile", default=None, help="Device profile (default: detect).")
+@click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned commands.")
+def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, credentials: str | None,
+          ca_file: str | None, profile: str | None, allow_unsigned: bool) -> None:
+    """Keep this device's model up to date: verify, install, health-check, roll back, report."""
+    from edgesdk.agent.agent import AgentConfig, DeviceAgent
+    from edgesdk.agent.managed import ManagedRuntime
+    from edgesdk.errors import SignatureError
+    from edgesdk.signing import load_public_key
+
+    if server_key is None and not allow_unsigned:
+        raise SignatureError("pass --server-key (the OTA server's public key); --allow-unsigned is for development")
+    creds = json.loads(Path(credentials).read_text()) if credentials else {}
+    config = AgentConfig(device_id=device_id, group=group, broker=broker, store=Path(store),
+                         server_key=load_public_key(server_key) if server_key else None, allow_unsigned=allow_unsigned,
+                         username=creds.get("username"), password=creds.get("password"), ca_file=ca_file)
+    runtime = ManagedRuntime(profile=profile)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    with DeviceAgent(config, runtime=runtime):
+        click.echo(f"agent {device_id} ({group}) connected to {broker}; store {store}", err=True)
+        done.wait()
