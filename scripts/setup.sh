@@ -17,6 +17,8 @@ apt_packages=()
 "$python" -c 'import venv, ensurepip' 2>/dev/null || apt_packages+=(python3-venv)
 # A C compiler builds the test-only LiteRT delegate plugin (tests/integration/test_delegates.py).
 command -v cc >/dev/null 2>&1 || apt_packages+=(gcc libc6-dev)
+# The MQTT broker the OTA tests and the demo run (started by them on a free loopback port).
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || apt_packages+=(mosquitto)
 if ((${#apt_packages[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages: ${apt_packages[*]}" >&2

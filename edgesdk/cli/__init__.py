@@ -24,6 +24,10 @@ _COMMANDS = {
     "sign": ("edgesdk.cli.keys", "sign", "Sign a bundle's manifest."),
     "verify": ("edgesdk.cli.keys", "verify", "Verify a bundle's hashes and signature."),
     "agent": ("edgesdk.cli.agent", "agent", "Run the device agent (OTA updates over MQTT)."),
+    "server": ("edgesdk.cli.server", "server", "Run the OTA server; write a mosquitto ACL config."),
+    "push": ("edgesdk.cli.fleet", "push", "Upload a bundle and start a canary rollout to a group."),
+    "rollout": ("edgesdk.cli.fleet", "rollout", "Show, promote, abort or roll back rollouts."),
+    "devices": ("edgesdk.cli.fleet", "devices", "List devices and their versions."),
 }
 
 

@@ -1,0 +1,56 @@
+"""A small client for the OTA server's admin API (stdlib urllib: no web framework on devices)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError
+
+__all__ = ["AdminClient"]
+
+
+class AdminClient:
+    def __init__(self, url: str, token: str, timeout: float = 60.0) -> None:
+        if not token:
+            raise EdgeSDKError("no admin token: pass --token, --token-file, or set EDGESDK_TOKEN")
+        self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
+
+    def _call(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json") -> Any:
+        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method,
+                                         headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", exc.reason)
+            except ValueError:
+                message = exc.reason
+            raise EdgeSDKError(f"server answered {exc.code}: {message}") from None
+        except urllib.error.URLError as exc:
+            raise EdgeSDKError(f"cannot reach the OTA server at {self.url}: {exc.reason}") from None
+
+    def _json(self, method: str, path: str, data: Any = None) -> Any:
+        return self._call(method, path, json.dumps(data).encode() if data is not None else None)
+
+    def upload(self, archive: bytes) -> dict[str, str]:
+        return self._call("POST", "/api/bundles", archive, "application/x-tar")
+
+    def start_rollout(self, name: str, version: str, group: str, policy: dict[str, Any]) -> str:
+        return self._json("POST", "/api/rollouts", {"name": name, "version": version, "group": group,
+                                                    "policy": policy})["id"]
+
+    def rollout(self, rollout_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/api/rollouts/{rollout_id}")
+
+    def rollouts(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/api/rollouts")
+
+    def act(self, rollout_id: str, action: str, to: str | None = None) -> dict[str, Any]:
+        return self._json("POST", f"/api/rollouts/{rollout_id}/{action}", {"to": to} if to else None)
+
+    def devices(self, group: str | None = None) -> list[dict[str, Any]]:
+        return self._json("GET", "/api/devices" + (f"?group={group}" if group else ""))

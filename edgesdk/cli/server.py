@@ -1,0 +1,103 @@
+"""``edgesdk server`` (run the OTA server) and ``edgesdk server mosquitto-config``."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+
+def _token(token: str | None, token_file: Path) -> str:
+    if token:
+        return token
+    if token_file.exists():
+        return token_file.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    click.echo(f"admin token written to {token_file}", err=True)
+    return token
+
+
+@click.group(invoke_without_command=True)
+@click.option("--broker", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+@click.option("--repo", type=click.Path(file_okay=False), help="Model repository directory.")
+@click.option("--db", type=click.Path(dir_okay=False), help="SQLite file for fleet state.")
+@click.option("--key", type=click.Path(exists=True, dir_okay=False), help="Server Ed25519 private key (signs commands).")
+@click.option("--bundle-key", type=click.Path(exists=True, dir_okay=False),
+              help="Public key uploaded bundles must be signed with.")
+@click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned bundles.")
+@click.option("--http", "http_address", default="127.0.0.1:8080", show_default=True, help="Admin API HOST:PORT.")
+@click.option("--token", envvar="EDGESDK_TOKEN", help="Admin API token (default: read or create --token-file).")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Default: admin.token beside --db.")
+@click.option("--credentials", type=click.Path(exists=True, dir_okay=False),
+              help="Broker credentials JSON (credentials/server.json from mosquitto-config).")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
+@click.option("--keep-latest", default=5, show_default=True, help="Versions kept per model (plus pinned/in use).")
+@click.pass_context
+def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
+           bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
+           credentials: str | None, ca_file: str | None, keep_latest: int) -> None:
+    """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API."""
+    if ctx.invoked_subcommand is not None:
+        return
+    missing = [name for name, value in (("--broker", broker), ("--repo", repo), ("--db", db), ("--key", key))
+               if not value]
+    if missing:
+        raise click.UsageError(f"missing {', '.join(missing)}")
+    assert broker and repo and db and key
+    from edgesdk.ota_server.fleet import FleetDB
+    from edgesdk.ota_server.http_api import HttpServer, create_app
+    from edgesdk.ota_server.repository import ModelRepository
+    from edgesdk.ota_server.server import OTAServer, ServerConfig
+    from edgesdk.signing import load_private_key, load_public_key
+
+    creds = json.loads(Path(credentials).read_text()) if credentials else {}
+    repository = ModelRepository(repo, keep_latest=keep_latest,
+                                 signer_key=load_public_key(bundle_key) if bundle_key else None,
+                                 allow_unsigned=allow_unsigned)
+    ota = OTAServer(ServerConfig(broker, username=creds.get("username"), password=creds.get("password"),
+                                 ca_file=ca_file), repository, FleetDB(db), load_private_key(key)).start()
+    host, _, port = http_address.rpartition(":")
+    admin_token = _token(token, Path(token_file) if token_file else Path(db).parent / "admin.token")
+    http = HttpServer(create_app(ota, admin_token), host or "127.0.0.1", int(port)).start()
+    click.echo(f"edgesdk server: broker {broker}, admin API {http.url}", err=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    http.stop()
+    ota.stop()
+
+
+@server.command("mosquitto-config")
+@click.option("--devices", "devices_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="Text file: one 'DEVICE_ID GROUP' per line.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True)
+@click.option("--port", default=1883, show_default=True)
+@click.option("--bind", default="127.0.0.1", show_default=True)
+@click.option("--certfile", type=click.Path(exists=True, dir_okay=False), help="Enable TLS with this certificate.")
+@click.option("--keyfile", type=click.Path(exists=True, dir_okay=False))
+def mosquitto_config(devices_file: str, out_dir: str, port: int, bind: str, certfile: str | None,
+                     keyfile: str | None) -> None:
+    """Write a password file, an ACL and a mosquitto.conf so each device sees only its own topics."""
+    from edgesdk.ota_server.mosquitto import write_mosquitto_config
+
+    devices = {}
+    for number, line in enumerate(Path(devices_file).read_text().splitlines(), 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            parts = line.split()
+            if len(parts) != 2:
+                raise click.BadParameter(f"{devices_file}:{number}: expected 'DEVICE_ID GROUP', got {line!r}")
+            devices[parts[0]] = parts[1]
+    config = write_mosquitto_config(out_dir, devices, port=port, bind=bind, certfile=certfile, keyfile=keyfile)
+    click.echo(f"wrote {config.conf}, {config.password_file}, {config.acl_file} and {len(devices)} device credentials "
+               f"in {Path(out_dir) / 'credentials'}\nstart the broker with: mosquitto -c {config.conf}\n"
+               "(the password and ACL files must be readable by the user mosquitto runs as)")

@@ -1,0 +1,137 @@
+"""The authenticated admin API (Starlette, served by uvicorn; the ``[server]`` extra).
+
+Every request needs ``Authorization: Bearer <token>``. Errors come back as
+``{"error": message, "type": class}`` with 400 (bad request), 401, 404 or 409.
+
+    POST /api/bundles                          body: bundle tar (as `edgesdk push` sends it)
+    GET  /api/bundles                          {model: [versions]}
+    POST /api/bundles/{name}/{version}/pin     {"pinned": true|false}
+    POST /api/rollouts                         {"name", "version", "group", "policy": {...}}
+    GET  /api/rollouts                         list
+    GET  /api/rollouts/{id}                    rollout with per-device targets
+    POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
+    GET  /api/devices?group=G                  devices and their state
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from typing import Any
+
+from edgesdk.errors import BundleError, EdgeSDKError, SignatureError
+from edgesdk.ota_server.rollout import RolloutPolicy
+from edgesdk.ota_server.server import OTAServer
+
+__all__ = ["create_app", "HttpServer"]
+
+
+def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3) -> Any:
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    def error(status: int, exc: Exception | str) -> JSONResponse:
+        return JSONResponse({"error": str(exc), "type": type(exc).__name__ if isinstance(exc, Exception) else "Error"},
+                            status_code=status)
+
+    def guarded(handler: Any) -> Any:
+        async def endpoint(request: Request) -> JSONResponse:
+            supplied = request.headers.get("authorization", "")
+            if not hmac.compare_digest(supplied.encode(), f"Bearer {token}".encode()):
+                return error(401, "missing or wrong token; pass --token or set EDGESDK_TOKEN")
+            try:
+                return await handler(request)
+            except (BundleError, SignatureError) as exc:
+                return error(409 if "already in the repository" in str(exc) else 400, exc)
+            except EdgeSDKError as exc:
+                return error(404 if str(exc).startswith("no rollout") else 400, exc)
+            except (ValueError, KeyError, TypeError) as exc:
+                return error(400, f"malformed request: {exc}")
+        return endpoint
+
+    async def upload(request: Request) -> JSONResponse:
+        size = int(request.headers.get("content-length") or 0)
+        if size > max_upload_bytes:
+            return error(413, f"bundle of {size} bytes is over the {max_upload_bytes}-byte cap")
+        body = await request.body()
+        if len(body) > max_upload_bytes:
+            return error(413, f"bundle of {len(body)} bytes is over the {max_upload_bytes}-byte cap")
+        return JSONResponse(await run_in_threadpool(server.upload, body), status_code=201)
+
+    async def bundles(request: Request) -> JSONResponse:
+        return JSONResponse({name: server.repo.versions(name) for name in server.repo.models()})
+
+    async def pin(request: Request) -> JSONResponse:
+        data = await request.json()
+        server.repo.pin(request.path_params["name"], request.path_params["version"], bool(data.get("pinned", True)))
+        return JSONResponse({"pinned": bool(data.get("pinned", True))})
+
+    async def create_rollout(request: Request) -> JSONResponse:
+        data = await request.json()
+        policy = RolloutPolicy.from_dict(data.get("policy") or {})
+        rollout_id = await run_in_threadpool(server.start_rollout, str(data["name"]), str(data["version"]),
+                                             str(data["group"]), policy)
+        return JSONResponse({"id": rollout_id}, status_code=201)
+
+    async def rollouts(request: Request) -> JSONResponse:
+        return JSONResponse(server.db.rollouts())
+
+    async def rollout(request: Request) -> JSONResponse:
+        return JSONResponse(server.status(request.path_params["id"]))
+
+    async def action(request: Request) -> JSONResponse:
+        rollout_id, verb = request.path_params["id"], request.path_params["action"]
+        if verb == "promote":
+            await run_in_threadpool(server.promote, rollout_id)
+            return JSONResponse({"id": rollout_id})
+        if verb == "abort":
+            await run_in_threadpool(server.abort, rollout_id)
+            return JSONResponse({"id": rollout_id})
+        if verb == "rollback":
+            data = await request.json() if await request.body() else {}
+            new_id = await run_in_threadpool(server.rollback, rollout_id, data.get("to"))
+            return JSONResponse({"id": new_id}, status_code=201)
+        return error(404, f"unknown action {verb!r}; use promote, abort or rollback")
+
+    async def devices(request: Request) -> JSONResponse:
+        return JSONResponse(server.db.devices(request.query_params.get("group")))
+
+    return Starlette(routes=[
+        Route("/api/bundles", guarded(upload), methods=["POST"]),
+        Route("/api/bundles", guarded(bundles), methods=["GET"]),
+        Route("/api/bundles/{name}/{version}/pin", guarded(pin), methods=["POST"]),
+        Route("/api/rollouts", guarded(create_rollout), methods=["POST"]),
+        Route("/api/rollouts", guarded(rollouts), methods=["GET"]),
+        Route("/api/rollouts/{id}", guarded(rollout), methods=["GET"]),
+        Route("/api/rollouts/{id}/{action}", guarded(action), methods=["POST"]),
+        Route("/api/devices", guarded(devices), methods=["GET"]),
+    ])
+
+
+class HttpServer:
+    """uvicorn in a background thread (loopback by default)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8080) -> None:
+        import uvicorn
+
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, name="admin-http", daemon=True)
+        self.url = f"http://{host}:{port}"
+
+    def start(self, timeout: float = 10.0) -> HttpServer:
+        import time
+
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise EdgeSDKError(f"admin HTTP server did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
