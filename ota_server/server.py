@@ -120,6 +120,8 @@ class OTAServer:
         if kind == "accepted":
             self._accepted[rollout_id].add(device)
             status = "reverting" if reverting else "downloading"
+        elif kind == "downloaded":
+            status = "reverting" if reverting else "installing"
         elif kind == "committed":
             status = "reverted" if reverting else "committed"
         elif kind in ("failed", "rolled_back", "rejected"):

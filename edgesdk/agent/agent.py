@@ -294,6 +294,7 @@ class DeviceAgent:
         if transfer is None:
             return
         command = transfer.command
+        started = time.perf_counter()
         try:
             archive = transfer.finish()
         except TransferError as exc:
@@ -304,6 +305,8 @@ class DeviceAgent:
             self._transfers.pop(transfer_id, None)
         assert self.transport is not None
         self.transport.unsubscribe(Topics.group_chunks(command.group, transfer_id) + "/+")
+        self._event(command, "downloaded", bytes=command.archive.size if command.archive else 0,
+                    rejected_chunks=transfer.rejected)
         slot = self.store.slot_name(command.name, command.version)
         try:
             self.store.add_slot(slot, lambda tmp: unpack_bundle(archive, tmp))
@@ -313,10 +316,12 @@ class DeviceAgent:
             self._publish_state()
             return
         transfer.discard()
-        self._install(command, slot, downloaded=True, rejected_chunks=transfer.rejected)
+        self._install(command, slot, downloaded=True, started=started, rejected_chunks=transfer.rejected)
 
-    def _install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
-        started = time.perf_counter()
+    def _install(self, command: Command, slot: str, downloaded: bool, started: float | None = None,
+                 **details: Any) -> None:
+        """``started``: when applying began (the archive check), so apply_ms covers verify + swap + load."""
+        started = started or time.perf_counter()
         try:
             self.store.verify_slot(slot)
         except EdgeSDKError as exc:

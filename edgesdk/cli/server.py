@@ -41,13 +41,22 @@ def _token(token: str | None, token_file: Path) -> str:
               help="Broker credentials JSON (credentials/server.json from mosquitto-config).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
 @click.option("--keep-latest", default=5, show_default=True, help="Versions kept per model (plus pinned/in use).")
+@click.option("--embedded-broker", is_flag=True,
+              help="Run an in-process MQTT broker (amqtt) on 127.0.0.1 instead of --broker (no mosquitto needed).")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
-           credentials: str | None, ca_file: str | None, keep_latest: int) -> None:
+           credentials: str | None, ca_file: str | None, keep_latest: int, embedded_broker: bool) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API."""
     if ctx.invoked_subcommand is not None:
         return
+    embedded = None
+    if embedded_broker:
+        from edgesdk.ota_server.broker import EmbeddedBroker
+
+        embedded = EmbeddedBroker()
+        broker = embedded.url
+        click.echo(f"embedded MQTT broker on {broker} (loopback only)", err=True)
     missing = [name for name, value in (("--broker", broker), ("--repo", repo), ("--db", db), ("--key", key))
                if not value]
     if missing:
@@ -75,6 +84,8 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     done.wait()
     http.stop()
     ota.stop()
+    if embedded is not None:
+        embedded.stop()
 
 
 @server.command("mosquitto-config")

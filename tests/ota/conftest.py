@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +13,7 @@ from edgesdk import Runtime
 from edgesdk.agent.agent import AgentConfig, DeviceAgent
 from edgesdk.bundle import HealthCheck, write_bundle
 from edgesdk.model_file import read_model
+from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
 from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.server import OTAServer, ServerConfig
@@ -24,60 +21,9 @@ from edgesdk.signing import generate_keypair, load_private_key, load_public_key
 from edgesdk.testing import random_mlp, write_mlp_onnx
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Mosquitto:
-    """A mosquitto process on 127.0.0.1; ``restart()`` keeps the port."""
-
-    def __init__(self, workdir: Path, conf_lines: list[str] | None = None, port: int | None = None) -> None:
-        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        assert os.path.exists(binary), "mosquitto is not installed; scripts/setup.sh installs it (apt-get install mosquitto)"
-        self.binary, self.port = binary, port or free_port()
-        self.conf = workdir / "mosquitto.conf"
-        lines = conf_lines or [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]
-        if os.geteuid() == 0:  # as root, mosquitto drops to user "mosquitto", who cannot read our 0600 files
-            lines = [*lines, "user root"]
-        self.conf.write_text("\n".join(lines) + "\n")
-        self.log = workdir / "mosquitto.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen([self.binary, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"mosquitto exited: {self.log.read_text()[-500:]}") from None
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start listening")
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-    def restart(self, down_s: float = 0.5) -> None:
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-
-
 @pytest.fixture
 def broker(tmp_path) -> Iterator[Mosquitto]:
-    b = Mosquitto(tmp_path)
+    b = Mosquitto(tmp_path / "broker")
     yield b
     b.stop()
 

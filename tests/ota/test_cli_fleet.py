@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import cli
-from tests.ota.conftest import free_port, wait_for
+from edgesdk.ota_server.broker import free_port
+from tests.ota.conftest import wait_for
 
 N_AGENTS = 20
 

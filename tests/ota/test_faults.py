@@ -300,12 +300,12 @@ def test_failed_health_check_rolls_the_device_back_and_aborts_the_canary(broker,
 
 
 def test_device_cannot_read_another_devices_topics(tmp_path, make_server, keys, bundles):
+    from edgesdk.ota_server.broker import LocalMosquitto, free_port
     from edgesdk.ota_server.mosquitto import write_mosquitto_config
-    from tests.ota.conftest import Mosquitto, free_port
 
     port = free_port()
     config = write_mosquitto_config(tmp_path / "broker", {"cam-a": "cams", "cam-b": "cams"}, port=port)
-    broker = Mosquitto(tmp_path / "broker", conf_lines=config.conf.read_text().splitlines(), port=port)
+    broker = LocalMosquitto(tmp_path / "broker", conf_lines=config.conf.read_text().splitlines(), port=port)
     try:
         creds = {d: json.loads(p.read_text()) for d, p in config.credentials.items()}
         server = make_server(broker.url, username=config.server_username, password=config.server_password)

@@ -31,3 +31,22 @@ def test_canary_then_waves_update_every_device(broker, make_server, make_agent, 
     committed = [e for e in server.db.events(rollout) if e["type"] == "committed"]
     assert len(committed) == 5 and all(e["payload"]["health"]["max_abs_error"] < 1e-4 for e in committed)
     wait_for(lambda: all(d["version"] == "1.0.0" for d in server.db.devices("cams")), what="retained state")
+
+
+def test_embedded_broker_carries_a_rollout_when_mosquitto_is_absent(make_server, make_agent, bundles):
+    from edgesdk.ota_server.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker()
+    try:
+        server = make_server(broker.url)
+        agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+        _online(server, 2)
+        server.upload(pack_bundle(bundles["1.0.0"]))
+        r = _finished(server, server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,),
+                                                                                         health_window_s=0)))
+        assert r["state"] == "completed"
+        assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
+    finally:
+        for agent in agents:
+            agent.stop()
+        broker.stop()

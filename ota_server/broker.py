@@ -1,0 +1,137 @@
+"""Starting an MQTT broker on loopback for the demo, the tests and the benchmarks.
+
+:class:`LocalMosquitto` runs the ``mosquitto`` binary (Debian package ``mosquitto``) with a
+generated config on a free 127.0.0.1 port. Where no mosquitto binary exists,
+:class:`EmbeddedBroker` runs amqtt in-process, bound to 127.0.0.1 only (amqtt's own
+default listens on 0.0.0.0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from edgesdk.errors import TransferError
+
+__all__ = ["free_port", "mosquitto_binary", "LocalMosquitto", "EmbeddedBroker", "start_local_broker"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mosquitto_binary() -> str | None:
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    return "/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None
+
+
+def _wait_listening(port: int, alive: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if callable(alive) and not alive():
+                raise TransferError("the broker exited during start-up") from None
+            time.sleep(0.05)
+    raise TransferError(f"the broker did not listen on 127.0.0.1:{port} within {timeout:g} s")
+
+
+class LocalMosquitto:
+    """A mosquitto process on 127.0.0.1; ``restart()`` keeps the port."""
+
+    def __init__(self, workdir: str | os.PathLike[str], conf_lines: list[str] | None = None, port: int | None = None,
+                 sys_interval: int | None = None) -> None:
+        binary = mosquitto_binary()
+        if binary is None:
+            raise TransferError("mosquitto is not installed: `apt-get install -y mosquitto` (scripts/setup.sh does "
+                                "it as root), or use the embedded broker")
+        self.binary, self.port = binary, port or free_port()
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.conf, self.log = workdir / "mosquitto.conf", workdir / "mosquitto.log"
+        lines = conf_lines or [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]
+        if sys_interval is not None:
+            lines = [*lines, f"sys_interval {sys_interval}"]
+        if os.geteuid() == 0:  # as root mosquitto drops to user "mosquitto", who cannot read 0600 files of ours
+            lines = [*lines, "user root"]
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen([self.binary, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
+        process = self.process
+        try:
+            _wait_listening(self.port, lambda: process.poll() is None)
+        except TransferError as exc:
+            raise TransferError(f"{exc}: {self.log.read_text()[-400:]}") from None
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def restart(self, down_s: float = 0.5) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+
+class EmbeddedBroker:
+    """amqtt in a background thread, listening on 127.0.0.1 only (needs the ``[server]`` extra)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        import logging
+        import warnings
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # amqtt's own notice about its psutil extra
+                from amqtt.broker import Broker
+        except ImportError as exc:
+            raise TransferError("the embedded broker needs amqtt: pip install 'edgesdk[server]'") from exc
+        logging.getLogger("amqtt").setLevel(logging.CRITICAL)  # it logs every probe and shutdown at ERROR
+        self.port = port or free_port()
+        config = {"listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
+                  "auth": {"allow-anonymous": True}, "topic-check": {"enabled": False}}
+        self._loop = asyncio.new_event_loop()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._broker = Broker(config, loop=self._loop)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-broker", daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=10)
+        _wait_listening(self.port, None)
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def start_local_broker(workdir: str | os.PathLike[str]) -> LocalMosquitto | EmbeddedBroker:
+    """mosquitto when installed, else the embedded amqtt broker; both on loopback only."""
+    if mosquitto_binary() is not None:
+        return LocalMosquitto(workdir)
+    return EmbeddedBroker()
