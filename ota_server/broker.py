@@ -36,6 +36,7 @@ def mosquitto_binary() -> str | None:
 
 
 def _wait_listening(port: int, alive: object, timeout: float = 10.0) -> None:
+    """Poll until 127.0.0.1:port accepts connections; ``alive()`` False means the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -117,8 +118,8 @@ class EmbeddedBroker:
             self._broker = Broker(config, loop=self._loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-broker", daemon=True)
         self._thread.start()
+        # start() returns once the listener is bound (no TCP probe: amqtt leaks a socket on a bare connect).
         asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=10)
-        _wait_listening(self.port, None)
 
     @property
     def url(self) -> str:
