@@ -1,0 +1,230 @@
+"""OTA figures on loopback with a real mosquitto.
+
+1. Fan-out: a 10 MB bundle to 50 agents (one stage, all at once): wall time until every
+   agent holds the verified archive, and bytes through the broker ($SYS counters), against
+   a raw fan-out of the same bytes in the same chunks to 50 plain subscribers through the
+   same broker. Interleaved: raw, edgesdk, raw, edgesdk, ...
+2. Apply time on one device: archive check + unpack + verify + switch + load + health check.
+3. Hot swap under continuous load: 4 threads call ManagedRuntime.predict while versions
+   roll out; failed requests are counted.
+
+    python benchmarks/ota.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, goal, log  # noqa: E402
+
+from edgesdk import Runtime  # noqa: E402
+from edgesdk.agent.agent import AgentConfig, DeviceAgent  # noqa: E402
+from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
+from edgesdk.bundle import HealthCheck, write_bundle  # noqa: E402
+from edgesdk.model_file import read_model  # noqa: E402
+from edgesdk.ota import ArchiveInfo, pack_bundle  # noqa: E402
+from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
+from edgesdk.ota_server.fleet import FleetDB  # noqa: E402
+from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
+from edgesdk.ota_server.rollout import RolloutPolicy  # noqa: E402
+from edgesdk.ota_server.server import OTAServer, ServerConfig  # noqa: E402
+from edgesdk.signing import generate_keypair, load_private_key, load_public_key  # noqa: E402
+from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
+from edgesdk.transport import MqttTransport  # noqa: E402
+
+ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.5, deploy_timeout_s=600)
+
+
+def make_bundle(out: Path, version: str, size_mb: float, key, seed: int) -> Path:
+    width = max(16, int(size_mb * 2**20 / 4 / 74))  # 64 -> width -> 10 weights ~ size_mb
+    model_path = write_mlp_onnx(random_mlp([64, width, 10], seed=seed), out.parent / f"m{seed}.onnx")
+    model = read_model(model_path)
+    x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
+    with Runtime(model_path, profile="generic-x86_64") as rt:
+        y, inputs, outputs = rt.predict(x), rt.inputs, rt.outputs
+    write_bundle(out, model, name="bench", version=version, source_model_sha256=model.sha256, variant="onnx-fp32",
+                 target_profile="generic-x86_64", power_mode="latency", inputs=inputs, outputs=outputs,
+                 health_inputs={"input": x}, health_outputs={"probabilities": y},
+                 health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=2000.0), private_key=key)
+    return out
+
+
+class SysBytes:
+    """mosquitto's $SYS byte counters (published every second)."""
+
+    def __init__(self, url: str) -> None:
+        self.values: dict[str, int] = {}
+        self.t = MqttTransport(url, client_id="bench-sys")
+        self.t.subscribe("$SYS/broker/bytes/+", lambda topic, p: self.values.__setitem__(topic.split("/")[-1], int(p)))
+
+    def total(self) -> int:
+        time.sleep(1.3)  # one $SYS interval, so the counters include everything so far
+        return self.values.get("sent", 0) + self.values.get("received", 0)
+
+
+def raw_fanout(url: str, data: bytes, info: ArchiveInfo, n: int, round_no: int) -> float:
+    """Publish the same chunks once to n plain subscribers; seconds until all have every chunk."""
+    counts = [0] * n
+    done = threading.Event()
+    subscribers = []
+    for i in range(n):
+        def handler(topic: str, payload: bytes, i: int = i) -> None:
+            counts[i] += 1
+            if all(c >= len(info.chunks) for c in counts):
+                done.set()
+        t = MqttTransport(url, client_id=f"raw{round_no}-{i}")
+        t.subscribe(f"raw/{round_no}/#", handler)
+        subscribers.append(t)
+    publisher = MqttTransport(url, client_id=f"raw-pub{round_no}")
+    time.sleep(0.5)
+    started = time.perf_counter()
+    for index in range(len(info.chunks)):
+        start, end = info.chunk_range(index)
+        publisher.publish(f"raw/{round_no}/{index}", data[start:end])
+    done.wait(600)
+    elapsed = time.perf_counter() - started
+    for t in (*subscribers, publisher):
+        t.close()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n_agents, size_mb, rounds = (10, 2.0, 1) if args.quick else (50, 10.0, 2)
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        generate_keypair(work / "keys", "server")
+        generate_keypair(work / "keys", "converter")
+        server_key, converter_key = load_private_key(work / "keys/server.key"), load_private_key(work / "keys/converter.key")
+        broker = LocalMosquitto(work / "broker", sys_interval=1)
+        sys_bytes = SysBytes(broker.url)
+        repo = ModelRepository(work / "repo", signer_key=load_public_key(work / "keys/converter.pub"), keep_latest=3)
+        server = OTAServer(ServerConfig(broker.url, tick_s=0.05, broadcast_wait_s=5.0), repo, FleetDB(work / "db"),
+                           server_key).start()
+        log(f"starting {n_agents} agents")
+        agents = [DeviceAgent(AgentConfig(f"dev{i:02d}", "fleet", broker.url, work / "stores" / f"dev{i:02d}",
+                                          server_key=load_public_key(work / "keys/server.pub"), retry_interval_s=2.0,
+                                          broadcast_wait_s=10.0)).start() for i in range(n_agents)]
+        while len(server.db.devices("fleet")) < n_agents:
+            time.sleep(0.1)
+        fanout: dict[str, list[float]] = {"raw_s": [], "edgesdk_s": [], "raw_bytes": [], "edgesdk_bytes": [],
+                                          "edgesdk_total_s": []}
+        for r in range(rounds):
+            version = f"{r + 1}.0.0"
+            bundle = make_bundle(work / f"b{r}", version, size_mb, converter_key, seed=r)
+            server.upload(pack_bundle(bundle))
+            data, info = repo.archive("bench", version)
+            log(f"round {r + 1}: raw fan-out of {len(data) / 1e6:.1f} MB to {n_agents}")
+            before = sys_bytes.total()
+            fanout["raw_s"].append(raw_fanout(broker.url, data, info, n_agents, r))
+            fanout["raw_bytes"].append(sys_bytes.total() - before)
+            log(f"round {r + 1}: edgesdk rollout")
+            before = sys_bytes.total()
+            started, wall_start = time.perf_counter(), time.time()
+            rollout = server.start_rollout("bench", version, "fleet", ALL_AT_ONCE)
+            while server.status(rollout)["state"] == "running":
+                time.sleep(0.05)
+            fanout["edgesdk_total_s"].append(time.perf_counter() - started)
+            downloaded = [e["ts"] for e in server.db.events(rollout) if e["type"] == "downloaded"]
+            assert len(downloaded) == n_agents, f"{len(downloaded)} of {n_agents} agents downloaded"
+            fanout["edgesdk_s"].append(max(downloaded) - wall_start)
+            fanout["edgesdk_bytes"].append(sys_bytes.total() - before)
+            state = server.status(rollout)
+            assert state["state"] == "completed", state
+        results["fanout"] = {
+            "agents": n_agents, "archive_bytes": len(data), "chunks": len(info.chunks), "rounds": rounds,
+            **{k: v for k, v in fanout.items()},
+            "ratio_wall": statistics.median(a / b for a, b in zip(fanout["edgesdk_s"], fanout["raw_s"])),
+            "ratio_bytes": statistics.median(a / b for a, b in zip(fanout["edgesdk_bytes"], fanout["raw_bytes"])),
+        }
+        for agent in agents:
+            agent.stop()
+
+        log("apply time on one device")
+        solo_key = load_public_key(work / "keys/server.pub")
+        solo = DeviceAgent(AgentConfig("solo", "solo", broker.url, work / "stores/solo", server_key=solo_key)).start()
+        while not server.db.device("solo"):
+            time.sleep(0.05)
+        apply_ms = []
+        for r in range(3 if args.quick else 5):
+            version = f"{10 + r}.0.0"
+            server.upload(pack_bundle(make_bundle(work / f"s{r}", version, size_mb, converter_key, seed=100 + r)))
+            rollout = server.start_rollout("bench", version, "solo", ALL_AT_ONCE)
+            while server.status(rollout)["state"] == "running":
+                time.sleep(0.05)
+            committed = next(e for e in server.db.events(rollout) if e["type"] == "committed")
+            apply_ms.append(committed["payload"]["apply_ms"])
+        solo.stop()
+        results["apply_ms"] = {"samples": apply_ms, "median": statistics.median(apply_ms), "archive_mb": size_mb}
+
+        log("hot swap under load")
+        managed = ManagedRuntime(profile="generic-x86_64", swap_order="load-first")
+        hot = DeviceAgent(AgentConfig("hot", "hot", broker.url, work / "stores/hot", server_key=solo_key),
+                          runtime=managed).start()
+        while not server.db.device("hot"):
+            time.sleep(0.05)
+        served, failed, latencies = [0], [0], []
+        stop = threading.Event()
+        x = np.zeros((1, 64), np.float32)
+
+        def load() -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    managed.predict(x)
+                    served[0] += 1
+                    latencies.append((time.perf_counter() - t0) * 1e3)
+                except Exception:
+                    failed[0] += 1
+
+        swaps = 4 if args.quick else 8
+        for r in range(swaps):
+            version = f"{20 + r}.0.0"
+            server.upload(pack_bundle(make_bundle(work / f"h{r}", version, 1.0, converter_key, seed=200 + r)))
+            rollout = server.start_rollout("bench", version, "hot", ALL_AT_ONCE)
+            if r == 0:  # the first version installs before any traffic
+                while server.status(rollout)["state"] == "running":
+                    time.sleep(0.05)
+                threads = [threading.Thread(target=load) for _ in range(4)]
+                for t in threads:
+                    t.start()
+                continue
+            while server.status(rollout)["state"] == "running":
+                time.sleep(0.05)
+        stop.set()
+        for t in threads:
+            t.join()
+        hot.stop()
+        results["hot_swap"] = {"swaps_under_load": swaps - 1, "requests": served[0], "failed": failed[0],
+                               "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
+                               "runtime_swaps": managed.swaps}
+        server.stop()
+        sys_bytes.t.close()
+        broker.stop()
+    f = results["fanout"]
+    goals = [
+        goal(f"push {size_mb:g} MB to {n_agents} agents: wall / raw fan-out (median)", "<= 1.5", f["ratio_wall"],
+             f["ratio_wall"] <= 1.5),
+        goal("bytes through the broker / raw fan-out (median)", "report", f["ratio_bytes"], True),
+        goal("apply time on one device (verify + swap + load), median ms", "<= 1000", results["apply_ms"]["median"],
+             results["apply_ms"]["median"] <= 1000),
+        goal("failed requests during hot swaps under load", "0", results["hot_swap"]["failed"],
+             results["hot_swap"]["failed"] == 0),
+    ]
+    emit("ota", {"agents": n_agents, "archive_mb": size_mb, "rounds": rounds, "quick": args.quick}, results, goals)
+
+
+if __name__ == "__main__":
+    main()
