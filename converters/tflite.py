@@ -32,6 +32,7 @@ names are onnx2tf's.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -91,7 +92,8 @@ def _run_logged(command: Sequence[str], cwd: Path, log_path: Path, timeout_s: fl
         try:
             return process.wait(timeout=timeout_s)
         except BaseException:  # the timeout, or Ctrl-C: leave no converter running behind us
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise
 
@@ -229,6 +231,7 @@ def _write_atomic(path: Path, data: bytes) -> Path:
     """Write to a temp name in the same directory, fsync, rename: ``path`` is whole or absent."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; models and logs are meant to be copied and served
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
