@@ -191,3 +191,38 @@ def test_dynamic_batch_can_be_fixed_from_the_users_shape(digits_onnx, digits_arr
                      config=QuantizationConfig(calibration_methods=("minmax",)))
     assert report.bundle.manifest.inputs[0].shape == (1, 64)
     assert len(report.plan.chosen.measurement.outputs) == len(digits_arrays[1]["input"])
+
+
+@pytest.mark.tflite
+def test_tflite_variants_are_measured_and_planned_with_the_onnx_ones(digits_onnx, digits, digits_arrays, tmp_path):
+    calibration, evaluation = digits_arrays
+    report = convert(digits_onnx, "raspberry-pi-4", calibration=calibration, evaluation=evaluation,
+                     labels=digits.y_test, formats=("onnx", "tflite"), out_dir=tmp_path / "o",
+                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    tflite = {c.name: c for c in report.plan.candidates if c.format == "tflite"}
+    assert set(tflite) == {"tflite-fp32", "tflite-fp16", "tflite-int8-dynamic", "tflite-int8-full"}
+    assert report.tflite_error is None and report.tflite_parity_max_abs_diff < 1e-4
+    assert tflite["tflite-fp32"].accuracy_drop == 0 and tflite["tflite-int8-full"].accuracy_drop <= 2
+    assert all(c.measurement.backend == "litert" for c in tflite.values())
+    read_bundle(report.bundle.path)
+
+
+@pytest.mark.tflite
+def test_op_tflite_cannot_take_is_named_and_the_onnx_bundle_is_still_made(tmp_path):
+    # STFT: ONNX Runtime runs it, onnx2tf's converter for it fails; it survives simplification.
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 64, 1])
+    y = helper.make_tensor_value_info("spectrum", TensorProto.FLOAT, ["N", 7, 9, 2])
+    nodes = [helper.make_node("Relu", ["input"], ["r"], name="relu"),
+             helper.make_node("STFT", ["r", "step", "", "length"], ["spectrum"], name="stft", onesided=1)]
+    graph = helper.make_graph(nodes, "stft", [x], [y], [
+        onnx.numpy_helper.from_array(np.array(8, np.int64), "step"),
+        onnx.numpy_helper.from_array(np.array(16, np.int64), "length")])
+    path = tmp_path / "stft.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    data = {"input": np.random.default_rng(0).standard_normal((32, 64, 1)).astype(np.float32)}
+    report = convert(path, "raspberry-pi-4", calibration=data, evaluation=data, formats=("onnx", "tflite"),
+                     out_dir=tmp_path / "o", metric="cosine", max_accuracy_drop=1.0,
+                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    assert report.tflite_error is not None and "STFT" in report.tflite_error, report.tflite_error
+    assert all(c.format == "onnx" for c in report.plan.candidates)
+    assert read_bundle(report.bundle.path).manifest.model_format.value == "onnx"
