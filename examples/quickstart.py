@@ -5,7 +5,10 @@
 3. run both files with edgesdk.Runtime (ONNX Runtime and LiteRT) and check their accuracy;
 4. benchmark them here, and show how the power modes would schedule threads on each shipped board;
 5. convert the model for an RK3588 board: build, measure and choose a variant, write a signed bundle,
-   verify it and run its health check.
+   verify it and run its health check;
+6. update a fleet: a real MQTT broker, the OTA server and 20 device agents; push the bundle from the
+   CLI with a 10% canary, then push a release whose health check fails and watch the canary roll
+   back by itself while an app on one device keeps answering.
 
     python examples/quickstart.py [--out demo-output] [--runs 200]
 """
@@ -104,6 +107,17 @@ def main() -> int:
     ok &= healthy
     print(f"   bundle {bundle.path}: {bundle.manifest.variant}, signed by {bundle.signed_by}, "
           f"health check {'passed' if healthy else 'FAILED'}")
+
+    print("\n== 6. update a fleet over MQTT")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fleet
+
+    fleet_dir = args.out / "fleet"
+    if fleet_dir.exists():
+        import shutil
+
+        shutil.rmtree(fleet_dir)
+    ok &= fleet.run(report.bundle.path, keys, fleet_dir)
 
     print("\nresult:", "OK" if ok else "FAILED (see above)")
     return 0 if ok else 1
