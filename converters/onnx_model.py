@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import ConversionError, ModelFormatError
+from edgesdk.files import atomic_path
 
 __all__ = ["load_onnx", "save_onnx", "export_torch", "fix_input_shapes", "simplify", "MIN_OPSET"]
 
@@ -63,19 +64,9 @@ def load_onnx(path: str | os.PathLike[str]) -> Any:
 def save_onnx(model: Any, path: str | os.PathLike[str]) -> Path:
     """Save atomically: a half-written model never appears under ``path``."""
     onnx = _onnx()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        onnx.save(model, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_path(path) as tmp:
+        onnx.save(model, str(tmp))
+    return Path(path)
 
 
 def export_torch(

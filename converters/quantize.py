@@ -23,6 +23,7 @@ import numpy as np
 from edgesdk.converters.config import CalibrationMethod, QuantizationConfig, QuantType
 from edgesdk.converters.onnx_model import save_onnx
 from edgesdk.errors import ConversionError
+from edgesdk.files import fsync_file
 
 __all__ = ["to_fp16", "quantize_dynamic_int8", "quantize_static_int8", "node_sensitivity", "QUANTIZABLE_OPS"]
 
@@ -131,6 +132,7 @@ def quantize_static_int8(
 
 def _quantize_atomically(dst: Path, run: Any) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
+    # A directory of its own: the quantizer writes side files (augmented models) beside its output.
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
         out = str(Path(tmp) / dst.name)
         try:
@@ -146,8 +148,7 @@ def _quantize_atomically(dst: Path, run: Any) -> None:
         except Exception as exc:
             raise ConversionError(f"ONNX Runtime quantization failed for {dst.name}: {type(exc).__name__}: {exc}") \
                 from exc
-        with open(out, "rb") as f:
-            os.fsync(f.fileno())
+        fsync_file(out)
         os.replace(out, dst)
 
 

@@ -53,6 +53,7 @@ import numpy as np
 from edgesdk.converters.data import check_arrays
 from edgesdk.converters.onnx_model import load_onnx, save_onnx
 from edgesdk.errors import ConversionError, DataError, UnsupportedOpError
+from edgesdk.files import write_atomic
 from edgesdk.tensors import TensorSpec
 
 __all__ = ["Onnx2TfTool", "ToolRun", "TFLiteInput", "TFLiteResult", "convert_to_tflite", "ONNX2TF_VERSION",
@@ -153,7 +154,7 @@ class Onnx2TfTool:
             self.location.mkdir()
             log.info("installing %s into %s (once; about a minute)", _REQUIREMENT, self.location)
             self._install(timeout_s)
-            _write_atomic(self.marker, f"{_REQUIREMENT}\n".encode())
+            write_atomic(self.marker, f"{_REQUIREMENT}\n".encode())
         return self
 
     def _install(self, timeout_s: float) -> None:
@@ -225,27 +226,6 @@ class TFLiteResult:
     #: Wall time of the conversion and parity check (not of a first-time tool install).
     seconds: float
     converter: str = f"onnx2tf {ONNX2TF_VERSION}"
-
-
-def _write_atomic(path: Path, data: bytes) -> Path:
-    """Write to a temp name in the same directory, fsync, rename: ``path`` is whole or absent."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; models and logs are meant to be copied and served
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
 
 
 def _tf_name(onnx_name: str) -> str:
@@ -445,13 +425,13 @@ def convert_to_tflite(
         _write_sample_images(work, specs, calibration if calibration is not None else eval_inputs)
         run = tool.run(args, work, timeout_s)
         log_text = run.log_path.read_text(errors="replace")
-        _write_atomic(log_path, log_text.encode())
+        write_atomic(log_path, log_text.encode())
         if run.returncode != 0 or not (work / "out" / "model_float32.tflite").exists():
             raise _failure(log_text, model, run, log_path)
         for variant, suffix in VARIANTS.items():
             produced = work / "out" / f"model_{suffix}.tflite"
             if produced.exists():
-                models[variant] = _write_atomic(out / f"model_{variant}.tflite",
+                models[variant] = write_atomic(out / f"model_{variant}.tflite",
                                                 _rename_inputs(produced.read_bytes(), specs))
             elif variant != "int8_full" or calibration is not None:
                 log.warning("onnx2tf did not produce the %s variant; see %s", variant, log_path)

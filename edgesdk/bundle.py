@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BundleError, SignatureError
+from edgesdk.files import fsync_dir, write_atomic
 from edgesdk.model_file import ModelFile, ModelFormat
 from edgesdk.tensors import TensorSpec
 
@@ -225,14 +226,6 @@ class Bundle:
         return inputs, outputs
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_file(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -289,9 +282,9 @@ def write_bundle(
         _write_file(staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode())
         if private_key is not None:
             _write_signature(staging, private_key)
-        _fsync_dir(staging)
+        fsync_dir(staging)
         os.replace(staging, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -306,9 +299,7 @@ def _write_signature(directory: Path, private_key: Any) -> None:
     manifest_bytes = (directory / MANIFEST).read_bytes()
     payload = {"algorithm": "ed25519", "key_id": key_id(private_key.public_key()),
                "signature": base64.b64encode(sign(private_key, manifest_bytes)).decode()}
-    tmp = directory / f".{SIGNATURE}.tmp"
-    _write_file(tmp, json.dumps(payload, indent=2).encode())
-    os.replace(tmp, directory / SIGNATURE)
+    write_atomic(directory / SIGNATURE, json.dumps(payload, indent=2).encode())
 
 
 def sign_bundle(path: str | os.PathLike[str], private_key: Any) -> Bundle:

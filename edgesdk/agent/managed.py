@@ -103,6 +103,15 @@ class ManagedRuntime:
     def _load(self, bundle: Bundle) -> Runtime:
         return Runtime(bundle.path, profile=self.profile, mode=self.mode, **self._options)
 
+    def _load_checked(self, bundle: Bundle) -> tuple[Runtime, HealthReport]:
+        """A runtime for ``bundle`` that passed its health check (closed again if it did not)."""
+        runtime = self._load(bundle)
+        try:
+            return runtime, health_check(runtime, bundle)
+        except Exception:
+            runtime.close()
+            raise
+
     @property
     def bundle(self) -> Bundle | None:
         with self._cond:
@@ -148,12 +157,7 @@ class ManagedRuntime:
             if self._unload_first(bundle):
                 return self._swap_unload_first(bundle)
             started = time.perf_counter()
-            runtime = self._load(bundle)
-            try:
-                report = health_check(runtime, bundle)
-            except Exception:
-                runtime.close()
-                raise
+            runtime, report = self._load_checked(bundle)
             with self._cond:
                 old, self._active = self._active, _Active(runtime, bundle)
                 self._retire(old)
@@ -170,12 +174,7 @@ class ManagedRuntime:
                 self._cond.wait_for(lambda: old.inflight == 0)
                 old.runtime.close()
         try:
-            runtime = self._load(bundle)
-            try:
-                report = health_check(runtime, bundle)
-            except Exception:
-                runtime.close()
-                raise
+            runtime, report = self._load_checked(bundle)
         except Exception:
             if old is not None:  # bring the old model back before reporting the failure
                 with self._cond:

@@ -24,26 +24,13 @@ from typing import Any
 
 from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BundleError
+from edgesdk.files import fsync_dir, write_atomic
 
 __all__ = ["ModelStore", "StoreState"]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
 
 
 @dataclass
