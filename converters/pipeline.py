@@ -71,13 +71,11 @@ class ConversionReport:
                 "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff}
 
 
-def _specs(path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    import onnxruntime as ort
+def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    from edgesdk.runtime import Runtime
 
-    from edgesdk.backends.onnxruntime import _spec
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return tuple(_spec(a) for a in session.get_inputs()), tuple(_spec(a) for a in session.get_outputs())
+    with Runtime(path, profile=board, threads=1) as rt:
+        return rt.inputs, rt.outputs
 
 
 def _prepare_source(model: Any, work: Path, example_inputs: Sequence[Any] | None,
@@ -146,7 +144,7 @@ def convert(
                                    name, version, board_figures, target_fps, preprocessing, private_key, host, notify)
     fp32_path = _prepare_source(model, variants_dir, example_inputs, input_shapes)
     source_sha = source_sha or read_model(fp32_path).sha256
-    inputs, outputs = _specs(fp32_path)
+    inputs, outputs = _specs(fp32_path, board)
     from edgesdk.converters.data import check_arrays
 
     calibration = check_arrays(calibration, inputs, "calibration data")

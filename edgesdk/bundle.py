@@ -29,8 +29,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -40,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BundleError, SignatureError
-from edgesdk.files import fsync_dir, write_atomic
+from edgesdk.files import atomic_dir, write_atomic
 from edgesdk.model_file import ModelFile, ModelFormat
 from edgesdk.tensors import TensorSpec
 
@@ -211,10 +209,12 @@ class Bundle:
     def read_model(self) -> ModelFile:
         """The model's bytes, checked again against the manifest hash (so a swapped file is caught)."""
         content = self.model_path.read_bytes()
+        model = ModelFile(self.model_path, self.manifest.model_format, content)
         expected = self.manifest.files[self.manifest.model_file].sha256
-        if hashlib.sha256(content).hexdigest() != expected:
-            raise SignatureError(f"{self.model_path}: content changed since the bundle was verified; reinstall it")
-        return ModelFile(self.model_path, self.manifest.model_format, content)
+        if model.sha256 != expected:
+            raise SignatureError(f"{self.model_path}: sha256 {model.sha256[:16]}… does not match the manifest's "
+                                 f"{expected[:16]}…; the model changed after the bundle was made: reinstall it")
+        return model
 
     def health_sample(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The health check's inputs and expected outputs, by tensor name."""
@@ -259,9 +259,7 @@ def write_bundle(
     out = Path(out_dir)
     if out.exists():
         raise BundleError(f"{out} already exists; choose a new --out directory or remove it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as staging:
         model_name = f"model.{model.format.value}"
         _write_file(staging / model_name, model.content)
         arrays = {f"input:{k}": np.asarray(v) for k, v in health_inputs.items()}
@@ -282,12 +280,6 @@ def write_bundle(
         _write_file(staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode())
         if private_key is not None:
             _write_signature(staging, private_key)
-        fsync_dir(staging)
-        os.replace(staging, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return read_bundle(out)
 
 
@@ -309,10 +301,13 @@ def sign_bundle(path: str | os.PathLike[str], private_key: Any) -> Bundle:
     return read_bundle(path, public_key=private_key.public_key(), require_signature=True)
 
 
-def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_signature: bool = False) -> Bundle:
+def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_signature: bool = False,
+                verify_model: bool = True) -> Bundle:
     """Read and verify a bundle: manifest schema, every file's hash, and the signature if a key is given.
 
-    With ``require_signature`` an unsigned bundle is a SignatureError.
+    With ``require_signature`` an unsigned bundle is a SignatureError. ``verify_model=False``
+    checks the model file's size only, for callers that load it with :meth:`Bundle.read_model`,
+    which hashes the bytes it loads (one pass over a large model instead of two).
     """
     import base64
 
@@ -351,6 +346,8 @@ def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_si
         if size != entry.size:
             raise SignatureError(f"{file_path}: size {size} does not match the manifest's {entry.size}; "
                                  "the file is truncated or was replaced")
+        if file_name == manifest.model_file and not verify_model:
+            continue
         digest = sha256_file(file_path)
         if digest != entry.sha256:
             raise SignatureError(f"{file_path}: sha256 {digest[:16]}… does not match the manifest's "

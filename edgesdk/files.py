@@ -7,12 +7,13 @@ these, so "no half-written file is ever loaded" is implemented once.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_file", "write_atomic", "atomic_path"]
+__all__ = ["fsync_dir", "fsync_file", "write_atomic", "atomic_path", "atomic_dir"]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -52,3 +53,23 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -
     with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty staging directory beside ``path``; on success rename it to ``path``.
+
+    The caller writes (and fsyncs) the files; entries are flushed before and after the
+    rename. On any error the staging directory is removed and ``path`` never appears.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield staging
+        fsync_dir(staging)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    fsync_dir(final.parent)

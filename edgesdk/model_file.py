@@ -6,6 +6,7 @@ import enum
 import hashlib
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from edgesdk.errors import ModelFormatError
@@ -32,7 +33,7 @@ class ModelFile:
     format: ModelFormat
     content: bytes
 
-    @property
+    @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.content).hexdigest()
 

@@ -198,9 +198,9 @@ def pack_bundle(bundle_dir: str | os.PathLike[str]) -> bytes:
 
 
 def unpack_bundle(archive: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
-    """Extract a bundle archive: regular files with safe names only, each fsynced."""
+    """Extract a bundle archive into an empty directory: regular files with safe names only, each fsynced."""
     target = Path(target)
-    target.mkdir(parents=True)
+    target.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, mode="r:") as tar:
         for member in tar.getmembers():
             if not member.isfile():

@@ -89,8 +89,8 @@ class Runtime:
     ) -> None:
         self.bundle: Bundle | None = None
         if Path(model).is_dir():
-            self.bundle = read_bundle(model)
-            model_file = self.bundle.read_model()
+            self.bundle = read_bundle(model, verify_model=False)
+            model_file = self.bundle.read_model()  # hashes the bytes it loads
         else:
             model_file = read_model(model)
         if mode is None:

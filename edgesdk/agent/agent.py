@@ -322,11 +322,12 @@ class DeviceAgent:
                  **details: Any) -> None:
         """``started``: when applying began (the archive check), so apply_ms covers verify + swap + load."""
         started = started or time.perf_counter()
-        try:
-            self.store.verify_slot(slot)
-        except EdgeSDKError as exc:
-            self._event(command, "failed", reason=f"slot {slot} does not verify: {exc}")
-            return
+        if not downloaded:  # a fresh slot was verified as it was created; an old one is checked again
+            try:
+                self.store.verify_slot(slot)
+            except EdgeSDKError as exc:
+                self._event(command, "failed", reason=f"slot {slot} does not verify: {exc}")
+                return
         state = self.store.load_state()
         previous = self.store.pointer("current")
         state.pending = {"slot": slot, "previous": previous, "deployment_id": command.deployment_id,
@@ -350,8 +351,8 @@ class DeviceAgent:
             else:
                 from edgesdk.runtime import Runtime
 
-                bundle = self.store.verify_slot(slot)
-                with Runtime(bundle.path, profile=None) as rt:
+                bundle = read_bundle(self.store.slots / slot, verify_model=False)
+                with Runtime(bundle.path, profile=None) as rt:  # hashes the model as it loads it
                     report = health_check(rt, bundle)
                 health = {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}
         except Exception as exc:

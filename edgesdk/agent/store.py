@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BundleError
-from edgesdk.files import fsync_dir, write_atomic
+from edgesdk.files import atomic_dir, fsync_dir, write_atomic
 
 __all__ = ["ModelStore", "StoreState"]
 
@@ -83,17 +82,9 @@ class ModelStore:
         final = self.slots / slot
         if final.exists():
             return final
-        tmp = Path(tempfile.mkdtemp(prefix=f".{slot}.", dir=self.slots))
-        shutil.rmtree(tmp)
-        try:
-            fill(tmp)
-            read_bundle(tmp)  # hashes of every file against the bundle manifest
-            fsync_dir(tmp)
-            os.replace(tmp, final)
-            fsync_dir(self.slots)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with atomic_dir(final) as staging:
+            fill(staging)
+            read_bundle(staging)  # hashes of every file against the bundle manifest
         return final
 
     def remove_slot(self, slot: str) -> None:

@@ -56,7 +56,7 @@ def _table(report: dict[str, Any]) -> str:
 @click.option("--profile", required=True, help="Target device profile name or YAML path.")
 @click.option("--mode", type=click.Choice(["latency", "balanced", "power"]), default="latency", show_default=True)
 @click.option("--calibration", type=click.Path(exists=True), required=False,
-              help="Calibration data: .npy, .npz (one array per input) or an image folder.")
+              help="Calibration data: .npy, .npz (one array per input) or an image folder (default: --eval).")
 @click.option("--eval", "evaluation", type=click.Path(exists=True), required=True, help="Evaluation data (same forms).")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False), help=".npy of integer class ids for --eval.")
 @click.option("--metric", type=click.Choice(["top1_agreement", "top1_accuracy", "cosine", "max_abs_error"]),
