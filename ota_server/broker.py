@@ -52,8 +52,8 @@ def _wait_listening(port: int, alive: object, timeout: float = 10.0) -> None:
 class LocalMosquitto:
     """A mosquitto process on 127.0.0.1; ``restart()`` keeps the port."""
 
-    def __init__(self, workdir: str | os.PathLike[str], conf_lines: list[str] | None = None, port: int | None = None,
-                 sys_interval: int | None = None) -> None:
+    def __init__(self, workdir: str | os.PathLike[str], conf_lines: list[str] | None = None,
+                 port: int | None = None) -> None:
         binary = mosquitto_binary()
         if binary is None:
             raise TransferError("mosquitto is not installed: `apt-get install -y mosquitto` (scripts/setup.sh does "
@@ -63,8 +63,6 @@ class LocalMosquitto:
         workdir.mkdir(parents=True, exist_ok=True)
         self.conf, self.log = workdir / "mosquitto.conf", workdir / "mosquitto.log"
         lines = conf_lines or [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]
-        if sys_interval is not None:
-            lines = [*lines, f"sys_interval {sys_interval}"]
         if os.geteuid() == 0:  # as root mosquitto drops to user "mosquitto", who cannot read 0600 files of ours
             lines = [*lines, "user root"]
         self.conf.write_text("\n".join(lines) + "\n")

@@ -84,6 +84,9 @@ class DeviceAgent:
         self._worker: threading.Thread | None = None
         self.transport: Transport | None = None
         self.events: list[dict[str, Any]] = []
+        #: Payload bytes this agent received as chunks and published (state, events, requests).
+        self.bytes_received = 0
+        self.bytes_published = 0
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> DeviceAgent:
@@ -139,7 +142,7 @@ class DeviceAgent:
                  "version": current[1] if current else None, "previous": self.store.pointer("previous"),
                  "slots": sorted(p.name for p in self.store.slots.iterdir() if not p.name.startswith(".")),
                  "updated": time.time()}
-        self.transport.publish(Topics.state(self.config.device_id), json.dumps(state).encode(), retain=True)
+        self._publish(Topics.state(self.config.device_id), json.dumps(state).encode(), retain=True)
 
     def _event(self, command: Command | None, event: str, **details: Any) -> None:
         payload = {"event": event, "time": time.time(), **details}
@@ -147,8 +150,7 @@ class DeviceAgent:
             payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
         self.events.append(payload)
         log.info("%s: %s %s", self.config.device_id, event, details)
-        if self.transport is not None:
-            self.transport.publish(Topics.events(self.config.device_id), json.dumps(payload).encode())
+        self._publish(Topics.events(self.config.device_id), json.dumps(payload).encode())
 
     def _recover(self) -> None:
         """Finish or undo an install a crash interrupted, before taking any command."""
@@ -180,7 +182,13 @@ class DeviceAgent:
     def _on_command(self, topic: str, payload: bytes) -> None:
         self._work.put(("command", payload))
 
+    def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        if self.transport is not None:
+            self.bytes_published += len(payload)
+            self.transport.publish(topic, payload, retain=retain)
+
     def _on_chunk(self, topic: str, payload: bytes) -> None:
+        self.bytes_received += len(payload)
         parts = topic.split("/")
         transfer_id, index = parts[-2], parts[-1]
         with self._lock:
@@ -273,7 +281,7 @@ class DeviceAgent:
     def _request(self, transfer: IncomingTransfer) -> None:
         missing = transfer.missing()[: self.config.request_window]
         if missing and self.transport is not None:
-            self.transport.publish(Topics.need(self.config.device_id), json.dumps(
+            self._publish(Topics.need(self.config.device_id), json.dumps(
                 {"transfer_id": transfer.command.transfer_id, "chunks": missing}).encode())
             transfer.last_progress = time.monotonic()
 
