@@ -111,7 +111,7 @@ def _arch(blocks: list[dict[str, str]]) -> str:
         return "aarch64" if first.get("cpu architecture", "8") in ("8", "9", "AArch64") else "armv7l"
     if "vendor_id" in first or "flags" in first:
         return "x86_64" if " lm " in f" {first.get('flags', '')} " else "i686"
-    return os.uname().machine if not blocks else "unknown"
+    return "unknown"
 
 
 def _int_file(path: Path) -> int | None:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from edgesdk.errors import TransferError
@@ -35,7 +36,7 @@ def mosquitto_binary() -> str | None:
     return "/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None
 
 
-def _wait_listening(port: int, alive: object, timeout: float = 10.0) -> None:
+def _wait_listening(port: int, alive: Callable[[], bool], timeout: float = 10.0) -> None:
     """Poll until 127.0.0.1:port accepts connections; ``alive()`` False means the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -43,7 +44,7 @@ def _wait_listening(port: int, alive: object, timeout: float = 10.0) -> None:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return
         except OSError:
-            if callable(alive) and not alive():
+            if not alive():
                 raise TransferError("the broker exited during start-up") from None
             time.sleep(0.05)
     raise TransferError(f"the broker did not listen on 127.0.0.1:{port} within {timeout:g} s")

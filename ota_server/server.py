@@ -269,8 +269,8 @@ class OTAServer:
         elif policy.auto_promote:
             self._send_wave(r, r["wave"] + 1)
 
-    def _command(self, r: dict[str, Any], device: str, rollback: bool, deployment_id: str, version: str,
-                 transfer_id: str, archive: ArchiveInfo | None) -> bytes:
+    def _command(self, r: dict[str, Any], rollback: bool, deployment_id: str, version: str, transfer_id: str,
+                 archive: ArchiveInfo | None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r["model"],
                             version=version, group=r["grp"], rollback=rollback, archive=archive)
@@ -290,8 +290,7 @@ class OTAServer:
             device = self.db.device(t["device_id"]) or {"slots": []}
             has_slot = slot in device["slots"]
             archive = None if (r["rollback"] and has_slot) else info
-            envelope = self._command(r, t["device_id"], bool(r["rollback"]), r["id"], r["version"], transfer_id,
-                                     archive)
+            envelope = self._command(r, bool(r["rollback"]), r["id"], r["version"], transfer_id, archive)
             self._envelopes[(r["id"], t["device_id"])] = (envelope, time.time())
             self._publish(Topics.cmd(t["device_id"]), envelope)
             self.db.set_target(r["id"], t["device_id"], "sent", sent=True)
@@ -336,7 +335,6 @@ class OTAServer:
                     continue
                 with self._lock:
                     self._transfers[f"{r['id']}-rb"] = _Transfer(r["model"], t["previous_version"], data, info)
-            envelope = self._command(r, t["device_id"], True, f"{r['id']}-rollback", t["previous_version"],
-                                     f"{r['id']}-rb", info)
+            envelope = self._command(r, True, f"{r['id']}-rollback", t["previous_version"], f"{r['id']}-rb", info)
             self._publish(Topics.cmd(t["device_id"]), envelope)
             self.db.set_target(r["id"], t["device_id"], "reverting", reason)
