@@ -162,21 +162,24 @@ class DeviceAgent:
             self._load_current()
             return
         slot, previous = pending["slot"], pending.get("previous")
+        if previous and self.store.has_slot(previous):
+            self.store.set_pointer("current", previous)  # serve the last committed model meanwhile
         if self.store.has_slot(slot):
-            # The new slot is complete and verified: point at it and health-check it again.
+            # The new slot was complete and verified before the crash: switch and health-check it again.
             self._work.put(("activate", pending))
-            if previous and self.store.has_slot(previous):
-                self.store.set_pointer("current", previous)
-        elif previous:
-            self.store.set_pointer("current", previous)
-        state.pending = None if not self.store.has_slot(slot) else pending
-        self.store.save_state(state)
+        else:
+            state.pending = None
+            self.store.save_state(state)
         self._load_current()
 
     def _load_current(self) -> None:
         path = self.store.current_path()
         if self.runtime is not None and path is not None and self.runtime.bundle is None:
-            self.runtime.swap(path)
+            try:
+                self.runtime.swap(path)
+            except EdgeSDKError as exc:  # keep the agent up: the server can still send a working version
+                log.error("%s: installed model %s does not load or pass its health check: %s",
+                          self.config.device_id, path.name, exc)
 
     # network callbacks (paho's thread) -------------------------------------------------------
     def _on_command(self, topic: str, payload: bytes) -> None:
