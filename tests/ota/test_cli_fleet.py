@@ -78,3 +78,53 @@ def test_canary_rollout_and_automatic_rollback_from_the_cli(server_process, brok
 def test_wrong_token_is_refused(server_process):
     result = CliRunner().invoke(cli, ["devices", "--server", server_process, "--token", "nope"])
     assert result.exit_code == 1 and "401" in result.output
+
+
+def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker, make_agent, bundles):
+    auth = ["--server", server_process, "--token", "s3cret"]
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(4)]
+    wait_for(lambda: len(json.loads(_cli("devices", "--group", "cams", "--json", *auth))) == 4, what="devices")
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait",
+         "60", *auth)
+    started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "25%", "--waves", "100",
+                              "--health-window", "0s", "--manual", "--json", *auth))
+    rollout_id = started["id"]
+
+    def status() -> dict:
+        return json.loads(_cli("rollout", "status", rollout_id, "--json", *auth))
+
+    wait_for(lambda: [t["status"] for t in status()["targets"] if t["wave"] == 0] == ["committed"], what="canary")
+    time.sleep(0.5)
+    assert status()["wave"] == 0, "a manual rollout promoted by itself"
+    assert "promote" in _cli("rollout", "promote", rollout_id, *auth)
+    wait_for(lambda: status()["state"] == "completed", what="completion after promotion")
+    assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
+
+    out = _cli("rollout", "rollback", rollout_id, "--to", "1.0.0", "--wait", "60", *auth)
+    assert "completed" in out and "committed 4" in out
+    assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
+
+    third = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "25%", "--waves", "100",
+                            "--health-window", "0s", "--manual", "--json", *auth))["id"]
+    wait_for(lambda: json.loads(_cli("rollout", "status", third, "--json", *auth))["targets"][0]["status"] != "pending",
+             what="third rollout started")
+    _cli("rollout", "abort", third, *auth)
+    wait_for(lambda: json.loads(_cli("rollout", "status", third, "--json", *auth))["state"] == "aborted", what="abort")
+
+
+def test_mosquitto_config_command_writes_passwords_acl_and_credentials(tmp_path):
+    (tmp_path / "devices.txt").write_text("# id group\ncam-a cams\ncam-b lobby\n")
+    result = CliRunner().invoke(cli, ["server", "mosquitto-config", "--devices", str(tmp_path / "devices.txt"),
+                                      "--out", str(tmp_path / "broker"), "--port", "18830"])
+    assert result.exit_code == 0, result.output
+    acl = (tmp_path / "broker" / "acl").read_text()
+    assert "user cam-a\ntopic read edgesdk/devices/cam-a/cmd" in acl
+    assert "topic read edgesdk/groups/lobby/chunks/#" in acl.split("user cam-b")[1]
+    passwd = (tmp_path / "broker" / "passwd").read_text().splitlines()
+    assert [line.split(":")[0] for line in passwd] == ["edgesdk-server", "cam-a", "cam-b"]
+    assert all(line.split(":", 1)[1].startswith("$7$101$") for line in passwd)
+    creds = json.loads((tmp_path / "broker" / "credentials" / "cam-b.json").read_text())
+    assert creds["group"] == "lobby" and (tmp_path / "broker" / "credentials" / "cam-b.json").stat().st_mode & 0o777 == 0o600
+    bad = CliRunner().invoke(cli, ["server", "mosquitto-config", "--devices", str(tmp_path / "acl.txt"),
+                                   "--out", str(tmp_path / "x")])
+    assert bad.exit_code != 0
