@@ -71,7 +71,6 @@ class MqttTransport(Transport):
         self._lock = threading.Lock()
         self._connected = threading.Event()
         self.connects = 0
-        self.denied: list[str] = []
         client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
                              protocol=mqtt.MQTTv311, clean_session=True)
         if username is not None:
@@ -120,7 +119,6 @@ class MqttTransport(Transport):
         topic = self._pending_subs.pop(mid, "?")
         if any(code.is_failure for code in reason_codes):
             log.warning("broker refused subscription to %s", topic)
-            self.denied.append(topic)
 
     def _on_message(self, client, userdata, message):  # type: ignore[no-untyped-def]
         import paho.mqtt.client as mqtt
@@ -141,9 +139,6 @@ class MqttTransport(Transport):
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
-
-    def wait_connected(self, timeout: float) -> bool:
-        return self._connected.wait(timeout)
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
         # Queued by paho while disconnected and sent after reconnecting.

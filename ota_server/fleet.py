@@ -117,10 +117,6 @@ class FleetDB:
             self._exec("UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=?",
                        (status, reason, now, rollout_id, device_id))
 
-    def targets_of_device(self, device_id: str) -> list[dict[str, Any]]:
-        return self._rows("""SELECT t.*, r.state AS rollout_state FROM targets t JOIN rollouts r ON r.id = t.rollout_id
-                             WHERE t.device_id = ? ORDER BY t.updated DESC""", (device_id,))
-
     # events --------------------------------------------------------------------------------
     def log(self, type: str, payload: dict[str, Any], device_id: str | None = None,
             rollout_id: str | None = None) -> None:

@@ -241,13 +241,17 @@ class OTAServer:
             self._send_wave(r, 0)
             return
         now = time.time()
-        stage = [t for t in r["targets"] if t["wave"] == r["wave"]]
-        for t in stage:
+        timed_out = False
+        for t in r["targets"]:
+            if t["wave"] != r["wave"]:
+                continue
             if t["status"] not in TERMINAL and t["sent"] and now - t["sent"] > policy.deploy_timeout_s:
                 self.db.set_target(r["id"], t["device_id"], "timeout", f"no report in {policy.deploy_timeout_s:g} s")
+                timed_out = True
             elif t["status"] == "sent":
                 self._resend(r["id"], t["device_id"], now)
-        r = self.status(r["id"])
+        if timed_out:
+            r = self.status(r["id"])
         sent = [t for t in r["targets"] if t["wave"] <= r["wave"]]
         failed = [t for t in sent if t["status"] in FAILED]
         if sent and len(failed) / len(sent) > policy.max_failure_rate:

@@ -87,9 +87,6 @@ class ModelStore:
             read_bundle(staging)  # hashes of every file against the bundle manifest
         return final
 
-    def remove_slot(self, slot: str) -> None:
-        shutil.rmtree(self.slots / slot, ignore_errors=True)
-
     # pointers ----------------------------------------------------------------------------
     def pointer(self, which: str) -> str | None:
         link = self.root / which
