@@ -2,9 +2,10 @@
 
 Topics (``P`` = ``edgesdk``; ``D`` a device id, ``G`` its group, ``T`` a transfer id)::
 
-    P/devices/D/cmd            server -> device  signed command (deploy / rollback), QoS 1
+    P/devices/D/cmd            server -> device  signed command (deploy / rollback / measure), QoS 1
     P/devices/D/state          device -> server  retained state; last will {"status": "offline"}
     P/devices/D/events         device -> server  progress and results of a deployment, QoS 1
+    P/devices/D/measurements   device -> server  progress and result of a measurement, QoS 1
     P/devices/D/need           device -> server  chunk requests {"transfer_id", "chunks": [i, ...]}
     P/devices/D/chunks/T/I     server -> device  chunk I of transfer T, resent to one device
     P/groups/G/chunks/T/I      server -> group   chunk I of transfer T, sent once to the group
@@ -16,6 +17,26 @@ device verifies the signature with the server key it pins before it writes anyth
 each chunk against its hash as it arrives, and the whole archive before installing.
 Chunk payloads are raw bytes. Names and sizes from a manifest are checked here
 (:func:`parse_command`), so neither side trusts them unchecked.
+
+**Measure** (:func:`sign_measure_command`): "run this candidate model here and tell me how
+it does", without installing it. The signed manifest is ``{"type": "measure",
+"measurement_id", "transfer_id", "mode", "runs", "issued_at", "archive": {...}}``; ``mode``
+is a runtime mode (latency / balanced / power) and ``runs`` the number of timed
+single-sample predictions (1..:data:`MAX_MEASURE_RUNS`). The archive
+(:func:`pack_measurement`) is an uncompressed tar of exactly one model file
+(``*.onnx`` or ``*.tflite``) and ``evaluation.npz`` (input name -> batch-first array). Its
+chunks go to the one device on ``P/devices/D/chunks/T/I``, pushed once it reports
+``accepted`` and re-sent on its requests. The device checks the archive as for a deploy,
+measures in a child process, and answers on ``P/devices/D/measurements``::
+
+    {"measurement_id", "status": "accepted"}                       the command verified
+    {"measurement_id", "status": "failed", "error": "..."}          anything went wrong
+    {"measurement_id", "status": "done", "figures": {latency_p50_ms, latency_p90_ms,
+     latency_p99_ms, load_ms, rss_before_mb, peak_rss_mb, threads, backend, accelerator,
+     sha256, size_bytes, profile, mode, runs}, "outputs": {name: b64(.npy bytes)}}
+
+A result message is at most :data:`MAX_RESULT_BYTES`; the device refuses to send a larger
+one (it reports ``failed`` instead) and the server refuses to read one.
 """
 
 from __future__ import annotations
@@ -28,20 +49,33 @@ import os
 import re
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+import numpy as np
 
 from edgesdk.bundle import parse_version, safe_name
 from edgesdk.errors import BundleError, SignatureError, TransferError
 
-__all__ = ["PREFIX", "Topics", "ArchiveInfo", "Command", "sign_command", "parse_command", "pack_bundle",
-           "unpack_bundle", "MAX_ARCHIVE_BYTES", "DEFAULT_CHUNK_SIZE"]
+__all__ = ["PREFIX", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command", "sign_measure_command",
+           "parse_command", "pack_bundle", "unpack_bundle", "pack_measurement", "measurement_files", "encode_result",
+           "parse_result", "encode_array", "decode_array", "MAX_ARCHIVE_BYTES", "MAX_MEASURE_RUNS",
+           "MAX_RESULT_BYTES", "DEFAULT_CHUNK_SIZE", "EVALUATION_FILE"]
 
 PREFIX = "edgesdk"
 DEFAULT_CHUNK_SIZE = 256 * 1024
 #: Largest archive a device accepts (a manifest claiming more is refused before any write).
 MAX_ARCHIVE_BYTES = 2 * 1024**3
+#: Most timed runs a measure command may ask for.
+MAX_MEASURE_RUNS = 10_000
+#: Largest measurement result message (JSON, outputs included) either side accepts.
+MAX_RESULT_BYTES = 32 * 1024**2
+#: Name of the evaluation inputs inside a measurement archive.
+EVALUATION_FILE = "evaluation.npz"
+_MODES = ("latency", "balanced", "power")
+_MODEL_SUFFIXES = (".onnx", ".tflite")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -79,9 +113,14 @@ class Topics:
     def group_chunks(group: str, transfer: str) -> str:
         return f"{PREFIX}/groups/{group}/chunks/{transfer}"
 
+    @staticmethod
+    def measurements(device: str) -> str:
+        return f"{PREFIX}/devices/{device}/measurements"
+
     ALL_STATES = f"{PREFIX}/devices/+/state"
     ALL_EVENTS = f"{PREFIX}/devices/+/events"
     ALL_NEEDS = f"{PREFIX}/devices/+/need"
+    ALL_MEASUREMENTS = f"{PREFIX}/devices/+/measurements"
 
     @staticmethod
     def device_of(topic: str) -> str:
@@ -109,7 +148,7 @@ class ArchiveInfo:
 
 @dataclass(frozen=True)
 class Command:
-    """A verified command from the server."""
+    """A verified deploy or rollback command from the server."""
 
     type: str  # "deploy" or "rollback"
     deployment_id: str
@@ -127,24 +166,77 @@ class Command:
         return parse_version(self.version)
 
 
-def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
-                 group: str, rollback: bool = False, archive: ArchiveInfo | None = None) -> bytes:
-    """The signed envelope of a command, ready to publish."""
+@dataclass(frozen=True)
+class MeasureCommand:
+    """A verified measure command: fetch a candidate model, measure it, report, install nothing."""
+
+    measurement_id: str
+    transfer_id: str
+    mode: str
+    runs: int
+    issued_at: float
+    archive: ArchiveInfo
+    raw: bytes
+
+    type = "measure"
+
+
+def check_measure(mode: object, runs: object) -> None:
+    """A measure command's mode and run count, checked before signing and after parsing."""
+    if mode not in _MODES:
+        raise TransferError(f"measure mode {mode!r} is unknown; use one of {', '.join(_MODES)}")
+    if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_MEASURE_RUNS:
+        raise TransferError(f"measure runs {runs!r} is out of range; ask for 1..{MAX_MEASURE_RUNS} timed runs")
+
+
+def _archive_dict(archive: ArchiveInfo | None) -> dict[str, Any] | None:
+    if archive is None:
+        return None
+    return {"sha256": archive.sha256, "size": archive.size, "chunk_size": archive.chunk_size,
+            "chunks": list(archive.chunks)}
+
+
+def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
     from edgesdk.signing import key_id, sign
 
-    manifest = {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
-                "version": version, "group": group, "rollback": rollback, "issued_at": time.time(),
-                "archive": None if archive is None else {"sha256": archive.sha256, "size": archive.size,
-                                                         "chunk_size": archive.chunk_size,
-                                                         "chunks": list(archive.chunks)}}
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     return json.dumps({"manifest": base64.b64encode(body).decode(),
                        "signature": base64.b64encode(sign(private_key, body)).decode(),
                        "key_id": key_id(private_key.public_key())}).encode()
 
 
+def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
+                 group: str, rollback: bool = False, archive: ArchiveInfo | None = None) -> bytes:
+    """The signed envelope of a deploy or rollback command, ready to publish."""
+    return _seal(private_key, {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
+                               "version": version, "group": group, "rollback": rollback, "issued_at": time.time(),
+                               "archive": _archive_dict(archive)})
+
+
+def sign_measure_command(private_key: Any, *, measurement_id: str, transfer_id: str, archive: ArchiveInfo,
+                         mode: str, runs: int) -> bytes:
+    """The signed envelope of a measure command (see the module docstring); bad fields raise TransferError."""
+    check_id(measurement_id, "measurement id")
+    check_id(transfer_id, "transfer id")
+    check_measure(mode, runs)
+    return _seal(private_key, {"type": "measure", "measurement_id": measurement_id, "transfer_id": transfer_id,
+                               "mode": mode, "runs": runs, "issued_at": time.time(),
+                               "archive": _archive_dict(archive)})
+
+
+def _parse_archive(a: Any, max_size: int) -> ArchiveInfo | None:
+    if a is None:
+        return None
+    archive = ArchiveInfo(str(a["sha256"]), int(a["size"]), int(a["chunk_size"]), tuple(map(str, a["chunks"])))
+    expected_chunks = -(-archive.size // archive.chunk_size) if archive.chunk_size > 0 else -1
+    if not 0 < archive.size <= max_size or archive.chunk_size <= 0 or len(archive.chunks) != expected_chunks:
+        raise TransferError(f"archive of {archive.size} bytes in {len(archive.chunks)} chunks of "
+                            f"{archive.chunk_size} is inconsistent or over the {max_size}-byte cap")
+    return archive
+
+
 def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool = False,
-                  max_size: int = MAX_ARCHIVE_BYTES) -> Command:
+                  max_size: int = MAX_ARCHIVE_BYTES) -> Command | MeasureCommand:
     """Verify (unless ``allow_unsigned``, a development flag) and check a command envelope."""
     from edgesdk.signing import verify
 
@@ -161,14 +253,14 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
                              "development flag to accept unsigned ones)")
     try:
         m = json.loads(body)
-        archive = None
-        if m["archive"] is not None:
-            a = m["archive"]
-            archive = ArchiveInfo(str(a["sha256"]), int(a["size"]), int(a["chunk_size"]), tuple(map(str, a["chunks"])))
-            expected_chunks = -(-archive.size // archive.chunk_size) if archive.chunk_size > 0 else -1
-            if not 0 < archive.size <= max_size or archive.chunk_size <= 0 or len(archive.chunks) != expected_chunks:
-                raise TransferError(f"archive of {archive.size} bytes in {len(archive.chunks)} chunks of "
-                                    f"{archive.chunk_size} is inconsistent or over the {max_size}-byte cap")
+        archive = _parse_archive(m["archive"], max_size)
+        if m["type"] == "measure":
+            if archive is None:
+                raise TransferError("measure command without an archive; the server must name the model to measure")
+            check_measure(m["mode"], m["runs"])
+            return MeasureCommand(measurement_id=check_id(m["measurement_id"], "measurement id"),
+                                  transfer_id=check_id(m["transfer_id"], "transfer id"), mode=m["mode"],
+                                  runs=m["runs"], issued_at=float(m["issued_at"]), archive=archive, raw=envelope)
         command = Command(type=m["type"], deployment_id=check_id(m["deployment_id"], "deployment id"),
                           transfer_id=check_id(m["transfer_id"], "transfer id"), name=safe_name(m["name"], "model name"),
                           version=m["version"], group=check_id(m["group"], "group"), rollback=bool(m["rollback"]),
@@ -179,6 +271,13 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
     if command.type not in ("deploy", "rollback") or (command.type == "deploy" and archive is None):
         raise TransferError(f"unknown command type {command.type!r} or a deploy without an archive")
     return command
+
+
+def _add_member(tar: tarfile.TarFile, name: str, size: int, data: BinaryIO) -> None:
+    """A regular file without owner or time, so equal content packs to equal bytes."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, 0o644
+    tar.addfile(info, data)
 
 
 def pack_bundle(bundle_dir: str | os.PathLike[str]) -> bytes:
@@ -197,19 +296,109 @@ def pack_bundle(bundle_dir: str | os.PathLike[str]) -> bytes:
     return buffer.getvalue()
 
 
+def pack_measurement(model: str | os.PathLike[str], evaluation: Mapping[str, np.ndarray]) -> bytes:
+    """The archive of a measure command: ``model`` (.onnx/.tflite) and ``evaluation.npz`` as a tar."""
+    from edgesdk.errors import DataError
+
+    model = Path(model)
+    if model.suffix not in _MODEL_SUFFIXES or not model.is_file():
+        raise TransferError(f"{model}: a measurement needs an existing .onnx or .tflite model file")
+    lengths = {name: len(array) for name, array in evaluation.items() if np.ndim(array) > 0}
+    if not evaluation or len(lengths) != len(evaluation) or 0 in lengths.values() or len(set(lengths.values())) != 1:
+        raise DataError(f"evaluation data {lengths or dict(evaluation)} must map each input name to a non-empty, "
+                        "batch-first array, all with the same number of samples")
+    npz = io.BytesIO()
+    np.savez(npz, **{name: np.asarray(array) for name, array in evaluation.items()})  # type: ignore[arg-type]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        with open(model, "rb") as f:
+            _add_member(tar, safe_name(model.name, "model file"), model.stat().st_size, f)
+        _add_member(tar, EVALUATION_FILE, npz.tell(), io.BytesIO(npz.getvalue()))
+    return buffer.getvalue()
+
+
+def measurement_files(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The model file and evaluation file of an unpacked measurement archive, checked to be exactly those."""
+    names = sorted(p.name for p in Path(directory).iterdir())
+    models = [n for n in names if Path(n).suffix in _MODEL_SUFFIXES]
+    if len(models) != 1 or sorted([*models, EVALUATION_FILE]) != names:
+        raise TransferError(f"measurement archive holds {names}; it must hold exactly one .onnx or .tflite model and "
+                            f"{EVALUATION_FILE} (pack it with edgesdk.ota.pack_measurement)")
+    return Path(directory) / models[0], Path(directory) / EVALUATION_FILE
+
+
+def encode_array(array: np.ndarray) -> str:
+    """An array as base64 of its ``.npy`` bytes (dtype and shape kept, no pickle)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(array), allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def decode_array(text: str) -> np.ndarray:
+    """The inverse of :func:`encode_array`; malformed input raises TransferError."""
+    try:
+        return np.load(io.BytesIO(base64.b64decode(text, validate=True)), allow_pickle=False)
+    except (ValueError, TypeError, OSError) as exc:
+        raise TransferError(f"a measured output is not base64 .npy data ({exc}); the device sent a corrupt result") \
+            from exc
+
+
+def encode_result(measurement_id: str, status: str, *, error: str | None = None,
+                  figures: Mapping[str, Any] | None = None, outputs: Mapping[str, np.ndarray] | None = None,
+                  max_size: int = MAX_RESULT_BYTES) -> bytes:
+    """A measurement message for ``P/devices/D/measurements``; over ``max_size`` bytes raises TransferError."""
+    message: dict[str, Any] = {"measurement_id": measurement_id, "status": status}
+    if error is not None:
+        message["error"] = error
+    if figures is not None:
+        message["figures"] = dict(figures)
+    if outputs is not None:
+        message["outputs"] = {name: encode_array(array) for name, array in outputs.items()}
+    payload = json.dumps(message).encode()
+    if len(payload) > max_size:
+        raise TransferError(f"measurement result of {len(payload)} bytes is over the {max_size}-byte cap; measure "
+                            "with fewer evaluation samples")
+    return payload
+
+
+def parse_result(payload: bytes, max_size: int = MAX_RESULT_BYTES) -> dict[str, Any]:
+    """Check a measurement message (size first, then fields) and return it as a dict."""
+    if len(payload) > max_size:
+        raise TransferError(f"measurement result of {len(payload)} bytes is over the {max_size}-byte cap; ignored")
+    try:
+        message = json.loads(payload)
+        check_id(message["measurement_id"], "measurement id")
+        status = message["status"]
+        if status not in ("accepted", "done", "failed"):
+            raise TransferError(f"measurement status {status!r} is not accepted, done or failed")
+        if status == "failed":
+            message["error"] = str(message["error"])
+        if status == "done":
+            if not isinstance(message["figures"], dict) or not isinstance(message["outputs"], dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in message["outputs"].items()):
+                raise TransferError("a done measurement needs a figures object and string outputs")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TransferError(f"measurement result is malformed: {exc}") from exc
+    return dict(message)
+
+
 def unpack_bundle(archive: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
     """Extract a bundle archive into an empty directory: regular files with safe names only, each fsynced."""
     target = Path(target)
     target.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, mode="r:") as tar:
-        for member in tar.getmembers():
-            if not member.isfile():
-                raise BundleError(f"archive member {member.name!r} is not a regular file; refusing it")
-            name = safe_name(member.name, "archive member")
-            source = tar.extractfile(member)
-            assert source is not None
-            with open(target / name, "wb") as out:
-                while block := source.read(1 << 20):
-                    out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
+    try:
+        with tarfile.open(archive, mode="r:") as tar:
+            for member in tar.getmembers():
+                if not member.isfile():
+                    raise BundleError(f"archive member {member.name!r} is not a regular file; refusing it")
+                name = safe_name(member.name, "archive member")
+                source = tar.extractfile(member)
+                assert source is not None
+                with open(target / name, "wb") as out:
+                    while block := source.read(1 << 20):
+                        out.write(block)
+                    out.flush()
+                    os.fsync(out.fileno())
+    except tarfile.TarError as exc:
+        raise BundleError(f"{Path(archive).name} is not a complete uncompressed tar ({exc}); pack it again "
+                          "(edgesdk.ota.pack_bundle / pack_measurement) and resend it") from exc
