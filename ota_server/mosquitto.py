@@ -3,7 +3,8 @@
 ``write_mosquitto_config`` writes a mosquitto password file (PBKDF2-SHA512, the ``$7$``
 format ``mosquitto_passwd`` produces), an ACL where each device may read only its own
 command/chunk topics and its group's broadcast chunks and write only its own
-state/events/requests, one credentials file per device, and a ``mosquitto.conf``.
+state/events/requests/measurement results, one credentials file per device, and a
+``mosquitto.conf``.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
                 f"topic read {PREFIX}/groups/{group}/chunks/#",
                 f"topic readwrite {PREFIX}/devices/{device}/state",
                 f"topic write {PREFIX}/devices/{device}/events",
-                f"topic write {PREFIX}/devices/{device}/need", ""]
+                f"topic write {PREFIX}/devices/{device}/need",
+                f"topic write {PREFIX}/devices/{device}/measurements", ""]
     (out / "acl").write_text("\n".join(acl))
     credentials = {}
     for device, group in devices.items():

@@ -8,6 +8,12 @@ pending → point ``current`` at it → load and health-check it under live traf
 or point back at the previous slot and report why. A restarted agent resumes unfinished
 transfers and finishes or undoes a pending install, so the store always holds a working
 model.
+
+A ``measure`` command is verified the same way, then its archive comes through the same
+chunk machinery into ``store/scratch/<measurement>/`` (never a slot), the model is
+measured in a child process under this device's profile (:mod:`edgesdk.agent.measure`)
+and the result goes to ``P/devices/D/measurements``; the scratch directory is removed
+afterwards. Slots, pointers, state and the ManagedRuntime are not touched.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.agent.managed import ManagedRuntime, health_check
+from edgesdk.agent.measure import run_measurement
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.bundle import parse_version, read_bundle
 from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
-from edgesdk.ota import Command, Topics, check_id, parse_command, unpack_bundle
+from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command, unpack_bundle
+from edgesdk.profiles import DeviceProfile, load_profile
 from edgesdk.transport import MqttTransport, Transport
 
 __all__ = ["DeviceAgent", "AgentConfig"]
@@ -47,6 +56,8 @@ def _failpoint(name: str, count: int | None = None) -> None:
 
 @dataclass(frozen=True)
 class AgentConfig:
+    """How one device agent connects, what it trusts, and how patiently it fetches."""
+
     device_id: str
     group: str
     broker: str
@@ -63,6 +74,11 @@ class AgentConfig:
     retry_interval_s: float = 1.0
     #: How long after a deploy command the agent waits for the group broadcast before asking for chunks itself.
     broadcast_wait_s: float = 2.0
+    #: The board measure commands run under: a DeviceProfile, a profile name or a YAML path. None: the
+    #: ManagedRuntime's profile when the agent has one, else edgesdk.detect.detect_device().
+    profile: str | os.PathLike[str] | DeviceProfile | None = None
+    #: Longest a measure command may take here, once for its transfer and once for the measuring.
+    measure_timeout_s: float = 600.0
 
 
 class DeviceAgent:
@@ -75,6 +91,17 @@ class DeviceAgent:
         check_id(config.group, "group")
         self.store = ModelStore(config.store)
         self.runtime = runtime
+        if config.profile is not None:
+            self.profile = load_profile(config.profile)
+        elif runtime is not None:
+            self.profile = runtime.profile
+        else:
+            from edgesdk.detect import detect_device
+
+            self.profile = detect_device()
+        #: Measurement ids taken on since start (a re-delivered command is not measured twice).
+        self._measurements: set[str] = set()
+        self._measuring = threading.Lock()  # one measurement at a time: they would skew each other
         self._transport_factory = transport_factory
         self._transfers: dict[str, IncomingTransfer] = {}
         self._started: dict[str, float] = {}
@@ -212,6 +239,7 @@ class DeviceAgent:
             try:
                 kind, item = self._work.get(timeout=self.config.retry_interval_s / 2)
             except queue.Empty:
+                self._expire_measurements()
                 self._request_missing()
                 continue
             try:
@@ -233,6 +261,9 @@ class DeviceAgent:
             command = parse_command(envelope, cfg.server_key, allow_unsigned=cfg.allow_unsigned)
         except (SignatureError, TransferError) as exc:
             self._event(None, "rejected", reason=str(exc))
+            return
+        if isinstance(command, MeasureCommand):
+            self._accept_measurement(command)
             return
         state = self.store.load_state()
         if command.deployment_id in state.seen and not resume:
@@ -305,6 +336,9 @@ class DeviceAgent:
         if transfer is None:
             return
         command = transfer.command
+        if isinstance(command, MeasureCommand):
+            self._measure(transfer, command)
+            return
         started = time.perf_counter()
         try:
             archive = transfer.finish()
@@ -389,3 +423,67 @@ class DeviceAgent:
         else:
             self._event(None, event, deployment_id=pending.get("deployment_id"), name=pending.get("name"),
                         version=pending.get("version"), **details)
+
+    # measurements -----------------------------------------------------------------------------
+    def _accept_measurement(self, command: MeasureCommand) -> None:
+        mid = command.measurement_id
+        if mid in self._measurements:
+            return  # a re-delivered command: the first one is running or has reported
+        self._measurements.add(mid)
+        scratch = self.store.scratch / mid
+        scratch.mkdir()
+        transfer = IncomingTransfer(scratch, command)
+        with self._lock:
+            self._transfers[command.transfer_id] = transfer
+            self._started[command.transfer_id] = time.monotonic()
+        self._report(command, encode_result(mid, "accepted"))
+
+    def _report(self, command: MeasureCommand, payload: bytes) -> None:
+        log.info("%s: measurement %s: %s", self.config.device_id, command.measurement_id,
+                 json.loads(payload)["status"])
+        self._publish(Topics.measurements(self.config.device_id), payload)
+
+    def _fail_measurement(self, transfer: IncomingTransfer, command: MeasureCommand, reason: str) -> None:
+        with self._lock:
+            self._transfers.pop(command.transfer_id, None)
+            self._started.pop(command.transfer_id, None)
+        transfer.discard()
+        shutil.rmtree(self.store.scratch / command.measurement_id, ignore_errors=True)
+        self._report(command, encode_result(command.measurement_id, "failed", error=reason))
+
+    def _measure(self, transfer: IncomingTransfer, command: MeasureCommand) -> None:
+        """The archive is complete: check its hash, then measure in a thread of its own."""
+        try:
+            archive = transfer.finish()
+        except TransferError as exc:  # the signed hash does not match: no second try for a measurement
+            self._fail_measurement(transfer, command, str(exc))
+            return
+        with self._lock:
+            self._transfers.pop(command.transfer_id, None)
+            self._started.pop(command.transfer_id, None)
+        transfer.close()
+        threading.Thread(target=self._run_measurement, args=(command, archive), daemon=True,
+                         name=f"measure-{command.measurement_id}").start()
+
+    def _run_measurement(self, command: MeasureCommand, archive: Path) -> None:
+        scratch = self.store.scratch / command.measurement_id
+        try:
+            with self._measuring:
+                payload = run_measurement(command, archive, scratch, self.profile, self.config.measure_timeout_s)
+        except Exception as exc:  # e.g. a full disk: report it rather than leave the server waiting
+            log.exception("%s: measurement %s failed", self.config.device_id, command.measurement_id)
+            payload = encode_result(command.measurement_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if not self._stop.is_set():
+            self._report(command, payload)
+
+    def _expire_measurements(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [t for tid, t in self._transfers.items() if isinstance(t.command, MeasureCommand)
+                     and now - self._started.get(tid, now) > self.config.measure_timeout_s]
+        for transfer in stale:
+            assert isinstance(transfer.command, MeasureCommand)
+            self._fail_measurement(transfer, transfer.command, f"the archive did not arrive within "
+                                   f"{self.config.measure_timeout_s:g} s; is the server still serving it?")

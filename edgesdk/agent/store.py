@@ -6,6 +6,7 @@ Layout::
     store/current, store/previous   symlinks into slots/, replaced atomically (os.replace)
     store/state.json                {"committed", "pending", "seen"}, written tmp + fsync + rename
     store/incoming/<transfer>.*     a transfer in progress (see edgesdk.agent.transfer)
+    store/scratch/<measurement>/    a candidate model being measured (never a slot; removed afterwards)
 
 Only a slot that was fully written, fsynced and verified is ever named under ``slots/``,
 and ``current`` only ever points at such a slot, so after a crash at any step the device
@@ -49,10 +50,12 @@ class ModelStore:
         self.root = Path(root)
         self.slots = self.root / "slots"
         self.incoming = self.root / "incoming"
-        for d in (self.slots, self.incoming):
+        self.scratch = self.root / "scratch"
+        for d in (self.slots, self.incoming, self.scratch):
             d.mkdir(parents=True, exist_ok=True)
         self._state_path = self.root / "state.json"
-        for leftover in self.slots.glob(".*"):  # half-extracted slots from a crash
+        # Half-extracted slots and measurements a crash interrupted.
+        for leftover in [*self.slots.glob(".*"), *self.scratch.iterdir()]:
             shutil.rmtree(leftover, ignore_errors=True)
 
     # state -------------------------------------------------------------------------------

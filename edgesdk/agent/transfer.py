@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from edgesdk.errors import TransferError
-from edgesdk.ota import ArchiveInfo, Command
+from edgesdk.ota import ArchiveInfo, Command, MeasureCommand
 
 __all__ = ["IncomingTransfer"]
 
@@ -24,9 +24,9 @@ __all__ = ["IncomingTransfer"]
 class IncomingTransfer:
     """Chunks of one archive arriving in any order, any number of times."""
 
-    def __init__(self, incoming: Path, command: Command) -> None:
+    def __init__(self, incoming: Path, command: Command | MeasureCommand) -> None:
         assert command.archive is not None
-        self.command = command
+        self.command: Command | MeasureCommand = command
         self.archive: ArchiveInfo = command.archive
         tid = command.transfer_id
         self.part, self.have_path, self.cmd_path = (incoming / f"{tid}.part", incoming / f"{tid}.have",

@@ -20,7 +20,8 @@ import click
 @click.option("--credentials", type=click.Path(exists=True, dir_okay=False),
               help="JSON with username/password (from `edgesdk server mosquitto-config`).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
-@click.option("--profile", default=None, help="Device profile (default: detect).")
+@click.option("--profile", default=None,
+              help="Device profile name or YAML path; models are served and measured under it (default: detect).")
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned commands.")
 def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, credentials: str | None,
           ca_file: str | None, profile: str | None, allow_unsigned: bool) -> None:
@@ -35,7 +36,8 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
     creds = json.loads(Path(credentials).read_text()) if credentials else {}
     config = AgentConfig(device_id=device_id, group=group, broker=broker, store=Path(store),
                          server_key=load_public_key(server_key) if server_key else None, allow_unsigned=allow_unsigned,
-                         username=creds.get("username"), password=creds.get("password"), ca_file=ca_file)
+                         username=creds.get("username"), password=creds.get("password"), ca_file=ca_file,
+                         profile=profile)
     runtime = ManagedRuntime(profile=profile)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
