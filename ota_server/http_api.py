@@ -11,6 +11,9 @@ Every request needs ``Authorization: Bearer <token>``. Errors come back as
     GET  /api/rollouts/{id}                    rollout with per-device targets
     POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
     GET  /api/devices?group=G                  devices and their state
+    POST /api/measurements?device=D&mode=M&runs=N[&timeout=S]
+                                               body: measurement tar (edgesdk.ota.pack_measurement) -> {"id"}
+    GET  /api/measurements/{id}                status; figures and outputs (base64 .npy) once done
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import hmac
 import threading
 from typing import Any
 
-from edgesdk.errors import BundleError, EdgeSDKError, SignatureError
+from edgesdk.errors import BundleError, EdgeSDKError, SignatureError, TransferError
+from edgesdk.ota_server.measurements import MeasurementNotFound
 from edgesdk.ota_server.rollout import RolloutPolicy
 from edgesdk.ota_server.server import OTAServer
 
@@ -46,20 +50,51 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
                 return await handler(request)
             except (BundleError, SignatureError) as exc:
                 return error(409 if "already in the repository" in str(exc) else 400, exc)
+            except MeasurementNotFound as exc:
+                return error(404, exc)
             except EdgeSDKError as exc:
                 return error(404 if str(exc).startswith("no rollout") else 400, exc)
             except (ValueError, KeyError, TypeError) as exc:
                 return error(400, f"malformed request: {exc}")
         return endpoint
 
-    async def upload(request: Request) -> JSONResponse:
+    async def capped_body(request: Request, what: str) -> bytes | JSONResponse:
         size = int(request.headers.get("content-length") or 0)
         if size > max_upload_bytes:
-            return error(413, f"bundle of {size} bytes is over the {max_upload_bytes}-byte cap")
+            return error(413, f"{what} of {size} bytes is over the {max_upload_bytes}-byte cap")
         body = await request.body()
         if len(body) > max_upload_bytes:
-            return error(413, f"bundle of {len(body)} bytes is over the {max_upload_bytes}-byte cap")
+            return error(413, f"{what} of {len(body)} bytes is over the {max_upload_bytes}-byte cap")
+        return body
+
+    async def upload(request: Request) -> JSONResponse:
+        body = await capped_body(request, "bundle")
+        if isinstance(body, JSONResponse):
+            return body
         return JSONResponse(await run_in_threadpool(server.upload, body), status_code=201)
+
+    def number(request: Request, name: str, kind: type[int] | type[float], default: Any) -> Any:
+        text = request.query_params.get(name)
+        if text is None:
+            return default
+        try:
+            return kind(text)
+        except ValueError:
+            raise TransferError(f"query parameter {name}={text!r} is not a {kind.__name__}") from None
+
+    async def request_measurement(request: Request) -> JSONResponse:
+        device, mode = request.query_params.get("device"), request.query_params.get("mode", "latency")
+        if not device:
+            raise TransferError("query parameter 'device' is missing; pass ?device=ID (see `edgesdk devices`)")
+        runs, timeout = number(request, "runs", int, 50), number(request, "timeout", float, None)
+        body = await capped_body(request, "measurement archive")
+        if isinstance(body, JSONResponse):
+            return body
+        measurement_id = await run_in_threadpool(server.request_measurement, device, body, mode, runs, timeout)
+        return JSONResponse({"id": measurement_id}, status_code=201)
+
+    async def measurement(request: Request) -> JSONResponse:
+        return JSONResponse(server.measurement(request.path_params["id"]))
 
     async def bundles(request: Request) -> JSONResponse:
         return JSONResponse({name: server.repo.versions(name) for name in server.repo.models()})
@@ -108,6 +143,8 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         Route("/api/rollouts/{id}", guarded(rollout), methods=["GET"]),
         Route("/api/rollouts/{id}/{action}", guarded(action), methods=["POST"]),
         Route("/api/devices", guarded(devices), methods=["GET"]),
+        Route("/api/measurements", guarded(request_measurement), methods=["POST"]),
+        Route("/api/measurements/{id}", guarded(measurement), methods=["GET"]),
     ])
 
 

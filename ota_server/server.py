@@ -4,7 +4,9 @@ Devices announce themselves on their retained state topic; events drive each tar
 status; chunk requests are answered on the requesting device's own topic. A rollout
 sends signed commands to one stage at a time, broadcasts the archive once to the
 group's chunk topic, waits for every target to report plus the health window, and then
-promotes, completes, or aborts and rolls the stage's updated devices back.
+promotes, completes, or aborts and rolls the stage's updated devices back. A measurement
+(:mod:`edgesdk.ota_server.measurements`) sends a candidate model to one device to be
+measured there and never installed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.ota import ArchiveInfo, Topics, check_id, sign_command
 from edgesdk.ota_server.fleet import TERMINAL, FleetDB
+from edgesdk.ota_server.measurements import Measurements
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.rollout import RolloutPolicy, canary_order, stage_sizes
 from edgesdk.transport import MqttTransport, Transport
@@ -43,6 +46,8 @@ class ServerConfig:
     broadcast_wait_s: float = 2.0
     #: Re-send a command a device has not acknowledged after this long (a broker restart can drop it).
     resend_s: float = 3.0
+    #: A measurement that has no result after this long fails (request_measurement can ask for another).
+    measure_timeout_s: float = 600.0
 
 
 @dataclass
@@ -54,6 +59,8 @@ class _Transfer:
 
 
 class OTAServer:
+    """Fleet state, chunk service, rollouts and measurements over one MQTT connection."""
+
     def __init__(self, config: ServerConfig, repository: ModelRepository, db: FleetDB, signing_key: Any,
                  transport_factory: Any = MqttTransport) -> None:
         self.config, self.repo, self.db, self.key = config, repository, db, signing_key
@@ -68,6 +75,7 @@ class OTAServer:
         self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
         self.bytes_published = 0
         self._envelopes: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> OTAServer:
@@ -77,6 +85,7 @@ class OTAServer:
         self.transport.subscribe(Topics.ALL_STATES, self._on_state)
         self.transport.subscribe(Topics.ALL_EVENTS, self._on_event)
         self.transport.subscribe(Topics.ALL_NEEDS, self._on_need)
+        self.transport.subscribe(Topics.ALL_MEASUREMENTS, self.measurements.on_result)
         self._engine = threading.Thread(target=self._run, name="rollout-engine", daemon=True)
         self._engine.start()
         return self
@@ -142,6 +151,7 @@ class OTAServer:
         with self._lock:
             transfer = self._transfers.get(transfer_id)
         if transfer is None:
+            self.measurements.serve(device, transfer_id, indices)
             return
         for index in indices:
             if 0 <= index < len(transfer.info.chunks):
@@ -224,9 +234,24 @@ class OTAServer:
             raise EdgeSDKError(f"rollout {rollout_id} is {r['state']}, not running")
         return r
 
+    # measurements --------------------------------------------------------------------------
+    def request_measurement(self, device_id: str, archive: bytes, mode: str, runs: int,
+                            timeout_s: float | None = None) -> str:
+        """Have one online device measure the model in ``archive`` (never installing it); the measurement id.
+
+        ``archive`` comes from :func:`edgesdk.ota.pack_measurement`; ``timeout_s`` defaults
+        to the config's ``measure_timeout_s``. An unknown or offline device raises TransferError.
+        """
+        return self.measurements.request(device_id, archive, mode, runs, timeout_s)
+
+    def measurement(self, measurement_id: str) -> dict[str, Any]:
+        """Status of a measurement; figures and outputs (base64 ``.npy``) once it is done."""
+        return self.measurements.status(measurement_id)
+
     # engine --------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_s):
+            self.measurements.expire()
             for summary in self.db.rollouts("running"):
                 try:
                     self._tick(self.status(summary["id"]))
