@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
+from edgesdk import errors
 from edgesdk.errors import EdgeSDKError
 
 __all__ = ["AdminClient"]
 
 
+def _error_class(name: object) -> type[EdgeSDKError]:
+    """The edgesdk error class the server named (its ``type`` field), so callers can tell errors apart."""
+    found = getattr(errors, name, None) if isinstance(name, str) else None
+    return found if isinstance(found, type) and issubclass(found, EdgeSDKError) else EdgeSDKError
+
+
 class AdminClient:
+    """Calls the OTA server's admin API with a bearer token; a refusal raises the server's error class."""
+
     def __init__(self, url: str, token: str, timeout: float = 60.0) -> None:
         if not token:
             raise EdgeSDKError("no admin token: pass --token, --token-file, or set EDGESDK_TOKEN")
@@ -26,10 +36,11 @@ class AdminClient:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             try:
-                message = json.loads(exc.read()).get("error", exc.reason)
-            except ValueError:
-                message = exc.reason
-            raise EdgeSDKError(f"server answered {exc.code}: {message}") from None
+                answer = json.loads(exc.read())
+                message, kind = answer.get("error", exc.reason), answer.get("type")
+            except (ValueError, AttributeError):
+                message, kind = exc.reason, None
+            raise _error_class(kind)(f"server answered {exc.code}: {message}") from None
         except urllib.error.URLError as exc:
             raise EdgeSDKError(f"cannot reach the OTA server at {self.url}: {exc.reason}") from None
 
@@ -54,3 +65,14 @@ class AdminClient:
 
     def devices(self, group: str | None = None) -> list[dict[str, Any]]:
         return self._json("GET", "/api/devices" + (f"?group={group}" if group else ""))
+
+    def request_measurement(self, device: str, archive: bytes, mode: str, runs: int,
+                            timeout_s: float | None = None) -> str:
+        """Have ``device`` measure the model in ``archive`` (:func:`edgesdk.ota.pack_measurement`); its id."""
+        query = urllib.parse.urlencode({"device": device, "mode": mode, "runs": runs,
+                                        **({"timeout": timeout_s} if timeout_s is not None else {})})
+        return self._call("POST", f"/api/measurements?{query}", archive, "application/x-tar")["id"]
+
+    def measurement(self, measurement_id: str) -> dict[str, Any]:
+        """A measurement's status; ``figures`` and ``outputs`` (base64 ``.npy``) once it is ``done``."""
+        return self._json("GET", f"/api/measurements/{urllib.parse.quote(measurement_id, safe='')}")

@@ -30,13 +30,15 @@ chunks go to the one device on ``P/devices/D/chunks/T/I``, pushed once it report
 measures in a child process, and answers on ``P/devices/D/measurements``::
 
     {"measurement_id", "status": "accepted"}                       the command verified
-    {"measurement_id", "status": "failed", "error": "..."}          anything went wrong
+    {"measurement_id", "status": "failed", "error", "error_type"}   anything went wrong
     {"measurement_id", "status": "done", "figures": {latency_p50_ms, latency_p90_ms,
-     latency_p99_ms, load_ms, rss_before_mb, peak_rss_mb, threads, backend, accelerator,
-     sha256, size_bytes, profile, mode, runs}, "outputs": {name: b64(.npy bytes)}}
+     latency_p95_ms, latency_p99_ms, load_ms, rss_before_mb, peak_rss_mb, threads, backend,
+     accelerator, sha256, size_bytes, profile, mode, runs}, "outputs": {name: b64(.npy bytes)}}
 
-A result message is at most :data:`MAX_RESULT_BYTES`; the device refuses to send a larger
-one (it reports ``failed`` instead) and the server refuses to read one.
+``error_type`` names the edgesdk error class (``TransferError`` when the archive did not
+arrive intact, ``BackendError`` when the model did not run, ...). A result message is at
+most :data:`MAX_RESULT_BYTES`; the device refuses to send a larger one (it reports
+``failed`` instead) and the server refuses to read one.
 """
 
 from __future__ import annotations
@@ -343,13 +345,13 @@ def decode_array(text: str) -> np.ndarray:
             from exc
 
 
-def encode_result(measurement_id: str, status: str, *, error: str | None = None,
+def encode_result(measurement_id: str, status: str, *, error: Exception | None = None,
                   figures: Mapping[str, Any] | None = None, outputs: Mapping[str, np.ndarray] | None = None,
                   max_size: int = MAX_RESULT_BYTES) -> bytes:
     """A measurement message for ``P/devices/D/measurements``; over ``max_size`` bytes raises TransferError."""
     message: dict[str, Any] = {"measurement_id": measurement_id, "status": status}
     if error is not None:
-        message["error"] = error
+        message["error"], message["error_type"] = str(error), type(error).__name__
     if figures is not None:
         message["figures"] = dict(figures)
     if outputs is not None:
@@ -372,7 +374,7 @@ def parse_result(payload: bytes, max_size: int = MAX_RESULT_BYTES) -> dict[str, 
         if status not in ("accepted", "done", "failed"):
             raise TransferError(f"measurement status {status!r} is not accepted, done or failed")
         if status == "failed":
-            message["error"] = str(message["error"])
+            message["error"], message["error_type"] = str(message["error"]), str(message.get("error_type", ""))
         if status == "done":
             if not isinstance(message["figures"], dict) or not isinstance(message["outputs"], dict) or not all(
                     isinstance(k, str) and isinstance(v, str) for k, v in message["outputs"].items()):

@@ -58,6 +58,7 @@ class _Measurement:
     requested_at: float = field(default_factory=time.time)
     status: str = "sent"
     error: str | None = None
+    error_type: str | None = None
     figures: dict[str, Any] | None = None
     outputs: dict[str, str] | None = None
     finished_at: float | None = None
@@ -67,7 +68,7 @@ class _Measurement:
                                 "status": self.status, "requested_at": self.requested_at,
                                 "finished_at": self.finished_at, "archive_bytes": self.info.size}
         if self.error is not None:
-            view["error"] = self.error
+            view["error"], view["error_type"] = self.error, self.error_type
         if self.status == "done":
             view["figures"], view["outputs"] = self.figures, self.outputs
         return view
@@ -140,8 +141,8 @@ class Measurements:
             if item.status == "accepted":
                 threading.Thread(target=self._push, args=(item,), daemon=True, name=f"push-{item.id}").start()
                 return
-            item.error, item.figures, item.outputs = message.get("error"), message.get("figures"), \
-                message.get("outputs")
+            item.error, item.error_type = message.get("error"), message.get("error_type")
+            item.figures, item.outputs = message.get("figures"), message.get("outputs")
         self._finish(item)
 
     def serve(self, device: str, transfer_id: str, indices: Iterable[int]) -> bool:
@@ -164,7 +165,7 @@ class Measurements:
         with self._lock:
             late = [m for m in self._items.values() if m.status not in _FINISHED and now - m.requested_at > m.timeout_s]
             for item in late:
-                item.status, item.error = "failed", (
+                item.status, item.error_type, item.error = "failed", "TransferError", (
                     f"device {item.device!r} did not report measurement {item.id} within {item.timeout_s:g} s "
                     f"(last status: {item.status}); check its agent is running and verifies this server's key, "
                     "or allow a longer timeout")
@@ -188,7 +189,7 @@ class Measurements:
             running = [m for m in self._items.values() if m.device == device and m.status == "accepted"]
             if len(running) != 1:
                 return
-            running[0].status, running[0].error = "failed", reason
+            running[0].status, running[0].error, running[0].error_type = "failed", reason, "TransferError"
         self._finish(running[0])
 
     def _finish(self, item: _Measurement) -> None:

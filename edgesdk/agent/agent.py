@@ -443,20 +443,20 @@ class DeviceAgent:
                  json.loads(payload)["status"])
         self._publish(Topics.measurements(self.config.device_id), payload)
 
-    def _fail_measurement(self, transfer: IncomingTransfer, command: MeasureCommand, reason: str) -> None:
+    def _fail_measurement(self, transfer: IncomingTransfer, command: MeasureCommand, error: EdgeSDKError) -> None:
         with self._lock:
             self._transfers.pop(command.transfer_id, None)
             self._started.pop(command.transfer_id, None)
         transfer.discard()
         shutil.rmtree(self.store.scratch / command.measurement_id, ignore_errors=True)
-        self._report(command, encode_result(command.measurement_id, "failed", error=reason))
+        self._report(command, encode_result(command.measurement_id, "failed", error=error))
 
     def _measure(self, transfer: IncomingTransfer, command: MeasureCommand) -> None:
         """The archive is complete: check its hash, then measure in a thread of its own."""
         try:
             archive = transfer.finish()
         except TransferError as exc:  # the signed hash does not match: no second try for a measurement
-            self._fail_measurement(transfer, command, str(exc))
+            self._fail_measurement(transfer, command, exc)
             return
         with self._lock:
             self._transfers.pop(command.transfer_id, None)
@@ -472,7 +472,7 @@ class DeviceAgent:
                 payload = run_measurement(command, archive, scratch, self.profile, self.config.measure_timeout_s)
         except Exception as exc:  # e.g. a full disk: report it rather than leave the server waiting
             log.exception("%s: measurement %s failed", self.config.device_id, command.measurement_id)
-            payload = encode_result(command.measurement_id, "failed", error=f"{type(exc).__name__}: {exc}")
+            payload = encode_result(command.measurement_id, "failed", error=exc)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         if not self._stop.is_set():
@@ -485,5 +485,6 @@ class DeviceAgent:
                      and now - self._started.get(tid, now) > self.config.measure_timeout_s]
         for transfer in stale:
             assert isinstance(transfer.command, MeasureCommand)
-            self._fail_measurement(transfer, transfer.command, f"the archive did not arrive within "
-                                   f"{self.config.measure_timeout_s:g} s; is the server still serving it?")
+            self._fail_measurement(transfer, transfer.command, TransferError(
+                f"the archive did not arrive within {self.config.measure_timeout_s:g} s; is the server still "
+                "serving it?"))

@@ -32,8 +32,8 @@ def run_measurement(command: MeasureCommand, archive: Path, scratch: Path, profi
         model, evaluation = measurement_files(files)
         figures, outputs = measure_model(model, evaluation, profile, command.mode, command.runs, timeout_s=timeout_s)
     except EdgeSDKError as exc:
-        return encode_result(command.measurement_id, "failed", error=str(exc))
+        return encode_result(command.measurement_id, "failed", error=exc)
     try:
         return encode_result(command.measurement_id, "done", figures=figures.as_dict(), outputs=outputs)
     except TransferError as exc:  # over the result size cap
-        return encode_result(command.measurement_id, "failed", error=str(exc))
+        return encode_result(command.measurement_id, "failed", error=exc)

@@ -1,4 +1,5 @@
-"""The signed command envelope, archive packing and the repository's version policy."""
+"""The signed command envelopes (deploy and measure), archive packing, measurement results, and the
+repository's version policy."""
 
 from __future__ import annotations
 
@@ -7,11 +8,26 @@ import io
 import json
 import tarfile
 
+import numpy as np
 import pytest
 
-from edgesdk.errors import BundleError, SignatureError, TransferError
-from edgesdk.ota import ArchiveInfo, pack_bundle, parse_command, sign_command, unpack_bundle
+from edgesdk.errors import BundleError, DataError, SignatureError, TransferError
+from edgesdk.ota import (
+    ArchiveInfo,
+    MeasureCommand,
+    decode_array,
+    encode_result,
+    measurement_files,
+    pack_bundle,
+    pack_measurement,
+    parse_command,
+    parse_result,
+    sign_command,
+    sign_measure_command,
+    unpack_bundle,
+)
 from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.testing import random_mlp, write_mlp_onnx
 from tests.ota.conftest import make_bundle
 
 INFO = ArchiveInfo.of(b"x" * 1000, chunk_size=300)
@@ -101,3 +117,63 @@ def test_repository_refuses_unsigned_and_keeps_latest_pinned_and_in_use(tmp_path
         no_key.add(tmp_path / "1.4.0")
     dev = ModelRepository(tmp_path / "repo3", allow_unsigned=True)
     assert dev.add(tmp_path / "1.4.0").version == "1.4.0"
+
+
+def _measure_envelope(keys, **changes):
+    """A measure command signed with the server key, fields as given (bypassing sign_measure_command's checks)."""
+    from edgesdk.signing import key_id, sign
+
+    manifest = {"type": "measure", "measurement_id": "m1", "transfer_id": "m1", "mode": "latency", "runs": 50,
+                "issued_at": 0.0, "archive": {"sha256": INFO.sha256, "size": INFO.size, "chunk_size": INFO.chunk_size,
+                                              "chunks": list(INFO.chunks)}}
+    manifest.update(changes)
+    body = json.dumps(manifest).encode()
+    return json.dumps({"manifest": base64.b64encode(body).decode(), "key_id": key_id(keys["server_pub"]),
+                       "signature": base64.b64encode(sign(keys["server"], body)).decode()}).encode()
+
+
+def test_measure_command_round_trip(keys):
+    envelope = sign_measure_command(keys["server"], measurement_id="m1", transfer_id="t1", archive=INFO,
+                                    mode="power", runs=10_000)
+    command = parse_command(envelope, keys["server_pub"])
+    assert isinstance(command, MeasureCommand)
+    assert (command.measurement_id, command.transfer_id, command.mode, command.runs) == ("m1", "t1", "power", 10_000)
+    assert command.archive == INFO and command.type == "measure"
+
+
+@pytest.mark.parametrize("runs", [0, -1, 10_001, 2.5, True, "50"])
+def test_measure_command_with_runs_out_of_range_is_refused(keys, runs):
+    with pytest.raises(TransferError, match=r"measure runs .* is out of range; ask for 1\.\.10000 timed runs"):
+        parse_command(_measure_envelope(keys, runs=runs), keys["server_pub"])
+    if isinstance(runs, int) and not isinstance(runs, bool):
+        with pytest.raises(TransferError, match="out of range"):
+            sign_measure_command(keys["server"], measurement_id="m1", transfer_id="m1", archive=INFO, mode="latency",
+                                 runs=runs)
+
+
+@pytest.mark.parametrize(("changes", "pattern"), [
+    ({"mode": "turbo"}, "measure mode 'turbo' is unknown; use one of latency, balanced, power"),
+    ({"archive": None}, "measure command without an archive"),
+    ({"measurement_id": "../x"}, "measurement id"),
+])
+def test_measure_command_fields_are_checked(keys, changes, pattern):
+    with pytest.raises(TransferError, match=pattern):
+        parse_command(_measure_envelope(keys, **changes), keys["server_pub"])
+
+
+def test_measurement_archive_and_result_cap_on_both_sides(tmp_path):
+    model = write_mlp_onnx(random_mlp([4, 3]), tmp_path / "m.onnx")
+    archive = pack_measurement(model, {"input": np.ones((2, 4), np.float32)})
+    (tmp_path / "a.tar").write_bytes(archive)
+    unpack_bundle(tmp_path / "a.tar", tmp_path / "out")
+    assert measurement_files(tmp_path / "out") == (tmp_path / "out" / "m.onnx", tmp_path / "out" / "evaluation.npz")
+    with pytest.raises(DataError, match="same number of samples"):
+        pack_measurement(model, {"a": np.ones((2, 4)), "b": np.ones((3, 4))})
+    outputs = {"probabilities": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    message = parse_result(encode_result("m1", "done", figures={"load_ms": 1.0}, outputs=outputs))
+    np.testing.assert_array_equal(decode_array(message["outputs"]["probabilities"]), outputs["probabilities"])
+    with pytest.raises(TransferError, match="over the 100-byte cap; measure with fewer evaluation samples"):
+        encode_result("m1", "done", figures={}, outputs=outputs, max_size=100)
+    big = encode_result("m1", "done", figures={}, outputs=outputs)
+    with pytest.raises(TransferError, match="over the 100-byte cap; ignored"):
+        parse_result(big, max_size=100)

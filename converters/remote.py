@@ -1,0 +1,106 @@
+"""Measuring a model variant on a real board of the fleet, through the OTA server.
+
+:func:`measure_on_device` packs the model and the evaluation inputs
+(:func:`edgesdk.ota.pack_measurement`), asks the server's admin API to have one device
+measure them (the signed OTA ``measure`` command: the device fetches the archive into a
+scratch directory, measures it in a child process under its own profile, and never
+installs it), and polls until the figures and outputs come back.
+
+>>> client = AdminClient("http://127.0.0.1:8080", token)                 # doctest: +SKIP
+>>> m = measure_on_device(client, "cam01", Path("variant.onnx"), {"input": x}, "latency")
+>>> m.latency_p50_ms, m.peak_rss_mb, m.outputs["probabilities"].shape
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.admin_client import AdminClient
+from edgesdk.errors import BundleError, ConversionError, EdgeSDKError, SignatureError, TransferError
+from edgesdk.ota import decode_array, pack_measurement
+
+__all__ = ["RemoteMeasurement", "measure_on_device"]
+
+#: Failures a device reports that concern the archive's way there rather than the model.
+_TRANSFER_ERRORS = {cls.__name__ for cls in (TransferError, BundleError, SignatureError)}
+
+
+@dataclass(frozen=True)
+class RemoteMeasurement:
+    """What one device of the fleet measured for one model, and its outputs on the evaluation data."""
+
+    device: str
+    #: Name of the device profile the board ran the model under.
+    profile: str
+    latency_p50_ms: float
+    latency_p90_ms: float
+    latency_p99_ms: float
+    load_ms: float
+    rss_before_mb: float
+    peak_rss_mb: float
+    threads: int
+    backend: str
+    accelerator: str
+    #: SHA-256 of the model bytes the device loaded.
+    sha256: str
+    #: Every output by name, batch-first over the evaluation samples.
+    outputs: dict[str, np.ndarray]
+
+    @property
+    def model_memory_mb(self) -> float:
+        """Peak resident memory attributable to the loaded, running model on the device."""
+        return max(0.0, self.peak_rss_mb - self.rss_before_mb)
+
+
+def measure_on_device(client: AdminClient, device: str, model: Path, evaluation: Mapping[str, np.ndarray],
+                      mode: str, runs: int = 50, timeout_s: float = 600, poll_s: float = 0.5) -> RemoteMeasurement:
+    """Have ``device`` measure ``model`` (.onnx/.tflite) on ``evaluation`` in power mode ``mode``.
+
+    ``runs`` timed single-sample predictions follow a warm-up; ``evaluation`` maps each
+    input name to a batch-first array. The server fails the measurement if the device has
+    not answered within ``timeout_s``. Raises :class:`TransferError` when the server or
+    device cannot be reached, the device is unknown or offline, the archive did not arrive
+    intact, or time ran out; :class:`ConversionError` when the model did not run there.
+    """
+    model = Path(model)
+    archive = pack_measurement(model, evaluation)
+    where = f"measuring {model.name} on {device!r}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        measurement_id = client.request_measurement(device, archive, mode, runs, timeout_s=timeout_s)
+        status = client.measurement(measurement_id)
+        while status["status"] not in ("done", "failed"):
+            if time.monotonic() > deadline:
+                raise TransferError(f"{where}: no result within {timeout_s:g} s (measurement {measurement_id} is "
+                                    f"{status['status']}); check the device's agent or pass a longer timeout_s")
+            time.sleep(poll_s)
+            status = client.measurement(measurement_id)
+    except (TransferError, ConversionError):
+        raise
+    except EdgeSDKError as exc:
+        raise TransferError(f"{where}: {exc}") from exc
+    if status["status"] == "failed":
+        kind = TransferError if status.get("error_type") in _TRANSFER_ERRORS else ConversionError
+        raise kind(f"{where} failed: {status.get('error')}")
+    return _result(device, status)
+
+
+def _result(device: str, status: Mapping[str, Any]) -> RemoteMeasurement:
+    try:
+        f = status["figures"]
+        return RemoteMeasurement(
+            device=device, profile=str(f["profile"]), latency_p50_ms=float(f["latency_p50_ms"]),
+            latency_p90_ms=float(f["latency_p90_ms"]), latency_p99_ms=float(f["latency_p99_ms"]),
+            load_ms=float(f["load_ms"]), rss_before_mb=float(f["rss_before_mb"]),
+            peak_rss_mb=float(f["peak_rss_mb"]), threads=int(f["threads"]), backend=str(f["backend"]),
+            accelerator=str(f["accelerator"]), sha256=str(f["sha256"]),
+            outputs={name: decode_array(text) for name, text in status["outputs"].items()})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TransferError(f"measurement of {device!r} came back without figure {exc}; is the device's edgesdk "
+                            "older than the server's?") from exc
