@@ -137,10 +137,12 @@ class Measurements:
             item = self._items.get(message["measurement_id"])
             if item is None or item.device != device or item.status in _FINISHED:
                 return
-            item.status = message["status"]
-            if item.status == "accepted":
-                threading.Thread(target=self._push, args=(item,), daemon=True, name=f"push-{item.id}").start()
+            if message["status"] == "accepted":
+                if item.status == "sent":  # a re-delivered "accepted" does not push the archive twice
+                    item.status = "accepted"
+                    threading.Thread(target=self._push, args=(item,), daemon=True, name=f"push-{item.id}").start()
                 return
+            item.status = message["status"]
             item.error, item.error_type = message.get("error"), message.get("error_type")
             item.figures, item.outputs = message.get("figures"), message.get("outputs")
         self._finish(item)
@@ -165,10 +167,10 @@ class Measurements:
         with self._lock:
             late = [m for m in self._items.values() if m.status not in _FINISHED and now - m.requested_at > m.timeout_s]
             for item in late:
-                item.status, item.error_type, item.error = "failed", "TransferError", (
-                    f"device {item.device!r} did not report measurement {item.id} within {item.timeout_s:g} s "
-                    f"(last status: {item.status}); check its agent is running and verifies this server's key, "
-                    "or allow a longer timeout")
+                item.error = (f"device {item.device!r} did not report measurement {item.id} within "
+                              f"{item.timeout_s:g} s (last status: {item.status}); check its agent is running and "
+                              "verifies this server's key, or allow a longer timeout")
+                item.status, item.error_type = "failed", "TransferError"
         for item in late:
             self._finish(item)
 
