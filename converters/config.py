@@ -49,13 +49,15 @@ class QuantizationConfig:
     calibration_methods: tuple[CalibrationMethod, ...] = (
         CalibrationMethod.MINMAX, CalibrationMethod.ENTROPY, CalibrationMethod.PERCENTILE)
     percentile: float = 99.999
-    #: At most this many calibration samples are used (more costs time, rarely accuracy).
-    max_calibration_samples: int = 256
+    #: At most this many calibration samples are used (more costs time, not memory: calibration streams).
+    max_calibration_samples: int = 512
     dynamic_op_types: tuple[str, ...] = DYNAMIC_OPS
     #: Op types static INT8 quantizes; None lets ONNX Runtime's quantizer choose (all it supports).
     static_op_types: tuple[str, ...] | None = None
-    #: Mixed precision: at most this many nodes are kept in float to meet the accuracy bound.
-    max_float_nodes: int = 16
+    #: Mixed precision: at most this many candidates are measured by the search (0 turns it off).
+    max_search_candidates: int = 8
+    #: Calibration samples the per-block sensitivity runs on (never evaluation data).
+    sensitivity_samples: int = 16
     #: FP16 keeps model inputs and outputs FP32 so applications feed the same arrays.
     fp16_keep_io_types: bool = True
     #: Why the preset was chosen (shown in reports and saved in manifests).
@@ -74,10 +76,10 @@ class QuantizationConfig:
             raise ConversionError("calibration_methods is empty; give at least one of minmax, entropy, percentile")
         if not 90.0 <= self.percentile < 100.0:
             raise ConversionError(f"percentile must be in [90, 100), got {self.percentile}")
-        if self.max_calibration_samples < 1 or self.max_float_nodes < 0:
+        if self.max_calibration_samples < 1 or self.max_search_candidates < 0 or self.sensitivity_samples < 1:
             raise ConversionError(
-                f"max_calibration_samples must be >= 1 and max_float_nodes >= 0, got "
-                f"{self.max_calibration_samples} and {self.max_float_nodes}")
+                f"max_calibration_samples and sensitivity_samples must be >= 1 and max_search_candidates >= 0, got "
+                f"{self.max_calibration_samples}, {self.sensitivity_samples} and {self.max_search_candidates}")
 
     @classmethod
     def for_profile(cls, profile: DeviceProfile) -> QuantizationConfig:
