@@ -1,29 +1,33 @@
 """``convert()``: from a model and a board to a measured, chosen, bundled variant.
 
 Steps: load (ONNX, PyTorch export, or a TFLite file passed through) → check and fix
-shapes → shrink → build variants (FP32, FP16, INT8 dynamic, INT8 static per calibration
-method, mixed precision when static INT8 misses the accuracy bound; TFLite variants via
-onnx2tf when asked) → measure each in its own process → plan → write the bundle.
+shapes → shrink → build variants (FP32, FP16, INT8 dynamic; one streaming calibration
+pass, then INT8 static per calibration method; when static INT8 misses the accuracy bound,
+the mixed-precision search of :mod:`.search`; TFLite variants via onnx2tf when asked) →
+measure each in its own process → plan → write the bundle.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgesdk.bundle import Bundle, HealthCheck, write_bundle
-from edgesdk.converters.config import QuantizationConfig
+from edgesdk.converters.calibrate import CalibrationResult, batches, calibrate
+from edgesdk.converters.config import QuantizationConfig, QuantType
 from edgesdk.converters.measure import Measurement, adapt_layout, measure_variant
 from edgesdk.converters.metrics import Metric, resolve_metric
 from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
 from edgesdk.converters.planner import Candidate, PlanResult, choose, estimate_on_board
-from edgesdk.converters.quantize import node_sensitivity, quantize_dynamic_int8, quantize_static_int8, to_fp16
+from edgesdk.converters.quantize import quantize_dynamic_int8, quantize_static_int8, to_fp16
+from edgesdk.converters.search import SearchResult
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
 from edgesdk.model_file import read_model
 from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
@@ -52,6 +56,9 @@ class ConversionReport:
     #: Why TFLite variants are missing, if they were asked for and could not be made.
     tflite_error: str | None
     tflite_parity_max_abs_diff: float | None
+    calibration: CalibrationResult | None = None
+    #: The mixed-precision search, when static INT8 missed the bound.
+    search: SearchResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         rows = []
@@ -68,7 +75,11 @@ class ConversionReport:
         return {"profile": self.profile, "mode": self.mode, "metric": self.metric, "metric_unit": self.metric_unit,
                 "max_accuracy_drop": self.max_accuracy_drop, "chosen": self.plan.chosen.name,
                 "reason": self.plan.reason, "bundle": str(self.bundle.path), "variants": rows,
-                "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff}
+                "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff,
+                "calibration": None if self.calibration is None else {
+                    "samples": self.calibration.samples, "tensors": self.calibration.tensors,
+                    "batch_size": self.calibration.batch_size, "seconds": round(self.calibration.seconds, 2)},
+                "search": None if self.search is None else self.search.to_dict()}
 
 
 def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -182,16 +193,22 @@ def convert(
             continue
         measure(label, path, "onnx", precision, cfg_dict)
 
+    notify("calibrating", 0, 1)
+    ranges = calibrate(fp32_path, calibration, config.calibration_methods, variants_dir / "calibration",
+                       percentile=config.percentile, symmetric=config.activation_type is QuantType.INT8,
+                       max_samples=config.max_calibration_samples,
+                       progress=lambda done, total: notify(f"calibrating ({done}/{total} samples)", done, total))
     static: list[tuple[float, str, Path]] = []
     for method in config.calibration_methods:
         label = f"onnx-int8-static-{method.value}"
-        path = quantize_static_int8(fp32_path, variants_dir / f"{label}.onnx", calibration, config, method)
+        path = quantize_static_int8(fp32_path, variants_dir / f"{label}.onnx", ranges.caches[method], config, method)
         m = measure(label, path, "onnx", "int8_static", {**cfg_dict, "calibration_method": method.value})
         static.append((drop(m), method.value, path))
     best_drop, best_method, best_path = min(static)
-    if best_drop > max_accuracy_drop and config.max_float_nodes > 0:
-        _mixed(fp32_path, best_path, best_method, variants_dir, calibration, evaluation, config, cfg_dict,
-               max_accuracy_drop, measure, drop)
+    search = None
+    if best_drop > max_accuracy_drop and config.max_search_candidates > 0:
+        search = _mixed(fp32_path, best_path, best_method, variants_dir, calibration, config, cfg_dict,
+                        max_accuracy_drop, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify)
 
     tflite_error, parity = None, None
     if "tflite" in formats:
@@ -208,27 +225,35 @@ def convert(
     bundle = _bundle(plan.chosen, out, board, mode, source_sha, evaluation, name, version, preprocessing,
                      private_key, scorer, plan)
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, max_accuracy_drop, plan, bundle,
-                            tflite_error, parity)
+                            tflite_error, parity, ranges, search)
 
 
 def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, calibration: Mapping[str, np.ndarray],
-           evaluation: Mapping[str, np.ndarray], config: QuantizationConfig, cfg_dict: Mapping[str, Any],
-           bound: float, measure: Callable[..., Measurement], drop: Callable[[Measurement], float]) -> None:
-    """Keep the most sensitive nodes in float, 1, 2, 4, ... of them, until the bound holds."""
-    from edgesdk.converters.config import CalibrationMethod
+           config: QuantizationConfig, cfg_dict: Mapping[str, Any], bound: float, fp32_latency_ms: float,
+           measure: Callable[..., Measurement], drop: Callable[[Measurement], float], notify: Progress) -> SearchResult:
+    """Sensitivity per block on calibration samples, then the timed search (:mod:`.search`)."""
+    from edgesdk.converters.qdq import QdqGraph
+    from edgesdk.converters.search import block_sensitivity, search_mixed
 
-    sample = {k: v[:64] for k, v in evaluation.items()}
-    ranked = [n for n, _ in node_sensitivity(fp32_path, qdq_path, sample)]
-    limit = min(config.max_float_nodes, len(ranked))
-    for count in sorted({min(2**i, limit) for i in range(limit.bit_length() + 1)} - {0}):
-        float_nodes = tuple(ranked[:count])
-        path = quantize_static_int8(fp32_path, variants_dir / "onnx-mixed.onnx", calibration, config,
-                                    CalibrationMethod(method), float_nodes=float_nodes)
-        m = measure("onnx-mixed", path, "onnx", "mixed", {**cfg_dict, "calibration_method": method,
-                                                          "float_nodes": list(float_nodes)},
-                    (f"{count} most sensitive node(s) kept in float: {', '.join(float_nodes)}",))
-        if drop(m) <= bound:
-            return
+    graph = QdqGraph(qdq_path, fp32_path)
+    sample = next(batches(calibration, config.sensitivity_samples))
+    notify("mixed precision: sensitivity per block", 0, len(graph.blocks))
+    started = time.perf_counter()
+    sensitivities = block_sensitivity(
+        graph, fp32_path, sample,
+        progress=lambda done, total: notify(f"mixed precision: sensitivity ({done}/{total} blocks)", done, total))
+    sensitivity_s = time.perf_counter() - started
+
+    def measure_candidate(label: str, path: Path, float_nodes: tuple[str, ...]) -> tuple[float, float]:
+        notify(f"mixed precision: measuring {label}", 0, 1)
+        m = measure(label, path, "onnx", "mixed", {**cfg_dict, "calibration_method": method,
+                                                   "float_nodes": list(float_nodes)},
+                    (f"{label.rsplit('-', 1)[-1]} most harmful block(s) kept in float ({len(float_nodes)} nodes)",))
+        return drop(m), m.latency_p50_ms
+
+    result = search_mixed(graph, sensitivities, variants_dir, measure_candidate, bound, fp32_latency_ms,
+                          config.max_search_candidates)
+    return replace(result, sensitivity_seconds=sensitivity_s)
 
 
 def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[str, np.ndarray],

@@ -1,0 +1,181 @@
+"""Mixed precision: find the fastest mostly-INT8 model within the accuracy bound, by measuring.
+
+1. **Sensitivity that isolates each block's own error.** For every block of the fully
+   quantized model (:mod:`.qdq`), a model with *only that block* quantized and
+   everything else float runs on calibration samples; the block's sensitivity is the
+   output's noise relative to the FP32 output. Its inputs are float, so error made
+   upstream is not blamed on it (output SQNR in the fully quantized graph does that).
+   Evaluation data is never used here: it is what the result is judged on.
+2. **Order by accuracy bought per speed given up**: noise / multiply-accumulates, so a
+   cheap block that makes much of the error goes back to float first.
+3. **Timed search.** Candidates keep the first k blocks of that order in float, k = 1, 2,
+   4, ...; each is measured (latency, memory, accuracy on the evaluation data) by the
+   caller. The search stops at the first k within the bound, then bisects back towards
+   fewer float blocks; or when a candidate is no faster than FP32 (what is left in INT8
+   cannot pay for its conversions); or when the candidate budget is spent. Every
+   measured point is kept: that is the accuracy/latency front in the report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.converters.calibrate import batches, model_batch_size
+from edgesdk.converters.onnx_model import save_onnx
+from edgesdk.converters.qdq import Block, QdqGraph
+
+__all__ = ["Sensitivity", "SearchPoint", "SearchResult", "block_sensitivity", "search_mixed", "run_model"]
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    block: Block
+    #: Output noise power / signal power with only this block quantized.
+    noise: float
+
+    @property
+    def priority(self) -> float:
+        return self.noise / max(self.block.macs, 1.0)
+
+
+@dataclass(frozen=True)
+class SearchPoint:
+    """One measured candidate of the search."""
+
+    label: str
+    float_blocks: tuple[str, ...]
+    accuracy_drop: float
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    sensitivities: tuple[Sensitivity, ...]
+    front: tuple[SearchPoint, ...]
+    stopped_because: str
+    seconds: float
+    #: Seconds spent measuring sensitivities.
+    sensitivity_seconds: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stopped_because": self.stopped_because, "seconds": round(self.seconds, 2),
+            "sensitivity_seconds": round(self.sensitivity_seconds, 2),
+            "front": [{"label": p.label, "float_blocks": len(p.float_blocks), "accuracy_drop": round(p.accuracy_drop, 4),
+                       "latency_ms": round(p.latency_ms, 4)} for p in self.front],
+            "most_sensitive": [{"block": s.block.name, "noise": float(f"{s.noise:.4g}"), "macs": s.block.macs}
+                               for s in sorted(self.sensitivities, key=lambda s: -s.noise)[:10]],
+        }
+
+
+def run_model(model: Any, samples: Mapping[str, np.ndarray], threads: int = 0) -> list[np.ndarray]:
+    """All outputs of an ONNX model (a ModelProto or a path) on ``samples``, in batches it accepts."""
+    import onnx
+    import onnxruntime as ort
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    fixed = model_batch_size(proto)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    session = ort.InferenceSession(proto.SerializeToString() if proto is model else str(model), options,
+                                   providers=["CPUExecutionProvider"])
+    n = len(next(iter(samples.values())))
+    parts: list[list[np.ndarray]] = []
+    for chunk in batches(samples, fixed or min(n, 16), n - (n % fixed if fixed else 0)):
+        parts.append(session.run(None, chunk))
+    return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+
+
+def _relative_noise(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+    total = 0.0
+    for ref, out in zip(reference, outputs):
+        ref64 = ref.astype(np.float64)
+        signal = float(np.mean(ref64**2)) or 1.0
+        total += float(np.mean((ref64 - out) ** 2)) / signal
+    return total
+
+
+def block_sensitivity(graph: QdqGraph, float_model: Path, samples: Mapping[str, np.ndarray],
+                      progress: Callable[[int, int], None] | None = None,
+                      budget_s: float = 600.0) -> list[Sensitivity]:
+    """Each block's own error: only it quantized, the rest float (see the module doc).
+
+    Blocks not reached within ``budget_s`` get infinite noise (they are kept in float
+    first: unmeasured is treated as unsafe).
+    """
+    reference = run_model(float_model, samples)
+    started = time.perf_counter()
+    results = []
+    for i, block in enumerate(graph.blocks):
+        if time.perf_counter() - started > budget_s:
+            results.append(Sensitivity(block, float("inf")))
+            continue
+        others = [b for b in graph.blocks if b is not block]
+        outputs = run_model(graph.with_float(others), samples)
+        results.append(Sensitivity(block, _relative_noise(reference, outputs)))
+        if progress:
+            progress(i + 1, len(graph.blocks))
+    return results
+
+
+#: measure(label, model path, float node names) -> (accuracy drop, latency ms); the caller records it.
+Measure = Callable[[str, Path, tuple[str, ...]], tuple[float, float]]
+
+
+def search_mixed(graph: QdqGraph, sensitivities: Sequence[Sensitivity], out_dir: Path, measure: Measure,
+                 bound: float, fp32_latency_ms: float, max_candidates: int = 8) -> SearchResult:
+    """Keep the most harmful blocks in float, fewest first, until the bound holds (module doc, step 3)."""
+    started = time.perf_counter()
+    order = [s.block for s in sorted(sensitivities, key=lambda s: -s.priority) if s.noise > 0]
+    front: list[SearchPoint] = []
+    tried: dict[int, SearchPoint] = {}
+
+    def evaluate(k: int) -> SearchPoint:
+        chosen = order[:k]
+        label = f"onnx-mixed-{k}"
+        path = save_onnx(graph.with_float(chosen), out_dir / f"{label}.onnx")
+        drop, latency = measure(label, path, tuple(graph.node_names(chosen)))
+        point = SearchPoint(label, tuple(b.name for b in chosen), drop, latency)
+        front.append(point)
+        tried[k] = point
+        return point
+
+    if not order:
+        return SearchResult(tuple(sensitivities), (), "no block adds measurable error", time.perf_counter() - started)
+    k, passing, failing = 1, None, 0
+    reason = f"all {len(order)} blocks in float would be FP32"
+    while len(front) < max_candidates:
+        point = evaluate(k)
+        if point.latency_ms >= fp32_latency_ms:
+            reason = (f"{k} block(s) in float: {point.latency_ms:.3f} ms >= FP32 {fp32_latency_ms:.3f} ms; the INT8 "
+                      "part left cannot beat FP32")
+            break
+        if point.accuracy_drop <= bound:
+            passing = k
+            reason = f"{k} block(s) in float meet the bound"
+            break
+        failing = k
+        if k == len(order):
+            reason = f"even with every block but the cheapest in float the drop is {point.accuracy_drop:.3g}"
+            break
+        k = min(2 * k, len(order))
+    else:
+        reason = f"candidate budget ({max_candidates}) spent"
+    # Bisect towards fewer float blocks (faster) while the bound still holds.
+    while passing is not None and passing - failing > 1 and len(front) < max_candidates:
+        mid = (passing + failing) // 2
+        point = evaluate(mid)
+        if point.accuracy_drop <= bound and point.latency_ms < fp32_latency_ms:
+            passing = mid
+            reason = f"{mid} block(s) in float meet the bound (bisected)"
+        else:
+            failing = mid
+    return SearchResult(tuple(sensitivities), tuple(front), reason, time.perf_counter() - started)
