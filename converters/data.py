@@ -90,7 +90,8 @@ def load_arrays(path: str | os.PathLike[str], specs: tuple[TensorSpec, ...],
         if len(specs) != 1:
             raise DataError(f"{path}: one .npy array feeds one input, the model has {[s.name for s in specs]}; "
                             "use .npz with one array per input name")
-        arrays = {specs[0].name: _np_load(path)}
+        # Memory-mapped: calibration reads it batch by batch, so a large file is never resident at once.
+        arrays = {specs[0].name: _np_load(path, mmap=True)}
     elif path.suffix == ".npz":
         with _np_load(path) as data:
             names = list(data.files)
@@ -109,9 +110,9 @@ def load_arrays(path: str | os.PathLike[str], specs: tuple[TensorSpec, ...],
     return check_arrays(arrays, specs, str(path))
 
 
-def _np_load(path: Path) -> Any:
+def _np_load(path: Path, mmap: bool = False) -> Any:
     try:
-        return np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot read numpy data ({exc}); the file is corrupt or not numpy") from exc
 

@@ -23,7 +23,7 @@ from edgesdk.errors import BackendError, ConversionError
 from edgesdk.measure_worker import adapt_layout, measure_model
 from edgesdk.profiles import DeviceProfile
 
-__all__ = ["Measurement", "measure_variant", "adapt_layout"]
+__all__ = ["Measurement", "measure_variant", "adapt_layout", "latency_ratio"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class Measurement:
     backend: str
     accelerator: str
     outputs: np.ndarray
+    #: "this host", or the device id when a board of the fleet measured it (``convert(measure_on=...)``).
+    measured_on: str = "this host"
 
     @property
     def model_memory_mb(self) -> float:
@@ -72,3 +74,40 @@ def measure_variant(
         rss_before_mb=figures.rss_before_mb, peak_rss_mb=figures.peak_rss_mb, threads=figures.threads,
         backend=figures.backend, accelerator=figures.accelerator,
         outputs=next(iter(outputs.values())).astype(np.float32))
+
+
+def latency_ratio(model: Path, baseline: Path, profile: DeviceProfile, mode: str, threads: int,
+                  sample: Mapping[str, np.ndarray], rounds: int = 9, budget_s: float = 20.0) -> float:
+    """Median per-round latency of ``model`` / ``baseline``, timed side by side in this process.
+
+    Variants are first measured one after another, each in its own process, so a busy
+    moment of the machine can make any of them look faster than it is. Rounds alternate
+    which model runs first (A B, B A, ...) so drift hits both alike.
+    """
+    import statistics
+    import time
+
+    from edgesdk.runtime import Runtime
+
+    with Runtime(model, profile=profile, mode=mode, threads=threads) as a, \
+            Runtime(baseline, profile=profile, mode=mode, threads=threads) as b:
+        feeds = adapt_layout({k: v[:1] for k, v in sample.items()}, a.inputs)
+        base_feeds = adapt_layout({k: v[:1] for k, v in sample.items()}, b.inputs)
+        calls = {"a": lambda: a.predict(feeds), "b": lambda: b.predict(base_feeds)}
+        for call in calls.values():
+            for _ in range(5):
+                call()
+        started = time.perf_counter()
+        calls["b"]()
+        per_call = max(time.perf_counter() - started, 1e-5)
+        repeat = max(3, min(200, int(budget_s / rounds / 2 / per_call)))
+        ratios = []
+        for r in range(rounds):
+            seconds = {}
+            for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
+                t0 = time.perf_counter()
+                for _ in range(repeat):
+                    calls[name]()
+                seconds[name] = time.perf_counter() - t0
+            ratios.append(seconds["a"] / seconds["b"])
+    return float(statistics.median(ratios))

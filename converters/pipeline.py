@@ -22,7 +22,7 @@ import numpy as np
 from edgesdk.bundle import Bundle, HealthCheck, write_bundle
 from edgesdk.converters.calibrate import CalibrationResult, batches, calibrate
 from edgesdk.converters.config import QuantizationConfig, QuantType
-from edgesdk.converters.measure import Measurement, adapt_layout, measure_variant
+from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.metrics import Metric, resolve_metric
 from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
 from edgesdk.converters.planner import Candidate, PlanResult, choose, estimate_on_board
@@ -34,12 +34,25 @@ from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
 from edgesdk.scheduling import plan_cores, usable_cpus
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["ConversionReport", "convert", "Progress"]
+__all__ = ["ConversionReport", "convert", "Progress", "BoardMeasure", "board_measure"]
 
 log = logging.getLogger(__name__)
 
 #: progress(stage, done, total)
 Progress = Callable[[str, int, int], None]
+#: measure_on(model path, evaluation inputs) -> what a board of the fleet measured.
+BoardMeasure = Callable[[Path, Mapping[str, np.ndarray]], Any]
+
+
+def board_measure(client: Any, device: str, mode: str, runs: int = 50, timeout_s: float = 600) -> BoardMeasure:
+    """A ``measure_on`` for :func:`convert` that sends each variant to ``device`` through the OTA server.
+
+    The device runs it with :class:`edgesdk.Runtime` under ``mode`` (a signed measurement
+    command; the variant is never installed) and returns latency, memory and outputs.
+    """
+    from edgesdk.converters.remote import measure_on_device
+
+    return lambda model, evaluation: measure_on_device(client, device, model, evaluation, mode, runs, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,8 @@ class ConversionReport:
             rows.append({
                 "name": c.name, "format": c.format, "precision": c.precision, "chosen": c.chosen,
                 "size_bytes": m.size_bytes, "peak_memory_mb": round(m.model_memory_mb, 2),
-                "host_latency_p50_ms": round(m.latency_p50_ms, 4), "accuracy_drop": round(c.accuracy_drop, 4),
+                "latency_p50_ms": round(m.latency_p50_ms, 4), "measured_on": m.measured_on,
+                "accuracy_drop": round(c.accuracy_drop, 4),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
                 "estimate_basis": c.estimate.basis, "rejected": list(c.rejected), "notes": list(c.notes),
                 "sha256": m.sha256, "file": str(c.path),
@@ -125,12 +139,15 @@ def convert(
     private_key: Any = None,
     host_profile: DeviceProfile | None = None,
     progress: Progress | None = None,
+    measure_on: BoardMeasure | None = None,
 ) -> ConversionReport:
     """Build, measure and plan every variant; write the chosen one as a bundle in ``out_dir/bundle``.
 
     ``calibration``/``evaluation`` map input names to batch-first arrays; ``labels`` are
     class ids for ``evaluation``. ``board_figures`` maps a variant's model SHA-256 to a
-    latency measured on the board (``edgesdk bench --json``'s ``p50_ms``).
+    latency measured on the board (``edgesdk bench --json``'s ``p50_ms``). ``measure_on``
+    (see :func:`board_measure`) runs every variant on a device of the fleet instead: its
+    latency, memory and outputs replace this host's, and the planner uses them.
     """
     from edgesdk.detect import detect_device
 
@@ -166,12 +183,17 @@ def convert(
 
     board_threads = plan_cores(board, mode, available=frozenset(range(1024))).threads
     threads = max(1, min(board_threads, len(usable_cpus())))
+    figures = dict(board_figures or {})
     measured: dict[str, tuple[Path, str, str, Measurement, Mapping[str, Any] | None, tuple[str, ...]]] = {}
 
     def measure(label: str, path: Path, fmt: str, precision: str, cfg: Mapping[str, Any] | None,
                 notes: tuple[str, ...] = ()) -> Measurement:
         notify(f"measuring {label}", len(measured), len(measured) + 1)
         m = measure_variant(path, board, mode, threads, evaluation)
+        if measure_on is not None:
+            notify(f"measuring {label} on the board", len(measured), len(measured) + 1)
+            m = _on_board(m, measure_on(path, evaluation), outputs)
+            figures[m.sha256] = m.latency_p50_ms
         measured[label] = (path, fmt, precision, m, cfg, notes)
         return m
 
@@ -215,17 +237,54 @@ def convert(
         tflite_error, parity = _tflite_variants(fp32_path, variants_dir, calibration, evaluation, measure, notify)
 
     candidates = []
-    figures = board_figures or {}
     for label, (path, fmt, precision, m, cfg, notes) in measured.items():
         estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256))
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes))
-    plan = choose(candidates, board, mode, max_accuracy_drop, target_fps)
+    plan = _confirmed(candidates, board, mode, max_accuracy_drop, target_fps, threads, evaluation, notify)
     bundle = _bundle(plan.chosen, out, board, mode, source_sha, evaluation, name, version, preprocessing,
                      private_key, scorer, plan)
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, max_accuracy_drop, plan, bundle,
                             tflite_error, parity, ranges, search)
+
+
+def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bound: float, target_fps: float | None,
+               threads: int, evaluation: Mapping[str, np.ndarray], notify: Progress) -> PlanResult:
+    """Plan, then time a chosen variant side by side with FP32; one that is not faster is rejected and we plan again.
+
+    Only for variants whose latency is this host's (a board's own figures are not second-guessed) and only
+    while FP32 fits (otherwise size, not speed, is why a variant is chosen).
+    """
+    fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
+    while True:
+        plan = choose(candidates, board, mode, bound, target_fps)
+        chosen = plan.chosen
+        fp32_judged = next((c for c in plan.candidates if c.name == "onnx-fp32"), None)
+        if (fp32 is None or chosen.name == fp32.name or chosen.format != "onnx" or chosen.measurement.measured_on
+                != "this host" or fp32_judged is None or any("budget" in r for r in fp32_judged.rejected)):
+            return plan
+        notify(f"timing {chosen.name} side by side with FP32", 0, 1)
+        ratio = latency_ratio(chosen.path, fp32.path, board, mode, threads, evaluation)
+        index = next(i for i, c in enumerate(candidates) if c.name == chosen.name)
+        note = f"side by side with FP32 on this host: {ratio:.2f}x its latency"
+        if ratio < 1.0:
+            candidates[index] = replace(candidates[index], notes=(*candidates[index].notes, note))
+            return choose(candidates, board, mode, bound, target_fps)
+        candidates[index] = replace(candidates[index], notes=(*candidates[index].notes, note),
+                                    rejected=(f"not faster than FP32 when timed side by side ({ratio:.2f}x)",))
+        log.info("%s rejected: %s", chosen.name, note)
+
+
+def _on_board(host: Measurement, board: Any, outputs: tuple[TensorSpec, ...]) -> Measurement:
+    """The board's figures and first output in place of this host's."""
+    first = board.outputs.get(outputs[0].name, next(iter(board.outputs.values()), None))
+    if first is None:
+        raise ConversionError(f"the board {board.device} returned no outputs for {host.sha256[:12]}")
+    return replace(host, latency_p50_ms=board.latency_p50_ms, latency_p95_ms=board.latency_p90_ms,
+                   rss_before_mb=board.rss_before_mb, peak_rss_mb=board.peak_rss_mb, load_ms=board.load_ms,
+                   threads=board.threads, backend=board.backend, accelerator=board.accelerator,
+                   outputs=np.asarray(first, dtype=np.float32), measured_on=board.device)
 
 
 def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, calibration: Mapping[str, np.ndarray],

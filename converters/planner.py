@@ -141,7 +141,7 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
                 and c.measurement.latency_p50_ms > fp32.measurement.latency_p50_ms):
             reasons.append(f"slower than FP32 on this host ({c.measurement.latency_p50_ms:.3f} ms vs "
                            f"{fp32.measurement.latency_p50_ms:.3f} ms)")
-        judged.append(replace(c, rejected=tuple(reasons)))
+        judged.append(replace(c, rejected=(*c.rejected, *reasons)))  # a reason given by the caller stays
 
     fitting = [c for c in judged if not c.rejected]
     if not fitting:

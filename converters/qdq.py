@@ -93,7 +93,7 @@ class QdqGraph:
         for index in self.compute:
             node = nodes[index]
             weights = [t for t in node.input if self._kind(t) == "weight"]
-            big = [w for w in weights if self._weight_size(w) > 1]
+            big = [w for w in weights if self._weight_rank(w) >= 2]  # not biases or scalars
             if big:
                 name = node.name or f"{node.op_type}#{index}"
                 macs[name] = self._macs(node, big[0], shapes)
@@ -109,9 +109,9 @@ class QdqGraph:
             blocks.append(Block(OUTPUTS_BLOCK, (), 0.0))
         return blocks
 
-    def _weight_size(self, tensor: str) -> int:
+    def _weight_rank(self, tensor: str) -> int:
         dq = self.model.graph.node[self._producer[tensor]]
-        return int(np.prod(self._initializers[dq.input[0]].dims))
+        return len(self._initializers[dq.input[0]].dims)
 
     def _macs(self, node: Any, weight: str, shapes: dict[str, list[int]]) -> float:
         dims = list(self._initializers[self.model.graph.node[self._producer[weight]].input[0]].dims)

@@ -36,14 +36,14 @@ def _board_figures(paths: tuple[str, ...]) -> dict[str, float]:
 
 
 def _table(report: dict[str, Any]) -> str:
-    header = ("", "variant", "size KiB", "peak MiB", "host ms", "board ms", "mJ", f"drop ({report['metric_unit']})",
+    header = ("", "variant", "size KiB", "peak MiB", "measured ms", "board ms", "mJ", f"drop ({report['metric_unit']})",
               "verdict")
     rows = [header]
     for v in report["variants"]:
         verdict = "CHOSEN" if v["chosen"] else ("; ".join(v["rejected"]) or "fits (slower)")
         basis = "" if v["estimate_basis"] == "measured on board" else "~"
         rows.append(("*" if v["chosen"] else "", v["name"], f"{v['size_bytes'] / 1024:.1f}",
-                     f"{v['peak_memory_mb']:.1f}", f"{v['host_latency_p50_ms']:.3f}",
+                     f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}",
                      f"{basis}{v['board_latency_ms']:.3f}", f"{basis}{v['energy_mj']:.2f}",
                      f"{v['accuracy_drop']:.3f}", verdict))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
@@ -71,6 +71,12 @@ def _table(report: dict[str, Any]) -> str:
 @click.option("--fps", type=float, default=None, help="Frame rate the board must sustain in the power mode.")
 @click.option("--board-figures", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="`edgesdk bench --json` output measured on the board; replaces the estimate for that model.")
+@click.option("--measure-on", "measure_on", default=None, metavar="DEVICE",
+              help="Measure every variant on this device of the fleet (through the OTA server) instead of estimating.")
+@click.option("--server", "server_url", envvar="EDGESDK_SERVER", default="http://127.0.0.1:8080", show_default=True,
+              help="OTA server admin URL, for --measure-on (env EDGESDK_SERVER).")
+@click.option("--token", envvar="EDGESDK_TOKEN", help="Admin token for --measure-on (env EDGESDK_TOKEN).")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="File with the admin token.")
 @click.option("--sign", "key", type=click.Path(exists=True, dir_okay=False), help="Ed25519 private key to sign with.")
 @click.option("--color", type=click.Choice(["RGB", "BGR", "GRAY"]), default="RGB", show_default=True,
               help="Image folders: channel order.")
@@ -81,7 +87,8 @@ def _table(report: dict[str, Any]) -> str:
 def convert(model: str, profile: str, mode: str, calibration: str | None, evaluation: str, labels: str | None,
             metric: str | None, max_accuracy_drop: float, formats: str, out_dir: str, name: str | None,
             bundle_version: str, input_shapes: tuple[str, ...], fps: float | None, board_figures: tuple[str, ...],
-            key: str | None, color: str, scale: float, mean: str, std: str, as_json: bool) -> None:
+            measure_on: str | None, server_url: str, token: str | None, token_file: str | None, key: str | None,
+            color: str, scale: float, mean: str, std: str, as_json: bool) -> None:
     """Build, measure and choose the variant of MODEL that fits PROFILE; write a bundle to OUT/bundle."""
     from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels
     from edgesdk.converters.pipeline import convert as run_convert
@@ -103,6 +110,12 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
         from edgesdk.signing import load_private_key
 
         private_key = load_private_key(key)
+    board_measure = None
+    if measure_on:
+        from edgesdk.cli.fleet import admin_client
+        from edgesdk.converters.pipeline import board_measure as remote
+
+        board_measure = remote(admin_client(server_url, token, token_file), measure_on, mode)
     is_image_folder = Path(evaluation).is_dir()
     steps = 8 + (4 if "tflite" in formats else 0)
     with click.progressbar(length=steps, label="converting", file=sys.stderr, show_eta=False) as bar:
@@ -117,7 +130,7 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
             name=name or Path(model).stem.replace(" ", "_"), version=bundle_version,
             board_figures=_board_figures(board_figures), target_fps=fps,
             preprocessing={"images": prep.as_dict()} if is_image_folder else {}, private_key=private_key,
-            progress=progress,
+            progress=progress, measure_on=board_measure,
         )
         bar.update(steps)
     data = report.to_dict()

@@ -16,7 +16,8 @@ _token_file = click.option("--token-file", type=click.Path(exists=True, dir_okay
 _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
-def _client(server_url: str, token: str | None, token_file: str | None) -> Any:
+def admin_client(server_url: str, token: str | None, token_file: str | None) -> Any:
+    """The admin API client for --server and --token/--token-file (shared by the fleet commands and convert)."""
     from edgesdk.admin_client import AdminClient
 
     if not token and token_file:
@@ -77,7 +78,7 @@ def push(bundle: str, group: str, canary: str, waves: str, health_window: str, m
                            max_failure_rate=parse_percent(max_failure_rate),
                            deploy_timeout_s=parse_duration(deploy_timeout), auto_promote=not manual)
     manifest = read_bundle(bundle).manifest
-    client = _client(server_url, token, token_file)
+    client = admin_client(server_url, token, token_file)
     try:
         client.upload(pack_bundle(bundle))
     except Exception as exc:
@@ -103,7 +104,7 @@ def rollout() -> None:
 @_json
 def status(rollout_id: str | None, server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
     """Show one rollout with its devices, or list all rollouts."""
-    client = _client(server_url, token, token_file)
+    client = admin_client(server_url, token, token_file)
     if rollout_id:
         _print_rollout(client.rollout(rollout_id), as_json)
         return
@@ -123,7 +124,7 @@ def _action(verb: str) -> Any:
     @click.option("--wait", "wait_s", type=float, default=None, help="Wait for the outcome (seconds).")
     def command(rollout_id: str, server_url: str, token: str | None, token_file: str | None, wait_s: float | None,
                 to: str | None = None) -> None:
-        client = _client(server_url, token, token_file)
+        client = admin_client(server_url, token, token_file)
         result = client.act(rollout_id, verb, to)
         target = result["id"]
         click.echo(f"{verb}: rollout {target}")
@@ -147,7 +148,7 @@ rollout.command("rollback", help="Roll the group back (to --to VERSION or each d
 @_json
 def devices(group: str | None, server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
     """List devices with their status and installed version."""
-    rows = _client(server_url, token, token_file).devices(group)
+    rows = admin_client(server_url, token, token_file).devices(group)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

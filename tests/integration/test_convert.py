@@ -67,20 +67,6 @@ def test_chosen_variant_is_bundled_with_a_health_check_that_passes(digits_report
     np.testing.assert_allclose(out, expected["probabilities"], atol=m.health_check.atol, rtol=m.health_check.rtol)
 
 
-def test_mixed_precision_keeps_the_most_sensitive_nodes_in_float(digits_onnx, digits, digits_arrays, tmp_path):
-    calibration, evaluation = digits_arrays
-    # A bound static INT8 cannot meet on its own makes the converter measure sensitivity and exclude nodes.
-    report = convert(digits_onnx, "raspberry-pi-5", calibration=calibration, evaluation=evaluation,
-                     metric="max_abs_error", max_accuracy_drop=1e-4, out_dir=tmp_path / "out",
-                     config=QuantizationConfig(calibration_methods=("minmax",)))
-    mixed = [c for c in report.plan.candidates if c.name == "onnx-mixed"]
-    assert mixed, "no mixed-precision variant was tried"
-    assert "kept in float" in mixed[0].notes[0]
-    assert mixed[0].config["float_nodes"], "no node was excluded"
-    static = next(c for c in report.plan.candidates if c.name == "onnx-int8-static-minmax")
-    assert mixed[0].accuracy_drop < static.accuracy_drop
-
-
 @pytest.mark.parametrize("profile", [p.name for p in list_profiles()])
 def test_a_valid_bundle_for_every_shipped_profile(profile, digits_onnx, digits_arrays, tmp_path):
     calibration, evaluation = digits_arrays

@@ -183,3 +183,24 @@ def test_unknown_or_offline_device_fails_fast(admin, broker, make_agent, candida
     wait_for(lambda: server.db.device("rk1")["status"] == "offline", what="rk1 offline")
     with pytest.raises(TransferError, match="device 'rk1' is offline; start its agent"):
         measure_on_device(client, "rk1", model, {"input": x}, "latency", timeout_s=5)
+
+
+def test_convert_plans_with_the_figures_a_board_of_the_fleet_measured(admin, broker, make_agent, digits_onnx, digits,
+                                                                      tmp_path):
+    from edgesdk.bundle import read_bundle
+    from edgesdk.converters.config import QuantizationConfig
+    from edgesdk.converters.pipeline import board_measure, convert
+
+    server, client = admin
+    make_agent("rk1", broker.url, profile="rk3588")
+    _online(server, "rk1")
+    report = convert(digits_onnx, "rk3588", calibration={"input": digits.x_train[:64]},
+                     evaluation={"input": digits.x_test[:64]}, labels=digits.y_test[:64], out_dir=tmp_path / "out",
+                     config=QuantizationConfig(calibration_methods=("minmax",)),
+                     measure_on=board_measure(client, "rk1", "latency", runs=20, timeout_s=120))
+    assert len(report.plan.candidates) >= 4
+    for c in report.plan.candidates:
+        assert c.measurement.measured_on == "rk1", c.name
+        assert c.estimate.basis == "measured on board" and c.estimate.latency_ms == c.measurement.latency_p50_ms
+    assert report.to_dict()["variants"][0]["measured_on"] == "rk1"
+    assert read_bundle(report.bundle.path).manifest.measured["board"]["basis"] == "measured on board"
