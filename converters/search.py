@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ import numpy as np
 from edgesdk.converters.calibrate import batches, model_batch_size
 from edgesdk.converters.onnx_model import save_onnx
 from edgesdk.converters.qdq import Block, QdqGraph
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Sensitivity", "SearchPoint", "SearchResult", "block_sensitivity", "search_mixed", "run_model"]
 
@@ -119,7 +122,13 @@ def block_sensitivity(graph: QdqGraph, float_model: Path, samples: Mapping[str, 
             results.append(Sensitivity(block, float("inf")))
             continue
         others = [b for b in graph.blocks if b is not block]
-        outputs = run_model(graph.with_float(others), samples)
+        try:
+            outputs = run_model(graph.with_float(others), samples)
+        except Exception as exc:  # onnxruntime's own error types: a block that cannot run alone is unsafe
+            log.warning("mixed precision: block %s could not be measured alone (%s); it is kept in float first",
+                        block.name, str(exc).splitlines()[0])
+            results.append(Sensitivity(block, float("inf")))
+            continue
         results.append(Sensitivity(block, _relative_noise(reference, outputs)))
         if progress:
             progress(i + 1, len(graph.blocks))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["MLPWeights", "DigitsData", "load_digits_data", "train_digits_mlp", "random_mlp", "mlp_forward",
-           "write_mlp_onnx", "write_mlp_tflite", "digits_cnn", "mobilenet_v2_shaped"]
+           "write_mlp_onnx", "write_mlp_tflite", "digits_cnn"]
 
 
 @dataclass(frozen=True)
@@ -210,54 +210,3 @@ def digits_cnn(data: DigitsData, epochs: int = 30, seed: int = 0):  # type: igno
             nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
             optimizer.step()
     return model.eval()
-
-
-def mobilenet_v2_shaped(num_classes: int = 1000, width: float = 1.0, seed: int = 0):  # type: ignore[no-untyped-def]
-    """An untrained network with MobileNetV2's layer structure (inverted residuals, ReLU6), for speed figures.
-
-    Input ``[N, 3, 224, 224]``. Weights are random (no model hub is reachable), so accuracy
-    figures on it are agreement with its own FP32 outputs, not ImageNet accuracy.
-    """
-    import torch
-    from torch import nn
-
-    torch.manual_seed(seed)
-
-    def conv_bn(cin: int, cout: int, kernel: int, stride: int, groups: int = 1, act: bool = True) -> nn.Sequential:
-        layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
-                                   nn.BatchNorm2d(cout)]
-        if act:
-            layers.append(nn.ReLU6())
-        return nn.Sequential(*layers)
-
-    class InvertedResidual(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
-            super().__init__()
-            hidden = cin * expand
-            layers = [conv_bn(cin, hidden, 1, 1)] if expand != 1 else []
-            layers += [conv_bn(hidden, hidden, 3, stride, groups=hidden), conv_bn(hidden, cout, 1, 1, act=False)]
-            self.block = nn.Sequential(*layers)
-            self.residual = stride == 1 and cin == cout
-
-        def forward(self, x):  # type: ignore[no-untyped-def]
-            return x + self.block(x) if self.residual else self.block(x)
-
-    def ch(c: int) -> int:
-        return max(8, int(c * width + 4) // 8 * 8)
-
-    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
-                (6, 320, 1, 1)]
-    layers: list[nn.Module] = [conv_bn(3, ch(32), 3, 2)]
-    cin = ch(32)
-    for expand, c, repeats, stride in settings:
-        for i in range(repeats):
-            layers.append(InvertedResidual(cin, ch(c), stride if i == 0 else 1, expand))
-            cin = ch(c)
-    layers += [conv_bn(cin, 1280, 1, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, num_classes)]
-    model = nn.Sequential(*layers).eval()
-    with torch.no_grad():  # give BatchNorm non-trivial statistics, as a trained network has
-        for module in model.modules():
-            if isinstance(module, nn.BatchNorm2d) and module.running_mean is not None and module.running_var is not None:
-                module.running_mean.uniform_(-0.1, 0.1)
-                module.running_var.uniform_(0.5, 1.5)
-    return model

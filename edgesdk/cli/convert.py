@@ -117,11 +117,11 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
 
         board_measure = remote(admin_client(server_url, token, token_file), measure_on, mode)
     is_image_folder = Path(evaluation).is_dir()
-    steps = 8 + (4 if "tflite" in formats else 0)
-    with click.progressbar(length=steps, label="converting", file=sys.stderr, show_eta=False) as bar:
+    # One bar per stage: the label says which stage runs, the bar how far it is (samples, blocks).
+    with click.progressbar(length=100, label="converting", file=sys.stderr, show_eta=False, width=24) as bar:
         def progress(stage: str, done: int, total: int) -> None:
-            bar.label = stage
-            bar.update(1)
+            bar.label = f"{stage:<52}"
+            bar.update(int(100 * done / max(total, 1)) - bar.pos)
 
         report = run_convert(
             model, board, calibration=calib_arrays, evaluation=eval_arrays, out_dir=out_dir, mode=mode,
@@ -132,7 +132,8 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
             preprocessing={"images": prep.as_dict()} if is_image_folder else {}, private_key=private_key,
             progress=progress, measure_on=board_measure,
         )
-        bar.update(steps)
+        bar.label = f"{'done':<52}"
+        bar.update(100 - bar.pos)
     data = report.to_dict()
     if as_json:
         click.echo(json.dumps(data, indent=2))
