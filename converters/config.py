@@ -57,7 +57,7 @@ class QuantizationConfig:
     #: Mixed precision: at most this many candidates are measured by the search (0 turns it off).
     max_search_candidates: int = 8
     #: Calibration samples the per-block sensitivity runs on (never evaluation data).
-    sensitivity_samples: int = 16
+    sensitivity_samples: int = 32
     #: FP16 keeps model inputs and outputs FP32 so applications feed the same arrays.
     fp16_keep_io_types: bool = True
     #: Why the preset was chosen (shown in reports and saved in manifests).

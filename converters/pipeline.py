@@ -229,8 +229,9 @@ def convert(
     best_drop, best_method, best_path = min(static)
     search = None
     if best_drop > max_accuracy_drop and config.max_search_candidates > 0:
+        unlabelled = None if labels is not None else scorer
         search = _mixed(fp32_path, best_path, best_method, variants_dir, calibration, config, cfg_dict,
-                        max_accuracy_drop, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify)
+                        max_accuracy_drop, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify, unlabelled)
 
     tflite_error, parity = None, None
     if "tflite" in formats:
@@ -289,8 +290,12 @@ def _on_board(host: Measurement, board: Any, outputs: tuple[TensorSpec, ...]) ->
 
 def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, calibration: Mapping[str, np.ndarray],
            config: QuantizationConfig, cfg_dict: Mapping[str, Any], bound: float, fp32_latency_ms: float,
-           measure: Callable[..., Measurement], drop: Callable[[Measurement], float], notify: Progress) -> SearchResult:
-    """Sensitivity per block on calibration samples, then the timed search (:mod:`.search`)."""
+           measure: Callable[..., Measurement], drop: Callable[[Measurement], float], notify: Progress,
+           scorer: Metric | None) -> SearchResult:
+    """Sensitivity per block on calibration samples, then the timed search (:mod:`.search`).
+
+    ``scorer`` (a metric that compares with FP32, so needs no labels) also scores each block's own drop.
+    """
     from edgesdk.converters.qdq import QdqGraph
     from edgesdk.converters.search import block_sensitivity, search_mixed
 
@@ -298,8 +303,13 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
     sample = next(batches(calibration, config.sensitivity_samples))
     notify("mixed precision: sensitivity per block", 0, len(graph.blocks))
     started = time.perf_counter()
+    score = None
+    if scorer is not None:
+        def score(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+            return scorer.drop(reference[0], outputs[0], None)
+
     sensitivities = block_sensitivity(
-        graph, fp32_path, sample,
+        graph, fp32_path, sample, score=score,
         progress=lambda done, total: notify(f"mixed precision: sensitivity ({done}/{total} blocks)", done, total))
     sensitivity_s = time.perf_counter() - started
 

@@ -2,12 +2,14 @@
 
 1. **Sensitivity that isolates each block's own error.** For every block of the fully
    quantized model (:mod:`.qdq`), a model with *only that block* quantized and
-   everything else float runs on calibration samples; the block's sensitivity is the
-   output's noise relative to the FP32 output. Its inputs are float, so error made
+   everything else float runs on calibration samples; the block's sensitivity is what the
+   user's metric loses against FP32 there (when the metric needs no labels), and the
+   output's noise relative to FP32's, per channel. Its inputs are float, so error made
    upstream is not blamed on it (output SQNR in the fully quantized graph does that).
    Evaluation data is never used here: it is what the result is judged on.
-2. **Order by accuracy bought per speed given up**: noise / multiply-accumulates, so a
-   cheap block that makes much of the error goes back to float first.
+2. **Order by accuracy bought per speed given up**: metric drop, then noise, per
+   multiply-accumulate, so a cheap block that makes much of the error goes back to float
+   first (an argmax or a decoded string reacts to some errors far more than their power says).
 3. **Timed search.** Candidates keep the first k blocks of that order in float, k = 1, 2,
    4, ...; each is measured (latency, memory, accuracy on the evaluation data) by the
    caller. The search stops at the first k within the bound, then bisects back towards
@@ -41,10 +43,13 @@ class Sensitivity:
     block: Block
     #: Output noise power / signal power with only this block quantized.
     noise: float
+    #: What the user's metric loses with only this block quantized (0 when it cannot be scored).
+    drop: float = 0.0
 
     @property
-    def priority(self) -> float:
-        return self.noise / max(self.block.macs, 1.0)
+    def priority(self) -> tuple[float, float]:
+        macs = max(self.block.macs, 1.0)
+        return (max(self.drop, 0.0) / macs, self.noise / macs)
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,9 @@ class SearchResult:
             "sensitivity_seconds": round(self.sensitivity_seconds, 2),
             "front": [{"label": p.label, "float_blocks": len(p.float_blocks), "accuracy_drop": round(p.accuracy_drop, 4),
                        "latency_ms": round(p.latency_ms, 4)} for p in self.front],
-            "most_sensitive": [{"block": s.block.name, "noise": float(f"{s.noise:.4g}"), "macs": s.block.macs}
-                               for s in sorted(self.sensitivities, key=lambda s: -s.noise)[:10]],
+            "most_sensitive": [{"block": s.block.name, "metric_drop": round(s.drop, 4), "noise": float(f"{s.noise:.4g}"),
+                                "macs": s.block.macs}
+                               for s in sorted(self.sensitivities, key=lambda s: (-s.drop, -s.noise))[:10]],
         }
 
 
@@ -98,17 +104,29 @@ def run_model(model: Any, samples: Mapping[str, np.ndarray], threads: int = 0) -
 
 
 def _relative_noise(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+    """Noise power / signal power, per channel (axis 1) and then averaged, summed over outputs.
+
+    Per channel because outputs mix scales: a detector's box coordinates (0-320) would
+    drown its class scores (0-1) in one overall ratio, yet flipped scores are what lose
+    detections.
+    """
     total = 0.0
     for ref, out in zip(reference, outputs):
-        ref64 = ref.astype(np.float64)
-        signal = float(np.mean(ref64**2)) or 1.0
-        total += float(np.mean((ref64 - out) ** 2)) / signal
+        ref64, err = ref.astype(np.float64), ref.astype(np.float64) - out
+        axes = tuple(i for i in range(ref.ndim) if i != 1) if ref.ndim >= 2 else None
+        signal = np.mean(ref64**2, axis=axes)
+        noise = np.mean(err**2, axis=axes)
+        total += float(np.mean(noise / np.where(signal > 0, signal, 1.0)))
     return total
+
+
+#: drop(FP32 outputs, variant outputs) in the user's metric, on samples without labels.
+Score = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], float]
 
 
 def block_sensitivity(graph: QdqGraph, float_model: Path, samples: Mapping[str, np.ndarray],
                       progress: Callable[[int, int], None] | None = None,
-                      budget_s: float = 600.0) -> list[Sensitivity]:
+                      budget_s: float = 600.0, score: Score | None = None) -> list[Sensitivity]:
     """Each block's own error: only it quantized, the rest float (see the module doc).
 
     Blocks not reached within ``budget_s`` get infinite noise (they are kept in float
@@ -119,7 +137,7 @@ def block_sensitivity(graph: QdqGraph, float_model: Path, samples: Mapping[str, 
     results = []
     for i, block in enumerate(graph.blocks):
         if time.perf_counter() - started > budget_s:
-            results.append(Sensitivity(block, float("inf")))
+            results.append(Sensitivity(block, float("inf"), float("inf")))
             continue
         others = [b for b in graph.blocks if b is not block]
         try:
@@ -129,7 +147,8 @@ def block_sensitivity(graph: QdqGraph, float_model: Path, samples: Mapping[str, 
                         block.name, str(exc).splitlines()[0])
             results.append(Sensitivity(block, float("inf")))
             continue
-        results.append(Sensitivity(block, _relative_noise(reference, outputs)))
+        results.append(Sensitivity(block, _relative_noise(reference, outputs),
+                                   score(reference, outputs) if score is not None else 0.0))
         if progress:
             progress(i + 1, len(graph.blocks))
     return results
@@ -143,7 +162,8 @@ def search_mixed(graph: QdqGraph, sensitivities: Sequence[Sensitivity], out_dir:
                  bound: float, fp32_latency_ms: float, max_candidates: int = 8) -> SearchResult:
     """Keep the most harmful blocks in float, fewest first, until the bound holds (module doc, step 3)."""
     started = time.perf_counter()
-    order = [s.block for s in sorted(sensitivities, key=lambda s: -s.priority) if s.noise > 0]
+    order = [s.block for s in sorted(sensitivities, key=lambda s: tuple(-p for p in s.priority))
+             if s.noise > 0 or s.drop > 0]
     front: list[SearchPoint] = []
     tried: dict[int, SearchPoint] = {}
 

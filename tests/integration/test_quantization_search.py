@@ -141,6 +141,15 @@ def test_sensitivity_blames_the_blocks_that_read_the_outlier_not_the_layer_after
     last = next(s for s in ranked if weights(s.block) == {"w2"})
     assert last.noise < ranked[1].noise / 10
 
+    # With the user's metric as the score, each block's own drop ranks them the same way.
+    def worst_error(reference, outputs) -> float:
+        return float(np.max(np.abs(reference[0] - outputs[0])))
+
+    by_drop = sorted(block_sensitivity(graph, outlier_mlp, {"input": samples["input"][:16]}, score=worst_error),
+                     key=lambda s: -s.drop)
+    assert {frozenset(weights(s.block)) for s in by_drop[:2]} == {frozenset({"w0"}), frozenset({"w1"})}
+    assert next(s for s in by_drop if weights(s.block) == {"w2"}).drop < by_drop[1].drop / 10
+
 
 def test_mixed_precision_search_runs_on_a_fixed_batch_model_and_reports_its_front(outlier_mlp, samples,
                                                                                         tmp_path):
