@@ -55,7 +55,7 @@ class QuantizationConfig:
     #: Op types static INT8 quantizes; None lets ONNX Runtime's quantizer choose (all it supports).
     static_op_types: tuple[str, ...] | None = None
     #: Mixed precision: at most this many candidates are measured by the search (0 turns it off).
-    max_search_candidates: int = 8
+    max_search_candidates: int = 12
     #: Calibration samples the per-block sensitivity runs on (never evaluation data).
     sensitivity_samples: int = 32
     #: FP16 keeps model inputs and outputs FP32 so applications feed the same arrays.

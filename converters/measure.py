@@ -77,7 +77,7 @@ def measure_variant(
 
 
 def latency_ratio(model: Path, baseline: Path, profile: DeviceProfile, mode: str, threads: int,
-                  sample: Mapping[str, np.ndarray], rounds: int = 9, budget_s: float = 20.0) -> float:
+                  sample: Mapping[str, np.ndarray], rounds: int = 9, budget_s: float = 8.0) -> float:
     """Median per-round latency of ``model`` / ``baseline``, timed side by side in this process.
 
     Variants are first measured one after another, each in its own process, so a busy

@@ -204,3 +204,11 @@ def test_convert_plans_with_the_figures_a_board_of_the_fleet_measured(admin, bro
         assert c.estimate.basis == "measured on board" and c.estimate.latency_ms == c.measurement.latency_p50_ms
     assert report.to_dict()["variants"][0]["measured_on"] == "rk1"
     assert read_bundle(report.bundle.path).manifest.measured["board"]["basis"] == "measured on board"
+
+
+def test_measure_on_a_device_the_fleet_does_not_have_fails_before_any_work(admin):
+    from edgesdk.converters.pipeline import board_measure
+
+    _, client = admin
+    with pytest.raises(TransferError, match="not in the fleet.*edgesdk devices"):
+        board_measure(client, "no-such-board", "latency")
