@@ -33,8 +33,7 @@ import numpy as np
 from edgesdk.converters.config import CalibrationMethod
 from edgesdk.errors import ConversionError
 
-__all__ = ["CalibrationResult", "calibrate", "batches", "model_batch_size", "release_pages",
-           "ACTIVATION_BUDGET_BYTES"]
+__all__ = ["CalibrationResult", "calibrate", "batches", "model_batch_size", "ACTIVATION_BUDGET_BYTES"]
 
 #: Largest total size of the activations of one calibration batch (all tensors together).
 ACTIVATION_BUDGET_BYTES = 256 * 2**20
@@ -62,7 +61,7 @@ def model_batch_size(model: Any) -> int | None:
     return None
 
 
-def release_pages(array: np.ndarray) -> None:
+def _release_pages(array: np.ndarray) -> None:
     """Drop the resident pages of a memory-mapped array (re-read from the file if touched again)."""
     base: Any = array
     while base is not None and not isinstance(base, mmap.mmap):
@@ -72,10 +71,10 @@ def release_pages(array: np.ndarray) -> None:
 
 
 def batches(samples: Mapping[str, np.ndarray], batch: int, limit: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """Batches of ``batch`` samples (the last one may be smaller), copied out of the source arrays.
+    """Batches of ``batch`` samples, copied out of the source arrays, up to ``limit`` samples.
 
-    A model with a fixed batch dimension gets exactly that many: a short tail is dropped.
-    Memory-mapped sources give back their pages after each batch.
+    The last batch may be smaller: for a model with a fixed batch size, pass a ``limit``
+    that is a multiple of it. Memory-mapped sources give back their pages after each batch.
     """
     n = len(next(iter(samples.values())))
     n = min(n, limit) if limit is not None else n
@@ -83,7 +82,7 @@ def batches(samples: Mapping[str, np.ndarray], batch: int, limit: int | None = N
         stop = min(start + batch, n)
         chunk = {k: np.array(v[start:stop]) for k, v in samples.items()}
         for v in samples.values():
-            release_pages(v)
+            _release_pages(v)
         yield chunk
 
 
