@@ -38,13 +38,18 @@ def host(libraries: tuple[str, ...] = ("edgesdk", "numpy", "onnxruntime", "ai-ed
 
 
 def interleaved(candidates: dict[str, Callable[[], object]], rounds: int, calls: int, warmup: int = 20) -> dict[str, list[float]]:
-    """Per-call seconds of each candidate, A B A B … so drift hits all of them alike."""
+    """Per-call seconds of each candidate, A B A B … so drift hits all of them alike.
+
+    Which candidate runs first rotates every round (A B C, B C A, …): order effects are real here.
+    """
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
+    names = list(candidates)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = candidates[name]
             start = time.perf_counter()
             for _ in range(calls):
                 fn()

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, goal, log, summary  # noqa: E402
+from _common import emit, goal, interleaved, log, summary  # noqa: E402
 from models import DATA, MODELS, fetch  # noqa: E402
 
 from edgesdk import Runtime, load_profile  # noqa: E402
@@ -65,26 +65,6 @@ def ort_defaults(src: Path, dst: Path, calibration: np.ndarray, input_name: str)
     return dst
 
 
-def timed_interleaved(runtimes: dict[str, Runtime], x: dict[str, np.ndarray], rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each runtime, rotating which runs first every round."""
-    names = list(runtimes)
-    for rt in runtimes.values():
-        for _ in range(5):
-            rt.predict(x)
-    start = time.perf_counter()
-    for _ in range(5):
-        runtimes[names[0]].predict(x)
-    calls = max(3, int(0.25 / ((time.perf_counter() - start) / 5)))
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                runtimes[name].predict(x)
-            samples[name].append((time.perf_counter() - t0) / calls)
-    return samples
-
-
 def run_model(name: str, work: Path, n_cal: int, n_eval: int, rounds: int, config: QuantizationConfig) -> dict:
     spec = MODELS[name]
     source = fetch(name)
@@ -116,7 +96,10 @@ def run_model(name: str, work: Path, n_cal: int, n_eval: int, rounds: int, confi
     if fastest_within is not None:
         paths["fastest_within_1pt"] = fastest_within.path
     runtimes = {k: Runtime(p, profile=profile, threads=fp32.measurement.threads) for k, p in paths.items()}
-    samples = timed_interleaved(runtimes, {spec.input_name: evaluation[:1]}, rounds)
+    x = {spec.input_name: evaluation[:1]}
+    probe = interleaved({"fp32": lambda: runtimes["fp32"].predict(x)}, rounds=1, calls=5, warmup=5)["fp32"][0]
+    samples = interleaved({k: (lambda rt=rt: rt.predict(x)) for k, rt in runtimes.items()}, rounds=rounds,
+                          calls=max(3, int(0.25 / probe)), warmup=5)
     for rt in runtimes.values():
         rt.close()
 

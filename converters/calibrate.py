@@ -232,11 +232,12 @@ class _Stats:
         if self.collectors:
             sampled = {k: _strided(v) for k, v in seen.items()}
             for collector in self.collectors.values():
-                _fold_histograms(collector, sampled)
+                _fold_histograms(collector, sampled, self.lows, self.highs)
         return sum(v.nbytes for v in seen.values())
 
 
-def _fold_histograms(collector: Any, values: Mapping[str, np.ndarray]) -> None:
+def _fold_histograms(collector: Any, values: Mapping[str, np.ndarray], lows: Mapping[str, np.ndarray],
+                     highs: Mapping[str, np.ndarray]) -> None:
     """Add a batch to an ORT ``HistogramCollector``'s histograms, keeping its bin count fixed.
 
     The histograms are kept in the collector's own format, so its ``compute_collection_result``
@@ -249,12 +250,10 @@ def _fold_histograms(collector: Any, values: Mapping[str, np.ndarray]) -> None:
     absolute = collector.method == "percentile" and collector.symmetric
     for name, value in values.items():
         flat = np.abs(value) if absolute else value
-        lo, hi = np.float32(np.nanmin(value)), np.float32(np.nanmax(value))
-        bound = np.float32(np.nanmax(np.abs(value)))
+        # The exact running range over every value (the histogram only sees a strided subset).
+        lo, hi = np.float32(lows[name]), np.float32(highs[name])
+        bound = max(abs(lo), abs(hi))
         old = collector.histogram_dict.get(name)
-        if old is not None:
-            bound = max(bound, np.float32(old[1][-1]))
-            lo, hi = min(lo, old[2]), max(hi, old[3])
         bound = max(bound, np.float32(1e-8))
         span = (0.0, float(bound)) if absolute else (-float(bound), float(bound))
         hist, edges = np.histogram(flat, bins=collector.num_bins, range=span)

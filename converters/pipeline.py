@@ -34,7 +34,7 @@ from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
 from edgesdk.scheduling import plan_cores, usable_cpus
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["ConversionReport", "convert", "Progress", "BoardMeasure", "board_measure"]
+__all__ = ["ConversionReport", "convert", "Progress", "BoardMeasure"]
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +45,6 @@ CLEAR_GAIN = 0.95
 Progress = Callable[[str, int, int], None]
 #: measure_on(model path, evaluation inputs) -> what a board of the fleet measured.
 BoardMeasure = Callable[[Path, Mapping[str, np.ndarray]], Any]
-
-
-def board_measure(client: Any, device: str, mode: str, runs: int = 50, timeout_s: float = 600) -> BoardMeasure:
-    """A ``measure_on`` for :func:`convert` that sends each variant to ``device`` through the OTA server.
-
-    The device runs it with :class:`edgesdk.Runtime` under ``mode`` (a signed measurement
-    command; the variant is never installed) and returns latency, memory and outputs.
-    """
-    from edgesdk.converters.remote import measure_on_device
-    from edgesdk.errors import TransferError
-
-    # Checked now, not after the first variant's minutes of work.
-    row = next((d for d in client.devices() if d.get("id") == device), None)
-    if row is None or row.get("status") == "offline":
-        state = "is not in the fleet" if row is None else "is offline"
-        raise TransferError(f"--measure-on {device}: the device {state} on {client.url}; start its agent "
-                            "(edgesdk agent ...) or pick an online device from `edgesdk devices`")
-    return lambda model, evaluation: measure_on_device(client, device, model, evaluation, mode, runs, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -156,7 +138,7 @@ def convert(
     ``calibration``/``evaluation`` map input names to batch-first arrays; ``labels`` are
     class ids for ``evaluation``. ``board_figures`` maps a variant's model SHA-256 to a
     latency measured on the board (``edgesdk bench --json``'s ``p50_ms``). ``measure_on``
-    (see :func:`board_measure`) runs every variant on a device of the fleet instead: its
+    (:func:`edgesdk.converters.remote.board_measure`) runs every variant on a device of the fleet instead: its
     latency, memory and outputs replace this host's, and the planner uses them.
     """
     from edgesdk.detect import detect_device

@@ -14,7 +14,7 @@ installs it), and polls until the figures and outputs come back.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from edgesdk.admin_client import AdminClient
 from edgesdk.errors import BundleError, ConversionError, EdgeSDKError, SignatureError, TransferError
 from edgesdk.ota import decode_array, pack_measurement
 
-__all__ = ["RemoteMeasurement", "measure_on_device"]
+__all__ = ["RemoteMeasurement", "measure_on_device", "board_measure"]
 
 #: Failures a device reports that concern the archive's way there rather than the model.
 _TRANSFER_ERRORS = {cls.__name__ for cls in (TransferError, BundleError, SignatureError)}
@@ -104,3 +104,19 @@ def _result(device: str, status: Mapping[str, Any]) -> RemoteMeasurement:
     except (KeyError, TypeError, ValueError) as exc:
         raise TransferError(f"measurement of {device!r} came back without figure {exc}; is the device's edgesdk "
                             "older than the server's?") from exc
+
+
+def board_measure(client: AdminClient, device: str, mode: str, runs: int = 50,
+                  timeout_s: float = 600) -> Callable[[Path, Mapping[str, np.ndarray]], RemoteMeasurement]:
+    """A ``measure_on`` for :func:`~edgesdk.converters.pipeline.convert`: each variant goes to ``device`` via the OTA server.
+
+    The device runs it with :class:`edgesdk.Runtime` under ``mode`` (a signed measurement
+    command; the variant is never installed) and returns latency, memory and outputs.
+    """
+    # Checked now, not after the first variant's minutes of work.
+    row = next((d for d in client.devices() if d.get("id") == device), None)
+    if row is None or row.get("status") == "offline":
+        state = "is not in the fleet" if row is None else "is offline"
+        raise TransferError(f"--measure-on {device}: the device {state} on {client.url}; start its agent "
+                            "(edgesdk agent ...) or pick an online device from `edgesdk devices`")
+    return lambda model, evaluation: measure_on_device(client, device, model, evaluation, mode, runs, timeout_s)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.calibrate import batches, model_batch_size
+from edgesdk.converters.calibrate import batches
 from edgesdk.converters.onnx_model import save_onnx
 from edgesdk.converters.qdq import Block, QdqGraph
 
@@ -89,13 +89,13 @@ def run_model(model: Any, samples: Mapping[str, np.ndarray], threads: int = 0) -
     import onnx
     import onnxruntime as ort
 
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
-    fixed = model_batch_size(proto)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    session = ort.InferenceSession(proto.SerializeToString() if proto is model else str(model), options,
-                                   providers=["CPUExecutionProvider"])
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    first = session.get_inputs()[0].shape[0]
+    fixed = first if isinstance(first, int) and first > 0 else None
     n = len(next(iter(samples.values())))
     parts: list[list[np.ndarray]] = []
     for chunk in batches(samples, fixed or min(n, 16), n - (n % fixed if fixed else 0)):

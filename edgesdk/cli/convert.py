@@ -113,7 +113,7 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
     board_measure = None
     if measure_on:
         from edgesdk.cli.fleet import admin_client
-        from edgesdk.converters.pipeline import board_measure as remote
+        from edgesdk.converters.remote import board_measure as remote
 
         board_measure = remote(admin_client(server_url, token, token_file), measure_on, mode)
     is_image_folder = Path(evaluation).is_dir()

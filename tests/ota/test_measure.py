@@ -189,7 +189,8 @@ def test_convert_plans_with_the_figures_a_board_of_the_fleet_measured(admin, bro
                                                                       tmp_path):
     from edgesdk.bundle import read_bundle
     from edgesdk.converters.config import QuantizationConfig
-    from edgesdk.converters.pipeline import board_measure, convert
+    from edgesdk.converters.pipeline import convert
+    from edgesdk.converters.remote import board_measure
 
     server, client = admin
     make_agent("rk1", broker.url, profile="rk3588")
@@ -207,7 +208,7 @@ def test_convert_plans_with_the_figures_a_board_of_the_fleet_measured(admin, bro
 
 
 def test_measure_on_a_device_the_fleet_does_not_have_fails_before_any_work(admin):
-    from edgesdk.converters.pipeline import board_measure
+    from edgesdk.converters.remote import board_measure
 
     _, client = admin
     with pytest.raises(TransferError, match="not in the fleet.*edgesdk devices"):
