@@ -18,7 +18,13 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     │   └── UnsupportedOpError       exit 13  a converter has no kernel for an op (the op is named)
     ├── DataError                    exit 14  calibration/evaluation data is empty or does not fit the model
     ├── BundleError                  exit 15  a bundle directory or manifest is missing fields or malformed
-    └── HealthCheckError             exit 16  a new model failed its on-device health or latency check
+    ├── HealthCheckError             exit 16  a new model failed its on-device health or latency check
+    ├── RolloutError                 exit 17  a rollout aborted or ended with failed devices
+    │   └── RolloutTimeoutError      exit 18  `--wait` ran out while the rollout was still running
+    ├── NotFoundError                exit 19  the server has no such rollout, bundle, device or measurement
+    ├── ConflictError                exit 20  the request contradicts the server's state (a version already
+    │                                         stored with other content, already installed, a rollout running)
+    └── BrokerError                  exit 21  the MQTT broker refused this client (credentials, ACL)
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
 catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
@@ -42,6 +48,11 @@ __all__ = [
     "DataError",
     "BundleError",
     "HealthCheckError",
+    "RolloutError",
+    "RolloutTimeoutError",
+    "NotFoundError",
+    "ConflictError",
+    "BrokerError",
 ]
 
 
@@ -137,3 +148,34 @@ class HealthCheckError(EdgeSDKError):
     """A newly installed model gave wrong outputs on its health sample or missed its latency gate."""
 
     exit_code = 16
+
+
+class RolloutError(EdgeSDKError):
+    """A rollout aborted, or finished with devices that failed to update."""
+
+    exit_code = 17
+
+
+class RolloutTimeoutError(RolloutError):
+    """A rollout was still running when the caller's ``--wait`` ran out."""
+
+    exit_code = 18
+
+
+class NotFoundError(EdgeSDKError):
+    """The server has no rollout, bundle version, device or measurement by that id or name."""
+
+    exit_code = 19
+
+
+class ConflictError(EdgeSDKError):
+    """The request contradicts the server's state: e.g. a stored version with other content, a version a group
+    already runs, or a rollout already running for the group."""
+
+    exit_code = 20
+
+
+class BrokerError(EdgeSDKError):
+    """The MQTT broker refused this client: wrong credentials, or an ACL that denies its own topics."""
+
+    exit_code = 21

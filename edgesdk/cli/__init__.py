@@ -58,8 +58,13 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup)
 @click.version_option(__version__, prog_name="edgesdk")
-def cli() -> None:
+@click.option("-v", "--verbose", is_flag=True, envvar="EDGESDK_VERBOSE",
+              help="Show INFO logs and third-party libraries' output (env EDGESDK_VERBOSE=1).")
+def cli(verbose: bool) -> None:
     """edgesdk: convert, run and update models on edge devices."""
+    from edgesdk.logs import configure
+
+    configure(verbose)
 
 
 def main() -> None:
