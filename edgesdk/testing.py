@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["MLPWeights", "DigitsData", "load_digits_data", "train_digits_mlp", "random_mlp", "mlp_forward",
-           "write_mlp_onnx", "write_mlp_tflite", "digits_cnn"]
+           "write_mlp_onnx", "write_mlp_tflite", "digits_cnn", "write_sample"]
 
 
 @dataclass(frozen=True)
@@ -210,3 +210,30 @@ def digits_cnn(data: DigitsData, epochs: int = 30, seed: int = 0):  # type: igno
             nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
             optimizer.step()
     return model.eval()
+
+
+def write_sample(out: str | os.PathLike[str]) -> list[Path]:
+    """Write a trained digits classifier and its data, the files the README's examples use.
+
+    ``model.onnx`` and ``model.tflite`` (input ``input`` [batch, 64], output ``probabilities``
+    [batch, 10]), ``calib.npy`` (256 training images), ``eval.npy`` and ``labels.npy``
+    (the held-out images and their classes).
+    """
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = load_digits_data()
+    weights = train_digits_mlp(data)
+    np.save(folder / "calib.npy", data.x_train[:256])
+    np.save(folder / "eval.npy", data.x_test)
+    np.save(folder / "labels.npy", data.y_test.astype(np.int64))
+    return [write_mlp_onnx(weights, folder / "model.onnx"), write_mlp_tflite(weights, folder / "model.tflite"),
+            folder / "calib.npy", folder / "eval.npy", folder / "labels.npy"]
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "sample":
+        sys.exit("usage: python -m edgesdk.testing sample DIR   (writes a small trained model and its data)")
+    for written in write_sample(sys.argv[2]):
+        print(written)
