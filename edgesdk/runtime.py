@@ -15,7 +15,7 @@ from edgesdk.backends import BackendKind, open_backend
 from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, EdgeSDKError, InputError, ScheduleError
 from edgesdk.model_file import read_model
-from edgesdk.profiles import Accelerator, DeviceProfile, RuntimeMode, load_profile
+from edgesdk.profiles import Accelerator, AcceleratorKind, DeviceProfile, RuntimeMode, load_profile
 from edgesdk.scheduling import plan_cores
 from edgesdk.stats import LatencyStats, StatsSnapshot
 from edgesdk.tensors import TensorSpec, validate_inputs
@@ -50,16 +50,23 @@ class RuntimeInfo:
         return {**self.__dict__, "cores": list(self.cores), "fallbacks": list(self.fallbacks)}
 
 
-def _accelerators(profile: DeviceProfile, accelerator: str) -> tuple[Accelerator, ...]:
+def _accelerators(profile: DeviceProfile, accelerator: str) -> tuple[tuple[Accelerator, ...], tuple[str, ...]]:
+    """The profile's accelerators to try, and the fallback taken when the request names a kind the board lacks.
+
+    A kind (``gpu``, ``npu``) the profile does not have falls back to the CPU, so one app
+    runs across a mixed fleet; a name that matches nothing is a typo and an error.
+    """
     if accelerator == "auto":
-        return profile.accelerators
+        return profile.accelerators, ()
     if accelerator == "cpu":
-        return ()
+        return (), ()
     chosen = tuple(a for a in profile.accelerators if a.name == accelerator or a.kind.value == accelerator)
-    if not chosen:
-        names = ["auto", "cpu", *(a.name for a in profile.accelerators)]
-        raise BackendError(f"profile {profile.name!r} has no accelerator {accelerator!r}; choose one of {names}")
-    return chosen
+    if chosen:
+        return chosen, ()
+    if accelerator in {kind.value for kind in AcceleratorKind}:
+        return (), (f"profile {profile.name} has no {accelerator} accelerator; running on CPU",)
+    names = ["auto", "cpu", *(a.name for a in profile.accelerators), *(k.value for k in AcceleratorKind)]
+    raise BackendError(f"profile {profile.name!r} has no accelerator {accelerator!r}; choose one of {names}")
 
 
 class Runtime:
@@ -72,9 +79,11 @@ class Runtime:
     see :mod:`edgesdk.bundle`). ``profile`` is a profile name, a YAML path or a
     :class:`DeviceProfile`; None detects the board. ``mode`` picks cores by the big/little
     rule of :mod:`edgesdk.scheduling` (default: the bundle's power mode, else latency).
-    ``accelerator`` is ``"auto"`` (the profile's accelerators, then CPU), ``"cpu"``, or an
-    accelerator name/kind from the profile; a delegate that cannot load falls back to the
-    CPU and the fallback is recorded in :attr:`info`.
+    ``accelerator`` is ``"auto"`` (the profile's accelerators, then CPU), ``"cpu"``, an
+    accelerator name from the profile, or a kind (``gpu``, ``npu``, ``dsp``). Every fallback
+    to the CPU (no delegate/provider for this backend, a delegate that cannot load, a kind
+    the board lacks) is logged as a warning and recorded in ``info.fallbacks``; a name that
+    matches nothing is a :class:`BackendError`.
     """
 
     def __init__(
@@ -111,7 +120,10 @@ class Runtime:
         self.plan = plan_cores(self.profile, parsed_mode, threads)
         for note in self.plan.notes:
             log.warning("scheduling: %s", note)
-        self._backend = open_backend(kind, model_file, self.plan, _accelerators(self.profile, accelerator))
+        accelerators, missing = _accelerators(self.profile, accelerator)
+        for note in missing:
+            log.warning("accelerator fallback: %s", note)
+        self._backend = open_backend(kind, model_file, self.plan, accelerators, self.profile.name)
         backend_info = self._backend.info
         self.info = RuntimeInfo(
             model=str(model_file.path),
@@ -126,7 +138,7 @@ class Runtime:
             accelerator=backend_info.accelerator,
             threads=backend_info.threads,
             cores=self.plan.cores,
-            fallbacks=self.plan.notes + backend_info.fallbacks,
+            fallbacks=self.plan.notes + missing + backend_info.fallbacks,
         )
         self._cores = frozenset(self.plan.cores)
         self._input_specs = self._backend.inputs

@@ -22,8 +22,13 @@ class BackendKind(str, enum.Enum):
 _NATIVE = {ModelFormat.TFLITE: BackendKind.LITERT, ModelFormat.ONNX: BackendKind.ONNXRUNTIME}
 
 
-def open_backend(kind: BackendKind, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...]) -> Backend:
-    """Load ``model`` in the backend that runs its format (``auto``) or the one asked for."""
+def open_backend(kind: BackendKind, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...],
+                 profile: str) -> Backend:
+    """Load ``model`` in the backend that runs its format (``auto``) or the one asked for.
+
+    ``accelerators`` come from the profile named ``profile`` (named in fallback notes); the
+    backend tries them in order and falls back to the CPU, recording why.
+    """
     native = _NATIVE[model.format]
     if kind is BackendKind.AUTO:
         kind = native
@@ -35,7 +40,7 @@ def open_backend(kind: BackendKind, model: ModelFile, plan: CorePlan, accelerato
     if kind is BackendKind.LITERT:
         from edgesdk.backends.litert import LiteRTBackend
 
-        return LiteRTBackend(model, plan, accelerators)
+        return LiteRTBackend(model, plan, accelerators, profile)
     from edgesdk.backends.onnxruntime import OnnxRuntimeBackend
 
-    return OnnxRuntimeBackend(model, plan, accelerators)
+    return OnnxRuntimeBackend(model, plan, accelerators, profile)

@@ -90,13 +90,16 @@ def _spec(detail: dict[str, Any]) -> TensorSpec:
 class LiteRTBackend(Backend):
     """Runs a TFLite model in a LiteRT ``Interpreter`` created on the plan's cores."""
 
-    def __init__(self, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...],
+    def __init__(self, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...], profile: str,
                  litert: LiteRTModule | None = None) -> None:
         litert = litert or import_litert()
         fallbacks: list[str] = []
         delegates: list[Any] = []
         accelerator = "xnnpack"
         for acc in accelerators:
+            if not acc.litert_delegates:
+                fallbacks.append(f"{acc.name} ({acc.kind.value}) has no LiteRT delegate in profile {profile}; "
+                                 "running on CPU (xnnpack)")
             for library in acc.litert_delegates:
                 try:
                     # dlopen first: LiteRT's Delegate object raises in __del__ when its own load fails.

@@ -50,13 +50,17 @@ def _affinity_string(cores: tuple[int, ...], threads: int) -> str:
 class OnnxRuntimeBackend(Backend):
     """Runs an ONNX model in an ``onnxruntime.InferenceSession``."""
 
-    def __init__(self, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...]) -> None:
+    def __init__(self, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...], profile: str) -> None:
         import onnxruntime as ort
 
         fallbacks: list[str] = []
         available = set(ort.get_available_providers())
         providers: list[str] = []
         for acc in accelerators:
+            if not acc.onnxruntime_providers:
+                hint = " (its LiteRT delegate needs the model as .tflite)" if acc.litert_delegates else ""
+                fallbacks.append(f"{acc.name} ({acc.kind.value}) has no ONNX Runtime execution provider in profile "
+                                 f"{profile}; running on CPU{hint}")
             for provider in acc.onnxruntime_providers:
                 if provider in available:
                     providers.append(provider)

@@ -117,8 +117,8 @@ def test_unknown_backend_mode_and_accelerator(digits_onnx, host_big_little):
         Runtime(digits_onnx, profile=host_big_little, backend="tensorrt")
     with pytest.raises(ScheduleError, match="unknown mode 'fast'"):
         Runtime(digits_onnx, profile=host_big_little, mode="fast")
-    with pytest.raises(BackendError, match=r"no accelerator 'npu'.*\['auto', 'cpu'\]"):
-        Runtime(digits_onnx, profile=host_big_little, accelerator="npu")
+    with pytest.raises(BackendError, match=r"no accelerator 'npu0'.*\['auto', 'cpu', 'gpu', 'npu', 'dsp'\]"):
+        Runtime(digits_onnx, profile=host_big_little, accelerator="npu0")
 
 
 def test_multi_output_models_return_a_dict(tmp_path, host_big_little):
