@@ -334,9 +334,13 @@ def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_si
             raise SignatureError(f"{signature_path} is malformed ({exc}); re-sign the bundle") from exc
         verify(public_key, manifest_bytes, signature, str(root))
         signed_by = key_id(public_key)
+    elif require_signature and not signature_path.exists():
+        # Named by manifest, not path: on the server the path is an upload's temp directory.
+        raise SignatureError(f"the bundle is not signed ({manifest.name} {manifest.version} has no {SIGNATURE}); "
+                             "sign it with `edgesdk sign BUNDLE --key KEY`")
     elif require_signature:
-        raise SignatureError(f"{root} is not signed (no {SIGNATURE}) or no public key was given; sign it with "
-                             "`edgesdk sign` or pass the server's public key")
+        raise SignatureError(f"the bundle ({manifest.name} {manifest.version}) is signed but no public key was given "
+                             "to check it; pass the signer's public key (`edgesdk verify BUNDLE --pub KEY.pub`)")
 
     for file_name, entry in manifest.files.items():
         file_path = root / file_name
