@@ -58,7 +58,7 @@ def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0, dynamic_dim: int
 def benchmark(
     model: str | os.PathLike[str],
     profile: str | os.PathLike[str] | DeviceProfile | None = None,
-    mode: str = "latency",
+    mode: str | None = None,
     backend: str = "auto",
     accelerator: str = "auto",
     threads: int | None = None,
@@ -66,7 +66,11 @@ def benchmark(
     warmup: int = 10,
     on_progress: Callable[[int], None] | None = None,
 ) -> BenchResult:
-    """Load ``model`` with Runtime, run ``warmup`` then ``runs`` timed predictions on random inputs."""
+    """Load ``model`` with Runtime, run ``warmup`` then ``runs`` timed predictions on random inputs.
+
+    ``model`` is what :class:`Runtime` takes: a ``.tflite``/``.onnx`` file or a bundle directory
+    (whose power mode is the default ``mode``).
+    """
     if runs < 1 or warmup < 0:
         raise ValueError(f"runs must be >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     with Runtime(model, profile=profile, mode=mode, backend=backend, accelerator=accelerator, threads=threads) as rt:

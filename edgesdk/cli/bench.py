@@ -9,18 +9,20 @@ import click
 
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path(exists=True))
 @click.option("--profile", default=None, help="Profile name or YAML path (default: detect this board).")
-@click.option("--mode", type=click.Choice(["latency", "balanced", "power"]), default="latency", show_default=True)
+@click.option("--mode", type=click.Choice(["latency", "balanced", "power"]), default=None,
+              help="Core selection (default: a bundle's power mode, else latency).")
 @click.option("--backend", type=click.Choice(["auto", "litert", "onnxruntime"]), default="auto", show_default=True)
-@click.option("--accelerator", default="auto", show_default=True, help="auto, cpu, or an accelerator of the profile.")
+@click.option("--accelerator", default="auto", show_default=True,
+              help="auto, cpu, a kind (gpu, npu, dsp) or an accelerator name of the profile.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Override the mode's thread count.")
 @click.option("--runs", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def bench(model: str, profile: str | None, mode: str, backend: str, accelerator: str, threads: int | None,
+def bench(model: str, profile: str | None, mode: str | None, backend: str, accelerator: str, threads: int | None,
           runs: int, warmup: int, as_json: bool) -> None:
-    """Measure MODEL's latency percentiles, throughput and peak memory on this device."""
+    """Measure MODEL's (a .tflite/.onnx file or a bundle directory) latency, throughput and peak memory here."""
     from edgesdk.bench import benchmark
 
     with click.progressbar(length=runs, label="benchmarking", file=sys.stderr) as bar:
