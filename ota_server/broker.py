@@ -20,7 +20,10 @@ from pathlib import Path
 
 from edgesdk.errors import TransferError
 
-__all__ = ["free_port", "mosquitto_binary", "LocalMosquitto", "EmbeddedBroker", "start_local_broker"]
+__all__ = ["free_port", "mosquitto_binary", "LocalMosquitto", "EmbeddedBroker", "embedded_broker_for",
+           "start_local_broker"]
+
+_LOOPBACK = ("127.0.0.1", "localhost")
 
 
 def free_port() -> int:
@@ -118,7 +121,12 @@ class EmbeddedBroker:
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-broker", daemon=True)
         self._thread.start()
         # start() returns once the listener is bound (no TCP probe: amqtt leaks a socket on a bare connect).
-        asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=10)
+        try:
+            asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=10)
+        except Exception as exc:  # amqtt wraps the OSError of a taken port in its own BrokerError
+            self._stop_loop()
+            raise TransferError(f"the embedded broker cannot listen on 127.0.0.1:{self.port} ({exc}); choose a free "
+                                "port in --broker, or stop what listens there") from exc
 
     @property
     def url(self) -> str:
@@ -126,8 +134,37 @@ class EmbeddedBroker:
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop).result(timeout=10)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        asyncio.run_coroutine_threadsafe(_cancel_tasks(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
+
+
+async def _cancel_tasks() -> None:
+    """Cancel what amqtt left running (a failed start leaves its broadcast task), so the loop closes cleanly."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def embedded_broker_for(url: str | None) -> EmbeddedBroker:
+    """An embedded broker on the port of ``url`` (``mqtt://127.0.0.1:PORT``), or a free port when None.
+
+    It has no authentication or TLS, so only a loopback ``mqtt://`` address is accepted.
+    """
+    if url is None:
+        return EmbeddedBroker()
+    from edgesdk.transport import parse_broker_url
+
+    address = parse_broker_url(url)
+    if address.tls or address.host not in _LOOPBACK:
+        raise TransferError(f"the embedded broker has no TLS or passwords, so it listens on loopback only; give "
+                            f"--broker mqtt://127.0.0.1:PORT (not {url!r}), or run mosquitto for other addresses")
+    return EmbeddedBroker(address.port)
 
 
 def start_local_broker(workdir: str | os.PathLike[str]) -> LocalMosquitto | EmbeddedBroker:

@@ -4,7 +4,12 @@
 format ``mosquitto_passwd`` produces), an ACL where each device may read only its own
 command/chunk topics and its group's broadcast chunks and write only its own
 state/events/requests/measurement results, one credentials file per device, and a
-``mosquitto.conf``.
+``mosquitto.conf`` with absolute paths (it works from any directory).
+
+Started as root, mosquitto 2 drops to the ``mosquitto`` user before it reads the password
+and ACL files, so when this runs as root they are given to that user (mode 0600, the
+owner mosquitto checks for); otherwise they belong to whoever runs this, who then starts
+mosquitto. Device and server credentials stay 0600 for their writer only.
 """
 
 from __future__ import annotations
@@ -13,16 +18,27 @@ import base64
 import hashlib
 import json
 import os
+import pwd
 import secrets
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgesdk.ota import PREFIX, check_id
+from edgesdk.ota import MAX_RESULT_BYTES, PREFIX, check_id
 
-__all__ = ["MosquittoConfig", "write_mosquitto_config", "password_hash"]
+__all__ = ["MAX_PACKET_BYTES", "MosquittoConfig", "write_mosquitto_config", "password_hash"]
 
 _ITERATIONS = 101  # mosquitto_passwd's default for $7$
+_BROKER_USER = "mosquitto"  # the user mosquitto 2 drops to when started as root
+
+#: The broker's ``max_packet_size``. The largest legitimate message is a measurement result
+#: (device -> server, at most MAX_RESULT_BYTES = 32 MiB of JSON); the next largest are a
+#: deploy command for a 2 GiB archive (every chunk's sha256, about 0.75 MiB) and a chunk
+#: (256 KiB by default). mosquitto's limit is one for all topics, so it cannot be tighter
+#: than the result; 64 KiB on top covers the MQTT headers and topic. A device still cannot
+#: publish (or retain) hundreds of MiB, and the server caps state and event payloads itself.
+MAX_PACKET_BYTES = MAX_RESULT_BYTES + 64 * 1024
 
 
 def password_hash(password: str, salt: bytes | None = None) -> str:
@@ -33,32 +49,76 @@ def password_hash(password: str, salt: bytes | None = None) -> str:
 
 @dataclass(frozen=True)
 class MosquittoConfig:
+    """What :func:`write_mosquitto_config` wrote (absolute paths) and how to start the broker."""
+
     conf: Path
     password_file: Path
     acl_file: Path
     credentials: Mapping[str, Path]
     server_username: str
     server_password: str
+    #: Problems mosquitto would hit reading these files (e.g. a directory it cannot enter), with the fix.
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def command(self) -> str:
+        """The exact command that starts mosquitto with this configuration."""
+        return f"mosquitto -c {self.conf}"
 
 
-def _write_private(path: Path, text: str) -> None:
+def _write_private(path: Path, text: str, owner: pwd.struct_passwd | None = None) -> None:
+    """Write ``text`` readable by its owner only; ``owner`` (when root) is who gets the file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+        if owner is not None:
+            os.fchown(f.fileno(), owner.pw_uid, owner.pw_gid)
+
+
+def _broker_user() -> pwd.struct_passwd | None:
+    """The user a root-started mosquitto reads its files as; None when not root (it runs as us)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(_BROKER_USER)
+    except KeyError:
+        return None
+
+
+def _unreachable(directory: Path, user: pwd.struct_passwd) -> Path | None:
+    """The first directory on the way to ``directory`` that ``user`` may not enter, if any."""
+    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))  # mosquitto calls initgroups() as it drops
+    for parent in (*reversed(directory.parents), directory):
+        mode = parent.stat()
+        if user.pw_uid == mode.st_uid:
+            allowed = mode.st_mode & stat.S_IXUSR
+        elif mode.st_gid in groups:
+            allowed = mode.st_mode & stat.S_IXGRP
+        else:
+            allowed = mode.st_mode & stat.S_IXOTH
+        if not allowed:
+            return parent
+    return None
 
 
 def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str, str], port: int = 1883,
                            bind: str = "127.0.0.1", server_username: str = "edgesdk-server",
                            certfile: str | None = None, keyfile: str | None = None) -> MosquittoConfig:
-    """``devices`` maps device id -> group. TLS is enabled when a certificate and key are given."""
-    out = Path(out_dir)
+    """``devices`` maps device id -> group. TLS is enabled when a certificate and key are given.
+
+    The files go to ``out_dir`` (``mosquitto.conf``, ``passwd``, ``acl``, ``credentials/``); the
+    configuration names them by absolute path and caps packets at :data:`MAX_PACKET_BYTES`.
+    """
+    out = Path(out_dir).resolve()
     (out / "credentials").mkdir(parents=True, exist_ok=True)
     passwords = {server_username: secrets.token_urlsafe(24)}
     for device, group in devices.items():
         check_id(device, "device id")
         check_id(group, "group")
         passwords[device] = secrets.token_urlsafe(24)
-    _write_private(out / "passwd", "".join(f"{user}:{password_hash(pw)}\n" for user, pw in passwords.items()))
+    broker_user = _broker_user()
+    _write_private(out / "passwd", "".join(f"{user}:{password_hash(pw)}\n" for user, pw in passwords.items()),
+                   broker_user)
     acl = [f"user {server_username}", f"topic readwrite {PREFIX}/#", ""]
     for device, group in devices.items():
         acl += [f"user {device}",
@@ -69,7 +129,7 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
                 f"topic write {PREFIX}/devices/{device}/events",
                 f"topic write {PREFIX}/devices/{device}/need",
                 f"topic write {PREFIX}/devices/{device}/measurements", ""]
-    (out / "acl").write_text("\n".join(acl))
+    _write_private(out / "acl", "\n".join(acl), broker_user)
     credentials = {}
     for device, group in devices.items():
         path = out / "credentials" / f"{device}.json"
@@ -78,9 +138,23 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
         credentials[device] = path
     _write_private(out / "credentials" / "server.json",
                    json.dumps({"username": server_username, "password": passwords[server_username]}))
-    tls = [f"certfile {certfile}", f"keyfile {keyfile}"] if certfile and keyfile else []
+    tls = [f"certfile {Path(certfile).resolve()}", f"keyfile {Path(keyfile).resolve()}"] if certfile and keyfile else []
     conf = [f"listener {port} {bind}", "allow_anonymous false", f"password_file {out / 'passwd'}",
-            f"acl_file {out / 'acl'}", "persistence false", *tls, ""]
+            f"acl_file {out / 'acl'}", f"max_packet_size {MAX_PACKET_BYTES}", "persistence false", *tls, ""]
     (out / "mosquitto.conf").write_text("\n".join(conf))
     return MosquittoConfig(out / "mosquitto.conf", out / "passwd", out / "acl", credentials, server_username,
-                           passwords[server_username])
+                           passwords[server_username], _warnings(out, broker_user))
+
+
+def _warnings(out: Path, broker_user: pwd.struct_passwd | None) -> tuple[str, ...]:
+    if os.geteuid() != 0:
+        return ()
+    if broker_user is None:
+        return (f"there is no {_BROKER_USER!r} user for mosquitto to drop to when started as root; create it "
+                "(the mosquitto package does), or add a `user` line to mosquitto.conf",)
+    blocked = _unreachable(out, broker_user)
+    if blocked is None:
+        return ()
+    return (f"mosquitto started as root reads {out / 'passwd'} as user {_BROKER_USER}, who cannot enter {blocked} "
+            f"(mode {stat.S_IMODE(blocked.stat().st_mode):o}); write the configuration under a directory it can "
+            f"reach (e.g. --out /etc/mosquitto/edgesdk) or `chmod o+x {blocked}`",)

@@ -12,6 +12,24 @@ from pathlib import Path
 import click
 
 
+def _require_server_extra(embedded_broker: bool) -> None:
+    """Fail with the install hint, before any work, when the ``[server]`` extra is missing."""
+    import importlib
+
+    from edgesdk.errors import EdgeSDKError
+
+    modules = ["starlette", "uvicorn", *(["amqtt"] if embedded_broker else [])]
+    missing = []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise EdgeSDKError(f"edgesdk server needs the [server] extra ({', '.join(missing)} not installed): "
+                           "pip install 'edgesdk[server]'")
+
+
 def _token(token: str | None, token_file: Path) -> str:
     if token:
         return token
@@ -42,7 +60,8 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
 @click.option("--keep-latest", default=5, show_default=True, help="Versions kept per model (plus pinned/in use).")
 @click.option("--embedded-broker", is_flag=True,
-              help="Run an in-process MQTT broker (amqtt) on 127.0.0.1 instead of --broker (no mosquitto needed).")
+              help="Run an in-process MQTT broker (amqtt, no passwords) on 127.0.0.1, on the port of --broker "
+                   "(mqtt://127.0.0.1:PORT) or a free one (no mosquitto needed).")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
@@ -50,18 +69,23 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API."""
     if ctx.invoked_subcommand is not None:
         return
-    embedded = None
-    if embedded_broker:
-        from edgesdk.ota_server.broker import EmbeddedBroker
-
-        embedded = EmbeddedBroker()
-        broker = embedded.url
-        click.echo(f"embedded MQTT broker on {broker} (loopback only)", err=True)
-    missing = [name for name, value in (("--broker", broker), ("--repo", repo), ("--db", db), ("--key", key))
-               if not value]
+    missing = [name for name, value in (("--broker", broker or embedded_broker), ("--repo", repo), ("--db", db),
+                                        ("--key", key)) if not value]
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)}")
-    assert broker and repo and db and key
+    assert repo and db and key
+    _require_server_extra(embedded_broker)
+    from edgesdk.logs import configure
+
+    configure(info_loggers=("edgesdk.ota_server",))  # rollout transitions are the operator's record
+    embedded = None
+    if embedded_broker:
+        from edgesdk.ota_server.broker import embedded_broker_for
+
+        embedded = embedded_broker_for(broker)
+        broker = embedded.url
+        click.echo(f"embedded MQTT broker on {broker} (loopback only)", err=True)
+    assert broker
     from edgesdk.ota_server.fleet import FleetDB
     from edgesdk.ota_server.http_api import HttpServer, create_app
     from edgesdk.ota_server.repository import ModelRepository
@@ -110,5 +134,7 @@ def mosquitto_config(devices_file: str, out_dir: str, port: int, bind: str, cert
             devices[parts[0]] = parts[1]
     config = write_mosquitto_config(out_dir, devices, port=port, bind=bind, certfile=certfile, keyfile=keyfile)
     click.echo(f"wrote {config.conf}, {config.password_file}, {config.acl_file} and {len(devices)} device credentials "
-               f"in {Path(out_dir) / 'credentials'}\nstart the broker with: mosquitto -c {config.conf}\n"
-               "(the password and ACL files must be readable by the user mosquitto runs as)")
+               f"in {config.conf.parent / 'credentials'}")
+    for warning in config.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(f"start the broker with: {config.command}")
