@@ -25,7 +25,8 @@ class AdminClient:
 
     def __init__(self, url: str, token: str, timeout: float = 60.0) -> None:
         if not token:
-            raise EdgeSDKError("no admin token: pass --token, --token-file, or set EDGESDK_TOKEN")
+            raise EdgeSDKError("no admin token: pass --token or --token-file (`edgesdk server` writes admin.token "
+                               "beside its --db), or set EDGESDK_TOKEN or EDGESDK_TOKEN_FILE")
         self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
 
     def _call(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json") -> Any:
@@ -47,7 +48,8 @@ class AdminClient:
     def _json(self, method: str, path: str, data: Any = None) -> Any:
         return self._call(method, path, json.dumps(data).encode() if data is not None else None)
 
-    def upload(self, archive: bytes) -> dict[str, str]:
+    def upload(self, archive: bytes) -> dict[str, Any]:
+        """Store a bundle tar; ``{"name", "version", "stored"}`` (``stored`` False: the identical bundle was there)."""
         return self._call("POST", "/api/bundles", archive, "application/x-tar")
 
     def start_rollout(self, name: str, version: str, group: str, policy: dict[str, Any]) -> str:

@@ -48,8 +48,13 @@ class FleetDB:
             self._db.executescript(_SCHEMA)
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Rows as dicts; the SQL column ``grp`` (GROUP is an SQL keyword) is called ``group`` outside."""
         with self._lock:
-            return [dict(r) for r in self._db.execute(sql, args).fetchall()]
+            rows = [dict(r) for r in self._db.execute(sql, args).fetchall()]
+        for r in rows:
+            if "grp" in r:
+                r["group"] = r.pop("grp")
+        return rows
 
     def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
         with self._lock:

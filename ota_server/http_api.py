@@ -1,9 +1,12 @@
 """The authenticated admin API (Starlette, served by uvicorn; the ``[server]`` extra).
 
 Every request needs ``Authorization: Bearer <token>``. Errors come back as
-``{"error": message, "type": class}`` with 400 (bad request), 401, 404 or 409.
+``{"error": message, "type": class}`` with 400 (bad request), 401, 404 (NotFoundError),
+409 (ConflictError) or 413. Times are ISO 8601 UTC strings; a device's or rollout's
+group is ``group``.
 
-    POST /api/bundles                          body: bundle tar (as `edgesdk push` sends it)
+    POST /api/bundles                          body: bundle tar -> {"name", "version", "stored"} (201; 200 if
+                                               the identical bundle was stored already; 409 if other content)
     GET  /api/bundles                          {model: [versions]}
     POST /api/bundles/{name}/{version}/pin     {"pinned": true|false}
     POST /api/rollouts                         {"name", "version", "group", "policy": {...}}
@@ -20,14 +23,30 @@ from __future__ import annotations
 
 import hmac
 import threading
+from datetime import datetime, timezone
 from typing import Any
 
-from edgesdk.errors import BundleError, EdgeSDKError, SignatureError, TransferError
-from edgesdk.ota_server.measurements import MeasurementNotFound
+from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, TransferError
 from edgesdk.ota_server.rollout import RolloutPolicy
 from edgesdk.ota_server.server import OTAServer
 
-__all__ = ["create_app", "HttpServer"]
+__all__ = ["create_app", "HttpServer", "public"]
+
+#: Fields of fleet rows that hold epoch seconds inside the server and ISO 8601 outside.
+_TIMES = ("created", "updated", "last_seen", "sent", "wave_started", "wave_settled", "ts")
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def public(value: Any) -> Any:
+    """A fleet row (or list of rows) as the API shows it: times in ISO 8601 UTC, nested targets too."""
+    if isinstance(value, list):
+        return [public(v) for v in value]
+    if isinstance(value, dict):
+        return {k: (_iso(v) if k in _TIMES and isinstance(v, (int, float)) else public(v)) for k, v in value.items()}
+    return value
 
 
 def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3) -> Any:
@@ -48,12 +67,12 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
                 return error(401, "missing or wrong token; pass --token or set EDGESDK_TOKEN")
             try:
                 return await handler(request)
-            except (BundleError, SignatureError) as exc:
-                return error(409 if "already in the repository" in str(exc) else 400, exc)
-            except MeasurementNotFound as exc:
+            except NotFoundError as exc:
                 return error(404, exc)
+            except ConflictError as exc:
+                return error(409, exc)
             except EdgeSDKError as exc:
-                return error(404 if str(exc).startswith("no rollout") else 400, exc)
+                return error(400, exc)
             except (ValueError, KeyError, TypeError) as exc:
                 return error(400, f"malformed request: {exc}")
         return endpoint
@@ -71,7 +90,8 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         body = await capped_body(request, "bundle")
         if isinstance(body, JSONResponse):
             return body
-        return JSONResponse(await run_in_threadpool(server.upload, body), status_code=201)
+        result = await run_in_threadpool(server.upload, body)
+        return JSONResponse(result, status_code=201 if result["stored"] else 200)
 
     def number(request: Request, name: str, kind: type[int] | type[float], default: Any) -> Any:
         text = request.query_params.get(name)
@@ -112,10 +132,10 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         return JSONResponse({"id": rollout_id}, status_code=201)
 
     async def rollouts(request: Request) -> JSONResponse:
-        return JSONResponse(server.db.rollouts())
+        return JSONResponse(public(server.db.rollouts()))
 
     async def rollout(request: Request) -> JSONResponse:
-        return JSONResponse(server.status(request.path_params["id"]))
+        return JSONResponse(public(server.status(request.path_params["id"])))
 
     async def action(request: Request) -> JSONResponse:
         rollout_id, verb = request.path_params["id"], request.path_params["action"]
@@ -132,7 +152,7 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         return error(404, f"unknown action {verb!r}; use promote, abort or rollback")
 
     async def devices(request: Request) -> JSONResponse:
-        return JSONResponse(server.db.devices(request.query_params.get("group")))
+        return JSONResponse(public(server.db.devices(request.query_params.get("group"))))
 
     return Starlette(routes=[
         Route("/api/bundles", guarded(upload), methods=["POST"]),

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError, TransferError
+from edgesdk.errors import EdgeSDKError, NotFoundError, TransferError
 from edgesdk.ota import (
     MAX_ARCHIVE_BYTES,
     MAX_RESULT_BYTES,
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _FINISHED = ("done", "failed")
 
 
-class MeasurementNotFound(TransferError):
+class MeasurementNotFound(NotFoundError):
     """No measurement with this id is kept by this server."""
 
 

@@ -8,9 +8,11 @@ policy keeps the newest ``keep_latest`` versions of each model plus pinned and i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import tarfile
 import tempfile
 import threading
 from collections.abc import Iterable
@@ -18,10 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.bundle import Manifest, parse_version, read_bundle, safe_name
-from edgesdk.errors import BundleError, SignatureError
+from edgesdk.errors import BundleError, ConflictError, EdgeSDKError, NotFoundError, SignatureError
 from edgesdk.ota import ArchiveInfo, pack_bundle, unpack_bundle
 
 __all__ = ["ModelRepository"]
+
+
+def _manifest_sha256(bundle_dir: Path) -> str:
+    """The manifest names every file's hash, so its own hash identifies the bundle's content."""
+    return hashlib.sha256((bundle_dir / "manifest.json").read_bytes()).hexdigest()
 
 
 class ModelRepository:
@@ -41,13 +48,23 @@ class ModelRepository:
         bundle = read_bundle(bundle_dir, public_key=self.signer_key, require_signature=not self.allow_unsigned)
         return bundle.manifest
 
-    def add(self, bundle_dir: str | os.PathLike[str]) -> Manifest:
-        """Verify a bundle directory and store it as ``<model>/<version>``."""
+    def add(self, bundle_dir: str | os.PathLike[str]) -> tuple[Manifest, bool]:
+        """Verify a bundle directory and store it as ``<model>/<version>``; ``(manifest, stored)``.
+
+        Versions are immutable: the same bundle again is a no-op (``stored`` is False), a
+        different bundle under a stored name and version is a :class:`ConflictError`.
+        """
         manifest = self._check(Path(bundle_dir))
         target = self.root / safe_name(manifest.name, "model name") / manifest.version
         with self._lock:
             if target.exists():
-                raise BundleError(f"{manifest.name} {manifest.version} is already in the repository; bump the version")
+                given, stored = _manifest_sha256(Path(bundle_dir)), _manifest_sha256(target)
+                if given != stored:
+                    raise ConflictError(
+                        f"{manifest.name} {manifest.version} is already in the repository with other content "
+                        f"(stored manifest sha256 {stored[:16]}…, given {given[:16]}…); versions are immutable: "
+                        "convert again with a higher --version")
+                return manifest, False
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
             try:
@@ -58,22 +75,28 @@ class ModelRepository:
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-        return manifest
+        return manifest, True
 
-    def add_archive(self, data: bytes) -> Manifest:
-        """Store a bundle uploaded as a tar archive (as ``edgesdk push`` sends it)."""
+    def add_archive(self, data: bytes) -> tuple[Manifest, bool]:
+        """Store a bundle uploaded as a tar archive (as ``edgesdk push`` sends it); see :meth:`add`.
+
+        Errors name files inside the bundle, never the server's temporary directory.
+        """
         with tempfile.TemporaryDirectory(prefix="edgesdk-upload-") as tmp:
             archive = Path(tmp) / "bundle.tar"
             archive.write_bytes(data)
             try:
-                unpack_bundle(archive, Path(tmp) / "bundle")
-            except (OSError, EOFError, ValueError) as exc:
-                raise BundleError(f"upload is not a bundle archive ({exc}); send the tar `edgesdk push` makes") from exc
-            except Exception as exc:  # tarfile.ReadError and friends
-                if isinstance(exc, BundleError):
+                try:
+                    unpack_bundle(archive, Path(tmp) / "bundle")
+                except (OSError, EOFError, ValueError, tarfile.TarError) as exc:
+                    raise BundleError(f"upload is not a bundle archive ({exc}); send the tar `edgesdk push` makes") \
+                        from None
+                return self.add(Path(tmp) / "bundle")
+            except EdgeSDKError as exc:
+                if tmp not in str(exc):
                     raise
-                raise BundleError(f"upload is not a bundle archive ({exc})") from exc
-            return self.add(Path(tmp) / "bundle")
+                raise type(exc)(str(exc).replace(f"{tmp}/bundle/", "").replace(f"{tmp}/bundle", "the bundle")
+                                .replace(tmp, "the upload")) from None
 
     def models(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -88,7 +111,7 @@ class ModelRepository:
     def path(self, name: str, version: str) -> Path:
         path = self.root / safe_name(name, "model name") / version
         if not (path / "manifest.json").is_file():
-            raise BundleError(f"{name} {version} is not in the repository; known versions: {self.versions(name)}")
+            raise NotFoundError(f"{name} {version} is not in the repository; known versions: {self.versions(name)}")
         return path
 
     def manifest(self, name: str, version: str) -> Manifest:

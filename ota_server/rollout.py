@@ -67,14 +67,19 @@ class RolloutPolicy:
 
     def __post_init__(self) -> None:
         fractions = (self.canary, *self.waves)
+        shown = ",".join(f"{f * 100:g}%" for f in fractions)
         if not all(0 < f <= 1 for f in fractions):
-            raise EdgeSDKError(f"canary and waves must be percentages in (0, 100], got {[f * 100 for f in fractions]}")
+            raise EdgeSDKError(f"canary and waves must be percentages in (0, 100], got {shown}")
+        all_at_once = self.canary == 1.0 and self.waves in ((), (1.0,))
+        if not all_at_once and (any(b <= a for a, b in zip(fractions, fractions[1:])) or fractions[-1] != 1.0):
+            raise EdgeSDKError(f"stages canary,waves = {shown} must increase and end at 100%; "
+                               "write e.g. --canary 10% --waves 50,100")
         if not 0 <= self.max_failure_rate < 1 or self.health_window_s < 0 or self.deploy_timeout_s <= 0:
             raise EdgeSDKError("max failure rate must be in [0, 100%), health window >= 0 and timeout > 0")
 
     @property
     def stages(self) -> tuple[float, ...]:
-        return tuple(sorted({self.canary, *self.waves, 1.0}))
+        return tuple(dict.fromkeys((self.canary, *self.waves)))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "waves": list(self.waves)}

@@ -20,7 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.errors import BundleError, EdgeSDKError
+from edgesdk.bundle import parse_version
+from edgesdk.errors import BundleError, ConflictError, EdgeSDKError, NotFoundError
 from edgesdk.ota import ArchiveInfo, Topics, check_id, sign_command
 from edgesdk.ota_server.fleet import TERMINAL, FleetDB
 from edgesdk.ota_server.measurements import Measurements
@@ -33,6 +34,16 @@ __all__ = ["OTAServer", "ServerConfig"]
 log = logging.getLogger(__name__)
 
 FAILED = ("failed", "rolled_back", "rejected", "timeout")
+#: Device state, event and chunk-request messages are small JSON; anything larger is refused unparsed.
+MAX_REPORT_BYTES = 64 * 1024
+
+
+def _too_large(topic: str, payload: bytes) -> bool:
+    if len(payload) <= MAX_REPORT_BYTES:
+        return False
+    log.warning("ignoring %d-byte message on %s: device reports are at most %d bytes", len(payload), topic,
+                MAX_REPORT_BYTES)
+    return True
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,8 @@ class OTAServer:
 
     # MQTT handlers -------------------------------------------------------------------------
     def _on_state(self, topic: str, payload: bytes) -> None:
+        if _too_large(topic, payload):
+            return
         try:
             device = check_id(Topics.device_of(topic), "device id")
             state = json.loads(payload)
@@ -113,6 +126,8 @@ class OTAServer:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 
     def _on_event(self, topic: str, payload: bytes) -> None:
+        if _too_large(topic, payload):
+            return
         try:
             device = check_id(Topics.device_of(topic), "device id")
             event = json.loads(payload)
@@ -140,6 +155,8 @@ class OTAServer:
         self.db.set_target(rollout_id, device, status, event.get("reason"))
 
     def _on_need(self, topic: str, payload: bytes) -> None:
+        if _too_large(topic, payload):
+            return
         try:
             device = check_id(Topics.device_of(topic), "device id")
             request = json.loads(payload)
@@ -163,10 +180,13 @@ class OTAServer:
         return transfer.data[start:end]
 
     # rollouts ------------------------------------------------------------------------------
-    def upload(self, archive: bytes) -> dict[str, str]:
-        manifest = self.repo.add_archive(archive)
-        self.repo.apply_policy(in_use=self._in_use())
-        return {"name": manifest.name, "version": manifest.version}
+    def upload(self, archive: bytes) -> dict[str, Any]:
+        """Store a bundle tar; ``stored`` is False when the identical bundle was already there."""
+        manifest, stored = self.repo.add_archive(archive)
+        if stored:
+            self.repo.apply_policy(in_use=self._in_use())
+            log.info("stored bundle %s %s", manifest.name, manifest.version)
+        return {"name": manifest.name, "version": manifest.version, "stored": stored}
 
     def _in_use(self) -> set[tuple[str, str]]:
         used = {(d["model"], d["version"]) for d in self.db.devices() if d["model"] and d["version"]}
@@ -177,12 +197,13 @@ class OTAServer:
                       rollback: bool = False) -> str:
         check_id(group, "group")
         self.repo.path(name, version)  # must exist
-        devices = [d for d in self.db.devices(group) if d["status"] == "online"]
-        if not devices:
-            raise EdgeSDKError(f"group {group!r} has no online device; start the agents first")
-        running = [r for r in self.db.rollouts("running") if r["grp"] == group]
+        online = [d for d in self.db.devices(group) if d["status"] == "online"]
+        if not online:
+            raise ConflictError(f"group {group!r} has no online device; start the agents first (see `edgesdk devices`)")
+        running = [r for r in self.db.rollouts("running") if r["group"] == group]
         if running:
-            raise EdgeSDKError(f"group {group!r} already has rollout {running[0]['id']} running; abort or wait for it")
+            raise ConflictError(f"group {group!r} already has rollout {running[0]['id']} running; abort or wait for it")
+        devices = self._targets(name, version, group, online, rollback)
         policy = policy or RolloutPolicy()
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.db.add_rollout(rollout_id, name, version, group, policy.to_dict(), rollback)
@@ -196,7 +217,25 @@ class OTAServer:
             start = end
         self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback},
                     rollout_id=rollout_id)
+        log.info("rollout %s started: %s %s to %d devices of group %s in stages %s%s", rollout_id, name, version,
+                 len(order), group, sizes, " (rollback)" if rollback else "")
         return rollout_id
+
+    @staticmethod
+    def _targets(name: str, version: str, group: str, online: list[dict[str, Any]],
+                 rollback: bool) -> list[dict[str, Any]]:
+        """The online devices that need ``version``; refuses a version the group runs already, or a downgrade."""
+        wanted = parse_version(version)
+        targets = [d for d in online if not (d["model"] == name and d["version"] == version)]
+        if not targets:
+            raise ConflictError(f"{name} {version} is already installed on all {len(online)} online devices of group "
+                                f"{group!r}; nothing to send")
+        newer = sorted({d["version"] for d in targets if d["model"] == name and d["version"]
+                        and parse_version(d["version"]) > wanted}, key=parse_version)
+        if newer and not rollback:
+            raise ConflictError(f"group {group!r} runs {name} {newer[-1]}, newer than {version}: devices refuse a "
+                                f"downgrade; use `edgesdk rollout rollback ID --to {version}`")
+        return targets
 
     def promote(self, rollout_id: str) -> None:
         """Send the next stage now, without waiting for the health window."""
@@ -209,29 +248,27 @@ class OTAServer:
 
     def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
         """Roll a finished or aborted rollout's group back with a signed rollback, as a new rollout."""
-        r = self.db.rollout(rollout_id)
-        if r is None:
-            raise EdgeSDKError(f"no rollout {rollout_id!r}")
+        r = self.status(rollout_id)
         if r["state"] == "running":
             self._abort(r, "rolled back by operator")
         if to_version is None:
             previous = [t["previous_version"] for t in r["targets"] if t["previous_version"]]
             if not previous:
-                raise EdgeSDKError(f"rollout {rollout_id} has no previous version to go back to; pass --to VERSION")
+                raise ConflictError(f"rollout {rollout_id} has no previous version to go back to; pass --to VERSION")
             to_version = max(set(previous), key=previous.count)
         policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0, max_failure_rate=0.99)
-        return self.start_rollout(r["model"], to_version, r["grp"], policy, rollback=True)
+        return self.start_rollout(r["model"], to_version, r["group"], policy, rollback=True)
 
     def status(self, rollout_id: str) -> dict[str, Any]:
         r = self.db.rollout(rollout_id)
         if r is None:
-            raise EdgeSDKError(f"no rollout {rollout_id!r}")
+            raise NotFoundError(f"no rollout {rollout_id!r}; `edgesdk rollout status` lists them")
         return r
 
     def _running(self, rollout_id: str) -> dict[str, Any]:
         r = self.status(rollout_id)
         if r["state"] != "running":
-            raise EdgeSDKError(f"rollout {rollout_id} is {r['state']}, not running")
+            raise ConflictError(f"rollout {rollout_id} is {r['state']}, not running")
         return r
 
     # measurements --------------------------------------------------------------------------
@@ -295,6 +332,7 @@ class OTAServer:
         if r["wave"] >= last_wave:
             self.db.update_rollout(r["id"], state="completed", reason=f"{len(sent) - len(failed)}/{len(sent)} updated")
             self.db.log("rollout_completed", {"failed": len(failed)}, rollout_id=r["id"])
+            log.info("rollout %s completed: %d/%d devices updated", r["id"], len(sent) - len(failed), len(sent))
         elif policy.auto_promote:
             self._send_wave(r, r["wave"] + 1)
 
@@ -302,12 +340,12 @@ class OTAServer:
                  archive: ArchiveInfo | None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r["model"],
-                            version=version, group=r["grp"], rollback=rollback, archive=archive)
+                            version=version, group=r["group"], rollback=rollback, archive=archive)
 
     def _send_wave(self, r: dict[str, Any], wave: int) -> None:
         targets = [t for t in r["targets"] if t["wave"] == wave]
         if not targets:
-            raise EdgeSDKError(f"rollout {r['id']} has no stage {wave}")
+            raise ConflictError(f"rollout {r['id']} has no stage {wave + 1}: its last stage was sent already")
         data, info = self.repo.archive(r["model"], r["version"])
         transfer_id = f"{r['id']}-w{wave}"
         with self._lock:
@@ -326,8 +364,9 @@ class OTAServer:
             if not has_slot:
                 needs_download.append(t["device_id"])
         self.db.log("wave_sent", {"wave": wave, "devices": [t["device_id"] for t in targets]}, rollout_id=r["id"])
+        log.info("rollout %s: stage %d sent to %d devices", r["id"], wave + 1, len(targets))
         if needs_download:
-            threading.Thread(target=self._broadcast, args=(r["id"], r["grp"], transfer_id, set(needs_download)),
+            threading.Thread(target=self._broadcast, args=(r["id"], r["group"], transfer_id, set(needs_download)),
                              daemon=True).start()
 
     def _resend(self, rollout_id: str, device: str, now: float) -> None:

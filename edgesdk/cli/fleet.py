@@ -12,8 +12,13 @@ import click
 _server = click.option("--server", "server_url", envvar="EDGESDK_SERVER", default="http://127.0.0.1:8080",
                        show_default=True, help="Admin API URL (env EDGESDK_SERVER).")
 _token = click.option("--token", envvar="EDGESDK_TOKEN", help="Admin token (env EDGESDK_TOKEN).")
-_token_file = click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="File with the token.")
+_token_file = click.option("--token-file", envvar="EDGESDK_TOKEN_FILE", type=click.Path(exists=True, dir_okay=False),
+                           help="File with the token: `edgesdk server` writes admin.token beside its --db "
+                                "(env EDGESDK_TOKEN_FILE).")
 _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+#: Per-device statuses shown in progress lines, in the order a device passes through them.
+_PROGRESS = ("pending", "sent", "downloading", "installing", "committed", "failed", "rolled_back", "rejected", "timeout",
+             "reverting", "reverted", "revert_failed")
 
 
 def admin_client(server_url: str, token: str | None, token_file: str | None) -> Any:
@@ -25,70 +30,111 @@ def admin_client(server_url: str, token: str | None, token_file: str | None) -> 
     return AdminClient(server_url, token or "")
 
 
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in (header, *rows))
+
+
+def _counts(r: dict[str, Any]) -> str:
+    counts: dict[str, int] = {}
+    for t in r["targets"]:
+        counts[t["status"]] = counts.get(t["status"], 0) + 1
+    return ", ".join(f"{k} {counts[k]}" for k in sorted(counts, key=lambda k: (_PROGRESS + (k,)).index(k)))
+
+
+def _stages(r: dict[str, Any]) -> int:
+    return max((t["wave"] for t in r["targets"]), default=0) + 1
+
+
 def _print_rollout(r: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
-    counts: dict[str, int] = {}
-    for t in r["targets"]:
-        counts[t["status"]] = counts.get(t["status"], 0) + 1
-    click.echo(f"rollout {r['id']}: {r['model']} {r['version']} -> group {r['grp']}: {r['state']}"
-               f" (stage {r['wave'] + 1} of {max(t['wave'] for t in r['targets']) + 1})")
+    click.echo(f"rollout {r['id']}: {r['model']} {r['version']} -> group {r['group']}: {r['state']}"
+               f" (stage {r['wave'] + 1} of {_stages(r)})")
     if r["reason"]:
         click.echo(f"  reason: {r['reason']}")
-    click.echo("  devices: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    for t in r["targets"]:
-        if t["reason"]:
-            click.echo(f"  {t['device_id']}: {t['status']} — {t['reason']}")
+    click.echo(f"  devices: {_counts(r)}")
+    click.echo(_table(("device", "stage", "status", "from", "reason"),
+                      [(t["device_id"], str(t["wave"] + 1), t["status"], t["previous_version"] or "none",
+                        t["reason"] or "") for t in r["targets"]]))
 
 
-def _wait(client: Any, rollout_id: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    r = client.rollout(rollout_id)
-    while r["state"] == "running" and time.monotonic() < deadline:
-        time.sleep(0.5)
+def _outcome(r: dict[str, Any]) -> None:
+    """Raise unless the rollout completed with every device updated (the exit code scripts rely on)."""
+    from edgesdk.errors import RolloutError, RolloutTimeoutError
+
+    if r["state"] == "running":
+        raise RolloutTimeoutError(f"rollout {r['id']} is still running (stage {r['wave'] + 1} of {_stages(r)}: "
+                                  f"{_counts(r)}); follow it with `edgesdk rollout status {r['id']} --follow`")
+    failed = [t for t in r["targets"] if t["status"] not in ("committed", "reverted")]
+    if r["state"] != "completed" or failed:
+        raise RolloutError(f"rollout {r['id']} {r['state']}: {r['reason'] or _counts(r)}")
+
+
+def _follow(client: Any, rollout_id: str, timeout: float | None) -> dict[str, Any]:
+    """Poll until the rollout leaves ``running`` (or ``timeout`` s pass), printing progress lines to stderr."""
+    started = time.monotonic()
+    last = ""
+    while True:
         r = client.rollout(rollout_id)
-    return r
+        line = f"stage {r['wave'] + 1} of {_stages(r)}: {_counts(r)}"
+        if line != last:
+            click.echo(f"[{time.monotonic() - started:6.1f}s] {r['state']} {line}", err=True)
+            last = line
+        if r["state"] != "running" or (timeout is not None and time.monotonic() - started >= timeout):
+            return r
+        time.sleep(0.5)
+
+
+def _finish(client: Any, rollout_id: str, timeout: float | None, as_json: bool) -> None:
+    r = _follow(client, rollout_id, timeout)
+    _print_rollout(r, as_json)
+    _outcome(r)
 
 
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--group", required=True)
 @click.option("--canary", default="10%", show_default=True, help="First stage, as a share of the group.")
-@click.option("--waves", default="50,100", show_default=True, help="Later stages, cumulative percentages.")
+@click.option("--waves", default=None,
+              help="Later stages: increasing cumulative percentages ending at 100 [default: 50,100, or those of "
+                   "them above --canary].")
 @click.option("--health-window", default="60s", show_default=True, help="Wait after each stage before the next.")
 @click.option("--max-failure-rate", default="5%", show_default=True, help="Abort and roll back above this.")
 @click.option("--deploy-timeout", default="300s", show_default=True, help="A silent device counts as failed after it.")
 @click.option("--manual", is_flag=True, help="Wait for `edgesdk rollout promote` between stages.")
-@click.option("--wait", "wait_s", type=float, default=None, help="Wait up to this many seconds for the outcome.")
+@click.option("--wait", "wait_s", type=float, default=None,
+              help="Wait up to this many seconds, showing progress; exit 0 only if every device updated "
+                   "(17: aborted or failed, 18: still running).")
 @_server
 @_token
 @_token_file
 @_json
-def push(bundle: str, group: str, canary: str, waves: str, health_window: str, max_failure_rate: str,
+def push(bundle: str, group: str, canary: str, waves: str | None, health_window: str, max_failure_rate: str,
          deploy_timeout: str, manual: bool, wait_s: float | None, server_url: str, token: str | None,
          token_file: str | None, as_json: bool) -> None:
-    """Upload BUNDLE (if new) and start a rollout of it to GROUP."""
+    """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to GROUP."""
     from edgesdk.bundle import read_bundle
     from edgesdk.ota import pack_bundle
     from edgesdk.ota_server.rollout import RolloutPolicy, parse_duration, parse_percent
 
-    policy = RolloutPolicy(canary=parse_percent(canary), waves=tuple(parse_percent(w) for w in waves.split(",")),
+    first = parse_percent(canary)
+    stages = tuple(parse_percent(w) for w in waves.split(",")) if waves else tuple(w for w in (0.5, 1.0) if w > first)
+    policy = RolloutPolicy(canary=first, waves=stages,
                            health_window_s=parse_duration(health_window),
                            max_failure_rate=parse_percent(max_failure_rate),
                            deploy_timeout_s=parse_duration(deploy_timeout), auto_promote=not manual)
     manifest = read_bundle(bundle).manifest
     client = admin_client(server_url, token, token_file)
-    try:
-        client.upload(pack_bundle(bundle))
-    except Exception as exc:
-        if "already in the repository" not in str(exc):
-            raise
+    stored = client.upload(pack_bundle(bundle))["stored"]
+    click.echo(f"{'uploaded' if stored else 'already stored:'} {manifest.name} {manifest.version}", err=True)
     rollout_id = client.start_rollout(manifest.name, manifest.version, group, policy.to_dict())
     if wait_s is None:
         click.echo(json.dumps({"id": rollout_id}) if as_json else f"started rollout {rollout_id}")
         return
-    _print_rollout(_wait(client, rollout_id, wait_s), as_json)
+    click.echo(f"started rollout {rollout_id}", err=True)
+    _finish(client, rollout_id, wait_s, as_json)
 
 
 @click.group()
@@ -98,22 +144,33 @@ def rollout() -> None:
 
 @rollout.command("status")
 @click.argument("rollout_id", required=False)
+@click.option("--follow", is_flag=True, help="Show progress until the rollout ends; exit as `push --wait` does.")
 @_server
 @_token
 @_token_file
 @_json
-def status(rollout_id: str | None, server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
+def status(rollout_id: str | None, follow: bool, server_url: str, token: str | None, token_file: str | None,
+           as_json: bool) -> None:
     """Show one rollout with its devices, or list all rollouts."""
     client = admin_client(server_url, token, token_file)
+    if rollout_id and follow:
+        _finish(client, rollout_id, None, as_json)
+        return
     if rollout_id:
         _print_rollout(client.rollout(rollout_id), as_json)
         return
+    if follow:
+        raise click.UsageError("--follow needs a rollout ID")
     rows = client.rollouts()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    for r in rows:
-        click.echo(f"{r['id']}  {r['model']} {r['version']}  group {r['grp']}  {r['state']}  {r['reason'] or ''}")
+    if not rows:
+        click.echo("no rollouts yet")
+        return
+    click.echo(_table(("rollout", "model", "version", "group", "state", "started", "reason"),
+                      [(r["id"], r["model"], r["version"], r["group"], r["state"], r["created"], r["reason"] or "")
+                       for r in rows]))
 
 
 def _action(verb: str) -> Any:
@@ -121,15 +178,20 @@ def _action(verb: str) -> Any:
     @_server
     @_token
     @_token_file
-    @click.option("--wait", "wait_s", type=float, default=None, help="Wait for the outcome (seconds).")
+    @click.option("--wait", "wait_s", type=float, default=None,
+                  help="Wait for the outcome (seconds); exit 17 if it aborted or failed, 18 if still running.")
     def command(rollout_id: str, server_url: str, token: str | None, token_file: str | None, wait_s: float | None,
                 to: str | None = None) -> None:
         client = admin_client(server_url, token, token_file)
         result = client.act(rollout_id, verb, to)
         target = result["id"]
         click.echo(f"{verb}: rollout {target}")
-        if wait_s is not None:
-            _print_rollout(_wait(client, target, wait_s), False)
+        if wait_s is None:
+            return
+        if verb == "abort":  # aborted is what was asked for: show the reverts, do not report it as a failure
+            _print_rollout(client.rollout(target), False)
+            return
+        _finish(client, target, wait_s, False)
 
     return command
 
@@ -152,5 +214,9 @@ def devices(group: str | None, server_url: str, token: str | None, token_file: s
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    for d in rows:
-        click.echo(f"{d['id']:<16} {d['grp']:<12} {d['status']:<8} {d['model'] or '-'} {d['version'] or '-'}")
+    if not rows:
+        click.echo("no devices" + (f" in group {group}" if group else "") + " have reported yet")
+        return
+    click.echo(_table(("device", "group", "status", "model", "version", "last seen"),
+                      [(d["id"], d["group"], d["status"], d["model"] or "none", d["version"] or "none", d["last_seen"])
+                       for d in rows]))

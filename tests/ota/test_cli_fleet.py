@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import cli
+from edgesdk.errors import ConflictError, RolloutError
 from edgesdk.ota_server.broker import free_port
 from tests.ota.conftest import wait_for
 
@@ -45,9 +47,9 @@ def server_process(tmp_path, broker, keys):
     process.wait(timeout=20)
 
 
-def _cli(*args: str) -> str:
+def _cli(*args: str, exit_code: int = 0) -> str:
     result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == exit_code, result.output
     return result.stdout
 
 
@@ -64,7 +66,8 @@ def test_canary_rollout_and_automatic_rollback_from_the_cli(server_process, brok
 
     started = time.monotonic()
     out = _cli("push", str(bundles["3.0.0-bad"]), "--group", "cams", "--canary", "10%", "--waves", "50,100",
-               "--health-window", "0.5s", "--max-failure-rate", "5%", "--wait", "120", *auth)
+               "--health-window", "0.5s", "--max-failure-rate", "5%", "--wait", "120", *auth,
+               exit_code=RolloutError.exit_code)  # an aborted rollout is a failed push, for every CI script
     assert "aborted" in out and "rolled_back 2" in out and "pending 18" in out, out
     assert "health check" in out
     assert time.monotonic() - started < 120
@@ -128,3 +131,52 @@ def test_mosquitto_config_command_writes_passwords_acl_and_credentials(tmp_path)
     bad = CliRunner().invoke(cli, ["server", "mosquitto-config", "--devices", str(tmp_path / "acl.txt"),
                                    "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0
+
+
+def test_versions_are_immutable_and_what_a_group_runs_is_not_pushed_again(server_process, broker, make_agent,
+                                                                           bundles, keys, tmp_path):
+    from tests.ota.conftest import make_bundle
+
+    auth = ["--server", server_process, "--token", "s3cret"]
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+    wait_for(lambda: len(json.loads(_cli("devices", "--json", *auth))) == 2, what="devices")
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait", "60",
+         *auth)
+    impostor = make_bundle(tmp_path / "impostor", "1.0.0", keys, seed=99)  # same name and version, other weights
+    out = CliRunner().invoke(cli, ["push", str(impostor), "--group", "cams", *auth])
+    assert out.exit_code == ConflictError.exit_code, out.output
+    assert "other content" in out.output and "sha256" in out.output and "higher --version" in out.output
+    again = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", *auth])
+    assert again.exit_code == ConflictError.exit_code, again.output
+    assert "already stored" in again.output and "already installed on all 2 online devices" in again.output
+    assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
+    assert len(json.loads(_cli("rollout", "status", "--json", *auth))) == 1, "no rollout may start for either push"
+
+
+def test_wave_lists_must_increase_to_100_before_anything_is_sent(bundles):
+    # The server URL answers nothing: the policy is refused before any request.
+    for waves in ("100,50", "50", "50,50,100"):
+        out = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--waves", waves,
+                                       "--server", "http://127.0.0.1:9", "--token", "t"])
+        assert out.exit_code == 1 and "must increase and end at 100%" in out.output, (waves, out.output)
+
+
+def test_tables_json_words_iso_times_and_follow(server_process, broker, make_agent, bundles):
+    auth = ["--server", server_process, "--token", "s3cret"]
+    make_agent("cam0", broker.url)
+    wait_for(lambda: len(json.loads(_cli("devices", "--json", *auth))) == 1, what="device")
+    table = _cli("devices", *auth).splitlines()
+    assert table[0].split() == ["device", "group", "status", "model", "version", "last", "seen"]
+    assert table[1].split()[:5] == ["cam0", "cams", "online", "none", "none"]
+    (device,) = json.loads(_cli("devices", "--json", *auth))
+    assert "grp" not in device and device["group"] == "cams"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", device["last_seen"]), device["last_seen"]
+    rollout_id = json.loads(_cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%",
+                                 "--health-window", "0s", "--json", *auth))["id"]
+    result = CliRunner().invoke(cli, ["rollout", "status", rollout_id, "--follow", "--json", *auth])
+    assert result.exit_code == 0, result.output
+    final = json.loads(result.stdout)
+    assert final["state"] == "completed" and final["group"] == "cams" and final["created"].endswith("Z")
+    assert "stage 1 of 1" in result.stderr and "committed 1" in result.stderr
+    listing = _cli("rollout", "status", *auth).splitlines()
+    assert listing[0].split()[:5] == ["rollout", "model", "version", "group", "state"]

@@ -103,8 +103,7 @@ def test_repository_refuses_unsigned_and_keeps_latest_pinned_and_in_use(tmp_path
     versions = [f"1.{i}.0" for i in range(5)]
     for v in versions:
         repo.add(make_bundle(tmp_path / v, v, keys))
-    with pytest.raises(BundleError, match="already in the repository"):
-        repo.add(tmp_path / "1.0.0")
+    assert repo.add(tmp_path / "1.0.0")[1] is False  # the identical bundle again: nothing to store
     repo.pin("digits", "1.0.0")
     removed = repo.apply_policy(in_use=[("digits", "1.1.0")])
     assert sorted(v for _, v in removed) == ["1.2.0"]
@@ -116,7 +115,7 @@ def test_repository_refuses_unsigned_and_keeps_latest_pinned_and_in_use(tmp_path
     with pytest.raises(SignatureError, match="no bundle signer key"):
         no_key.add(tmp_path / "1.4.0")
     dev = ModelRepository(tmp_path / "repo3", allow_unsigned=True)
-    assert dev.add(tmp_path / "1.4.0").version == "1.4.0"
+    assert dev.add(tmp_path / "1.4.0")[0].version == "1.4.0"
 
 
 def _measure_envelope(keys, **changes):
