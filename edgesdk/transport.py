@@ -3,7 +3,12 @@
 A :class:`Transport` publishes bytes and delivers messages of subscribed topic filters to
 handlers. :class:`MqttTransport` reconnects by itself and re-subscribes after every
 (re)connect, so a broker restart costs a pause, not a lost subscription; it sets a
-retained last will so others see the client go offline.
+retained last will so others see the client go offline. It speaks MQTT 5 so that the
+broker says when it refuses something: refused credentials (CONNACK), a refused
+subscription (SUBACK) or a publish its ACL denies (PUBACK "Not authorized"; mosquitto 2
+grants an ACL-denied subscription and only then drops deliveries, so the publish is what
+reveals an agent holding another device's credentials). Each raises or reports a
+:class:`BrokerError` instead of leaving a client that is connected but deaf.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
-from edgesdk.errors import TransferError
+from edgesdk.errors import BrokerError, TransferError
 
 __all__ = ["Transport", "MqttTransport", "BrokerAddress", "parse_broker_url", "Handler"]
 
@@ -56,23 +62,60 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def confirm_access(self, timeout: float = 10.0) -> None:  # noqa: B027 (optional for transports)
+        """Block until the broker answered every subscription and QoS 1 publish so far; raise BrokerError
+        if it refused one."""
+
 
 class MqttTransport(Transport):
     """A paho-mqtt client running its own network thread."""
 
     def __init__(self, url: str, client_id: str, username: str | None = None, password: str | None = None,
                  will: tuple[str, bytes] | None = None, ca_file: str | None = None, keepalive: int = 10,
-                 connect_timeout: float = 10.0, on_connect: Callable[[], None] | None = None) -> None:
+                 connect_timeout: float = 10.0, on_connect: Callable[[], None] | None = None,
+                 on_refused: Callable[[BrokerError], None] | None = None) -> None:
         import paho.mqtt.client as mqtt
 
         self.address = parse_broker_url(url)
         self._subscriptions: dict[str, tuple[Handler, int]] = {}
         self._on_connect_hook = on_connect
+        self._on_refused_hook = on_refused
         self._lock = threading.Lock()
         self._connected = threading.Event()
+        self._answered = threading.Event()  # the broker accepted or refused the first connection
+        self._subscribed = threading.Condition(self._lock)
+        #: Why the broker refused this client (credentials or a subscription), once it did.
+        self.refusal: BrokerError | None = None
+        self._client_id, self._url, self._username = client_id, url, username
         self.connects = 0
-        client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=mqtt.MQTTv311, clean_session=True)
+        self._pending_subs: dict[int, str] = {}
+        self._pending_pubs: dict[int, str] = {}
+        self._unsupported = False
+        # MQTT 5 first (it reports refused publishes); a broker that only speaks 3.1.1 gets 3.1.1: amqtt
+        # refuses some MQTT 5 CONNECTs and leaves others (with a will) unanswered, hence the short first wait.
+        for protocol, wait_s in ((mqtt.MQTTv5, min(3.0, connect_timeout)), (mqtt.MQTTv311, connect_timeout)):
+            self._client = self._connect(protocol, username, password, will, ca_file, keepalive)
+            answered = self._answered.wait(wait_s)
+            if protocol == mqtt.MQTTv5 and (self._unsupported or not answered):
+                self._client.loop_stop()
+                self._answered.clear()
+                self._unsupported = False
+                continue
+            break
+        if not answered:
+            self._client.loop_stop()
+            raise TransferError(f"no connection to MQTT broker {url} within {connect_timeout:.0f} s as {client_id!r}; "
+                                "check the URL, the broker and the credentials")
+        if self.refusal is not None:
+            self._client.loop_stop()
+            raise self.refusal
+
+    def _connect(self, protocol: Any, username: str | None, password: str | None, will: tuple[str, bytes] | None,
+                 ca_file: str | None, keepalive: int) -> Any:
+        import paho.mqtt.client as mqtt
+
+        client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=self._client_id,
+                             protocol=protocol)
         if username is not None:
             client.username_pw_set(username, password)
         if will is not None:
@@ -86,22 +129,31 @@ class MqttTransport(Transport):
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
-        self._pending_subs: dict[int, str] = {}
-        self._client = client
+        client.on_publish = self._on_publish
         try:
-            client.connect_async(self.address.host, self.address.port, keepalive=keepalive)
+            if protocol == mqtt.MQTTv5:
+                client.connect_async(self.address.host, self.address.port, keepalive=keepalive, clean_start=True)
+            else:
+                client.connect_async(self.address.host, self.address.port, keepalive=keepalive)
         except (OSError, ValueError) as exc:
-            raise TransferError(f"cannot reach MQTT broker {url}: {exc}") from exc
+            raise TransferError(f"cannot reach MQTT broker {self._url}: {exc}") from exc
         client.loop_start()
-        if not self._connected.wait(connect_timeout):
-            client.loop_stop()
-            raise TransferError(f"no connection to MQTT broker {url} within {connect_timeout:.0f} s as {client_id!r}; "
-                                "check the URL, the broker and the credentials")
+        return client
 
     # paho callbacks run on its network thread
     def _on_connect(self, client, userdata, flags, reason_code, properties=None):  # type: ignore[no-untyped-def]
+        if reason_code.is_failure and reason_code.value in (1, 132):  # unsupported protocol version
+            self._unsupported = True
+            client.disconnect()
+            self._answered.set()
+            return
         if reason_code.is_failure:
-            log.warning("MQTT connect refused: %s", reason_code)
+            # A refusal of the credentials will not heal by retrying: stop and say why.
+            self._refuse(BrokerError(
+                f"MQTT broker {self._url} refused {self._client_id!r} (user {self._username!r}): {reason_code}; "
+                "check --credentials (from `edgesdk server mosquitto-config`) and the device id"))
+            client.disconnect()
+            self._answered.set()
             return
         with self._lock:
             subscriptions = dict(self._subscriptions)
@@ -109,6 +161,7 @@ class MqttTransport(Transport):
             self._send_subscribe(topic_filter, qos)
         self.connects += 1
         self._connected.set()
+        self._answered.set()
         if self._on_connect_hook is not None:
             self._on_connect_hook()
 
@@ -116,9 +169,31 @@ class MqttTransport(Transport):
         self._connected.clear()
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):  # type: ignore[no-untyped-def]
-        topic = self._pending_subs.pop(mid, "?")
+        with self._lock:
+            topic = self._pending_subs.pop(mid, "?")
+            self._subscribed.notify_all()
         if any(code.is_failure for code in reason_codes):
-            log.warning("broker refused subscription to %s", topic)
+            self._refuse(BrokerError(
+                f"MQTT broker {self._url} refused the subscription of {self._client_id!r} (user {self._username!r}) "
+                f"to {topic}: the broker's ACL does not allow it; the credentials belong to another device, or the "
+                "ACL lacks this device (regenerate it with `edgesdk server mosquitto-config`)"))
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties=None):  # type: ignore[no-untyped-def]
+        with self._lock:
+            topic = self._pending_pubs.pop(mid, "?")
+            self._subscribed.notify_all()
+        if reason_code.is_failure:
+            self._refuse(BrokerError(
+                f"MQTT broker {self._url} refused a publish of {self._client_id!r} (user {self._username!r}) to "
+                f"{topic}: {reason_code}; the credentials belong to another device, or the broker's ACL lacks this "
+                "one (regenerate it with `edgesdk server mosquitto-config`)"))
+
+    def _refuse(self, error: BrokerError) -> None:
+        log.error("%s", error)
+        if self.refusal is None:
+            self.refusal = error
+            if self._on_refused_hook is not None:
+                self._on_refused_hook(error)
 
     def _on_message(self, client, userdata, message):  # type: ignore[no-untyped-def]
         import paho.mqtt.client as mqtt
@@ -132,17 +207,35 @@ class MqttTransport(Transport):
                 log.exception("handler for %s failed", message.topic)
 
     def _send_subscribe(self, topic_filter: str, qos: int) -> None:
-        result, mid = self._client.subscribe(topic_filter, qos)
-        if mid is not None:
-            self._pending_subs[mid] = topic_filter
+        # Under the lock, so the SUBACK (handled on paho's thread) cannot arrive before the mid is recorded.
+        with self._lock:
+            result, mid = self._client.subscribe(topic_filter, qos)
+            if mid is not None:
+                self._pending_subs[mid] = topic_filter
+
+    def confirm_access(self, timeout: float = 10.0) -> None:
+        def answered() -> bool:
+            return (not self._pending_subs and not self._pending_pubs) or self.refusal is not None
+
+        with self._lock:
+            if not self._subscribed.wait_for(answered, timeout):
+                raise TransferError(f"MQTT broker {self._url} did not acknowledge "
+                                    f"{sorted({*self._pending_subs.values(), *self._pending_pubs.values()})} "
+                                    f"within {timeout:g} s")
+        if self.refusal is not None:
+            raise self.refusal
 
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
-        # Queued by paho while disconnected and sent after reconnecting.
-        self._client.publish(topic, payload, qos=qos, retain=retain)
+        # Queued by paho while disconnected and sent after reconnecting. The lock keeps the PUBACK
+        # (paho's thread) from arriving before the mid is recorded.
+        with self._lock:
+            info = self._client.publish(topic, payload, qos=qos, retain=retain)
+            if qos and info.mid:
+                self._pending_pubs[info.mid] = topic
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
         with self._lock:

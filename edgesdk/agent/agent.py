@@ -81,6 +81,23 @@ class AgentConfig:
     measure_timeout_s: float = 600.0
 
 
+def _describe(device: str, event: dict[str, Any]) -> str:
+    """One readable log line per protocol event, e.g. ``cam01: committed digits 1.2.0 (apply 120 ms)``."""
+    what = " ".join(str(event[k]) for k in ("name", "version") if event.get(k))
+    facts = []
+    if event.get("apply_ms") is not None:
+        facts.append(f"apply {event['apply_ms']:.0f} ms")
+    if event.get("bytes"):
+        facts.append(f"{event['bytes']} bytes")
+    if event.get("chunks"):
+        facts.append(f"{event['chunks']} chunks, {event.get('missing', 0)} to fetch")
+    if event.get("restored"):
+        facts.append(f"back on {event['restored']}")
+    if event.get("reason"):
+        facts.append(str(event["reason"]))
+    return f"{device}: {event['event']} {what}".rstrip() + (f" ({'; '.join(facts)})" if facts else "")
+
+
 class DeviceAgent:
     """Runs the OTA protocol for one device; give it a ManagedRuntime to swap models under an app."""
 
@@ -110,6 +127,8 @@ class DeviceAgent:
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
         self.transport: Transport | None = None
+        #: Set when the broker refuses this agent after it started (e.g. an ACL change seen on a reconnect).
+        self.refusal: EdgeSDKError | None = None
         self.events: list[dict[str, Any]] = []
         #: Payload bytes this agent received as chunks and published (state, events, requests).
         self.bytes_received = 0
@@ -124,14 +143,19 @@ class DeviceAgent:
         self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-agent-{cfg.device_id}",
                                                  username=cfg.username, password=cfg.password,
                                                  will=(Topics.state(cfg.device_id), offline), ca_file=cfg.ca_file,
-                                                 on_connect=self._publish_state)
+                                                 on_connect=self._publish_state, on_refused=self._on_refused)
         self.transport.subscribe(Topics.cmd(cfg.device_id), self._on_command)
         self.transport.subscribe(Topics.device_chunks(cfg.device_id, "+") + "/+", self._on_chunk)
+        self._publish_state()  # the first connect happened before self.transport was set
+        try:
+            self.transport.confirm_access()  # an agent the ACL shuts out must not report itself ready
+        except EdgeSDKError:
+            self.transport.close()
+            raise
         self._worker = threading.Thread(target=self._run, name=f"agent-{cfg.device_id}", daemon=True)
         self._worker.start()
         for cmd_file in sorted(self.store.incoming.glob("*.cmd")):
             self._work.put(("resume", cmd_file.read_bytes()))
-        self._publish_state()  # the first connect happened before self.transport was set
         return self
 
     def stop(self) -> None:
@@ -176,7 +200,7 @@ class DeviceAgent:
         if command is not None:
             payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
         self.events.append(payload)
-        log.info("%s: %s %s", self.config.device_id, event, details)
+        log.log(logging.DEBUG if event == "progress" else logging.INFO, "%s", _describe(self.config.device_id, payload))
         self._publish(Topics.events(self.config.device_id), json.dumps(payload).encode())
 
     def _recover(self) -> None:
@@ -209,6 +233,10 @@ class DeviceAgent:
                           self.config.device_id, path.name, exc)
 
     # network callbacks (paho's thread) -------------------------------------------------------
+    def _on_refused(self, error: EdgeSDKError) -> None:
+        self.refusal = error
+        log.error("%s: the broker refused this agent: %s", self.config.device_id, error)
+
     def _on_command(self, topic: str, payload: bytes) -> None:
         self._work.put(("command", payload))
 
