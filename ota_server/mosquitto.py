@@ -139,22 +139,28 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
     _write_private(out / "credentials" / "server.json",
                    json.dumps({"username": server_username, "password": passwords[server_username]}))
     tls = [f"certfile {Path(certfile).resolve()}", f"keyfile {Path(keyfile).resolve()}"] if certfile and keyfile else []
+    warnings = _warnings(out, broker_user)
+    # A root-started mosquitto that could not read its files as its own user would not start at all:
+    # then it keeps running as root, and the warning says how to let it drop privileges.
+    stay_root = ["user root"] if warnings else []
     conf = [f"listener {port} {bind}", "allow_anonymous false", f"password_file {out / 'passwd'}",
-            f"acl_file {out / 'acl'}", f"max_packet_size {MAX_PACKET_BYTES}", "persistence false", *tls, ""]
+            f"acl_file {out / 'acl'}", f"max_packet_size {MAX_PACKET_BYTES}", "persistence false", *stay_root, *tls, ""]
     (out / "mosquitto.conf").write_text("\n".join(conf))
     return MosquittoConfig(out / "mosquitto.conf", out / "passwd", out / "acl", credentials, server_username,
-                           passwords[server_username], _warnings(out, broker_user))
+                           passwords[server_username], warnings)
 
 
 def _warnings(out: Path, broker_user: pwd.struct_passwd | None) -> tuple[str, ...]:
     if os.geteuid() != 0:
         return ()
     if broker_user is None:
-        return (f"there is no {_BROKER_USER!r} user for mosquitto to drop to when started as root; create it "
-                "(the mosquitto package does), or add a `user` line to mosquitto.conf",)
+        return (f"there is no {_BROKER_USER!r} user for mosquitto to drop to when started as root, so "
+                "mosquitto.conf keeps it running as root (`user root`); create that user (the mosquitto package "
+                "does) and run this again to let it drop privileges",)
     blocked = _unreachable(out, broker_user)
     if blocked is None:
         return ()
-    return (f"mosquitto started as root reads {out / 'passwd'} as user {_BROKER_USER}, who cannot enter {blocked} "
-            f"(mode {stat.S_IMODE(blocked.stat().st_mode):o}); write the configuration under a directory it can "
-            f"reach (e.g. --out /etc/mosquitto/edgesdk) or `chmod o+x {blocked}`",)
+    return (f"mosquitto started as root reads its files as user {_BROKER_USER}, who cannot enter {blocked} "
+            f"(mode {stat.S_IMODE(blocked.stat().st_mode):o}), so mosquitto.conf keeps it running as root "
+            "(`user root`); to let it drop privileges, write the configuration where that user can reach it (e.g. "
+            f"--out /etc/mosquitto/edgesdk) or `chmod o+x {blocked}`",)

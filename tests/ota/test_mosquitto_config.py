@@ -131,3 +131,22 @@ def test_a_directory_mosquitto_cannot_enter_is_reported(tmp_path):
     result = CliRunner().invoke(cli, ["server", "mosquitto-config", "--devices", str(tmp_path / "devices.txt"),
                                       "--out", str(tmp_path / "broker")])
     assert result.exit_code == 0 and "warning: mosquitto started as root reads" in result.output
+    assert "user root" in config.conf.read_text().splitlines()
+    port = free_port()
+    started = write_mosquitto_config(tmp_path / "broker2", {"cam01": "cams"}, port=port)
+    broker = subprocess.Popen(["mosquitto", "-c", str(started.conf)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:  # it starts and serves, as root, instead of dying on files it cannot read
+        wait_for(lambda: broker.poll() is not None or _listening(port), what="mosquitto to listen")
+        assert broker.poll() is None, "mosquitto exited: it could not read its files"
+    finally:
+        broker.terminate()
+        broker.wait(timeout=10)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
