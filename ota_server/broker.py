@@ -67,8 +67,8 @@ class LocalMosquitto:
         workdir.mkdir(parents=True, exist_ok=True)
         self.conf, self.log = workdir / "mosquitto.conf", workdir / "mosquitto.log"
         lines = conf_lines or [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]
-        if os.geteuid() == 0:  # as root mosquitto drops to user "mosquitto", who cannot read 0600 files of ours
-            lines = [*lines, "user root"]
+        if os.geteuid() == 0 and not any(line.startswith("user ") for line in lines):
+            lines = [*lines, "user root"]  # as root mosquitto drops to user "mosquitto", who cannot read our files
         self.conf.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
