@@ -90,6 +90,7 @@ class MqttTransport(Transport):
         self.connects = 0
         self._pending_subs: dict[int, str] = {}
         self._pending_pubs: dict[int, str] = {}
+        self._early_acks: set[int] = set()  # acknowledged before _track recorded them
         self._unsupported = False
         # MQTT 5 first (it reports refused publishes); a broker that only speaks 3.1.1 gets 3.1.1: amqtt
         # refuses some MQTT 5 CONNECTs and leaves others (with a will) unanswered, hence the short first wait.
@@ -168,10 +169,28 @@ class MqttTransport(Transport):
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):  # type: ignore[no-untyped-def]
         self._connected.clear()
 
-    def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):  # type: ignore[no-untyped-def]
+    def _acked(self, pending: dict[int, str], mid: int) -> str:
+        """Forget an acknowledged mid (or note that it came before :meth:`_track` recorded it)."""
         with self._lock:
-            topic = self._pending_subs.pop(mid, "?")
+            topic = pending.pop(mid, None)
+            if topic is None:
+                self._early_acks.add(mid)
             self._subscribed.notify_all()
+        return topic or "a topic"
+
+    def _track(self, pending: dict[int, str], mid: int | None, topic: str) -> None:
+        # Called after paho returns, never holding our lock across a paho call: paho runs our callbacks
+        # while holding its own locks, so holding ours while calling into it could deadlock.
+        if not mid:
+            return
+        with self._lock:
+            if mid in self._early_acks:
+                self._early_acks.discard(mid)
+            else:
+                pending[mid] = topic
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):  # type: ignore[no-untyped-def]
+        topic = self._acked(self._pending_subs, mid)
         if any(code.is_failure for code in reason_codes):
             self._refuse(BrokerError(
                 f"MQTT broker {self._url} refused the subscription of {self._client_id!r} (user {self._username!r}) "
@@ -179,9 +198,7 @@ class MqttTransport(Transport):
                 "ACL lacks this device (regenerate it with `edgesdk server mosquitto-config`)"))
 
     def _on_publish(self, client, userdata, mid, reason_code, properties=None):  # type: ignore[no-untyped-def]
-        with self._lock:
-            topic = self._pending_pubs.pop(mid, "?")
-            self._subscribed.notify_all()
+        topic = self._acked(self._pending_pubs, mid)
         if reason_code.is_failure:
             self._refuse(BrokerError(
                 f"MQTT broker {self._url} refused a publish of {self._client_id!r} (user {self._username!r}) to "
@@ -207,11 +224,8 @@ class MqttTransport(Transport):
                 log.exception("handler for %s failed", message.topic)
 
     def _send_subscribe(self, topic_filter: str, qos: int) -> None:
-        # Under the lock, so the SUBACK (handled on paho's thread) cannot arrive before the mid is recorded.
-        with self._lock:
-            result, mid = self._client.subscribe(topic_filter, qos)
-            if mid is not None:
-                self._pending_subs[mid] = topic_filter
+        result, mid = self._client.subscribe(topic_filter, qos)
+        self._track(self._pending_subs, mid, topic_filter)
 
     def confirm_access(self, timeout: float = 10.0) -> None:
         def answered() -> bool:
@@ -230,12 +244,10 @@ class MqttTransport(Transport):
         return self._connected.is_set()
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
-        # Queued by paho while disconnected and sent after reconnecting. The lock keeps the PUBACK
-        # (paho's thread) from arriving before the mid is recorded.
-        with self._lock:
-            info = self._client.publish(topic, payload, qos=qos, retain=retain)
-            if qos and info.mid:
-                self._pending_pubs[info.mid] = topic
+        # Queued by paho while disconnected and sent after reconnecting.
+        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        if qos:
+            self._track(self._pending_pubs, info.mid, topic)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
         with self._lock:
