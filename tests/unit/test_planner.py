@@ -99,3 +99,37 @@ def test_accuracy_bound_no_variant_meets_reports_the_best():
         choose([_c("fp32", "fp32", board=board, size_mb=40, memory_mb=60),
                 _c("int8", "int8_static", board=board, size_mb=10, memory_mb=20, drop=2.0),
                 _c("mixed", "mixed", board=board, size_mb=12, memory_mb=22, drop=0.8)], board, "latency", 0.5)
+
+
+def test_latencies_within_noise_choose_the_smaller_and_say_so():
+    # 1.00 vs 1.03 ms: less than the 5% a measurement can tell apart, so size decides, whatever the order.
+    fast_big = _c("int8-dynamic", "int8_dynamic", size_mb=2.0, latency_ms=1.00)
+    slow_small = _c("int8-static", "int8_static", size_mb=1.0, latency_ms=1.03)
+    for order in ([fast_big, slow_small], [slow_small, fast_big]):
+        result = choose([_c("fp32", "fp32", size_mb=4.0, latency_ms=2.0), *order], BOARD, "latency", 0.5)
+        assert result.chosen.name == "int8-static"
+        assert result.reason.startswith("within noise of int8-dynamic") and "chose the smaller" in result.reason
+
+
+def test_equal_sizes_within_noise_choose_the_more_accurate():
+    result = choose([_c("fp32", "fp32", size_mb=4.0, latency_ms=2.0),
+                     _c("minmax", "int8_static", drop=0.3, size_mb=1.0, latency_ms=1.00),
+                     _c("entropy", "int8_static", drop=0.1, size_mb=1.0, latency_ms=1.02)], BOARD, "latency", 0.5)
+    assert result.chosen.name == "entropy" and "chose the more accurate" in result.reason
+
+
+def test_fastest_that_is_also_smallest_names_the_ones_within_noise():
+    result = choose([_c("fp32", "fp32", size_mb=4.0, latency_ms=2.0),
+                     _c("a", "int8_static", size_mb=1.0, latency_ms=1.00),
+                     _c("b", "int8_static", size_mb=2.0, latency_ms=1.01)], BOARD, "latency", 0.5)
+    assert result.chosen.name == "a"
+    assert result.reason.startswith("fastest variant within budget, and the smaller of those within noise of it (b)")
+
+
+def test_a_clear_gain_chooses_the_faster_even_when_larger():
+    # 1.00 vs 1.10 ms is a clear gain (at most 0.95x): speed decides, not size.
+    result = choose([_c("fp32", "fp32", size_mb=4.0, latency_ms=2.0),
+                     _c("fast", "int8_dynamic", size_mb=2.0, latency_ms=1.00),
+                     _c("small", "int8_static", size_mb=1.0, latency_ms=1.10)], BOARD, "latency", 0.5)
+    assert result.chosen.name == "fast"
+    assert result.reason.startswith("fastest variant within budget (") and "noise" not in result.reason
