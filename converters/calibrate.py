@@ -20,8 +20,8 @@ files; their pages are released after each batch so they do not pile up in RSS e
 from __future__ import annotations
 
 import contextlib
-import io
 import mmap
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.converters.config import CalibrationMethod
+from edgesdk.converters.quiet import held_output
 from edgesdk.errors import ConversionError
 
 __all__ = ["CalibrationResult", "calibrate", "batches", "model_batch_size", "ACTIVATION_BUDGET_BYTES"]
@@ -192,7 +193,7 @@ def calibrate(
                 ranges[name] = (np.array(lo, np.float32), np.array(hi, np.float32))
             data = TensorsData(OrtMethod.MinMax, ranges)
         else:
-            with contextlib.redirect_stdout(io.StringIO()):
+            with contextlib.redirect_stdout(sys.stderr), held_output(f"ONNX Runtime's {method.value} calibrator"):
                 result = collectors[method].compute_collection_result()
             ort_method = OrtMethod.Entropy if method is CalibrationMethod.ENTROPY else OrtMethod.Percentile
             data = TensorsData(ort_method, {k: tuple(np.asarray(x) for x in v) for k, v in result.items()})

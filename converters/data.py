@@ -37,8 +37,14 @@ class ImagePreprocessing:
     def __post_init__(self) -> None:
         if self.color not in ("RGB", "BGR", "GRAY"):
             raise DataError(f"color must be RGB, BGR or GRAY, got {self.color!r}")
+        for what, values in (("mean", self.mean), ("std", self.std)):
+            if len(values) not in (1, 3):
+                raise DataError(f"{what} {list(values)} has {len(values)} values; give 1 (all channels) or 3 "
+                                "(one per channel), e.g. 0.485,0.456,0.406")
         if any(s == 0 for s in self.std):
             raise DataError(f"std {self.std} has a zero; every channel's std must be non-zero")
+        if not self.scale or self.scale != self.scale:
+            raise DataError(f"scale {self.scale} must be a non-zero number, e.g. 1/255 = 0.00392")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesdk.converters.quiet import held_output
 from edgesdk.errors import BackendError, ConversionError
 from edgesdk.measure_worker import adapt_layout, measure_model
 from edgesdk.profiles import DeviceProfile
@@ -89,7 +90,7 @@ def latency_ratio(model: Path, baseline: Path, profile: DeviceProfile, mode: str
 
     from edgesdk.runtime import Runtime
 
-    with Runtime(model, profile=profile, mode=mode, threads=threads) as a, \
+    with held_output("timing side by side"), Runtime(model, profile=profile, mode=mode, threads=threads) as a, \
             Runtime(baseline, profile=profile, mode=mode, threads=threads) as b:
         feeds = adapt_layout({k: v[:1] for k, v in sample.items()}, a.inputs)
         base_feeds = adapt_layout({k: v[:1] for k, v in sample.items()}, b.inputs)

@@ -14,7 +14,7 @@ import numpy as np
 
 from edgesdk.errors import DataError
 
-__all__ = ["Metric", "resolve_metric", "METRIC_NAMES"]
+__all__ = ["Metric", "resolve_metric", "check_metric", "METRIC_NAMES"]
 
 Score = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], float]
 
@@ -68,11 +68,18 @@ def resolve_metric(metric: str | Score | None, labels: np.ndarray | None) -> Met
     """
     if metric is None:
         metric = "top1_accuracy" if labels is not None else "top1_agreement"
+    check_metric(metric, labels is not None)
     if callable(metric):
         return Metric(getattr(metric, "__name__", "custom"), "score", metric)
-    if metric not in _BUILTIN:
-        raise DataError(f"unknown metric {metric!r}; use one of {list(METRIC_NAMES)} or pass a callable")
-    if metric == "top1_accuracy" and labels is None:
-        raise DataError("metric top1_accuracy needs labels; pass --labels FILE.npy or use top1_agreement")
     score, unit = _BUILTIN[metric]
     return Metric(metric, unit, score)
+
+
+def check_metric(metric: str | Score | None, has_labels: bool) -> None:
+    """Refuse an unknown metric name, or top-1 accuracy without labels (before any conversion work)."""
+    if metric is None or callable(metric):
+        return
+    if metric not in _BUILTIN:
+        raise DataError(f"unknown metric {metric!r}; use one of {list(METRIC_NAMES)} or pass a callable")
+    if metric == "top1_accuracy" and not has_labels:
+        raise DataError("metric top1_accuracy needs labels; pass --labels FILE.npy or use top1_agreement")

@@ -9,10 +9,14 @@ measure each in its own process → plan → write the bundle.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
+import secrets
+import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,27 +24,27 @@ from typing import Any
 import numpy as np
 
 from edgesdk.bundle import Bundle, HealthCheck, write_bundle
+from edgesdk.converters.arguments import OUTPUTS, check_arguments
 from edgesdk.converters.calibrate import CalibrationResult, batches, calibrate
 from edgesdk.converters.config import QuantizationConfig, QuantType
 from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.metrics import Metric, resolve_metric
 from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
-from edgesdk.converters.planner import Candidate, PlanResult, choose, estimate_on_board
+from edgesdk.converters.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
 from edgesdk.converters.quantize import quantize_dynamic_int8, quantize_static_int8, to_fp16
+from edgesdk.converters.quiet import held_output, warnings_once
 from edgesdk.converters.search import SearchResult
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
+from edgesdk.files import fsync_dir
 from edgesdk.model_file import read_model
-from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
+from edgesdk.profiles import DeviceProfile
 from edgesdk.scheduling import plan_cores, usable_cpus
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["ConversionReport", "convert", "Progress", "BoardMeasure"]
+__all__ = ["ConversionReport", "convert", "Progress", "BoardMeasure", "CLEAR_GAIN"]
 
 log = logging.getLogger(__name__)
 
-#: A variant measured on this host is accepted for speed only at this latency ratio to FP32 or below,
-#: timed side by side: smaller gains are within this kind of host's run-to-run noise (about 3%).
-CLEAR_GAIN = 0.95
 #: progress(stage, done, total)
 Progress = Callable[[str, int, int], None]
 #: measure_on(model path, evaluation inputs) -> what a board of the fleet measured.
@@ -91,7 +95,7 @@ class ConversionReport:
 def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     from edgesdk.runtime import Runtime
 
-    with Runtime(path, profile=board, threads=1) as rt:
+    with held_output("loading the model"), Runtime(path, profile=board, threads=1) as rt:
         return rt.inputs, rt.outputs
 
 
@@ -132,6 +136,7 @@ def convert(
     host_profile: DeviceProfile | None = None,
     progress: Progress | None = None,
     measure_on: BoardMeasure | None = None,
+    force: bool = False,
 ) -> ConversionReport:
     """Build, measure and plan every variant; write the chosen one as a bundle in ``out_dir/bundle``.
 
@@ -140,28 +145,131 @@ def convert(
     latency measured on the board (``edgesdk bench --json``'s ``p50_ms``). ``measure_on``
     (:func:`edgesdk.converters.remote.board_measure`) runs every variant on a device of the fleet instead: its
     latency, memory and outputs replace this host's, and the planner uses them.
+
+    Every argument is checked before any work (:func:`.arguments.check_arguments`): a bad
+    version, name, format, metric, bound, frame rate, shape, key, profile, mode or output
+    directory fails at once. ``out_dir`` gets ``variants/`` (every file built) and
+    ``bundle/``; they are built in a staging directory beside it and moved in only when
+    complete, so a failed or interrupted conversion leaves ``out_dir`` as it was. An
+    ``out_dir`` that already holds them is refused unless ``force``, which replaces them
+    once the new ones are complete.
+
+    ``progress(stage, done, total)`` is called when each stage starts and as it advances:
+    ``stage`` says in words what runs ("loading and simplifying the model", "building
+    onnx-fp16", "calibrating (128/256 samples)", "installing the onnx2tf tool environment
+    (...)", "measuring onnx-int8-dynamic", "choosing a variant", "writing the bundle", and
+    finally "done"), ``done``/``total`` how far that stage is. Third-party output (the
+    quantizer's prints, LiteRT's delegate lines) is held back unless
+    :func:`edgesdk.logs.is_verbose`, and shown in the error when a step fails
+    (:mod:`.quiet`).
     """
-    from edgesdk.detect import detect_device
-
-    board = load_profile(profile)
-    mode = RuntimeMode.parse(mode).value
-    formats = tuple(formats)
-    if unknown := set(formats) - {"onnx", "tflite"}:
-        raise ConversionError(f"unknown format(s) {sorted(unknown)}; use onnx and/or tflite")
-    config = config or QuantizationConfig.for_profile(board)
-    host = host_profile or detect_device()
+    board, mode, checked_formats = check_arguments(
+        profile=profile, mode=mode, formats=formats, name=name, version=version, metric=metric, labels=labels,
+        evaluation=evaluation, max_accuracy_drop=max_accuracy_drop, target_fps=target_fps, input_shapes=input_shapes,
+        private_key=private_key, out_dir=out_dir, force=force)
+    if not isinstance(model, (str, os.PathLike)) and example_inputs is None:
+        raise ConversionError("a PyTorch module needs example_inputs to be exported, e.g. [torch.zeros(1, 3, 224, 224)]")
+    notify = progress if progress is not None else (lambda stage, done, total: None)
+    job = _Job(board, mode, checked_formats, config or QuantizationConfig.for_profile(board), host_profile, labels,
+               metric, max_accuracy_drop, name, version, board_figures, target_fps, preprocessing, private_key, notify,
+               measure_on)
     out = Path(out_dir)
-    variants_dir = out / "variants"
-    if (out / "bundle").exists():
-        raise ConversionError(f"{out / 'bundle'} already exists; choose a new --out directory")
-    variants_dir.mkdir(parents=True, exist_ok=True)
-    notify = progress or (lambda stage, done, total: None)
+    with warnings_once(), _staged(out) as work:
+        if isinstance(model, (str, os.PathLike)) and Path(model).suffix == ".tflite":
+            report = _tflite_passthrough(Path(model), evaluation, work, job)
+        else:
+            report = _convert_onnx(model, calibration, evaluation, example_inputs, input_shapes, work, job)
+    report = _moved(report, work, out)
+    notify("done", 1, 1)
+    return report
 
+
+@dataclass(frozen=True)
+class _Job:
+    """convert()'s checked settings, shared by its stages."""
+
+    board: DeviceProfile
+    mode: str
+    formats: tuple[str, ...]
+    config: QuantizationConfig
+    host_profile: DeviceProfile | None
+    labels: np.ndarray | None
+    metric: str | Callable[..., float] | None
+    bound: float
+    name: str
+    version: str
+    board_figures: Mapping[str, float] | None
+    target_fps: float | None
+    preprocessing: Mapping[str, Any] | None
+    private_key: Any
+    notify: Progress
+    measure_on: BoardMeasure | None
+
+    @property
+    def host(self) -> DeviceProfile:
+        from edgesdk.detect import detect_device
+
+        return self.host_profile or detect_device()
+
+
+@contextlib.contextmanager
+def _staged(out: Path) -> Iterator[Path]:
+    """A staging directory beside ``out``; on success its ``variants/`` and ``bundle/`` replace ``out``'s."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.converting-{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        yield staging
+        _publish(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Move the finished conversion into ``out``; an older one there (``force``) is removed only afterwards."""
+    if not out.exists():
+        os.replace(staging, out)
+        fsync_dir(out.parent)
+        return
+    replaced = out.parent / f".{out.name}.replaced-{os.getpid()}-{secrets.token_hex(4)}"
+    replaced.mkdir()
+    try:
+        for entry in OUTPUTS:
+            if (out / entry).exists():
+                os.replace(out / entry, replaced / entry)
+            if (staging / entry).exists():
+                os.replace(staging / entry, out / entry)
+        fsync_dir(out)
+    finally:
+        shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _moved(value: Any, old: Path, new: Path) -> Any:
+    """``value`` (a report and what it holds) with paths and messages under ``old`` pointing under ``new``."""
+    if isinstance(value, Path):
+        return new / value.relative_to(old) if value.is_relative_to(old) else value
+    if isinstance(value, str):
+        return value.replace(str(old), str(new))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_moved(v, old, new) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _moved(v, old, new) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _moved(getattr(value, f.name), old, new) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+def _convert_onnx(model: Any, calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray],
+                  example_inputs: Sequence[Any] | None, input_shapes: Mapping[str, Sequence[int]] | None, out: Path,
+                  job: _Job) -> ConversionReport:
+    """Every ONNX (and TFLite) variant built in ``out/variants``, measured and planned; the bundle in ``out/bundle``."""
+    board, mode, config, notify, labels = job.board, job.mode, job.config, job.notify, job.labels
+    variants_dir = out / "variants"
+    variants_dir.mkdir()
     source_sha = (read_model(model).sha256 if isinstance(model, (str, os.PathLike))
-                  and Path(model).suffix in (".onnx", ".tflite") else "")
-    if isinstance(model, (str, os.PathLike)) and Path(model).suffix == ".tflite":
-        return _tflite_passthrough(Path(model), board, mode, evaluation, labels, metric, max_accuracy_drop, out,
-                                   name, version, board_figures, target_fps, preprocessing, private_key, host, notify)
+                  and Path(model).suffix == ".onnx" else "")
+    notify("loading and simplifying the model", 0, 1)
     fp32_path = _prepare_source(model, variants_dir, example_inputs, input_shapes)
     source_sha = source_sha or read_model(fp32_path).sha256
     inputs, outputs = _specs(fp32_path, board)
@@ -171,20 +279,20 @@ def convert(
     evaluation = check_arrays(evaluation, inputs, "evaluation data")
     if labels is not None and len(labels) != len(next(iter(evaluation.values()))):
         raise DataError(f"{len(labels)} labels for {len(next(iter(evaluation.values())))} evaluation samples")
-    scorer = resolve_metric(metric, labels)
+    scorer = resolve_metric(job.metric, labels)
 
     board_threads = plan_cores(board, mode, available=frozenset(range(1024))).threads
     threads = max(1, min(board_threads, len(usable_cpus())))
-    figures = dict(board_figures or {})
+    figures = dict(job.board_figures or {})
     measured: dict[str, tuple[Path, str, str, Measurement, Mapping[str, Any] | None, tuple[str, ...]]] = {}
 
     def measure(label: str, path: Path, fmt: str, precision: str, cfg: Mapping[str, Any] | None,
                 notes: tuple[str, ...] = ()) -> Measurement:
         notify(f"measuring {label}", len(measured), len(measured) + 1)
         m = measure_variant(path, board, mode, threads, evaluation)
-        if measure_on is not None:
+        if job.measure_on is not None:
             notify(f"measuring {label} on the board", len(measured), len(measured) + 1)
-            m = _on_board(m, measure_on(path, evaluation), outputs)
+            m = _on_board(m, job.measure_on(path, evaluation), outputs)
             figures[m.sha256] = m.latency_p50_ms
         measured[label] = (path, fmt, precision, m, cfg, notes)
         return m
@@ -200,6 +308,7 @@ def convert(
         ("onnx-int8-dynamic", "int8_dynamic", lambda p: quantize_dynamic_int8(fp32_path, p, config)),
     ]
     for label, precision, build in builders:
+        notify(f"building {label}", 0, 1)
         try:
             path = build(variants_dir / f"{label}.onnx")
         except ConversionError as exc:
@@ -215,30 +324,32 @@ def convert(
     static: list[tuple[float, str, Path]] = []
     for method in config.calibration_methods:
         label = f"onnx-int8-static-{method.value}"
+        notify(f"building {label}", 0, 1)
         path = quantize_static_int8(fp32_path, variants_dir / f"{label}.onnx", ranges.caches[method], config, method)
         m = measure(label, path, "onnx", "int8_static", {**cfg_dict, "calibration_method": method.value})
         static.append((drop(m), method.value, path))
     best_drop, best_method, best_path = min(static)
     search = None
-    if best_drop > max_accuracy_drop and config.max_search_candidates > 0:
+    if best_drop > job.bound and config.max_search_candidates > 0:
         unlabelled = None if labels is not None else scorer
         search = _mixed(fp32_path, best_path, best_method, variants_dir, calibration, board, mode, threads, config, cfg_dict,
-                        max_accuracy_drop, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify, unlabelled)
+                        job.bound, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify, unlabelled)
 
     tflite_error, parity = None, None
-    if "tflite" in formats:
+    if "tflite" in job.formats:
         tflite_error, parity = _tflite_variants(fp32_path, variants_dir, calibration, evaluation, measure, notify)
 
+    notify("choosing a variant", 0, 1)
+    host = job.host
     candidates = []
     for label, (path, fmt, precision, m, cfg, notes) in measured.items():
         estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256))
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes))
-    plan = _confirmed(candidates, board, mode, max_accuracy_drop, target_fps, threads, evaluation, notify)
-    bundle = _bundle(plan.chosen, out, board, mode, source_sha, evaluation, name, version, preprocessing,
-                     private_key, scorer, plan)
-    return ConversionReport(board.name, mode, scorer.name, scorer.unit, max_accuracy_drop, plan, bundle,
+    plan = _confirmed(candidates, board, mode, job.bound, job.target_fps, threads, evaluation, notify)
+    bundle = _bundle(plan.chosen, out, evaluation, source_sha, scorer, plan, job)
+    return ConversionReport(board.name, mode, scorer.name, scorer.unit, job.bound, plan, bundle,
                             tflite_error, parity, ranges, search)
 
 
@@ -327,12 +438,14 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
 def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[str, np.ndarray],
                      evaluation: Mapping[str, np.ndarray], measure: Callable[..., Measurement],
                      notify: Progress) -> tuple[str | None, float | None]:
-    from edgesdk.converters.tflite import convert_to_tflite
+    from edgesdk.converters.tflite import Onnx2TfTool, convert_to_tflite
 
-    notify("converting to TFLite (onnx2tf)", 0, 1)
     sample = {k: v[:32] for k, v in evaluation.items()}
     try:
-        result = convert_to_tflite(fp32_path, variants_dir / "tflite", calibration=calibration, eval_inputs=sample)
+        tool = Onnx2TfTool().ensure(announce=lambda message: notify(message, 0, 1))
+        notify("converting to TFLite (onnx2tf)", 0, 1)
+        result = convert_to_tflite(fp32_path, variants_dir / "tflite", calibration=calibration, eval_inputs=sample,
+                                   tool=tool)
     except UnsupportedOpError as exc:
         log.warning("TFLite variants skipped: %s", exc)
         return str(exc), None
@@ -346,40 +459,39 @@ def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[s
     return None, result.parity_max_abs_diff
 
 
-def _tflite_passthrough(path: Path, board: DeviceProfile, mode: str, evaluation: Mapping[str, np.ndarray],
-                        labels: np.ndarray | None, metric: Any, bound: float, out: Path, name: str, version: str,
-                        board_figures: Mapping[str, float] | None, target_fps: float | None,
-                        preprocessing: Mapping[str, Any] | None, private_key: Any, host: DeviceProfile,
-                        notify: Progress) -> ConversionReport:
+def _tflite_passthrough(path: Path, evaluation: Mapping[str, np.ndarray], out: Path, job: _Job) -> ConversionReport:
     """An existing .tflite is measured and planned as is (its accuracy is the reference)."""
     from edgesdk.converters.data import check_arrays
     from edgesdk.runtime import Runtime
 
-    with Runtime(path, profile=board, mode=mode) as rt:
+    board, mode = job.board, job.mode
+    source_sha = read_model(path).sha256
+    with held_output("loading the model"), Runtime(path, profile=board, mode=mode) as rt:
         specs = rt.inputs
     evaluation = check_arrays(adapt_layout(evaluation, specs), specs, "evaluation data")
-    scorer = resolve_metric(metric, labels)
+    scorer = resolve_metric(job.metric, job.labels)
     threads = max(1, min(plan_cores(board, mode, available=frozenset(range(1024))).threads, len(usable_cpus())))
-    notify("measuring tflite", 0, 1)
+    job.notify("measuring tflite", 0, 1)
     m = measure_variant(path, board, mode, threads, evaluation)
-    estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, (board_figures or {}).get(m.sha256))
-    (out / "variants").mkdir(parents=True, exist_ok=True)
+    job.notify("choosing a variant", 0, 1)
+    estimate = estimate_on_board(m.latency_p50_ms, job.host, threads, board, mode,
+                                 (job.board_figures or {}).get(m.sha256))
+    (out / "variants").mkdir()
     candidate = Candidate("tflite-input", "tflite", path, "as-given", m, 0.0, estimate,
                           notes=("passed through: the given .tflite is the accuracy reference",))
-    plan = choose([candidate], board, mode, bound, target_fps)
-    bundle = _bundle(plan.chosen, out, board, mode, m.sha256, evaluation, name, version, preprocessing, private_key,
-                     scorer, plan)
-    return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle, None, None)
+    plan = choose([candidate], board, mode, job.bound, job.target_fps)
+    bundle = _bundle(plan.chosen, out, evaluation, source_sha, scorer, plan, job)
+    return ConversionReport(board.name, mode, scorer.name, scorer.unit, job.bound, plan, bundle, None, None)
 
 
-def _bundle(chosen: Candidate, out: Path, board: DeviceProfile, mode: str, source_sha: str,
-            evaluation: Mapping[str, np.ndarray], name: str, version: str, preprocessing: Mapping[str, Any] | None,
-            private_key: Any, scorer: Metric, plan: PlanResult) -> Bundle:
+def _bundle(chosen: Candidate, out: Path, evaluation: Mapping[str, np.ndarray], source_sha: str, scorer: Metric,
+            plan: PlanResult, job: _Job) -> Bundle:
     """Write the chosen variant as a bundle, with its own output on one evaluation sample as the health check."""
     from edgesdk.runtime import Runtime
 
+    job.notify("writing the bundle", 0, 1)
     model_file = read_model(chosen.path)
-    with Runtime(chosen.path, profile=board, mode=mode) as rt:
+    with held_output("computing the health check"), Runtime(chosen.path, profile=job.board, mode=job.mode) as rt:
         sample = adapt_layout({k: v[:1] for k, v in evaluation.items()}, rt.inputs)
         result = rt.predict(sample)
         inputs, outputs = rt.inputs, rt.outputs
@@ -397,13 +509,11 @@ def _bundle(chosen: Candidate, out: Path, board: DeviceProfile, mode: str, sourc
     # The health check allows for the difference between this host's kernels and the board's.
     tolerance = 1e-2 if chosen.precision in ("fp32", "fp16", "as-given") else 5e-2
     latency_gate = max(50.0, chosen.estimate.latency_ms * 5)
-    bundle = write_bundle(
-        out / "bundle", model_file, name=name, version=version, source_model_sha256=source_sha,
-        variant=chosen.name, target_profile=board.name, power_mode=mode, inputs=inputs, outputs=outputs,
+    return write_bundle(
+        out / "bundle", model_file, name=job.name, version=job.version, source_model_sha256=source_sha,
+        variant=chosen.name, target_profile=job.board.name, power_mode=job.mode, inputs=inputs, outputs=outputs,
         health_inputs=sample, health_outputs=expected,
         health_check=HealthCheck(atol=tolerance, rtol=tolerance, max_latency_ms=round(latency_gate, 2)),
-        quantization=dict(chosen.config) if chosen.config else None, preprocessing=preprocessing or {},
-        measured=measured, private_key=private_key,
+        quantization=dict(chosen.config) if chosen.config else None, preprocessing=job.preprocessing or {},
+        measured=measured, private_key=job.private_key,
     )
-    return bundle
-

@@ -8,16 +8,15 @@ mixed precision keeps in float is decided by :mod:`.search`.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
 from edgesdk.converters.config import CalibrationMethod, QuantizationConfig, QuantType
 from edgesdk.converters.onnx_model import save_onnx
+from edgesdk.converters.quiet import held_output
 from edgesdk.errors import ConversionError
 from edgesdk.files import fsync_file
 
@@ -30,8 +29,7 @@ def to_fp16(src: Path, dst: Path, config: QuantizationConfig) -> Path:
 
     model = onnx.load(str(src))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # it warns for every constant it clamps to the fp16 range
+        with held_output("ONNX Runtime's FP16 converter"):  # it warns for every constant it clamps to the fp16 range
             half = convert_float_to_float16(model, keep_io_types=config.fp16_keep_io_types)
     except Exception as exc:
         raise ConversionError(f"FP16 conversion failed: {type(exc).__name__}: {exc}") from exc
@@ -97,15 +95,10 @@ def _quantize_atomically(dst: Path, run: Any) -> None:
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
         out = str(Path(tmp) / dst.name)
         try:
-            # The calibrators print progress to stdout, which belongs to --json output: send it to stderr.
-            with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
-                warnings.simplefilter("ignore")
-                # It also logs "consider pre-processing" on the root logger: this pipeline already simplified.
-                logging.disable(logging.WARNING)
-                try:
-                    run(out)
-                finally:
-                    logging.disable(logging.NOTSET)
+            # It prints, warns and logs advice ("consider pre-processing": this pipeline already simplified);
+            # stdout belongs to --json output in any case.
+            with contextlib.redirect_stdout(sys.stderr), held_output(f"ONNX Runtime's quantizer ({dst.name})"):
+                run(out)
         except Exception as exc:
             raise ConversionError(f"ONNX Runtime quantization failed for {dst.name}: {type(exc).__name__}: {exc}") \
                 from exc

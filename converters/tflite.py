@@ -6,7 +6,8 @@ installs it into your environment. On first use, :meth:`Onnx2TfTool.ensure` crea
 virtualenv with the Python that runs edgesdk (``python -m venv``) and pip-installs
 ``onnx2tf==1.29.24`` into it (about a minute; needs PyPI, or your pip index settings). It
 lives in ``$EDGESDK_TOOLS_DIR/onnx2tf-1.29.24``, by default
-``~/.cache/edgesdk/tools/onnx2tf-1.29.24``, and is reused by every later conversion. A marker
+``~/.cache/edgesdk/tools/onnx2tf-1.29.24`` (about 2.6 GB; the install says so before it
+starts), and is reused by every later conversion. A marker
 file is written only after a successful install, so an interrupted install is wiped and
 redone, never used; delete the directory to reinstall. onnx2tf then runs as a subprocess
 (``<env>/bin/python -m onnx2tf``) in a temporary directory, offline.
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ import numpy as np
 
 from edgesdk.converters.data import check_arrays
 from edgesdk.converters.onnx_model import load_onnx, save_onnx
+from edgesdk.converters.quiet import held_output
 from edgesdk.errors import ConversionError, DataError, UnsupportedOpError
 from edgesdk.files import write_atomic
 from edgesdk.tensors import TensorSpec
@@ -139,10 +141,18 @@ class Onnx2TfTool:
         env["PYTHONNOUSERSITE"] = "1"
         return env
 
-    def ensure(self, timeout_s: float = 1800) -> Onnx2TfTool:
-        """Install the tool environment unless a complete one exists; safe to call from several processes."""
+    def ensure(self, timeout_s: float = 1800, announce: Callable[[str], None] | None = None) -> Onnx2TfTool:
+        """Install the tool environment unless a complete one exists; safe to call from several processes.
+
+        Before installing, ``announce`` (default: a log warning) is told what is about to happen and where.
+        """
         if self.installed:
             return self
+        message = f"installing the onnx2tf tool environment (about 2.6 GB, a minute or more) in {self.location}"
+        if announce is None:
+            log.warning("%s", message)
+        else:
+            announce(message)
         self.location.parent.mkdir(parents=True, exist_ok=True)
         with open(self.location.with_name(self.location.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -152,7 +162,6 @@ class Onnx2TfTool:
                 log.warning("removing the incomplete onnx2tf environment at %s", self.location)
                 shutil.rmtree(self.location)
             self.location.mkdir()
-            log.info("installing %s into %s (once; about a minute)", _REQUIREMENT, self.location)
             self._install(timeout_s)
             write_atomic(self.marker, f"{_REQUIREMENT}\n".encode())
         return self
@@ -435,6 +444,7 @@ def convert_to_tflite(
                                                 _rename_inputs(produced.read_bytes(), specs))
             elif variant != "int8_full" or calibration is not None:
                 log.warning("onnx2tf did not produce the %s variant; see %s", variant, log_path)
-    inputs = _layouts(models["fp32"], specs)
-    parity = _parity(onnx_path, models["fp32"], inputs, eval_inputs) if eval_inputs is not None else None
+    with held_output("checking the TFLite model against ONNX Runtime"):
+        inputs = _layouts(models["fp32"], specs)
+        parity = _parity(onnx_path, models["fp32"], inputs, eval_inputs) if eval_inputs is not None else None
     return TFLiteResult(models, inputs, parity, log_path, time.perf_counter() - started)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendError
+from edgesdk.logs import is_verbose
 from edgesdk.profiles import DeviceProfile, profile_to_dict
 
 __all__ = ["ModelFigures", "measure_model", "adapt_layout"]
@@ -87,13 +88,18 @@ def measure_model(model: Path, evaluation: Path, profile: DeviceProfile, mode: s
         out_path = Path(tmp) / "outputs.npz"
         request = {"model": str(model), "profile": profile_to_dict(profile), "mode": mode, "threads": threads,
                    "evaluation": str(evaluation), "outputs": str(out_path), "runs": runs}
+        # The child's stderr (LiteRT's delegate lines, its own copy of edgesdk's warnings) is shown only
+        # when verbose, or in the error when it fails.
+        verbose = is_verbose()
+        env = dict(os.environ) if verbose else {**os.environ, "PYTHONWARNINGS": "ignore"}
         try:
             done = subprocess.run([sys.executable, "-m", "edgesdk.measure_worker"], input=json.dumps(request),
-                                  capture_output=True, text=True, timeout=timeout_s,
-                                  env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                                  capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired as exc:
             raise BackendError(f"measuring {model.name} took over {timeout_s:.0f} s; the variant is unusable here") \
                 from exc
+        if verbose and done.stderr:
+            sys.stderr.write(done.stderr)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise BackendError(f"measuring {model.name} failed (exit {done.returncode}): {' | '.join(tail)}")

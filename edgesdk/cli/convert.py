@@ -2,25 +2,74 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from edgesdk.errors import DataError
+from edgesdk.errors import DataError, EdgeSDKError
+
+#: A stage's running count ("calibrating (12/256 samples)"): one line per stage when stderr is not a terminal.
+_COUNT = re.compile(r" \(\d+/\d+[^)]*\)$")
+_LABEL_WIDTH = 52
+
+
+def _checked(check: Callable[[Any], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback running one of the library's argument checks: a bad value is a usage error naming it."""
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return check(value)
+        except EdgeSDKError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return callback
 
 
 def _shapes(values: tuple[str, ...]) -> dict[str, list[int]] | None:
+    from edgesdk.converters.arguments import check_input_shapes
+
     shapes = {}
     for value in values:
         name, _, dims = value.partition("=")
         try:
-            shapes[name] = [int(d) for d in dims.split(",")]
+            shapes[name.strip()] = [int(d) for d in dims.split(",")]
         except ValueError:
             raise click.BadParameter(f"{value!r}: use NAME=D1,D2,... e.g. input=1,3,224,224") from None
-    return shapes or None
+    return check_input_shapes(shapes)
+
+
+def _floats(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: use comma-separated numbers, e.g. 0.485,0.456,0.406") from None
+
+
+class _Stages:
+    """convert()'s progress on stderr: a bar labelled with the stage on a terminal, else one line per stage."""
+
+    def __init__(self) -> None:
+        self.last = ""
+        self.bar: Any = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        line = _COUNT.sub("", stage)
+        if self.bar is None:
+            if line != self.last:
+                click.echo(line, err=True)
+        else:
+            if len(stage) > _LABEL_WIDTH and line != self.last:  # too long for the bar's label: a line of its own
+                click.echo(f"\r\x1b[K{stage}", err=True)
+            self.bar.label = f"{stage[:_LABEL_WIDTH]:<{_LABEL_WIDTH}}"
+            self.bar.pos = min(100, int(100 * done / max(total, 1)))
+            self.bar.render_progress()
+        self.last = line
 
 
 def _board_figures(paths: tuple[str, ...]) -> dict[str, float]:
@@ -51,6 +100,36 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _formats(value: str) -> tuple[str, ...]:
+    from edgesdk.converters.arguments import parse_formats
+
+    return parse_formats(value)
+
+
+def _version(value: str) -> str:
+    from edgesdk.converters.arguments import check_version
+
+    return check_version(value)
+
+
+def _name(value: str) -> str:
+    from edgesdk.converters.arguments import check_name
+
+    return check_name(value)
+
+
+def _accuracy_drop(value: float) -> float:
+    from edgesdk.converters.arguments import check_accuracy_drop
+
+    return check_accuracy_drop(value)
+
+
+def _fps(value: float) -> float | None:
+    from edgesdk.converters.arguments import check_fps
+
+    return check_fps(value)
+
+
 @click.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 @click.option("--profile", required=True, help="Target device profile name or YAML path.")
@@ -61,14 +140,20 @@ def _table(report: dict[str, Any]) -> str:
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False), help=".npy of integer class ids for --eval.")
 @click.option("--metric", type=click.Choice(["top1_agreement", "top1_accuracy", "cosine", "max_abs_error"]),
               help="Accuracy metric (default: top1_accuracy with labels, else top1_agreement).")
-@click.option("--max-accuracy-drop", type=float, default=0.5, show_default=True,
+@click.option("--max-accuracy-drop", type=float, default=0.5, show_default=True, callback=_checked(_accuracy_drop),
               help="Largest accepted drop vs FP32, in the metric's unit (points for top-1).")
-@click.option("--formats", default="onnx", show_default=True, help="Comma-separated: onnx, tflite.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True)
-@click.option("--name", default=None, help="Bundle name (default: the model file's stem).")
-@click.option("--version", "bundle_version", default="1.0.0", show_default=True)
-@click.option("--input-shape", "input_shapes", multiple=True, help="Fix a dynamic input: NAME=D1,D2,...")
-@click.option("--fps", type=float, default=None, help="Frame rate the board must sustain in the power mode.")
+@click.option("--formats", default="onnx", show_default=True, callback=_checked(_formats),
+              help="Comma-separated: onnx, tflite.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Output directory: OUT/variants and OUT/bundle, moved in only once complete.")
+@click.option("--force", is_flag=True, help="Replace the conversion an existing --out holds (once the new one is done).")
+@click.option("--name", default=None, callback=_checked(_name), help="Bundle name (default: the model file's stem).")
+@click.option("--version", "bundle_version", default="1.0.0", show_default=True, callback=_checked(_version),
+              help="Bundle version: dotted integers such as 1.4.0.")
+@click.option("--input-shape", "input_shapes", multiple=True, callback=_checked(_shapes),
+              help="Fix a dynamic input: NAME=D1,D2,...")
+@click.option("--fps", type=float, default=None, callback=_checked(_fps),
+              help="Frame rate the board must sustain in the power mode.")
 @click.option("--board-figures", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="`edgesdk bench --json` output measured on the board; replaces the estimate for that model.")
 @click.option("--measure-on", "measure_on", default=None, metavar="DEVICE",
@@ -81,59 +166,97 @@ def _table(report: dict[str, Any]) -> str:
 @click.option("--color", type=click.Choice(["RGB", "BGR", "GRAY"]), default="RGB", show_default=True,
               help="Image folders: channel order.")
 @click.option("--scale", type=float, default=1 / 255, show_default=True, help="Image folders: pixel scale.")
-@click.option("--mean", default="0,0,0", show_default=True, help="Image folders: per-channel mean after scaling.")
-@click.option("--std", default="1,1,1", show_default=True, help="Image folders: per-channel std after scaling.")
+@click.option("--mean", default="0,0,0", show_default=True, callback=lambda ctx, param, value: _floats(value),
+              help="Image folders: per-channel mean after scaling (1 or 3 values).")
+@click.option("--std", default="1,1,1", show_default=True, callback=lambda ctx, param, value: _floats(value),
+              help="Image folders: per-channel std after scaling (1 or 3 values).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert(model: str, profile: str, mode: str, calibration: str | None, evaluation: str, labels: str | None,
-            metric: str | None, max_accuracy_drop: float, formats: str, out_dir: str, name: str | None,
-            bundle_version: str, input_shapes: tuple[str, ...], fps: float | None, board_figures: tuple[str, ...],
-            measure_on: str | None, server_url: str, token: str | None, token_file: str | None, key: str | None,
-            color: str, scale: float, mean: str, std: str, as_json: bool) -> None:
-    """Build, measure and choose the variant of MODEL that fits PROFILE; write a bundle to OUT/bundle."""
+            metric: str | None, max_accuracy_drop: float, formats: tuple[str, ...], out_dir: str, force: bool,
+            name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
+            board_figures: tuple[str, ...], measure_on: str | None, server_url: str, token: str | None,
+            token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
+            std: tuple[float, ...], as_json: bool) -> None:
+    """Build, measure and choose the variant of MODEL that fits PROFILE; write a bundle to OUT/bundle.
+
+    Every option is checked before any work starts: a bad value is a usage error (exit 2).
+    Third-party output (the quantizer's prints, LiteRT's INFO lines) shows only with
+    `edgesdk -v convert ...`, or in the error when a step fails.
+    """
+    from edgesdk.converters.quiet import warnings_once
+
+    with warnings_once():
+        _convert(model, profile, mode, calibration, evaluation, labels, metric, max_accuracy_drop, formats, out_dir,
+                 force, name, bundle_version, input_shapes, fps, board_figures, measure_on, server_url, token,
+                 token_file, key, color, scale, mean, std, as_json)
+
+
+def _convert(model: str, profile: str, mode: str, calibration: str | None, evaluation: str, labels: str | None,
+             metric: str | None, max_accuracy_drop: float, formats: tuple[str, ...], out_dir: str, force: bool,
+             name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
+             board_figures: tuple[str, ...], measure_on: str | None, server_url: str, token: str | None,
+             token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
+             std: tuple[float, ...], as_json: bool) -> None:
+    from edgesdk.converters.arguments import check_arguments, check_name, check_out_dir
     from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels
+    from edgesdk.converters.metrics import check_metric
     from edgesdk.converters.pipeline import convert as run_convert
+    from edgesdk.converters.quiet import held_output
     from edgesdk.model_file import read_model
-    from edgesdk.profiles import load_profile
     from edgesdk.runtime import Runtime
 
-    board = load_profile(profile)
-    prep = ImagePreprocessing(color=color, scale=scale, mean=tuple(float(v) for v in mean.split(",")),
-                              std=tuple(float(v) for v in std.split(",")))
-    read_model(model)  # a wrong extension or corrupt header fails here, before any work
-    with Runtime(model, profile=board, mode=mode) as rt:
-        specs = rt.inputs
-    eval_arrays = load_arrays(evaluation, specs, prep)
-    calib_arrays = load_arrays(calibration, specs, prep) if calibration else eval_arrays
-    label_array = load_labels(labels, len(next(iter(eval_arrays.values())))) if labels else None
+    try:
+        prep = ImagePreprocessing(color=color, scale=scale, mean=mean, std=std)
+    except DataError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--mean' / '--std' / '--scale'") from None
+    if name is None:
+        try:
+            name = check_name(Path(model).stem.replace(" ", "_"))
+        except EdgeSDKError as exc:
+            raise click.BadParameter(f"{exc} (the default is the model file's name)", param_hint="'--name'") from None
     private_key = None
     if key:
         from edgesdk.signing import load_private_key
 
         private_key = load_private_key(key)
+    for check, hint in ((lambda: check_out_dir(out_dir, force), "'--out'"),
+                        (lambda: check_metric(metric, has_labels=labels is not None), "'--metric'")):
+        try:
+            check()
+        except EdgeSDKError as exc:
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+    # The rest (profile, mode, ...) as convert() will check them; labels stand in by their presence.
+    board, mode, _ = check_arguments(
+        profile=profile, mode=mode, formats=formats, name=name, version=bundle_version, metric=metric,
+        labels=() if labels else None, evaluation=None, max_accuracy_drop=max_accuracy_drop, target_fps=fps,
+        input_shapes=input_shapes, private_key=private_key, out_dir=out_dir, force=force)
     board_measure = None
     if measure_on:
         from edgesdk.cli.fleet import admin_client
         from edgesdk.converters.remote import board_measure as remote
 
         board_measure = remote(admin_client(server_url, token, token_file), measure_on, mode)
+    read_model(model)  # a wrong extension or corrupt header fails here, before any work
+    with held_output("loading the model"), Runtime(model, profile=board, mode=mode) as rt:
+        specs = rt.inputs
+    eval_arrays = load_arrays(evaluation, specs, prep)
+    calib_arrays = load_arrays(calibration, specs, prep) if calibration else eval_arrays
+    label_array = load_labels(labels, len(next(iter(eval_arrays.values())))) if labels else None
     is_image_folder = Path(evaluation).is_dir()
-    # One bar per stage: the label says which stage runs, the bar how far it is (samples, blocks).
-    with click.progressbar(length=100, label="converting", file=sys.stderr, show_eta=False, width=24) as bar:
-        def progress(stage: str, done: int, total: int) -> None:
-            bar.label = f"{stage:<52}"
-            bar.update(int(100 * done / max(total, 1)) - bar.pos)
-
+    stages = _Stages()
+    with contextlib.ExitStack() as stack:
+        if sys.stderr.isatty():
+            # One bar per stage: the label says which stage runs, the bar how far it is (samples, blocks).
+            stages.bar = stack.enter_context(click.progressbar(length=100, label=f"{'converting':<{_LABEL_WIDTH}}",
+                                                               file=sys.stderr, show_eta=False, width=24))
         report = run_convert(
             model, board, calibration=calib_arrays, evaluation=eval_arrays, out_dir=out_dir, mode=mode,
-            labels=label_array, metric=metric, max_accuracy_drop=max_accuracy_drop,
-            formats=[f.strip() for f in formats.split(",") if f.strip()], input_shapes=_shapes(input_shapes),
-            name=name or Path(model).stem.replace(" ", "_"), version=bundle_version,
+            labels=label_array, metric=metric, max_accuracy_drop=max_accuracy_drop, formats=formats,
+            input_shapes=input_shapes, name=name, version=bundle_version,
             board_figures=_board_figures(board_figures), target_fps=fps,
             preprocessing={"images": prep.as_dict()} if is_image_folder else {}, private_key=private_key,
-            progress=progress, measure_on=board_measure,
+            progress=stages, measure_on=board_measure, force=force,
         )
-        bar.label = f"{'done':<52}"
-        bar.update(100 - bar.pos)
     data = report.to_dict()
     if as_json:
         click.echo(json.dumps(data, indent=2))
