@@ -48,16 +48,13 @@ def _writes_to_fd2(stream: Any) -> bool:
 class _Once(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
-        self.seen: set[tuple[str, int, str]] = set()
+        self.first: dict[tuple[str, int, str], logging.LogRecord] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        key = (record.name, record.levelno, record.getMessage())
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        return True
+        # The first record with this text passes every handler it reaches; later ones none.
+        return self.first.setdefault((record.name, record.levelno, record.getMessage()), record) is record
 
 
 @contextlib.contextmanager
