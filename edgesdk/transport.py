@@ -17,6 +17,7 @@ import abc
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,9 @@ from edgesdk.errors import BrokerError, TransferError
 __all__ = ["Transport", "MqttTransport", "BrokerAddress", "parse_broker_url", "Handler"]
 
 log = logging.getLogger(__name__)
+
+#: How long a broker that accepted our socket may leave an MQTT 5 CONNECT unanswered before we try 3.1.1.
+_MQTT5_SILENCE_S = 3.0
 
 Handler = Callable[[str, bytes], None]
 
@@ -68,7 +72,14 @@ class Transport(abc.ABC):
 
 
 class MqttTransport(Transport):
-    """A paho-mqtt client running its own network thread."""
+    """A paho-mqtt client running its own network thread.
+
+    The constructor returns once the broker accepted the connection; it raises BrokerError when the
+    broker refuses the credentials, TransferError when no broker answers within ``connect_timeout``.
+    A refusal seen later (a denied subscription or publish, or refused credentials on a reconnect)
+    is kept in :attr:`refusal` and handed to ``on_refused``; with such a hook a client whose
+    credentials are refused stops reconnecting, without one it logs the refusal and keeps trying.
+    """
 
     def __init__(self, url: str, client_id: str, username: str | None = None, password: str | None = None,
                  will: tuple[str, bytes] | None = None, ca_file: str | None = None, keepalive: int = 10,
@@ -92,24 +103,39 @@ class MqttTransport(Transport):
         self._pending_pubs: dict[int, str] = {}
         self._early_acks: set[int] = set()  # acknowledged before _track recorded them
         self._unsupported = False
-        # MQTT 5 first (it reports refused publishes); a broker that only speaks 3.1.1 gets 3.1.1: amqtt
-        # refuses some MQTT 5 CONNECTs and leaves others (with a will) unanswered, hence the short first wait.
-        for protocol, wait_s in ((mqtt.MQTTv5, min(3.0, connect_timeout)), (mqtt.MQTTv311, connect_timeout)):
-            self._client = self._connect(protocol, username, password, will, ca_file, keepalive)
-            answered = self._answered.wait(wait_s)
-            if protocol == mqtt.MQTTv5 and (self._unsupported or not answered):
-                self._client.loop_stop()
-                self._answered.clear()
-                self._unsupported = False
-                continue
-            break
-        if not answered:
+        self._opened_at: float | None = None  # when a socket to the broker first opened
+        self._ready = False  # the first connection is settled; later refusals are reported, not raised
+        # MQTT 5 first (it reports refused publishes); a broker that only speaks 3.1.1 gets 3.1.1.
+        self._client = self._connect(mqtt.MQTTv5, username, password, will, ca_file, keepalive)
+        if not self._speaks_mqtt5(connect_timeout):
+            self._client.loop_stop()
+            self._answered.clear()
+            self._client = self._connect(mqtt.MQTTv311, username, password, will, ca_file, keepalive)
+            self._answered.wait(connect_timeout)
+        if not self._answered.is_set():
             self._client.loop_stop()
             raise TransferError(f"no connection to MQTT broker {url} within {connect_timeout:.0f} s as {client_id!r}; "
                                 "check the URL, the broker and the credentials")
         if self.refusal is not None:
             self._client.loop_stop()
             raise self.refusal
+        self._ready = True
+
+    def _speaks_mqtt5(self, timeout: float) -> bool:
+        """Wait for the answer to our MQTT 5 CONNECT; False when the broker showed it speaks only 3.1.1.
+
+        amqtt refuses some MQTT 5 CONNECTs and leaves others (with a will) unanswered, so a broker that
+        accepted the socket but stays silent for a few seconds counts as 3.1.1-only. A broker that is not
+        up yet does not: the client keeps trying MQTT 5 until ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        while not self._answered.wait(0.1):
+            now = time.monotonic()
+            if self._opened_at is not None and now - self._opened_at >= _MQTT5_SILENCE_S:
+                return False
+            if now >= deadline:
+                return True  # nothing reached the broker: the caller reports the timeout
+        return not self._unsupported
 
     def _connect(self, protocol: Any, username: str | None, password: str | None, will: tuple[str, bytes] | None,
                  ca_file: str | None, keepalive: int) -> Any:
@@ -131,6 +157,8 @@ class MqttTransport(Transport):
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
         client.on_publish = self._on_publish
+        client.on_socket_open = self._on_socket_open
+        self._opened_at = None
         try:
             if protocol == mqtt.MQTTv5:
                 client.connect_async(self.address.host, self.address.port, keepalive=keepalive, clean_start=True)
@@ -142,22 +170,29 @@ class MqttTransport(Transport):
         return client
 
     # paho callbacks run on its network thread
+    def _on_socket_open(self, client, userdata, sock):  # type: ignore[no-untyped-def]
+        if self._opened_at is None:
+            self._opened_at = time.monotonic()
+
     def _on_connect(self, client, userdata, flags, reason_code, properties=None):  # type: ignore[no-untyped-def]
-        if reason_code.is_failure and reason_code.value in (1, 132):  # unsupported protocol version
+        if reason_code.is_failure and client.protocol == 5 and reason_code.value in (1, 132):  # needs 3.1.1
             self._unsupported = True
             client.disconnect()
             self._answered.set()
             return
         if reason_code.is_failure:
-            # A refusal of the credentials will not heal by retrying: stop and say why.
             self._refuse(BrokerError(
                 f"MQTT broker {self._url} refused {self._client_id!r} (user {self._username!r}): {reason_code}; "
                 "check --credentials (from `edgesdk server mosquitto-config`) and the device id"))
-            client.disconnect()
+            # Retrying the same credentials gets the same answer: stop, unless nobody would hear of it
+            # (a server keeps trying until the broker's password file is fixed).
+            if not self._ready or self._on_refused_hook is not None:
+                client.disconnect()
             self._answered.set()
             return
         with self._lock:
             subscriptions = dict(self._subscriptions)
+            self._pending_subs.clear()  # SUBSCRIBEs in flight died with the old connection; all are re-sent
         for topic_filter, (_, qos) in subscriptions.items():
             self._send_subscribe(topic_filter, qos)
         self.connects += 1
@@ -206,11 +241,14 @@ class MqttTransport(Transport):
                 "one (regenerate it with `edgesdk server mosquitto-config`)"))
 
     def _refuse(self, error: BrokerError) -> None:
-        log.error("%s", error)
-        if self.refusal is None:
-            self.refusal = error
-            if self._on_refused_hook is not None:
-                self._on_refused_hook(error)
+        """Record the first refusal; hand it to ``on_refused``, or log it when nobody will raise it."""
+        if self.refusal is not None:
+            return
+        self.refusal = error
+        if self._on_refused_hook is not None:
+            self._on_refused_hook(error)
+        elif self._ready:
+            log.error("%s", error)
 
     def _on_message(self, client, userdata, message):  # type: ignore[no-untyped-def]
         import paho.mqtt.client as mqtt
