@@ -35,12 +35,12 @@ from edgesdk.agent.measure import run_measurement
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.bundle import parse_version, read_bundle
-from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
+from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
 from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command, unpack_bundle
 from edgesdk.profiles import DeviceProfile, load_profile
 from edgesdk.transport import MqttTransport, Transport
 
-__all__ = ["DeviceAgent", "AgentConfig"]
+__all__ = ["DeviceAgent", "AgentConfig", "load_credentials"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,28 @@ class AgentConfig:
     measure_timeout_s: float = 600.0
 
 
+#: Log levels of protocol events other than INFO: what went wrong is a warning, chunk progress is detail.
+_EVENT_LEVELS = {"progress": logging.DEBUG, "rejected": logging.WARNING, "failed": logging.WARNING,
+                 "rolled_back": logging.WARNING}
+
+
+def load_credentials(path: str | os.PathLike[str], device_id: str) -> tuple[str, str]:
+    """The broker username and password in a credentials file of ``edgesdk server mosquitto-config``.
+
+    Raises BrokerError when the file is not such a file or names another device (the broker's ACL
+    would shut this agent out of its own topics).
+    """
+    fix = f"pass --credentials credentials/{device_id}.json from `edgesdk server mosquitto-config`"
+    try:
+        creds = json.loads(Path(path).read_text())
+        username, password = creds["username"], creds["password"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BrokerError(f"{path} is not a credentials file with a username and password ({exc}); {fix}") from exc
+    if creds.get("device_id", device_id) != device_id:
+        raise BrokerError(f"{path} holds the credentials of device {creds['device_id']!r}, not {device_id!r}; {fix}")
+    return str(username), str(password)
+
+
 def _describe(device: str, event: dict[str, Any]) -> str:
     """One readable log line per protocol event, e.g. ``cam01: committed digits 1.2.0 (apply 120 ms)``."""
     what = " ".join(str(event[k]) for k in ("name", "version") if event.get(k))
@@ -90,12 +112,12 @@ def _describe(device: str, event: dict[str, Any]) -> str:
     if event.get("bytes"):
         facts.append(f"{event['bytes']} bytes")
     if event.get("chunks"):
-        facts.append(f"{event['chunks']} chunks, {event.get('missing', 0)} to fetch")
+        facts.append(f"{event['chunks']} chunk{'s' if event['chunks'] != 1 else ''}, {event.get('missing', 0)} to fetch")
     if event.get("restored"):
         facts.append(f"back on {event['restored']}")
     if event.get("reason"):
         facts.append(str(event["reason"]))
-    return f"{device}: {event['event']} {what}".rstrip() + (f" ({'; '.join(facts)})" if facts else "")
+    return f"{device}: {event['event'].replace('_', ' ')} {what}".rstrip() + (f" ({'; '.join(facts)})" if facts else "")
 
 
 class DeviceAgent:
@@ -127,8 +149,9 @@ class DeviceAgent:
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
         self.transport: Transport | None = None
-        #: Set when the broker refuses this agent after it started (e.g. an ACL change seen on a reconnect).
-        self.refusal: EdgeSDKError | None = None
+        #: Why the broker shut this agent out after it started (credentials or ACL changed, seen on a
+        #: reconnect): the agent can no longer be reached, so whoever runs it should stop it and say so.
+        self.refusal: BrokerError | None = None
         self.events: list[dict[str, Any]] = []
         #: Payload bytes this agent received as chunks and published (state, events, requests).
         self.bytes_received = 0
@@ -136,6 +159,11 @@ class DeviceAgent:
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> DeviceAgent:
+        """Connect, subscribe and publish this device's state; return once the broker accepted all of it.
+
+        Raises BrokerError when the broker refuses the credentials, a subscription or the state publish
+        (its ACL does not let this device use its own topics); a later refusal lands in :attr:`refusal`.
+        """
         cfg = self.config
         self._recover()
         offline = json.dumps({"status": "offline", "group": cfg.group}).encode()
@@ -200,7 +228,7 @@ class DeviceAgent:
         if command is not None:
             payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
         self.events.append(payload)
-        log.log(logging.DEBUG if event == "progress" else logging.INFO, "%s", _describe(self.config.device_id, payload))
+        log.log(_EVENT_LEVELS.get(event, logging.INFO), "%s", _describe(self.config.device_id, payload))
         self._publish(Topics.events(self.config.device_id), json.dumps(payload).encode())
 
     def _recover(self) -> None:
@@ -233,9 +261,10 @@ class DeviceAgent:
                           self.config.device_id, path.name, exc)
 
     # network callbacks (paho's thread) -------------------------------------------------------
-    def _on_refused(self, error: EdgeSDKError) -> None:
+    def _on_refused(self, error: BrokerError) -> None:
         self.refusal = error
-        log.error("%s: the broker refused this agent: %s", self.config.device_id, error)
+        if self._worker is not None:  # before that, start() raises it
+            log.error("%s: the broker shut this agent out: %s", self.config.device_id, error)
 
     def _on_command(self, topic: str, payload: bytes) -> None:
         self._work.put(("command", payload))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 from pathlib import Path
@@ -26,30 +25,26 @@ import click
 def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, credentials: str | None,
           ca_file: str | None, profile: str | None, allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
-    from edgesdk.agent.agent import AgentConfig, DeviceAgent
+    from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
     from edgesdk.agent.managed import ManagedRuntime
-    from edgesdk.errors import BrokerError, SignatureError
+    from edgesdk.errors import SignatureError
     from edgesdk.logs import configure
     from edgesdk.signing import load_public_key
 
     configure(info_loggers=("edgesdk.agent",))  # the agent's log is the device's record of every install
     if server_key is None and not allow_unsigned:
         raise SignatureError("pass --server-key (the OTA server's public key); --allow-unsigned is for development")
-    creds = json.loads(Path(credentials).read_text()) if credentials else {}
-    if creds.get("device_id") not in (None, device_id):
-        raise BrokerError(f"{credentials} holds the credentials of device {creds['device_id']!r}, not "
-                          f"{device_id!r}; pass --credentials credentials/{device_id}.json from "
-                          "`edgesdk server mosquitto-config`")
+    username, password = load_credentials(credentials, device_id) if credentials else (None, None)
     config = AgentConfig(device_id=device_id, group=group, broker=broker, store=Path(store),
                          server_key=load_public_key(server_key) if server_key else None, allow_unsigned=allow_unsigned,
-                         username=creds.get("username"), password=creds.get("password"), ca_file=ca_file,
+                         username=username, password=password, ca_file=ca_file,
                          profile=profile)
     runtime = ManagedRuntime(profile=profile)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    with DeviceAgent(config, runtime=runtime) as running:
+    with DeviceAgent(config, runtime=runtime) as running:  # returns once the broker accepted everything
         click.echo(f"agent {device_id} ({group}) connected to {broker}; store {store}", err=True)
         while not done.wait(0.5):
-            if running.refusal is not None:
+            if running.refusal is not None:  # shut out on a reconnect: a supervisor should see the agent fail
                 raise running.refusal
