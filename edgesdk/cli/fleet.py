@@ -78,7 +78,7 @@ def _follow(client: Any, rollout_id: str, timeout: float | None) -> dict[str, An
     last = ""
     while True:
         r = client.rollout(rollout_id)
-        line = f"stage {r['wave'] + 1} of {_stages(r)}: {_counts(r)}"
+        line = f"stage {max(r['wave'], 0) + 1} of {_stages(r)}: {_counts(r)}"
         if line != last:
             click.echo(f"[{time.monotonic() - started:6.1f}s] {r['state']} {line}", err=True)
             last = line
