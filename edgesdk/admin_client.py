@@ -25,8 +25,9 @@ class AdminClient:
 
     def __init__(self, url: str, token: str, timeout: float = 60.0) -> None:
         if not token:
-            raise EdgeSDKError("no admin token: pass --token or --token-file (`edgesdk server` writes admin.token "
-                               "beside its --db), or set EDGESDK_TOKEN or EDGESDK_TOKEN_FILE")
+            raise EdgeSDKError("no admin token: `edgesdk server` writes admin.token beside its --db; pass "
+                               "--token-file PATH to that file (or --token TOKEN), or set EDGESDK_TOKEN_FILE "
+                               "(or EDGESDK_TOKEN)")
         self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
 
     def _call(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json") -> Any:

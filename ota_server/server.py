@@ -39,10 +39,13 @@ MAX_REPORT_BYTES = 64 * 1024
 
 
 def _too_large(topic: str, payload: bytes) -> bool:
+    """True (and a warning naming the device) for a report too large to be a real one; it is never parsed."""
     if len(payload) <= MAX_REPORT_BYTES:
         return False
-    log.warning("ignoring %d-byte message on %s: device reports are at most %d bytes", len(payload), topic,
-                MAX_REPORT_BYTES)
+    parts = topic.split("/")
+    device, kind = (parts[2], parts[3]) if len(parts) > 3 else (topic, "message")
+    log.warning("ignoring a %d-byte %s from device %s (topic %s): device reports are at most %d bytes",
+                len(payload), kind, device, topic, MAX_REPORT_BYTES)
     return True
 
 
@@ -240,6 +243,7 @@ class OTAServer:
     def promote(self, rollout_id: str) -> None:
         """Send the next stage now, without waiting for the health window."""
         r = self._running(rollout_id)
+        log.info("rollout %s promoted by operator to stage %d", rollout_id, r["wave"] + 2)
         self._send_wave(r, r["wave"] + 1)
 
     def abort(self, rollout_id: str, reason: str = "aborted by operator") -> None:

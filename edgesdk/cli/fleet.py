@@ -16,6 +16,8 @@ _token_file = click.option("--token-file", envvar="EDGESDK_TOKEN_FILE", type=cli
                            help="File with the token: `edgesdk server` writes admin.token beside its --db "
                                 "(env EDGESDK_TOKEN_FILE).")
 _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+_WAIT_OUTCOME = ("Wait up to this many seconds, showing progress; exit 0 only if every device updated "
+                 "(17: aborted or failed, 18: still running).")
 #: Per-device statuses shown in progress lines, in the order a device passes through them.
 _PROGRESS = ("pending", "sent", "downloading", "installing", "committed", "failed", "rolled_back", "rejected", "timeout",
              "reverting", "reverted", "revert_failed")
@@ -72,25 +74,47 @@ def _outcome(r: dict[str, Any]) -> None:
         raise RolloutError(f"rollout {r['id']} {r['state']}: {r['reason'] or _counts(r)}")
 
 
+def _reverts_outcome(r: dict[str, Any]) -> None:
+    """After an abort: raise while devices are still being reverted, or when a revert failed."""
+    from edgesdk.errors import RolloutError, RolloutTimeoutError
+
+    counts = _counts(r)
+    if any(t["status"] == "reverting" for t in r["targets"]):
+        raise RolloutTimeoutError(f"rollout {r['id']} aborted, devices still reverting ({counts}); follow it with "
+                                  f"`edgesdk rollout status {r['id']}`")
+    if any(t["status"] == "revert_failed" for t in r["targets"]):
+        raise RolloutError(f"rollout {r['id']} aborted and some devices could not be reverted ({counts}); "
+                           f"roll them back with `edgesdk rollout rollback {r['id']} --to VERSION`")
+
+
+def _settled(r: dict[str, Any]) -> bool:
+    """A rollout is over when it left ``running`` and no device is still being reverted."""
+    return r["state"] != "running" and not any(t["status"] == "reverting" for t in r["targets"])
+
+
 def _follow(client: Any, rollout_id: str, timeout: float | None) -> dict[str, Any]:
-    """Poll until the rollout leaves ``running`` (or ``timeout`` s pass), printing progress lines to stderr."""
+    """Poll until the rollout is over (or ``timeout`` s pass), printing progress lines to stderr when they change."""
     started = time.monotonic()
     last = ""
     while True:
         r = client.rollout(rollout_id)
-        line = f"stage {max(r['wave'], 0) + 1} of {_stages(r)}: {_counts(r)}"
+        line = f"{r['state']} stage {max(r['wave'], 0) + 1} of {_stages(r)}: {_counts(r)}"
         if line != last:
-            click.echo(f"[{time.monotonic() - started:6.1f}s] {r['state']} {line}", err=True)
+            click.echo(f"[{time.monotonic() - started:6.1f}s] {line}", err=True)
             last = line
-        if r["state"] != "running" or (timeout is not None and time.monotonic() - started >= timeout):
+        if _settled(r) or (timeout is not None and time.monotonic() - started >= timeout):
             return r
         time.sleep(0.5)
 
 
-def _finish(client: Any, rollout_id: str, timeout: float | None, as_json: bool) -> None:
+def _finish(client: Any, rollout_id: str, timeout: float | None, as_json: bool, aborted_on_purpose: bool = False) -> None:
+    """Follow a rollout, print its final state (JSON on stdout with ``as_json``), then raise unless it succeeded."""
     r = _follow(client, rollout_id, timeout)
     _print_rollout(r, as_json)
-    _outcome(r)
+    if aborted_on_purpose:
+        _reverts_outcome(r)
+    else:
+        _outcome(r)
 
 
 @click.command()
@@ -104,9 +128,7 @@ def _finish(client: Any, rollout_id: str, timeout: float | None, as_json: bool) 
 @click.option("--max-failure-rate", default="5%", show_default=True, help="Abort and roll back above this.")
 @click.option("--deploy-timeout", default="300s", show_default=True, help="A silent device counts as failed after it.")
 @click.option("--manual", is_flag=True, help="Wait for `edgesdk rollout promote` between stages.")
-@click.option("--wait", "wait_s", type=float, default=None,
-              help="Wait up to this many seconds, showing progress; exit 0 only if every device updated "
-                   "(17: aborted or failed, 18: still running).")
+@click.option("--wait", "wait_s", type=float, default=None, help=_WAIT_OUTCOME)
 @_server
 @_token
 @_token_file
@@ -173,33 +195,34 @@ def status(rollout_id: str | None, follow: bool, server_url: str, token: str | N
                        for r in rows]))
 
 
-def _action(verb: str) -> Any:
+def _action(verb: str, wait_help: str) -> Any:
     @click.argument("rollout_id")
     @_server
     @_token
     @_token_file
-    @click.option("--wait", "wait_s", type=float, default=None,
-                  help="Wait for the outcome (seconds); exit 17 if it aborted or failed, 18 if still running.")
+    @click.option("--wait", "wait_s", type=float, default=None, help=wait_help)
+    @_json
     def command(rollout_id: str, server_url: str, token: str | None, token_file: str | None, wait_s: float | None,
-                to: str | None = None) -> None:
+                as_json: bool, to: str | None = None) -> None:
         client = admin_client(server_url, token, token_file)
-        result = client.act(rollout_id, verb, to)
-        target = result["id"]
-        click.echo(f"{verb}: rollout {target}")
-        if wait_s is None:
+        target = client.act(rollout_id, verb, to)["id"]
+        if as_json and wait_s is None:
+            click.echo(json.dumps({"id": target}))
             return
-        if verb == "abort":  # aborted is what was asked for: show the reverts, do not report it as a failure
-            _print_rollout(client.rollout(target), False)
-            return
-        _finish(client, target, wait_s, False)
+        click.echo(f"{verb}: rollout {target}", err=as_json)
+        if wait_s is not None:
+            # An abort is what was asked for: its outcome is whether the updated devices went back.
+            _finish(client, target, wait_s, as_json, aborted_on_purpose=verb == "abort")
 
     return command
 
 
-rollout.command("promote", help="Send the next stage now.")(_action("promote"))
-rollout.command("abort", help="Stop a rollout and roll its updated devices back.")(_action("abort"))
+rollout.command("promote", help="Send the next stage now.")(_action("promote", _WAIT_OUTCOME))
+rollout.command("abort", help="Stop a rollout and roll its updated devices back.")(_action(
+    "abort", "Wait up to this many seconds for the updated devices to go back; exit 0 when all did "
+             "(17: a revert failed, 18: still reverting)."))
 rollout.command("rollback", help="Roll the group back (to --to VERSION or each device's previous one).")(
-    click.option("--to", default=None, help="Version to return to.")(_action("rollback")))
+    click.option("--to", default=None, help="Version to return to.")(_action("rollback", _WAIT_OUTCOME)))
 
 
 @click.command()

@@ -1,7 +1,9 @@
-"""Server-side refusals an operator relies on: no temp paths in errors, no parsing of oversized device reports."""
+"""What an operator relies on from the server: immutable versions, error classes as HTTP codes, no temp paths in
+errors, no parsing of oversized device reports, no rollout to devices that run the version, logged transitions."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -9,9 +11,13 @@ import tarfile
 
 import paho.mqtt.client as mqtt
 import pytest
+from click.testing import CliRunner
 
-from edgesdk.errors import EdgeSDKError, SignatureError
+from edgesdk.admin_client import AdminClient
+from edgesdk.cli import cli
+from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, SignatureError
 from edgesdk.ota import pack_bundle
+from edgesdk.ota_server.rollout import RolloutPolicy
 from edgesdk.ota_server.server import MAX_REPORT_BYTES
 from tests.ota.conftest import wait_for
 
@@ -54,7 +60,102 @@ def test_oversized_device_reports_are_refused_unparsed(broker, make_server, capl
                            qos=1).wait_for_publish(5)
             wait_for(lambda: server.db.device("honest") is not None, what="the small state to register")
         assert server.db.device("rogue") is None
-        assert any("rogue/state" in r.getMessage() and "at most" in r.getMessage() for r in caplog.records)
+        assert any("state from device rogue" in r.getMessage() and f"{len(huge)}-byte" in r.getMessage()
+                   for r in caplog.records), caplog.text
     finally:
         client.loop_stop()
         client.disconnect()
+
+
+@pytest.fixture
+def api(broker, make_server):
+    """The admin HTTP API of an in-process server: (server, url)."""
+    from edgesdk.ota_server.broker import free_port
+    from edgesdk.ota_server.http_api import HttpServer, create_app
+
+    server = make_server(broker.url)
+    http = HttpServer(create_app(server, "s3cret"), port=free_port()).start()
+    yield server, http.url
+    http.stop()
+
+
+def test_the_api_keeps_versions_immutable_and_answers_with_error_classes(api, bundles, keys, tmp_path):
+    from tests.ota.conftest import make_bundle
+
+    server, url = api
+    client = AdminClient(url, "s3cret")
+    assert client.upload(pack_bundle(bundles["1.0.0"])) == {"name": "digits", "version": "1.0.0", "stored": True}
+    assert client.upload(pack_bundle(bundles["1.0.0"])) == {"name": "digits", "version": "1.0.0", "stored": False}
+    impostor = make_bundle(tmp_path / "impostor", "1.0.0", keys, seed=99)
+    with pytest.raises(ConflictError) as conflict:
+        client.upload(pack_bundle(impostor))
+    stored, given = (hashlib.sha256((b / "manifest.json").read_bytes()).hexdigest()[:16]
+                     for b in (bundles["1.0.0"], impostor))
+    assert "409" in str(conflict.value) and stored in str(conflict.value) and given in str(conflict.value)
+    assert "higher --version" in str(conflict.value)
+    with pytest.raises(NotFoundError, match="404"):
+        client.rollout("r-nope")
+    with pytest.raises(NotFoundError, match="404"):
+        client.act("r-nope", "promote")
+    with pytest.raises(EdgeSDKError, match="must increase and end at 100%"):
+        client.start_rollout("digits", "1.0.0", "cams", {"canary": 0.1, "waves": [1.0, 0.5]})
+    assert server.db.rollouts() == []
+
+
+def test_the_token_file_comes_from_the_environment_and_its_absence_says_where_it_is(api, tmp_path, monkeypatch):
+    _, url = api
+    for name in ("EDGESDK_TOKEN", "EDGESDK_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    missing = CliRunner().invoke(cli, ["devices", "--server", url])
+    assert missing.exit_code == 1
+    assert "admin.token beside its --db" in missing.output and "--token-file PATH" in missing.output
+    (tmp_path / "admin.token").write_text("s3cret\n")
+    found = CliRunner().invoke(cli, ["devices", "--server", url, "--json"],
+                               env={"EDGESDK_TOKEN_FILE": str(tmp_path / "admin.token")})
+    assert found.exit_code == 0 and json.loads(found.stdout) == [], found.output
+
+
+def test_devices_at_the_version_are_not_targeted_and_transitions_are_logged(broker, make_server, make_agent,
+                                                                              bundles, caplog):
+    server = make_server(broker.url)
+    for version in ("1.0.0", "3.0.0-bad"):
+        server.upload(pack_bundle(bundles[version]))
+    first = make_agent("cam0", broker.url)
+    wait_for(lambda: server.db.devices("cams"), what="cam0 registered")
+    now = RolloutPolicy(canary=1.0, waves=(), health_window_s=0)
+    with caplog.at_level(logging.INFO, logger="edgesdk.ota_server.server"):
+        done = server.start_rollout("digits", "1.0.0", "cams", now)
+        wait_for(lambda: server.status(done)["state"] == "completed", what="first rollout")
+        with pytest.raises(ConflictError, match="already installed on all 1 online devices of group 'cams'"):
+            server.start_rollout("digits", "1.0.0", "cams", now)
+        make_agent("cam1", broker.url)
+        wait_for(lambda: len(server.db.devices("cams")) == 2, what="cam1 registered")
+        second = server.start_rollout("digits", "1.0.0", "cams", now)
+        assert [t["device_id"] for t in server.status(second)["targets"]] == ["cam1"]
+        wait_for(lambda: server.status(second)["state"] == "completed", what="cam1 updated")
+        bad = server.start_rollout("digits", "3.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,),
+                                                                             health_window_s=0, auto_promote=False))
+        wait_for(lambda: server.status(bad)["state"] == "aborted", what="the bad canary to abort")
+    assert first.current_version() == ("digits", "1.0.0")
+    said = [r.getMessage() for r in caplog.records]
+    for rollout_id in (done, second, bad):
+        assert any(f"rollout {rollout_id} started" in m for m in said), said
+        assert any(f"rollout {rollout_id}: stage 1 sent" in m for m in said), said
+    assert any(f"rollout {done} completed" in m for m in said) and any(f"rollout {bad} aborted" in m for m in said)
+
+
+def test_promote_is_logged(broker, make_server, make_agent, bundles, caplog):
+    server = make_server(broker.url)
+    server.upload(pack_bundle(bundles["1.0.0"]))
+    for i in range(2):
+        make_agent(f"cam{i}", broker.url)
+    wait_for(lambda: len(server.db.devices("cams")) == 2, what="devices registered")
+    policy = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0, auto_promote=False)
+    with caplog.at_level(logging.INFO, logger="edgesdk.ota_server.server"):
+        rollout_id = server.start_rollout("digits", "1.0.0", "cams", policy)
+        wait_for(lambda: server.status(rollout_id)["targets"][0]["status"] == "committed", what="the canary")
+        server.promote(rollout_id)
+        wait_for(lambda: server.status(rollout_id)["state"] == "completed", what="completion")
+    said = [r.getMessage() for r in caplog.records]
+    assert any(f"rollout {rollout_id} promoted by operator to stage 2" in m for m in said), said
+    assert any(f"rollout {rollout_id}: stage 2 sent" in m for m in said), said
