@@ -14,10 +14,16 @@ from edgesdk.errors import EdgeSDKError
 __all__ = ["AdminClient"]
 
 
-def _error_class(name: object) -> type[EdgeSDKError]:
+#: The class for an HTTP status when the server's ``type`` is not in edgesdk.errors (a server-side subclass).
+_BY_STATUS: dict[int, type[EdgeSDKError]] = {404: errors.NotFoundError, 409: errors.ConflictError}
+
+
+def _error_class(name: object, status: int) -> type[EdgeSDKError]:
     """The edgesdk error class the server named (its ``type`` field), so callers can tell errors apart."""
     found = getattr(errors, name, None) if isinstance(name, str) else None
-    return found if isinstance(found, type) and issubclass(found, EdgeSDKError) else EdgeSDKError
+    if isinstance(found, type) and issubclass(found, EdgeSDKError):
+        return found
+    return _BY_STATUS.get(status, EdgeSDKError)
 
 
 class AdminClient:
@@ -42,7 +48,7 @@ class AdminClient:
                 message, kind = answer.get("error", exc.reason), answer.get("type")
             except (ValueError, AttributeError):
                 message, kind = exc.reason, None
-            raise _error_class(kind)(f"server answered {exc.code}: {message}") from None
+            raise _error_class(kind, exc.code)(f"server answered {exc.code}: {message}") from None
         except urllib.error.URLError as exc:
             raise EdgeSDKError(f"cannot reach the OTA server at {self.url}: {exc.reason}") from None
 

@@ -62,7 +62,7 @@ class ModelRepository:
                 if given != stored:
                     raise ConflictError(
                         f"{manifest.name} {manifest.version} is already in the repository with other content "
-                        f"(stored manifest sha256 {stored[:16]}…, given {given[:16]}…); versions are immutable: "
+                        f"(manifest sha256 stored {stored}, given {given}); versions are immutable: "
                         "convert again with a higher --version")
                 return manifest, False
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -89,14 +89,15 @@ def test_the_api_keeps_versions_immutable_and_answers_with_error_classes(api, bu
     impostor = make_bundle(tmp_path / "impostor", "1.0.0", keys, seed=99)
     with pytest.raises(ConflictError) as conflict:
         client.upload(pack_bundle(impostor))
-    stored, given = (hashlib.sha256((b / "manifest.json").read_bytes()).hexdigest()[:16]
-                     for b in (bundles["1.0.0"], impostor))
-    assert "409" in str(conflict.value) and stored in str(conflict.value) and given in str(conflict.value)
+    stored, given = (hashlib.sha256((b / "manifest.json").read_bytes()).hexdigest() for b in (bundles["1.0.0"], impostor))
+    assert "409" in str(conflict.value) and f"stored {stored}, given {given}" in str(conflict.value)
     assert "higher --version" in str(conflict.value)
     with pytest.raises(NotFoundError, match="404"):
         client.rollout("r-nope")
     with pytest.raises(NotFoundError, match="404"):
         client.act("r-nope", "promote")
+    with pytest.raises(NotFoundError, match="no measurement"):  # a server-side subclass maps by its status
+        client.measurement("m-nope")
     with pytest.raises(EdgeSDKError, match="must increase and end at 100%"):
         client.start_rollout("digits", "1.0.0", "cams", {"canary": 0.1, "waves": [1.0, 0.5]})
     assert server.db.rollouts() == []
