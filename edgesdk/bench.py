@@ -1,4 +1,13 @@
-"""Benchmark a model with :class:`edgesdk.Runtime` on this device (used by ``edgesdk bench``)."""
+"""Timing predictions with :class:`edgesdk.Runtime`: the one timed-predict loop and ``edgesdk bench``.
+
+:func:`time_predictions` is the only place latencies are measured: ``edgesdk bench``
+(:func:`benchmark`), the converter's measuring child (:mod:`edgesdk.measure_worker`) and
+a bundle's health check (:func:`edgesdk.agent.managed.health_check`) all use it, so they
+all follow one warm-up rule: ``warmup`` untimed predictions (default :data:`WARMUP`) on
+the same inputs, then ``runs`` timed ones. The first predictions after a load pay for
+lazy allocation, kernel selection and cold caches; timing them would mix those into the
+percentiles.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +24,50 @@ from edgesdk.profiles import DeviceProfile
 from edgesdk.runtime import Runtime, RuntimeInfo
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["BenchResult", "benchmark", "random_inputs"]
+__all__ = ["WARMUP", "Timings", "time_predictions", "BenchResult", "benchmark", "random_inputs"]
+
+#: Untimed predictions before timing starts, everywhere latencies are measured.
+WARMUP = 5
+
+
+@dataclass(frozen=True, eq=False)
+class Timings:
+    """The latencies of ``runs`` timed predictions (ms, in run order) and the wall time they took."""
+
+    latencies_ms: np.ndarray
+    #: Seconds from the first timed prediction to the end of the last (including ``on_progress`` calls).
+    wall_s: float
+
+    def percentiles(self, *q: float) -> tuple[float, ...]:
+        """The latency percentiles ``q`` (0-100), in ms."""
+        return tuple(float(v) for v in np.percentile(self.latencies_ms, q))
+
+    @property
+    def median_ms(self) -> float:
+        """The median latency, ms."""
+        return float(np.median(self.latencies_ms))
+
+
+def time_predictions(runtime: Runtime, feeds: Any, runs: int, warmup: int = WARMUP,
+                     on_progress: Callable[[int], None] | None = None) -> Timings:
+    """Run ``warmup`` untimed then ``runs`` timed ``runtime.predict(feeds)`` calls (see the module doc).
+
+    ``on_progress(1)`` is called after each timed prediction. ``runs`` must be >= 1 and
+    ``warmup`` >= 0 (ValueError otherwise).
+    """
+    if runs < 1 or warmup < 0:
+        raise ValueError(f"runs must be >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
+    for _ in range(warmup):
+        runtime.predict(feeds)
+    latencies = np.empty(runs)
+    started = time.perf_counter()
+    for i in range(runs):
+        t0 = time.perf_counter_ns()
+        runtime.predict(feeds)
+        latencies[i] = (time.perf_counter_ns() - t0) / 1e6
+        if on_progress:
+            on_progress(1)
+    return Timings(latencies, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -36,6 +88,7 @@ class BenchResult:
     peak_rss_mb: float
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: the figures and the runtime's info (``edgesdk bench --json``)."""
         return {**{k: v for k, v in self.__dict__.items() if k != "info"}, "info": self.info.as_dict()}
 
 
@@ -63,10 +116,10 @@ def benchmark(
     accelerator: str = "auto",
     threads: int | None = None,
     runs: int = 100,
-    warmup: int = 10,
+    warmup: int = WARMUP,
     on_progress: Callable[[int], None] | None = None,
 ) -> BenchResult:
-    """Load ``model`` with Runtime, run ``warmup`` then ``runs`` timed predictions on random inputs.
+    """Load ``model`` with Runtime and time ``runs`` predictions on random inputs (:func:`time_predictions`).
 
     ``model`` is what :class:`Runtime` takes: a ``.tflite``/``.onnx`` file or a bundle directory
     (whose power mode is the default ``mode``).
@@ -74,21 +127,11 @@ def benchmark(
     if runs < 1 or warmup < 0:
         raise ValueError(f"runs must be >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     with Runtime(model, profile=profile, mode=mode, backend=backend, accelerator=accelerator, threads=threads) as rt:
-        feeds = random_inputs(rt.inputs)
-        for _ in range(warmup):
-            rt.predict(feeds)
-        latencies = np.empty(runs)
-        started = time.perf_counter()
-        for i in range(runs):
-            t0 = time.perf_counter_ns()
-            rt.predict(feeds)
-            latencies[i] = (time.perf_counter_ns() - t0) / 1e6
-            if on_progress:
-                on_progress(1)
-        wall = time.perf_counter() - started
-        p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
+        timings = time_predictions(rt, random_inputs(rt.inputs), runs, warmup, on_progress)
+        latencies = timings.latencies_ms
+        p50, p95, p99 = timings.percentiles(50, 95, 99)
         return BenchResult(
-            info=rt.info, runs=runs, warmup=warmup, p50_ms=float(p50), p95_ms=float(p95), p99_ms=float(p99),
+            info=rt.info, runs=runs, warmup=warmup, p50_ms=p50, p95_ms=p95, p99_ms=p99,
             mean_ms=float(latencies.mean()), min_ms=float(latencies.min()), max_ms=float(latencies.max()),
-            throughput_per_s=runs / wall, peak_rss_mb=peak_rss_mb(),
+            throughput_per_s=runs / timings.wall_s, peak_rss_mb=peak_rss_mb(),
         )

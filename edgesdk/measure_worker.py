@@ -7,7 +7,8 @@ model keeps the figures clean: its peak RSS is that model's alone (``VmHWM``, se
 
 The child loads the model under a profile and a mode, runs the evaluation inputs (batch 1
 when an input has a fixed batch dim, else batches of up to 64) keeping every output by
-name, warms up, times ``runs`` single-sample predictions, and reports load time, resident
+name, then times ``runs`` single-sample predictions after the warm-up every measurement
+uses (:func:`edgesdk.bench.time_predictions`), and reports load time, resident
 memory before loading and at its peak, latency percentiles, threads, backend and
 accelerator. Run as ``python -m edgesdk.measure_worker``: one JSON request on stdin, one
 JSON line on stdout, the outputs in an ``.npz`` file the request names.
@@ -34,7 +35,6 @@ from edgesdk.profiles import DeviceProfile, profile_to_dict
 
 __all__ = ["ModelFigures", "measure_model", "adapt_layout"]
 
-_WARMUP = 5
 _BATCH = 64
 
 
@@ -59,6 +59,7 @@ class ModelFigures:
     runs: int
 
     def as_dict(self) -> dict[str, Any]:
+        """The figures as a JSON-ready dict (what the child prints)."""
         return asdict(self)
 
 
@@ -117,6 +118,7 @@ def _main() -> None:
     import onnxruntime  # noqa: F401
 
     from edgesdk.backends.litert import import_litert
+    from edgesdk.bench import time_predictions
     from edgesdk.profiles import profile_from_dict
     from edgesdk.runtime import Runtime
 
@@ -138,17 +140,10 @@ def _main() -> None:
             out = rt.predict({k: v[start:start + step] for k, v in feeds.items()})
             for name in names:
                 collected[name].append(out if isinstance(out, np.ndarray) else out[name])
-        one = {k: v[:1] for k, v in feeds.items()}
-        for _ in range(_WARMUP):
-            rt.predict(one)
-        latencies = np.empty(request["runs"])
-        for i in range(request["runs"]):
-            t0 = time.perf_counter_ns()
-            rt.predict(one)
-            latencies[i] = (time.perf_counter_ns() - t0) / 1e6
+        timings = time_predictions(rt, {k: v[:1] for k, v in feeds.items()}, int(request["runs"]))
         info = rt.info
     np.savez(request["outputs"], **{name: np.concatenate(parts) for name, parts in collected.items()})  # type: ignore[arg-type]
-    p50, p90, p95, p99 = (float(v) for v in np.percentile(latencies, [50, 90, 95, 99]))
+    p50, p90, p95, p99 = timings.percentiles(50, 90, 95, 99)
     figures = ModelFigures(
         size_bytes=Path(request["model"]).stat().st_size, sha256=info.model_sha256, load_ms=load_ms,
         latency_p50_ms=p50, latency_p90_ms=p90, latency_p95_ms=p95, latency_p99_ms=p99, rss_before_mb=before,

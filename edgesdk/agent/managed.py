@@ -8,13 +8,13 @@ would not fit the profile's model budget together.
 
 Before a new model takes traffic it must pass its bundle's health check: the sample input
 must give the expected output within the manifest's tolerance, and the median latency of
-a few runs must be within ``max_latency_ms``.
+a few runs (after the usual warm-up, :func:`edgesdk.bench.time_predictions`) must be within
+``max_latency_ms``.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.bench import time_predictions
 from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, HealthCheckError
 from edgesdk.profiles import DeviceProfile, load_profile
@@ -33,13 +34,19 @@ __all__ = ["ManagedRuntime", "HealthReport", "health_check"]
 
 @dataclass(frozen=True)
 class HealthReport:
+    """What a passed health check found: the worst output error, the median latency and the load time (ms)."""
+
     max_abs_error: float
     latency_ms: float
     load_ms: float
 
 
 def health_check(runtime: Runtime, bundle: Bundle, runs: int = 5) -> HealthReport:
-    """Run the bundle's sample; raise HealthCheckError saying which output or gate failed."""
+    """Run the bundle's sample; raise HealthCheckError saying which output or gate failed.
+
+    The latency gate is the median of ``runs`` timed predictions of the sample, after the
+    warm-up every measurement uses. ``load_ms`` of the report is left 0 (the caller times the load).
+    """
     check = bundle.manifest.health_check
     if check is None:
         raise HealthCheckError(f"{bundle.path}: the bundle has no health check; refusing to activate it")
@@ -56,12 +63,7 @@ def health_check(runtime: Runtime, bundle: Bundle, runs: int = 5) -> HealthRepor
         if not np.allclose(have, want, atol=check.atol, rtol=check.rtol):
             raise HealthCheckError(f"health check: output {name!r} differs from the expected sample output by up to "
                                    f"{error:.3g} (atol {check.atol:g}, rtol {check.rtol:g})")
-    timings = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        runtime.predict(inputs)
-        timings.append((time.perf_counter() - t0) * 1e3)
-    latency = statistics.median(timings)
+    latency = time_predictions(runtime, inputs, runs).median_ms
     if check.max_latency_ms is not None and latency > check.max_latency_ms:
         raise HealthCheckError(f"health check: median latency {latency:.2f} ms exceeds the bundle's gate of "
                                f"{check.max_latency_ms:g} ms")
