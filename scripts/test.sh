@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev >&2
 .venv/bin/ruff check .
-.venv/bin/mypy edgesdk converters ota_server
+.venv/bin/python scripts/typecheck.py
 exec .venv/bin/python -m pytest "$@"

@@ -78,3 +78,22 @@ def host_big_little() -> DeviceProfile:
     if len(usable) < 2:
         pytest.skip(f"needs 2 usable CPUs to tell cores apart; this host allows {usable}")
     return profile_from_dict(host_profile_dict([usable[0]], [usable[1]]), origin="<host-big-little>")
+
+
+#: Test tiers by place, kept here in one table. `scripts/test.sh` and CI run every tier; the developer
+#: loop is `.venv/bin/python -m pytest -m "not slow and not ota and not tflite"` (well under a minute).
+_TIERS = {
+    "ota": ("tests/ota/",),
+    "slow": ("tests/docs/test_readme.py", "tests/unit/test_typecheck.py", "tests/integration/test_packaging.py",
+             "tests/integration/test_convert.py", "tests/integration/test_convert_cli.py",
+             "tests/integration/test_quantization_search.py", "tests/integration/test_cli_small.py"),
+}
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001 (pytest's hook signature)
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        where = Path(str(item.fspath)).resolve().relative_to(root).as_posix()
+        for marker, places in _TIERS.items():
+            if where.startswith(places):
+                item.add_marker(marker)
