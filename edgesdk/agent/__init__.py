@@ -1,1 +1,58 @@
-"""The device agent: model store, resumable transfers, hot swaps, and the MQTT loop."""
+"""The device agent: model store, resumable transfers, installs with rollback, and the MQTT loop.
+
+Public API (imported lazily, so ``from edgesdk import ManagedRuntime`` does not load MQTT)::
+
+    from edgesdk.agent import AgentConfig, DeviceAgent, ManagedRuntime, load_credentials
+
+    runtime = ManagedRuntime(profile="rpi5")
+    username, password = load_credentials("credentials/cam01.json", "cam01")
+    config = AgentConfig(device_id="cam01", group="cams", broker="mqtts://broker:8883", store=Path("/var/lib/edgesdk"),
+                         server_key=load_public_key("server.pub"), username=username, password=password)
+    with DeviceAgent(config, runtime=runtime):
+        ...  # the app calls runtime.predict(); the agent swaps models underneath
+
+:class:`Installer` and :class:`ModelStore` run an install without MQTT (switch, health
+check, commit or point back, crash recovery).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "DeviceAgent": "edgesdk.agent.agent",
+    "AgentConfig": "edgesdk.agent.agent",
+    "load_credentials": "edgesdk.agent.agent",
+    "ManagedRuntime": "edgesdk.agent.managed",
+    "HealthReport": "edgesdk.agent.managed",
+    "health_check": "edgesdk.agent.managed",
+    "Installer": "edgesdk.agent.install",
+    "InstallOutcome": "edgesdk.agent.install",
+    "ModelStore": "edgesdk.agent.store",
+    "PendingInstall": "edgesdk.agent.store",
+    "StoreState": "edgesdk.agent.store",
+}
+
+__all__ = ["DeviceAgent", "AgentConfig", "load_credentials", "ManagedRuntime", "HealthReport", "health_check",
+           "Installer", "InstallOutcome", "ModelStore", "PendingInstall", "StoreState"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edgesdk.agent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
+    from edgesdk.agent.install import Installer, InstallOutcome
+    from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
+    from edgesdk.agent.store import ModelStore, PendingInstall, StoreState

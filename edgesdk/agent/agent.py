@@ -3,9 +3,9 @@
 Per deployment: verify the command's signature (before anything is written) → refuse a
 replay or a downgrade that is not a signed rollback → receive chunks (the group broadcast,
 plus re-requests of whatever is missing, on this device's own topic) checking each hash →
-check the whole archive → unpack and verify into a new slot → record the install as
-pending → point ``current`` at it → load and health-check it under live traffic → commit,
-or point back at the previous slot and report why. A restarted agent resumes unfinished
+check the whole archive → unpack and verify into a new slot → install it (record it as
+pending, point ``current`` at it, health-check it under live traffic, commit or point back:
+:mod:`edgesdk.agent.install`) → report the outcome. A restarted agent resumes unfinished
 transfers and finishes or undoes a pending install, so the store always holds a working
 model.
 
@@ -25,14 +25,17 @@ import queue
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgesdk.agent.managed import ManagedRuntime, health_check
+from edgesdk.agent.failpoints import failpoint
+from edgesdk.agent.install import Installer, InstallOutcome
+from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.measure import run_measurement
-from edgesdk.agent.store import ModelStore
+from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.bundle import parse_version, read_bundle
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
@@ -43,15 +46,6 @@ from edgesdk.transport import MqttTransport, Transport
 __all__ = ["DeviceAgent", "AgentConfig", "load_credentials"]
 
 log = logging.getLogger(__name__)
-
-#: Failpoints for crash tests: EDGESDK_AGENT_FAILPOINT=before_switch (or after_chunks:N) makes the
-#: agent process die there, as abruptly as a kill -9 or a power cut would stop it.
-_FAILPOINT = os.environ.get("EDGESDK_AGENT_FAILPOINT", "")
-
-
-def _failpoint(name: str, count: int | None = None) -> None:
-    if _FAILPOINT == name or (count is not None and _FAILPOINT == f"{name}:{count}"):
-        os._exit(70)
 
 
 @dataclass(frozen=True)
@@ -79,6 +73,8 @@ class AgentConfig:
     profile: str | os.PathLike[str] | DeviceProfile | None = None
     #: Longest a measure command may take here, once for its transfer and once for the measuring.
     measure_timeout_s: float = 600.0
+    #: How many of its latest protocol events the agent keeps in DeviceAgent.events (the server keeps them all).
+    event_history: int = 256
 
 
 #: Log levels of protocol events other than INFO: what went wrong is a warning, chunk progress is detail.
@@ -130,6 +126,7 @@ class DeviceAgent:
         check_id(config.group, "group")
         self.store = ModelStore(config.store)
         self.runtime = runtime
+        self.installer = Installer(self.store, runtime)
         if config.profile is not None:
             self.profile = load_profile(config.profile)
         elif runtime is not None:
@@ -152,7 +149,8 @@ class DeviceAgent:
         #: Why the broker shut this agent out after it started (credentials or ACL changed, seen on a
         #: reconnect): the agent can no longer be reached, so whoever runs it should stop it and say so.
         self.refusal: BrokerError | None = None
-        self.events: list[dict[str, Any]] = []
+        #: The latest protocol events as published (oldest first), ``config.event_history`` at most.
+        self.events: deque[dict[str, Any]] = deque(maxlen=config.event_history)
         #: Payload bytes this agent received as chunks and published (state, events, requests).
         self.bytes_received = 0
         self.bytes_published = 0
@@ -165,7 +163,9 @@ class DeviceAgent:
         (its ACL does not let this device use its own topics); a later refusal lands in :attr:`refusal`.
         """
         cfg = self.config
-        self._recover()
+        resume = self.installer.recover()  # before any command: the store must hold a working model
+        if resume is not None:
+            self._work.put(("activate", resume))
         offline = json.dumps({"status": "offline", "group": cfg.group}).encode()
         # State is re-published on every (re)connect: a restarted broker forgets retained messages.
         self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-agent-{cfg.device_id}",
@@ -187,6 +187,7 @@ class DeviceAgent:
         return self
 
     def stop(self) -> None:
+        """Finish the work in hand, publish this device as offline and disconnect."""
         self._stop.set()
         self._work.put(("stop", None))
         if self._worker:
@@ -207,6 +208,7 @@ class DeviceAgent:
 
     # state -------------------------------------------------------------------------------
     def current_version(self) -> tuple[str, str] | None:
+        """The name and version of the model ``current`` points at, or None before the first install."""
         slot = self.store.pointer("current")
         if slot is None:
             return None
@@ -223,42 +225,14 @@ class DeviceAgent:
                  "updated": time.time()}
         self._publish(Topics.state(self.config.device_id), json.dumps(state).encode(), retain=True)
 
-    def _event(self, command: Command | None, event: str, **details: Any) -> None:
+    def _event(self, about: Command | PendingInstall | None, event: str, **details: Any) -> None:
+        """Log and publish a protocol event, naming the deployment ``about`` is part of."""
         payload = {"event": event, "time": time.time(), **details}
-        if command is not None:
-            payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
+        if about is not None:
+            payload.update(deployment_id=about.deployment_id, name=about.name, version=about.version)
         self.events.append(payload)
         log.log(_EVENT_LEVELS.get(event, logging.INFO), "%s", _describe(self.config.device_id, payload))
         self._publish(Topics.events(self.config.device_id), json.dumps(payload).encode())
-
-    def _recover(self) -> None:
-        """Finish or undo an install a crash interrupted, before taking any command."""
-        state = self.store.load_state()
-        pending = state.pending
-        if pending is None:
-            if state.committed and self.store.pointer("current") != state.committed and self.store.has_slot(state.committed):
-                self.store.set_pointer("current", state.committed)
-            self._load_current()
-            return
-        slot, previous = pending["slot"], pending.get("previous")
-        if previous and self.store.has_slot(previous):
-            self.store.set_pointer("current", previous)  # serve the last committed model meanwhile
-        if self.store.has_slot(slot):
-            # The new slot was complete and verified before the crash: switch and health-check it again.
-            self._work.put(("activate", pending))
-        else:
-            state.pending = None
-            self.store.save_state(state)
-        self._load_current()
-
-    def _load_current(self) -> None:
-        path = self.store.current_path()
-        if self.runtime is not None and path is not None and self.runtime.bundle is None:
-            try:
-                self.runtime.swap(path)
-            except EdgeSDKError as exc:  # keep the agent up: the server can still send a working version
-                log.error("%s: installed model %s does not load or pass its health check: %s",
-                          self.config.device_id, path.name, exc)
 
     # network callbacks (paho's thread) -------------------------------------------------------
     def _on_refused(self, error: BrokerError) -> None:
@@ -286,7 +260,7 @@ class DeviceAgent:
             log.warning("%s: chunk %s of %s failed its hash check; it will be fetched again",
                         self.config.device_id, index, transfer_id)
             return
-        _failpoint("after_chunks", transfer.received)
+        failpoint("after_chunks", transfer.received)
         if transfer.complete:
             self._work.put(("complete", transfer_id))
 
@@ -307,7 +281,7 @@ class DeviceAgent:
                 elif kind == "complete":
                     self._complete(item)
                 elif kind == "activate":
-                    self._activate(item)
+                    self._report_install(self.installer.activate(item))
             except Exception:
                 log.exception("%s: %s failed", self.config.device_id, kind)
             self._request_missing()
@@ -422,64 +396,15 @@ class DeviceAgent:
 
     def _install(self, command: Command, slot: str, downloaded: bool, started: float | None = None,
                  **details: Any) -> None:
-        """``started``: when applying began (the archive check), so apply_ms covers verify + swap + load."""
-        started = started or time.perf_counter()
-        if not downloaded:  # a fresh slot was verified as it was created; an old one is checked again
-            try:
-                self.store.verify_slot(slot)
-            except EdgeSDKError as exc:
-                self._event(command, "failed", reason=f"slot {slot} does not verify: {exc}")
-                return
-        state = self.store.load_state()
-        previous = self.store.pointer("current")
-        state.pending = {"slot": slot, "previous": previous, "deployment_id": command.deployment_id,
-                         "name": command.name, "version": command.version}
-        self.store.save_state(state)
-        _failpoint("before_switch")
-        self._activate(state.pending, command, started, downloaded=downloaded, **details)
+        """Install a slot for a command; ``details`` (facts of its transfer) go with a commit's report."""
+        outcome = self.installer.install(slot, deployment_id=command.deployment_id, name=command.name,
+                                         version=command.version, verify=not downloaded, started=started)
+        self._report_install(outcome, downloaded=downloaded, **details)
 
-    def _activate(self, pending: dict[str, Any], command: Command | None = None, started: float | None = None,
-                  **details: Any) -> None:
-        started = started or time.perf_counter()
-        slot, previous = pending["slot"], pending.get("previous")
-        if previous and previous != slot and self.store.has_slot(previous):
-            self.store.set_pointer("previous", previous)
-        self.store.set_pointer("current", slot)
-        _failpoint("after_switch")
-        try:
-            if self.runtime is not None:
-                report = self.runtime.swap(self.store.slots / slot)
-                health = {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}
-            else:
-                from edgesdk.runtime import Runtime
-
-                bundle = read_bundle(self.store.slots / slot, verify_model=False)
-                with Runtime(bundle.path, profile=None) as rt:  # hashes the model as it loads it
-                    report = health_check(rt, bundle)
-                health = {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}
-        except Exception as exc:
-            if previous and self.store.has_slot(previous):
-                self.store.set_pointer("current", previous)
-            state = self.store.load_state()
-            state.pending = None
-            self.store.save_state(state)
-            self._event_for(pending, command, "rolled_back", reason=f"{type(exc).__name__}: {exc}",
-                            restored=previous)
-            self._publish_state()
-            return
-        state = self.store.load_state()
-        state.committed, state.pending = slot, None
-        self.store.save_state(state)
-        apply_ms = (time.perf_counter() - started) * 1e3
-        self._event_for(pending, command, "committed", apply_ms=apply_ms, health=health, **details)
+    def _report_install(self, outcome: InstallOutcome, **details: Any) -> None:
+        extra = details if outcome.event == "committed" else {}
+        self._event(outcome.install, outcome.event, **outcome.details, **extra)
         self._publish_state()
-
-    def _event_for(self, pending: dict[str, Any], command: Command | None, event: str, **details: Any) -> None:
-        if command is not None:
-            self._event(command, event, **details)
-        else:
-            self._event(None, event, deployment_id=pending.get("deployment_id"), name=pending.get("name"),
-                        version=pending.get("version"), **details)
 
     # measurements -----------------------------------------------------------------------------
     def _accept_measurement(self, command: MeasureCommand) -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +27,49 @@ from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BundleError
 from edgesdk.files import atomic_dir, fsync_dir, write_atomic
 
-__all__ = ["ModelStore", "StoreState"]
+__all__ = ["ModelStore", "StoreState", "PendingInstall"]
+
+#: How many handled deployment ids the state file keeps for refusing replays.
+_SEEN_KEPT = 200
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def _write_json_atomic(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
+
+
+@dataclass(frozen=True)
+class PendingInstall:
+    """An install recorded before ``current`` is switched to it, until it is committed or pointed back.
+
+    ``previous`` is the slot ``current`` named before (None on a first install); the
+    deployment fields say which command the outcome is reported for, also after a restart.
+    """
+
+    slot: str
+    previous: str | None
+    deployment_id: str | None = None
+    name: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PendingInstall:
+        """Read the record as :meth:`to_json` (and the agent before it had this class) wrote it."""
+        return cls(slot=str(data["slot"]), previous=data.get("previous"), deployment_id=data.get("deployment_id"),
+                   name=data.get("name"), version=data.get("version"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON object for ``state.json``."""
+        return asdict(self)
 
 
 @dataclass
 class StoreState:
+    """What ``state.json`` holds: the committed slot, an install in flight, and the deployments handled."""
+
     #: Slot the device runs and has health-checked.
     committed: str | None = None
-    #: An install that switched ``current`` but has not passed its health check yet.
-    pending: dict[str, Any] | None = None
+    #: An install recorded (and maybe switched to) that has not passed its health check yet.
+    pending: PendingInstall | None = None
     #: Deployment ids already acted on (a replayed command is refused).
     seen: list[str] = field(default_factory=list)
 
@@ -60,27 +91,35 @@ class ModelStore:
 
     # state -------------------------------------------------------------------------------
     def load_state(self) -> StoreState:
+        """The state as last saved; an empty state when none was saved yet."""
         if not self._state_path.exists():
             return StoreState()
         data = json.loads(self._state_path.read_text())
-        return StoreState(data.get("committed"), data.get("pending"), list(data.get("seen", [])))
+        pending = data.get("pending")
+        return StoreState(data.get("committed"), PendingInstall.from_json(pending) if pending else None,
+                          list(data.get("seen", [])))
 
     def save_state(self, state: StoreState) -> None:
-        write_json_atomic(self._state_path, {"committed": state.committed, "pending": state.pending,
-                                             "seen": state.seen[-200:]})
+        """Replace ``state.json`` durably (tmp + fsync + rename), keeping the newest handled deployments."""
+        _write_json_atomic(self._state_path, {"committed": state.committed,
+                                              "pending": state.pending.to_json() if state.pending else None,
+                                              "seen": state.seen[-_SEEN_KEPT:]})
 
     # slots -------------------------------------------------------------------------------
     @staticmethod
     def slot_name(name: str, version: str) -> str:
+        """The slot directory name of a model version, e.g. ``digits-1.2.0``."""
         return f"{name}-{version}"
 
     def has_slot(self, slot: str) -> bool:
+        """Whether ``slots/<slot>`` exists as a named (hence complete and once verified) bundle."""
         return (self.slots / slot / "manifest.json").is_file()
 
     def verify_slot(self, slot: str, public_key: Any = None) -> Bundle:
+        """Read the slot's bundle, checking every file's hash (and the signature when a key is given)."""
         return read_bundle(self.slots / slot, public_key=public_key)
 
-    def add_slot(self, slot: str, fill: Any) -> Path:
+    def add_slot(self, slot: str, fill: Callable[[Path], object]) -> Path:
         """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified, then renamed."""
         final = self.slots / slot
         if final.exists():
@@ -92,10 +131,12 @@ class ModelStore:
 
     # pointers ----------------------------------------------------------------------------
     def pointer(self, which: str) -> str | None:
+        """The slot the ``current`` or ``previous`` pointer names, or None when it is not set."""
         link = self.root / which
         return os.readlink(link).split("/")[-1] if link.is_symlink() else None
 
     def set_pointer(self, which: str, slot: str | None) -> None:
+        """Point ``which`` at a verified slot atomically and durably; None removes the pointer."""
         link = self.root / which
         if slot is None:
             link.unlink(missing_ok=True)
@@ -109,5 +150,6 @@ class ModelStore:
         fsync_dir(self.root)
 
     def current_path(self) -> Path | None:
+        """The directory of the slot ``current`` names, or None before the first install."""
         slot = self.pointer("current")
         return self.slots / slot if slot else None

@@ -275,7 +275,7 @@ def test_agent_killed_between_write_and_switch_restarts_consistent(tmp_path, bro
     store = ModelStore(tmp_path / "devices" / "cam0")
     # At the crash: the new slot is complete and verified, current still names the old one, and both load.
     assert store.pointer("current") == "digits-1.0.0"
-    assert store.load_state().pending["slot"] == "digits-2.0.0"
+    assert store.load_state().pending.slot == "digits-2.0.0"
     read_bundle(store.current_path())
     store.verify_slot("digits-2.0.0")
     restarted = _agent_process(tmp_path, broker, keys, "cam0")

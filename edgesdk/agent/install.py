@@ -1,0 +1,154 @@
+"""The install transaction on a device: switch to a verified slot, health-check it, commit or point back.
+
+One install, each step durable before the next::
+
+    verify the slot        a slot kept from an earlier install is checked again (a fresh one
+                           was verified as the store created it)
+    record it as pending   state.json names the slot and the one ``current`` names now
+    switch                 ``previous`` → the old slot, ``current`` → the new one
+    health-check           load the model and run its bundle's sample (in the ManagedRuntime
+                           when there is one, so it takes traffic only once it passed)
+    commit or point back   state.json commits the new slot, or ``current`` names the old
+                           slot again; either way the pending record is dropped
+
+A crash at any step leaves a working model: :meth:`Installer.recover`, run before the
+agent takes commands, serves the previous slot again and hands back the pending install
+to be switched and checked once more (or drops it if its slot never got a name).
+
+The installer knows nothing of MQTT: each install returns an :class:`InstallOutcome`
+and the agent reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from edgesdk.agent.failpoints import failpoint
+from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
+from edgesdk.agent.store import ModelStore, PendingInstall
+from edgesdk.bundle import read_bundle
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime import Runtime
+
+__all__ = ["Installer", "InstallOutcome"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InstallOutcome:
+    """How one install ended, with the facts to report about it.
+
+    ``committed``: ``details`` has ``apply_ms`` and ``health`` (``max_abs_error``,
+    ``latency_ms``). ``rolled_back`` (switched, then pointed back): ``reason`` and
+    ``restored``, the slot ``current`` names again. ``failed`` (never switched, nothing
+    recorded): ``reason``.
+    """
+
+    event: Literal["committed", "rolled_back", "failed"]
+    install: PendingInstall
+    details: dict[str, Any]
+
+
+class Installer:
+    """Runs installs into a :class:`ModelStore` and recovers the one a crash interrupted (see the module doc).
+
+    With a ManagedRuntime the health check is its swap, so the app's model changes only
+    when the new one passes; without one the model is loaded on its own just for the check.
+    Not thread-safe: the agent calls it from its one worker thread.
+    """
+
+    def __init__(self, store: ModelStore, runtime: ManagedRuntime | None = None) -> None:
+        self.store = store
+        self.runtime = runtime
+
+    def install(self, slot: str, *, deployment_id: str | None = None, name: str | None = None,
+                version: str | None = None, verify: bool = True, started: float | None = None) -> InstallOutcome:
+        """Install the named slot: verify it (unless the caller just did), record it, then :meth:`activate` it.
+
+        ``started`` is when applying began (e.g. the archive check), so ``apply_ms`` covers
+        verify + switch + load; by default it is now.
+        """
+        started = started or time.perf_counter()
+        pending = PendingInstall(slot, self.store.pointer("current"), deployment_id, name, version)
+        if verify:
+            try:
+                self.store.verify_slot(slot)
+            except EdgeSDKError as exc:
+                return InstallOutcome("failed", pending, {"reason": f"slot {slot} does not verify: {exc}"})
+        state = self.store.load_state()
+        state.pending = pending
+        self.store.save_state(state)
+        failpoint("before_switch")
+        return self.activate(pending, started)
+
+    def activate(self, pending: PendingInstall, started: float | None = None) -> InstallOutcome:
+        """Switch ``current`` to a recorded install, health-check it, and commit it or point back."""
+        started = started or time.perf_counter()
+        slot, previous = pending.slot, pending.previous
+        if previous and previous != slot and self.store.has_slot(previous):
+            self.store.set_pointer("previous", previous)
+        self.store.set_pointer("current", slot)
+        failpoint("after_switch")
+        try:
+            report = self._health_check(slot)
+        except Exception as exc:  # whatever stops the new model from serving sends the device back
+            if previous and self.store.has_slot(previous):
+                self.store.set_pointer("current", previous)
+            self._finish(committed=None)
+            return InstallOutcome("rolled_back", pending, {"reason": f"{type(exc).__name__}: {exc}",
+                                                           "restored": previous})
+        self._finish(committed=slot)
+        return InstallOutcome("committed", pending, {
+            "apply_ms": (time.perf_counter() - started) * 1e3,
+            "health": {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}})
+
+    def recover(self) -> PendingInstall | None:
+        """Bring the store back to a working model after a crash; return an install to :meth:`activate` again.
+
+        A pending install whose slot exists was complete and verified before the crash:
+        ``current`` names the previous slot meanwhile and the install is returned. One whose
+        slot never got a name is dropped. The ManagedRuntime, if empty, loads the current model.
+        """
+        state = self.store.load_state()
+        pending, resume = state.pending, None
+        if pending is None:
+            committed = state.committed
+            if committed and self.store.pointer("current") != committed and self.store.has_slot(committed):
+                self.store.set_pointer("current", committed)
+        else:
+            if pending.previous and self.store.has_slot(pending.previous):
+                self.store.set_pointer("current", pending.previous)
+            if self.store.has_slot(pending.slot):
+                resume = pending
+            else:
+                state.pending = None
+                self.store.save_state(state)
+        self._load_current()
+        return resume
+
+    def _finish(self, committed: str | None) -> None:
+        """Drop the pending record; with ``committed``, record that slot as the one the device runs."""
+        state = self.store.load_state()
+        if committed is not None:
+            state.committed = committed
+        state.pending = None
+        self.store.save_state(state)
+
+    def _health_check(self, slot: str) -> HealthReport:
+        if self.runtime is not None:
+            return self.runtime.swap(self.store.slots / slot)
+        bundle = read_bundle(self.store.slots / slot, verify_model=False)
+        with Runtime(bundle.path, profile=None) as runtime:  # hashes the model as it loads it
+            return health_check(runtime, bundle)
+
+    def _load_current(self) -> None:
+        path = self.store.current_path()
+        if self.runtime is not None and path is not None and self.runtime.bundle is None:
+            try:
+                self.runtime.swap(path)
+            except EdgeSDKError as exc:  # keep the agent up: the server can still send a working version
+                log.error("installed model %s does not load or pass its health check: %s", path, exc)
