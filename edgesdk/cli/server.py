@@ -86,28 +86,23 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         broker = embedded.url
         click.echo(f"embedded MQTT broker on {broker} (loopback only)", err=True)
     assert broker
-    from edgesdk.ota_server.fleet import FleetDB
-    from edgesdk.ota_server.http_api import HttpServer, create_app
-    from edgesdk.ota_server.repository import ModelRepository
-    from edgesdk.ota_server.server import OTAServer, ServerConfig
+    from edgesdk.ota_server.app import ServerSetup, build_server
+    from edgesdk.ota_server.server import ServerConfig
     from edgesdk.signing import load_private_key, load_public_key
 
     creds = json.loads(Path(credentials).read_text()) if credentials else {}
-    repository = ModelRepository(repo, keep_latest=keep_latest,
-                                 signer_key=load_public_key(bundle_key) if bundle_key else None,
-                                 allow_unsigned=allow_unsigned)
-    ota = OTAServer(ServerConfig(broker, username=creds.get("username"), password=creds.get("password"),
-                                 ca_file=ca_file), repository, FleetDB(db), load_private_key(key)).start()
-    host, _, port = http_address.rpartition(":")
-    admin_token = _token(token, Path(token_file) if token_file else Path(db).parent / "admin.token")
-    http = HttpServer(create_app(ota, admin_token), host or "127.0.0.1", int(port)).start()
-    click.echo(f"edgesdk server: broker {broker}, admin API {http.url}", err=True)
+    running = build_server(ServerSetup(
+        ServerConfig(broker, username=creds.get("username"), password=creds.get("password"), ca_file=ca_file),
+        repo=repo, db=db, signing_key=load_private_key(key),
+        bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
+        keep_latest=keep_latest, http=http_address,
+        token=_token(token, Path(token_file) if token_file else Path(db).parent / "admin.token")))
+    click.echo(f"edgesdk server: broker {broker}, admin API {running.url}", err=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     done.wait()
-    http.stop()
-    ota.stop()
+    running.stop()
     if embedded is not None:
         embedded.stop()
 

@@ -1,0 +1,92 @@
+"""One place that wires the OTA server: model repository + fleet store + rollout server + admin HTTP API.
+
+The command line (``edgesdk server``), the examples and the tests all build the server
+here, so a new part (a different fleet store, an offload endpoint) is wired once::
+
+    setup = ServerSetup(ServerConfig("mqtt://127.0.0.1:1883"), repo="repo", db="fleet.db",
+                        signing_key=load_private_key("keys/server.key"),
+                        bundle_key=load_public_key("keys/edgesdk.pub"), http="127.0.0.1:8080", token=token)
+    with build_server(setup) as running:
+        print(running.url)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.ota_server.server import OTAServer, ServerConfig
+
+__all__ = ["ServerSetup", "RunningServer", "build_server"]
+
+
+@dataclass(frozen=True)
+class ServerSetup:
+    """Everything a server needs: where its state lives, which keys it trusts and signs with, where it answers."""
+
+    server: ServerConfig
+    repo: str | os.PathLike[str]
+    db: str | os.PathLike[str]
+    #: Ed25519 private key the server signs device commands with.
+    signing_key: Any
+    #: Public key uploaded bundles must be signed with (None only together with allow_unsigned).
+    bundle_key: Any = None
+    allow_unsigned: bool = False
+    keep_latest: int = 5
+    #: Repository chunk size in bytes (None: the repository's default).
+    chunk_size: int | None = None
+    #: ``HOST:PORT`` of the admin API, or None for no HTTP API (library use, tests).
+    http: str | None = None
+    #: Bearer token of the admin API (required with ``http``).
+    token: str | None = None
+
+
+class RunningServer:
+    """A started server: ``ota`` (rollouts, fleet state) and, when asked for, ``http`` (the admin API)."""
+
+    def __init__(self, ota: OTAServer, http: Any = None) -> None:
+        self.ota, self.http = ota, http
+
+    @property
+    def url(self) -> str | None:
+        """The admin API's base URL, or None without one."""
+        return self.http.url if self.http is not None else None
+
+    def stop(self) -> None:
+        """Stop the HTTP API first (no request may reach a stopped server), then the server."""
+        if self.http is not None:
+            self.http.stop()
+        self.ota.stop()
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def build_server(setup: ServerSetup) -> RunningServer:
+    """Open the repository and fleet store, start the server, and the admin API when ``setup.http`` is set."""
+    extra = {"chunk_size": setup.chunk_size} if setup.chunk_size is not None else {}
+    repository = ModelRepository(Path(setup.repo), keep_latest=setup.keep_latest, signer_key=setup.bundle_key,
+                                 allow_unsigned=setup.allow_unsigned, **extra)
+    ota = OTAServer(setup.server, repository, FleetDB(setup.db), setup.signing_key).start()
+    if setup.http is None:
+        return RunningServer(ota)
+    from edgesdk.ota_server.http_api import HttpServer, create_app
+
+    if not setup.token:
+        ota.stop()
+        raise EdgeSDKError("an admin API needs a token: set ServerSetup.token (edgesdk server: --token/--token-file)")
+    host, _, port = setup.http.rpartition(":")
+    try:
+        http = HttpServer(create_app(ota, setup.token), host or "127.0.0.1", int(port)).start()
+    except BaseException:
+        ota.stop()
+        raise
+    return RunningServer(ota, http)
