@@ -1,0 +1,118 @@
+"""The chunk service: archive bytes for the transfers in flight, broadcast to a group or re-sent to one device.
+
+A transfer (one stage of a rollout, a rollback, a measurement) is opened with the archive
+it carries and closed when nothing will ask for it again. Archives are shared between the
+transfers that carry the same model version and evicted when the last of them closes, so
+the server holds only what is in flight, not every archive it ever sent (up to 2 GiB each).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgesdk.ota import ArchiveInfo, Topics
+
+__all__ = ["ChunkDistributor"]
+
+#: Loads a model version's archive: (name, version) -> (tar bytes, chunk hashes).
+ArchiveLoader = Callable[[str, str], tuple[bytes, ArchiveInfo]]
+#: Publishes one MQTT message: (topic, payload).
+Publisher = Callable[[str, bytes], None]
+
+
+@dataclass
+class _Archive:
+    data: bytes
+    info: ArchiveInfo
+    users: int = 0
+
+
+class ChunkDistributor:
+    """Serves the chunks of open transfers; thread-safe (MQTT handlers and the rollout engine call it)."""
+
+    def __init__(self, load: ArchiveLoader, publish: Publisher) -> None:
+        self._load, self._publish = load, publish
+        self._lock = threading.Lock()
+        self._archives: dict[tuple[str, str], _Archive] = {}
+        self._transfers: dict[str, tuple[str, str]] = {}
+        #: (device, transfer) -> chunk indices re-sent on request (for tests and benchmarks).
+        self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
+
+    def open(self, transfer_id: str, name: str, version: str) -> ArchiveInfo:
+        """Make ``name`` ``version``'s archive servable as ``transfer_id``; its chunk hashes (for the command).
+
+        Opening an id that is already open is a no-op (a re-sent stage reuses its transfer).
+        """
+        key = (name, version)
+        with self._lock:
+            if transfer_id in self._transfers:
+                return self._archives[self._transfers[transfer_id]].info
+            archive = self._archives.get(key)
+        if archive is None:  # load outside the lock: hashing 2 GiB must not stall chunk requests
+            archive = _Archive(*self._load(name, version))
+        with self._lock:
+            if transfer_id in self._transfers:
+                return self._archives[self._transfers[transfer_id]].info
+            archive = self._archives.setdefault(key, archive)  # another transfer may have loaded or evicted it
+            archive.users += 1
+            self._transfers[transfer_id] = key
+            return archive.info
+
+    def close(self, transfer_id: str) -> None:
+        """Stop serving ``transfer_id``; its archive's bytes go once no open transfer carries them."""
+        with self._lock:
+            key = self._transfers.pop(transfer_id, None)
+            if key is None:
+                return
+            archive = self._archives[key]
+            archive.users -= 1
+            if archive.users == 0:
+                del self._archives[key]
+
+    def close_all(self, prefix: str) -> None:
+        """Close every transfer whose id starts with ``prefix`` (all of one rollout's stages and rollbacks)."""
+        with self._lock:
+            ids = [t for t in self._transfers if t.startswith(prefix)]
+        for transfer_id in ids:
+            self.close(transfer_id)
+
+    def is_open(self, transfer_id: str) -> bool:
+        """True while ``transfer_id`` is served."""
+        with self._lock:
+            return transfer_id in self._transfers
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of archive data held for open transfers."""
+        with self._lock:
+            return sum(len(a.data) for a in self._archives.values())
+
+    def _chunks(self, transfer_id: str) -> _Archive | None:
+        with self._lock:
+            key = self._transfers.get(transfer_id)
+            return self._archives[key] if key is not None else None
+
+    def serve(self, device: str, transfer_id: str, indices: list[int]) -> bool:
+        """Re-send the asked chunks on ``device``'s own topic; False when ``transfer_id`` is not open here."""
+        archive = self._chunks(transfer_id)
+        if archive is None:
+            return False
+        for index in indices:
+            if 0 <= index < len(archive.info.chunks):
+                self.resent[(device, transfer_id)].append(index)
+                start, end = archive.info.chunk_range(index)
+                self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", archive.data[start:end])
+        return True
+
+    def broadcast(self, group: str, transfer_id: str) -> None:
+        """Publish every chunk of ``transfer_id`` once on ``group``'s chunk topic (a closed transfer: nothing)."""
+        archive = self._chunks(transfer_id)
+        if archive is None:
+            return
+        topic = Topics.group_chunks(group, transfer_id)
+        for index in range(len(archive.info.chunks)):
+            start, end = archive.info.chunk_range(index)
+            self._publish(f"{topic}/{index}", archive.data[start:end])
