@@ -30,11 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, goal, log  # noqa: E402
 
-from edgesdk import Runtime  # noqa: E402
 from edgesdk.agent.agent import AgentConfig, DeviceAgent  # noqa: E402
 from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
-from edgesdk.bundle import HealthCheck, write_bundle  # noqa: E402
-from edgesdk.model_file import read_model  # noqa: E402
+from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model  # noqa: E402
 from edgesdk.ota import ArchiveInfo, pack_bundle  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
 from edgesdk.ota_server.fleet import FleetDB  # noqa: E402
@@ -51,14 +49,10 @@ ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_f
 def make_bundle(out: Path, version: str, size_mb: float, key, seed: int) -> Path:
     width = max(16, int(size_mb * 2**20 / 4 / 74))  # 64 -> width -> 10 weights ~ size_mb
     model_path = write_mlp_onnx(random_mlp([64, width, 10], seed=seed), out.parent / f"m{seed}.onnx")
-    model = read_model(model_path)
     x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
-    with Runtime(model_path, profile="generic-x86_64") as rt:
-        y, inputs, outputs = rt.predict(x), rt.inputs, rt.outputs
-    write_bundle(out, model, name="bench", version=version, source_model_sha256=model.sha256, variant="onnx-fp32",
-                 target_profile="generic-x86_64", power_mode="latency", inputs=inputs, outputs=outputs,
-                 health_inputs={"input": x}, health_outputs={"probabilities": y},
-                 health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=2000.0), private_key=key)
+    spec = BundleSpec("bench", version, "onnx-fp32", "generic-x86_64", "latency",
+                      health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=2000.0))
+    bundle_from_model(out, model_path, spec, {"input": x}, private_key=key)
     return out
 
 

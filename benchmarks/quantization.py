@@ -34,11 +34,11 @@ from _common import emit, goal, interleaved, log, summary  # noqa: E402
 from models import DATA, MODELS, fetch  # noqa: E402
 
 from edgesdk import Runtime, load_profile  # noqa: E402
+from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
 from edgesdk.converters.config import QuantizationConfig  # noqa: E402
 from edgesdk.converters.measure import measure_variant  # noqa: E402
 from edgesdk.converters.metrics import resolve_metric  # noqa: E402
 from edgesdk.converters.onnx_model import fix_input_shapes, load_onnx, save_onnx  # noqa: E402
-from edgesdk.converters.pipeline import convert  # noqa: E402
 
 PROFILE = "rk3588"
 BOUND = 1.0
@@ -75,9 +75,10 @@ def run_model(name: str, work: Path, n_cal: int, n_eval: int, rounds: int, confi
     metric_name = spec.metric if isinstance(spec.metric, str) else spec.metric.__name__
     log(f"{name}: convert() for {PROFILE}, bound {BOUND} point(s) of {metric_name}")
     started = time.perf_counter()
-    report = convert(source, profile, calibration=feeds_cal, evaluation=feeds_eval, out_dir=work / f"{name}-out",
-                     name=name, metric=spec.metric, max_accuracy_drop=BOUND, input_shapes={spec.input_name: spec.shape},
-                     config=config, progress=lambda stage, done, total: log(f"  {stage}") if done == 0 else None)
+    request = ConversionRequest(Source(source, input_shapes={spec.input_name: spec.shape}), Target(profile),
+                                Data(feeds_cal, feeds_eval, metric=spec.metric), Output(work / f"{name}-out", name=name),
+                                Bounds(max_accuracy_drop=BOUND), quantization=config)
+    report = convert(request, progress=lambda stage, done, total: log(f"  {stage}") if done == 0 else None)
     convert_s = time.perf_counter() - started
     candidates = {c.name: c for c in report.plan.candidates}
     fp32 = candidates["onnx-fp32"]
@@ -140,9 +141,11 @@ def run_digits(work: Path, config: QuantizationConfig, epochs: int) -> dict:
     log("digits_cnn: training")
     path = export_torch(digits_cnn(data, epochs=epochs), [torch.zeros(1, 1, 8, 8)], work / "digits_cnn.onnx",
                         output_names=["logits"], dynamic_batch=True)
-    report = convert(path, load_profile(PROFILE), calibration={"input": data.x_train.reshape(-1, 1, 8, 8)[:512]},
-                     evaluation={"input": data.x_test.reshape(-1, 1, 8, 8)}, labels=data.y_test,
-                     out_dir=work / "digits-out", config=config)
+    report = convert(ConversionRequest(
+        Source(path), Target(load_profile(PROFILE)),
+        Data({"input": data.x_train.reshape(-1, 1, 8, 8)[:512]}, {"input": data.x_test.reshape(-1, 1, 8, 8)},
+             labels=data.y_test),
+        Output(work / "digits-out"), quantization=config))
     fp32 = next(c for c in report.plan.candidates if c.name == "onnx-fp32")
     return {"metric": report.metric, "chosen": report.plan.chosen.name,
             "fp32_accuracy": float(np.mean(fp32.measurement.outputs.argmax(1) == data.y_test) * 100),

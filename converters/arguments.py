@@ -1,9 +1,10 @@
-"""Checking what :func:`~edgesdk.converters.pipeline.convert` is asked to do before it does any of it.
+"""The single-value checks of a conversion's arguments, each returning the value it accepts.
 
 A conversion takes minutes; a mistyped version or an ``--out`` that already holds a
-bundle must fail in a second, not at the end. :func:`check_arguments` runs first in
-``convert()``; the CLI runs the single-value checks while it parses its options, so a bad
-option is a usage error (exit 2) naming it.
+bundle must fail in a second, not at the end. The parts of a
+:class:`~edgesdk.converters.request.ConversionRequest` run these checks when they are
+built; the CLI runs them while it parses its options, so a bad option is a usage error
+(exit 2) naming it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.bundle import parse_version, safe_name
-from edgesdk.converters.metrics import check_metric
-from edgesdk.errors import ConversionError, DataError, SignatureError
-from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
-from edgesdk.scheduling import plan_cores
+from edgesdk.errors import ConversionError, SignatureError
 
 __all__ = ["FORMATS", "OUTPUTS", "parse_formats", "check_version", "check_name", "check_accuracy_drop", "check_fps",
-           "check_input_shapes", "check_out_dir", "check_private_key", "check_arguments"]
+           "check_input_shapes", "check_out_dir", "check_private_key"]
 
 FORMATS = ("onnx", "tflite")
 #: What a conversion writes into its output directory.
@@ -105,28 +103,3 @@ def check_private_key(key: Any) -> Any:
         raise SignatureError(f"private_key is a {type(key).__name__}; load an Ed25519 key with "
                              "edgesdk.signing.load_private_key(path) (create one with `edgesdk keys generate`)")
     return key
-
-
-def check_arguments(
-    *, profile: str | os.PathLike[str] | DeviceProfile, mode: str, formats: str | Sequence[str], name: str,
-    version: str, metric: Any, labels: Any, evaluation: Any, max_accuracy_drop: float, target_fps: float | None,
-    input_shapes: Mapping[str, Sequence[int]] | None, private_key: Any, out_dir: str | os.PathLike[str], force: bool,
-) -> tuple[DeviceProfile, str, tuple[str, ...]]:
-    """Every check that needs neither the model nor the data's shapes; returns the board, mode and formats."""
-    board = load_profile(profile)
-    mode = RuntimeMode.parse(mode).value
-    plan_cores(board, mode, available=frozenset(range(1024)))  # a mode the profile cannot schedule fails here
-    checked_formats = parse_formats(formats)
-    check_name(name)
-    check_version(version)
-    check_metric(metric, has_labels=labels is not None)
-    check_accuracy_drop(max_accuracy_drop)
-    check_fps(target_fps)
-    check_input_shapes(input_shapes)
-    check_private_key(private_key)
-    if labels is not None and isinstance(evaluation, Mapping) and evaluation:
-        first = next(iter(evaluation.values()))
-        if hasattr(first, "__len__") and len(labels) != len(first):
-            raise DataError(f"{len(labels)} labels for {len(first)} evaluation samples; give one class id per sample")
-    check_out_dir(out_dir, force)
-    return board, mode, checked_formats

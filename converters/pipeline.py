@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.bundle import Bundle, HealthCheck, write_bundle
-from edgesdk.converters.arguments import OUTPUTS, check_arguments
+from edgesdk.bundle import Bundle, BundleSpec, HealthCheck, bundle_from_model
+from edgesdk.converters.arguments import OUTPUTS, check_out_dir
 from edgesdk.converters.calibrate import CalibrationResult, batches, calibrate
 from edgesdk.converters.config import QuantizationConfig, QuantType
 from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
@@ -33,6 +33,7 @@ from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_o
 from edgesdk.converters.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
 from edgesdk.converters.quantize import quantize_dynamic_int8, quantize_static_int8, to_fp16
 from edgesdk.converters.quiet import held_output, warnings_once
+from edgesdk.converters.request import ConversionRequest, Source
 from edgesdk.converters.search import SearchResult
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
 from edgesdk.files import fsync_dir
@@ -41,14 +42,12 @@ from edgesdk.profiles import DeviceProfile
 from edgesdk.scheduling import plan_cores, usable_cpus
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["ConversionReport", "convert", "Progress", "BoardMeasure", "CLEAR_GAIN"]
+__all__ = ["ConversionReport", "convert", "Progress", "CLEAR_GAIN"]
 
 log = logging.getLogger(__name__)
 
 #: progress(stage, done, total)
 Progress = Callable[[str, int, int], None]
-#: measure_on(model path, evaluation inputs) -> what a board of the fleet measured.
-BoardMeasure = Callable[[Path, Mapping[str, np.ndarray]], Any]
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,7 @@ class ConversionReport:
     search: SearchResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: what ``edgesdk convert --json`` prints (one row per variant)."""
         rows = []
         for c in self.plan.candidates:
             m = c.measurement
@@ -99,59 +99,27 @@ def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tu
         return rt.inputs, rt.outputs
 
 
-def _prepare_source(model: Any, work: Path, example_inputs: Sequence[Any] | None,
-                    input_shapes: Mapping[str, Sequence[int]] | None) -> Path:
+def _prepare_source(source: Source, work: Path) -> Path:
     """The simplified FP32 ONNX file every variant is made from."""
-    if not isinstance(model, (str, os.PathLike)):
-        if example_inputs is None:
-            raise ConversionError("a PyTorch module needs example_inputs to be exported")
-        model = export_torch(model, example_inputs, work / "exported.onnx", dynamic_batch=input_shapes is None)
+    model = source.model
+    if source.path is None:
+        assert source.example_inputs is not None  # Source refuses a module without them
+        model = export_torch(model, source.example_inputs, work / "exported.onnx",
+                             dynamic_batch=source.input_shapes is None)
     loaded = load_onnx(model)
-    if input_shapes:
-        loaded = fix_input_shapes(loaded, input_shapes)
+    if source.input_shapes:
+        loaded = fix_input_shapes(loaded, source.input_shapes)
     return save_onnx(simplify(loaded), work / "fp32.onnx")
 
 
-def convert(
-    model: str | os.PathLike[str] | Any,
-    profile: str | os.PathLike[str] | DeviceProfile,
-    *,
-    calibration: Mapping[str, np.ndarray],
-    evaluation: Mapping[str, np.ndarray],
-    out_dir: str | os.PathLike[str],
-    mode: str = "latency",
-    labels: np.ndarray | None = None,
-    metric: str | Callable[..., float] | None = None,
-    max_accuracy_drop: float = 0.5,
-    formats: Sequence[str] = ("onnx",),
-    config: QuantizationConfig | None = None,
-    example_inputs: Sequence[Any] | None = None,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    name: str = "model",
-    version: str = "1.0.0",
-    board_figures: Mapping[str, float] | None = None,
-    target_fps: float | None = None,
-    preprocessing: Mapping[str, Any] | None = None,
-    private_key: Any = None,
-    host_profile: DeviceProfile | None = None,
-    progress: Progress | None = None,
-    measure_on: BoardMeasure | None = None,
-    force: bool = False,
-) -> ConversionReport:
+def convert(request: ConversionRequest, progress: Progress | None = None) -> ConversionReport:
     """Build, measure and plan every variant; write the chosen one as a bundle in ``out_dir/bundle``.
 
-    ``calibration``/``evaluation`` map input names to batch-first arrays; ``labels`` are
-    class ids for ``evaluation``. ``board_figures`` maps a variant's model SHA-256 to a
-    latency measured on the board (``edgesdk bench --json``'s ``p50_ms``). ``measure_on``
-    (:func:`edgesdk.converters.remote.board_measure`) runs every variant on a device of the fleet instead: its
-    latency, memory and outputs replace this host's, and the planner uses them.
-
-    Every argument is checked before any work (:func:`.arguments.check_arguments`): a bad
-    version, name, format, metric, bound, frame rate, shape, key, profile, mode or output
-    directory fails at once. ``out_dir`` gets ``variants/`` (every file built) and
-    ``bundle/``; they are built in a staging directory beside it and moved in only when
-    complete, so a failed or interrupted conversion leaves ``out_dir`` as it was. An
-    ``out_dir`` that already holds them is refused unless ``force``, which replaces them
+    ``request`` was checked when it was built (:mod:`.request`); the output directory is
+    checked again here, as it may have changed since. ``out_dir`` gets ``variants/`` (every
+    file built) and ``bundle/``; they are built in a staging directory beside it and moved in
+    only when complete, so a failed or interrupted conversion leaves ``out_dir`` as it was.
+    An ``out_dir`` that already holds them is refused unless ``force``, which replaces them
     once the new ones are complete.
 
     ``progress(stage, done, total)`` is called when each stage starts and as it advances:
@@ -163,53 +131,16 @@ def convert(
     :func:`edgesdk.logs.is_verbose`, and shown in the error when a step fails
     (:mod:`.quiet`).
     """
-    board, mode, checked_formats = check_arguments(
-        profile=profile, mode=mode, formats=formats, name=name, version=version, metric=metric, labels=labels,
-        evaluation=evaluation, max_accuracy_drop=max_accuracy_drop, target_fps=target_fps, input_shapes=input_shapes,
-        private_key=private_key, out_dir=out_dir, force=force)
-    if not isinstance(model, (str, os.PathLike)) and example_inputs is None:
-        raise ConversionError("a PyTorch module needs example_inputs to be exported, e.g. [torch.zeros(1, 3, 224, 224)]")
+    out = check_out_dir(request.output.out_dir, request.output.force)
     notify = progress if progress is not None else (lambda stage, done, total: None)
-    job = _Job(board, mode, checked_formats, config or QuantizationConfig.for_profile(board), host_profile, labels,
-               metric, max_accuracy_drop, name, version, board_figures, target_fps, preprocessing, private_key, notify,
-               measure_on)
-    out = Path(out_dir)
     with warnings_once(), _staged(out) as work:
-        if isinstance(model, (str, os.PathLike)) and Path(model).suffix == ".tflite":
-            report = _tflite_passthrough(Path(model), evaluation, work, job)
+        if request.source.is_tflite:
+            report = _tflite_passthrough(request, work, notify)
         else:
-            report = _convert_onnx(model, calibration, evaluation, example_inputs, input_shapes, work, job)
+            report = _convert_onnx(request, work, notify)
     report = _moved(report, work, out)
     notify("done", 1, 1)
     return report
-
-
-@dataclass(frozen=True)
-class _Job:
-    """convert()'s checked settings, shared by its stages."""
-
-    board: DeviceProfile
-    mode: str
-    formats: tuple[str, ...]
-    config: QuantizationConfig
-    host_profile: DeviceProfile | None
-    labels: np.ndarray | None
-    metric: str | Callable[..., float] | None
-    bound: float
-    name: str
-    version: str
-    board_figures: Mapping[str, float] | None
-    target_fps: float | None
-    preprocessing: Mapping[str, Any] | None
-    private_key: Any
-    notify: Progress
-    measure_on: BoardMeasure | None
-
-    @property
-    def host(self) -> DeviceProfile:
-        from edgesdk.detect import detect_device
-
-        return self.host_profile or detect_device()
 
 
 @contextlib.contextmanager
@@ -260,39 +191,38 @@ def _moved(value: Any, old: Path, new: Path) -> Any:
     return value
 
 
-def _convert_onnx(model: Any, calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray],
-                  example_inputs: Sequence[Any] | None, input_shapes: Mapping[str, Sequence[int]] | None, out: Path,
-                  job: _Job) -> ConversionReport:
+def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> ConversionReport:
     """Every ONNX (and TFLite) variant built in ``out/variants``, measured and planned; the bundle in ``out/bundle``."""
-    board, mode, config, notify, labels = job.board, job.mode, job.config, job.notify, job.labels
+    target, labels, bound = request.target, request.data.labels, request.bounds.max_accuracy_drop
+    board, mode, config = target.board, target.mode, request.config
     variants_dir = out / "variants"
     variants_dir.mkdir()
-    source_sha = (read_model(model).sha256 if isinstance(model, (str, os.PathLike))
-                  and Path(model).suffix == ".onnx" else "")
+    path = request.source.path
+    source_sha = read_model(path).sha256 if path is not None and path.suffix == ".onnx" else ""
     notify("loading and simplifying the model", 0, 1)
-    fp32_path = _prepare_source(model, variants_dir, example_inputs, input_shapes)
+    fp32_path = _prepare_source(request.source, variants_dir)
     source_sha = source_sha or read_model(fp32_path).sha256
     inputs, outputs = _specs(fp32_path, board)
     from edgesdk.converters.data import check_arrays
 
-    calibration = check_arrays(calibration, inputs, "calibration data")
-    evaluation = check_arrays(evaluation, inputs, "evaluation data")
+    calibration = check_arrays(request.data.calibration, inputs, "calibration data")
+    evaluation = check_arrays(request.data.evaluation, inputs, "evaluation data")
     if labels is not None and len(labels) != len(next(iter(evaluation.values()))):
         raise DataError(f"{len(labels)} labels for {len(next(iter(evaluation.values())))} evaluation samples")
-    scorer = resolve_metric(job.metric, labels)
+    scorer = resolve_metric(request.data.metric, labels)
 
     board_threads = plan_cores(board, mode, available=frozenset(range(1024))).threads
     threads = max(1, min(board_threads, len(usable_cpus())))
-    figures = dict(job.board_figures or {})
+    figures = dict(target.board_figures or {})
     measured: dict[str, tuple[Path, str, str, Measurement, Mapping[str, Any] | None, tuple[str, ...]]] = {}
 
     def measure(label: str, path: Path, fmt: str, precision: str, cfg: Mapping[str, Any] | None,
                 notes: tuple[str, ...] = ()) -> Measurement:
         notify(f"measuring {label}", len(measured), len(measured) + 1)
         m = measure_variant(path, board, mode, threads, evaluation)
-        if job.measure_on is not None:
+        if target.measure_on is not None:
             notify(f"measuring {label} on the board", len(measured), len(measured) + 1)
-            m = _on_board(m, job.measure_on(path, evaluation), outputs)
+            m = _on_board(m, target.measure_on(path, evaluation), outputs)
             figures[m.sha256] = m.latency_p50_ms
         measured[label] = (path, fmt, precision, m, cfg, notes)
         return m
@@ -330,26 +260,26 @@ def _convert_onnx(model: Any, calibration: Mapping[str, np.ndarray], evaluation:
         static.append((drop(m), method.value, path))
     best_drop, best_method, best_path = min(static)
     search = None
-    if best_drop > job.bound and config.max_search_candidates > 0:
+    if best_drop > bound and config.max_search_candidates > 0:
         unlabelled = None if labels is not None else scorer
         search = _mixed(fp32_path, best_path, best_method, variants_dir, calibration, board, mode, threads, config, cfg_dict,
-                        job.bound, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify, unlabelled)
+                        bound, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify, unlabelled)
 
     tflite_error, parity = None, None
-    if "tflite" in job.formats:
+    if "tflite" in request.formats:
         tflite_error, parity = _tflite_variants(fp32_path, variants_dir, calibration, evaluation, measure, notify)
 
     notify("choosing a variant", 0, 1)
-    host = job.host
+    host = target.host_profile()
     candidates = []
     for label, (path, fmt, precision, m, cfg, notes) in measured.items():
         estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256))
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes))
-    plan = _confirmed(candidates, board, mode, job.bound, job.target_fps, threads, evaluation, notify)
-    bundle = _bundle(plan.chosen, out, evaluation, source_sha, scorer, plan, job)
-    return ConversionReport(board.name, mode, scorer.name, scorer.unit, job.bound, plan, bundle,
+    plan = _confirmed(candidates, board, mode, bound, request.bounds.fps, threads, evaluation, notify)
+    bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify)
+    return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,
                             tflite_error, parity, ranges, search)
 
 
@@ -459,44 +389,38 @@ def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[s
     return None, result.parity_max_abs_diff
 
 
-def _tflite_passthrough(path: Path, evaluation: Mapping[str, np.ndarray], out: Path, job: _Job) -> ConversionReport:
+def _tflite_passthrough(request: ConversionRequest, out: Path, notify: Progress) -> ConversionReport:
     """An existing .tflite is measured and planned as is (its accuracy is the reference)."""
     from edgesdk.converters.data import check_arrays
     from edgesdk.runtime import Runtime
 
-    board, mode = job.board, job.mode
+    target, bound = request.target, request.bounds.max_accuracy_drop
+    board, mode, path = target.board, target.mode, request.source.path
+    assert path is not None  # is_tflite
     source_sha = read_model(path).sha256
     with held_output("loading the model"), Runtime(path, profile=board, mode=mode) as rt:
         specs = rt.inputs
-    evaluation = check_arrays(adapt_layout(evaluation, specs), specs, "evaluation data")
-    scorer = resolve_metric(job.metric, job.labels)
+    evaluation = check_arrays(adapt_layout(request.data.evaluation, specs), specs, "evaluation data")
+    scorer = resolve_metric(request.data.metric, request.data.labels)
     threads = max(1, min(plan_cores(board, mode, available=frozenset(range(1024))).threads, len(usable_cpus())))
-    job.notify("measuring tflite", 0, 1)
+    notify("measuring tflite", 0, 1)
     m = measure_variant(path, board, mode, threads, evaluation)
-    job.notify("choosing a variant", 0, 1)
-    estimate = estimate_on_board(m.latency_p50_ms, job.host, threads, board, mode,
-                                 (job.board_figures or {}).get(m.sha256))
+    notify("choosing a variant", 0, 1)
+    estimate = estimate_on_board(m.latency_p50_ms, target.host_profile(), threads, board, mode,
+                                 (target.board_figures or {}).get(m.sha256))
     (out / "variants").mkdir()
     candidate = Candidate("tflite-input", "tflite", path, "as-given", m, 0.0, estimate,
                           notes=("passed through: the given .tflite is the accuracy reference",))
-    plan = choose([candidate], board, mode, job.bound, job.target_fps)
-    bundle = _bundle(plan.chosen, out, evaluation, source_sha, scorer, plan, job)
-    return ConversionReport(board.name, mode, scorer.name, scorer.unit, job.bound, plan, bundle, None, None)
+    plan = choose([candidate], board, mode, bound, request.bounds.fps)
+    bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify)
+    return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle, None, None)
 
 
-def _bundle(chosen: Candidate, out: Path, evaluation: Mapping[str, np.ndarray], source_sha: str, scorer: Metric,
-            plan: PlanResult, job: _Job) -> Bundle:
+def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], source_sha: str, scorer: Metric,
+            request: ConversionRequest, notify: Progress) -> Bundle:
     """Write the chosen variant as a bundle, with its own output on one evaluation sample as the health check."""
-    from edgesdk.runtime import Runtime
-
-    job.notify("writing the bundle", 0, 1)
-    model_file = read_model(chosen.path)
-    with held_output("computing the health check"), Runtime(chosen.path, profile=job.board, mode=job.mode) as rt:
-        sample = adapt_layout({k: v[:1] for k, v in evaluation.items()}, rt.inputs)
-        result = rt.predict(sample)
-        inputs, outputs = rt.inputs, rt.outputs
-    expected = {outputs[0].name: result} if isinstance(result, np.ndarray) else dict(result)
-    m = chosen.measurement
+    notify("writing the bundle", 0, 1)
+    chosen, m = plan.chosen, plan.chosen.measurement
     measured = {
         "host": {"latency_p50_ms": m.latency_p50_ms, "latency_p95_ms": m.latency_p95_ms, "load_ms": m.load_ms,
                  "peak_memory_mb": m.model_memory_mb, "threads": m.threads, "backend": m.backend},
@@ -509,11 +433,12 @@ def _bundle(chosen: Candidate, out: Path, evaluation: Mapping[str, np.ndarray], 
     # The health check allows for the difference between this host's kernels and the board's.
     tolerance = 1e-2 if chosen.precision in ("fp32", "fp16", "as-given") else 5e-2
     latency_gate = max(50.0, chosen.estimate.latency_ms * 5)
-    return write_bundle(
-        out / "bundle", model_file, name=job.name, version=job.version, source_model_sha256=source_sha,
-        variant=chosen.name, target_profile=job.board.name, power_mode=job.mode, inputs=inputs, outputs=outputs,
-        health_inputs=sample, health_outputs=expected,
+    target, output = request.target, request.output
+    spec = BundleSpec(
+        output.name, output.version, chosen.name, target.board.name, target.mode, source_model_sha256=source_sha,
         health_check=HealthCheck(atol=tolerance, rtol=tolerance, max_latency_ms=round(latency_gate, 2)),
-        quantization=dict(chosen.config) if chosen.config else None, preprocessing=job.preprocessing or {},
-        measured=measured, private_key=job.private_key,
-    )
+        quantization=dict(chosen.config) if chosen.config else None, preprocessing=output.preprocessing,
+        measured=measured)
+    with held_output("computing the health check"):
+        return bundle_from_model(out / "bundle", chosen.path, spec, {k: v[:1] for k, v in evaluation.items()},
+                                 profile=target.board, private_key=output.private_key)

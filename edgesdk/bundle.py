@@ -42,8 +42,9 @@ from edgesdk.files import atomic_dir, write_atomic
 from edgesdk.model_file import ModelFile, ModelFormat
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["FORMAT_VERSION", "FileEntry", "HealthCheck", "Manifest", "Bundle", "write_bundle", "read_bundle",
-           "sign_bundle", "parse_version", "MANIFEST", "SIGNATURE", "HEALTH_FILE"]
+__all__ = ["FORMAT_VERSION", "FileEntry", "HealthCheck", "Manifest", "Bundle", "BundleSpec", "HealthSample",
+           "write_bundle", "bundle_from_model", "read_bundle", "sign_bundle", "parse_version", "MANIFEST", "SIGNATURE",
+           "HEALTH_FILE"]
 
 FORMAT_VERSION = 1
 MANIFEST, SIGNATURE, HEALTH_FILE = "manifest.json", "signature.json", "health_check.npz"
@@ -65,6 +66,7 @@ def safe_name(value: str, what: str) -> str:
 
 
 def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -74,6 +76,8 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class FileEntry:
+    """A bundle file's hash and size, as the manifest lists it."""
+
     sha256: str
     size: int
 
@@ -136,9 +140,11 @@ class Manifest:
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
+        """The version as integers, for comparing (``(1, 4, 0)``)."""
         return parse_version(self.version)
 
     def to_dict(self) -> dict[str, Any]:
+        """The manifest as ``manifest.json`` holds it (see the module doc)."""
         return {
             "format_version": self.format_version,
             "name": self.name,
@@ -165,6 +171,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
+        """Parse and validate a loaded ``manifest.json``; anything malformed is a BundleError naming the field."""
         if not isinstance(data, dict):
             raise BundleError(f"manifest must be a JSON object, got {type(data).__name__}")
         version = data.get("format_version")
@@ -204,6 +211,7 @@ class Bundle:
 
     @property
     def model_path(self) -> Path:
+        """Where the model file is."""
         return self.path / self.manifest.model_file
 
     def read_model(self) -> ModelFile:
@@ -233,54 +241,118 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_bundle(
-    out_dir: str | os.PathLike[str],
-    model: ModelFile,
-    *,
-    name: str,
-    version: str,
-    source_model_sha256: str,
-    variant: str,
-    target_profile: str,
-    power_mode: str,
-    inputs: tuple[TensorSpec, ...],
-    outputs: tuple[TensorSpec, ...],
-    health_inputs: Mapping[str, np.ndarray],
-    health_outputs: Mapping[str, np.ndarray],
-    health_check: HealthCheck = HealthCheck(),
-    quantization: Mapping[str, Any] | None = None,
-    preprocessing: Mapping[str, Any] | None = None,
-    measured: Mapping[str, Any] | None = None,
-    private_key: Any = None,
-) -> Bundle:
-    """Write a bundle directory atomically (temp dir + rename) and return it read back."""
+@dataclass(frozen=True)
+class BundleSpec:
+    """What a new bundle's manifest says about its model besides the files: identity, target, provenance.
+
+    Validated at construction (a safe ``name``, a dotted-integer ``version``).
+    ``source_model_sha256`` None means the bundled model is its own source.
+    """
+
+    name: str
+    version: str
+    variant: str
+    target_profile: str
+    power_mode: str
+    source_model_sha256: str | None = None
+    health_check: HealthCheck = HealthCheck()
+    #: The full config that made the variant, or None (not quantized).
+    quantization: Mapping[str, Any] | None = None
+    preprocessing: Mapping[str, Any] = field(default_factory=dict)
+    #: Figures from the converter; estimates are labelled as such.
+    measured: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        safe_name(self.name, "bundle name")
+        parse_version(self.version)
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> BundleSpec:
+        """The spec a bundle was written from, e.g. to re-release its model as ``replace(spec, version=...)``."""
+        return cls(manifest.name, manifest.version, manifest.variant, manifest.target_profile, manifest.power_mode,
+                   manifest.source_model_sha256, manifest.health_check or HealthCheck(), manifest.quantization,
+                   manifest.preprocessing, manifest.measured)
+
+
+@dataclass(frozen=True)
+class HealthSample:
+    """A model's signature and one sample run through it: what a bundle's health check replays on the device."""
+
+    input_specs: tuple[TensorSpec, ...]
+    output_specs: tuple[TensorSpec, ...]
+    #: Sample inputs by input name.
+    inputs: Mapping[str, np.ndarray]
+    #: The model's outputs on ``inputs``, by output name: what the device must reproduce.
+    outputs: Mapping[str, np.ndarray]
+
+    @classmethod
+    def from_model(cls, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray], profile: Any,
+                   mode: str | None = None) -> HealthSample:
+        """Run ``inputs`` through ``model`` with :class:`edgesdk.Runtime` under ``profile`` and ``mode``.
+
+        NCHW inputs are transposed for a model that takes NHWC (a TFLite file from onnx2tf),
+        so the same data serves every variant.
+        """
+        from edgesdk.measure_worker import adapt_layout
+        from edgesdk.runtime import Runtime
+
+        with Runtime(model, profile=profile, mode=mode) as rt:
+            feeds = adapt_layout(inputs, rt.inputs)
+            result = rt.predict(feeds)
+            specs = rt.inputs, rt.outputs
+        outputs = {specs[1][0].name: result} if isinstance(result, np.ndarray) else dict(result)
+        return cls(specs[0], specs[1], feeds, outputs)
+
+
+def write_bundle(out_dir: str | os.PathLike[str], model: ModelFile, spec: BundleSpec, sample: HealthSample,
+                 private_key: Any = None) -> Bundle:
+    """Write a bundle directory atomically (temp dir + rename) and return it read back.
+
+    ``sample`` gives the manifest's inputs/outputs and the health check's data;
+    ``private_key`` (Ed25519) signs the manifest. An existing ``out_dir`` is a BundleError.
+    """
     from edgesdk import __version__
 
     out = Path(out_dir)
     if out.exists():
         raise BundleError(f"{out} already exists; choose a new --out directory or remove it")
+    health = spec.health_check
     with atomic_dir(out) as staging:
         model_name = f"model.{model.format.value}"
         _write_file(staging / model_name, model.content)
-        arrays = {f"input:{k}": np.asarray(v) for k, v in health_inputs.items()}
-        arrays.update({f"output:{k}": np.asarray(v) for k, v in health_outputs.items()})
-        with open(staging / health_check.file, "wb") as f:
+        arrays = {f"input:{k}": np.asarray(v) for k, v in sample.inputs.items()}
+        arrays.update({f"output:{k}": np.asarray(v) for k, v in sample.outputs.items()})
+        with open(staging / health.file, "wb") as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs read ** as allow_pickle
             f.flush()
             os.fsync(f.fileno())
         files = {n: FileEntry(sha256_file(staging / n), (staging / n).stat().st_size)
-                 for n in (model_name, health_check.file)}
+                 for n in (model_name, health.file)}
         manifest = Manifest(
-            name=name, version=version, model_file=model_name, model_format=model.format, files=files,
-            source_model_sha256=source_model_sha256, variant=variant, target_profile=target_profile,
-            power_mode=power_mode, inputs=inputs, outputs=outputs, quantization=quantization,
-            preprocessing=preprocessing or {}, measured=measured or {}, health_check=health_check,
-            tool_version=__version__, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            name=spec.name, version=spec.version, model_file=model_name, model_format=model.format, files=files,
+            source_model_sha256=spec.source_model_sha256 or model.sha256, variant=spec.variant,
+            target_profile=spec.target_profile, power_mode=spec.power_mode, inputs=sample.input_specs,
+            outputs=sample.output_specs, quantization=spec.quantization, preprocessing=spec.preprocessing,
+            measured=spec.measured, health_check=health, tool_version=__version__,
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         _write_file(staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode())
         if private_key is not None:
             _write_signature(staging, private_key)
     return read_bundle(out)
+
+
+def bundle_from_model(out_dir: str | os.PathLike[str], model: str | os.PathLike[str], spec: BundleSpec,
+                      sample_inputs: Mapping[str, np.ndarray], profile: Any = None, private_key: Any = None) -> Bundle:
+    """Bundle the model file ``model``, with its own output on ``sample_inputs`` as the health check.
+
+    The sample runs under ``profile`` (default: ``spec.target_profile``) in ``spec.power_mode``
+    (:meth:`HealthSample.from_model`); then :func:`write_bundle`.
+    """
+    from edgesdk.model_file import read_model
+
+    sample = HealthSample.from_model(model, sample_inputs, profile or spec.target_profile, spec.power_mode)
+    return write_bundle(out_dir, read_model(model), spec, sample, private_key)
 
 
 def _write_signature(directory: Path, private_key: Any) -> None:

@@ -11,13 +11,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from edgesdk import ManagedRuntime
 from edgesdk.agent.agent import AgentConfig, DeviceAgent
-from edgesdk.bundle import HealthCheck, read_bundle, write_bundle
+from edgesdk.bundle import BundleSpec, HealthSample, read_bundle, write_bundle
 from edgesdk.ota_server.broker import free_port, start_local_broker
 from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.http_api import HttpServer, create_app
@@ -35,10 +36,8 @@ def release(good: Path, out: Path, keys: Path, version: str, broken: bool = Fals
     m = bundle.manifest
     if broken:
         expected = {k: np.roll(v, 1, axis=-1) + 0.5 for k, v in expected.items()}
-    write_bundle(out, bundle.read_model(), name=m.name, version=version, source_model_sha256=m.source_model_sha256,
-                 variant=m.variant, target_profile=m.target_profile, power_mode=m.power_mode, inputs=m.inputs,
-                 outputs=m.outputs, health_inputs=inputs, health_outputs=expected,
-                 health_check=m.health_check or HealthCheck(), private_key=load_private_key(keys / "edgesdk.key"))
+    write_bundle(out, bundle.read_model(), replace(BundleSpec.of(m), version=version),
+                 HealthSample(m.inputs, m.outputs, inputs, expected), load_private_key(keys / "edgesdk.key"))
     return out
 
 

@@ -80,7 +80,7 @@ def main() -> int:
 
     print("\n== 5. convert for rk3588 and bundle")
     from edgesdk.bundle import read_bundle
-    from edgesdk.converters.pipeline import convert
+    from edgesdk.converters import ConversionRequest, Data, Output, Source, Target, convert
     from edgesdk.signing import generate_keypair, load_private_key, load_public_key
 
     keys = args.out / "keys"
@@ -91,9 +91,10 @@ def main() -> int:
         import shutil
 
         shutil.rmtree(out)
-    report = convert(models[0], "rk3588", calibration={"input": data.x_train[:256]}, evaluation={"input": data.x_test},
-                     labels=data.y_test, out_dir=out, name="digits", version="1.0.0",
-                     private_key=load_private_key(keys / "edgesdk.key"))
+    report = convert(ConversionRequest(
+        Source(models[0]), Target("rk3588"),
+        Data(calibration={"input": data.x_train[:256]}, evaluation={"input": data.x_test}, labels=data.y_test),
+        Output(out, name="digits", version="1.0.0", private_key=load_private_key(keys / "edgesdk.key"))))
     for c in report.plan.candidates:
         verdict = "CHOSEN" if c.chosen else "; ".join(c.rejected) or "fits, slower"
         print(f"   {c.name:<28} {c.measurement.size_bytes / 1024:6.1f} KiB  host {c.measurement.latency_p50_ms:.3f} ms  "

@@ -7,6 +7,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -197,10 +198,11 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
              board_figures: tuple[str, ...], measure_on: str | None, server_url: str, token: str | None,
              token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
              std: tuple[float, ...], as_json: bool) -> None:
-    from edgesdk.converters.arguments import check_arguments, check_name, check_out_dir
+    from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target
+    from edgesdk.converters import convert as run_convert
+    from edgesdk.converters.arguments import check_name
     from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels
     from edgesdk.converters.metrics import check_metric
-    from edgesdk.converters.pipeline import convert as run_convert
     from edgesdk.converters.quiet import held_output
     from edgesdk.model_file import read_model
     from edgesdk.runtime import Runtime
@@ -219,44 +221,39 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         from edgesdk.signing import load_private_key
 
         private_key = load_private_key(key)
-    for check, hint in ((lambda: check_out_dir(out_dir, force), "'--out'"),
-                        (lambda: check_metric(metric, has_labels=labels is not None), "'--metric'")):
-        try:
-            check()
-        except EdgeSDKError as exc:
-            raise click.BadParameter(str(exc), param_hint=hint) from None
-    # The rest (profile, mode, ...) as convert() will check them; labels stand in by their presence.
-    board, mode, _ = check_arguments(
-        profile=profile, mode=mode, formats=formats, name=name, version=bundle_version, metric=metric,
-        labels=() if labels else None, evaluation=None, max_accuracy_drop=max_accuracy_drop, target_fps=fps,
-        input_shapes=input_shapes, private_key=private_key, out_dir=out_dir, force=force)
-    board_measure = None
+    is_image_folder = Path(evaluation).is_dir()
+    try:
+        output = Output(out_dir, name=name, version=bundle_version, force=force, private_key=private_key,
+                        preprocessing={"images": prep.as_dict()} if is_image_folder else {})
+    except EdgeSDKError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--out'") from None
+    try:
+        check_metric(metric, has_labels=labels is not None)
+    except EdgeSDKError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--metric'") from None
+    target = Target(profile, mode, board_figures=_board_figures(board_figures))
     if measure_on:
         from edgesdk.cli.fleet import admin_client
         from edgesdk.converters.remote import board_measure as remote
 
-        board_measure = remote(admin_client(server_url, token, token_file), measure_on, mode)
+        target = replace(target, measure_on=remote(admin_client(server_url, token, token_file), measure_on,
+                                                   target.mode))
     read_model(model)  # a wrong extension or corrupt header fails here, before any work
-    with held_output("loading the model"), Runtime(model, profile=board, mode=mode) as rt:
+    with held_output("loading the model"), Runtime(model, profile=target.board, mode=target.mode) as rt:
         specs = rt.inputs
     eval_arrays = load_arrays(evaluation, specs, prep)
     calib_arrays = load_arrays(calibration, specs, prep) if calibration else eval_arrays
     label_array = load_labels(labels, len(next(iter(eval_arrays.values())))) if labels else None
-    is_image_folder = Path(evaluation).is_dir()
+    request = ConversionRequest(Source(model, input_shapes=input_shapes), target,
+                                Data(calib_arrays, eval_arrays, label_array, metric), output,
+                                Bounds(max_accuracy_drop, fps), formats)
     stages = _Stages()
     with contextlib.ExitStack() as stack:
         if sys.stderr.isatty():
             # One bar per stage: the label says which stage runs, the bar how far it is (samples, blocks).
             stages.bar = stack.enter_context(click.progressbar(length=100, label=f"{'converting':<{_LABEL_WIDTH}}",
                                                                file=sys.stderr, show_eta=False, width=24))
-        report = run_convert(
-            model, board, calibration=calib_arrays, evaluation=eval_arrays, out_dir=out_dir, mode=mode,
-            labels=label_array, metric=metric, max_accuracy_drop=max_accuracy_drop, formats=formats,
-            input_shapes=input_shapes, name=name, version=bundle_version,
-            board_figures=_board_figures(board_figures), target_fps=fps,
-            preprocessing={"images": prep.as_dict()} if is_image_folder else {}, private_key=private_key,
-            progress=stages, measure_on=board_measure, force=force,
-        )
+        report = run_convert(request, stages)
     data = report.to_dict()
     if as_json:
         click.echo(json.dumps(data, indent=2))

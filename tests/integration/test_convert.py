@@ -13,8 +13,7 @@ from onnx import TensorProto, helper
 from edgesdk import Runtime
 from edgesdk.bundle import read_bundle
 from edgesdk.cli import cli
-from edgesdk.converters.config import QuantizationConfig
-from edgesdk.converters.pipeline import convert
+from edgesdk.converters import Bounds, ConversionRequest, Data, Output, QuantizationConfig, Source, Target, convert
 from edgesdk.errors import BudgetError, DataError, ModelFormatError
 from edgesdk.profiles import list_profiles, profile_from_dict
 from tests.conftest import host_profile_dict
@@ -28,9 +27,9 @@ def digits_arrays(digits):
 @pytest.fixture(scope="module")
 def digits_report(digits_onnx, digits, digits_arrays, tmp_path_factory):
     calibration, evaluation = digits_arrays
-    return convert(digits_onnx, "raspberry-pi-5", calibration=calibration, evaluation=evaluation,
-                   labels=digits.y_test, out_dir=tmp_path_factory.mktemp("convert") / "out", name="digits",
-                   version="1.2.0")
+    return convert(ConversionRequest(
+        Source(digits_onnx), Target("raspberry-pi-5"), Data(calibration, evaluation, labels=digits.y_test),
+        Output(tmp_path_factory.mktemp("convert") / "out", name="digits", version="1.2.0")))
 
 
 def test_every_onnx_variant_is_built_measured_and_judged(digits_report):
@@ -70,8 +69,9 @@ def test_chosen_variant_is_bundled_with_a_health_check_that_passes(digits_report
 @pytest.mark.parametrize("profile", [p.name for p in list_profiles()])
 def test_a_valid_bundle_for_every_shipped_profile(profile, digits_onnx, digits_arrays, tmp_path):
     calibration, evaluation = digits_arrays
-    report = convert(digits_onnx, profile, calibration=calibration, evaluation=evaluation, out_dir=tmp_path / "o",
-                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    report = convert(ConversionRequest(Source(digits_onnx), Target(profile), Data(calibration, evaluation),
+                                       Output(tmp_path / "o"),
+                                       quantization=QuantizationConfig(calibration_methods=("minmax",))))
     bundle = read_bundle(report.bundle.path)
     assert bundle.manifest.target_profile == profile
     assert bundle.manifest.measured["board"]["latency_ms"] > 0
@@ -81,7 +81,7 @@ def test_not_an_onnx_file(tmp_path, digits_arrays):
     path = tmp_path / "model.onnx"
     path.write_bytes(b"\x08\x01garbage that is not protobuf" * 4)
     with pytest.raises(ModelFormatError, match="not an ONNX model"):
-        convert(path, "raspberry-pi-5", calibration=digits_arrays[0], evaluation=digits_arrays[1], out_dir=tmp_path / "o")
+        convert(ConversionRequest(Source(path), Target("raspberry-pi-5"), Data(*digits_arrays), Output(tmp_path / "o")))
 
 
 def test_model_the_onnx_checker_rejects(tmp_path, digits_arrays):
@@ -91,7 +91,7 @@ def test_model_the_onnx_checker_rejects(tmp_path, digits_arrays):
     path = tmp_path / "bad.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     with pytest.raises(ModelFormatError, match="checker rejects"):
-        convert(path, "raspberry-pi-5", calibration=digits_arrays[0], evaluation=digits_arrays[1], out_dir=tmp_path / "o")
+        convert(ConversionRequest(Source(path), Target("raspberry-pi-5"), Data(*digits_arrays), Output(tmp_path / "o")))
 
 
 @pytest.mark.parametrize(
@@ -106,22 +106,24 @@ def test_model_the_onnx_checker_rejects(tmp_path, digits_arrays):
 )
 def test_calibration_data_that_does_not_fit_the_model(digits_onnx, digits_arrays, tmp_path, calibration, pattern):
     with pytest.raises(DataError, match=pattern):
-        convert(digits_onnx, "raspberry-pi-5", calibration=calibration, evaluation=digits_arrays[1],
-                out_dir=tmp_path / "o")
+        convert(ConversionRequest(Source(digits_onnx), Target("raspberry-pi-5"), Data(calibration, digits_arrays[1]),
+                                  Output(tmp_path / "o")))
 
 
 def test_empty_evaluation_set(digits_onnx, digits_arrays, tmp_path):
     with pytest.raises(DataError, match="evaluation data.*empty"):
-        convert(digits_onnx, "raspberry-pi-5", calibration=digits_arrays[0],
-                evaluation={"input": np.zeros((0, 64), np.float32)}, out_dir=tmp_path / "o")
+        convert(ConversionRequest(Source(digits_onnx), Target("raspberry-pi-5"),
+                                  Data(digits_arrays[0], {"input": np.zeros((0, 64), np.float32)}),
+                                  Output(tmp_path / "o")))
 
 
 def test_budget_no_variant_fits(digits_onnx, digits_arrays, tmp_path):
     data = host_profile_dict([0], [1])
     data["memory"] = {"ram_mb": 64, "model_budget_mb": 1}
     with pytest.raises(BudgetError, match=r"no variant fits host-big-little .*model budget 1 MiB.*closest"):
-        convert(digits_onnx, profile_from_dict(data), calibration=digits_arrays[0], evaluation=digits_arrays[1],
-                out_dir=tmp_path / "o", config=QuantizationConfig(calibration_methods=("minmax",)))
+        convert(ConversionRequest(Source(digits_onnx), Target(profile_from_dict(data)), Data(*digits_arrays),
+                                  Output(tmp_path / "o"),
+                                  quantization=QuantizationConfig(calibration_methods=("minmax",))))
 
 
 def test_cli_convert_prints_the_table_and_signs(tmp_path, digits_onnx, digits):
@@ -160,9 +162,10 @@ def test_pytorch_module_is_exported_then_converted(digits, tmp_path):
 
     cnn = digits_cnn(digits, epochs=3)
     images = digits.x_test.reshape(-1, 1, 8, 8)
-    report = convert(cnn, "raspberry-pi-5", example_inputs=[torch.zeros(1, 1, 8, 8)],
-                     calibration={"input": digits.x_train[:128].reshape(-1, 1, 8, 8)}, evaluation={"input": images},
-                     labels=digits.y_test, out_dir=tmp_path / "o", config=QuantizationConfig(calibration_methods=("minmax",)))
+    report = convert(ConversionRequest(
+        Source(cnn, example_inputs=[torch.zeros(1, 1, 8, 8)]), Target("raspberry-pi-5"),
+        Data({"input": digits.x_train[:128].reshape(-1, 1, 8, 8)}, {"input": images}, labels=digits.y_test),
+        Output(tmp_path / "o"), quantization=QuantizationConfig(calibration_methods=("minmax",))))
     spec = report.bundle.manifest.inputs[0]
     assert (spec.name, spec.shape) == ("input", (None, 1, 8, 8))
     fp32 = next(c for c in report.plan.candidates if c.name == "onnx-fp32")
@@ -172,9 +175,9 @@ def test_pytorch_module_is_exported_then_converted(digits, tmp_path):
 
 
 def test_dynamic_batch_can_be_fixed_from_the_users_shape(digits_onnx, digits_arrays, tmp_path):
-    report = convert(digits_onnx, "raspberry-pi-5", calibration=digits_arrays[0], evaluation=digits_arrays[1],
-                     input_shapes={"input": [1, 64]}, out_dir=tmp_path / "o",
-                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    report = convert(ConversionRequest(Source(digits_onnx, input_shapes={"input": [1, 64]}), Target("raspberry-pi-5"),
+                                       Data(*digits_arrays), Output(tmp_path / "o"),
+                                       quantization=QuantizationConfig(calibration_methods=("minmax",))))
     assert report.bundle.manifest.inputs[0].shape == (1, 64)
     assert len(report.plan.chosen.measurement.outputs) == len(digits_arrays[1]["input"])
 
@@ -182,9 +185,10 @@ def test_dynamic_batch_can_be_fixed_from_the_users_shape(digits_onnx, digits_arr
 @pytest.mark.tflite
 def test_tflite_variants_are_measured_and_planned_with_the_onnx_ones(digits_onnx, digits, digits_arrays, tmp_path):
     calibration, evaluation = digits_arrays
-    report = convert(digits_onnx, "raspberry-pi-4", calibration=calibration, evaluation=evaluation,
-                     labels=digits.y_test, formats=("onnx", "tflite"), out_dir=tmp_path / "o",
-                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    report = convert(ConversionRequest(Source(digits_onnx), Target("raspberry-pi-4"),
+                                       Data(calibration, evaluation, labels=digits.y_test), Output(tmp_path / "o"),
+                                       formats=("onnx", "tflite"),
+                                       quantization=QuantizationConfig(calibration_methods=("minmax",))))
     tflite = {c.name: c for c in report.plan.candidates if c.format == "tflite"}
     assert set(tflite) == {"tflite-fp32", "tflite-fp16", "tflite-int8-dynamic", "tflite-int8-full"}
     assert report.tflite_error is None and report.tflite_parity_max_abs_diff < 1e-4
@@ -206,9 +210,9 @@ def test_op_tflite_cannot_take_is_named_and_the_onnx_bundle_is_still_made(tmp_pa
     path = tmp_path / "stft.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     data = {"input": np.random.default_rng(0).standard_normal((32, 64, 1)).astype(np.float32)}
-    report = convert(path, "raspberry-pi-4", calibration=data, evaluation=data, formats=("onnx", "tflite"),
-                     out_dir=tmp_path / "o", metric="cosine", max_accuracy_drop=1.0,
-                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    report = convert(ConversionRequest(Source(path), Target("raspberry-pi-4"), Data(data, data, metric="cosine"),
+                                       Output(tmp_path / "o"), Bounds(max_accuracy_drop=1.0), formats=("onnx", "tflite"),
+                                       quantization=QuantizationConfig(calibration_methods=("minmax",))))
     assert report.tflite_error is not None and "STFT" in report.tflite_error, report.tflite_error
     assert all(c.format == "onnx" for c in report.plan.candidates)
     assert read_bundle(report.bundle.path).manifest.model_format.value == "onnx"

@@ -15,8 +15,7 @@ from click.testing import CliRunner
 
 from edgesdk.bundle import read_bundle
 from edgesdk.cli import cli
-from edgesdk.converters.config import QuantizationConfig
-from edgesdk.converters.pipeline import convert
+from edgesdk.converters import Bounds, ConversionRequest, Data, Output, QuantizationConfig, Source, Target, convert
 from edgesdk.errors import BudgetError, BundleError, ConversionError, DataError, ProfileError, SignatureError
 from edgesdk.profiles import profile_from_dict
 from tests.conftest import host_profile_dict
@@ -44,6 +43,16 @@ class Stages(list):
         self.append(stage)
 
 
+def _request(model, arrays, out, profile="raspberry-pi-5", mode="latency", version="1.0.0", name="model",
+             formats=("onnx",), metric=None, max_accuracy_drop=0.5, fps=None, input_shapes=None, private_key=None,
+             force=False, quantization=None) -> ConversionRequest:
+    """A request for the sample model, each argument given to the part that checks it."""
+    return ConversionRequest(Source(model, input_shapes=input_shapes), Target(profile, mode),
+                             Data(arrays[0], arrays[1], metric=metric),
+                             Output(out, name=name, version=version, force=force, private_key=private_key),
+                             Bounds(max_accuracy_drop, fps), formats, quantization)
+
+
 @pytest.mark.parametrize(("change", "error", "pattern"), [
     ({"version": "v2"}, BundleError, "version 'v2' must be dotted integers"),
     ({"name": "../escape"}, BundleError, "not a safe name"),
@@ -51,7 +60,7 @@ class Stages(list):
     ({"metric": "top5"}, DataError, "unknown metric 'top5'"),
     ({"metric": "top1_accuracy"}, DataError, "needs labels"),
     ({"max_accuracy_drop": -1}, ConversionError, "max accuracy drop -1 must be a number >= 0"),
-    ({"target_fps": 0}, ConversionError, "fps 0 must be a number > 0"),
+    ({"fps": 0}, ConversionError, "fps 0 must be a number > 0"),
     ({"input_shapes": {"input": [1, 0]}}, ConversionError, "must be a list of integers >= 1"),
     ({"private_key": "edgesdk.key"}, SignatureError, "private_key is a str"),
     ({"profile": "raspberry-pi-9"}, ProfileError, "no device profile named 'raspberry-pi-9'"),
@@ -59,10 +68,8 @@ class Stages(list):
 ], ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
 def test_a_bad_argument_fails_before_any_work(sample, arrays, tmp_path, change, error, pattern):
     stages = Stages()
-    kwargs = {"profile": "raspberry-pi-5", "calibration": arrays[0], "evaluation": arrays[1],
-              "out_dir": tmp_path / "out", "progress": stages, **change}
     with pytest.raises(error, match=pattern):
-        convert(sample / "model.onnx", **kwargs)
+        convert(_request(sample / "model.onnx", arrays, tmp_path / "out", **change), progress=stages)
     assert stages == [] and list(tmp_path.iterdir()) == []  # nothing started, nothing written
 
 
@@ -88,29 +95,27 @@ def test_cli_refuses_a_bad_option_as_a_usage_error_before_any_work(sample, tmp_p
 def test_an_out_dir_holding_a_conversion_needs_force_and_is_replaced_only_when_the_new_one_is_complete(
         sample, arrays, tmp_path):
     out = tmp_path / "out"
-    first = convert(sample / "model.onnx", "raspberry-pi-5", calibration=arrays[0], evaluation=arrays[1], out_dir=out,
-                    version="1.0.0", config=FAST)
+    model = sample / "model.onnx"
+    first = convert(_request(model, arrays, out, version="1.0.0", quantization=FAST))
     assert first.bundle.path == out / "bundle" and first.plan.chosen.path.parent == out / "variants"
     assert all(Path(c.path).exists() for c in first.plan.candidates)
 
     stages = Stages()
     with pytest.raises(ConversionError, match=r"already holds a conversion \(variants/, bundle/\); pass --force"):
-        convert(sample / "model.onnx", "raspberry-pi-5", calibration=arrays[0], evaluation=arrays[1], out_dir=out,
-                version="2.0.0", config=FAST, progress=stages)
+        convert(_request(model, arrays, out, version="2.0.0", quantization=FAST), progress=stages)
     assert stages == []
 
     # A forced conversion that fails (nothing fits this budget) leaves the old one whole.
     tiny = host_profile_dict([0], [1])
     tiny["memory"] = {"ram_mb": 64, "model_budget_mb": 1}
     with pytest.raises(BudgetError):
-        convert(sample / "model.onnx", profile_from_dict(tiny), calibration=arrays[0], evaluation=arrays[1],
-                out_dir=out, version="2.0.0", config=FAST, force=True)
+        convert(_request(model, arrays, out, profile=profile_from_dict(tiny), version="2.0.0", quantization=FAST,
+                         force=True))
     assert read_bundle(out / "bundle").manifest.version == "1.0.0"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directory left behind
 
     stages = Stages()
-    second = convert(sample / "model.onnx", "raspberry-pi-5", calibration=arrays[0], evaluation=arrays[1],
-                     out_dir=out, version="2.0.0", config=FAST, force=True, progress=stages)
+    second = convert(_request(model, arrays, out, version="2.0.0", quantization=FAST, force=True), progress=stages)
     assert read_bundle(out / "bundle").manifest.version == "2.0.0" == second.bundle.manifest.version
     assert second.bundle.path == out / "bundle" and all(Path(c.path).exists() for c in second.plan.candidates)
     assert all(str(out) in Path(p).as_posix() for p in second.calibration.caches.values())

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
+from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert
 from edgesdk.converters.calibrate import calibrate
 from edgesdk.converters.config import CalibrationMethod, QuantizationConfig
-from edgesdk.converters.pipeline import convert
 from edgesdk.converters.qdq import OUTPUTS_BLOCK, QdqGraph
 from edgesdk.converters.quantize import quantize_static_int8
 from edgesdk.converters.search import block_sensitivity, run_model, search_mixed
@@ -155,9 +155,10 @@ def test_mixed_precision_search_runs_on_a_fixed_batch_model_and_reports_its_fron
                                                                                         tmp_path):
     # Batch fixed to 1 (the crash of the issue: sensitivity ran all samples as one batch); a bound
     # static INT8 cannot meet makes the converter search.
-    report = convert(outlier_mlp, "raspberry-pi-5", calibration=samples, evaluation=samples, metric="cosine",
-                     max_accuracy_drop=1e-4, out_dir=tmp_path / "out", input_shapes={"input": [1, 16]},
-                     config=QuantizationConfig(calibration_methods=("minmax",)))
+    report = convert(ConversionRequest(Source(outlier_mlp, input_shapes={"input": [1, 16]}), Target("raspberry-pi-5"),
+                                       Data(samples, samples, metric="cosine"), Output(tmp_path / "out"),
+                                       Bounds(max_accuracy_drop=1e-4),
+                                       quantization=QuantizationConfig(calibration_methods=("minmax",))))
     mixed = [c for c in report.plan.candidates if c.precision == "mixed"]
     assert mixed, "no mixed-precision candidate was measured"
     assert report.search is not None and [p.label for p in report.search.front] == [c.name for c in mixed]

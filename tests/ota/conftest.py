@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from edgesdk import Runtime
 from edgesdk.agent.agent import AgentConfig, DeviceAgent
-from edgesdk.bundle import HealthCheck, write_bundle
+from edgesdk.bundle import BundleSpec, HealthCheck, HealthSample, bundle_from_model, write_bundle
 from edgesdk.model_file import read_model
 from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
 from edgesdk.ota_server.fleet import FleetDB
@@ -44,17 +44,15 @@ def make_bundle(out: Path, version: str, keys: dict, seed: int = 0, wrong_health
     work = out.parent / f".{out.name}-model"
     work.mkdir(parents=True, exist_ok=True)
     model_path = write_mlp_onnx(random_mlp([64, width, 10], seed=seed), work / "model.onnx")
-    model = read_model(model_path)
     x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
-    with Runtime(model_path, profile="generic-x86_64") as rt:
-        expected = rt.predict(x)
-        inputs, outputs = rt.inputs, rt.outputs
-    if wrong_health_output:
-        expected = np.roll(expected, 3, axis=-1) + 0.5
-    write_bundle(out, model, name=name, version=version, source_model_sha256=model.sha256, variant="onnx-fp32",
-                 target_profile="generic-x86_64", power_mode="latency", inputs=inputs, outputs=outputs,
-                 health_inputs={"input": x}, health_outputs={"probabilities": expected},
-                 health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0), private_key=keys["converter"])
+    spec = BundleSpec(name, version, "onnx-fp32", "generic-x86_64", "latency",
+                      health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))
+    if not wrong_health_output:
+        bundle_from_model(out, model_path, spec, {"input": x}, private_key=keys["converter"])
+        return out
+    sample = HealthSample.from_model(model_path, {"input": x}, "generic-x86_64")
+    wrong = {k: np.roll(v, 3, axis=-1) + 0.5 for k, v in sample.outputs.items()}
+    write_bundle(out, read_model(model_path), spec, replace(sample, outputs=wrong), private_key=keys["converter"])
     return out
 
 

@@ -188,17 +188,16 @@ def test_unknown_or_offline_device_fails_fast(admin, broker, make_agent, candida
 def test_convert_plans_with_the_figures_a_board_of_the_fleet_measured(admin, broker, make_agent, digits_onnx, digits,
                                                                       tmp_path):
     from edgesdk.bundle import read_bundle
-    from edgesdk.converters.config import QuantizationConfig
-    from edgesdk.converters.pipeline import convert
-    from edgesdk.converters.remote import board_measure
+    from edgesdk.converters import ConversionRequest, Data, Output, QuantizationConfig, Source, Target, board_measure, convert
 
     server, client = admin
     make_agent("rk1", broker.url, profile="rk3588")
     _online(server, "rk1")
-    report = convert(digits_onnx, "rk3588", calibration={"input": digits.x_train[:64]},
-                     evaluation={"input": digits.x_test[:64]}, labels=digits.y_test[:64], out_dir=tmp_path / "out",
-                     config=QuantizationConfig(calibration_methods=("minmax",)),
-                     measure_on=board_measure(client, "rk1", "latency", runs=20, timeout_s=120))
+    target = Target("rk3588", measure_on=board_measure(client, "rk1", "latency", runs=20, timeout_s=120))
+    report = convert(ConversionRequest(
+        Source(digits_onnx), target,
+        Data({"input": digits.x_train[:64]}, {"input": digits.x_test[:64]}, labels=digits.y_test[:64]),
+        Output(tmp_path / "out"), quantization=QuantizationConfig(calibration_methods=("minmax",))))
     assert len(report.plan.candidates) >= 4
     for c in report.plan.candidates:
         assert c.measurement.measured_on == "rk1", c.name

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from edgesdk import Runtime
-from edgesdk.bundle import HealthCheck, parse_version, read_bundle, sign_bundle, write_bundle
+from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model, parse_version, read_bundle, sign_bundle
 from edgesdk.errors import BundleError, SignatureError
-from edgesdk.model_file import read_model
 from edgesdk.signing import generate_keypair, key_id, load_private_key, load_public_key
 
 
@@ -21,19 +20,10 @@ def keys(tmp_path_factory):
 
 
 def _write(out, model_path, digits, private_key=None, version="1.0.0"):
-    model = read_model(model_path)
-    x = digits.x_test[:1]
-    with Runtime(model_path, profile="generic-x86_64") as rt:
-        expected = rt.predict(x)
-        inputs, outputs = rt.inputs, rt.outputs
-    return write_bundle(
-        out, model, name="digits", version=version, source_model_sha256=model.sha256, variant="fp32",
-        target_profile="generic-x86_64", power_mode="latency", inputs=inputs, outputs=outputs,
-        health_inputs={"input": x}, health_outputs={"probabilities": expected},
-        health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=50.0),
-        quantization=None, preprocessing={"scale": "pixel / 16"}, measured={"size_bytes": len(model.content)},
-        private_key=private_key,
-    )
+    spec = BundleSpec("digits", version, "fp32", "generic-x86_64", "latency",
+                      health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=50.0),
+                      preprocessing={"scale": "pixel / 16"}, measured={"size_bytes": model_path.stat().st_size})
+    return bundle_from_model(out, model_path, spec, {"input": digits.x_test[:1]}, private_key=private_key)
 
 
 def test_round_trip_and_runtime_loads_a_bundle(tmp_path, digits_onnx, digits):
