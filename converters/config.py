@@ -18,12 +18,16 @@ __all__ = ["CalibrationMethod", "QuantType", "QuantizationConfig"]
 
 
 class CalibrationMethod(str, enum.Enum):
+    """How static INT8 picks each activation's range from the calibration data."""
+
     MINMAX = "minmax"
     ENTROPY = "entropy"
     PERCENTILE = "percentile"
 
 
 class QuantType(str, enum.Enum):
+    """An 8-bit integer type: uint8 (asymmetric) or int8 (symmetric)."""
+
     UINT8 = "uint8"
     INT8 = "int8"
 
@@ -92,6 +96,7 @@ class QuantizationConfig:
         return cls(preset=f"{profile.arch} CPU (Arm NEON): uint8 activations, int8 per-channel weights")
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (enums as their values, tuples as lists): what a manifest's ``quantization`` holds."""
         data = asdict(self)
         data["activation_type"] = self.activation_type.value
         data["weight_type"] = self.weight_type.value

@@ -47,6 +47,7 @@ class ImagePreprocessing:
             raise DataError(f"scale {self.scale} must be a non-zero number, e.g. 1/255 = 0.00392")
 
     def as_dict(self) -> dict[str, Any]:
+        """The settings as a dict (saved in the bundle's ``preprocessing``)."""
         return asdict(self)
 
 
@@ -145,6 +146,7 @@ def check_arrays(arrays: Mapping[str, np.ndarray], specs: tuple[TensorSpec, ...]
 
 
 def load_labels(path: str | os.PathLike[str], n_samples: int) -> np.ndarray:
+    """A 1-D integer ``.npy`` of class ids, one per evaluation sample (DataError otherwise)."""
     labels = _np_load(Path(path))
     if not isinstance(labels, np.ndarray) or labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise DataError(f"{path}: labels must be a 1-D integer .npy array of class ids")

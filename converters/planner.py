@@ -74,6 +74,8 @@ def _perf(profile: DeviceProfile, mode: str, threads: int | None = None, availab
 
 @dataclass(frozen=True)
 class BoardEstimate:
+    """A variant's latency (ms) and energy per inference (mJ) on the board, and where they come from."""
+
     latency_ms: float
     energy_mj: float
     #: "estimated" (scaled from this host) or "measured on board".
@@ -110,11 +112,14 @@ class Candidate:
 
     @property
     def is_quantized(self) -> bool:
+        """Anything but the FP32 variant."""
         return self.precision not in ("fp32",)
 
 
 @dataclass(frozen=True)
 class PlanResult:
+    """Every candidate with its verdict, the chosen one, and why it was chosen."""
+
     candidates: tuple[Candidate, ...]
     chosen: Candidate
     reason: str

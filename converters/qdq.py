@@ -125,6 +125,7 @@ class QdqGraph:
 
     # partly-float copies -------------------------------------------------------------------
     def node_names(self, blocks: Iterable[Block]) -> list[str]:
+        """The names of ``blocks``' nodes (``OpType#index`` for an unnamed node)."""
         nodes = self.model.graph.node
         return [nodes[i].name or f"{nodes[i].op_type}#{i}" for b in blocks for i in b.nodes]
 

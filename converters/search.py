@@ -40,6 +40,8 @@ __all__ = ["Sensitivity", "SearchPoint", "SearchResult", "block_sensitivity", "s
 
 @dataclass(frozen=True)
 class Sensitivity:
+    """How much one block hurts when it alone is quantized."""
+
     block: Block
     #: Output noise power / signal power with only this block quantized.
     noise: float
@@ -48,6 +50,7 @@ class Sensitivity:
 
     @property
     def priority(self) -> tuple[float, float]:
+        """Harm per multiply-accumulate (metric drop, then noise): the search floats the highest first."""
         macs = max(self.block.macs, 1.0)
         return (max(self.drop, 0.0) / macs, self.noise / macs)
 
@@ -64,6 +67,8 @@ class SearchPoint:
 
 @dataclass(frozen=True)
 class SearchResult:
+    """The mixed-precision search: every block's sensitivity, the measured front and why it stopped."""
+
     sensitivities: tuple[Sensitivity, ...]
     front: tuple[SearchPoint, ...]
     stopped_because: str
@@ -73,6 +78,7 @@ class SearchResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for ``convert --json`` (the front, and the most sensitive blocks)."""
         return {
             "stopped_because": self.stopped_because, "seconds": round(self.seconds, 2),
             "sensitivity_seconds": round(self.sensitivity_seconds, 2),

@@ -119,6 +119,7 @@ class Onnx2TfTool:
 
     @property
     def python(self) -> Path:
+        """The tool environment's Python interpreter."""
         return self.location / "bin" / "python"
 
     @property
