@@ -114,8 +114,8 @@ def board_measure(client: AdminClient, device: str, mode: str, runs: int = 50,
     command; the variant is never installed) and returns latency, memory and outputs.
     """
     # Checked now, not after the first variant's minutes of work.
-    row = next((d for d in client.devices() if d.get("id") == device), None)
-    if row is None or row.get("status") == "offline":
+    row = next((d for d in client.devices() if d.id == device), None)
+    if row is None or row.status == "offline":
         state = "is not in the fleet" if row is None else "is offline"
         raise TransferError(f"--measure-on {device}: the device {state} on {client.url}; start its agent "
                             "(edgesdk agent ...) or pick an online device from `edgesdk devices`")

@@ -1,4 +1,8 @@
-"""A small client for the OTA server's admin API (stdlib urllib: no web framework on devices)."""
+"""A small client for the OTA server's admin API (stdlib urllib: no web framework on devices).
+
+Fleet answers come back as the records of :mod:`edgesdk.fleet_protocol`, converted from
+the API's JSON here and nowhere else.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 
 from edgesdk import errors
 from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet_protocol import DeviceRecord, RolloutPolicy, RolloutRecord, RolloutSummary
 
 __all__ = ["AdminClient"]
 
@@ -30,6 +35,7 @@ class AdminClient:
     """Calls the OTA server's admin API with a bearer token; a refusal raises the server's error class."""
 
     def __init__(self, url: str, token: str, timeout: float = 60.0) -> None:
+        """``url`` of the server (``http://host:port``), its admin ``token``, and a per-request ``timeout`` in s."""
         if not token:
             raise EdgeSDKError("no admin token: `edgesdk server` writes admin.token beside its --db; pass "
                                "--token-file PATH to that file (or --token TOKEN), or set EDGESDK_TOKEN_FILE "
@@ -59,21 +65,32 @@ class AdminClient:
         """Store a bundle tar; ``{"name", "version", "stored"}`` (``stored`` False: the identical bundle was there)."""
         return self._call("POST", "/api/bundles", archive, "application/x-tar")
 
-    def start_rollout(self, name: str, version: str, group: str, policy: dict[str, Any]) -> str:
-        return self._json("POST", "/api/rollouts", {"name": name, "version": version, "group": group,
-                                                    "policy": policy})["id"]
+    def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy) -> str:
+        """Start rolling ``name`` ``version`` out to ``group`` under ``policy``; the rollout id."""
+        return str(self._json("POST", "/api/rollouts", {"name": name, "version": version, "group": group,
+                                                        "policy": policy.to_dict()})["id"])
 
-    def rollout(self, rollout_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/api/rollouts/{rollout_id}")
+    def rollout(self, rollout_id: str) -> RolloutRecord:
+        """One rollout with its targets (NotFoundError for an unknown id)."""
+        return RolloutRecord.from_json(self._json("GET", f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}"))
 
-    def rollouts(self) -> list[dict[str, Any]]:
-        return self._json("GET", "/api/rollouts")
+    def rollouts(self) -> list[RolloutSummary]:
+        """Every rollout, oldest first."""
+        return [RolloutSummary.from_json(r) for r in self._json("GET", "/api/rollouts")]
 
-    def act(self, rollout_id: str, action: str, to: str | None = None) -> dict[str, Any]:
-        return self._json("POST", f"/api/rollouts/{rollout_id}/{action}", {"to": to} if to else None)
+    def act(self, rollout_id: str, action: str, to: str | None = None) -> str:
+        """``promote``, ``abort`` or ``rollback`` (to version ``to``) a rollout; the id of the rollout to follow.
 
-    def devices(self, group: str | None = None) -> list[dict[str, Any]]:
-        return self._json("GET", "/api/devices" + (f"?group={group}" if group else ""))
+        For ``rollback`` that is the new rollout sending the old version; else ``rollout_id``.
+        """
+        answer = self._json("POST", f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}/{action}",
+                            {"to": to} if to else None)
+        return str(answer["id"])
+
+    def devices(self, group: str | None = None) -> list[DeviceRecord]:
+        """The devices (of ``group``, if given) as they last reported."""
+        query = "?" + urllib.parse.urlencode({"group": group}) if group else ""
+        return [DeviceRecord.from_json(d) for d in self._json("GET", f"/api/devices{query}")]
 
     def request_measurement(self, device: str, archive: bytes, mode: str, runs: int,
                             timeout_s: float | None = None) -> str:

@@ -2,6 +2,9 @@
 
 One connection guarded by a lock (the server's MQTT thread, rollout thread and HTTP
 handlers all write); WAL journal so a crash or restart keeps every committed write.
+Rows leave this module only as the records of :mod:`edgesdk.fleet_protocol` (and
+:class:`EventRecord`); the SQL names stay here: ``grp`` is a record's ``group`` (GROUP is
+an SQL keyword) and the ``wave`` columns are a record's ``stage``.
 """
 
 from __future__ import annotations
@@ -11,13 +14,21 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FleetDB", "TERMINAL"]
+from edgesdk.fleet_protocol import (
+    DeviceRecord,
+    RolloutPolicy,
+    RolloutRecord,
+    RolloutState,
+    RolloutSummary,
+    TargetRecord,
+    TargetStatus,
+)
 
-#: Per-device statuses after which a device is done with a deployment.
-TERMINAL = ("committed", "failed", "rolled_back", "rejected", "timeout")
+__all__ = ["FleetDB", "EventRecord"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
@@ -36,7 +47,31 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+@dataclass(frozen=True)
+class EventRecord:
+    """One entry of the event log: a device's event message or a rollout's or measurement's milestone."""
+
+    id: int
+    ts: float
+    device_id: str | None
+    rollout_id: str | None
+    type: str
+    payload: dict[str, Any]
+
+
+def _device(row: sqlite3.Row) -> DeviceRecord:
+    return DeviceRecord(row["id"], row["grp"], row["status"], row["model"], row["version"],
+                        tuple(json.loads(row["slots"])), row["last_seen"])
+
+
+def _target(row: sqlite3.Row) -> TargetRecord:
+    return TargetRecord(row["rollout_id"], row["device_id"], row["wave"], TargetStatus(row["status"]), row["reason"],
+                        row["previous_version"], row["sent"], row["updated"])
+
+
 class FleetDB:
+    """The fleet's devices, rollouts, targets and event log in one SQLite file (safe across threads)."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -47,14 +82,9 @@ class FleetDB:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
 
-    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        """Rows as dicts; the SQL column ``grp`` (GROUP is an SQL keyword) is called ``group`` outside."""
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
-            rows = [dict(r) for r in self._db.execute(sql, args).fetchall()]
-        for r in rows:
-            if "grp" in r:
-                r["group"] = r.pop("grp")
-        return rows
+            return self._db.execute(sql, args).fetchall()
 
     def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
         with self._lock:
@@ -63,6 +93,7 @@ class FleetDB:
     # devices -------------------------------------------------------------------------------
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
                       slots: list[str]) -> None:
+        """Record a device's reported state; model, version and slots keep their last known values when absent."""
         self._exec("""INSERT INTO devices (id, grp, status, model, version, slots, last_seen) VALUES (?,?,?,?,?,?,?)
                       ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                       model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
@@ -70,71 +101,92 @@ class FleetDB:
                       last_seen=excluded.last_seen""",
                    (device_id, group, status, model, version, json.dumps(slots), time.time()))
 
-    def devices(self, group: str | None = None) -> list[dict[str, Any]]:
-        rows = self._rows("SELECT * FROM devices WHERE (? IS NULL OR grp = ?) ORDER BY id", (group, group))
-        for r in rows:
-            r["slots"] = json.loads(r["slots"])
-        return rows
+    def devices(self, group: str | None = None) -> list[DeviceRecord]:
+        """Every device (of ``group``, if given), by id."""
+        return [_device(r) for r in self._rows("SELECT * FROM devices WHERE (? IS NULL OR grp = ?) ORDER BY id",
+                                               (group, group))]
 
-    def device(self, device_id: str) -> dict[str, Any] | None:
+    def device(self, device_id: str) -> DeviceRecord | None:
+        """One device, or None if it never reported."""
         rows = self._rows("SELECT * FROM devices WHERE id = ?", (device_id,))
-        if rows:
-            rows[0]["slots"] = json.loads(rows[0]["slots"])
-        return rows[0] if rows else None
+        return _device(rows[0]) if rows else None
 
     # rollouts ------------------------------------------------------------------------------
-    def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: dict[str, Any],
+    def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: RolloutPolicy,
                     rollback: bool = False) -> None:
+        """A new ``running`` rollout before its first stage (stage -1); its targets follow with :meth:`add_target`."""
         now = time.time()
         self._exec("""INSERT INTO rollouts (id, model, version, grp, policy, state, wave, created, updated, rollback)
-                      VALUES (?,?,?,?,?,'running',-1,?,?,?)""",
-                   (rollout_id, model, version, group, json.dumps(policy), now, now, int(rollback)))
+                      VALUES (?,?,?,?,?,?,-1,?,?,?)""",
+                   (rollout_id, model, version, group, json.dumps(policy.to_dict()), RolloutState.RUNNING.value,
+                    now, now, int(rollback)))
 
-    def rollout(self, rollout_id: str) -> dict[str, Any] | None:
+    def rollout(self, rollout_id: str) -> RolloutRecord | None:
+        """A rollout with its policy and targets (by stage, then device), or None."""
         rows = self._rows("SELECT * FROM rollouts WHERE id = ?", (rollout_id,))
         if not rows:
             return None
         r = rows[0]
-        r["policy"] = json.loads(r["policy"])
-        r["targets"] = self._rows("SELECT * FROM targets WHERE rollout_id = ? ORDER BY wave, device_id", (rollout_id,))
-        return r
+        targets = self._rows("SELECT * FROM targets WHERE rollout_id = ? ORDER BY wave, device_id", (rollout_id,))
+        return RolloutRecord(r["id"], r["model"], r["version"], r["grp"], RolloutPolicy.from_dict(json.loads(r["policy"])),
+                             RolloutState(r["state"]), r["wave"], r["wave_started"], r["wave_settled"], r["reason"],
+                             r["created"], r["updated"], bool(r["rollback"]), tuple(_target(t) for t in targets))
 
-    def rollouts(self, state: str | None = None) -> list[dict[str, Any]]:
-        return self._rows("SELECT id, model, version, grp, state, wave, reason, created FROM rollouts "
-                          "WHERE (? IS NULL OR state = ?) ORDER BY created", (state, state))
+    def rollouts(self, state: RolloutState | None = None) -> list[RolloutSummary]:
+        """Every rollout (in ``state``, if given), oldest first."""
+        value = None if state is None else state.value
+        rows = self._rows("SELECT id, model, version, grp, state, wave, reason, created FROM rollouts "
+                          "WHERE (? IS NULL OR state = ?) ORDER BY created", (value, value))
+        return [RolloutSummary(r["id"], r["model"], r["version"], r["grp"], RolloutState(r["state"]), r["wave"],
+                               r["reason"], r["created"]) for r in rows]
 
-    def update_rollout(self, rollout_id: str, **fields: Any) -> None:
-        fields["updated"] = time.time()
-        assignments = ", ".join(f"{k} = ?" for k in fields)
-        self._exec(f"UPDATE rollouts SET {assignments} WHERE id = ?", (*fields.values(), rollout_id))
+    def start_stage(self, rollout_id: str, stage: int) -> None:
+        """Mark ``stage`` (0-based) as sent now; it is not settled until all its devices report."""
+        now = time.time()
+        self._exec("UPDATE rollouts SET wave = ?, wave_started = ?, wave_settled = NULL, updated = ? WHERE id = ?",
+                   (stage, now, now, rollout_id))
 
-    def add_target(self, rollout_id: str, device_id: str, wave: int, previous_version: str | None) -> None:
+    def settle_stage(self, rollout_id: str, when: float) -> None:
+        """Every device of the current stage reported at ``when``: the health window starts."""
+        self._exec("UPDATE rollouts SET wave_settled = ?, updated = ? WHERE id = ?", (when, time.time(), rollout_id))
+
+    def end_rollout(self, rollout_id: str, state: RolloutState, reason: str) -> None:
+        """Leave ``running`` for ``completed`` or ``aborted``, saying why."""
+        self._exec("UPDATE rollouts SET state = ?, reason = ?, updated = ? WHERE id = ?",
+                   (state.value, reason, time.time(), rollout_id))
+
+    def add_target(self, rollout_id: str, device_id: str, stage: int, previous_version: str | None) -> None:
+        """A ``pending`` device of stage ``stage`` (0-based); a device already in the rollout is kept as it is."""
         self._exec("""INSERT OR IGNORE INTO targets (rollout_id, device_id, wave, status, previous_version, updated)
-                      VALUES (?,?,?,'pending',?,?)""", (rollout_id, device_id, wave, previous_version, time.time()))
+                      VALUES (?,?,?,?,?,?)""",
+                   (rollout_id, device_id, stage, TargetStatus.PENDING.value, previous_version, time.time()))
 
-    def set_target(self, rollout_id: str, device_id: str, status: str, reason: str | None = None,
+    def set_target(self, rollout_id: str, device_id: str, status: TargetStatus, reason: str | None = None,
                    sent: bool = False) -> None:
+        """A target's new status; ``sent`` also records now as when its command went out."""
         now = time.time()
         if sent:
             self._exec("UPDATE targets SET status=?, reason=?, sent=?, updated=? WHERE rollout_id=? AND device_id=?",
-                       (status, reason, now, now, rollout_id, device_id))
+                       (status.value, reason, now, now, rollout_id, device_id))
         else:
             self._exec("UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=?",
-                       (status, reason, now, rollout_id, device_id))
+                       (status.value, reason, now, rollout_id, device_id))
 
     # events --------------------------------------------------------------------------------
     def log(self, type: str, payload: dict[str, Any], device_id: str | None = None,
             rollout_id: str | None = None) -> None:
+        """Append an event (``payload`` is stored as JSON)."""
         self._exec("INSERT INTO events (ts, device_id, rollout_id, type, payload) VALUES (?,?,?,?,?)",
                    (time.time(), device_id, rollout_id, type, json.dumps(payload)))
 
-    def events(self, rollout_id: str | None = None, device_id: str | None = None) -> list[dict[str, Any]]:
+    def events(self, rollout_id: str | None = None, device_id: str | None = None) -> list[EventRecord]:
+        """The event log (of one rollout and/or device, if given), oldest first."""
         rows = self._rows("""SELECT * FROM events WHERE (? IS NULL OR rollout_id = ?) AND (? IS NULL OR device_id = ?)
                              ORDER BY id""", (rollout_id, rollout_id, device_id, device_id))
-        for r in rows:
-            r["payload"] = json.loads(r["payload"])
-        return rows
+        return [EventRecord(r["id"], r["ts"], r["device_id"], r["rollout_id"], r["type"], json.loads(r["payload"]))
+                for r in rows]
 
     def close(self) -> None:
+        """Close the database (committed writes are already on disk)."""
         with self._lock:
             self._db.close()

@@ -2,8 +2,9 @@
 
 Every request needs ``Authorization: Bearer <token>``. Errors come back as
 ``{"error": message, "type": class}`` with 400 (bad request), 401, 404 (NotFoundError),
-409 (ConflictError) or 413. Times are ISO 8601 UTC strings; a device's or rollout's
-group is ``group``.
+409 (ConflictError) or 413. Devices and rollouts are the JSON of the records in
+:mod:`edgesdk.fleet_protocol`: times are ISO 8601 UTC strings, a group is ``group``, and a
+rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before the first.
 
     POST /api/bundles                          body: bundle tar -> {"name", "version", "stored"} (201; 200 if
                                                the identical bundle was stored already; 409 if other content)
@@ -23,33 +24,17 @@ from __future__ import annotations
 
 import hmac
 import threading
-from datetime import datetime, timezone
 from typing import Any
 
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, TransferError
-from edgesdk.ota_server.rollout import RolloutPolicy
+from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota_server.server import OTAServer
 
-__all__ = ["create_app", "HttpServer", "public"]
-
-#: Fields of fleet rows that hold epoch seconds inside the server and ISO 8601 outside.
-_TIMES = ("created", "updated", "last_seen", "sent", "wave_started", "wave_settled", "ts")
-
-
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def public(value: Any) -> Any:
-    """A fleet row (or list of rows) as the API shows it: times in ISO 8601 UTC, nested targets too."""
-    if isinstance(value, list):
-        return [public(v) for v in value]
-    if isinstance(value, dict):
-        return {k: (_iso(v) if k in _TIMES and isinstance(v, (int, float)) else public(v)) for k, v in value.items()}
-    return value
+__all__ = ["create_app", "HttpServer"]
 
 
 def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3) -> Any:
+    """The Starlette app of the admin API for ``server``, answering only requests that carry ``token``."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
@@ -132,10 +117,10 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         return JSONResponse({"id": rollout_id}, status_code=201)
 
     async def rollouts(request: Request) -> JSONResponse:
-        return JSONResponse(public(server.db.rollouts()))
+        return JSONResponse([r.to_json() for r in server.db.rollouts()])
 
     async def rollout(request: Request) -> JSONResponse:
-        return JSONResponse(public(server.status(request.path_params["id"])))
+        return JSONResponse(server.status(request.path_params["id"]).to_json())
 
     async def action(request: Request) -> JSONResponse:
         rollout_id, verb = request.path_params["id"], request.path_params["action"]
@@ -152,7 +137,7 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         return error(404, f"unknown action {verb!r}; use promote, abort or rollback")
 
     async def devices(request: Request) -> JSONResponse:
-        return JSONResponse(public(server.db.devices(request.query_params.get("group"))))
+        return JSONResponse([d.to_json() for d in server.db.devices(request.query_params.get("group"))])
 
     return Starlette(routes=[
         Route("/api/bundles", guarded(upload), methods=["POST"]),
@@ -179,6 +164,7 @@ class HttpServer:
         self.url = f"http://{host}:{port}"
 
     def start(self, timeout: float = 10.0) -> HttpServer:
+        """Serve in the background; returns once uvicorn listens (EdgeSDKError if it does not within ``timeout`` s)."""
         import time
 
         self._thread.start()
@@ -190,5 +176,6 @@ class HttpServer:
         return self
 
     def stop(self) -> None:
+        """Ask uvicorn to exit and wait for its thread."""
         self._server.should_exit = True
         self._thread.join(timeout=10)

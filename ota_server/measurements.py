@@ -64,6 +64,7 @@ class _Measurement:
     finished_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """The API's JSON for this measurement (figures and outputs only once ``done``)."""
         view: dict[str, Any] = {"id": self.id, "device": self.device, "mode": self.mode, "runs": self.runs,
                                 "status": self.status, "requested_at": self.requested_at,
                                 "finished_at": self.finished_at, "archive_bytes": self.info.size}
@@ -100,8 +101,8 @@ class Measurements:
         if device is None:
             raise TransferError(f"no device {device_id!r} has reported to this server; check the id with "
                                 "`edgesdk devices`")
-        if device["status"] != "online":
-            raise TransferError(f"device {device_id!r} is {device['status']}; start its agent, then ask again")
+        if device.status != "online":
+            raise TransferError(f"device {device_id!r} is {device.status}; start its agent, then ask again")
         mid = f"m{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
         info = ArchiveInfo.of(archive)
         envelope = sign_measure_command(self._key, measurement_id=mid, transfer_id=mid, archive=info, mode=mode,

@@ -22,18 +22,25 @@ from typing import Any
 
 from edgesdk.bundle import parse_version
 from edgesdk.errors import BundleError, ConflictError, EdgeSDKError, NotFoundError
+from edgesdk.fleet_protocol import (
+    AgentEvent,
+    DeviceRecord,
+    RolloutPolicy,
+    RolloutRecord,
+    RolloutState,
+    TargetStatus,
+)
 from edgesdk.ota import ArchiveInfo, Topics, check_id, sign_command
-from edgesdk.ota_server.fleet import TERMINAL, FleetDB
+from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.measurements import Measurements
 from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.ota_server.rollout import RolloutPolicy, canary_order, stage_sizes
+from edgesdk.ota_server.rollout import canary_order, stage_sizes
 from edgesdk.transport import MqttTransport, Transport
 
 __all__ = ["OTAServer", "ServerConfig"]
 
 log = logging.getLogger(__name__)
 
-FAILED = ("failed", "rolled_back", "rejected", "timeout")
 #: Device state, event and chunk-request messages are small JSON; anything larger is refused unparsed.
 MAX_REPORT_BYTES = 64 * 1024
 
@@ -49,8 +56,21 @@ def _too_large(topic: str, payload: bytes) -> bool:
     return True
 
 
+#: A device event's effect on its target: (status while rolling out, status while reverting after an abort).
+_EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
+    AgentEvent.ACCEPTED: (TargetStatus.DOWNLOADING, TargetStatus.REVERTING),
+    AgentEvent.DOWNLOADED: (TargetStatus.INSTALLING, TargetStatus.REVERTING),
+    AgentEvent.COMMITTED: (TargetStatus.COMMITTED, TargetStatus.REVERTED),
+    AgentEvent.FAILED: (TargetStatus.FAILED, TargetStatus.REVERT_FAILED),
+    AgentEvent.ROLLED_BACK: (TargetStatus.ROLLED_BACK, TargetStatus.REVERT_FAILED),
+    AgentEvent.REJECTED: (TargetStatus.REJECTED, TargetStatus.REVERT_FAILED),
+}
+
+
 @dataclass(frozen=True)
 class ServerConfig:
+    """How the server reaches its broker, and the timings of its rollout engine."""
+
     broker: str
     username: str | None = None
     password: str | None = None
@@ -66,6 +86,8 @@ class ServerConfig:
 
 @dataclass
 class _Transfer:
+    """A bundle archive being sent (a rollout stage or its revert), kept for devices that ask for chunks again."""
+
     name: str
     version: str
     data: bytes
@@ -93,6 +115,7 @@ class OTAServer:
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> OTAServer:
+        """Connect to the broker, subscribe to the devices' topics and start the rollout engine."""
         cfg = self.config
         self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-server-{uuid.uuid4().hex[:8]}",
                                                  username=cfg.username, password=cfg.password, ca_file=cfg.ca_file)
@@ -105,6 +128,7 @@ class OTAServer:
         return self
 
     def stop(self) -> None:
+        """Stop the rollout engine and disconnect (rollouts resume from the fleet DB on the next start)."""
         self._stop.set()
         if self._engine:
             self._engine.join(timeout=5)
@@ -144,18 +168,16 @@ class OTAServer:
         self.db.log(kind, event, device_id=device, rollout_id=rollout_id or None)
         if not rollout_id:
             return
-        if kind == "accepted":
-            self._accepted[rollout_id].add(device)
-            status = "reverting" if reverting else "downloading"
-        elif kind == "downloaded":
-            status = "reverting" if reverting else "installing"
-        elif kind == "committed":
-            status = "reverted" if reverting else "committed"
-        elif kind in ("failed", "rolled_back", "rejected"):
-            status = "revert_failed" if reverting else kind
-        else:
+        try:
+            statuses = _EVENT_STATUS.get(AgentEvent(kind))
+        except ValueError:  # an event this server does not know (a newer agent's): logged above, nothing to track
             return
-        self.db.set_target(rollout_id, device, status, event.get("reason"))
+        if statuses is None:
+            return
+        if kind == AgentEvent.ACCEPTED:
+            self._accepted[rollout_id].add(device)
+        rolling_out, after_abort = statuses
+        self.db.set_target(rollout_id, device, after_abort if reverting else rolling_out, event.get("reason"))
 
     def _on_need(self, topic: str, payload: bytes) -> None:
         if _too_large(topic, payload):
@@ -192,31 +214,36 @@ class OTAServer:
         return {"name": manifest.name, "version": manifest.version, "stored": stored}
 
     def _in_use(self) -> set[tuple[str, str]]:
-        used = {(d["model"], d["version"]) for d in self.db.devices() if d["model"] and d["version"]}
-        used |= {(r["model"], r["version"]) for r in self.db.rollouts("running")}
+        used = {(d.model, d.version) for d in self.db.devices() if d.model and d.version}
+        used |= {(r.model, r.version) for r in self.db.rollouts(RolloutState.RUNNING)}
         return used
 
     def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
                       rollback: bool = False) -> str:
+        """Start sending ``name`` ``version`` to the online devices of ``group`` that need it; the rollout id.
+
+        Raises ConflictError when the group has no online device, a rollout running,
+        every device at that version already, or (unless ``rollback``) a newer version.
+        """
         check_id(group, "group")
         self.repo.path(name, version)  # must exist
-        online = [d for d in self.db.devices(group) if d["status"] == "online"]
+        online = [d for d in self.db.devices(group) if d.status == "online"]
         if not online:
             raise ConflictError(f"group {group!r} has no online device; start the agents first (see `edgesdk devices`)")
-        running = [r for r in self.db.rollouts("running") if r["group"] == group]
+        running = [r for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group]
         if running:
-            raise ConflictError(f"group {group!r} already has rollout {running[0]['id']} running; abort or wait for it")
+            raise ConflictError(f"group {group!r} already has rollout {running[0].id} running; abort or wait for it")
         devices = self._targets(name, version, group, online, rollback)
         policy = policy or RolloutPolicy()
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.db.add_rollout(rollout_id, name, version, group, policy.to_dict(), rollback)
-        order = canary_order(group, [d["id"] for d in devices])
+        self.db.add_rollout(rollout_id, name, version, group, policy, rollback)
+        order = canary_order(group, [d.id for d in devices])
         sizes = stage_sizes(len(order), policy)
-        by_id = {d["id"]: d for d in devices}
+        by_id = {d.id: d for d in devices}
         start = 0
-        for wave, end in enumerate(sizes):
+        for stage, end in enumerate(sizes):
             for device in order[start:end]:
-                self.db.add_target(rollout_id, device, wave, by_id[device]["version"])
+                self.db.add_target(rollout_id, device, stage, by_id[device].version)
             start = end
         self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback},
                     rollout_id=rollout_id)
@@ -225,16 +252,16 @@ class OTAServer:
         return rollout_id
 
     @staticmethod
-    def _targets(name: str, version: str, group: str, online: list[dict[str, Any]],
-                 rollback: bool) -> list[dict[str, Any]]:
+    def _targets(name: str, version: str, group: str, online: list[DeviceRecord],
+                 rollback: bool) -> list[DeviceRecord]:
         """The online devices that need ``version``; refuses a version the group runs already, or a downgrade."""
         wanted = parse_version(version)
-        targets = [d for d in online if not (d["model"] == name and d["version"] == version)]
+        targets = [d for d in online if not (d.model == name and d.version == version)]
         if not targets:
             raise ConflictError(f"{name} {version} is already installed on all {len(online)} online devices of group "
                                 f"{group!r}; nothing to send")
-        newer = sorted({d["version"] for d in targets if d["model"] == name and d["version"]
-                        and parse_version(d["version"]) > wanted}, key=parse_version)
+        newer = sorted({d.version for d in targets if d.model == name and d.version
+                        and parse_version(d.version) > wanted}, key=parse_version)
         if newer and not rollback:
             raise ConflictError(f"group {group!r} runs {name} {newer[-1]}, newer than {version}: devices refuse a "
                                 f"downgrade; use `edgesdk rollout rollback ID --to {version}`")
@@ -243,36 +270,38 @@ class OTAServer:
     def promote(self, rollout_id: str) -> None:
         """Send the next stage now, without waiting for the health window."""
         r = self._running(rollout_id)
-        log.info("rollout %s promoted by operator to stage %d", rollout_id, r["wave"] + 2)
-        self._send_wave(r, r["wave"] + 1)
+        log.info("rollout %s promoted by operator to stage %d", rollout_id, r.stage + 2)
+        self._send_stage(r, r.stage + 1)
 
     def abort(self, rollout_id: str, reason: str = "aborted by operator") -> None:
+        """Stop a running rollout and send its updated devices back to their previous version."""
         r = self._running(rollout_id)
         self._abort(r, reason)
 
     def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
         """Roll a finished or aborted rollout's group back with a signed rollback, as a new rollout."""
         r = self.status(rollout_id)
-        if r["state"] == "running":
+        if r.state == RolloutState.RUNNING:
             self._abort(r, "rolled back by operator")
         if to_version is None:
-            previous = [t["previous_version"] for t in r["targets"] if t["previous_version"]]
+            previous = [t.previous_version for t in r.targets if t.previous_version]
             if not previous:
                 raise ConflictError(f"rollout {rollout_id} has no previous version to go back to; pass --to VERSION")
             to_version = max(set(previous), key=previous.count)
         policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0, max_failure_rate=0.99)
-        return self.start_rollout(r["model"], to_version, r["group"], policy, rollback=True)
+        return self.start_rollout(r.model, to_version, r.group, policy, rollback=True)
 
-    def status(self, rollout_id: str) -> dict[str, Any]:
+    def status(self, rollout_id: str) -> RolloutRecord:
+        """A rollout with its targets; NotFoundError for an unknown id."""
         r = self.db.rollout(rollout_id)
         if r is None:
             raise NotFoundError(f"no rollout {rollout_id!r}; `edgesdk rollout status` lists them")
         return r
 
-    def _running(self, rollout_id: str) -> dict[str, Any]:
+    def _running(self, rollout_id: str) -> RolloutRecord:
         r = self.status(rollout_id)
-        if r["state"] != "running":
-            raise ConflictError(f"rollout {rollout_id} is {r['state']}, not running")
+        if r.state != RolloutState.RUNNING:
+            raise ConflictError(f"rollout {rollout_id} is {r.state}, not running")
         return r
 
     # measurements --------------------------------------------------------------------------
@@ -293,84 +322,84 @@ class OTAServer:
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_s):
             self.measurements.expire()
-            for summary in self.db.rollouts("running"):
+            for summary in self.db.rollouts(RolloutState.RUNNING):
                 try:
-                    self._tick(self.status(summary["id"]))
+                    self._tick(self.status(summary.id))
                 except EdgeSDKError as exc:  # e.g. a bundle changed on disk after upload
-                    self._abort(self.status(summary["id"]), f"server error: {exc}")
+                    self._abort(self.status(summary.id), f"server error: {exc}")
                 except Exception:
-                    log.exception("rollout %s: engine step failed", summary["id"])
+                    log.exception("rollout %s: engine step failed", summary.id)
 
-    def _tick(self, r: dict[str, Any]) -> None:
-        policy = RolloutPolicy.from_dict(r["policy"])
-        if r["wave"] < 0:
-            self._send_wave(r, 0)
+    def _tick(self, r: RolloutRecord) -> None:
+        policy = r.policy
+        if r.stage < 0:
+            self._send_stage(r, 0)
             return
         now = time.time()
         timed_out = False
-        for t in r["targets"]:
-            if t["wave"] != r["wave"]:
-                continue
-            if t["status"] not in TERMINAL and t["sent"] and now - t["sent"] > policy.deploy_timeout_s:
-                self.db.set_target(r["id"], t["device_id"], "timeout", f"no report in {policy.deploy_timeout_s:g} s")
+        for t in r.in_stage(r.stage):
+            if not t.status.terminal and t.sent and now - t.sent > policy.deploy_timeout_s:
+                self.db.set_target(r.id, t.device_id, TargetStatus.TIMEOUT,
+                                   f"no report in {policy.deploy_timeout_s:g} s")
                 timed_out = True
-            elif t["status"] == "sent":
-                self._resend(r["id"], t["device_id"], now)
+            elif t.status == TargetStatus.SENT:
+                self._resend(r.id, t.device_id, now)
         if timed_out:
-            r = self.status(r["id"])
-        sent = [t for t in r["targets"] if t["wave"] <= r["wave"]]
-        failed = [t for t in sent if t["status"] in FAILED]
+            r = self.status(r.id)
+        sent = [t for t in r.targets if t.stage <= r.stage]
+        failed = [t for t in sent if t.status.failed]
         if sent and len(failed) / len(sent) > policy.max_failure_rate:
-            reasons = "; ".join(f"{t['device_id']}: {t['reason']}" for t in failed[:3])
+            reasons = "; ".join(f"{t.device_id}: {t.reason}" for t in failed[:3])
             self._abort(r, f"{len(failed)}/{len(sent)} devices failed (> {policy.max_failure_rate:.0%}): {reasons}")
             return
-        stage = [t for t in r["targets"] if t["wave"] == r["wave"]]
-        if not all(t["status"] in TERMINAL for t in stage):
+        if not all(t.status.terminal for t in r.in_stage(r.stage)):
             return
-        if r["wave_settled"] is None:
-            self.db.update_rollout(r["id"], wave_settled=now)
+        if r.stage_settled is None:
+            self.db.settle_stage(r.id, now)
             return
-        if now - r["wave_settled"] < policy.health_window_s:
+        if now - r.stage_settled < policy.health_window_s:
             return
-        last_wave = max(t["wave"] for t in r["targets"])
-        if r["wave"] >= last_wave:
-            self.db.update_rollout(r["id"], state="completed", reason=f"{len(sent) - len(failed)}/{len(sent)} updated")
-            self.db.log("rollout_completed", {"failed": len(failed)}, rollout_id=r["id"])
-            log.info("rollout %s completed: %d/%d devices updated", r["id"], len(sent) - len(failed), len(sent))
+        if r.stage >= r.stage_count - 1:
+            self.db.end_rollout(r.id, RolloutState.COMPLETED, f"{len(sent) - len(failed)}/{len(sent)} updated")
+            self.db.log("rollout_completed", {"failed": len(failed)}, rollout_id=r.id)
+            log.info("rollout %s completed: %d/%d devices updated", r.id, len(sent) - len(failed), len(sent))
         elif policy.auto_promote:
-            self._send_wave(r, r["wave"] + 1)
+            self._send_stage(r, r.stage + 1)
 
-    def _command(self, r: dict[str, Any], rollback: bool, deployment_id: str, version: str, transfer_id: str,
+    def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
                  archive: ArchiveInfo | None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
-        return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r["model"],
-                            version=version, group=r["group"], rollback=rollback, archive=archive)
+        return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
+                            version=version, group=r.group, rollback=rollback, archive=archive)
 
-    def _send_wave(self, r: dict[str, Any], wave: int) -> None:
-        targets = [t for t in r["targets"] if t["wave"] == wave]
+    def _slots(self, device_id: str) -> tuple[str, ...]:
+        device = self.db.device(device_id)
+        return device.slots if device else ()
+
+    def _send_stage(self, r: RolloutRecord, stage: int) -> None:
+        targets = r.in_stage(stage)
         if not targets:
-            raise ConflictError(f"rollout {r['id']} has no stage {wave + 1}: its last stage was sent already")
-        data, info = self.repo.archive(r["model"], r["version"])
-        transfer_id = f"{r['id']}-w{wave}"
+            raise ConflictError(f"rollout {r.id} has no stage {stage + 1}: its last stage was sent already")
+        data, info = self.repo.archive(r.model, r.version)
+        transfer_id = f"{r.id}-w{stage}"
         with self._lock:
-            self._transfers[transfer_id] = _Transfer(r["model"], r["version"], data, info)
-        self.db.update_rollout(r["id"], wave=wave, wave_started=time.time(), wave_settled=None)
-        slot = f"{r['model']}-{r['version']}"
+            self._transfers[transfer_id] = _Transfer(r.model, r.version, data, info)
+        self.db.start_stage(r.id, stage)
+        slot = f"{r.model}-{r.version}"
         needs_download = []
         for t in targets:
-            device = self.db.device(t["device_id"]) or {"slots": []}
-            has_slot = slot in device["slots"]
-            archive = None if (r["rollback"] and has_slot) else info
-            envelope = self._command(r, bool(r["rollback"]), r["id"], r["version"], transfer_id, archive)
-            self._envelopes[(r["id"], t["device_id"])] = (envelope, time.time())
-            self._publish(Topics.cmd(t["device_id"]), envelope)
-            self.db.set_target(r["id"], t["device_id"], "sent", sent=True)
+            has_slot = slot in self._slots(t.device_id)
+            archive = None if (r.rollback and has_slot) else info
+            envelope = self._command(r, r.rollback, r.id, r.version, transfer_id, archive)
+            self._envelopes[(r.id, t.device_id)] = (envelope, time.time())
+            self._publish(Topics.cmd(t.device_id), envelope)
+            self.db.set_target(r.id, t.device_id, TargetStatus.SENT, sent=True)
             if not has_slot:
-                needs_download.append(t["device_id"])
-        self.db.log("wave_sent", {"wave": wave, "devices": [t["device_id"] for t in targets]}, rollout_id=r["id"])
-        log.info("rollout %s: stage %d sent to %d devices", r["id"], wave + 1, len(targets))
+                needs_download.append(t.device_id)
+        self.db.log("stage_sent", {"stage": stage, "devices": [t.device_id for t in targets]}, rollout_id=r.id)
+        log.info("rollout %s: stage %d sent to %d devices", r.id, stage + 1, len(targets))
         if needs_download:
-            threading.Thread(target=self._broadcast, args=(r["id"], r["group"], transfer_id, set(needs_download)),
+            threading.Thread(target=self._broadcast, args=(r.id, r.group, transfer_id, set(needs_download)),
                              daemon=True).start()
 
     def _resend(self, rollout_id: str, device: str, now: float) -> None:
@@ -389,24 +418,23 @@ class OTAServer:
         for index in range(len(transfer.info.chunks)):
             self._publish(f"{topic}/{index}", self._chunk(transfer, index))
 
-    def _abort(self, r: dict[str, Any], reason: str) -> None:
-        self.db.update_rollout(r["id"], state="aborted", reason=reason)
-        self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r["id"])
-        log.warning("rollout %s aborted: %s", r["id"], reason)
-        for t in r["targets"]:
-            if t["status"] != "committed" or not t["previous_version"]:
+    def _abort(self, r: RolloutRecord, reason: str) -> None:
+        self.db.end_rollout(r.id, RolloutState.ABORTED, reason)
+        self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r.id)
+        log.warning("rollout %s aborted: %s", r.id, reason)
+        for t in r.targets:
+            if t.status != TargetStatus.COMMITTED or not t.previous_version:
                 continue
-            device = self.db.device(t["device_id"]) or {"slots": []}
-            has_slot = f"{r['model']}-{t['previous_version']}" in device["slots"]
+            has_slot = f"{r.model}-{t.previous_version}" in self._slots(t.device_id)
             info = None
             if not has_slot:  # the device must download the old version; it pulls the chunks
                 try:
-                    data, info = self.repo.archive(r["model"], t["previous_version"])
+                    data, info = self.repo.archive(r.model, t.previous_version)
                 except BundleError as exc:
-                    self.db.set_target(r["id"], t["device_id"], "revert_failed", str(exc))
+                    self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED, str(exc))
                     continue
                 with self._lock:
-                    self._transfers[f"{r['id']}-rb"] = _Transfer(r["model"], t["previous_version"], data, info)
-            envelope = self._command(r, True, f"{r['id']}-rollback", t["previous_version"], f"{r['id']}-rb", info)
-            self._publish(Topics.cmd(t["device_id"]), envelope)
-            self.db.set_target(r["id"], t["device_id"], "reverting", reason)
+                    self._transfers[f"{r.id}-rb"] = _Transfer(r.model, t.previous_version, data, info)
+            envelope = self._command(r, True, f"{r.id}-rollback", t.previous_version, f"{r.id}-rb", info)
+            self._publish(Topics.cmd(t.device_id), envelope)
+            self.db.set_target(r.id, t.device_id, TargetStatus.REVERTING, reason)

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+from edgesdk.fleet_protocol import (
+    RolloutPolicy,
+    RolloutRecord,
+    RolloutState,
+    TargetStatus,
+    iso_time,
+    parse_duration,
+    parse_percent,
+)
+
+if TYPE_CHECKING:
+    from edgesdk.admin_client import AdminClient
 
 _server = click.option("--server", "server_url", envvar="EDGESDK_SERVER", default="http://127.0.0.1:8080",
                        show_default=True, help="Admin API URL (env EDGESDK_SERVER).")
@@ -18,12 +32,9 @@ _token_file = click.option("--token-file", envvar="EDGESDK_TOKEN_FILE", type=cli
 _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 _WAIT_OUTCOME = ("Wait up to this many seconds, showing progress; exit 0 only if every device updated "
                  "(17: aborted or failed, 18: still running).")
-#: Per-device statuses shown in progress lines, in the order a device passes through them.
-_PROGRESS = ("pending", "sent", "downloading", "installing", "committed", "failed", "rolled_back", "rejected", "timeout",
-             "reverting", "reverted", "revert_failed")
 
 
-def admin_client(server_url: str, token: str | None, token_file: str | None) -> Any:
+def admin_client(server_url: str, token: str | None, token_file: str | None) -> AdminClient:
     """The admin API client for --server and --token/--token-file (shared by the fleet commands and convert)."""
     from edgesdk.admin_client import AdminClient
 
@@ -33,72 +44,71 @@ def admin_client(server_url: str, token: str | None, token_file: str | None) -> 
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns under ``header``."""
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in (header, *rows))
 
 
-def _counts(r: dict[str, Any]) -> str:
-    counts: dict[str, int] = {}
-    for t in r["targets"]:
-        counts[t["status"]] = counts.get(t["status"], 0) + 1
-    return ", ".join(f"{k} {counts[k]}" for k in sorted(counts, key=lambda k: (_PROGRESS + (k,)).index(k)))
+def _counts(r: RolloutRecord) -> str:
+    """``committed 3, failed 1``: how many targets are in each status, in the order a device passes through them."""
+    counts: dict[TargetStatus, int] = {}
+    for t in r.targets:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    return ", ".join(f"{status} {counts[status]}" for status in TargetStatus if status in counts)
 
 
-def _stages(r: dict[str, Any]) -> int:
-    return max((t["wave"] for t in r["targets"]), default=0) + 1
-
-
-def _print_rollout(r: dict[str, Any], as_json: bool) -> None:
+def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
+    """The rollout as the API's JSON, or as a summary line and a table of its devices by stage."""
     if as_json:
-        click.echo(json.dumps(r, indent=2))
+        click.echo(json.dumps(r.to_json(), indent=2))
         return
-    click.echo(f"rollout {r['id']}: {r['model']} {r['version']} -> group {r['group']}: {r['state']}"
-               f" (stage {r['wave'] + 1} of {_stages(r)})")
-    if r["reason"]:
-        click.echo(f"  reason: {r['reason']}")
+    click.echo(f"rollout {r.id}: {r.model} {r.version} -> group {r.group}: {r.state}"
+               f" (stage {r.stage + 1} of {r.stage_count})")
+    if r.reason:
+        click.echo(f"  reason: {r.reason}")
     click.echo(f"  devices: {_counts(r)}")
     click.echo(_table(("device", "stage", "status", "from", "reason"),
-                      [(t["device_id"], str(t["wave"] + 1), t["status"], t["previous_version"] or "none",
-                        t["reason"] or "") for t in r["targets"]]))
+                      [(t.device_id, str(t.stage + 1), t.status, t.previous_version or "none", t.reason or "")
+                       for t in r.targets]))
 
 
-def _outcome(r: dict[str, Any]) -> None:
+def _outcome(r: RolloutRecord) -> None:
     """Raise unless the rollout completed with every device updated (the exit code scripts rely on)."""
     from edgesdk.errors import RolloutError, RolloutTimeoutError
 
-    if r["state"] == "running":
-        raise RolloutTimeoutError(f"rollout {r['id']} is still running (stage {r['wave'] + 1} of {_stages(r)}: "
-                                  f"{_counts(r)}); follow it with `edgesdk rollout status {r['id']} --follow`")
-    failed = [t for t in r["targets"] if t["status"] not in ("committed", "reverted")]
-    if r["state"] != "completed" or failed:
-        raise RolloutError(f"rollout {r['id']} {r['state']}: {r['reason'] or _counts(r)}")
+    if r.state == RolloutState.RUNNING:
+        raise RolloutTimeoutError(f"rollout {r.id} is still running (stage {r.stage + 1} of {r.stage_count}: "
+                                  f"{_counts(r)}); follow it with `edgesdk rollout status {r.id} --follow`")
+    failed = [t for t in r.targets if t.status not in (TargetStatus.COMMITTED, TargetStatus.REVERTED)]
+    if r.state != RolloutState.COMPLETED or failed:
+        raise RolloutError(f"rollout {r.id} {r.state}: {r.reason or _counts(r)}")
 
 
-def _reverts_outcome(r: dict[str, Any]) -> None:
+def _reverts_outcome(r: RolloutRecord) -> None:
     """After an abort: raise while devices are still being reverted, or when a revert failed."""
     from edgesdk.errors import RolloutError, RolloutTimeoutError
 
     counts = _counts(r)
-    if any(t["status"] == "reverting" for t in r["targets"]):
-        raise RolloutTimeoutError(f"rollout {r['id']} aborted, devices still reverting ({counts}); follow it with "
-                                  f"`edgesdk rollout status {r['id']}`")
-    if any(t["status"] == "revert_failed" for t in r["targets"]):
-        raise RolloutError(f"rollout {r['id']} aborted and some devices could not be reverted ({counts}); "
-                           f"roll them back with `edgesdk rollout rollback {r['id']} --to VERSION`")
+    if any(t.status == TargetStatus.REVERTING for t in r.targets):
+        raise RolloutTimeoutError(f"rollout {r.id} aborted, devices still reverting ({counts}); follow it with "
+                                  f"`edgesdk rollout status {r.id}`")
+    if any(t.status == TargetStatus.REVERT_FAILED for t in r.targets):
+        raise RolloutError(f"rollout {r.id} aborted and some devices could not be reverted ({counts}); "
+                           f"roll them back with `edgesdk rollout rollback {r.id} --to VERSION`")
 
 
-def _settled(r: dict[str, Any]) -> bool:
+def _settled(r: RolloutRecord) -> bool:
     """A rollout is over when it left ``running`` and no device is still being reverted."""
-    return r["state"] != "running" and not any(t["status"] == "reverting" for t in r["targets"])
+    return r.state != RolloutState.RUNNING and not any(t.status == TargetStatus.REVERTING for t in r.targets)
 
 
-def _follow(client: Any, rollout_id: str, timeout: float | None) -> dict[str, Any]:
+def _follow(client: AdminClient, rollout_id: str, timeout: float | None) -> RolloutRecord:
     """Poll until the rollout is over (or ``timeout`` s pass), printing progress lines to stderr when they change."""
     started = time.monotonic()
     last = ""
     while True:
         r = client.rollout(rollout_id)
-        line = f"{r['state']} stage {max(r['wave'], 0) + 1} of {_stages(r)}: {_counts(r)}"
+        line = f"{r.state} stage {max(r.stage, 0) + 1} of {r.stage_count}: {_counts(r)}"
         if line != last:
             click.echo(f"[{time.monotonic() - started:6.1f}s] {line}", err=True)
             last = line
@@ -107,7 +117,7 @@ def _follow(client: Any, rollout_id: str, timeout: float | None) -> dict[str, An
         time.sleep(0.5)
 
 
-def _finish(client: Any, rollout_id: str, timeout: float | None, as_json: bool, aborted_on_purpose: bool = False) -> None:
+def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json: bool, aborted_on_purpose: bool = False) -> None:
     """Follow a rollout, print its final state (JSON on stdout with ``as_json``), then raise unless it succeeded."""
     r = _follow(client, rollout_id, timeout)
     _print_rollout(r, as_json)
@@ -122,8 +132,8 @@ def _finish(client: Any, rollout_id: str, timeout: float | None, as_json: bool, 
 @click.option("--group", required=True)
 @click.option("--canary", default="10%", show_default=True, help="First stage, as a share of the group.")
 @click.option("--waves", default=None,
-              help="Later stages: increasing cumulative percentages ending at 100 [default: 50,100, or those of "
-                   "them above --canary].")
+              help="The later stages after the canary: increasing cumulative percentages ending at 100 "
+                   "[default: 50,100, or those of them above --canary].")
 @click.option("--health-window", default="60s", show_default=True, help="Wait after each stage before the next.")
 @click.option("--max-failure-rate", default="5%", show_default=True, help="Abort and roll back above this.")
 @click.option("--deploy-timeout", default="300s", show_default=True, help="A silent device counts as failed after it.")
@@ -139,7 +149,6 @@ def push(bundle: str, group: str, canary: str, waves: str | None, health_window:
     """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to GROUP."""
     from edgesdk.bundle import read_bundle
     from edgesdk.ota import pack_bundle
-    from edgesdk.ota_server.rollout import RolloutPolicy, parse_duration, parse_percent
 
     first = parse_percent(canary)
     stages = tuple(parse_percent(w) for w in waves.split(",")) if waves else tuple(w for w in (0.5, 1.0) if w > first)
@@ -151,7 +160,7 @@ def push(bundle: str, group: str, canary: str, waves: str | None, health_window:
     client = admin_client(server_url, token, token_file)
     stored = client.upload(pack_bundle(bundle))["stored"]
     click.echo(f"{'uploaded' if stored else 'already stored:'} {manifest.name} {manifest.version}", err=True)
-    rollout_id = client.start_rollout(manifest.name, manifest.version, group, policy.to_dict())
+    rollout_id = client.start_rollout(manifest.name, manifest.version, group, policy)
     if wait_s is None:
         click.echo(json.dumps({"id": rollout_id}) if as_json else f"started rollout {rollout_id}")
         return
@@ -185,17 +194,19 @@ def status(rollout_id: str | None, follow: bool, server_url: str, token: str | N
         raise click.UsageError("--follow needs a rollout ID")
     rows = client.rollouts()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
         return
     if not rows:
         click.echo("no rollouts yet")
         return
     click.echo(_table(("rollout", "model", "version", "group", "state", "started", "reason"),
-                      [(r["id"], r["model"], r["version"], r["group"], r["state"], r["created"], r["reason"] or "")
+                      [(r.id, r.model, r.version, r.group, r.state, iso_time(r.created), r.reason or "")
                        for r in rows]))
 
 
-def _action(verb: str, wait_help: str) -> Any:
+def _action(verb: str, wait_help: str) -> Callable[..., None]:
+    """The command body of ``rollout promote|abort|rollback`` (click decorators are applied by the caller)."""
+
     @click.argument("rollout_id")
     @_server
     @_token
@@ -205,7 +216,7 @@ def _action(verb: str, wait_help: str) -> Any:
     def command(rollout_id: str, server_url: str, token: str | None, token_file: str | None, wait_s: float | None,
                 as_json: bool, to: str | None = None) -> None:
         client = admin_client(server_url, token, token_file)
-        target = client.act(rollout_id, verb, to)["id"]
+        target = client.act(rollout_id, verb, to)
         if as_json and wait_s is None:
             click.echo(json.dumps({"id": target}))
             return
@@ -235,11 +246,11 @@ def devices(group: str | None, server_url: str, token: str | None, token_file: s
     """List devices with their status and installed version."""
     rows = admin_client(server_url, token, token_file).devices(group)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([d.to_json() for d in rows], indent=2))
         return
     if not rows:
         click.echo("no devices" + (f" in group {group}" if group else "") + " have reported yet")
         return
     click.echo(_table(("device", "group", "status", "model", "version", "last seen"),
-                      [(d["id"], d["group"], d["status"], d["model"] or "none", d["version"] or "none", d["last_seen"])
+                      [(d.id, d.group, d.status, d.model or "none", d.version or "none", iso_time(d.last_seen))
                        for d in rows]))

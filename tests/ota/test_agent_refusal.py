@@ -17,10 +17,10 @@ import pytest
 
 from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
 from edgesdk.errors import BrokerError
+from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import Topics, pack_bundle
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
 from edgesdk.ota_server.mosquitto import MosquittoConfig, write_mosquitto_config
-from edgesdk.ota_server.rollout import RolloutPolicy
 from tests.ota.conftest import wait_for
 
 EDGESDK = str(Path(sys.executable).parent / "edgesdk")
@@ -137,12 +137,12 @@ def test_the_cli_agent_logs_each_install_rollback_and_refusal(secured, tmp_path,
     with open(log_path, "w") as log:
         process = _agent_cli(broker, "cam01", config.credentials["cam01"], keys, tmp_path / "cam01", stderr=log)
     try:
-        wait_for(lambda: (server.db.device("cam01") or {}).get("status") == "online", what="agent online")
+        wait_for(lambda: getattr(server.db.device("cam01"), "status", None) == "online", what="agent online")
         for version in ("1.0.0", "3.0.0-bad"):
             server.upload(pack_bundle(bundles[version]))
             rollout = server.start_rollout("digits", version.split("-")[0], "cams",
                                            RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
-            wait_for(lambda r=rollout: server.status(r)["state"] != "running", timeout=60, what=f"rollout {version}")
+            wait_for(lambda r=rollout: server.status(r).state != "running", timeout=60, what=f"rollout {version}")
         server.transport.publish(Topics.cmd("cam01"), b"not a command")
         wait_for(lambda: "cam01: rejected" in log_path.read_text(), what="the refusal in the agent's log")
     finally:

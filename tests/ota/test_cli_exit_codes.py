@@ -56,12 +56,12 @@ def test_an_aborted_rollout_exits_17_with_its_final_state_and_an_operator_abort_
     started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "50%", "--waves", "100",
                               "--health-window", "0s", "--manual", "--json", *auth))["id"]
     wait_for(lambda: [t["status"] for t in json.loads(_cli("rollout", "status", started, "--json", *auth))["targets"]
-                      if t["wave"] == 0] == ["committed"], what="the canary")
+                      if t["stage"] == 0] == ["committed"], what="the canary")
     aborted = CliRunner().invoke(cli, ["rollout", "abort", started, "--wait", "60", "--json", *auth])
     assert aborted.exit_code == 0, aborted.output
     final = json.loads(aborted.stdout)
     assert final["state"] == "aborted"
-    assert [t["status"] for t in final["targets"] if t["wave"] == 0] == ["reverted"]
+    assert [t["status"] for t in final["targets"] if t["stage"] == 0] == ["reverted"]
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
     again = CliRunner().invoke(cli, ["rollout", "promote", started, "--wait", "5", *auth])
     assert again.exit_code == ConflictError.exit_code and "is aborted, not running" in again.output

@@ -96,9 +96,9 @@ def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker
     def status() -> dict:
         return json.loads(_cli("rollout", "status", rollout_id, "--json", *auth))
 
-    wait_for(lambda: [t["status"] for t in status()["targets"] if t["wave"] == 0] == ["committed"], what="canary")
+    wait_for(lambda: [t["status"] for t in status()["targets"] if t["stage"] == 0] == ["committed"], what="canary")
     time.sleep(0.5)
-    assert status()["wave"] == 0, "a manual rollout promoted by itself"
+    assert status()["stage"] == 0, "a manual rollout promoted by itself"
     assert "promote" in _cli("rollout", "promote", rollout_id, *auth)
     wait_for(lambda: status()["state"] == "completed", what="completion after promotion")
     assert all(a.current_version() == ("digits", "2.0.0") for a in agents)

@@ -17,8 +17,8 @@ from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.store import ModelStore
 from edgesdk.bundle import read_bundle
 from edgesdk.errors import BrokerError
+from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import Topics, pack_bundle, sign_command
-from edgesdk.ota_server.rollout import RolloutPolicy
 from edgesdk.ota_server.server import OTAServer
 from edgesdk.signing import generate_keypair, load_private_key
 from edgesdk.transport import MqttTransport
@@ -29,14 +29,14 @@ FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_
 
 def _rollout(server, version, group="cams", policy=FAST, timeout=60):
     rollout = server.start_rollout("digits", version, group, policy)
-    wait_for(lambda: server.status(rollout)["state"] != "running", timeout=timeout, what=f"rollout {version}")
+    wait_for(lambda: server.status(rollout).state != "running", timeout=timeout, what=f"rollout {version}")
     return server.status(rollout)
 
 
 def _setup(broker, make_server, make_agent, bundles, n=1, versions=("1.0.0",)):
     server = make_server(broker.url)
     agents = [make_agent(f"cam{i}", broker.url) for i in range(n)]
-    wait_for(lambda: len([d for d in server.db.devices("cams") if d["status"] == "online"]) == n, what="devices")
+    wait_for(lambda: len([d for d in server.db.devices("cams") if d.status == "online"]) == n, what="devices")
     for version in versions:
         server.upload(pack_bundle(bundles[version]))
     return server, agents
@@ -68,7 +68,7 @@ def test_agent_killed_mid_transfer_resumes_without_refetching_finished_chunks(tm
     server = make_server(broker.url, broadcast_wait_s=0.3)
     server.upload(pack_bundle(big_bundles["1.0.0"]))
     first = _agent_process(tmp_path, broker, keys, "cam0", failpoint="after_chunks:5")
-    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0")["status"] == "online", what="agent")
+    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
     rollout = server.start_rollout("digits", "1.0.0", "cams", FAST)
     try:
         assert first.wait(timeout=60) == 70, "the agent did not stop at its failpoint"
@@ -82,15 +82,15 @@ def test_agent_killed_mid_transfer_resumes_without_refetching_finished_chunks(tm
     server.resent.clear()
     second = _agent_process(tmp_path, broker, keys, "cam0")
     try:
-        wait_for(lambda: server.status(rollout)["state"] != "running", timeout=60, what="rollout")
-        assert server.status(rollout)["state"] == "completed"
+        wait_for(lambda: server.status(rollout).state != "running", timeout=60, what="rollout")
+        assert server.status(rollout).state == "completed"
         refetched = {i for (device, _), chunks in server.resent.items() if device == "cam0" for i in chunks}
         assert refetched, "the restarted agent fetched nothing (the test did not interrupt the transfer)"
         assert not refetched & had, f"chunks finished before the kill were fetched again: {sorted(refetched & had)}"
         store = ModelStore(tmp_path / "devices" / "cam0")
         assert store.pointer("current") == "digits-1.0.0"
-        accepted = [e for e in server.db.events(rollout) if e["type"] == "accepted"]
-        assert accepted[-1]["payload"]["resumed_chunks"] == len(had)
+        accepted = [e for e in server.db.events(rollout) if e.type == "accepted"]
+        assert accepted[-1].payload["resumed_chunks"] == len(had)
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=20)
@@ -122,10 +122,10 @@ def test_corrupted_chunk_is_rejected_and_fetched_again(broker, make_server, make
         wait_for(lambda: server.db.device("cam0"), what="device")
         server.upload(pack_bundle(bundles["1.0.0"]))
         r = _rollout(server, "1.0.0")
-        assert r["state"] == "completed" and server.corrupted == 1
+        assert r.state == "completed" and server.corrupted == 1
         committed = next(e for e in agent.events if e["event"] == "committed")
         assert committed["rejected_chunks"] == 1
-        assert 1 in server.resent[("cam0", f"{r['id']}-w0")]
+        assert 1 in server.resent[("cam0", f"{r.id}-w0")]
         assert agent.current_version() == ("digits", "1.0.0")
     finally:
         server.stop()
@@ -138,46 +138,46 @@ def test_broker_restarted_mid_rollout_and_the_rollout_completes(broker, make_ser
     server.upload(pack_bundle(big_bundles["1.0.0"]))
     policy = RolloutPolicy(canary=0.34, waves=(1.0,), health_window_s=1.0, max_failure_rate=0.0)
     rollout = server.start_rollout("digits", "1.0.0", "cams", policy)
-    wait_for(lambda: server.status(rollout)["wave"] >= 0, what="first stage sent")
+    wait_for(lambda: server.status(rollout).stage >= 0, what="first stage sent")
     broker.restart(down_s=1.0)
-    wait_for(lambda: server.status(rollout)["state"] != "running", timeout=90, what="rollout after restart")
+    wait_for(lambda: server.status(rollout).state != "running", timeout=90, what="rollout after restart")
     r = server.status(rollout)
-    assert r["state"] == "completed", r
+    assert r.state == "completed", r
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
     assert all(a.transport.connects >= 2 for a in agents), "agents did not reconnect"
 
 
 def test_forged_command_is_rejected_and_the_server_is_told_why(broker, make_server, make_agent, bundles, tmp_path):
     server, (agent,) = _setup(broker, make_server, make_agent, bundles)
-    assert _rollout(server, "1.0.0")["state"] == "completed"
+    assert _rollout(server, "1.0.0").state == "completed"
     generate_keypair(tmp_path / "attacker")
     forged = sign_command(load_private_key(tmp_path / "attacker" / "edgesdk.key"), type="rollback",
                           deployment_id="evil", transfer_id="evil", name="digits", version="0.0.1", group="cams",
                           rollback=True)
     server.transport.publish(Topics.cmd("cam0"), forged)
-    wait_for(lambda: any(e["type"] == "rejected" for e in server.db.events(device_id="cam0")), what="rejection")
-    rejection = next(e for e in server.db.events(device_id="cam0") if e["type"] == "rejected")
-    assert "signature does not verify" in rejection["payload"]["reason"]
+    wait_for(lambda: any(e.type == "rejected" for e in server.db.events(device_id="cam0")), what="rejection")
+    rejection = next(e for e in server.db.events(device_id="cam0") if e.type == "rejected")
+    assert "signature does not verify" in rejection.payload["reason"]
     assert agent.current_version() == ("digits", "1.0.0")
 
 
 class TamperingServer(OTAServer):
     """A compromised repository copy: the model inside the archive changed, the chunk hashes re-signed to match."""
 
-    def _send_wave(self, r, wave):
+    def _send_stage(self, r, stage):
         import io
         import tarfile
 
         from edgesdk.ota import ArchiveInfo
 
-        data, info = self.repo.archive(r["model"], r["version"])
+        data, info = self.repo.archive(r.model, r.version)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             start = tar.getmember("model.onnx").offset_data
         at = start + 200  # inside the weights
         tampered = data[:at] + bytes([data[at] ^ 0x55]) + data[at + 1:]
 
-        self.repo._archives[(r["model"], r["version"])] = (tampered, ArchiveInfo.of(tampered, info.chunk_size))
-        super()._send_wave(r, wave)
+        self.repo._archives[(r.model, r.version)] = (tampered, ArchiveInfo.of(tampered, info.chunk_size))
+        super()._send_stage(r, stage)
 
 
 def test_tampered_model_is_rejected_device_stays_on_old_version(broker, make_agent, bundles, tmp_path, keys):
@@ -192,16 +192,16 @@ def test_tampered_model_is_rejected_device_stays_on_old_version(broker, make_age
     wait_for(lambda: honest.db.device("cam0"), what="device")
     honest.upload(pack_bundle(bundles["1.0.0"]))
     honest.upload(pack_bundle(bundles["2.0.0"]))
-    assert _rollout(honest, "1.0.0")["state"] == "completed"
+    assert _rollout(honest, "1.0.0").state == "completed"
     honest.stop()
     evil = TamperingServer(ServerConfig(broker.url, tick_s=0.05, broadcast_wait_s=0.3),
                            ModelRepository(tmp_path / "repo", signer_key=keys["converter_pub"]),
                            FleetDB(tmp_path / "db"), keys["server"]).start()
     try:
         r = _rollout(evil, "2.0.0")
-        assert r["state"] == "aborted"
-        (target,) = r["targets"]
-        assert target["status"] == "failed" and "does not match the manifest" in target["reason"]
+        assert r.state == "aborted"
+        (target,) = r.targets
+        assert target.status == "failed" and "does not match the manifest" in target.reason
         assert agent.current_version() == ("digits", "1.0.0")
     finally:
         evil.stop()
@@ -209,11 +209,11 @@ def test_tampered_model_is_rejected_device_stays_on_old_version(broker, make_age
 
 def test_bundle_changed_on_server_disk_is_refused_by_the_server(broker, make_server, make_agent, bundles):
     server, (agent,) = _setup(broker, make_server, make_agent, bundles, versions=("1.0.0", "2.0.0"))
-    assert _rollout(server, "1.0.0")["state"] == "completed"
+    assert _rollout(server, "1.0.0").state == "completed"
     model = server.repo.path("digits", "2.0.0") / "model.onnx"
     model.write_bytes(model.read_bytes()[:-4] + b"XXXX")
     r = _rollout(server, "2.0.0")
-    assert r["state"] == "aborted" and "does not match the manifest" in r["reason"]
+    assert r.state == "aborted" and "does not match the manifest" in r.reason
     assert agent.current_version() == ("digits", "1.0.0")
 
 
@@ -224,8 +224,8 @@ def test_replayed_old_command_is_refused(broker, make_server, make_agent, bundle
     spy.subscribe(Topics.cmd("cam0"), lambda topic, payload: captured.append(payload))
     try:
         wait_for(lambda: spy.connected, what="spy")
-        assert _rollout(server, "1.0.0")["state"] == "completed"
-        assert _rollout(server, "2.0.0")["state"] == "completed"
+        assert _rollout(server, "1.0.0").state == "completed"
+        assert _rollout(server, "2.0.0").state == "completed"
         old = captured[0]
         spy.publish(Topics.cmd("cam0"), old)
         wait_for(lambda: any("replayed" in (e.get("reason") or "") for e in agent.events), what="replay refusal")
@@ -236,7 +236,7 @@ def test_replayed_old_command_is_refused(broker, make_server, make_agent, bundle
 
 def test_downgrade_without_the_rollback_flag_is_refused(broker, make_server, make_agent, bundles, keys):
     server, (agent,) = _setup(broker, make_server, make_agent, bundles, versions=("1.0.0", "2.0.0"))
-    assert _rollout(server, "2.0.0")["state"] == "completed"
+    assert _rollout(server, "2.0.0").state == "completed"
     _, info = server.repo.archive("digits", "1.0.0")
     downgrade = sign_command(keys["server"], type="deploy", deployment_id="d-old", transfer_id="t-old", name="digits",
                              version="1.0.0", group="cams", rollback=False, archive=info)
@@ -247,14 +247,14 @@ def test_downgrade_without_the_rollback_flag_is_refused(broker, make_server, mak
 
 def test_rollback_to_a_version_in_the_store_needs_no_download(broker, make_server, make_agent, bundles):
     server, agents = _setup(broker, make_server, make_agent, bundles, n=2, versions=("1.0.0", "2.0.0"))
-    assert _rollout(server, "1.0.0")["state"] == "completed"
+    assert _rollout(server, "1.0.0").state == "completed"
     v2 = _rollout(server, "2.0.0")
-    assert v2["state"] == "completed"
-    wait_for(lambda: all("digits-1.0.0" in d["slots"] for d in server.db.devices("cams")), what="slots reported")
+    assert v2.state == "completed"
+    wait_for(lambda: all("digits-1.0.0" in d.slots for d in server.db.devices("cams")), what="slots reported")
     before = server.bytes_published
-    back = server.rollback(v2["id"])
-    wait_for(lambda: server.status(back)["state"] != "running", what="rollback")
-    assert server.status(back)["state"] == "completed"
+    back = server.rollback(v2.id)
+    wait_for(lambda: server.status(back).state != "running", what="rollback")
+    assert server.status(back).state == "completed"
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
     assert server.bytes_published - before < 10_000, "the rollback downloaded the bundle again"
 
@@ -265,11 +265,11 @@ def test_agent_killed_between_write_and_switch_restarts_consistent(tmp_path, bro
         server.upload(pack_bundle(bundles[version]))
     first = _agent_process(tmp_path, broker, keys, "cam0")
     wait_for(lambda: server.db.device("cam0"), what="agent")
-    assert _rollout(server, "1.0.0")["state"] == "completed"
+    assert _rollout(server, "1.0.0").state == "completed"
     first.send_signal(signal.SIGTERM)
     first.wait(timeout=20)
     crashing = _agent_process(tmp_path, broker, keys, "cam0", failpoint="before_switch")
-    wait_for(lambda: server.db.device("cam0")["status"] == "online", what="agent back")
+    wait_for(lambda: server.db.device("cam0").status == "online", what="agent back")
     rollout = server.start_rollout("digits", "2.0.0", "cams", FAST)
     assert crashing.wait(timeout=60) == 70
     store = ModelStore(tmp_path / "devices" / "cam0")
@@ -280,8 +280,8 @@ def test_agent_killed_between_write_and_switch_restarts_consistent(tmp_path, bro
     store.verify_slot("digits-2.0.0")
     restarted = _agent_process(tmp_path, broker, keys, "cam0")
     try:
-        wait_for(lambda: server.status(rollout)["state"] != "running", timeout=60, what="rollout")
-        assert server.status(rollout)["state"] == "completed"
+        wait_for(lambda: server.status(rollout).state != "running", timeout=60, what="rollout")
+        assert server.status(rollout).state == "completed"
         assert store.pointer("current") == "digits-2.0.0" and store.load_state().pending is None
     finally:
         restarted.send_signal(signal.SIGTERM)
@@ -290,13 +290,13 @@ def test_agent_killed_between_write_and_switch_restarts_consistent(tmp_path, bro
 
 def test_failed_health_check_rolls_the_device_back_and_aborts_the_canary(broker, make_server, make_agent, bundles):
     server, agents = _setup(broker, make_server, make_agent, bundles, n=4, versions=("1.0.0", "3.0.0-bad"))
-    assert _rollout(server, "1.0.0")["state"] == "completed"
+    assert _rollout(server, "1.0.0").state == "completed"
     r = _rollout(server, "3.0.0", policy=RolloutPolicy(canary=0.25, waves=(1.0,), health_window_s=0.5,
                                                        max_failure_rate=0.05))
-    assert r["state"] == "aborted" and "1/1 devices failed" in r["reason"]
-    (canary,) = [t for t in r["targets"] if t["wave"] == 0]
-    assert canary["status"] == "rolled_back" and "health check" in canary["reason"]
-    assert all(t["status"] == "pending" for t in r["targets"] if t["wave"] == 1), "the rollout went past the canary"
+    assert r.state == "aborted" and "1/1 devices failed" in r.reason
+    (canary,) = [t for t in r.targets if t.stage == 0]
+    assert canary.status == "rolled_back" and "health check" in canary.reason
+    assert all(t.status == "pending" for t in r.targets if t.stage == 1), "the rollout went past the canary"
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
 
 
@@ -342,7 +342,7 @@ def test_hot_swap_under_load_fails_no_request(broker, make_server, make_agent, b
     wait_for(lambda: server.db.device("cam0"), what="device")
     for version in ("1.0.0", "2.0.0"):
         server.upload(pack_bundle(bundles[version]))
-    assert _rollout(server, "1.0.0")["state"] == "completed"
+    assert _rollout(server, "1.0.0").state == "completed"
     x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
     v1_out = runtime.predict(x)
     failures, outputs, stop = [], [], threading.Event()
@@ -358,7 +358,7 @@ def test_hot_swap_under_load_fails_no_request(broker, make_server, make_agent, b
     for w in workers:
         w.start()
     try:
-        assert _rollout(server, "2.0.0")["state"] == "completed"
+        assert _rollout(server, "2.0.0").state == "completed"
     finally:
         stop.set()
         for w in workers:

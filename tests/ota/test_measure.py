@@ -17,12 +17,12 @@ from edgesdk.admin_client import AdminClient
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.converters.remote import measure_on_device
 from edgesdk.errors import TransferError
+from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import ArchiveInfo, Topics, pack_bundle, pack_measurement, parse_result, sign_measure_command
 from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.http_api import HttpServer, create_app
 from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.ota_server.rollout import RolloutPolicy
 from edgesdk.ota_server.server import OTAServer, ServerConfig
 from edgesdk.testing import random_mlp, write_mlp_onnx
 from edgesdk.transport import MqttTransport
@@ -48,7 +48,7 @@ def candidate(tmp_path_factory) -> tuple[Path, np.ndarray]:
 
 
 def _online(server, device):
-    wait_for(lambda: (server.db.device(device) or {}).get("status") == "online", what=f"{device} online")
+    wait_for(lambda: getattr(server.db.device(device), "status", None) == "online", what=f"{device} online")
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -80,7 +80,7 @@ def test_measured_on_the_board_without_touching_the_serving_model(admin, broker,
     server.upload(pack_bundle(bundles["1.0.0"]))
     rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,),
                                                                             health_window_s=0))
-    wait_for(lambda: server.status(rollout)["state"] != "running", timeout=60, what="the first install")
+    wait_for(lambda: server.status(rollout).state != "running", timeout=60, what="the first install")
     assert board.current_version() == ("digits", "1.0.0")
     serving, swaps, before = managed.bundle, managed.swaps, _tree(board.store.root)
     x_serving = np.ones((1, 64), np.float32)
@@ -106,7 +106,7 @@ def test_measured_on_the_board_without_touching_the_serving_model(admin, broker,
     assert list(board.store.scratch.iterdir()) == []
     # The archive went to that one device only.
     assert other.bytes_received == chunks_elsewhere
-    logged = [e["type"] for e in server.db.events(device_id="rk1") if e["type"].startswith("measurement_")]
+    logged = [e.type for e in server.db.events(device_id="rk1") if e.type.startswith("measurement_")]
     assert logged == ["measurement_requested", "measurement_done"]
 
 
@@ -180,7 +180,7 @@ def test_unknown_or_offline_device_fails_fast(admin, broker, make_agent, candida
     board = make_agent("rk1", broker.url, profile="rk3588")
     _online(server, "rk1")
     board.stop()
-    wait_for(lambda: server.db.device("rk1")["status"] == "offline", what="rk1 offline")
+    wait_for(lambda: server.db.device("rk1").status == "offline", what="rk1 offline")
     with pytest.raises(TransferError, match="device 'rk1' is offline; start its agent"):
         measure_on_device(client, "rk1", model, {"input": x}, "latency", timeout_s=5)
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from edgesdk.admin_client import AdminClient
 from edgesdk.cli import cli
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, SignatureError
+from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import pack_bundle
-from edgesdk.ota_server.rollout import RolloutPolicy
 from edgesdk.ota_server.server import MAX_REPORT_BYTES
 from tests.ota.conftest import wait_for
 
@@ -99,7 +99,9 @@ def test_the_api_keeps_versions_immutable_and_answers_with_error_classes(api, bu
     with pytest.raises(NotFoundError, match="no measurement"):  # a server-side subclass maps by its status
         client.measurement("m-nope")
     with pytest.raises(EdgeSDKError, match="must increase and end at 100%"):
-        client.start_rollout("digits", "1.0.0", "cams", {"canary": 0.1, "waves": [1.0, 0.5]})
+        # Raw JSON: the typed client cannot build this policy, the API must refuse it too.
+        client._json("POST", "/api/rollouts", {"name": "digits", "version": "1.0.0", "group": "cams",
+                                               "policy": {"canary": 0.1, "waves": [1.0, 0.5]}})
     assert server.db.rollouts() == []
 
 
@@ -126,17 +128,17 @@ def test_devices_at_the_version_are_not_targeted_and_transitions_are_logged(brok
     now = RolloutPolicy(canary=1.0, waves=(), health_window_s=0)
     with caplog.at_level(logging.INFO, logger="edgesdk.ota_server.server"):
         done = server.start_rollout("digits", "1.0.0", "cams", now)
-        wait_for(lambda: server.status(done)["state"] == "completed", what="first rollout")
+        wait_for(lambda: server.status(done).state == "completed", what="first rollout")
         with pytest.raises(ConflictError, match="already installed on all 1 online devices of group 'cams'"):
             server.start_rollout("digits", "1.0.0", "cams", now)
         make_agent("cam1", broker.url)
         wait_for(lambda: len(server.db.devices("cams")) == 2, what="cam1 registered")
         second = server.start_rollout("digits", "1.0.0", "cams", now)
-        assert [t["device_id"] for t in server.status(second)["targets"]] == ["cam1"]
-        wait_for(lambda: server.status(second)["state"] == "completed", what="cam1 updated")
+        assert [t.device_id for t in server.status(second).targets] == ["cam1"]
+        wait_for(lambda: server.status(second).state == "completed", what="cam1 updated")
         bad = server.start_rollout("digits", "3.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,),
                                                                              health_window_s=0, auto_promote=False))
-        wait_for(lambda: server.status(bad)["state"] == "aborted", what="the bad canary to abort")
+        wait_for(lambda: server.status(bad).state == "aborted", what="the bad canary to abort")
     assert first.current_version() == ("digits", "1.0.0")
     said = [r.getMessage() for r in caplog.records]
     for rollout_id in (done, second, bad):
@@ -154,9 +156,9 @@ def test_promote_is_logged(broker, make_server, make_agent, bundles, caplog):
     policy = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0, auto_promote=False)
     with caplog.at_level(logging.INFO, logger="edgesdk.ota_server.server"):
         rollout_id = server.start_rollout("digits", "1.0.0", "cams", policy)
-        wait_for(lambda: server.status(rollout_id)["targets"][0]["status"] == "committed", what="the canary")
+        wait_for(lambda: server.status(rollout_id).targets[0].status == "committed", what="the canary")
         server.promote(rollout_id)
-        wait_for(lambda: server.status(rollout_id)["state"] == "completed", what="completion")
+        wait_for(lambda: server.status(rollout_id).state == "completed", what="completion")
     said = [r.getMessage() for r in caplog.records]
     assert any(f"rollout {rollout_id} promoted by operator to stage 2" in m for m in said), said
     assert any(f"rollout {rollout_id}: stage 2 sent" in m for m in said), said

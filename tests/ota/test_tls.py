@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from edgesdk.errors import TransferError
+from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import pack_bundle
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
-from edgesdk.ota_server.rollout import RolloutPolicy
 from edgesdk.transport import MqttTransport
 from tests.ota.conftest import wait_for
 
@@ -60,8 +60,8 @@ def test_rollout_over_tls(tls_broker, make_server, make_agent, bundles):
     server.upload(pack_bundle(bundles["1.0.0"]))
     rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,),
                                                                              health_window_s=0))
-    wait_for(lambda: server.status(rollout)["state"] != "running", what="rollout")
-    assert server.status(rollout)["state"] == "completed" and agent.current_version() == ("digits", "1.0.0")
+    wait_for(lambda: server.status(rollout).state != "running", what="rollout")
+    assert server.status(rollout).state == "completed" and agent.current_version() == ("digits", "1.0.0")
 
 
 # paho-mqtt leaves the socket of a failed TLS handshake for the garbage collector; not ours to close.

@@ -1,0 +1,336 @@
+"""The fleet vocabulary shared by the OTA server, its admin API, the admin client and the CLI.
+
+A rollout spreads one model version over a device group in **stages**: the canary first,
+then the later stages (``--canary 10% --waves 50,100`` gives three stages: 10%, 50%,
+100% of the group). Each device of a rollout is a *target* that belongs to one stage and
+moves through :class:`TargetStatus`; the rollout itself is in one :class:`RolloutState`.
+Devices report :class:`AgentEvent` names on their event topic.
+
+The enums are ``str`` enums: their values are what the database, the MQTT messages and
+the JSON API carry, unchanged. The records are frozen dataclasses; ``to_json`` gives the
+admin API's JSON (times as ISO 8601 UTC strings, a stage as a 0-based index, ``-1``
+before the first stage is sent) and ``from_json`` reads it back::
+
+    >>> RolloutPolicy(canary=parse_percent("10%"), waves=(0.5, 1.0)).stages
+    (0.1, 0.5, 1.0)
+
+This module is device-side (stdlib only): the operator CLI and the admin client depend on
+it, not on :mod:`edgesdk.ota_server`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+    class StrEnum(str, Enum):
+        """``str`` enum whose ``str()`` and format are the value (as :class:`enum.StrEnum` on 3.11+)."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return format(str(self.value), spec)
+
+__all__ = [
+    "TargetStatus",
+    "RolloutState",
+    "AgentEvent",
+    "RolloutPolicy",
+    "DeviceRecord",
+    "TargetRecord",
+    "RolloutSummary",
+    "RolloutRecord",
+    "parse_percent",
+    "parse_duration",
+    "iso_time",
+    "parse_time",
+]
+
+
+class TargetStatus(StrEnum):
+    """Where one device of a rollout is; members are in the order a device passes through them."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    DOWNLOADING = "downloading"
+    INSTALLING = "installing"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    REJECTED = "rejected"
+    TIMEOUT = "timeout"
+    #: After an abort: the device was told to go back to its previous version ...
+    REVERTING = "reverting"
+    #: ... and did, or could not.
+    REVERTED = "reverted"
+    REVERT_FAILED = "revert_failed"
+
+    @property
+    def terminal(self) -> bool:
+        """True once the device is done with the deployment (updated, failed, refused or silent too long)."""
+        return self in _TERMINAL
+
+    @property
+    def failed(self) -> bool:
+        """True for the terminal statuses that count against the rollout's failure rate."""
+        return self in _FAILED
+
+
+_FAILED = frozenset({TargetStatus.FAILED, TargetStatus.ROLLED_BACK, TargetStatus.REJECTED, TargetStatus.TIMEOUT})
+_TERMINAL = _FAILED | {TargetStatus.COMMITTED}
+
+
+class RolloutState(StrEnum):
+    """A rollout is ``running`` until it ``completed`` its last stage or was ``aborted``."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+
+
+class AgentEvent(StrEnum):
+    """The ``event`` field of a device's event messages (the agent sends these values)."""
+
+    ACCEPTED = "accepted"
+    PROGRESS = "progress"
+    DOWNLOADED = "downloaded"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    REJECTED = "rejected"
+
+
+def iso_time(seconds: float) -> str:
+    """Epoch seconds as the API shows them: ISO 8601 UTC to the second, e.g. ``2024-05-01T12:00:00Z``."""
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> float:
+    """An API time (:func:`iso_time`) back to epoch seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _iso_or_none(seconds: float | None) -> str | None:
+    return None if seconds is None else iso_time(seconds)
+
+
+def _time_or_none(text: str | None) -> float | None:
+    return None if text is None else parse_time(text)
+
+
+def parse_percent(text: str | float) -> float:
+    """``"10%"``, ``"10"`` or ``0.1`` -> 0.1 (a number above 1 is read as percent)."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+        return value if value <= 1 else value / 100
+    raw = text.strip().rstrip("%")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EdgeSDKError(f"{text!r} is not a percentage; write e.g. 10%") from None
+    return value / 100
+
+
+def parse_duration(text: str | float) -> float:
+    """``"60s"``, ``"2m"``, ``"250ms"``, ``"1h"`` or ``"1.5"`` -> seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    raw = text.strip().lower()
+    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for suffix in ("ms", "s", "m", "h"):
+        if raw.endswith(suffix):
+            raw, factor = raw[: -len(suffix)], scale[suffix]
+            break
+    else:
+        factor = 1.0
+    try:
+        return float(raw) * factor
+    except ValueError:
+        raise EdgeSDKError(f"{text!r} is not a duration; write e.g. 60s or 2m") from None
+
+
+@dataclass(frozen=True)
+class RolloutPolicy:
+    """How a version spreads over a group in stages, and when it stops.
+
+    Stages are cumulative fractions of the group: ``canary`` first, then ``waves``, the
+    later stages (the ``--waves`` option), which increase and end at 1.0.
+    """
+
+    canary: float = 0.1
+    #: The later stages after the canary, as increasing cumulative fractions ending at 1.0.
+    waves: tuple[float, ...] = (0.5, 1.0)
+    #: After a stage's devices all report, wait this long for late failures before the next stage.
+    health_window_s: float = 60.0
+    #: Abort (and roll the stage's devices back) when more than this fraction of targets failed.
+    max_failure_rate: float = 0.05
+    #: A device that has not reported this long after its command counts as failed.
+    deploy_timeout_s: float = 300.0
+    #: Promote to the next stage by itself once the health window passes (else wait for `promote`).
+    auto_promote: bool = True
+
+    def __post_init__(self) -> None:
+        fractions = (self.canary, *self.waves)
+        shown = ",".join(f"{f * 100:g}%" for f in fractions)
+        if not all(0 < f <= 1 for f in fractions):
+            raise EdgeSDKError(f"canary and waves must be percentages in (0, 100], got {shown}")
+        all_at_once = self.canary == 1.0 and self.waves in ((), (1.0,))
+        if not all_at_once and (any(b <= a for a, b in zip(fractions, fractions[1:])) or fractions[-1] != 1.0):
+            raise EdgeSDKError(f"stages canary,waves = {shown} must increase and end at 100%; "
+                               "write e.g. --canary 10% --waves 50,100")
+        if not 0 <= self.max_failure_rate < 1 or self.health_window_s < 0 or self.deploy_timeout_s <= 0:
+            raise EdgeSDKError("max failure rate must be in [0, 100%), health window >= 0 and timeout > 0")
+
+    @property
+    def stages(self) -> tuple[float, ...]:
+        """Every stage's cumulative fraction, the canary first (a repeated 1.0 counted once)."""
+        return tuple(dict.fromkeys((self.canary, *self.waves)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The policy as JSON (the API's ``policy`` object and the database column)."""
+        return {**asdict(self), "waves": list(self.waves)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutPolicy:
+        """A policy from :meth:`to_dict`'s JSON; missing fields take their defaults."""
+        return cls(**{**data, "waves": tuple(data.get("waves", (0.5, 1.0)))})
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """A device as it last reported its state (retained on its state topic)."""
+
+    id: str
+    group: str
+    #: ``online`` or ``offline`` (the agent's last will), as the device reported it.
+    status: str
+    model: str | None
+    version: str | None
+    #: Installed ``model-version`` slots on the device (kept from its last ``online`` report).
+    slots: tuple[str, ...]
+    last_seen: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON for a device."""
+        return {"id": self.id, "group": self.group, "status": self.status, "model": self.model,
+                "version": self.version, "slots": list(self.slots), "last_seen": iso_time(self.last_seen)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DeviceRecord:
+        """A device from :meth:`to_json`'s JSON."""
+        return cls(str(data["id"]), str(data["group"]), str(data["status"]), data.get("model"), data.get("version"),
+                   tuple(data.get("slots", ())), parse_time(data["last_seen"]))
+
+
+@dataclass(frozen=True)
+class TargetRecord:
+    """One device of a rollout: its stage, where it is, and the version it had before."""
+
+    rollout_id: str
+    device_id: str
+    #: 0-based index of the stage that sends to this device (0 is the canary).
+    stage: int
+    status: TargetStatus
+    reason: str | None
+    previous_version: str | None
+    #: When the command was sent, ``None`` before.
+    sent: float | None
+    updated: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON for a target (inside a rollout's ``targets``)."""
+        return {"rollout_id": self.rollout_id, "device_id": self.device_id, "stage": self.stage,
+                "status": self.status.value, "reason": self.reason, "previous_version": self.previous_version,
+                "sent": _iso_or_none(self.sent), "updated": iso_time(self.updated)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TargetRecord:
+        """A target from :meth:`to_json`'s JSON."""
+        return cls(str(data["rollout_id"]), str(data["device_id"]), int(data["stage"]), TargetStatus(data["status"]),
+                   data.get("reason"), data.get("previous_version"), _time_or_none(data.get("sent")),
+                   parse_time(data["updated"]))
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    """A rollout as the list of rollouts shows it (no policy, no targets)."""
+
+    id: str
+    model: str
+    version: str
+    group: str
+    state: RolloutState
+    #: 0-based index of the stage sent last; -1 before the first.
+    stage: int
+    reason: str | None
+    created: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON for one entry of ``GET /api/rollouts``."""
+        return {"id": self.id, "model": self.model, "version": self.version, "group": self.group,
+                "state": self.state.value, "stage": self.stage, "reason": self.reason,
+                "created": iso_time(self.created)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RolloutSummary:
+        """A summary from :meth:`to_json`'s JSON."""
+        return cls(str(data["id"]), str(data["model"]), str(data["version"]), str(data["group"]),
+                   RolloutState(data["state"]), int(data["stage"]), data.get("reason"), parse_time(data["created"]))
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A rollout with its policy and every target, as ``GET /api/rollouts/{id}`` shows it."""
+
+    id: str
+    model: str
+    version: str
+    group: str
+    policy: RolloutPolicy
+    state: RolloutState
+    #: 0-based index of the stage sent last; -1 before the first.
+    stage: int
+    #: When the current stage was sent, and when all its devices had reported (its health window starts).
+    stage_started: float | None
+    stage_settled: float | None
+    reason: str | None
+    created: float
+    updated: float
+    #: True for a rollout that sends a signed rollback (``rollout rollback``), which devices accept as a downgrade.
+    rollback: bool
+    targets: tuple[TargetRecord, ...] = field(default=())
+
+    @property
+    def stage_count(self) -> int:
+        """How many stages the rollout has (at least 1)."""
+        return max((t.stage for t in self.targets), default=0) + 1
+
+    def in_stage(self, stage: int) -> list[TargetRecord]:
+        """The targets that stage ``stage`` (0-based) sends to."""
+        return [t for t in self.targets if t.stage == stage]
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON for a rollout, targets included."""
+        return {"id": self.id, "model": self.model, "version": self.version, "group": self.group,
+                "policy": self.policy.to_dict(), "state": self.state.value, "stage": self.stage,
+                "stage_started": _iso_or_none(self.stage_started), "stage_settled": _iso_or_none(self.stage_settled),
+                "reason": self.reason, "created": iso_time(self.created), "updated": iso_time(self.updated),
+                "rollback": self.rollback, "targets": [t.to_json() for t in self.targets]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RolloutRecord:
+        """A rollout from :meth:`to_json`'s JSON."""
+        return cls(str(data["id"]), str(data["model"]), str(data["version"]), str(data["group"]),
+                   RolloutPolicy.from_dict(data["policy"]), RolloutState(data["state"]), int(data["stage"]),
+                   _time_or_none(data.get("stage_started")), _time_or_none(data.get("stage_settled")),
+                   data.get("reason"), parse_time(data["created"]), parse_time(data["updated"]),
+                   bool(data["rollback"]), tuple(TargetRecord.from_json(t) for t in data.get("targets", ())))
