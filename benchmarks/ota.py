@@ -33,11 +33,11 @@ from _common import emit, goal, log  # noqa: E402
 from edgesdk.agent.agent import AgentConfig, DeviceAgent  # noqa: E402
 from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
 from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model  # noqa: E402
+from edgesdk.fleet_protocol import RolloutPolicy  # noqa: E402
 from edgesdk.ota import ArchiveInfo, pack_bundle  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
 from edgesdk.ota_server.fleet import FleetDB  # noqa: E402
 from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
-from edgesdk.ota_server.rollout import RolloutPolicy  # noqa: E402
 from edgesdk.ota_server.server import OTAServer, ServerConfig  # noqa: E402
 from edgesdk.signing import generate_keypair, load_private_key, load_public_key  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
@@ -136,17 +136,17 @@ def main() -> None:
             before = server.bytes_published + sum(a.bytes_received + a.bytes_published for a in agents)
             started, wall_start = time.perf_counter(), time.time()
             rollout = server.start_rollout("bench", version, "fleet", ALL_AT_ONCE)
-            while server.status(rollout)["state"] == "running":
+            while server.status(rollout).state == "running":
                 time.sleep(0.05)
             fanout["edgesdk_total_s"].append(time.perf_counter() - started)
             # The agents' own clock (same host): the server's receive time also carries SQLite/disk queueing.
-            downloaded = [e["payload"]["time"] for e in server.db.events(rollout) if e["type"] == "downloaded"]
+            downloaded = [e.payload["time"] for e in server.db.events(rollout) if e.type == "downloaded"]
             assert len(downloaded) == n_agents, f"{len(downloaded)} of {n_agents} agents downloaded"
             fanout["edgesdk_s"].append(max(downloaded) - wall_start)
             fanout["edgesdk_bytes"].append(
                 server.bytes_published + sum(a.bytes_received + a.bytes_published for a in agents) - before)
             state = server.status(rollout)
-            assert state["state"] == "completed", state
+            assert state.state == "completed", state
         results["fanout"] = {
             "agents": n_agents, "archive_bytes": len(data), "chunks": len(info.chunks), "rounds": rounds,
             **{k: v for k, v in fanout.items()},
@@ -168,10 +168,10 @@ def main() -> None:
             version = f"{10 + r}.0.0"
             server.upload(pack_bundle(make_bundle(work / f"s{r}", version, size_mb, converter_key, seed=100 + r)))
             rollout = server.start_rollout("bench", version, "solo", ALL_AT_ONCE)
-            while server.status(rollout)["state"] == "running":
+            while server.status(rollout).state == "running":
                 time.sleep(0.05)
-            committed = next(e for e in server.db.events(rollout) if e["type"] == "committed")
-            apply_ms.append(committed["payload"]["apply_ms"])
+            committed = next(e for e in server.db.events(rollout) if e.type == "committed")
+            apply_ms.append(committed.payload["apply_ms"])
         solo.stop()
         results["apply_ms"] = {"samples": apply_ms, "median": statistics.median(apply_ms), "archive_mb": size_mb}
 
@@ -201,13 +201,13 @@ def main() -> None:
             server.upload(pack_bundle(make_bundle(work / f"h{r}", version, 1.0, converter_key, seed=200 + r)))
             rollout = server.start_rollout("bench", version, "hot", ALL_AT_ONCE)
             if r == 0:  # the first version installs before any traffic
-                while server.status(rollout)["state"] == "running":
+                while server.status(rollout).state == "running":
                     time.sleep(0.05)
                 threads = [threading.Thread(target=load) for _ in range(4)]
                 for t in threads:
                     t.start()
                 continue
-            while server.status(rollout)["state"] == "running":
+            while server.status(rollout).state == "running":
                 time.sleep(0.05)
         stop.set()
         for t in threads:
