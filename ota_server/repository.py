@@ -32,6 +32,8 @@ def _manifest_sha256(bundle_dir: Path) -> str:
 
 
 class ModelRepository:
+    """Signed bundles by model and version; a stored version never changes (other content is a ConflictError)."""
+
     def __init__(self, root: str | os.PathLike[str], keep_latest: int = 5, signer_key: Any = None,
                  allow_unsigned: bool = False, chunk_size: int = 256 * 1024) -> None:
         self.root = Path(root)
@@ -99,9 +101,11 @@ class ModelRepository:
                                 .replace(tmp, "the upload")) from None
 
     def models(self) -> list[str]:
+        """The model names with at least one stored version, sorted."""
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def versions(self, name: str) -> list[str]:
+        """The stored versions of model ``name``, lowest version first."""
         folder = self.root / safe_name(name, "model name")
         if not folder.is_dir():
             return []
@@ -109,12 +113,14 @@ class ModelRepository:
         return sorted(versions, key=parse_version)
 
     def path(self, name: str, version: str) -> Path:
+        """The bundle directory of ``name`` ``version``; NotFoundError if it is not stored."""
         path = self.root / safe_name(name, "model name") / version
         if not (path / "manifest.json").is_file():
             raise NotFoundError(f"{name} {version} is not in the repository; known versions: {self.versions(name)}")
         return path
 
     def manifest(self, name: str, version: str) -> Manifest:
+        """The manifest of a stored bundle."""
         return read_bundle(self.path(name, version)).manifest
 
     def archive(self, name: str, version: str) -> tuple[bytes, ArchiveInfo]:
@@ -133,10 +139,12 @@ class ModelRepository:
         return self.root / safe_name(name, "model name") / ".pins.json"
 
     def pins(self, name: str) -> set[str]:
+        """The pinned versions of model ``name`` (kept by :meth:`apply_policy` however old)."""
         path = self._pins_path(name)
         return set(json.loads(path.read_text())) if path.exists() else set()
 
     def pin(self, name: str, version: str, pinned: bool = True) -> None:
+        """Pin (or with ``pinned=False`` unpin) a stored version."""
         self.path(name, version)
         pins = self.pins(name)
         pins = pins | {version} if pinned else pins - {version}
