@@ -54,9 +54,13 @@ class CpuCore:
     """One logical CPU as the kernel describes it."""
 
     id: int
+    #: ``CPU part`` from /proc/cpuinfo, lower case (``0xd0b``); None on x86.
     part: str | None
+    #: Known name of the part (``cortex-a76``), ``arm-part-0x...`` when unknown, the model name on x86.
     microarchitecture: str
+    #: From cpufreq, else cpuinfo's ``cpu MHz``, else UNKNOWN_MHZ.
     max_mhz: int
+    #: ``cpu_capacity`` from sysfs (1024 = fastest); None where the kernel does not expose it.
     capacity: int | None
 
 
@@ -65,10 +69,14 @@ class Topology:
     """The live hardware, as read from /proc and /sys."""
 
     arch: str
+    #: /proc/device-tree/model, else cpuinfo's ``Model`` line; None when neither exists (x86).
     model: str | None
+    #: /proc/device-tree/compatible entries; empty without a device tree.
     compatible: tuple[str, ...]
     cpus: tuple[CpuCore, ...]
+    #: The cpus grouped by part, capacity and max frequency.
     clusters: tuple[CoreCluster, ...]
+    #: MemTotal in MiB; None when /proc/meminfo is unreadable.
     mem_total_mb: int | None
 
 
@@ -78,6 +86,7 @@ class Detection:
 
     topology: Topology
     profile: DeviceProfile
+    #: Which hint matched, or that a generic profile was built, for people to read.
     reason: str
 
 
@@ -146,7 +155,10 @@ def _group_clusters(cpus: list[CpuCore]) -> tuple[CoreCluster, ...]:
 
 
 def read_topology(root: str | os.PathLike[str] = "/") -> Topology:
-    """Read CPUs, clusters, memory and the device-tree model below ``root``."""
+    """Read CPUs, clusters, memory and the device-tree model below ``root``.
+
+    ``root`` may be a copy of a board's /proc and /sys; without a readable proc/cpuinfo it raises ProfileError.
+    """
     base = Path(root)
     cpuinfo = _read(base / "proc/cpuinfo")
     if cpuinfo is None:

@@ -26,6 +26,7 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file's data and metadata to disk (its directory entry needs :func:`fsync_dir`)."""
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 
@@ -49,7 +50,7 @@ def atomic_path(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[Pat
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> Path:
-    """Write ``data`` to ``path`` through :func:`atomic_path`."""
+    """Write ``data`` to ``path`` through :func:`atomic_path` and return ``path``."""
     with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data)
     return Path(path)

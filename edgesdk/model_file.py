@@ -18,6 +18,8 @@ _TFLITE_MAGIC = b"TFL3"
 
 
 class ModelFormat(str, enum.Enum):
+    """The model file formats edgesdk runs; the value is the file extension without the dot."""
+
     ONNX = "onnx"
     TFLITE = "tflite"
 
@@ -35,6 +37,7 @@ class ModelFile:
 
     @cached_property
     def sha256(self) -> str:
+        """Hex SHA-256 of :attr:`content`, computed on first use."""
         return hashlib.sha256(self.content).hexdigest()
 
 
@@ -43,7 +46,12 @@ def _looks_like_tflite(content: bytes) -> bool:
 
 
 def read_model(path: str | os.PathLike[str]) -> ModelFile:
-    """Read ``path`` and check its extension against its content."""
+    """Read ``path`` once and check its extension against its content.
+
+    An unknown extension, a missing or unreadable file, or content that is too short or of the
+    other format raises ModelFormatError. Only the TFLite identifier is checked; a corrupt
+    ONNX file is found by the backend.
+    """
     path = Path(path)
     fmt = _EXTENSIONS.get(path.suffix.lower())
     if fmt is None:

@@ -82,7 +82,11 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def check_id(value: str, what: str) -> str:
-    """Ids become topic levels and file names: no '/', '+', '#', or '..'."""
+    """Return ``value`` if it is a safe id (1-64 letters, digits, '.', '_', '-'), else raise TransferError.
+
+    Ids become topic levels and file names, so '/', '+', '#' and '..' are refused; ``what`` names
+    the id in the message.
+    """
     if not isinstance(value, str) or not _ID.match(value) or ".." in value:
         raise TransferError(f"{what} {value!r} must be 1-64 of letters, digits, '.', '_', '-'")
     return value
@@ -93,30 +97,37 @@ class Topics:
 
     @staticmethod
     def cmd(device: str) -> str:
+        """Where the server sends ``device`` its signed commands."""
         return f"{PREFIX}/devices/{device}/cmd"
 
     @staticmethod
     def state(device: str) -> str:
+        """Where ``device`` keeps its retained state (and its last will)."""
         return f"{PREFIX}/devices/{device}/state"
 
     @staticmethod
     def events(device: str) -> str:
+        """Where ``device`` reports a deployment's progress and result."""
         return f"{PREFIX}/devices/{device}/events"
 
     @staticmethod
     def need(device: str) -> str:
+        """Where ``device`` asks for the chunks it is missing."""
         return f"{PREFIX}/devices/{device}/need"
 
     @staticmethod
     def device_chunks(device: str, transfer: str) -> str:
+        """Prefix of chunks of ``transfer`` sent to ``device`` alone; chunk ``I`` goes to ``<prefix>/I``."""
         return f"{PREFIX}/devices/{device}/chunks/{transfer}"
 
     @staticmethod
     def group_chunks(group: str, transfer: str) -> str:
+        """Prefix of chunks of ``transfer`` sent once to every device of ``group``; chunk ``I`` goes to ``<prefix>/I``."""
         return f"{PREFIX}/groups/{group}/chunks/{transfer}"
 
     @staticmethod
     def measurements(device: str) -> str:
+        """Where ``device`` reports a measurement's progress and result."""
         return f"{PREFIX}/devices/{device}/measurements"
 
     ALL_STATES = f"{PREFIX}/devices/+/state"
@@ -126,6 +137,7 @@ class Topics:
 
     @staticmethod
     def device_of(topic: str) -> str:
+        """The device id in a ``P/devices/D/...`` topic (not checked; pass it to :func:`check_id`)."""
         return topic.split("/")[2]
 
 
@@ -133,17 +145,23 @@ class Topics:
 class ArchiveInfo:
     """The bundle archive a deployment transfers: its hash, size and chunk hashes."""
 
+    #: Hex SHA-256 of the whole archive.
     sha256: str
+    #: Archive size in bytes.
     size: int
+    #: Bytes per chunk; the last chunk may be shorter.
     chunk_size: int
+    #: Hex SHA-256 of each chunk, in order.
     chunks: tuple[str, ...]
 
     @classmethod
     def of(cls, data: bytes, chunk_size: int = DEFAULT_CHUNK_SIZE) -> ArchiveInfo:
+        """Hash ``data`` whole and in ``chunk_size``-byte chunks."""
         chunks = tuple(hashlib.sha256(data[i:i + chunk_size]).hexdigest() for i in range(0, len(data), chunk_size))
         return cls(hashlib.sha256(data).hexdigest(), len(data), chunk_size, chunks)
 
     def chunk_range(self, index: int) -> tuple[int, int]:
+        """Byte offsets ``(start, end)`` of chunk ``index`` in the archive, end exclusive (not bounds-checked)."""
         start = index * self.chunk_size
         return start, min(start + self.chunk_size, self.size)
 
@@ -152,19 +170,27 @@ class ArchiveInfo:
 class Command:
     """A verified deploy or rollback command from the server."""
 
-    type: str  # "deploy" or "rollback"
+    #: "deploy" or "rollback".
+    type: str
     deployment_id: str
     transfer_id: str
+    #: The bundle's model name.
     name: str
     version: str
+    #: The device group whose chunk topic the archive is broadcast on.
     group: str
+    #: True when the server goes back on purpose; only then may ``version`` be at or below the installed one.
     rollback: bool
+    #: Server time (Unix seconds) when the command was signed.
     issued_at: float
+    #: None for a "rollback" command, which points back to a slot the device already holds.
     archive: ArchiveInfo | None
-    raw: bytes  # the signed envelope, kept so an interrupted transfer can resume after a restart
+    #: The signed envelope, kept so an interrupted transfer can resume after a restart.
+    raw: bytes
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
+        """The version as integers, for ordering (``"1.10.0"`` -> ``(1, 10, 0)``)."""
         return parse_version(self.version)
 
 
@@ -174,17 +200,24 @@ class MeasureCommand:
 
     measurement_id: str
     transfer_id: str
+    #: Runtime mode to measure in: "latency", "balanced" or "power".
     mode: str
+    #: Number of timed single-sample predictions, 1..MAX_MEASURE_RUNS.
     runs: int
+    #: Server time (Unix seconds) when the command was signed.
     issued_at: float
     archive: ArchiveInfo
+    #: The signed envelope as received.
     raw: bytes
 
     type = "measure"
 
 
 def check_measure(mode: object, runs: object) -> None:
-    """A measure command's mode and run count, checked before signing and after parsing."""
+    """Raise TransferError unless ``mode`` is a runtime mode and ``runs`` an int in 1..MAX_MEASURE_RUNS.
+
+    Called before signing and after parsing, so neither side trusts the other.
+    """
     if mode not in _MODES:
         raise TransferError(f"measure mode {mode!r} is unknown; use one of {', '.join(_MODES)}")
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_MEASURE_RUNS:
@@ -239,7 +272,13 @@ def _parse_archive(a: Any, max_size: int) -> ArchiveInfo | None:
 
 def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool = False,
                   max_size: int = MAX_ARCHIVE_BYTES) -> Command | MeasureCommand:
-    """Verify (unless ``allow_unsigned``, a development flag) and check a command envelope."""
+    """Verify a command envelope's signature and fields and return the command it carries.
+
+    A bad or missing signature raises SignatureError (``public_key=None`` is refused unless
+    ``allow_unsigned``, a development flag); an unsafe model name or a version that is not dotted
+    integers raises BundleError; any other malformed field, a bad id or an archive over
+    ``max_size`` bytes raises TransferError.
+    """
     from edgesdk.signing import verify
 
     try:

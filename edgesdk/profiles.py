@@ -49,6 +49,7 @@ class RuntimeMode(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: str | RuntimeMode) -> RuntimeMode:
+        """The mode named ``value`` ("latency", "balanced", "power"); an unknown name raises ProfileError."""
         try:
             return cls(value)
         except ValueError:
@@ -57,6 +58,8 @@ class RuntimeMode(str, enum.Enum):
 
 
 class AcceleratorKind(str, enum.Enum):
+    """What kind of accelerator an :class:`Accelerator` is."""
+
     GPU = "gpu"
     NPU = "npu"
     DSP = "dsp"
@@ -67,7 +70,9 @@ class CoreCluster:
     """CPU cores of one microarchitecture and frequency domain."""
 
     name: str
+    #: Linux CPU ids of the cluster's cores.
     cores: tuple[int, ...]
+    #: E.g. ``cortex-a76``.
     microarchitecture: str
     max_mhz: int
     #: Relative compute capacity as Linux reports it in ``cpu_capacity`` (1024 = fastest core).
@@ -142,14 +147,17 @@ class DeviceProfile:
 
     name: str
     description: str
+    #: ``platform.machine()`` of the board, e.g. ``aarch64``.
     arch: str
     clusters: tuple[CoreCluster, ...]
+    #: Installed RAM in MiB.
     ram_mb: int
     #: Memory a model (weights + arena) may take on this board, in MiB.
     model_budget_mb: int
     power_modes: tuple[PowerMode, ...]
     accelerators: tuple[Accelerator, ...] = ()
     detect: DetectionHints = DetectionHints()
+    #: Where the profile's figures come from (datasheets, kernel sources, measurements), as free text.
     sources: tuple[str, ...] = ()
     #: Where the profile came from: a file path, or ``"detected"``.
     origin: str = "<memory>"
@@ -178,6 +186,7 @@ class DeviceProfile:
 
     @property
     def cores(self) -> tuple[int, ...]:
+        """Every core id of every cluster, sorted."""
         return tuple(sorted(core for c in self.clusters for core in c.cores))
 
     @property
@@ -186,6 +195,7 @@ class DeviceProfile:
         return len({c.capacity for c in self.clusters}) > 1
 
     def cluster(self, name: str) -> CoreCluster:
+        """The cluster called ``name``; an unknown name raises ProfileError listing the known ones."""
         for c in self.clusters:
             if c.name == name:
                 return c

@@ -33,20 +33,26 @@ class RuntimeInfo:
     model_format: str
     #: SHA-256 of the model bytes that were loaded (matches bench figures to converter variants).
     model_sha256: str
+    #: Name of the device profile in use.
     profile: str
+    #: The runtime mode the cores were chosen for ("latency", "balanced", "power").
     mode: str
+    #: The profile's power state serving that mode, or None when the profile declares none.
     power_mode: str | None
     backend: str
     backend_version: str
+    #: The ``accelerator`` argument as given ("auto", "cpu", a name or a kind).
     requested_accelerator: str
     #: Delegate / execution provider actually running the model.
     accelerator: str
     threads: int
+    #: CPU ids inference runs on.
     cores: tuple[int, ...]
     #: Every fallback taken, in order (also logged as warnings).
     fallbacks: tuple[str, ...]
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields by name with tuples as lists, ready for JSON."""
         return {**self.__dict__, "cores": list(self.cores), "fallbacks": list(self.fallbacks)}
 
 
@@ -148,10 +154,12 @@ class Runtime:
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
+        """What :meth:`predict` takes: each input's name, shape (None for a free dimension) and dtype, in model order."""
         return self._input_specs
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
+        """What :meth:`predict` returns, in model order (the keys of its dict for multi-output models)."""
         return self._backend.outputs
 
     def predict(self, inputs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
@@ -159,7 +167,10 @@ class Runtime:
 
         ``inputs`` is one array (single-input models) or ``{name: array}``; names, shapes and
         dtypes must match :attr:`inputs` exactly (no silent casts), else :class:`InputError`.
-        Returns the output array for single-output models, else ``{name: array}``.
+        Returns the output array for single-output models, else ``{name: array}``. A failure in
+        the backend raises BackendError, also after :meth:`close`. Safe to call from several
+        threads (LiteRT runs them one at a time); the calling thread runs on :attr:`info`'s cores
+        for the duration of the call.
         """
         if self._closed:
             raise BackendError("this Runtime is closed; create a new one to run predictions")
@@ -192,7 +203,7 @@ class Runtime:
         return dict(zip(self._output_names, outputs))
 
     def stats(self) -> StatsSnapshot:
-        """Request count, error count and latency percentiles over the sliding window."""
+        """Call and error counts since loading, and latency percentiles over the last ``stats_window`` successful calls."""
         return self._stats.snapshot()
 
     def close(self) -> None:

@@ -33,10 +33,14 @@ class CorePlan:
     """The cores a runtime's threads are confined to and how many threads it starts."""
 
     mode: RuntimeMode
+    #: Name of the profile's power mode that served ``mode``; None when a fallback chose the cores.
     power_mode: str | None
+    #: Names of the profile clusters chosen for ``mode``.
     clusters: tuple[str, ...]
+    #: CPU ids, already limited to those this process may use.
     cores: tuple[int, ...]
     threads: int
+    #: Every fallback or override taken, for people to read (the runtime logs them as warnings).
     notes: tuple[str, ...] = ()
 
 

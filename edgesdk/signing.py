@@ -47,6 +47,7 @@ def _read(path: str | os.PathLike[str], what: str) -> bytes:
 
 
 def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """Read an unencrypted PKCS#8 PEM Ed25519 private key; an unreadable, encrypted or other key raises SignatureError."""
     try:
         key = serialization.load_pem_private_key(_read(path, "private key"), password=None)
     except (ValueError, TypeError) as exc:
@@ -58,6 +59,7 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
 
 
 def load_public_key(path_or_pem: str | os.PathLike[str] | bytes) -> Ed25519PublicKey:
+    """Read an Ed25519 public key from a PEM file, or from PEM ``bytes``; anything else raises SignatureError."""
     pem = path_or_pem if isinstance(path_or_pem, bytes) else _read(path_or_pem, "public key")
     try:
         key = serialization.load_pem_public_key(pem)
@@ -69,11 +71,13 @@ def load_public_key(path_or_pem: str | os.PathLike[str] | bytes) -> Ed25519Publi
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
+    """The key's id: the first 16 hex digits of the SHA-256 of its raw 32 bytes."""
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def sign(private_key: Ed25519PrivateKey, data: bytes) -> bytes:
+    """The 64-byte detached Ed25519 signature of ``data``."""
     return private_key.sign(data)
 
 

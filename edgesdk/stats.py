@@ -15,8 +15,11 @@ __all__ = ["LatencyStats", "StatsSnapshot"]
 class StatsSnapshot:
     """Counts since start and latency percentiles (milliseconds) over the last ``window`` calls."""
 
+    #: Calls since start, failed ones included.
     count: int
+    #: Failed calls since start.
     errors: int
+    #: Successful calls the percentiles cover (at most the recorder's window); 0 makes the figures None.
     window: int
     p50_ms: float | None
     p95_ms: float | None
@@ -24,6 +27,7 @@ class StatsSnapshot:
     mean_ms: float | None
 
     def as_dict(self) -> dict[str, float | int | None]:
+        """The fields by name, ready for JSON."""
         return dict(self.__dict__)
 
 
@@ -39,16 +43,19 @@ class LatencyStats:
         self._errors = 0
 
     def record(self, latency_ns: int) -> None:
+        """Count a successful call that took ``latency_ns`` nanoseconds."""
         with self._lock:
             self._count += 1
             self._latencies_ns.append(latency_ns)
 
     def record_error(self) -> None:
+        """Count a failed call; it adds no latency sample."""
         with self._lock:
             self._count += 1
             self._errors += 1
 
     def snapshot(self) -> StatsSnapshot:
+        """The counts so far and percentiles over the last ``window`` successful calls (O(window))."""
         with self._lock:
             samples = np.fromiter(self._latencies_ns, dtype=np.float64, count=len(self._latencies_ns))
             count, errors = self._count, self._errors

@@ -22,10 +22,12 @@ class TensorSpec:
     dtype: np.dtype[Any]
 
     def describe(self) -> str:
+        """The spec for messages, e.g. ``input: float32[?, 64]``."""
         dims = ", ".join("?" if d is None else str(d) for d in self.shape)
         return f"{self.name}: {self.dtype.name}[{dims}]"
 
     def accepts_shape(self, shape: tuple[int, ...]) -> bool:
+        """True when ``shape`` has this rank and equals every fixed dimension."""
         return len(shape) == len(self.shape) and all(e is None or e == s for e, s in zip(self.shape, shape))
 
 

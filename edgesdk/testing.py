@@ -25,10 +25,12 @@ class MLPWeights:
 
     @property
     def n_inputs(self) -> int:
+        """Width of the input vector."""
         return int(self.layers[0][0].shape[0])
 
     @property
     def n_outputs(self) -> int:
+        """Number of classes (width of the softmax output)."""
         return int(self.layers[-1][0].shape[1])
 
 
@@ -36,13 +38,16 @@ class MLPWeights:
 class DigitsData:
     """scikit-learn's bundled 8x8 digits, scaled to [0, 1], split 75/25."""
 
+    #: float32 [n, 64] pixel rows.
     x_train: np.ndarray
+    #: Digit labels 0..9, one per row.
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
 
 
 def load_digits_data(seed: int = 0) -> DigitsData:
+    """The digits split stratified by label; ``seed`` picks the split (needs scikit-learn, no download)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

@@ -32,18 +32,25 @@ log = logging.getLogger(__name__)
 #: How long a broker that accepted our socket may leave an MQTT 5 CONNECT unanswered before we try 3.1.1.
 _MQTT5_SILENCE_S = 3.0
 
+#: Called as ``handler(topic, payload)`` on the transport's network thread; an exception it raises is logged.
 Handler = Callable[[str, bytes], None]
 
 
 @dataclass(frozen=True)
 class BrokerAddress:
+    """Where a broker listens, as parsed from its URL."""
+
     host: str
     port: int
+    #: True for ``mqtts://`` (TLS, verified against the CA file given to the transport).
     tls: bool
 
 
 def parse_broker_url(url: str) -> BrokerAddress:
-    """``mqtt://host:1883`` or ``mqtts://host:8883``."""
+    """Parse ``mqtt://host[:port]`` (default port 1883) or ``mqtts://host[:port]`` (8883).
+
+    Any other scheme, or no host, raises TransferError.
+    """
     parsed = urlparse(url)
     if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
         raise TransferError(f"broker URL {url!r} must look like mqtt://HOST:PORT or mqtts://HOST:PORT")
@@ -55,20 +62,29 @@ class Transport(abc.ABC):
     """Publish/subscribe with QoS 1 delivery; implementations reconnect on their own."""
 
     @abc.abstractmethod
-    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None: ...
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        """Send ``payload`` to ``topic`` without waiting for the broker; see :meth:`confirm_access`."""
 
     @abc.abstractmethod
-    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None: ...
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        """Deliver messages matching ``topic_filter`` (MQTT wildcards allowed) to ``handler``, also after reconnects.
+
+        Subscribing the same filter again replaces its handler.
+        """
 
     @abc.abstractmethod
-    def unsubscribe(self, topic_filter: str) -> None: ...
+    def unsubscribe(self, topic_filter: str) -> None:
+        """Stop delivering messages of ``topic_filter``; an unknown filter is ignored."""
 
     @abc.abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Disconnect (the broker does not publish the last will) and stop the network thread."""
 
     def confirm_access(self, timeout: float = 10.0) -> None:  # noqa: B027 (optional for transports)
-        """Block until the broker answered every subscription and QoS 1 publish so far; raise BrokerError
-        if it refused one."""
+        """Block until the broker answered every subscription and QoS 1 publish so far.
+
+        Raises BrokerError if it refused one. Transports that cannot tell return at once.
+        """
 
 
 class MqttTransport(Transport):
@@ -98,6 +114,7 @@ class MqttTransport(Transport):
         #: Why the broker refused this client (credentials or a subscription), once it did.
         self.refusal: BrokerError | None = None
         self._client_id, self._url, self._username = client_id, url, username
+        #: Accepted connections so far (1 after the constructor; each reconnect adds one).
         self.connects = 0
         self._pending_subs: dict[int, str] = {}
         self._pending_pubs: dict[int, str] = {}
@@ -266,6 +283,12 @@ class MqttTransport(Transport):
         self._track(self._pending_subs, mid, topic_filter)
 
     def confirm_access(self, timeout: float = 10.0) -> None:
+        """Block until the broker answered every subscription and QoS 1 publish so far.
+
+        Raises BrokerError if it refused one (also one refused earlier), TransferError when the
+        answers take longer than ``timeout`` seconds.
+        """
+
         def answered() -> bool:
             return (not self._pending_subs and not self._pending_pubs) or self.refusal is not None
 
@@ -279,25 +302,36 @@ class MqttTransport(Transport):
 
     @property
     def connected(self) -> bool:
+        """True while the client holds an accepted connection; False between a drop and the reconnect."""
         return self._connected.is_set()
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
-        # Queued by paho while disconnected and sent after reconnecting.
+        """Queue ``payload`` for ``topic`` and return; safe from any thread, a handler included.
+
+        QoS 1 messages published while disconnected go out after the reconnect.
+        """
         info = self._client.publish(topic, payload, qos=qos, retain=retain)
         if qos:
             self._track(self._pending_pubs, info.mid, topic)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        """Deliver messages matching ``topic_filter`` to ``handler`` from now on and after every reconnect.
+
+        Returns before the broker answers; :meth:`confirm_access` waits for it. Subscribing the same
+        filter again replaces its handler.
+        """
         with self._lock:
             self._subscriptions[topic_filter] = (handler, qos)
         if self.connected:
             self._send_subscribe(topic_filter, qos)
 
     def unsubscribe(self, topic_filter: str) -> None:
+        """Stop delivering ``topic_filter`` and keep it out of re-subscriptions after reconnects."""
         with self._lock:
             self._subscriptions.pop(topic_filter, None)
         self._client.unsubscribe(topic_filter)
 
     def close(self) -> None:
+        """Disconnect cleanly (no last will is published) and stop the network thread."""
         self._client.disconnect()
         self._client.loop_stop()

@@ -27,12 +27,14 @@ _LOOPBACK = ("127.0.0.1", "localhost")
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may still take it before you bind)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def mosquitto_binary() -> str | None:
+    """Path of the mosquitto executable (on PATH, else /usr/sbin/mosquitto), or None when it is not installed."""
     found = shutil.which("mosquitto")
     if found:
         return found
@@ -75,9 +77,11 @@ class LocalMosquitto:
 
     @property
     def url(self) -> str:
+        """The broker's address for clients: ``mqtt://127.0.0.1:PORT``."""
         return f"mqtt://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """Start mosquitto and wait until it listens; TransferError (with the log's tail) if it exits or stays deaf."""
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen([self.binary, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
         process = self.process
@@ -87,11 +91,13 @@ class LocalMosquitto:
             raise TransferError(f"{exc}: {self.log.read_text()[-400:]}") from None
 
     def stop(self) -> None:
+        """Terminate mosquitto and wait for it to exit; nothing happens when it is not running."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
 
     def restart(self, down_s: float = 0.5) -> None:
+        """Stop, stay down ``down_s`` seconds, and start again on the same port (clients see a broker outage)."""
         self.stop()
         time.sleep(down_s)
         self.start()
@@ -130,9 +136,11 @@ class EmbeddedBroker:
 
     @property
     def url(self) -> str:
+        """The broker's address for clients: ``mqtt://127.0.0.1:PORT``."""
         return f"mqtt://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        """Shut amqtt down and end its thread and event loop; call it once."""
         asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop).result(timeout=10)
         self._stop_loop()
 

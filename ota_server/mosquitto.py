@@ -42,6 +42,7 @@ MAX_PACKET_BYTES = MAX_RESULT_BYTES + 64 * 1024
 
 
 def password_hash(password: str, salt: bytes | None = None) -> str:
+    """A mosquitto password-file hash of ``password`` (``$7$``, PBKDF2-SHA512); a random 12-byte salt when None."""
     salt = salt or secrets.token_bytes(12)
     digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, _ITERATIONS)
     return f"$7${_ITERATIONS}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
@@ -54,8 +55,10 @@ class MosquittoConfig:
     conf: Path
     password_file: Path
     acl_file: Path
+    #: Device id -> its credentials JSON (device_id, group, username, password), mode 0600.
     credentials: Mapping[str, Path]
     server_username: str
+    #: The server's password in clear; also in ``credentials/server.json``.
     server_password: str
     #: Problems mosquitto would hit reading these files (e.g. a directory it cannot enter), with the fix.
     warnings: tuple[str, ...] = ()
@@ -104,10 +107,12 @@ def _unreachable(directory: Path, user: pwd.struct_passwd) -> Path | None:
 def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str, str], port: int = 1883,
                            bind: str = "127.0.0.1", server_username: str = "edgesdk-server",
                            certfile: str | None = None, keyfile: str | None = None) -> MosquittoConfig:
-    """``devices`` maps device id -> group. TLS is enabled when a certificate and key are given.
+    """Write the broker files for a fleet whose ``devices`` map device id -> group, and say what was written.
 
     The files go to ``out_dir`` (``mosquitto.conf``, ``passwd``, ``acl``, ``credentials/``); the
-    configuration names them by absolute path and caps packets at :data:`MAX_PACKET_BYTES`.
+    configuration names them by absolute path and caps packets at :data:`MAX_PACKET_BYTES`. TLS is
+    enabled when both ``certfile`` and ``keyfile`` are given. Every run makes new passwords for all
+    devices and the server. A bad device id or group raises TransferError.
     """
     out = Path(out_dir).resolve()
     (out / "credentials").mkdir(parents=True, exist_ok=True)

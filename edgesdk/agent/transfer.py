@@ -22,7 +22,11 @@ __all__ = ["IncomingTransfer"]
 
 
 class IncomingTransfer:
-    """Chunks of one archive arriving in any order, any number of times."""
+    """Chunks of one archive arriving in any order, any number of times.
+
+    Made for a transfer whose ``<T>.cmd`` exists already, it resumes from the chunks on disk
+    that still hash right. :meth:`accept` and :meth:`finish` may be called from different threads.
+    """
 
     def __init__(self, incoming: Path, command: Command | MeasureCommand) -> None:
         assert command.archive is not None
@@ -43,6 +47,7 @@ class IncomingTransfer:
         if os.fstat(self._have_fd).st_size != n:
             os.ftruncate(self._have_fd, n)
         self.have = bytearray(os.pread(self._have_fd, n, 0).ljust(n, b"\0"))
+        #: Chunks an earlier run had written that verified again, so need not be fetched.
         self.resumed_chunks = 0
         for index in range(n):  # re-verify what an earlier run recorded
             if self.have[index]:
@@ -55,8 +60,11 @@ class IncomingTransfer:
             tmp = self.cmd_path.with_suffix(".cmd.tmp")
             tmp.write_bytes(command.raw)
             os.replace(tmp, self.cmd_path)
+        #: Chunks refused for a bad index or hash since this object was made.
         self.rejected = 0
+        #: New chunks written since this object was made (repeats not counted).
         self.received = 0
+        #: ``time.monotonic()`` of the last new chunk (or of creation), to tell a stalled transfer.
         self.last_progress = time.monotonic()
         # The whole-archive hash is advanced as chunks arrive in order, so finish() rarely re-reads the file.
         self._digest = hashlib.sha256()
@@ -78,7 +86,10 @@ class IncomingTransfer:
         os.pwrite(self._have_fd, bytes([value]), index)
 
     def accept(self, index: int, payload: bytes) -> bool:
-        """Write chunk ``index`` if its hash matches; False (and counted) if it does not."""
+        """Write chunk ``index`` if its hash matches; False (and counted in :attr:`rejected`) if it or the index is bad.
+
+        A chunk already held is not written again and returns True.
+        """
         if not 0 <= index < len(self.archive.chunks):
             self.rejected += 1
             return False
@@ -97,10 +108,12 @@ class IncomingTransfer:
         return True
 
     def missing(self) -> list[int]:
+        """Indexes of the chunks not yet written, ascending."""
         return [i for i, done in enumerate(self.have) if not done]
 
     @property
     def complete(self) -> bool:
+        """True once every chunk is written (the whole-archive hash is checked by :meth:`finish`)."""
         return all(self.have)
 
     def finish(self) -> Path:
@@ -124,6 +137,7 @@ class IncomingTransfer:
         return tar
 
     def close(self) -> None:
+        """Close the open files and keep them on disk, so a later run can resume the transfer."""
         for fd in (self._fd, self._have_fd):
             try:
                 os.close(fd)
@@ -131,6 +145,7 @@ class IncomingTransfer:
                 pass
 
     def discard(self) -> None:
+        """Close and delete every file of the transfer (command, partial archive, chunk marks, finished tar)."""
         self.close()
         for path in (self.part, self.have_path, self.cmd_path, self.part.with_suffix(".tar")):
             path.unlink(missing_ok=True)

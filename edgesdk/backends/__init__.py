@@ -14,6 +14,8 @@ __all__ = ["Backend", "BackendInfo", "BackendKind", "open_backend"]
 
 
 class BackendKind(str, enum.Enum):
+    """Which inference library runs a model; ``AUTO`` picks the one for the model's format."""
+
     AUTO = "auto"
     LITERT = "litert"
     ONNXRUNTIME = "onnxruntime"

@@ -16,11 +16,14 @@ __all__ = ["Backend", "BackendInfo"]
 class BackendInfo:
     """What a backend actually set up, after every fallback."""
 
+    #: "litert" or "onnxruntime".
     backend: str
+    #: Version of the inference library (LiteRT: the distribution and its version).
     version: str
     #: The delegate or execution provider that runs the model (e.g. "xnnpack", "CUDAExecutionProvider").
     accelerator: str
     threads: int
+    #: Why the backend did not use an accelerator it was offered, one note each.
     fallbacks: tuple[str, ...] = ()
 
 

@@ -40,9 +40,13 @@ LITERT_CANDIDATES: tuple[tuple[str, str], ...] = (
 class LiteRTModule:
     """The interpreter class and delegate loader of whichever LiteRT package was found."""
 
+    #: The package that provided it, e.g. "ai-edge-litert".
     distribution: str
+    #: That package's version, or "unknown".
     version: str
+    #: The ``Interpreter`` class.
     interpreter: Any
+    #: ``load_delegate(library_path)``.
     load_delegate: Any
 
 
@@ -155,6 +159,7 @@ class LiteRTBackend(Backend):
         return interpreter
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one inference, resizing inputs whose shape changed; calls from several threads take turns."""
         with self._lock:
             interpreter = self._interpreter
             resized = False
@@ -171,4 +176,5 @@ class LiteRTBackend(Backend):
             return [interpreter.get_tensor(i) for i in self._output_index]
 
     def close(self) -> None:
+        """Drop the interpreter (and its delegate) so their memory is freed; ``run`` fails afterwards."""
         self.__dict__.pop("_interpreter", None)

@@ -99,7 +99,9 @@ class OnnxRuntimeBackend(Backend):
         self.info = BackendInfo("onnxruntime", ort.__version__, used[0], plan.threads, tuple(fallbacks))
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one inference; sessions run calls from several threads concurrently."""
         return self._session.run(self._output_names, feeds)
 
     def close(self) -> None:
+        """Drop the session so its memory is freed; ``run`` fails afterwards."""
         self.__dict__.pop("_session", None)

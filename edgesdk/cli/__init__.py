@@ -68,4 +68,5 @@ def cli(verbose: bool) -> None:
 
 
 def main() -> None:
+    """Entry point of the ``edgesdk`` console script; exits with the command's status (an EdgeSDKError's exit_code)."""
     cli()
