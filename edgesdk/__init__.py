@@ -45,6 +45,11 @@ _EXPORTS = {
     "DataError": "edgesdk.errors",
     "BundleError": "edgesdk.errors",
     "HealthCheckError": "edgesdk.errors",
+    "RolloutError": "edgesdk.errors",
+    "RolloutTimeoutError": "edgesdk.errors",
+    "NotFoundError": "edgesdk.errors",
+    "ConflictError": "edgesdk.errors",
+    "BrokerError": "edgesdk.errors",
     "ManagedRuntime": "edgesdk.agent.managed",
 }
 
@@ -69,16 +74,21 @@ if TYPE_CHECKING:
     from edgesdk.detect import detect_device
     from edgesdk.errors import (
         BackendError,
+        BrokerError,
         BudgetError,
         BundleError,
+        ConflictError,
         ConversionError,
         DataError,
         EdgeSDKError,
         HealthCheckError,
         InputError,
         ModelFormatError,
+        NotFoundError,
         OffloadError,
         ProfileError,
+        RolloutError,
+        RolloutTimeoutError,
         ScheduleError,
         SignatureError,
         TransferError,
