@@ -46,3 +46,11 @@ def test_public_api_is_exactly_the_documented_names():
 def test_unknown_attribute_raises_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         edgesdk.Nope  # noqa: B018
+
+
+def test_every_error_class_is_exported_from_the_package():
+    import edgesdk
+    from edgesdk import errors
+
+    assert set(errors.__all__) <= set(edgesdk.__all__)
+    assert all(getattr(edgesdk, name) is getattr(errors, name) for name in errors.__all__)
