@@ -37,7 +37,8 @@ def test_public_api_is_exactly_the_documented_names():
         "PowerMode", "Accelerator", "RuntimeMode", "load_profile", "list_profiles", "detect_device", "CorePlan",
         "plan_cores", "EdgeSDKError", "ProfileError", "ModelFormatError", "BackendError", "InputError",
         "ScheduleError", "BudgetError", "SignatureError", "TransferError", "OffloadError", "ConversionError",
-        "UnsupportedOpError", "DataError", "BundleError", "HealthCheckError", "ManagedRuntime",
+        "UnsupportedOpError", "DataError", "BundleError", "HealthCheckError", "RolloutError", "RolloutTimeoutError",
+        "NotFoundError", "ConflictError", "BrokerError", "ManagedRuntime",
     }
     for name in edgesdk.__all__:
         assert getattr(edgesdk, name) is not None
