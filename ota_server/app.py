@@ -44,13 +44,15 @@ class ServerSetup:
     http: str | None = None
     #: Bearer token of the admin API (required with ``http``).
     token: str | None = None
+    #: The server class to start: OTAServer, or a subclass (the fault-injection tests damage chunks with one).
+    server_class: type[OTAServer] = OTAServer
 
 
 class RunningServer:
-    """A started server: ``ota`` (rollouts, fleet state) and, when asked for, ``http`` (the admin API)."""
+    """A started server: ``ota`` (rollouts, fleet state), its ``repository`` and, if asked for, ``http`` (admin API)."""
 
-    def __init__(self, ota: OTAServer, http: Any = None) -> None:
-        self.ota, self.http = ota, http
+    def __init__(self, ota: OTAServer, repository: ModelRepository, http: Any = None) -> None:
+        self.ota, self.repository, self.http = ota, repository, http
 
     @property
     def url(self) -> str | None:
@@ -75,9 +77,9 @@ def build_server(setup: ServerSetup) -> RunningServer:
     extra = {"chunk_size": setup.chunk_size} if setup.chunk_size is not None else {}
     repository = ModelRepository(Path(setup.repo), keep_latest=setup.keep_latest, signer_key=setup.bundle_key,
                                  allow_unsigned=setup.allow_unsigned, **extra)
-    ota = OTAServer(setup.server, repository, FleetDB(setup.db), setup.signing_key).start()
+    ota = setup.server_class(setup.server, repository, FleetDB(setup.db), setup.signing_key).start()
     if setup.http is None:
-        return RunningServer(ota)
+        return RunningServer(ota, repository)
     from edgesdk.ota_server.http_api import HttpServer, create_app
 
     if not setup.token:
@@ -89,4 +91,4 @@ def build_server(setup: ServerSetup) -> RunningServer:
     except BaseException:
         ota.stop()
         raise
-    return RunningServer(ota, http)
+    return RunningServer(ota, repository, http)
