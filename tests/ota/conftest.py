@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +13,9 @@ import pytest
 from edgesdk.agent.agent import AgentConfig, DeviceAgent
 from edgesdk.bundle import BundleSpec, HealthCheck, HealthSample, bundle_from_model, write_bundle
 from edgesdk.model_file import read_model
+from edgesdk.ota_server.app import RunningServer, ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
-from edgesdk.ota_server.fleet import FleetDB
-from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.server import OTAServer, ServerConfig
 from edgesdk.signing import generate_keypair, load_private_key, load_public_key
 from edgesdk.testing import random_mlp, write_mlp_onnx
@@ -64,20 +64,42 @@ def bundles(tmp_path_factory, keys) -> dict[str, Path]:
             "3.0.0-bad": make_bundle(folder / "v3", "3.0.0", keys, seed=3, wrong_health_output=True)}
 
 
-@pytest.fixture
-def make_server(tmp_path, keys) -> Iterator[Callable[..., OTAServer]]:
-    servers: list[OTAServer] = []
+_SETUP_FIELDS = {f.name for f in fields(ServerSetup)} - {"server", "http"}
 
-    def factory(broker_url: str, **config: object) -> OTAServer:
-        repo = ModelRepository(tmp_path / "repo", signer_key=keys["converter_pub"])
-        server = OTAServer(ServerConfig(broker_url, tick_s=0.05, **config), repo, FleetDB(tmp_path / "fleet.db"),
-                           keys["server"]).start()
-        servers.append(server)
-        return server
+
+@pytest.fixture
+def start_server(tmp_path, keys) -> Iterator[Callable[..., RunningServer]]:
+    """Factory: ``start_server(broker_url, token=None, **config)`` builds a server with build_server.
+
+    ``config`` names ServerSetup fields (``chunk_size``, ``server_class``, ``repo``, ...) or ServerConfig
+    fields (``resend_s``, ...); a ``token`` also starts the admin API on a free loopback port. By default
+    every server of a test shares one repository and fleet DB under ``tmp_path``; all are stopped at the end.
+    """
+    running: list[RunningServer] = []
+
+    def factory(broker_url: str, token: str | None = None, **config: object) -> RunningServer:
+        setup: dict = {"repo": tmp_path / "repo", "db": tmp_path / "fleet.db", "signing_key": keys["server"],
+                       "bundle_key": keys["converter_pub"]}
+        server: dict = {"tick_s": 0.05}
+        for key, value in config.items():
+            (setup if key in _SETUP_FIELDS else server)[key] = value
+        running.append(build_server(ServerSetup(ServerConfig(broker_url, **server), **setup, token=token,
+                                                http=f"127.0.0.1:{free_port()}" if token else None)))
+        return running[-1]
 
     yield factory
-    for s in servers:
-        s.stop()
+    for r in running:
+        r.stop()
+
+
+@pytest.fixture
+def make_server(start_server) -> Callable[..., OTAServer]:
+    """Factory: ``make_server(broker_url, **config)`` is ``start_server(...).ota`` without an admin API."""
+
+    def factory(broker_url: str, **config: object) -> OTAServer:
+        return start_server(broker_url, **config).ota
+
+    return factory
 
 
 @pytest.fixture

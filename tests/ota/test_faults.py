@@ -18,7 +18,8 @@ from edgesdk.agent.store import ModelStore
 from edgesdk.bundle import read_bundle
 from edgesdk.errors import BrokerError
 from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import Topics, pack_bundle, sign_command
+from edgesdk.ota import ArchiveInfo, Topics, pack_bundle, sign_command
+from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.server import OTAServer
 from edgesdk.signing import generate_keypair, load_private_key
 from edgesdk.transport import MqttTransport
@@ -101,34 +102,24 @@ class CorruptingServer(OTAServer):
 
     corrupted = 0
 
-    def _chunk(self, transfer, index):
-        data = super()._chunk(transfer, index)
-        if index == 1 and not self.corrupted:
+    def _publish(self, topic, payload, retain=False):
+        if "/chunks/" in topic and topic.endswith("/1") and not self.corrupted:
             self.corrupted += 1
-            return data[:-1] + bytes([data[-1] ^ 0xFF])
-        return data
+            payload = payload[:-1] + bytes([payload[-1] ^ 0xFF])
+        super()._publish(topic, payload, retain)
 
 
-def test_corrupted_chunk_is_rejected_and_fetched_again(broker, make_server, make_agent, bundles, tmp_path, keys):
-    from edgesdk.ota_server.fleet import FleetDB
-    from edgesdk.ota_server.repository import ModelRepository
-    from edgesdk.ota_server.server import ServerConfig
-
-    repo = ModelRepository(tmp_path / "repo", signer_key=keys["converter_pub"], chunk_size=4096)
-    server = CorruptingServer(ServerConfig(broker.url, tick_s=0.05, broadcast_wait_s=0.3), repo,
-                              FleetDB(tmp_path / "db"), keys["server"]).start()
-    try:
-        agent = make_agent("cam0", broker.url)
-        wait_for(lambda: server.db.device("cam0"), what="device")
-        server.upload(pack_bundle(bundles["1.0.0"]))
-        r = _rollout(server, "1.0.0")
-        assert r.state == "completed" and server.corrupted == 1
-        committed = next(e for e in agent.events if e["event"] == "committed")
-        assert committed["rejected_chunks"] == 1
-        assert 1 in server.resent[("cam0", f"{r.id}-w0")]
-        assert agent.current_version() == ("digits", "1.0.0")
-    finally:
-        server.stop()
+def test_corrupted_chunk_is_rejected_and_fetched_again(broker, make_server, make_agent, bundles):
+    server = make_server(broker.url, server_class=CorruptingServer, chunk_size=4096, broadcast_wait_s=0.3)
+    agent = make_agent("cam0", broker.url)
+    wait_for(lambda: server.db.device("cam0"), what="device")
+    server.upload(pack_bundle(bundles["1.0.0"]))
+    r = _rollout(server, "1.0.0")
+    assert r.state == "completed" and server.corrupted == 1
+    committed = next(e for e in agent.events if e["event"] == "committed")
+    assert committed["rejected_chunks"] == 1
+    assert 1 in server.resent[("cam0", f"{r.id}-w0")]
+    assert agent.current_version() == ("digits", "1.0.0")
 
 
 def test_broker_restarted_mid_rollout_and_the_rollout_completes(broker, make_server, make_agent, big_bundles):
@@ -164,47 +155,36 @@ def test_forged_command_is_rejected_and_the_server_is_told_why(broker, make_serv
 class TamperingServer(OTAServer):
     """A compromised repository copy: the model inside the archive changed, the chunk hashes re-signed to match."""
 
-    def _send_stage(self, r, stage):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chunks = ChunkDistributor(self._tampered_archive, self._publish)
+
+    def _tampered_archive(self, name, version):
         import io
         import tarfile
 
-        from edgesdk.ota import ArchiveInfo
-
-        data, info = self.repo.archive(r.model, r.version)
+        data, info = self.repo.archive(name, version)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             start = tar.getmember("model.onnx").offset_data
         at = start + 200  # inside the weights
         tampered = data[:at] + bytes([data[at] ^ 0x55]) + data[at + 1:]
-
-        self.repo._archives[(r.model, r.version)] = (tampered, ArchiveInfo.of(tampered, info.chunk_size))
-        super()._send_stage(r, stage)
+        return tampered, ArchiveInfo.of(tampered, info.chunk_size)
 
 
-def test_tampered_model_is_rejected_device_stays_on_old_version(broker, make_agent, bundles, tmp_path, keys):
-    from edgesdk.ota_server.fleet import FleetDB
-    from edgesdk.ota_server.repository import ModelRepository
-    from edgesdk.ota_server.server import ServerConfig
-
-    honest = OTAServer(ServerConfig(broker.url, tick_s=0.05, broadcast_wait_s=0.3),
-                       ModelRepository(tmp_path / "repo", signer_key=keys["converter_pub"]), FleetDB(tmp_path / "db"),
-                       keys["server"]).start()
+def test_tampered_model_is_rejected_device_stays_on_old_version(broker, make_server, make_agent, bundles):
+    honest = make_server(broker.url, broadcast_wait_s=0.3)
     agent = make_agent("cam0", broker.url)
     wait_for(lambda: honest.db.device("cam0"), what="device")
     honest.upload(pack_bundle(bundles["1.0.0"]))
     honest.upload(pack_bundle(bundles["2.0.0"]))
     assert _rollout(honest, "1.0.0").state == "completed"
     honest.stop()
-    evil = TamperingServer(ServerConfig(broker.url, tick_s=0.05, broadcast_wait_s=0.3),
-                           ModelRepository(tmp_path / "repo", signer_key=keys["converter_pub"]),
-                           FleetDB(tmp_path / "db"), keys["server"]).start()
-    try:
-        r = _rollout(evil, "2.0.0")
-        assert r.state == "aborted"
-        (target,) = r.targets
-        assert target.status == "failed" and "does not match the manifest" in target.reason
-        assert agent.current_version() == ("digits", "1.0.0")
-    finally:
-        evil.stop()
+    evil = make_server(broker.url, server_class=TamperingServer, broadcast_wait_s=0.3)  # same repository and fleet DB
+    r = _rollout(evil, "2.0.0")
+    assert r.state == "aborted"
+    (target,) = r.targets
+    assert target.status == "failed" and "does not match the manifest" in target.reason
+    assert agent.current_version() == ("digits", "1.0.0")
 
 
 def test_bundle_changed_on_server_disk_is_refused_by_the_server(broker, make_server, make_agent, bundles):

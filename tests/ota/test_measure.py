@@ -19,24 +19,19 @@ from edgesdk.converters.remote import measure_on_device
 from edgesdk.errors import TransferError
 from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import ArchiveInfo, Topics, pack_bundle, pack_measurement, parse_result, sign_measure_command
-from edgesdk.ota_server.broker import free_port
-from edgesdk.ota_server.fleet import FleetDB
-from edgesdk.ota_server.http_api import HttpServer, create_app
-from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.ota_server.server import OTAServer, ServerConfig
+from edgesdk.ota_server.app import ServerSetup, build_server
+from edgesdk.ota_server.server import ServerConfig
 from edgesdk.testing import random_mlp, write_mlp_onnx
 from edgesdk.transport import MqttTransport
 from tests.ota.conftest import wait_for
 
 
 @pytest.fixture
-def admin(broker, make_server):
+def admin(broker, start_server):
     """A server with its admin API on loopback, and a client for it."""
-    server = make_server(broker.url)
     token = secrets.token_urlsafe(16)
-    http = HttpServer(create_app(server, token), port=free_port()).start()
-    yield server, AdminClient(http.url, token, timeout=30)
-    http.stop()
+    running = start_server(broker.url, token=token)
+    return running.ota, AdminClient(running.url, token, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +109,13 @@ def test_measure_command_signed_with_another_key_is_refused_and_writes_nothing(b
                                                                                 candidate):
     board = make_agent("rk1", broker.url, profile="rk3588")
     before = _tree(board.store.root)
-    impostor = OTAServer(ServerConfig(broker.url, tick_s=0.05), ModelRepository(tmp_path / "repo2"),
-                         FleetDB(tmp_path / "impostor.db"), keys["converter"]).start()
-    try:
+    with build_server(ServerSetup(ServerConfig(broker.url, tick_s=0.05), repo=tmp_path / "repo2",
+                                  db=tmp_path / "impostor.db", signing_key=keys["converter"])) as running:
+        impostor = running.ota
         _online(impostor, "rk1")
         model, x = candidate
         mid = impostor.request_measurement("rk1", pack_measurement(model, {"input": x}), "latency", 5, timeout_s=3)
         wait_for(lambda: impostor.measurement(mid)["status"] == "failed", what="the impostor's measurement to fail")
-    finally:
-        impostor.stop()
     rejected = [e for e in board.events if e["event"] == "rejected"]
     assert len(rejected) == 1 and "signature does not verify" in rejected[0]["reason"]
     assert "did not report measurement" in impostor.measurement(mid)["error"]

@@ -68,15 +68,10 @@ def test_oversized_device_reports_are_refused_unparsed(broker, make_server, capl
 
 
 @pytest.fixture
-def api(broker, make_server):
+def api(broker, start_server):
     """The admin HTTP API of an in-process server: (server, url)."""
-    from edgesdk.ota_server.broker import free_port
-    from edgesdk.ota_server.http_api import HttpServer, create_app
-
-    server = make_server(broker.url)
-    http = HttpServer(create_app(server, "s3cret"), port=free_port()).start()
-    yield server, http.url
-    http.stop()
+    running = start_server(broker.url, token="s3cret")
+    return running.ota, running.url
 
 
 def test_the_api_keeps_versions_immutable_and_answers_with_error_classes(api, bundles, keys, tmp_path):
