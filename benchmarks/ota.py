@@ -35,10 +35,9 @@ from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
 from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model  # noqa: E402
 from edgesdk.fleet_protocol import RolloutPolicy  # noqa: E402
 from edgesdk.ota import ArchiveInfo, pack_bundle  # noqa: E402
+from edgesdk.ota_server.app import ServerSetup, build_server  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
-from edgesdk.ota_server.fleet import FleetDB  # noqa: E402
-from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
-from edgesdk.ota_server.server import OTAServer, ServerConfig  # noqa: E402
+from edgesdk.ota_server.server import ServerConfig  # noqa: E402
 from edgesdk.signing import generate_keypair, load_private_key, load_public_key  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
 from edgesdk.transport import MqttTransport  # noqa: E402
@@ -110,9 +109,10 @@ def main() -> None:
         generate_keypair(work / "keys", "converter")
         server_key, converter_key = load_private_key(work / "keys/server.key"), load_private_key(work / "keys/converter.key")
         broker = LocalMosquitto(work / "broker")
-        repo = ModelRepository(work / "repo", signer_key=load_public_key(work / "keys/converter.pub"), keep_latest=3)
-        server = OTAServer(ServerConfig(broker.url, tick_s=0.05, broadcast_wait_s=5.0), repo, FleetDB(work / "db"),
-                           server_key).start()
+        running = build_server(ServerSetup(ServerConfig(broker.url, tick_s=0.05, broadcast_wait_s=5.0),
+                                           repo=work / "repo", db=work / "db", signing_key=server_key, keep_latest=3,
+                                           bundle_key=load_public_key(work / "keys/converter.pub")))
+        server, repo = running.ota, running.repository
         log(f"starting {n_agents} agents")
         agents = [DeviceAgent(AgentConfig(f"dev{i:02d}", "fleet", broker.url, work / "stores" / f"dev{i:02d}",
                                           server_key=load_public_key(work / "keys/server.pub"), retry_interval_s=2.0,
@@ -216,7 +216,7 @@ def main() -> None:
         results["hot_swap"] = {"swaps_under_load": swaps - 1, "requests": served[0], "failed": failed[0],
                                "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
                                "runtime_swaps": managed.swaps}
-        server.stop()
+        running.stop()
         broker.stop()
     f = results["fanout"]
     goals = [

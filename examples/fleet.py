@@ -19,11 +19,9 @@ import numpy as np
 from edgesdk import ManagedRuntime
 from edgesdk.agent.agent import AgentConfig, DeviceAgent
 from edgesdk.bundle import BundleSpec, HealthSample, read_bundle, write_bundle
+from edgesdk.ota_server.app import ServerSetup, build_server
 from edgesdk.ota_server.broker import free_port, start_local_broker
-from edgesdk.ota_server.fleet import FleetDB
-from edgesdk.ota_server.http_api import HttpServer, create_app
-from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.ota_server.server import OTAServer, ServerConfig
+from edgesdk.ota_server.server import ServerConfig
 from edgesdk.signing import generate_keypair, load_private_key, load_public_key
 
 N_DEVICES = 20
@@ -47,11 +45,12 @@ def run(bundle_dir: Path, keys: Path, out: Path) -> bool:
         generate_keypair(keys, "server")
     broker = start_local_broker(out / "broker")
     print(f"   broker: {type(broker).__name__} on {broker.url}")
-    repo = ModelRepository(out / "repo", signer_key=load_public_key(keys / "edgesdk.pub"))
-    server = OTAServer(ServerConfig(broker.url, tick_s=0.1), repo, FleetDB(out / "fleet.db"),
-                       load_private_key(keys / "server.key")).start()
     token = os.urandom(16).hex()
-    http = HttpServer(create_app(server, token), port=free_port()).start()
+    running = build_server(ServerSetup(ServerConfig(broker.url, tick_s=0.1), repo=out / "repo", db=out / "fleet.db",
+                                       signing_key=load_private_key(keys / "server.key"),
+                                       bundle_key=load_public_key(keys / "edgesdk.pub"),
+                                       http=f"127.0.0.1:{free_port()}", token=token))
+    server, url = running.ota, running.url
     server_key = load_public_key(keys / "server.pub")
     app = ManagedRuntime(profile="generic-x86_64", swap_order="load-first")  # device 00 also serves an app
     agents = [DeviceAgent(AgentConfig(f"cam{i:02d}", "cams", broker.url, out / "devices" / f"cam{i:02d}",
@@ -59,7 +58,7 @@ def run(bundle_dir: Path, keys: Path, out: Path) -> bool:
               for i in range(N_DEVICES)]
     while len(server.db.devices("cams")) < N_DEVICES:
         time.sleep(0.1)
-    print(f"   {N_DEVICES} agents online; admin API on {http.url}")
+    print(f"   {N_DEVICES} agents online; admin API on {url}")
 
     served, failed, stop = [0], [0], threading.Event()
     sample, _ = read_bundle(bundle_dir).health_sample()
@@ -72,7 +71,7 @@ def run(bundle_dir: Path, keys: Path, out: Path) -> bool:
             except Exception:  # the app's view: any exception is a failed request
                 failed[0] += 1
 
-    env = {**os.environ, "EDGESDK_SERVER": http.url, "EDGESDK_TOKEN": token}
+    env = {**os.environ, "EDGESDK_SERVER": url, "EDGESDK_TOKEN": token}
     edgesdk = str(Path(sys.executable).parent / "edgesdk")
 
     def cli(*args: str) -> str:
@@ -107,8 +106,7 @@ def run(bundle_dir: Path, keys: Path, out: Path) -> bool:
         for agent in agents:
             agent.stop()
         app.close()
-        http.stop()
-        server.stop()
+        running.stop()
         broker.stop()
     return ok
 
