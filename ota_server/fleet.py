@@ -162,12 +162,12 @@ class FleetDB:
                    (rollout_id, device_id, stage, TargetStatus.PENDING.value, previous_version, time.time()))
 
     def set_target(self, rollout_id: str, device_id: str, status: TargetStatus, reason: str | None = None,
-                   sent: bool = False) -> None:
-        """A target's new status; ``sent`` also records now as when its command went out."""
+                   sent_at: float | None = None) -> None:
+        """A target's new status; ``sent_at`` (the engine's clock) records when its command went out."""
         now = time.time()
-        if sent:
+        if sent_at is not None:
             self._exec("UPDATE targets SET status=?, reason=?, sent=?, updated=? WHERE rollout_id=? AND device_id=?",
-                       (status.value, reason, now, now, rollout_id, device_id))
+                       (status.value, reason, sent_at, now, rollout_id, device_id))
         else:
             self._exec("UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=?",
                        (status.value, reason, now, rollout_id, device_id))

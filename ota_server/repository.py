@@ -40,7 +40,6 @@ class ModelRepository:
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep_latest, self.signer_key, self.allow_unsigned = keep_latest, signer_key, allow_unsigned
         self.chunk_size = chunk_size
-        self._archives: dict[tuple[str, str], tuple[bytes, ArchiveInfo]] = {}
         self._lock = threading.Lock()
 
     def _check(self, bundle_dir: Path) -> Manifest:
@@ -124,15 +123,15 @@ class ModelRepository:
         return read_bundle(self.path(name, version)).manifest
 
     def archive(self, name: str, version: str) -> tuple[bytes, ArchiveInfo]:
-        """The bundle as the tar the devices receive, with its chunk hashes (cached)."""
-        key = (name, version)
-        with self._lock:
-            if key not in self._archives:
-                path = self.path(name, version)
-                read_bundle(path)  # a bundle changed on disk after upload is caught here, and again on devices
-                data = pack_bundle(path)
-                self._archives[key] = (data, ArchiveInfo.of(data, self.chunk_size))
-            return self._archives[key]
+        """The bundle as the tar the devices receive, with its chunk hashes.
+
+        Built on every call (verify, pack, hash): the chunk service keeps it while a transfer
+        needs it, so the repository holds no archive bytes of its own.
+        """
+        path = self.path(name, version)
+        read_bundle(path)  # a bundle changed on disk after upload is caught here, and again on devices
+        data = pack_bundle(path)
+        return data, ArchiveInfo.of(data, self.chunk_size)
 
     # version policy ------------------------------------------------------------------------
     def _pins_path(self, name: str) -> Path:
@@ -160,6 +159,5 @@ class ModelRepository:
             for version in versions:
                 if version not in keep:
                     shutil.rmtree(self.root / name / version)
-                    self._archives.pop((name, version), None)
                     removed.append((name, version))
         return removed

@@ -1,12 +1,12 @@
-"""The OTA server: fleet state from MQTT, chunk service, and the rollout engine.
+"""The OTA server: MQTT ingest and dispatch around the rollout engine, the chunk service and measurements.
 
-Devices announce themselves on their retained state topic; events drive each target's
-status; chunk requests are answered on the requesting device's own topic. A rollout
-sends signed commands to one stage at a time, broadcasts the archive once to the
-group's chunk topic, waits for every target to report plus the health window, and then
-promotes, completes, or aborts and rolls the stage's updated devices back. A measurement
-(:mod:`edgesdk.ota_server.measurements`) sends a candidate model to one device to be
-measured there and never installed.
+Devices announce themselves on their retained state topic; their events move their
+targets (:mod:`edgesdk.ota_server.engine` decides what happens next); chunk requests are
+answered by the chunk service (:mod:`edgesdk.ota_server.chunks`) on the requesting
+device's own topic. The server is the engine's dispatcher: it signs each command,
+publishes it, re-sends it while unacknowledged, and broadcasts a stage's archive once to
+the group. A measurement (:mod:`edgesdk.ota_server.measurements`) sends a candidate model
+to one device to be measured there and never installed.
 """
 
 from __future__ import annotations
@@ -20,21 +20,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.bundle import parse_version
-from edgesdk.errors import BundleError, ConflictError, EdgeSDKError, NotFoundError
-from edgesdk.fleet_protocol import (
-    AgentEvent,
-    DeviceRecord,
-    RolloutPolicy,
-    RolloutRecord,
-    RolloutState,
-    TargetStatus,
-)
+from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet_protocol import AgentEvent, RolloutPolicy, RolloutRecord, RolloutState, TargetRecord
 from edgesdk.ota import ArchiveInfo, Topics, check_id, sign_command
+from edgesdk.ota_server.chunks import ChunkDistributor
+from edgesdk.ota_server.engine import RolloutEngine
 from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.measurements import Measurements
 from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.ota_server.rollout import canary_order, stage_sizes
 from edgesdk.transport import MqttTransport, Transport
 
 __all__ = ["OTAServer", "ServerConfig"]
@@ -56,17 +49,6 @@ def _too_large(topic: str, payload: bytes) -> bool:
     return True
 
 
-#: A device event's effect on its target: (status while rolling out, status while reverting after an abort).
-_EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
-    AgentEvent.ACCEPTED: (TargetStatus.DOWNLOADING, TargetStatus.REVERTING),
-    AgentEvent.DOWNLOADED: (TargetStatus.INSTALLING, TargetStatus.REVERTING),
-    AgentEvent.COMMITTED: (TargetStatus.COMMITTED, TargetStatus.REVERTED),
-    AgentEvent.FAILED: (TargetStatus.FAILED, TargetStatus.REVERT_FAILED),
-    AgentEvent.ROLLED_BACK: (TargetStatus.ROLLED_BACK, TargetStatus.REVERT_FAILED),
-    AgentEvent.REJECTED: (TargetStatus.REJECTED, TargetStatus.REVERT_FAILED),
-}
-
-
 @dataclass(frozen=True)
 class ServerConfig:
     """How the server reaches its broker, and the timings of its rollout engine."""
@@ -84,34 +66,28 @@ class ServerConfig:
     measure_timeout_s: float = 600.0
 
 
-@dataclass
-class _Transfer:
-    """A bundle archive being sent (a rollout stage or its revert), kept for devices that ask for chunks again."""
-
-    name: str
-    version: str
-    data: bytes
-    info: ArchiveInfo
-
-
 class OTAServer:
-    """Fleet state, chunk service, rollouts and measurements over one MQTT connection."""
+    """Fleet state, rollouts, the chunk service and measurements over one MQTT connection."""
 
     def __init__(self, config: ServerConfig, repository: ModelRepository, db: FleetDB, signing_key: Any,
                  transport_factory: Any = MqttTransport) -> None:
         self.config, self.repo, self.db, self.key = config, repository, db, signing_key
         self._transport_factory = transport_factory
         self.transport: Transport | None = None
-        self._transfers: dict[str, _Transfer] = {}
-        self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._engine: threading.Thread | None = None
+        self._engine_thread: threading.Thread | None = None
         self._accepted: dict[str, set[str]] = defaultdict(set)
-        #: (device, transfer) -> chunk indices resent on request; bytes published, for tests and benchmarks.
-        self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
+        #: Bytes published, for tests and benchmarks.
         self.bytes_published = 0
         self._envelopes: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self.chunks = ChunkDistributor(repository.archive, self._publish)
+        self.engine = RolloutEngine(db, self)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
+
+    @property
+    def resent(self) -> dict[tuple[str, str], list[int]]:
+        """(device, transfer) -> chunk indices re-sent on request (for tests and benchmarks)."""
+        return self.chunks.resent
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> OTAServer:
@@ -123,17 +99,22 @@ class OTAServer:
         self.transport.subscribe(Topics.ALL_EVENTS, self._on_event)
         self.transport.subscribe(Topics.ALL_NEEDS, self._on_need)
         self.transport.subscribe(Topics.ALL_MEASUREMENTS, self.measurements.on_result)
-        self._engine = threading.Thread(target=self._run, name="rollout-engine", daemon=True)
-        self._engine.start()
+        self._engine_thread = threading.Thread(target=self._run, name="rollout-engine", daemon=True)
+        self._engine_thread.start()
         return self
 
     def stop(self) -> None:
         """Stop the rollout engine and disconnect (rollouts resume from the fleet DB on the next start)."""
         self._stop.set()
-        if self._engine:
-            self._engine.join(timeout=5)
+        if self._engine_thread:
+            self._engine_thread.join(timeout=5)
         if self.transport:
             self.transport.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.tick_s):
+            self.measurements.expire()
+            self.engine.tick()
 
     def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         assert self.transport is not None
@@ -163,21 +144,11 @@ class OTAServer:
             log.warning("ignoring malformed event on %s: %s", topic, exc)
             return
         deployment = str(event.get("deployment_id") or "")
-        reverting = deployment.endswith("-rollback")
         rollout_id = deployment.removesuffix("-rollback")
         self.db.log(kind, event, device_id=device, rollout_id=rollout_id or None)
-        if not rollout_id:
-            return
-        try:
-            statuses = _EVENT_STATUS.get(AgentEvent(kind))
-        except ValueError:  # an event this server does not know (a newer agent's): logged above, nothing to track
-            return
-        if statuses is None:
-            return
-        if kind == AgentEvent.ACCEPTED:
+        if rollout_id and kind == AgentEvent.ACCEPTED:
             self._accepted[rollout_id].add(device)
-        rolling_out, after_abort = statuses
-        self.db.set_target(rollout_id, device, after_abort if reverting else rolling_out, event.get("reason"))
+        self.engine.on_event(device, kind, deployment, event.get("reason"))
 
     def _on_need(self, topic: str, payload: bytes) -> None:
         if _too_large(topic, payload):
@@ -190,21 +161,10 @@ class OTAServer:
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed chunk request on %s: %s", topic, exc)
             return
-        with self._lock:
-            transfer = self._transfers.get(transfer_id)
-        if transfer is None:
+        if not self.chunks.serve(device, transfer_id, indices):
             self.measurements.serve(device, transfer_id, indices)
-            return
-        for index in indices:
-            if 0 <= index < len(transfer.info.chunks):
-                self.resent[(device, transfer_id)].append(index)
-                self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", self._chunk(transfer, index))
 
-    def _chunk(self, transfer: _Transfer, index: int) -> bytes:
-        start, end = transfer.info.chunk_range(index)
-        return transfer.data[start:end]
-
-    # rollouts ------------------------------------------------------------------------------
+    # the admin API's operations ------------------------------------------------------------------
     def upload(self, archive: bytes) -> dict[str, Any]:
         """Store a bundle tar; ``stored`` is False when the identical bundle was already there."""
         manifest, stored = self.repo.add_archive(archive)
@@ -220,91 +180,26 @@ class OTAServer:
 
     def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
                       rollback: bool = False) -> str:
-        """Start sending ``name`` ``version`` to the online devices of ``group`` that need it; the rollout id.
-
-        Raises ConflictError when the group has no online device, a rollout running,
-        every device at that version already, or (unless ``rollback``) a newer version.
-        """
-        check_id(group, "group")
-        self.repo.path(name, version)  # must exist
-        online = [d for d in self.db.devices(group) if d.status == "online"]
-        if not online:
-            raise ConflictError(f"group {group!r} has no online device; start the agents first (see `edgesdk devices`)")
-        running = [r for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group]
-        if running:
-            raise ConflictError(f"group {group!r} already has rollout {running[0].id} running; abort or wait for it")
-        devices = self._targets(name, version, group, online, rollback)
-        policy = policy or RolloutPolicy()
-        rollout_id = f"r{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.db.add_rollout(rollout_id, name, version, group, policy, rollback)
-        order = canary_order(group, [d.id for d in devices])
-        sizes = stage_sizes(len(order), policy)
-        by_id = {d.id: d for d in devices}
-        start = 0
-        for stage, end in enumerate(sizes):
-            for device in order[start:end]:
-                self.db.add_target(rollout_id, device, stage, by_id[device].version)
-            start = end
-        self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback},
-                    rollout_id=rollout_id)
-        log.info("rollout %s started: %s %s to %d devices of group %s in stages %s%s", rollout_id, name, version,
-                 len(order), group, sizes, " (rollback)" if rollback else "")
-        return rollout_id
-
-    @staticmethod
-    def _targets(name: str, version: str, group: str, online: list[DeviceRecord],
-                 rollback: bool) -> list[DeviceRecord]:
-        """The online devices that need ``version``; refuses a version the group runs already, or a downgrade."""
-        wanted = parse_version(version)
-        targets = [d for d in online if not (d.model == name and d.version == version)]
-        if not targets:
-            raise ConflictError(f"{name} {version} is already installed on all {len(online)} online devices of group "
-                                f"{group!r}; nothing to send")
-        newer = sorted({d.version for d in targets if d.model == name and d.version
-                        and parse_version(d.version) > wanted}, key=parse_version)
-        if newer and not rollback:
-            raise ConflictError(f"group {group!r} runs {name} {newer[-1]}, newer than {version}: devices refuse a "
-                                f"downgrade; use `edgesdk rollout rollback ID --to {version}`")
-        return targets
+        """Start a rollout of a stored version to ``group`` (see :meth:`RolloutEngine.start`); its id."""
+        self.repo.path(name, version)  # NotFoundError for a version the repository does not hold
+        return self.engine.start(name, version, group, policy, rollback)
 
     def promote(self, rollout_id: str) -> None:
         """Send the next stage now, without waiting for the health window."""
-        r = self._running(rollout_id)
-        log.info("rollout %s promoted by operator to stage %d", rollout_id, r.stage + 2)
-        self._send_stage(r, r.stage + 1)
+        self.engine.promote(rollout_id)
 
     def abort(self, rollout_id: str, reason: str = "aborted by operator") -> None:
         """Stop a running rollout and send its updated devices back to their previous version."""
-        r = self._running(rollout_id)
-        self._abort(r, reason)
+        self.engine.abort(rollout_id, reason)
 
     def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
-        """Roll a finished or aborted rollout's group back with a signed rollback, as a new rollout."""
-        r = self.status(rollout_id)
-        if r.state == RolloutState.RUNNING:
-            self._abort(r, "rolled back by operator")
-        if to_version is None:
-            previous = [t.previous_version for t in r.targets if t.previous_version]
-            if not previous:
-                raise ConflictError(f"rollout {rollout_id} has no previous version to go back to; pass --to VERSION")
-            to_version = max(set(previous), key=previous.count)
-        policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0, max_failure_rate=0.99)
-        return self.start_rollout(r.model, to_version, r.group, policy, rollback=True)
+        """Roll a rollout's group back with a signed rollback, as a new rollout; its id."""
+        return self.engine.rollback(rollout_id, to_version)
 
     def status(self, rollout_id: str) -> RolloutRecord:
         """A rollout with its targets; NotFoundError for an unknown id."""
-        r = self.db.rollout(rollout_id)
-        if r is None:
-            raise NotFoundError(f"no rollout {rollout_id!r}; `edgesdk rollout status` lists them")
-        return r
+        return self.engine.status(rollout_id)
 
-    def _running(self, rollout_id: str) -> RolloutRecord:
-        r = self.status(rollout_id)
-        if r.state != RolloutState.RUNNING:
-            raise ConflictError(f"rollout {rollout_id} is {r.state}, not running")
-        return r
-
-    # measurements --------------------------------------------------------------------------
     def request_measurement(self, device_id: str, archive: bytes, mode: str, runs: int,
                             timeout_s: float | None = None) -> str:
         """Have one online device measure the model in ``archive`` (never installing it); the measurement id.
@@ -318,54 +213,7 @@ class OTAServer:
         """Status of a measurement; figures and outputs (base64 ``.npy``) once it is done."""
         return self.measurements.status(measurement_id)
 
-    # engine --------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stop.wait(self.config.tick_s):
-            self.measurements.expire()
-            for summary in self.db.rollouts(RolloutState.RUNNING):
-                try:
-                    self._tick(self.status(summary.id))
-                except EdgeSDKError as exc:  # e.g. a bundle changed on disk after upload
-                    self._abort(self.status(summary.id), f"server error: {exc}")
-                except Exception:
-                    log.exception("rollout %s: engine step failed", summary.id)
-
-    def _tick(self, r: RolloutRecord) -> None:
-        policy = r.policy
-        if r.stage < 0:
-            self._send_stage(r, 0)
-            return
-        now = time.time()
-        timed_out = False
-        for t in r.in_stage(r.stage):
-            if not t.status.terminal and t.sent and now - t.sent > policy.deploy_timeout_s:
-                self.db.set_target(r.id, t.device_id, TargetStatus.TIMEOUT,
-                                   f"no report in {policy.deploy_timeout_s:g} s")
-                timed_out = True
-            elif t.status == TargetStatus.SENT:
-                self._resend(r.id, t.device_id, now)
-        if timed_out:
-            r = self.status(r.id)
-        sent = [t for t in r.targets if t.stage <= r.stage]
-        failed = [t for t in sent if t.status.failed]
-        if sent and len(failed) / len(sent) > policy.max_failure_rate:
-            reasons = "; ".join(f"{t.device_id}: {t.reason}" for t in failed[:3])
-            self._abort(r, f"{len(failed)}/{len(sent)} devices failed (> {policy.max_failure_rate:.0%}): {reasons}")
-            return
-        if not all(t.status.terminal for t in r.in_stage(r.stage)):
-            return
-        if r.stage_settled is None:
-            self.db.settle_stage(r.id, now)
-            return
-        if now - r.stage_settled < policy.health_window_s:
-            return
-        if r.stage >= r.stage_count - 1:
-            self.db.end_rollout(r.id, RolloutState.COMPLETED, f"{len(sent) - len(failed)}/{len(sent)} updated")
-            self.db.log("rollout_completed", {"failed": len(failed)}, rollout_id=r.id)
-            log.info("rollout %s completed: %d/%d devices updated", r.id, len(sent) - len(failed), len(sent))
-        elif policy.auto_promote:
-            self._send_stage(r, r.stage + 1)
-
+    # the engine's dispatcher -----------------------------------------------------------------------
     def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
                  archive: ArchiveInfo | None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
@@ -376,15 +224,11 @@ class OTAServer:
         device = self.db.device(device_id)
         return device.slots if device else ()
 
-    def _send_stage(self, r: RolloutRecord, stage: int) -> None:
-        targets = r.in_stage(stage)
-        if not targets:
-            raise ConflictError(f"rollout {r.id} has no stage {stage + 1}: its last stage was sent already")
-        data, info = self.repo.archive(r.model, r.version)
+    def send_stage(self, rollout: RolloutRecord, stage: int, targets: list[TargetRecord]) -> None:
+        """Sign and publish the stage's commands; broadcast its archive once the targets accepted (or soon)."""
+        r = rollout
         transfer_id = f"{r.id}-w{stage}"
-        with self._lock:
-            self._transfers[transfer_id] = _Transfer(r.model, r.version, data, info)
-        self.db.start_stage(r.id, stage)
+        info = self.chunks.open(transfer_id, r.model, r.version)
         slot = f"{r.model}-{r.version}"
         needs_download = []
         for t in targets:
@@ -393,48 +237,38 @@ class OTAServer:
             envelope = self._command(r, r.rollback, r.id, r.version, transfer_id, archive)
             self._envelopes[(r.id, t.device_id)] = (envelope, time.time())
             self._publish(Topics.cmd(t.device_id), envelope)
-            self.db.set_target(r.id, t.device_id, TargetStatus.SENT, sent=True)
             if not has_slot:
                 needs_download.append(t.device_id)
-        self.db.log("stage_sent", {"stage": stage, "devices": [t.device_id for t in targets]}, rollout_id=r.id)
-        log.info("rollout %s: stage %d sent to %d devices", r.id, stage + 1, len(targets))
         if needs_download:
             threading.Thread(target=self._broadcast, args=(r.id, r.group, transfer_id, set(needs_download)),
                              daemon=True).start()
 
-    def _resend(self, rollout_id: str, device: str, now: float) -> None:
-        envelope, last = self._envelopes.get((rollout_id, device), (b"", now))
+    def resend(self, rollout_id: str, device_id: str, now: float) -> None:
+        """Publish a target's command again when it has gone unacknowledged for ``resend_s``."""
+        envelope, last = self._envelopes.get((rollout_id, device_id), (b"", now))
         if envelope and now - last >= self.config.resend_s:
-            self._envelopes[(rollout_id, device)] = (envelope, now)
-            self._publish(Topics.cmd(device), envelope)
+            self._envelopes[(rollout_id, device_id)] = (envelope, now)
+            self._publish(Topics.cmd(device_id), envelope)
+
+    def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
+        """Send a signed rollback to the target's previous version (with its archive when the device lacks it)."""
+        r, previous = rollout, target.previous_version
+        assert previous is not None
+        info = None
+        if f"{r.model}-{previous}" not in self._slots(target.device_id):  # the device pulls the old version's chunks
+            info = self.chunks.open(f"{r.id}-rb", r.model, previous)
+        envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info)
+        self._publish(Topics.cmd(target.device_id), envelope)
+
+    def finish(self, rollout_id: str) -> None:
+        """Release the rollout's archives and per-device bookkeeping."""
+        self.chunks.close_all(f"{rollout_id}-")
+        self._accepted.pop(rollout_id, None)
+        for key in [k for k in self._envelopes if k[0] == rollout_id]:
+            del self._envelopes[key]
 
     def _broadcast(self, rollout_id: str, group: str, transfer_id: str, devices: set[str]) -> None:
         deadline = time.monotonic() + self.config.broadcast_wait_s
         while time.monotonic() < deadline and not devices <= self._accepted[rollout_id] and not self._stop.is_set():
             time.sleep(0.02)
-        with self._lock:
-            transfer = self._transfers[transfer_id]
-        topic = Topics.group_chunks(group, transfer_id)
-        for index in range(len(transfer.info.chunks)):
-            self._publish(f"{topic}/{index}", self._chunk(transfer, index))
-
-    def _abort(self, r: RolloutRecord, reason: str) -> None:
-        self.db.end_rollout(r.id, RolloutState.ABORTED, reason)
-        self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r.id)
-        log.warning("rollout %s aborted: %s", r.id, reason)
-        for t in r.targets:
-            if t.status != TargetStatus.COMMITTED or not t.previous_version:
-                continue
-            has_slot = f"{r.model}-{t.previous_version}" in self._slots(t.device_id)
-            info = None
-            if not has_slot:  # the device must download the old version; it pulls the chunks
-                try:
-                    data, info = self.repo.archive(r.model, t.previous_version)
-                except BundleError as exc:
-                    self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED, str(exc))
-                    continue
-                with self._lock:
-                    self._transfers[f"{r.id}-rb"] = _Transfer(r.model, t.previous_version, data, info)
-            envelope = self._command(r, True, f"{r.id}-rollback", t.previous_version, f"{r.id}-rb", info)
-            self._publish(Topics.cmd(t.device_id), envelope)
-            self.db.set_target(r.id, t.device_id, TargetStatus.REVERTING, reason)
+        self.chunks.broadcast(group, transfer_id)

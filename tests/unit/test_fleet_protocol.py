@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(tmp_path):
     assert RolloutSummary.from_json(summary.to_json()).to_json() == summary.to_json()
 
     db.start_stage("r1", 0)
-    db.set_target("r1", "cam0", TargetStatus.SENT, sent=True)
+    db.set_target("r1", "cam0", TargetStatus.SENT, sent_at=time.time())
     db.set_target("r1", "cam0", TargetStatus.COMMITTED)
     db.settle_stage("r1", 1.0)
     r = db.rollout("r1")

@@ -1,0 +1,139 @@
+"""The rollout state machine on its own: a real fleet store, a fake clock, a dispatcher that records; no broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.errors import ConflictError, EdgeSDKError
+from edgesdk.fleet_protocol import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.ota_server.engine import RolloutEngine
+from edgesdk.ota_server.fleet import FleetDB
+
+
+class Recorder:
+    """The engine's dispatcher: remembers what it was asked to send."""
+
+    def __init__(self, unrevertable: set[str] = frozenset()) -> None:
+        self.stages: list[tuple[int, list[str]]] = []
+        self.resent: list[str] = []
+        self.reverts: list[str] = []
+        self.finished: list[str] = []
+        self.unrevertable = unrevertable
+
+    def send_stage(self, rollout, stage, targets):
+        self.stages.append((stage, [t.device_id for t in targets]))
+
+    def resend(self, rollout_id, device_id, now):
+        self.resent.append(device_id)
+
+    def send_revert(self, rollout, target):
+        if target.device_id in self.unrevertable:
+            raise EdgeSDKError(f"digits {target.previous_version} is not in the repository")
+        self.reverts.append(target.device_id)
+
+    def finish(self, rollout_id):
+        self.finished.append(rollout_id)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    db = FleetDB(tmp_path / "fleet.db")
+    for i in range(10):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    clock, recorder = Clock(), Recorder()
+    return db, clock, recorder, RolloutEngine(db, recorder, clock)
+
+
+def _report(engine, rollout_id, devices, event="committed", reason=None):
+    for device in devices:
+        engine.on_event(device, event, rollout_id, reason)
+
+
+def test_stages_wait_for_every_report_and_the_health_window_then_complete(fleet):
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(0.5, 1.0), health_window_s=60))
+    engine.tick()
+    (stage, canary), = recorder.stages
+    assert stage == 0 and len(canary) == 1
+    engine.tick()
+    assert recorder.resent == canary, "an unacknowledged command is offered for re-sending"
+    _report(engine, rid, canary)
+    engine.tick()  # the stage settles now; the window starts
+    clock.now += 59
+    engine.tick()
+    assert len(recorder.stages) == 1, "promoted before the health window passed"
+    clock.now += 2
+    engine.tick()
+    assert [s for s, _ in recorder.stages] == [0, 1] and len(recorder.stages[1][1]) == 4
+    _report(engine, rid, recorder.stages[1][1])
+    engine.tick()
+    clock.now += 61
+    engine.tick()
+    _report(engine, rid, recorder.stages[2][1])
+    engine.tick()
+    clock.now += 61
+    engine.tick()
+    r = engine.status(rid)
+    assert r.state == RolloutState.COMPLETED and r.reason == "10/10 updated"
+    assert recorder.finished == [rid] and recorder.reverts == []
+    assert sorted(d for _, ds in recorder.stages for d in ds) == sorted(f"cam{i}" for i in range(10))
+
+
+def test_failures_above_the_rate_abort_and_revert_what_was_updated(fleet):
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
+    engine.tick()
+    first, second = recorder.stages[0][1]
+    _report(engine, rid, [first])
+    _report(engine, rid, [second], "rolled_back", "health check failed")
+    engine.tick()
+    r = engine.status(rid)
+    assert r.state == RolloutState.ABORTED and "1/2 devices failed" in r.reason and "health check failed" in r.reason
+    assert recorder.reverts == [first] and recorder.finished == []
+    assert {t.device_id: t.status for t in r.targets if t.stage == 0} == {first: TargetStatus.REVERTING,
+                                                                         second: TargetStatus.ROLLED_BACK}
+    _report(engine, f"{rid}-rollback", [first])
+    engine.tick()
+    assert {t.device_id: t.status for t in engine.status(rid).targets}[first] == TargetStatus.REVERTED
+    assert recorder.finished == [rid], "the archives are released once the reverts are done"
+
+
+def test_a_silent_device_times_out_and_an_unrevertable_one_is_marked(fleet):
+    db, clock, _, engine = fleet
+    engine.dispatcher = recorder = Recorder(unrevertable={"cam0", "cam1", "cam2", "cam3", "cam4", "cam5", "cam6",
+                                                          "cam7", "cam8", "cam9"})
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.0,
+                                                                 deploy_timeout_s=300))
+    engine.tick()
+    committed, silent = recorder.stages[0][1]
+    _report(engine, rid, [committed])
+    clock.now += 299
+    engine.tick()
+    assert engine.status(rid).state == RolloutState.RUNNING
+    clock.now += 2
+    engine.tick()
+    r = engine.status(rid)
+    statuses = {t.device_id: (t.status, t.reason) for t in r.targets}
+    assert r.state == RolloutState.ABORTED
+    assert statuses[silent] == (TargetStatus.TIMEOUT, "no report in 300 s")
+    assert statuses[committed][0] == TargetStatus.REVERT_FAILED and "not in the repository" in statuses[committed][1]
+    assert recorder.finished == [rid]
+
+
+def test_refusals_up_front(fleet):
+    db, _, _, engine = fleet
+    with pytest.raises(ConflictError, match="already installed on all 10"):
+        engine.start("digits", "1.0.0", "cams")
+    engine.start("digits", "2.0.0", "cams")
+    with pytest.raises(ConflictError, match="already has rollout"):
+        engine.start("digits", "3.0.0", "cams")
+    with pytest.raises(ConflictError, match="no online device"):
+        engine.start("digits", "2.0.0", "lobby")
