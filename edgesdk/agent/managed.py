@@ -116,6 +116,7 @@ class ManagedRuntime:
 
     @property
     def bundle(self) -> Bundle | None:
+        """The bundle serving new requests now, or None before the first model is loaded."""
         with self._cond:
             return self._active.bundle if self._active else None
 
@@ -190,6 +191,7 @@ class ManagedRuntime:
         return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
 
     def close(self) -> None:
+        """Release the serving model once requests in flight on it have finished."""
         with self._cond:
             active, self._active = self._active, None
             self._retire(active)
