@@ -137,3 +137,17 @@ def test_refusals_up_front(fleet):
         engine.start("digits", "3.0.0", "cams")
     with pytest.raises(ConflictError, match="no online device"):
         engine.start("digits", "2.0.0", "lobby")
+
+
+def test_a_manual_rollout_waits_for_promote(fleet):
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0,
+                                                                 auto_promote=False))
+    engine.tick()
+    _report(engine, rid, recorder.stages[0][1])
+    for _ in range(5):
+        clock.now += 3600
+        engine.tick()
+    assert [s for s, _ in recorder.stages] == [0] and engine.status(rid).state == RolloutState.RUNNING
+    engine.promote(rid)
+    assert [s for s, _ in recorder.stages] == [0, 1]
