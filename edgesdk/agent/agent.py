@@ -39,6 +39,7 @@ from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.bundle import parse_version, read_bundle
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
+from edgesdk.fleet_protocol import AgentEvent
 from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command, unpack_bundle
 from edgesdk.profiles import DeviceProfile, load_profile
 from edgesdk.transport import MqttTransport, Transport
@@ -78,8 +79,8 @@ class AgentConfig:
 
 
 #: Log levels of protocol events other than INFO: what went wrong is a warning, chunk progress is detail.
-_EVENT_LEVELS = {"progress": logging.DEBUG, "rejected": logging.WARNING, "failed": logging.WARNING,
-                 "rolled_back": logging.WARNING}
+_EVENT_LEVELS = {AgentEvent.PROGRESS: logging.DEBUG, AgentEvent.REJECTED: logging.WARNING,
+                 AgentEvent.FAILED: logging.WARNING, AgentEvent.ROLLED_BACK: logging.WARNING}
 
 
 def load_credentials(path: str | os.PathLike[str], device_id: str) -> tuple[str, str]:
@@ -225,7 +226,7 @@ class DeviceAgent:
                  "updated": time.time()}
         self._publish(Topics.state(self.config.device_id), json.dumps(state).encode(), retain=True)
 
-    def _event(self, about: Command | PendingInstall | None, event: str, **details: Any) -> None:
+    def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event, naming the deployment ``about`` is part of."""
         payload = {"event": event, "time": time.time(), **details}
         if about is not None:
@@ -291,7 +292,7 @@ class DeviceAgent:
         try:
             command = parse_command(envelope, cfg.server_key, allow_unsigned=cfg.allow_unsigned)
         except (SignatureError, TransferError) as exc:
-            self._event(None, "rejected", reason=str(exc))
+            self._event(None, AgentEvent.REJECTED, reason=str(exc))
             return
         if isinstance(command, MeasureCommand):
             self._accept_measurement(command)
@@ -304,15 +305,15 @@ class DeviceAgent:
             if in_progress:
                 return  # the server re-sent a command whose transfer is running: nothing to do
             if self.store.pointer("current") == slot and state.pending is None and state.committed == slot:
-                self._event(command, "committed", repeated=True)  # its first report may have been lost
+                self._event(command, AgentEvent.COMMITTED, repeated=True)  # its first report may have been lost
                 return
-            self._event(command, "rejected", reason=f"replayed command: deployment {command.deployment_id} was "
+            self._event(command, AgentEvent.REJECTED, reason=f"replayed command: deployment {command.deployment_id} was "
                                                      "already handled")
             return
         current = self.current_version()
         if (current and current[0] == command.name and not command.rollback
                 and parse_version(current[1]) >= command.version_tuple):
-            self._event(command, "rejected", reason=f"refused downgrade: {command.name} {command.version} <= installed "
+            self._event(command, AgentEvent.REJECTED, reason=f"refused downgrade: {command.name} {command.version} <= installed "
                                                      f"{current[1]}; only a signed rollback may go back")
             self._remember(command)
             return
@@ -320,7 +321,7 @@ class DeviceAgent:
         slot = self.store.slot_name(command.name, command.version)
         if command.type == "rollback" or self.store.has_slot(slot):
             if not self.store.has_slot(slot):
-                self._event(command, "failed", reason=f"rollback target {slot} is not in this device's store")
+                self._event(command, AgentEvent.FAILED, reason=f"rollback target {slot} is not in this device's store")
                 return
             self._install(command, slot, downloaded=False)
             return
@@ -330,7 +331,7 @@ class DeviceAgent:
             self._started[command.transfer_id] = time.monotonic()
         assert self.transport is not None
         self.transport.subscribe(Topics.group_chunks(command.group, command.transfer_id) + "/+", self._on_chunk)
-        self._event(command, "accepted", chunks=len(command.archive.chunks) if command.archive else 0,
+        self._event(command, AgentEvent.ACCEPTED, chunks=len(command.archive.chunks) if command.archive else 0,
                     resumed_chunks=transfer.resumed_chunks, missing=len(transfer.missing()))
         if transfer.complete:
             self._work.put(("complete", command.transfer_id))
@@ -374,21 +375,21 @@ class DeviceAgent:
         try:
             archive = transfer.finish()
         except TransferError as exc:
-            self._event(command, "progress", reason=str(exc))
+            self._event(command, AgentEvent.PROGRESS, reason=str(exc))
             self._request(transfer)
             return
         with self._lock:
             self._transfers.pop(transfer_id, None)
         assert self.transport is not None
         self.transport.unsubscribe(Topics.group_chunks(command.group, transfer_id) + "/+")
-        self._event(command, "downloaded", bytes=command.archive.size if command.archive else 0,
+        self._event(command, AgentEvent.DOWNLOADED, bytes=command.archive.size if command.archive else 0,
                     rejected_chunks=transfer.rejected)
         slot = self.store.slot_name(command.name, command.version)
         try:
             self.store.add_slot(slot, lambda tmp: unpack_bundle(archive, tmp))
         except EdgeSDKError as exc:
             transfer.discard()
-            self._event(command, "failed", reason=f"bundle rejected: {exc}")
+            self._event(command, AgentEvent.FAILED, reason=f"bundle rejected: {exc}")
             self._publish_state()
             return
         transfer.discard()
@@ -402,7 +403,7 @@ class DeviceAgent:
         self._report_install(outcome, downloaded=downloaded, **details)
 
     def _report_install(self, outcome: InstallOutcome, **details: Any) -> None:
-        extra = details if outcome.event == "committed" else {}
+        extra = details if outcome.event == AgentEvent.COMMITTED else {}
         self._event(outcome.install, outcome.event, **outcome.details, **extra)
         self._publish_state()
 

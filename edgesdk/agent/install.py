@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from edgesdk.agent.failpoints import failpoint
 from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
 from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.bundle import read_bundle
 from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet_protocol import AgentEvent
 from edgesdk.runtime import Runtime
 
 __all__ = ["Installer", "InstallOutcome"]
@@ -48,7 +49,7 @@ class InstallOutcome:
     recorded): ``reason``.
     """
 
-    event: Literal["committed", "rolled_back", "failed"]
+    event: AgentEvent  # COMMITTED, ROLLED_BACK or FAILED
     install: PendingInstall
     details: dict[str, Any]
 
@@ -78,7 +79,7 @@ class Installer:
             try:
                 self.store.verify_slot(slot)
             except EdgeSDKError as exc:
-                return InstallOutcome("failed", pending, {"reason": f"slot {slot} does not verify: {exc}"})
+                return InstallOutcome(AgentEvent.FAILED, pending, {"reason": f"slot {slot} does not verify: {exc}"})
         state = self.store.load_state()
         state.pending = pending
         self.store.save_state(state)
@@ -99,10 +100,10 @@ class Installer:
             if previous and self.store.has_slot(previous):
                 self.store.set_pointer("current", previous)
             self._finish(committed=None)
-            return InstallOutcome("rolled_back", pending, {"reason": f"{type(exc).__name__}: {exc}",
+            return InstallOutcome(AgentEvent.ROLLED_BACK, pending, {"reason": f"{type(exc).__name__}: {exc}",
                                                            "restored": previous})
         self._finish(committed=slot)
-        return InstallOutcome("committed", pending, {
+        return InstallOutcome(AgentEvent.COMMITTED, pending, {
             "apply_ms": (time.perf_counter() - started) * 1e3,
             "health": {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}})
 
