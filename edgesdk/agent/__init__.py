@@ -17,8 +17,9 @@ check, commit or point back, crash recovery).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from edgesdk.lazy import lazy_exports
 
 _EXPORTS = {
     "DeviceAgent": "edgesdk.agent.agent",
@@ -38,17 +39,7 @@ __all__ = ["DeviceAgent", "AgentConfig", "load_credentials", "ManagedRuntime", "
            "Installer", "InstallOutcome", "ModelStore", "PendingInstall", "StoreState"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'edgesdk.agent' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
