@@ -86,7 +86,7 @@ _TIERS = {
     "ota": ("tests/ota/",),
     "slow": ("tests/docs/test_readme.py", "tests/unit/test_typecheck.py", "tests/integration/test_packaging.py",
              "tests/integration/test_convert.py", "tests/integration/test_convert_cli.py",
-             "tests/integration/test_quantization_search.py", "tests/integration/test_cli_small.py"),
+             "tests/integration/test_quantization_search.py", "tests/integration/test_cli_small.py", "tests/examples/"),
 }
 
 
