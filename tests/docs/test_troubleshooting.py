@@ -1,0 +1,108 @@
+"""docs/troubleshooting.md quotes the real messages: each is produced here and compared with the page."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgesdk.errors as errors
+from edgesdk import Runtime
+from edgesdk.agent.agent import load_credentials
+from edgesdk.bundle import BundleSpec, bundle_from_model, read_bundle
+from edgesdk.ota_server.broker import LocalMosquitto, free_port
+from edgesdk.signing import generate_keypair, load_public_key
+from edgesdk.testing import random_mlp, write_mlp_onnx
+from edgesdk.transport import MqttTransport
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
+
+
+def _quoted() -> dict[str, str]:
+    """Each ``<!-- error: ID -->`` of the page and the text block under it."""
+    found = re.findall(r"<!-- error: ([\w-]+) -->\n```text\n(.*?)\n```", PAGE.read_text(), flags=re.S)
+    return dict(found)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return write_mlp_onnx(random_mlp([64, 16, 2]), tmp_path_factory.mktemp("trouble") / "model.onnx")
+
+
+def _message(call) -> str:
+    with pytest.raises(errors.EdgeSDKError) as caught:
+        call()
+    return str(caught.value)
+
+
+def _wrong_input(model: Path, value) -> str:
+    with Runtime(model, profile="generic-x86_64") as runtime:
+        return _message(lambda: runtime.predict(value))
+
+
+def _truncated(tmp_path: Path) -> str:
+    (tmp_path / "model.onnx").write_bytes(b"garbage")
+    return _message(lambda: Runtime(tmp_path / "model.onnx", profile="generic-x86_64")).replace(f"{tmp_path}/", "")
+
+
+def _unsigned(model: Path, tmp_path: Path) -> str:
+    spec = BundleSpec("vibration", "1.0.0", "onnx-fp32", "generic-x86_64", "power")
+    bundle_from_model(tmp_path / "bundle", model, spec, {"input": np.zeros((1, 64), np.float32)})
+    generate_keypair(tmp_path, "converter")
+    key = load_public_key(tmp_path / "converter.pub")
+    return _message(lambda: read_bundle(tmp_path / "bundle", public_key=key, require_signature=True))
+
+
+def _broker_refused(tmp_path: Path) -> str:
+    port = free_port()
+    broker = LocalMosquitto(tmp_path / "broker", port=port,
+                            conf_lines=[f"listener {port} 127.0.0.1", "allow_anonymous false", "persistence false"])
+    try:
+        return _message(lambda: MqttTransport(broker.url, "edgesdk-agent-cam01", username="cam01", password="wrong",
+                                              connect_timeout=10).close()).replace(str(port), "PORT")
+    finally:
+        broker.stop()
+
+
+def _other_device(tmp_path: Path) -> str:
+    (tmp_path / "cam02.json").write_text(json.dumps({"device_id": "cam02", "username": "cam02", "password": "x"}))
+    return _message(lambda: load_credentials(tmp_path / "cam02.json", "cam01")).replace(f"{tmp_path}/", "")
+
+
+def _fallback(model: Path) -> str:
+    with Runtime(model, profile="raspberry-pi-5", accelerator="npu") as runtime:
+        return runtime.info.fallbacks[-1]
+
+
+CASES = {
+    "wrong-shape": lambda model, tmp: _wrong_input(model, np.zeros((1, 32), np.float32)),
+    "wrong-dtype": lambda model, tmp: _wrong_input(model, np.zeros((1, 64), np.float64)),
+    "wrong-names": lambda model, tmp: _wrong_input(model, {"x": np.zeros((1, 64), np.float32)}),
+    "truncated-model": lambda model, tmp: _truncated(tmp),
+    "unsigned-bundle": _unsigned,
+    "unknown-profile": lambda model, tmp: _message(lambda: Runtime(model, profile="rpi5")),
+    "broker-refused": lambda model, tmp: _broker_refused(tmp),
+    "credentials-of-another-device": lambda model, tmp: _other_device(tmp),
+    "no-delegate": lambda model, tmp: _fallback(model),
+    "unknown-accelerator": lambda model, tmp: _message(lambda: Runtime(model, profile="raspberry-pi-5",
+                                                                       accelerator="hailo")),
+}
+
+
+def test_every_quoted_message_has_a_case():
+    assert sorted(_quoted()) == sorted(CASES)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_page_quotes_the_real_message(case, model, tmp_path):
+    assert CASES[case](model, tmp_path) == _quoted()[case]
+
+
+def test_the_exit_code_table_matches_the_error_classes():
+    table = PAGE.read_text().split("<!-- exit-codes -->")[1].split("\n\n")[0]
+    rows = {name: int(code) for code, name in re.findall(r"^\| (\d+) \| `(\w+)` \|", table, flags=re.M)}
+    classes = {name: cls.exit_code for name in errors.__all__ if isinstance(cls := getattr(errors, name), type)}
+    assert rows == classes
