@@ -57,17 +57,20 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike[str], mode: int = 0o755) -> Iterator[Path]:
     """Yield an empty staging directory beside ``path``; on success rename it to ``path``.
 
     The caller writes (and fsyncs) the files; entries are flushed before and after the
     rename. On any error the staging directory is removed and ``path`` never appears.
+    The directory gets ``mode`` (mkdtemp makes 0700, which would hide a model store's slots
+    from an app running as another user).
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         yield staging
+        os.chmod(staging, mode)
         fsync_dir(staging)
         os.replace(staging, final)
     except BaseException:

@@ -8,6 +8,10 @@ Layout::
     store/incoming/<transfer>.*     a transfer in progress (see edgesdk.agent.transfer)
     store/scratch/<measurement>/    a candidate model being measured (never a slot; removed afterwards)
 
+Slots, pointers and ``state.json`` are readable by every user and writable only by the
+agent's, so an app in another process (and as another user) can follow the committed model
+(:mod:`edgesdk.agent.follow`); ``incoming/`` stays private to the agent.
+
 Only a slot that was fully written, fsynced and verified is ever named under ``slots/``,
 and ``current`` only ever points at such a slot, so after a crash at any step the device
 has an old or a new model, never neither.
@@ -27,14 +31,15 @@ from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BundleError
 from edgesdk.files import atomic_dir, fsync_dir, write_atomic
 
-__all__ = ["ModelStore", "StoreState", "PendingInstall"]
+__all__ = ["ModelStore", "StoreState", "PendingInstall", "committed_slot"]
 
 #: How many handled deployment ids the state file keeps for refusing replays.
 _SEEN_KEPT = 200
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o600)
+    # Readable by all: an app running as another user follows the committed slot (edgesdk.agent.follow).
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode(), mode=0o644)
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,25 @@ class StoreState:
     seen: list[str] = field(default_factory=list)
 
 
+STATE_FILE = "state.json"
+
+
+def committed_slot(root: str | os.PathLike[str]) -> Path | None:
+    """The slot directory the store at ``root`` has committed, read without changing anything; None before one.
+
+    This is what an app in another process runs: a pending install (switched to but not yet
+    health-checked) is never named here, and a rollback names the slot it went back to.
+    """
+    root = Path(root)
+    try:
+        committed = json.loads((root / STATE_FILE).read_text()).get("committed")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise BundleError(f"{root / STATE_FILE} cannot be read ({exc}); is {root} an edgesdk agent's store?") from exc
+    return root / "slots" / committed if committed else None
+
+
 class ModelStore:
     """Slots on disk plus the ``current``/``previous`` pointers and the agent's state file."""
 
@@ -84,7 +108,7 @@ class ModelStore:
         self.scratch = self.root / "scratch"
         for d in (self.slots, self.incoming, self.scratch):
             d.mkdir(parents=True, exist_ok=True)
-        self._state_path = self.root / "state.json"
+        self._state_path = self.root / STATE_FILE
         # Half-extracted slots and measurements a crash interrupted.
         for leftover in [*self.slots.glob(".*"), *self.scratch.iterdir()]:
             shutil.rmtree(leftover, ignore_errors=True)
