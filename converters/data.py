@@ -2,7 +2,8 @@
 
 Arrays are batch-first in the model's own layout and dtype; they are checked against the
 model's inputs and nothing is cast silently. Images (needs the ``[vision]`` extra) are
-read with OpenCV and preprocessed by a documented :class:`ImagePreprocessing`: resized to
+read with OpenCV and preprocessed by :class:`edgesdk.preprocess.ImagePreprocessing` (the
+code apps use on the device): resized to
 the model's H x W, converted to RGB (or kept BGR), scaled by ``scale``, normalised with
 ``mean``/``std`` per channel, and laid out NCHW or NHWC to match the model input.
 """
@@ -11,13 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgesdk.errors import DataError
+from edgesdk.preprocess import ImagePreprocessing, image_layout, image_to_tensor
 from edgesdk.tensors import TensorSpec
 
 __all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "IMAGE_SUFFIXES"]
@@ -25,47 +26,12 @@ __all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
-@dataclass(frozen=True)
-class ImagePreprocessing:
-    """How a folder of images becomes model input (recorded in the bundle manifest)."""
-
-    color: str = "RGB"
-    scale: float = 1 / 255
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
-    std: tuple[float, ...] = (1.0, 1.0, 1.0)
-
-    def __post_init__(self) -> None:
-        if self.color not in ("RGB", "BGR", "GRAY"):
-            raise DataError(f"color must be RGB, BGR or GRAY, got {self.color!r}")
-        for what, values in (("mean", self.mean), ("std", self.std)):
-            if len(values) not in (1, 3):
-                raise DataError(f"{what} {list(values)} has {len(values)} values; give 1 (all channels) or 3 "
-                                "(one per channel), e.g. 0.485,0.456,0.406")
-        if any(s == 0 for s in self.std):
-            raise DataError(f"std {self.std} has a zero; every channel's std must be non-zero")
-        if not self.scale or self.scale != self.scale:
-            raise DataError(f"scale {self.scale} must be a non-zero number, e.g. 1/255 = 0.00392")
-
-    def as_dict(self) -> dict[str, Any]:
-        """The settings as a dict (saved in the bundle's ``preprocessing``)."""
-        return asdict(self)
-
-
-def _layout(spec: TensorSpec) -> tuple[str, int, int, int]:
-    if len(spec.shape) != 4:
-        raise DataError(f"images need a 4-D model input; {spec.describe()} is not")
-    _, a, b, c = spec.shape
-    if a in (1, 3) and c not in (1, 3):
-        return "NCHW", int(a), int(b or 0), int(c or 0)
-    return "NHWC", int(c or 0), int(a or 0), int(b or 0)
-
-
 def _load_images(folder: Path, spec: TensorSpec, prep: ImagePreprocessing) -> np.ndarray:
     try:
         import cv2
     except ImportError as exc:
         raise DataError("reading image folders needs OpenCV: pip install 'edgesdk[vision]'") from exc
-    layout, channels, height, width = _layout(spec)
+    _, channels, height, width = image_layout(spec)
     if not height or not width:
         raise DataError(f"{spec.describe()} has dynamic H/W; fix the input shape to read images")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
@@ -76,12 +42,7 @@ def _load_images(folder: Path, spec: TensorSpec, prep: ImagePreprocessing) -> np
         image = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
         if image is None:
             raise DataError(f"{path}: OpenCV cannot decode this image; remove or replace it")
-        image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
-        if channels == 3 and prep.color == "RGB":
-            image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        image = image.reshape(height, width, channels).astype(np.float32) * np.float32(prep.scale)
-        image = (image - np.asarray(prep.mean[:channels], np.float32)) / np.asarray(prep.std[:channels], np.float32)
-        batch.append(image.transpose(2, 0, 1) if layout == "NCHW" else image)
+        batch.append(image_to_tensor(image, spec, prep)[0])
     return np.stack(batch).astype(spec.dtype)
 
 
