@@ -1,0 +1,185 @@
+"""Dynamic batching: concurrent requests to one model become one ONNX Runtime call.
+
+A thread per batched model takes the oldest queued request and gathers others of the same
+kind (same input names, dtypes and non-batch dims) until their rows add up to
+``preferred_batch_size`` or the oldest has waited ``max_queue_delay_us``; it runs the
+concatenation once and hands each request its rows of every output. At most ``max_queue``
+requests wait; one more is refused at once with :class:`QueueFullError` (HTTP 503).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesdk.errors import BackendError, EdgeSDKError
+
+from .config import BatchingConfig
+from .metrics import ModelMetrics
+
+__all__ = ["Batcher", "QueueFullError", "BatcherClosedError"]
+
+Outputs = dict[str, np.ndarray]
+RunFn = Callable[[dict[str, np.ndarray]], Outputs]
+_solo = itertools.count()
+
+
+class QueueFullError(EdgeSDKError):
+    """A model's request queue is full; the endpoint answers 503 and the client should retry later or elsewhere."""
+
+
+class BatcherClosedError(EdgeSDKError):
+    """The batcher was closed (its model was unloaded); the caller runs the request without it."""
+
+
+@dataclass
+class _Pending:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    key: Hashable
+    future: Future[Outputs]
+    queued_at: float
+
+
+def _kind(inputs: dict[str, np.ndarray]) -> tuple[int, Hashable]:
+    """Rows of a request and what must match for two requests to be concatenated."""
+    firsts = {v.shape[0] if v.ndim else -1 for v in inputs.values()}
+    if len(firsts) != 1 or -1 in firsts:
+        # Inputs that disagree on the batch dim cannot be split back; such a request runs alone.
+        return 1, ("solo", next(_solo))
+    key = tuple(sorted((name, v.dtype.str, v.shape[1:]) for name, v in inputs.items()))
+    return firsts.pop(), key
+
+
+class Batcher:
+    """Queue and batch thread of one model version; :meth:`submit` returns a Future of that request's outputs."""
+
+    def __init__(self, run: RunFn, config: BatchingConfig, metrics: ModelMetrics | None = None,
+                 name: str = "batcher") -> None:
+        self._run, self.config, self._metrics = run, config, metrics
+        self._queue: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._paused = 0
+        self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting now."""
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def submit(self, inputs: dict[str, np.ndarray]) -> Future[Outputs]:
+        """Queue one request; QueueFullError at once when ``max_queue`` requests already wait."""
+        rows, key = _kind(inputs)
+        future: Future[Outputs] = Future()
+        with self._cond:
+            if self._closed:
+                raise BatcherClosedError("the batcher is closed")
+            if len(self._queue) >= self.config.max_queue:
+                raise QueueFullError(f"the queue holds {len(self._queue)} requests, its max_queue; retry later, or "
+                                     "raise max_queue in the inference config")
+            self._queue.append(_Pending(inputs, rows, key, future, time.perf_counter()))
+            self._gauge()
+            self._cond.notify_all()
+        return future
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the batch thread between batches while inside (requests queue up to ``max_queue``), then resume."""
+        with self._cond:
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused -= 1
+                self._cond.notify_all()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop taking requests; the thread runs what is queued, then exits."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.queue_depth.set(len(self._queue))
+
+    def _take(self) -> list[_Pending] | None:
+        """The next batch, or None once closed and drained (called with the lock held)."""
+        while not self._closed and (not self._queue or self._paused):
+            self._cond.wait()
+        if not self._queue:
+            return None
+        first = self._queue[0]
+        deadline = first.queued_at + self.config.max_queue_delay_us / 1e6
+        while True:
+            batch, rows = [], 0
+            for item in self._queue:
+                if item.key == first.key and (not batch or rows + item.rows <= self.config.preferred_batch_size):
+                    batch.append(item)
+                    rows += item.rows
+            remaining = deadline - time.perf_counter()
+            if rows >= self.config.preferred_batch_size or remaining <= 0 or self._closed:
+                break
+            self._cond.wait(remaining)
+        for item in batch:
+            self._queue.remove(item)
+        self._gauge()
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                batch = self._take()
+            if batch is None:
+                return
+            self._execute(batch)
+
+    def _execute(self, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
+        rows = sum(item.rows for item in batch)
+        if self._metrics is not None:
+            for item in batch:
+                self._metrics.queue_seconds.observe(started - item.queued_at)
+        try:
+            if len(batch) == 1:
+                inputs = batch[0].inputs
+            else:
+                inputs = {name: np.concatenate([item.inputs[name] for item in batch]) for name in batch[0].inputs}
+            outputs = self._run(inputs)
+            if self._metrics is not None:
+                self._metrics.compute_seconds.observe(time.perf_counter() - started)
+                self._metrics.batch_size.observe(rows)
+            if len(batch) == 1:
+                batch[0].future.set_result(outputs)
+                return
+            uneven = [name for name, value in outputs.items() if value.ndim == 0 or value.shape[0] != rows]
+            if uneven:
+                raise BackendError(f"outputs {uneven} do not carry the batch dim ({rows} rows); set batching: false "
+                                   "for this model in the inference config")
+            offset = 0
+            for item in batch:
+                item.future.set_result({name: value[offset:offset + item.rows] for name, value in outputs.items()})
+                offset += item.rows
+        except BaseException as exc:  # every waiting request must be answered, whatever went wrong
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)

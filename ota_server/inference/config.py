@@ -1,0 +1,150 @@
+"""What the inference endpoint serves and how: per-model batching, ORT threads, body and cache bounds.
+
+Frozen dataclasses checked when built, and :func:`load_inference_config`, which reads the YAML
+``edgesdk server --inference-config FILE`` takes::
+
+    models:
+      - name: digits                # required
+        version: 1.2.0              # optional: pin this version (default: the newest, re-resolved per request)
+        preferred_batch_size: 8     # optional batching settings, as BatchingConfig
+        max_queue_delay_us: 500
+        max_queue: 64
+        batching: true
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError, InputError
+
+__all__ = ["BatchingConfig", "ServedModel", "InferenceConfig", "load_inference_config"]
+
+
+def _positive(owner: str, name: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InputError(f"{owner}.{name} is {value!r}; it must be an integer >= {minimum}")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Dynamic batching of one model's concurrent requests (used only when its first input dim is dynamic).
+
+    The batcher runs one ONNX Runtime call once the queued requests add up to
+    ``preferred_batch_size`` rows or the oldest has waited ``max_queue_delay_us``; at most
+    ``max_queue`` requests wait (or, with batching off, run) at once, the next one gets 503.
+    """
+
+    preferred_batch_size: int = 8
+    max_queue_delay_us: int = 500
+    max_queue: int = 64
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("BatchingConfig", "preferred_batch_size", self.preferred_batch_size)
+        _positive("BatchingConfig", "max_queue_delay_us", self.max_queue_delay_us, minimum=0)
+        _positive("BatchingConfig", "max_queue", self.max_queue)
+        if not isinstance(self.enabled, bool):
+            raise InputError(f"BatchingConfig.enabled is {self.enabled!r}; it must be true or false")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model the endpoint serves: ``version`` None serves the newest stored version, a string pins one."""
+
+    name: str
+    version: str | None = None
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+
+    def __post_init__(self) -> None:
+        from edgesdk.bundle import parse_version, safe_name
+
+        if not isinstance(self.name, str):
+            raise InputError(f"ServedModel.name is {self.name!r}; it must be a model name string")
+        safe_name(self.name, "served model name")
+        if self.version is not None:
+            if not isinstance(self.version, str):
+                raise InputError(f"ServedModel {self.name!r}: version {self.version!r} must be a string like '1.2.0'")
+            parse_version(self.version)
+        if not isinstance(self.batching, BatchingConfig):
+            raise InputError(f"ServedModel {self.name!r}: batching must be a BatchingConfig, got "
+                             f"{type(self.batching).__name__}")
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """The whole endpoint: which models (None: every model in the repository, newest version, default batching).
+
+    ``threads`` is ONNX Runtime's intra-op thread count per session (None: ORT's default);
+    ``max_sessions`` bounds the sessions kept loaded (least recently used are dropped);
+    bodies over ``max_body_bytes`` are refused with 413 before they are read whole.
+    """
+
+    models: tuple[ServedModel, ...] | None = None
+    threads: int | None = None
+    max_sessions: int = 8
+    max_body_bytes: int = 64 * 1024 * 1024
+    #: Batching for models not listed in ``models`` when ``models`` is None.
+    default_batching: BatchingConfig = field(default_factory=BatchingConfig)
+
+    def __post_init__(self) -> None:
+        if self.models is not None:
+            if not isinstance(self.models, tuple) or not all(isinstance(m, ServedModel) for m in self.models):
+                raise InputError(f"InferenceConfig.models must be a tuple of ServedModel, got {self.models!r:.200}")
+            names = [m.name for m in self.models]
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise InputError(f"InferenceConfig.models lists {duplicates} more than once; list each model once")
+        if self.threads is not None:
+            _positive("InferenceConfig", "threads", self.threads)
+        _positive("InferenceConfig", "max_sessions", self.max_sessions)
+        _positive("InferenceConfig", "max_body_bytes", self.max_body_bytes)
+        if not isinstance(self.default_batching, BatchingConfig):
+            raise InputError("InferenceConfig.default_batching must be a BatchingConfig")
+
+    def served(self, name: str) -> ServedModel | None:
+        """The configuration of model ``name``, or None when this endpoint does not serve it."""
+        if self.models is None:
+            return ServedModel(name, None, self.default_batching)
+        return next((m for m in self.models if m.name == name), None)
+
+
+_MODEL_KEYS = {"name", "version", "batching"} | {f.name for f in fields(BatchingConfig)} - {"enabled"}
+
+
+def load_inference_config(path: str | os.PathLike[str]) -> tuple[ServedModel, ...]:
+    """The served models of a YAML file (see the module doc); InputError naming the file and entry otherwise."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read the inference config {path}: {exc.strerror}; pass an existing YAML file") \
+            from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"the inference config {path} is not valid YAML ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list) or set(data) - {"models"}:
+        raise InputError(f"the inference config {path} must be a mapping with one key 'models' holding a list, "
+                         f"e.g. 'models: [{{name: digits}}]'; got {data!r:.200}")
+    served = []
+    for number, entry in enumerate(data["models"], 1):
+        where = f"{path}: models[{number}]"
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise InputError(f"{where} must be a mapping with at least 'name', got {entry!r:.200}")
+        unknown = sorted(set(entry) - _MODEL_KEYS)
+        if unknown:
+            raise InputError(f"{where} has unknown keys {unknown}; use {sorted(_MODEL_KEYS)}")
+        batching = {k: entry[k] for k in ("preferred_batch_size", "max_queue_delay_us", "max_queue") if k in entry}
+        if "batching" in entry:
+            batching["enabled"] = entry["batching"]
+        version = entry.get("version")
+        try:
+            served.append(ServedModel(entry["name"], None if version is None else str(version),
+                                      BatchingConfig(**batching)))
+        except EdgeSDKError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+    return tuple(served)

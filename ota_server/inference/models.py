@@ -1,0 +1,242 @@
+"""Models of the inference endpoint: names and versions resolved in the OTA repository, ONNX Runtime sessions.
+
+A request without a version runs the version pinned in the endpoint's configuration, or else the
+newest stored version, looked up again on every request (a version pushed a moment ago is served
+without a restart). Sessions are kept per (name, version), the least recently used dropped beyond
+``InferenceConfig.max_sessions``; a batched model's session comes with its :class:`Batcher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import BackendError, BundleError, EdgeSDKError, InputError, ModelFormatError, NotFoundError
+from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.tensors import TensorSpec
+from edgesdk.v2_protocol import datatype_of
+
+from .batcher import Batcher, BatcherClosedError, QueueFullError
+from .config import BatchingConfig, InferenceConfig
+from .metrics import InferenceMetrics, ModelMetrics
+
+__all__ = ["LoadedModel", "ModelRegistry", "PLATFORM"]
+
+#: The ``platform`` of every model in ``GET /v2/models/{name}`` (Triton's name for ONNX Runtime models).
+PLATFORM = "onnxruntime_onnx"
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+              "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(uint16)": "uint16",
+              "tensor(int32)": "int32", "tensor(uint32)": "uint32", "tensor(int64)": "int64",
+              "tensor(uint64)": "uint64", "tensor(bool)": "bool"}
+
+
+def _spec(arg: Any, where: str) -> TensorSpec:
+    if arg.type not in _ORT_TYPES:
+        raise ModelFormatError(f"{where}: tensor {arg.name!r} has type {arg.type}, which the endpoint cannot serve")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
+    return TensorSpec(arg.name, shape, np.dtype(_ORT_TYPES[arg.type]))
+
+
+def v2_shape(spec: TensorSpec) -> list[int]:
+    """The shape as V2 metadata writes it: -1 for a dynamic dim."""
+    return [-1 if d is None else d for d in spec.shape]
+
+
+class LoadedModel:
+    """One model version in an ONNX Runtime session, with its batcher when batching applies."""
+
+    def __init__(self, name: str, version: str, session: Any, batching: BatchingConfig, metrics: ModelMetrics) -> None:
+        where = f"model {name} {version}"
+        self.name, self.version, self.session, self.metrics = name, version, session, metrics
+        self.inputs = tuple(_spec(arg, where) for arg in session.get_inputs())
+        self.outputs = tuple(_spec(arg, where) for arg in session.get_outputs())
+        dynamic = all(s.shape and s.shape[0] is None for s in (*self.inputs, *self.outputs))
+        self.batching = batching
+        self.batcher = Batcher(self.run, batching, metrics, f"{name}-{version}") if batching.enabled and dynamic \
+            else None
+        # Unbatched models: the same bound on requests at once as a batcher's queue.
+        self._slots = threading.BoundedSemaphore(batching.max_queue)
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """The V2 model metadata object."""
+        def tensor(spec: TensorSpec) -> dict[str, Any]:
+            return {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": v2_shape(spec)}
+        return {"name": self.name, "versions": versions, "platform": PLATFORM,
+                "inputs": [tensor(s) for s in self.inputs], "outputs": [tensor(s) for s in self.outputs]}
+
+    def check(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inputs if their names, datatypes and shapes fit the model; InputError naming the misfit otherwise."""
+        expected = [s.name for s in self.inputs]
+        missing = [n for n in expected if n not in inputs]
+        unknown = [n for n in inputs if n not in expected]
+        if missing or unknown:
+            raise InputError(f"model {self.name} {self.version} takes inputs {expected}; missing {missing}, "
+                             f"unexpected {unknown}")
+        for spec in self.inputs:
+            value = inputs[spec.name]
+            if value.dtype != spec.dtype:
+                raise InputError(f"input {spec.name!r} has datatype {datatype_of(value.dtype)} but model {self.name} "
+                                 f"{self.version} takes {datatype_of(spec.dtype)}; send {datatype_of(spec.dtype)}")
+            if not spec.accepts_shape(tuple(value.shape)):
+                raise InputError(f"input {spec.name!r} has shape {list(value.shape)} but model {self.name} "
+                                 f"{self.version} takes {v2_shape(spec)} (-1: any size)")
+        return {s.name: inputs[s.name] for s in self.inputs}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One ONNX Runtime call; its failure is a BackendError with ORT's message."""
+        try:
+            values = self.session.run(None, inputs)
+        except Exception as exc:  # onnxruntime raises its own exception types; translate at the boundary
+            raise BackendError(f"model {self.name} {self.version} failed on this input: {exc}") from None
+        return {spec.name: np.asarray(value) for spec, value in zip(self.outputs, values)}
+
+    def submit(self, inputs: dict[str, np.ndarray]) -> Future[dict[str, np.ndarray]] | None:
+        """Queue checked inputs with the batcher; None when the model runs unbatched (QueueFullError when full)."""
+        if self.batcher is None:
+            return None
+        try:
+            return self.batcher.submit(inputs)
+        except BatcherClosedError:
+            return None  # unloaded a moment ago: the session still works, run it directly
+
+    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Check and run one request, batched when the model batches; QueueFullError when its queue is full."""
+        inputs = self.check(inputs)
+        future = self.submit(inputs)
+        if future is not None:
+            return await asyncio.wrap_future(future)
+        if not self._slots.acquire(blocking=False):
+            raise QueueFullError(f"model {self.name} {self.version} is running {self.batching.max_queue} requests, "
+                                 "its max_queue; retry later, or raise max_queue in the inference config")
+        try:
+            return await asyncio.to_thread(self._run_measured, inputs)
+        finally:
+            self._slots.release()
+
+    def _run_measured(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        started = time.perf_counter()
+        outputs = self.run(inputs)
+        self.metrics.compute_seconds.observe(time.perf_counter() - started)
+        first = next(iter(inputs.values()))
+        self.metrics.batch_size.observe(first.shape[0] if first.ndim else 1)
+        return outputs
+
+    def close(self) -> None:
+        """Stop the batcher (queued requests still run)."""
+        if self.batcher is not None:
+            self.batcher.close()
+
+
+class ModelRegistry:
+    """The served models over an OTA :class:`ModelRepository`, with an LRU cache of loaded sessions."""
+
+    def __init__(self, repository: ModelRepository, config: InferenceConfig, metrics: InferenceMetrics) -> None:
+        self.repository, self.config, self.metrics = repository, config, metrics
+        self._loaded: OrderedDict[tuple[str, str], LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        """The models this endpoint serves that have a stored version."""
+        return [n for n in self.repository.models() if self.config.served(n) is not None]
+
+    def versions(self, name: str) -> list[str]:
+        """The stored versions of a served model, oldest first; NotFoundError when it is not served or stored."""
+        served = self.config.served(name)
+        if served is None:
+            raise NotFoundError(f"model {name!r} is not served by this endpoint; served: {self.names()}")
+        try:
+            versions = self.repository.versions(name)
+        except BundleError:
+            versions = []  # a name that could not be a directory is simply not there
+        if not versions:
+            raise NotFoundError(f"model {name!r} is not in the repository; served: {self.names()}")
+        return versions
+
+    def resolve(self, name: str, version: str | None) -> str:
+        """The version a request runs: ``version`` if stored, else the configured pin, else the newest."""
+        versions = self.versions(name)
+        served = self.config.served(name)
+        wanted = version if version is not None else served.version if served is not None else None
+        if wanted is None:
+            return versions[-1]
+        if wanted not in versions:
+            raise NotFoundError(f"model {name!r} has no version {wanted!r}; stored versions: {versions}")
+        return wanted
+
+    def cached(self, name: str, version: str) -> LoadedModel | None:
+        """The loaded model, if its session is in the cache (marks it recently used)."""
+        with self._lock:
+            model = self._loaded.get((name, version))
+            if model is not None:
+                self._loaded.move_to_end((name, version))
+            return model
+
+    def load(self, name: str, version: str) -> LoadedModel:
+        """The model's session, loaded from its bundle when not cached (blocking: ORT builds the session)."""
+        with self._load_lock:
+            model = self.cached(name, version)
+            if model is not None:
+                return model
+            model = self._open(name, version)
+            with self._lock:
+                self._loaded[(name, version)] = model
+                evicted = []
+                while len(self._loaded) > self.config.max_sessions:
+                    evicted.append(self._loaded.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+        return model
+
+    def get(self, name: str, version: str | None = None) -> LoadedModel:
+        """Resolve and load in one call (blocking)."""
+        resolved = self.resolve(name, version)
+        return self.cached(name, resolved) or self.load(name, resolved)
+
+    def _open(self, name: str, version: str) -> LoadedModel:
+        import onnxruntime as ort
+
+        from edgesdk.bundle import read_bundle
+        from edgesdk.model_file import ModelFormat
+
+        bundle = read_bundle(self.repository.path(name, version), verify_model=False)
+        if bundle.manifest.model_format is not ModelFormat.ONNX:
+            raise ModelFormatError(f"model {name} {version} is a {bundle.manifest.model_format.value} bundle; the "
+                                   "inference endpoint runs ONNX models only: push an onnx variant of it")
+        content = bundle.read_model().content
+        options = ort.SessionOptions()
+        if self.config.threads is not None:
+            options.intra_op_num_threads = self.config.threads
+            options.inter_op_num_threads = 1
+        try:
+            session = ort.InferenceSession(content, options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime's own error types
+            raise ModelFormatError(f"model {name} {version}: ONNX Runtime cannot load it ({exc})") from None
+        served = self.config.served(name)
+        batching = served.batching if served is not None else self.config.default_batching
+        return LoadedModel(name, version, session, batching, self.metrics.model(name, version))
+
+    def close(self) -> None:
+        """Stop every batcher and drop the sessions."""
+        with self._lock:
+            models, self._loaded = list(self._loaded.values()), OrderedDict()
+        for model in models:
+            model.close()
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The ``reason`` label of a failed request."""
+    if isinstance(exc, QueueFullError):
+        return "queue_full"
+    if isinstance(exc, NotFoundError):
+        return "not_found"
+    if isinstance(exc, EdgeSDKError):
+        return "bad_request"
+    return "error"
