@@ -51,6 +51,8 @@ _EXPORTS = {
     "NotFoundError": "edgesdk.errors",
     "ConflictError": "edgesdk.errors",
     "BrokerError": "edgesdk.errors",
+    "OverloadedError": "edgesdk.errors",
+    "OffloadPolicy": "edgesdk.offload.policy",
     "ManagedRuntime": "edgesdk.agent.managed",
 }
 
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
         ModelFormatError,
         NotFoundError,
         OffloadError,
+        OverloadedError,
         ProfileError,
         RolloutError,
         RolloutTimeoutError,
@@ -85,6 +88,7 @@ if TYPE_CHECKING:
         TransferError,
         UnsupportedOpError,
     )
+    from edgesdk.offload.policy import OffloadPolicy
     from edgesdk.profiles import Accelerator, CoreCluster, DeviceProfile, PowerMode, RuntimeMode, list_profiles, load_profile
     from edgesdk.runtime import Runtime, RuntimeInfo
     from edgesdk.scheduling import CorePlan, plan_cores

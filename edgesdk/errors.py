@@ -24,7 +24,9 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── NotFoundError                exit 19  the server has no such rollout, bundle, device or measurement
     ├── ConflictError                exit 20  the request contradicts the server's state (a version already
     │                                         stored with other content, already installed, a rollout running)
-    └── BrokerError                  exit 21  the MQTT broker refused this client (credentials, ACL)
+    ├── BrokerError                  exit 21  the MQTT broker refused this client (credentials, ACL)
+    └── OverloadedError              exit 22  predict_async() refused a request at once: the local queue and
+                                              the cloud offload are both full (load shedding)
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
 catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
@@ -53,6 +55,7 @@ __all__ = [
     "NotFoundError",
     "ConflictError",
     "BrokerError",
+    "OverloadedError",
 ]
 
 
@@ -111,9 +114,19 @@ class TransferError(EdgeSDKError):
 
 
 class OffloadError(EdgeSDKError):
-    """The cloud offload endpoint could not serve a request."""
+    """The cloud offload endpoint could not serve a request.
+
+    ``status`` is the server's HTTP status (None when no answer came); ``transient`` is True for
+    failures that may pass (connection refused or reset, timeouts, 5xx answers), False for
+    configuration errors (an unknown model, inputs that differ from the local model).
+    """
 
     exit_code = 11
+
+    def __init__(self, message: str, status: int | None = None, transient: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.transient = transient
 
 
 class ConversionError(EdgeSDKError):
@@ -179,3 +192,13 @@ class BrokerError(EdgeSDKError):
     """The MQTT broker refused this client: wrong credentials, or an ACL that denies its own topics."""
 
     exit_code = 21
+
+
+
+class OverloadedError(EdgeSDKError):
+    """``predict_async()`` refused a request at once because the local queue and the cloud offload are both full.
+
+    Nothing was queued: the caller decides whether to drop the frame, retry later or slow down.
+    """
+
+    exit_code = 22

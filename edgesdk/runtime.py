@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +21,10 @@ from edgesdk.profiles import Accelerator, AcceleratorKind, DeviceProfile, Runtim
 from edgesdk.scheduling import plan_cores
 from edgesdk.stats import LatencyStats, StatsSnapshot
 from edgesdk.tensors import TensorSpec, validate_inputs
+
+if TYPE_CHECKING:
+    from edgesdk.offload.dispatcher import Dispatcher
+    from edgesdk.offload.policy import OffloadPolicy
 
 __all__ = ["Runtime", "RuntimeInfo"]
 
@@ -90,6 +96,13 @@ class Runtime:
     to the CPU (no delegate/provider for this backend, a delegate that cannot load, a kind
     the board lacks) is logged as a warning and recorded in ``info.fallbacks``; a name that
     matches nothing is a :class:`BackendError`.
+
+    :meth:`predict_async` queues requests on a bounded local queue (``max_local_queue``,
+    default 8) and, with ``offload=OffloadPolicy(...)``, sends what the device cannot serve
+    within the policy's latency SLO to a KServe V2 endpoint (see :mod:`edgesdk.offload`).
+    The cloud model is checked against this one here: an unknown model or different inputs
+    raise :class:`OffloadError`; an unreachable server logs one warning and the runtime runs
+    locally until the endpoint answers.
     """
 
     def __init__(
@@ -101,7 +114,18 @@ class Runtime:
         accelerator: str = "auto",
         threads: int | None = None,
         stats_window: int = 1000,
+        offload: OffloadPolicy | None = None,
+        max_local_queue: int | None = None,
     ) -> None:
+        if offload is not None:
+            from edgesdk.offload.policy import OffloadPolicy
+
+            if not isinstance(offload, OffloadPolicy):
+                raise BackendError(f"offload must be an OffloadPolicy, got {type(offload).__name__}; build one with "
+                                   "edgesdk.OffloadPolicy(url, model, ...) or OffloadPolicy.from_dict(settings)")
+            if max_local_queue is not None and max_local_queue != offload.max_local_queue:
+                raise BackendError(f"max_local_queue={max_local_queue} contradicts the offload policy's "
+                                   f"max_local_queue={offload.max_local_queue}; set it in the policy only")
         self.bundle: Bundle | None = None
         if Path(model).is_dir():
             self.bundle = read_bundle(model, verify_model=False)
@@ -151,6 +175,17 @@ class Runtime:
         self._output_names = [o.name for o in self._backend.outputs]
         self._stats = LatencyStats(stats_window)
         self._closed = False
+        self._stats_window = stats_window
+        self._max_local_queue = max_local_queue
+        self._dispatcher: Dispatcher | None = None
+        self._dispatcher_lock = threading.Lock()
+        self.offload = offload
+        if offload is not None:
+            try:
+                self._ensure_dispatcher()
+            except BaseException:
+                self._backend.close()
+                raise
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -202,14 +237,48 @@ class Runtime:
             return outputs[0]
         return dict(zip(self._output_names, outputs))
 
+    def _ensure_dispatcher(self) -> Dispatcher:
+        with self._dispatcher_lock:
+            if self._dispatcher is None:
+                from edgesdk.offload.dispatcher import DEFAULT_LOCAL_QUEUE, Dispatcher
+
+                self._dispatcher = Dispatcher(lambda: self, self.offload, self._max_local_queue or DEFAULT_LOCAL_QUEUE,
+                                              stats_window=self._stats_window)
+            return self._dispatcher
+
+    def predict_async(self, inputs: np.ndarray | dict[str, np.ndarray], heavy: bool | None = None) -> Future[Any]:
+        """Queue one inference; a :class:`concurrent.futures.Future` of what :meth:`predict` would return.
+
+        Inputs are validated at once (:class:`InputError`). The request runs on the local queue
+        or, with an offload policy, on the cloud endpoint, whichever keeps the latency SLO (the
+        rule is in :mod:`edgesdk.offload.dispatcher`); ``heavy=True`` sends it to the cloud first
+        when the cloud is available (None: decided by the policy's ``heavy_input_bytes``). When
+        the local queue and the cloud are both full it is refused at once with
+        :class:`OverloadedError`; nothing queues without bound. A cloud request that fails runs
+        locally, so its Future still gets the local result.
+        """
+        if self._closed:
+            raise BackendError("this Runtime is closed; create a new one to run predictions")
+        return self._ensure_dispatcher().submit(inputs, heavy)
+
     def stats(self) -> StatsSnapshot:
-        """Call and error counts since loading, and latency percentiles over the last ``stats_window`` successful calls."""
-        return self._stats.snapshot()
+        """Call and error counts since loading, and latency percentiles over the last ``stats_window`` successful calls.
+
+        With :meth:`predict_async` in use it also says where requests ran (``paths``), how many
+        were refused and fell back, and the offload breaker's state.
+        """
+        overall = self._stats.snapshot()
+        dispatcher = self._dispatcher
+        return dispatcher.snapshot(overall) if dispatcher is not None else overall
 
     def close(self) -> None:
-        """Free the interpreter/session. Safe to call twice."""
+        """Stop the predict_async workers (waiting requests fail with BackendError), then free the model. Safe twice."""
         if not self._closed:
             self._closed = True
+            with self._dispatcher_lock:
+                dispatcher = self._dispatcher
+            if dispatcher is not None:
+                dispatcher.close()
             self._backend.close()
 
     def __enter__(self) -> Runtime:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +14,12 @@ __all__ = ["LatencyStats", "StatsSnapshot"]
 
 @dataclass(frozen=True)
 class StatsSnapshot:
-    """Counts since start and latency percentiles (milliseconds) over the last ``window`` calls."""
+    """Counts since start and latency percentiles (milliseconds) over the last ``window`` calls.
+
+    The overall fields count inferences run on this device's model (``predict`` and the local
+    runs of ``predict_async``), with the model's own run time, as they always have; ``paths``
+    tells where ``predict_async`` requests ran.
+    """
 
     #: Calls since start, failed ones included.
     count: int
@@ -25,10 +31,24 @@ class StatsSnapshot:
     p95_ms: float | None
     p99_ms: float | None
     mean_ms: float | None
+    #: Where ``predict_async`` requests ran: ``local`` and ``cloud``, each with its count, errors and end-to-end
+    #: latency (submission to result, queueing included); empty when predict_async was never used.
+    paths: dict[str, StatsSnapshot] = field(default_factory=dict)
+    #: predict_async requests refused with OverloadedError (local queue and cloud both full).
+    refused: int = 0
+    #: Cloud requests that failed or timed out and were then run locally.
+    fallbacks: int = 0
+    #: The offload circuit breaker: ``closed``, ``open``, ``half_open``, ``disabled`` (a configuration error);
+    #: None without an offload policy.
+    breaker: str | None = None
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        """The fields by name, ready for JSON."""
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name, ready for JSON (``paths`` as nested dicts)."""
+        paths = {name: {k: v for k, v in path.__dict__.items() if k in _PATH_FIELDS} for name, path in self.paths.items()}
+        return {**self.__dict__, "paths": paths}
+
+
+_PATH_FIELDS = ("count", "errors", "window", "p50_ms", "p95_ms", "p99_ms", "mean_ms")
 
 
 class LatencyStats:

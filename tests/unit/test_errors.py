@@ -38,7 +38,7 @@ def test_public_api_is_exactly_the_documented_names():
         "plan_cores", "EdgeSDKError", "ProfileError", "ModelFormatError", "BackendError", "InputError",
         "ScheduleError", "BudgetError", "SignatureError", "TransferError", "OffloadError", "ConversionError",
         "UnsupportedOpError", "DataError", "BundleError", "HealthCheckError", "RolloutError", "RolloutTimeoutError",
-        "NotFoundError", "ConflictError", "BrokerError", "ManagedRuntime",
+        "NotFoundError", "ConflictError", "BrokerError", "ManagedRuntime", "OverloadedError", "OffloadPolicy",
     }
     for name in edgesdk.__all__:
         assert getattr(edgesdk, name) is not None

@@ -1,0 +1,99 @@
+"""The circuit breaker in front of the cloud: failures open it, time half-opens it, one probe closes it.
+
+::
+
+    closed --(breaker_failures consecutive failures)--> open --(reset_s later)--> half_open
+    half_open --(the one probe succeeds)--> closed;  half_open --(the probe fails)--> open
+
+While open (and while the half-open probe is out) :meth:`CircuitBreaker.allow` says no and
+work stays local. The clock is injectable, so tests drive it without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["CircuitBreaker", "CLOSED", "OPEN", "HALF_OPEN"]
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+class CircuitBreaker:
+    """Counts consecutive cloud failures and decides whether the next request may try the cloud."""
+
+    def __init__(self, failures: int, reset_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if failures < 1 or reset_s <= 0:
+            raise ValueError(f"failures must be >= 1 and reset_s > 0, got {failures}, {reset_s}")
+        self._threshold, self._reset_s, self._clock = failures, reset_s, clock
+        self._lock = threading.Lock()
+        self._state = CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+        self._probe_out = False
+        #: Times the breaker opened (from closed or after a failed probe).
+        self.opened = 0
+
+    @property
+    def state(self) -> str:
+        """``closed``, ``open`` or ``half_open`` (open turns half_open once ``reset_s`` has passed)."""
+        with self._lock:
+            self._tick()
+            return self._state
+
+    def _tick(self) -> None:
+        if self._state == OPEN and self._clock() - self._opened_at >= self._reset_s:
+            self._state, self._probe_out = HALF_OPEN, False
+
+    def available(self) -> bool:
+        """Whether :meth:`allow` would say yes now, without claiming the half-open probe."""
+        with self._lock:
+            self._tick()
+            return self._state == CLOSED or (self._state == HALF_OPEN and not self._probe_out)
+
+    def allow(self) -> bool:
+        """Whether a request may go to the cloud now; in half-open state the first caller gets the one probe."""
+        with self._lock:
+            self._tick()
+            if self._state == CLOSED:
+                return True
+            if self._state == HALF_OPEN and not self._probe_out:
+                self._probe_out = True
+                return True
+            return False
+
+    def success(self) -> None:
+        """A cloud request succeeded: close the breaker and forget earlier failures."""
+        with self._lock:
+            self._state, self._failures, self._probe_out = CLOSED, 0, False
+
+    def failure(self) -> bool:
+        """A cloud request failed or timed out; returns True when this failure opened the breaker."""
+        with self._lock:
+            self._tick()
+            if self._state == HALF_OPEN:
+                self._open()
+                return True
+            if self._state == OPEN:
+                return False
+            self._failures += 1
+            if self._failures >= self._threshold:
+                self._open()
+                return True
+            return False
+
+    def release(self) -> None:
+        """A claimed request was not sent after all (cancelled): a half-open probe becomes available again."""
+        with self._lock:
+            self._probe_out = False
+
+    def trip(self) -> None:
+        """Open now, whatever the count (the cloud was unreachable at configuration)."""
+        with self._lock:
+            self._open()
+
+    def _open(self) -> None:
+        self._state, self._opened_at, self._probe_out = OPEN, self._clock(), False
+        self._failures = 0
+        self.opened += 1
