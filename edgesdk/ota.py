@@ -187,6 +187,9 @@ class Command:
     archive: ArchiveInfo | None
     #: The signed envelope, kept so an interrupted transfer can resume after a restart.
     raw: bytes
+    #: The cloud endpoint the server hands its devices for this version: ``{"url", "model", "version"}`` of a
+    #: KServe V2 endpoint serving the same model version (None: the server has none).
+    offload: dict[str, str] | None = None
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
@@ -241,11 +244,34 @@ def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
 
 
 def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
-                 group: str, rollback: bool = False, archive: ArchiveInfo | None = None) -> bytes:
-    """The signed envelope of a deploy or rollback command, ready to publish."""
-    return _seal(private_key, {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
-                               "version": version, "group": group, "rollback": rollback, "issued_at": time.time(),
-                               "archive": _archive_dict(archive)})
+                 group: str, rollback: bool = False, archive: ArchiveInfo | None = None,
+                 offload_url: str | None = None) -> bytes:
+    """The signed envelope of a deploy or rollback command, ready to publish.
+
+    ``offload_url`` is the KServe V2 endpoint devices may offload to; the command names it with
+    this model and version, which the endpoint serves from the same repository.
+    """
+    body: dict[str, Any] = {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
+                            "version": version, "group": group, "rollback": rollback, "issued_at": time.time(),
+                            "archive": _archive_dict(archive)}
+    if offload_url:
+        body["offload"] = {"url": _offload_url(offload_url), "model": name, "version": version}
+    return _seal(private_key, body)
+
+
+def _offload_url(url: Any) -> str:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 2048:
+        raise TransferError(f"offload url {url!r:.100} must be an http:// or https:// URL")
+    return url
+
+
+def _parse_offload(data: Any, name: str, version: str) -> dict[str, str] | None:
+    """The command's offload endpoint, checked: it must serve the command's own model and version."""
+    if data is None:
+        return None
+    if not isinstance(data, dict) or data.get("model") != name or data.get("version") != version:
+        raise TransferError(f"offload {data!r:.200} must name this command's model {name!r} and version {version!r}")
+    return {"url": _offload_url(data.get("url")), "model": name, "version": version}
 
 
 def sign_measure_command(private_key: Any, *, measurement_id: str, transfer_id: str, archive: ArchiveInfo,
@@ -305,7 +331,8 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
         command = Command(type=m["type"], deployment_id=check_id(m["deployment_id"], "deployment id"),
                           transfer_id=check_id(m["transfer_id"], "transfer id"), name=safe_name(m["name"], "model name"),
                           version=m["version"], group=check_id(m["group"], "group"), rollback=bool(m["rollback"]),
-                          issued_at=float(m["issued_at"]), archive=archive, raw=envelope)
+                          issued_at=float(m["issued_at"]), archive=archive, raw=envelope,
+                          offload=_parse_offload(m.get("offload"), m["name"], m["version"]))
         parse_version(command.version)
     except (KeyError, TypeError, ValueError) as exc:
         raise TransferError(f"command manifest is malformed: {exc}") from exc

@@ -64,6 +64,9 @@ class ServerConfig:
     resend_s: float = 3.0
     #: A measurement that has no result after this long fails (request_measurement can ask for another).
     measure_timeout_s: float = 600.0
+    #: The KServe V2 endpoint (as devices reach it) that deploy commands hand to devices for cloud offload;
+    #: it must serve this repository (``edgesdk server --inference``). None: commands name no endpoint.
+    offload_url: str | None = None
 
 
 class OTAServer:
@@ -218,7 +221,8 @@ class OTAServer:
                  archive: ArchiveInfo | None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
-                            version=version, group=r.group, rollback=rollback, archive=archive)
+                            version=version, group=r.group, rollback=rollback, archive=archive,
+                            offload_url=self.config.offload_url)
 
     def _slots(self, device_id: str) -> tuple[str, ...]:
         device = self.db.device(device_id)

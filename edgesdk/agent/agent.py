@@ -319,6 +319,8 @@ class DeviceAgent:
             return
         self._remember(command)
         slot = self.store.slot_name(command.name, command.version)
+        # Written before the install, read by apps only once this slot is committed (edgesdk.agent.follow).
+        self.store.save_offload_endpoint(slot, command.offload)
         if command.type == "rollback" or self.store.has_slot(slot):
             if not self.store.has_slot(slot):
                 self._event(command, AgentEvent.FAILED, reason=f"rollback target {slot} is not in this device's store")

@@ -7,6 +7,7 @@ Layout::
     store/state.json                {"committed", "pending", "seen"}, written tmp + fsync + rename
     store/incoming/<transfer>.*     a transfer in progress (see edgesdk.agent.transfer)
     store/scratch/<measurement>/    a candidate model being measured (never a slot; removed afterwards)
+    store/offload/<slot>.json       the cloud endpoint the server named for that version (offload), if any
 
 Slots, pointers and ``state.json`` are readable by every user and writable only by the
 agent's, so an app in another process (and as another user) can follow the committed model
@@ -31,7 +32,7 @@ from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BundleError
 from edgesdk.files import atomic_dir, fsync_dir, write_atomic
 
-__all__ = ["ModelStore", "StoreState", "PendingInstall", "committed_slot"]
+__all__ = ["ModelStore", "StoreState", "PendingInstall", "committed_slot", "offload_endpoint"]
 
 #: How many handled deployment ids the state file keeps for refusing replays.
 _SEEN_KEPT = 200
@@ -98,6 +99,17 @@ def committed_slot(root: str | os.PathLike[str]) -> Path | None:
     return root / "slots" / committed if committed else None
 
 
+def offload_endpoint(root: str | os.PathLike[str], slot: str) -> dict[str, str] | None:
+    """The offload endpoint (``url``, ``model``, ``version``) the server named for ``slot``, or None."""
+    try:
+        data = json.loads((Path(root) / "offload" / f"{slot}.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"the offload endpoint of {slot} in {root} cannot be read ({exc})") from exc
+    return {k: str(data[k]) for k in ("url", "model", "version")} if isinstance(data, dict) and "url" in data else None
+
+
 class ModelStore:
     """Slots on disk plus the ``current``/``previous`` pointers and the agent's state file."""
 
@@ -128,6 +140,15 @@ class ModelStore:
         _write_json_atomic(self._state_path, {"committed": state.committed,
                                               "pending": state.pending.to_json() if state.pending else None,
                                               "seen": state.seen[-_SEEN_KEPT:]})
+
+    def save_offload_endpoint(self, slot: str, endpoint: Mapping[str, str] | None) -> None:
+        """Record (or, with None, forget) the offload endpoint the server named for ``slot``."""
+        path = self.root / "offload" / f"{slot}.json"
+        if endpoint is None:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(exist_ok=True)
+        _write_json_atomic(path, dict(endpoint))
 
     # slots -------------------------------------------------------------------------------
     @staticmethod

@@ -55,6 +55,24 @@ def test_changed_manifest_fails_the_signature(keys):
         parse_command(json.dumps(envelope).encode(), keys["server_pub"])
 
 
+def test_a_command_hands_the_device_an_offload_endpoint_for_its_own_version(keys):
+    assert parse_command(_command(keys), keys["server_pub"]).offload is None
+    command = parse_command(_command(keys, offload_url="http://10.0.0.5:8000"), keys["server_pub"])
+    assert command.offload == {"url": "http://10.0.0.5:8000", "model": "digits", "version": "1.2.0"}
+    with pytest.raises(TransferError, match="must be an http:// or https:// URL"):
+        _command(keys, offload_url="ftp://10.0.0.5")
+
+
+def test_an_offload_endpoint_for_another_model_is_refused(keys):
+    from edgesdk.ota import _archive_dict, _seal
+
+    body = {"type": "deploy", "deployment_id": "d1", "transfer_id": "t1", "name": "digits", "version": "1.2.0",
+            "group": "cams", "rollback": False, "issued_at": 0.0, "archive": _archive_dict(INFO),
+            "offload": {"url": "http://10.0.0.5:8000", "model": "other", "version": "1.2.0"}}
+    with pytest.raises(TransferError, match="must name this command's model 'digits'"):
+        parse_command(_seal(keys["server"], body), keys["server_pub"])
+
+
 def test_unsigned_commands_need_the_development_flag(keys):
     with pytest.raises(SignatureError, match="no server public key is pinned"):
         parse_command(_command(keys), None)

@@ -1,0 +1,38 @@
+"""The server hands its devices the offload endpoint in each signed command; the store keeps it per version."""
+
+from __future__ import annotations
+
+from edgesdk.agent.store import offload_endpoint
+from edgesdk.fleet_protocol import RolloutPolicy
+from edgesdk.ota import pack_bundle
+
+from .conftest import wait_for
+
+FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+
+
+def _rollout(server, version):
+    rollout = server.start_rollout("digits", version, "cams", FAST)
+    wait_for(lambda: server.status(rollout).state != "running", timeout=60, what=f"rollout {version}")
+    return server.status(rollout)
+
+
+def test_each_committed_version_names_the_endpoint_serving_that_version(broker, make_server, make_agent, bundles):
+    server = make_server(broker.url, offload_url="http://127.0.0.1:8000")
+    agent = make_agent("cam0", broker.url)
+    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
+    for version in ("1.0.0", "2.0.0"):
+        server.upload(pack_bundle(bundles[version]))
+        assert _rollout(server, version).state == "completed"
+    assert offload_endpoint(agent.store.root, "digits-2.0.0") == {"url": "http://127.0.0.1:8000", "model": "digits",
+                                                                  "version": "2.0.0"}
+    assert offload_endpoint(agent.store.root, "digits-1.0.0")["version"] == "1.0.0"
+
+
+def test_without_an_endpoint_the_store_names_none(broker, make_server, make_agent, bundles):
+    server = make_server(broker.url)
+    agent = make_agent("cam0", broker.url)
+    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
+    server.upload(pack_bundle(bundles["1.0.0"]))
+    assert _rollout(server, "1.0.0").state == "completed"
+    assert offload_endpoint(agent.store.root, "digits-1.0.0") is None
