@@ -1,0 +1,50 @@
+"""Fixtures of the offload tests: the wide MLP (from tests/conftest.py), a local runtime, a fake V2 server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgesdk import Runtime
+from edgesdk.testing import mlp_forward
+from tests.offload.fake_v2 import FakeV2Server
+
+
+class FakeClock:
+    """A clock tests move by hand (the predictor and the breaker read it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def wide_onnx(wide_mlp):
+    return wide_mlp[1]
+
+
+@pytest.fixture(scope="session")
+def frames(wide_mlp):
+    """Eight single-row inputs and the outputs the model must give for them."""
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((1, 256)).astype(np.float32) for _ in range(8)]
+    return xs, [mlp_forward(wide_mlp[0], x) for x in xs]
+
+
+@pytest.fixture
+def local(wide_onnx):
+    with Runtime(wide_onnx, threads=1) as rt:
+        yield rt
+
+
+@pytest.fixture
+def cloud(wide_onnx):
+    with FakeV2Server(wide_onnx) as server:
+        yield server

@@ -1,0 +1,154 @@
+"""OffloadPolicy validation, and the latency predictor and circuit breaker as pure units on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk import OffloadPolicy
+from edgesdk.errors import EdgeSDKError, OffloadError
+from edgesdk.offload.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from edgesdk.offload.predictor import LatencyPredictor
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_policy_defaults_and_round_trip():
+    policy = OffloadPolicy("http://127.0.0.1:8000/", "digits", latency_slo_ms=50, heavy_input_bytes=4096)
+    assert policy.base_url == "http://127.0.0.1:8000"
+    assert policy.binary is None and policy.version is None
+    assert OffloadPolicy.from_dict(policy.to_dict()) == policy
+    assert OffloadPolicy.from_dict({"url": "https://cloud.example:443/prefix", "model": "m"}).max_local_queue == 8
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"url": "ftp://host/x"}, "url 'ftp://host/x'"),
+    ({"url": "127.0.0.1:8000"}, "http:// or https://"),
+    ({"url": "http://host:99999"}, "invalid port"),
+    ({"url": "http://host:8000/?a=1"}, "query"),
+    ({"model": ""}, "model ''"),
+    ({"model": "a/b"}, "no '/'"),
+    ({"version": ""}, "version ''"),
+    ({"latency_slo_ms": 0}, "latency_slo_ms must be a number > 0, got 0"),
+    ({"latency_slo_ms": float("nan")}, "latency_slo_ms"),
+    ({"max_local_queue": 0}, "max_local_queue must be an integer > 0, got 0"),
+    ({"max_local_queue": 2.5}, "max_local_queue must be an integer"),
+    ({"max_cloud_inflight": -1}, "max_cloud_inflight"),
+    ({"timeout_ms": -5}, "timeout_ms must be a number > 0, got -5"),
+    ({"connect_timeout_ms": "1"}, "connect_timeout_ms"),
+    ({"heavy_input_bytes": 0}, "heavy_input_bytes"),
+    ({"breaker_failures": True}, "breaker_failures"),
+    ({"breaker_reset_s": 0}, "breaker_reset_s"),
+    ({"binary": "yes"}, "binary must be true, false or null"),
+    ({"predictor_alpha": 1.5}, "predictor_alpha must be in (0, 1]"),
+])
+def test_policy_rejects_bad_values_naming_them(changes, words):
+    settings = {"url": "http://127.0.0.1:8000", "model": "digits", **changes}
+    with pytest.raises(OffloadError) as info:
+        OffloadPolicy(**settings)
+    assert words in str(info.value)
+    assert isinstance(info.value, EdgeSDKError)
+
+
+def test_policy_from_dict_names_unknown_and_missing_settings():
+    with pytest.raises(OffloadError, match=r"unknown setting\(s\) \['slo'\]"):
+        OffloadPolicy.from_dict({"url": "http://h:1", "model": "m", "slo": 5})
+    with pytest.raises(OffloadError, match=r"missing \['model'\]"):
+        OffloadPolicy.from_dict({"url": "http://h:1"})
+    with pytest.raises(OffloadError, match="must be a mapping"):
+        OffloadPolicy.from_dict(["url"])  # type: ignore[arg-type]
+
+
+def test_policy_is_frozen():
+    policy = OffloadPolicy("http://h:1", "m")
+    with pytest.raises(AttributeError):
+        policy.model = "other"  # type: ignore[misc]
+
+
+def test_predictor_is_zero_until_it_has_seen_a_run():
+    predictor = LatencyPredictor(0.5, FakeClock())
+    assert predictor.service_s is None
+    assert predictor.predict_s(10) == 0.0
+
+
+def test_predictor_multiplies_service_time_by_the_queue_ahead_plus_what_is_left_of_the_running_one():
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.5, clock)
+    predictor.begin()
+    clock.now += 0.010
+    predictor.end()
+    assert predictor.service_s == pytest.approx(0.010)
+    assert predictor.predict_s(0) == pytest.approx(0.010)
+    assert predictor.predict_s(3) == pytest.approx(0.040)
+    predictor.begin()  # one running for 4 ms: 6 ms of it left
+    clock.now += 0.004
+    assert predictor.predict_s(2) == pytest.approx(0.030 + 0.006)
+    clock.now += 0.016  # overran its estimate: nothing left of it is counted
+    assert predictor.predict_s(0) == pytest.approx(0.010)
+    predictor.end()  # 20 ms: the average moves halfway
+    assert predictor.service_s == pytest.approx(0.015)
+
+
+def test_predictor_ignores_failed_runs_and_takes_outside_samples():
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.25, clock)
+    predictor.observe(0.008)
+    predictor.begin()
+    clock.now += 5
+    predictor.end(record=False)
+    assert predictor.service_s == pytest.approx(0.008)
+    predictor.observe(0.016)
+    assert predictor.service_s == pytest.approx(0.010)
+    with pytest.raises(ValueError):
+        LatencyPredictor(0)
+
+
+def test_breaker_opens_after_consecutive_failures_only():
+    breaker = CircuitBreaker(3, 10.0, FakeClock())
+    assert breaker.failure() is False
+    assert breaker.failure() is False
+    breaker.success()  # a success in between resets the count
+    assert breaker.failure() is False and breaker.failure() is False
+    assert breaker.state == CLOSED and breaker.allow()
+    assert breaker.failure() is True
+    assert breaker.state == OPEN and not breaker.allow() and not breaker.available()
+    assert breaker.failure() is False  # late failures of requests already out do not re-open it
+    assert breaker.opened == 1
+
+
+def test_breaker_half_opens_after_reset_and_lets_one_probe_through():
+    clock = FakeClock()
+    breaker = CircuitBreaker(1, 10.0, clock)
+    breaker.failure()
+    clock.now += 9.9
+    assert breaker.state == OPEN and not breaker.allow()
+    clock.now += 0.1
+    assert breaker.state == HALF_OPEN
+    assert breaker.available()
+    assert breaker.allow() is True  # the probe
+    assert breaker.allow() is False and not breaker.available()  # only one
+    breaker.success()
+    assert breaker.state == CLOSED and breaker.allow() and breaker.allow()
+
+
+def test_a_failed_probe_opens_the_breaker_for_another_period():
+    clock = FakeClock()
+    breaker = CircuitBreaker(2, 5.0, clock)
+    breaker.trip()
+    assert breaker.state == OPEN
+    clock.now += 5
+    assert breaker.allow()
+    assert breaker.failure() is True
+    assert breaker.state == OPEN
+    clock.now += 4.9
+    assert not breaker.allow()
+    clock.now += 0.1
+    assert breaker.allow()
+    breaker.release()  # the probe was not sent after all: another caller may probe
+    assert breaker.allow()
+    assert breaker.opened == 2
