@@ -40,7 +40,7 @@ class BatcherClosedError(EdgeSDKError):
     """The batcher was closed (its model was unloaded); the caller runs the request without it."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a request is removed from the queue as itself, arrays are not compared
 class _Pending:
     inputs: dict[str, np.ndarray]
     rows: int

@@ -108,7 +108,10 @@ class InferenceConfig:
     def served(self, name: str) -> ServedModel | None:
         """The configuration of model ``name``, or None when this endpoint does not serve it."""
         if self.models is None:
-            return ServedModel(name, None, self.default_batching)
+            try:
+                return ServedModel(name, None, self.default_batching)
+            except EdgeSDKError:
+                return None  # not a name a model can have, so not one this endpoint serves
         return next((m for m in self.models if m.name == name), None)
 
 

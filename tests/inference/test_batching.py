@@ -1,0 +1,163 @@
+"""Dynamic batching: concurrent requests share one ONNX Runtime call, a full queue answers 503 at once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from edgesdk.ota_server.inference import BatchingConfig, ServedModel
+from edgesdk.ota_server.inference.batcher import Batcher, QueueFullError
+from edgesdk.v2_protocol import HEADER_LENGTH, decode_response, encode_request
+from tests.inference.conftest import WIDTH_IN, reference
+from tests.inference.http import error_of, request
+
+
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def post(endpoint, x: np.ndarray, model: str = "mlp"):
+    body, headers = encode_request({"input": x}, binary_inputs=True, binary_outputs=True)
+    return request(f"{endpoint.url}/v2/models/{model}/infer", body, headers)
+
+
+def sample(endpoint, metric: str, suffix: str, model: str = "mlp") -> float:
+    text = request(f"{endpoint.url}/metrics")[2].decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == metric:
+            return sum(s.value for s in family.samples if s.name == metric + suffix and s.labels.get("model") == model)
+    raise AssertionError(f"{metric} not in /metrics")
+
+
+def test_concurrent_requests_run_as_one_batch_with_single_request_outputs(serve, bundles):
+    # A generous delay: the batcher waits for all 8 rows, so the batch is 8 whatever the scheduling.
+    endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(preferred_batch_size=8,
+                                                                        max_queue_delay_us=20_000_000))])
+    xs = [np.random.default_rng(i).standard_normal((1, WIDTH_IN)).astype(np.float32) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda x: post(endpoint, x), xs))
+    for x, (status, headers, body) in zip(xs, answers):
+        assert status == 200
+        got = decode_response(body, int(headers[HEADER_LENGTH])).outputs["probabilities"]
+        np.testing.assert_allclose(got, reference(bundles["mlp-1"], x), rtol=1e-5, atol=1e-6)
+    assert sample(endpoint, "edgesdk_inference_batch_size", "_count") == 1
+    assert sample(endpoint, "edgesdk_inference_batch_size", "_sum") == 8
+
+
+def test_full_queue_answers_503_at_once_and_queued_requests_still_run(serve):
+    endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(max_queue=2, max_queue_delay_us=0))])
+    model = endpoint.registry.get("mlp")
+    x = np.ones((1, WIDTH_IN), np.float32)
+    with ThreadPoolExecutor(2) as pool:
+        with model.batcher.paused():
+            queued = [pool.submit(post, endpoint, x) for _ in range(2)]
+            wait_until(lambda: model.batcher.depth == 2, "two queued requests")
+            status, message = error_of(post(endpoint, x))
+            assert status == 503 and "max_queue" in message
+            assert sample(endpoint, "edgesdk_inference_queue_depth", "") == 2
+        assert [f.result()[0] for f in queued] == [200, 200]
+    assert sample(endpoint, "edgesdk_inference_failures", "_total") == 1
+
+
+def test_batching_off_and_fixed_batch_models_run_each_request_alone(serve):
+    endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(enabled=False)), ServedModel("fixed")])
+    assert endpoint.registry.get("mlp").batcher is None and endpoint.registry.get("fixed").batcher is None
+    assert post(endpoint, np.ones((3, WIDTH_IN), np.float32))[0] == 200
+    assert post(endpoint, np.ones((1, WIDTH_IN), np.float32), "fixed")[0] == 200
+    assert sample(endpoint, "edgesdk_inference_batch_size", "_sum") == 3
+
+
+class Recorder:
+    """A run function that records the shapes it was called with and answers each row's sum."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, ...]] = []
+
+    def __call__(self, inputs):
+        x = inputs["x"]
+        self.calls.append(x.shape)
+        return {"y": x.reshape(len(x), -1).sum(axis=1)}
+
+
+def test_requests_of_different_shapes_are_not_concatenated():
+    recorder = Recorder()
+    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=8, max_queue_delay_us=0))
+    try:
+        with batcher.paused():
+            futures = [batcher.submit({"x": np.full((1, 3), i, np.float32)}) for i in (1, 2)]
+            futures.append(batcher.submit({"x": np.full((2, 5), 3, np.float32)}))
+            futures.append(batcher.submit({"x": np.full((1, 3), 4, np.float32)}))
+        results = [f.result(timeout=10)["y"].tolist() for f in futures]
+    finally:
+        batcher.close()
+    assert results == [[3.0], [6.0], [15.0, 15.0], [12.0]]
+    assert recorder.calls == [(3, 3), (2, 5)]
+
+
+def test_batch_never_exceeds_preferred_size_and_failures_reach_every_request():
+    recorder = Recorder()
+    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=4, max_queue_delay_us=0, max_queue=3))
+    try:
+        with batcher.paused():
+            futures = [batcher.submit({"x": np.ones((rows, 2), np.float32)}) for rows in (2, 3, 2)]
+            with pytest.raises(QueueFullError):
+                batcher.submit({"x": np.ones((1, 2), np.float32)})
+        [f.result(timeout=10) for f in futures]
+        assert recorder.calls == [(4, 2), (3, 2)]
+    finally:
+        batcher.close()
+
+    def broken(inputs):
+        raise ValueError("kernel exploded")
+
+    batcher = Batcher(broken, BatchingConfig(preferred_batch_size=4, max_queue_delay_us=0))
+    try:
+        with batcher.paused():
+            futures = [batcher.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(2)]
+        for f in futures:
+            with pytest.raises(ValueError, match="kernel exploded"):
+                f.result(timeout=10)
+    finally:
+        batcher.close()
+
+
+def test_close_runs_what_is_queued():
+    recorder = Recorder()
+    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=100, max_queue_delay_us=60_000_000))
+    futures = [batcher.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(3)]
+    closer = threading.Thread(target=batcher.close)
+    closer.start()
+    assert [f.result(timeout=10)["y"].tolist() for f in futures] == [[2.0]] * 3
+    closer.join(10)
+    assert batcher.closed and not closer.is_alive()
+
+
+def test_metrics_parse_and_count_per_model_and_version(serve, repo, bundles):
+    endpoint = serve()
+    assert post(endpoint, np.ones((2, WIDTH_IN), np.float32))[0] == 200
+    assert error_of(post(endpoint, np.ones((2, WIDTH_IN + 1), np.float32)))[0] == 400
+    assert error_of(post(endpoint, np.ones((1, WIDTH_IN), np.float32), "nope"))[0] == 404
+    status, headers, body = request(f"{endpoint.url}/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert {"edgesdk_inference_requests", "edgesdk_inference_failures", "edgesdk_inference_request_seconds",
+            "edgesdk_inference_queue_seconds", "edgesdk_inference_compute_seconds", "edgesdk_inference_batch_size",
+            "edgesdk_inference_queue_depth"} <= set(families)
+    requests = {(s.labels["model"], s.labels["version"]): s.value for s in families["edgesdk_inference_requests"].samples
+                if s.name.endswith("_total")}
+    assert requests == {("mlp", "1.0.0"): 2.0, ("_unknown", ""): 1.0}
+    failures = {(s.labels["model"], s.labels["reason"]): s.value for s in families["edgesdk_inference_failures"].samples
+                if s.name.endswith("_total")}
+    assert failures == {("mlp", "bad_request"): 1.0, ("_unknown", "not_found"): 1.0}
+    assert sample(endpoint, "edgesdk_inference_request_seconds", "_count") == 2
+    assert json.loads(request(f"{endpoint.url}/v2/health/ready")[2]) == {"ready": True}
