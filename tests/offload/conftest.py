@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -48,3 +50,25 @@ def local(wide_onnx):
 def cloud(wide_onnx):
     with FakeV2Server(wide_onnx) as server:
         yield server
+
+
+class GatedModel:
+    """A real local runtime whose predictions wait for ``gate`` (tests block the local worker with it)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.gate = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    @property
+    def inputs(self):
+        return self.runtime.inputs
+
+    @property
+    def outputs(self):
+        return self.runtime.outputs
+
+    def predict(self, inputs):
+        self.entered.release()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return self.runtime.predict(inputs)

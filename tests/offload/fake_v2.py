@@ -137,7 +137,7 @@ class FakeV2Server:
     """One ONNX model behind a V2 HTTP server on a free loopback port; a context manager."""
 
     def __init__(self, model_path: str | Path, name: str = "mlp", advertise_binary: bool = True,
-                 metadata_inputs: list[dict[str, Any]] | None = None) -> None:
+                 metadata_inputs: list[dict[str, Any]] | None = None, port: int | None = None) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -152,7 +152,7 @@ class FakeV2Server:
         self.release = threading.Event()
         self.cond = threading.Condition()
         self.infers = self.binary_bodies = self.gets = self.held = self.connections = 0
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: _Server | None = None
 

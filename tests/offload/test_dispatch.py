@@ -1,0 +1,261 @@
+"""Routing between a real local ONNX Runtime model and a real V2 HTTP server, and every fault on the way.
+
+Routing is made deterministic by the dispatcher's fake clock and by telling the predictor a
+service time (``predictor.observe``): no test depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from edgesdk import OffloadPolicy, Runtime
+from edgesdk.errors import BackendError, InputError, OffloadError, OverloadedError
+from edgesdk.offload.dispatcher import Dispatcher
+from edgesdk.ota_server.broker import free_port
+from tests.offload.conftest import GatedModel
+from tests.offload.fake_v2 import FakeV2Server
+
+SLOW_DEVICE_S = 10.0  # what the predictor is told a local run takes, so that every request would break the SLO
+
+
+def _policy(server_or_url, **settings) -> OffloadPolicy:
+    url = server_or_url if isinstance(server_or_url, str) else server_or_url.url
+    return OffloadPolicy(url, "mlp", **{"latency_slo_ms": 50, "max_local_queue": 16, "max_cloud_inflight": 8,
+                                        "timeout_ms": 2000, **settings})
+
+
+@pytest.fixture
+def dispatchers():
+    made: list[Dispatcher] = []
+
+    def make(model, policy, clock, slow_device: bool = True, **options) -> Dispatcher:
+        dispatcher = Dispatcher(lambda: model, policy, clock=clock, **options)
+        made.append(dispatcher)
+        if slow_device:
+            dispatcher.predictor.observe(SLOW_DEVICE_S)
+        return dispatcher
+
+    yield make
+    for dispatcher in made:
+        dispatcher.close()
+
+
+def _check(futures, frames, indexes=None):
+    xs, wants = frames
+    for i, future in zip(indexes or range(len(futures)), futures):
+        got = future.result(timeout=30)
+        assert got.dtype == np.float32 and got.shape == wants[i].shape
+        assert np.allclose(got, wants[i], atol=1e-5)
+
+
+def _offload_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("edgesdk.offload") and r.levelno >= logging.WARNING]
+
+
+def test_a_saturated_device_sends_work_to_the_cloud_and_gets_the_local_results(local, cloud, frames, clock, dispatchers):
+    dispatcher = dispatchers(local, _policy(cloud), clock)
+    futures = [dispatcher.submit(x) for x in frames[0]]
+    _check(futures, frames)
+    stats = dispatcher.snapshot(local.stats())
+    assert (stats.paths["cloud"].count, stats.paths["local"].count) == (8, 0)
+    assert stats.breaker == "closed" and stats.refused == 0 and stats.fallbacks == 0
+    assert cloud.infers == 8 and cloud.binary_bodies == 8
+    assert stats.as_dict()["paths"]["cloud"]["p99_ms"] is not None
+
+
+def test_work_stays_local_while_the_device_keeps_its_slo(wide_onnx, cloud, frames):
+    with Runtime(wide_onnx, threads=1, offload=_policy(cloud, latency_slo_ms=60_000)) as rt:
+        results = [rt.predict_async(x).result(timeout=30) for x in frames[0]]
+        stats = rt.stats()
+    assert all(np.allclose(r, w, atol=1e-5) for r, w in zip(results, frames[1]))
+    assert (stats.paths["local"].count, stats.paths["cloud"].count, cloud.infers) == (8, 0, 0)
+    assert stats.count == 8  # the overall figures keep counting the local model's runs
+
+
+def test_when_the_device_has_room_again_work_comes_back(local, cloud, frames, clock, dispatchers):
+    dispatcher = dispatchers(local, _policy(cloud), clock)
+    assert dispatcher.route(dispatcher_feeds(frames)) == "cloud"
+    dispatcher.predictor.observe(0.001)  # the device got faster (the other model stopped)
+    for _ in range(40):
+        dispatcher.predictor.observe(0.001)
+    assert dispatcher.route(dispatcher_feeds(frames)) == "local"
+    _check([dispatcher.submit(frames[0][0])], frames)
+    assert cloud.infers == 0
+
+
+def dispatcher_feeds(frames):
+    return {"input": frames[0][0]}
+
+
+def test_heavy_requests_go_to_the_cloud_first(local, cloud, frames, clock, dispatchers):
+    dispatcher = dispatchers(local, _policy(cloud, heavy_input_bytes=1024, latency_slo_ms=60_000), clock,
+                             slow_device=False)
+    small = frames[0][0][:, :128].copy()  # not this model's shape: only the size matters to route()
+    assert dispatcher.route({"input": small}) == "local"
+    assert dispatcher.route({"input": frames[0][0]}) == "cloud"  # 256 float32 = 1024 bytes
+    assert dispatcher.route({"input": frames[0][0]}, heavy=False) == "local"
+    _check([dispatcher.submit(frames[0][0]), dispatcher.submit(frames[0][1], heavy=False),
+            dispatcher.submit(frames[0][2], heavy=True)], frames)
+    stats = dispatcher.snapshot(local.stats())
+    assert (stats.paths["cloud"].count, stats.paths["local"].count) == (2, 1)
+
+
+def test_cloud_unreachable_at_start_runs_local_warns_once_and_the_probe_reconnects(local, frames, clock, dispatchers,
+                                                                                caplog):
+    port = free_port()
+    policy = _policy(f"http://127.0.0.1:{port}", connect_timeout_ms=500, breaker_reset_s=30)
+    with caplog.at_level(logging.WARNING):
+        dispatcher = dispatchers(local, policy, clock)
+        _check([dispatcher.submit(x) for x in frames[0]], frames)
+    warnings = _offload_warnings(caplog)
+    assert len(warnings) == 1 and "cannot be reached" in warnings[0] and "running locally" in warnings[0]
+    stats = dispatcher.snapshot(local.stats())
+    assert (stats.paths["local"].count, stats.paths["cloud"].count, stats.breaker) == (8, 0, "open")
+
+    with FakeV2Server(local.info.model, port=port) as server:
+        clock.now += 30  # the breaker half-opens: the next request is the probe, which configures the client first
+        _check([dispatcher.submit(frames[0][3])], frames, [3])
+        assert dispatcher.snapshot(local.stats()).breaker == "closed"
+        assert server.infers == 1
+        _check([dispatcher.submit(x) for x in frames[0]], frames)
+        assert server.infers == 9
+
+
+def test_a_runtime_with_an_unreachable_cloud_starts_and_serves(wide_onnx, frames, caplog):
+    policy = _policy(f"http://127.0.0.1:{free_port()}", connect_timeout_ms=500)
+    with caplog.at_level(logging.WARNING), Runtime(wide_onnx, threads=1, offload=policy) as rt:
+        _check([rt.predict_async(x) for x in frames[0]], frames)
+        assert rt.stats().breaker == "open"
+    assert len(_offload_warnings(caplog)) == 1
+
+
+def test_cloud_killed_mid_run_every_request_finishes_locally(local, cloud, frames, clock, dispatchers):
+    dispatcher = dispatchers(local, _policy(cloud, max_cloud_inflight=4, breaker_failures=3), clock)
+    cloud.mode = "kill"
+    futures = [dispatcher.submit(x) for x in frames[0][:4]]
+    cloud.wait_held(4)
+    cloud.stop()  # nothing listens any more; the held requests are dropped without an answer
+    cloud.release.set()
+    futures += [dispatcher.submit(x) for x in frames[0][4:]]
+    _check(futures, frames)
+    stats = dispatcher.snapshot(local.stats())
+    assert stats.fallbacks == 4 and stats.paths["cloud"].errors == 4 and stats.paths["local"].count == 8
+    assert stats.breaker == "open"
+
+
+@pytest.mark.parametrize("fault", ["500 error", "422 detail", "text", "malformed"])
+def test_cloud_errors_are_typed_counted_by_the_breaker_and_served_locally(local, cloud, frames, clock, dispatchers,
+                                                                         fault):
+    if fault == "500 error":
+        cloud.fail(500, b'{"error": "model crashed"}')
+    elif fault == "422 detail":
+        cloud.fail(422, b'{"detail": [{"loc": ["body", "inputs"], "msg": "field required"}]}')
+    elif fault == "text":
+        cloud.fail(502, b"Bad Gateway", "text/plain")
+    else:
+        cloud.mode = "malformed"
+    dispatcher = dispatchers(local, _policy(cloud, breaker_failures=2, binary=False), clock)
+    for i in range(4):  # one at a time: two go to the cloud and fail over, then the open breaker keeps work local
+        _check([dispatcher.submit(frames[0][i])], frames, [i])
+    stats = dispatcher.snapshot(local.stats())
+    assert (stats.paths["cloud"].errors, stats.fallbacks, stats.paths["local"].count) == (2, 2, 4)
+    assert stats.breaker == "open" and cloud.infers == 2
+
+
+def test_a_cloud_slower_than_the_timeout_falls_back_to_local(local, cloud, frames, clock, dispatchers, caplog):
+    cloud.mode = "slow"
+    dispatcher = dispatchers(local, _policy(cloud, timeout_ms=200, breaker_failures=1), clock)
+    with caplog.at_level(logging.WARNING):
+        _check([dispatcher.submit(frames[0][0])], frames)
+    stats = dispatcher.snapshot(local.stats())
+    assert (stats.paths["cloud"].errors, stats.fallbacks, stats.breaker) == (1, 1, "open")
+    assert any("breaker open" in w and "timed out" in w for w in _offload_warnings(caplog))
+
+
+def test_a_model_the_cloud_lacks_is_an_error_at_construction(wide_onnx, cloud):
+    with pytest.raises(OffloadError, match="has no model 'resnet'.*deploy the model there"):
+        Runtime(wide_onnx, threads=1, offload=OffloadPolicy(cloud.url, "resnet"))
+
+
+def test_a_cloud_model_with_other_inputs_is_an_error_at_construction(wide_onnx):
+    other = [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+    with FakeV2Server(wide_onnx, metadata_inputs=other) as server, \
+            pytest.raises(OffloadError, match=r"input 'input' has shape \[-1, 64\] on the server but \[-1, 256\] here"):
+        Runtime(wide_onnx, threads=1, offload=_policy(server))
+
+
+def test_both_sides_full_is_refused_at_once_and_nothing_is_lost(local, cloud, frames, clock, dispatchers):
+    gated = GatedModel(local)
+    dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=2, max_cloud_inflight=1), clock)
+    cloud.mode = "hold"
+    to_cloud = dispatcher.submit(frames[0][0])
+    cloud.wait_held(1)
+    running = dispatcher.submit(frames[0][1])  # the cloud is full: local, and the worker blocks on the gate
+    assert gated.entered.acquire(timeout=30)
+    waiting = dispatcher.submit(frames[0][2])
+    with pytest.raises(OverloadedError, match=r"local queue is full \(2/2\), 1/1 cloud requests open, breaker closed"):
+        dispatcher.submit(frames[0][3])
+    assert dispatcher.snapshot(local.stats()).refused == 1
+    gated.gate.set()
+    cloud.mode = "ok"
+    cloud.release.set()
+    _check([to_cloud, running, waiting], frames)
+
+
+def test_predict_async_without_a_policy_has_a_bounded_local_queue(local, frames, dispatchers):
+    gated = GatedModel(local)
+    dispatcher = dispatchers(gated, None, clock=lambda: 0.0, slow_device=False, max_local_queue=2)
+    first = dispatcher.submit(frames[0][0])
+    assert gated.entered.acquire(timeout=30)
+    second = dispatcher.submit(frames[0][1])
+    with pytest.raises(OverloadedError, match=r"\(2/2\) and no offload policy"):
+        dispatcher.submit(frames[0][2])
+    with pytest.raises(InputError, match="expects dtype float32, got float64"):
+        dispatcher.submit(frames[0][2].astype(np.float64))
+    gated.gate.set()
+    _check([first, second], frames)
+    stats = dispatcher.snapshot(local.stats())
+    assert stats.breaker is None and stats.refused == 1
+
+
+def test_close_fails_waiting_requests_finishes_the_running_one_and_returns(local, frames, dispatchers):
+    gated = GatedModel(local)
+    dispatcher = dispatchers(gated, None, clock=lambda: 0.0, slow_device=False, max_local_queue=4)
+    running = dispatcher.submit(frames[0][0])
+    assert gated.entered.acquire(timeout=30)
+    waiting = [dispatcher.submit(x) for x in frames[0][1:3]]
+    closer = threading.Thread(target=dispatcher.close)
+    closer.start()
+    for future in waiting:
+        with pytest.raises(BackendError, match="closed before this request ran"):
+            future.result(timeout=30)
+    gated.gate.set()
+    closer.join(30)
+    assert not closer.is_alive()
+    _check([running], frames)
+    with pytest.raises(BackendError, match="closed"):
+        dispatcher.submit(frames[0][0])
+
+
+def test_runtime_close_with_requests_queued_never_hangs(wide_onnx, frames):
+    rt = Runtime(wide_onnx, threads=1, max_local_queue=64)
+    futures = [rt.predict_async(x) for x in frames[0] * 4]
+    rt.close()
+    for future in futures:  # each one either ran or says why not
+        try:
+            assert future.result(timeout=30).shape == (1, 10)
+        except BackendError as exc:
+            assert "closed" in str(exc)
+    with pytest.raises(BackendError, match="closed"):
+        rt.predict_async(frames[0][0])
+
+
+def test_runtime_rejects_a_queue_bound_that_contradicts_its_policy(wide_onnx, cloud):
+    with pytest.raises(BackendError, match="max_local_queue=3 contradicts the offload policy's max_local_queue=16"):
+        Runtime(wide_onnx, threads=1, offload=_policy(cloud), max_local_queue=3)
+    with pytest.raises(BackendError, match="offload must be an OffloadPolicy"):
+        Runtime(wide_onnx, threads=1, offload={"url": cloud.url})  # type: ignore[arg-type]
