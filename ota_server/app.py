@@ -46,21 +46,34 @@ class ServerSetup:
     token: str | None = None
     #: The server class to start: OTAServer, or a subclass (the fault-injection tests damage chunks with one).
     server_class: type[OTAServer] = OTAServer
+    #: ``HOST:PORT`` of the KServe V2 inference endpoint (cloud offload), or None for none. No auth: data plane.
+    inference: str | None = None
+    #: What the inference endpoint serves (None: every model, newest version, batching on; see
+    #: :class:`edgesdk.ota_server.inference.InferenceConfig`).
+    inference_config: Any = None
 
 
 class RunningServer:
-    """A started server: ``ota`` (rollouts, fleet state), its ``repository`` and, if asked for, ``http`` (admin API)."""
+    """A started server: ``ota`` (rollouts, fleet state), its ``repository`` and, if asked for, ``http`` (admin API)
+    and ``inference`` (the KServe V2 endpoint, an :class:`~edgesdk.ota_server.inference.InferenceServer`)."""
 
-    def __init__(self, ota: OTAServer, repository: ModelRepository, http: Any = None) -> None:
-        self.ota, self.repository, self.http = ota, repository, http
+    def __init__(self, ota: OTAServer, repository: ModelRepository, http: Any = None, inference: Any = None) -> None:
+        self.ota, self.repository, self.http, self.inference = ota, repository, http, inference
 
     @property
     def url(self) -> str | None:
         """The admin API's base URL, or None without one."""
         return self.http.url if self.http is not None else None
 
+    @property
+    def inference_url(self) -> str | None:
+        """The inference endpoint's base URL (``/v2`` is under it), or None without one."""
+        return self.inference.url if self.inference is not None else None
+
     def stop(self) -> None:
-        """Stop the HTTP API first (no request may reach a stopped server), then the server."""
+        """Stop the HTTP APIs first (no request may reach a stopped server), then the server."""
+        if self.inference is not None:
+            self.inference.stop()
         if self.http is not None:
             self.http.stop()
         self.ota.stop()
@@ -73,22 +86,27 @@ class RunningServer:
 
 
 def build_server(setup: ServerSetup) -> RunningServer:
-    """Open the repository and fleet store, start the server, and the admin API when ``setup.http`` is set."""
+    """Open the repository and fleet store, start the server, the admin API when ``setup.http`` is set and the
+    inference endpoint when ``setup.inference`` is set."""
     extra = {"chunk_size": setup.chunk_size} if setup.chunk_size is not None else {}
     repository = ModelRepository(Path(setup.repo), keep_latest=setup.keep_latest, signer_key=setup.bundle_key,
                                  allow_unsigned=setup.allow_unsigned, **extra)
-    ota = setup.server_class(setup.server, repository, FleetDB(setup.db), setup.signing_key).start()
-    if setup.http is None:
-        return RunningServer(ota, repository)
-    from edgesdk.ota_server.http_api import HttpServer, create_app
-
-    if not setup.token:
-        ota.stop()
+    if setup.http is not None and not setup.token:
         raise EdgeSDKError("an admin API needs a token: set ServerSetup.token (edgesdk server: --token/--token-file)")
-    host, _, port = setup.http.rpartition(":")
+    ota = setup.server_class(setup.server, repository, FleetDB(setup.db), setup.signing_key).start()
+    running = RunningServer(ota, repository)
     try:
-        http = HttpServer(create_app(ota, setup.token), host or "127.0.0.1", int(port)).start()
+        if setup.inference is not None:
+            from edgesdk.ota_server.inference import serve_inference
+
+            running.inference = serve_inference(repository, setup.inference, config=setup.inference_config)
+        if setup.http is not None:
+            from edgesdk.ota_server.http_api import HttpServer, create_app
+
+            assert setup.token
+            host, _, port = setup.http.rpartition(":")
+            running.http = HttpServer(create_app(ota, setup.token), host or "127.0.0.1", int(port)).start()
     except BaseException:
-        ota.stop()
+        running.stop()
         raise
-    return RunningServer(ota, repository, http)
+    return running

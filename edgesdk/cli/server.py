@@ -1,4 +1,4 @@
-"""``edgesdk server`` (run the OTA server) and ``edgesdk server mosquitto-config``."""
+"""``edgesdk server`` (the OTA server), ``edgesdk server inference`` (KServe V2 only) and ``mosquitto-config``."""
 
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ import secrets
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
 
-def _require_server_extra(embedded_broker: bool) -> None:
+def _require_server_extra(embedded_broker: bool, inference: bool = False) -> None:
     """Fail with the install hint, before any work, when the ``[server]`` extra is missing."""
     import importlib
 
     from edgesdk.errors import EdgeSDKError
 
-    modules = ["starlette", "uvicorn", *(["amqtt"] if embedded_broker else [])]
+    modules = ["starlette", "uvicorn", *(["amqtt"] if embedded_broker else []),
+               *(["prometheus_client"] if inference else [])]
     missing = []
     for module in modules:
         try:
@@ -62,11 +64,19 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--embedded-broker", is_flag=True,
               help="Run an in-process MQTT broker (amqtt, no passwords) on 127.0.0.1, on the port of --broker "
                    "(mqtt://127.0.0.1:PORT) or a free one (no mosquitto needed).")
+@click.option("--inference", "inference_address", metavar="HOST:PORT",
+              help="Also serve the repository's models over KServe V2 (cloud offload) on HOST:PORT; no auth.")
+@click.option("--inference-config", type=click.Path(exists=True, dir_okay=False),
+              help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, max_queue?, "
+                   "batching?}]} (default: every model, newest version, batching on).")
+@click.option("--inference-threads", type=click.IntRange(min=1), metavar="N", help="ONNX Runtime threads per model session.")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
-           credentials: str | None, ca_file: str | None, keep_latest: int, embedded_broker: bool) -> None:
-    """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API."""
+           credentials: str | None, ca_file: str | None, keep_latest: int, embedded_broker: bool,
+           inference_address: str | None, inference_config: str | None, inference_threads: int | None) -> None:
+    """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
+    --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
         return
     missing = [name for name, value in (("--broker", broker or embedded_broker), ("--repo", repo), ("--db", db),
@@ -74,7 +84,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)}")
     assert repo and db and key
-    _require_server_extra(embedded_broker)
+    _require_server_extra(embedded_broker, inference_address is not None)
     from edgesdk.logs import configure
 
     configure(info_loggers=("edgesdk.ota_server",))  # rollout transitions are the operator's record
@@ -96,15 +106,48 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address,
-        token=_token(token, Path(token_file) if token_file else Path(db).parent / "admin.token")))
-    click.echo(f"edgesdk server: broker {broker}, admin API {running.url}", err=True)
+        token=_token(token, Path(token_file) if token_file else Path(db).parent / "admin.token"),
+        inference=inference_address,
+        inference_config=_inference_config(inference_config, inference_threads) if inference_address else None))
+    click.echo(f"edgesdk server: broker {broker}, admin API {running.url}"
+               + (f", inference {running.inference_url}/v2" if running.inference_url else ""), err=True)
+    _wait_for_signal()
+    running.stop()
+    if embedded is not None:
+        embedded.stop()
+
+
+def _inference_config(path: str | None, threads: int | None) -> Any:
+    from edgesdk.ota_server.inference import InferenceConfig, load_inference_config
+
+    return InferenceConfig(models=load_inference_config(path) if path else None, threads=threads)
+
+
+def _wait_for_signal() -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     done.wait()
+
+
+@server.command("inference")
+@click.option("--repo", type=click.Path(exists=True, file_okay=False), required=True,
+              help="Model repository directory (the OTA server's --repo).")
+@click.option("--listen", default="127.0.0.1:8081", show_default=True, metavar="HOST:PORT", help="Address to serve on.")
+@click.option("--inference-config", type=click.Path(exists=True, dir_okay=False),
+              help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, max_queue?, "
+                   "batching?}]} (default: every model, newest version, batching on).")
+@click.option("--threads", type=click.IntRange(min=1), metavar="N", help="ONNX Runtime threads per model session.")
+def inference(repo: str, listen: str, inference_config: str | None, threads: int | None) -> None:
+    """Serve a repository's models over KServe V2 only (a box that takes offloaded work; no MQTT, no admin API)."""
+    _require_server_extra(False, inference=True)
+    from edgesdk.ota_server.inference import serve_inference
+
+    config = _inference_config(inference_config, threads)
+    running = serve_inference(repo, listen, config=config)
+    click.echo(f"edgesdk inference endpoint: {running.url}/v2 (metrics {running.url}/metrics)", err=True)
+    _wait_for_signal()
     running.stop()
-    if embedded is not None:
-        embedded.stop()
 
 
 @server.command("mosquitto-config")

@@ -131,7 +131,8 @@ class Batcher:
         first = self._queue[0]
         deadline = first.queued_at + self.config.max_queue_delay_us / 1e6
         while True:
-            batch, rows = [], 0
+            batch: list[_Pending] = []
+            rows = 0
             for item in self._queue:
                 if item.key == first.key and (not batch or rows + item.rows <= self.config.preferred_batch_size):
                     batch.append(item)
