@@ -246,6 +246,12 @@ class Runtime:
                                               stats_window=self._stats_window)
             return self._dispatcher
 
+    @property
+    def dispatcher(self) -> Dispatcher | None:
+        """The predict_async dispatcher (routing state, predictor, breaker); None until predict_async is first used
+        without an offload policy."""
+        return self._dispatcher
+
     def predict_async(self, inputs: np.ndarray | dict[str, np.ndarray], heavy: bool | None = None) -> Future[Any]:
         """Queue one inference; a :class:`concurrent.futures.Future` of what :meth:`predict` would return.
 

@@ -10,6 +10,12 @@ Before a new model takes traffic it must pass its bundle's health check: the sam
 must give the expected output within the manifest's tolerance, and the median latency of
 a few runs (after the usual warm-up, :func:`edgesdk.bench.time_predictions`) must be within
 ``max_latency_ms``.
+
+With ``offload=OffloadPolicy(...)``, :meth:`ManagedRuntime.predict_async` routes between the
+active model and a KServe V2 endpoint (:mod:`edgesdk.offload`). There is one dispatcher for
+the ManagedRuntime's lifetime: its local runs go to whichever model is active, so the queue,
+the breaker and the statistics survive swaps; after a swap the cloud model is checked again
+against the new model before the next cloud request.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +35,12 @@ from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, HealthCheckError
 from edgesdk.profiles import DeviceProfile, load_profile
 from edgesdk.runtime import Runtime
+from edgesdk.stats import StatsSnapshot
+from edgesdk.tensors import TensorSpec
+
+if TYPE_CHECKING:
+    from edgesdk.offload.dispatcher import Dispatcher
+    from edgesdk.offload.policy import OffloadPolicy
 
 __all__ = ["ManagedRuntime", "HealthReport", "health_check"]
 
@@ -84,9 +97,19 @@ class ManagedRuntime:
 
     def __init__(self, model: str | os.PathLike[str] | None = None, profile: str | DeviceProfile | None = None,
                  mode: str | None = None, swap_order: str = "auto", wait_timeout_s: float = 30.0,
+                 offload: OffloadPolicy | None = None, max_local_queue: int | None = None,
                  **runtime_options: Any) -> None:
         if swap_order not in ("auto", "load-first", "unload-first"):
             raise BackendError(f"swap_order {swap_order!r} must be auto, load-first or unload-first")
+        if offload is not None:
+            from edgesdk.offload.policy import OffloadPolicy
+
+            if not isinstance(offload, OffloadPolicy):
+                raise BackendError(f"offload must be an OffloadPolicy, got {type(offload).__name__}; build one with "
+                                   "edgesdk.OffloadPolicy(url, model, ...) or OffloadPolicy.from_dict(settings)")
+            if max_local_queue is not None and max_local_queue != offload.max_local_queue:
+                raise BackendError(f"max_local_queue={max_local_queue} contradicts the offload policy's "
+                                   f"max_local_queue={offload.max_local_queue}; set it in the policy only")
         if profile is None:
             from edgesdk.detect import detect_device
 
@@ -98,9 +121,64 @@ class ManagedRuntime:
         self._active: _Active | None = None
         self._swap_lock = threading.Lock()
         self.swaps = 0
+        self.offload = offload
+        self._max_local_queue = max_local_queue
+        self._dispatcher: Dispatcher | None = None
+        self._dispatcher_lock = threading.Lock()
+        self._closed = False
         if model is not None:
             bundle = read_bundle(model)
             self._active = _Active(self._load(bundle), bundle)
+        if offload is not None:
+            try:
+                self._ensure_dispatcher()
+            except BaseException:
+                self.close()
+                raise
+
+    def _ensure_dispatcher(self) -> Dispatcher:
+        with self._dispatcher_lock:
+            if self._dispatcher is None:
+                from edgesdk.offload.dispatcher import DEFAULT_LOCAL_QUEUE, Dispatcher
+
+                self._dispatcher = Dispatcher(lambda: self, self.offload, self._max_local_queue or DEFAULT_LOCAL_QUEUE)
+            return self._dispatcher
+
+    def _current(self) -> Runtime:
+        with self._cond:
+            if self._active is None:
+                raise BackendError("no model is active; install one first")
+            return self._active.runtime
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The active model's inputs (BackendError while none is active)."""
+        return self._current().inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        """The active model's outputs (BackendError while none is active)."""
+        return self._current().outputs
+
+    @property
+    def dispatcher(self) -> Dispatcher | None:
+        """The predict_async dispatcher (routing state, predictor, breaker); None until predict_async is first used
+        without an offload policy."""
+        return self._dispatcher
+
+    def predict_async(self, inputs: Any, heavy: bool | None = None) -> Future[Any]:
+        """Like :meth:`Runtime.predict_async`; local runs go to the model active when they start."""
+        if self._closed:
+            raise BackendError("this ManagedRuntime is closed; create a new one to run predictions")
+        return self._ensure_dispatcher().submit(inputs, heavy)
+
+    def stats(self) -> StatsSnapshot:
+        """The active model's statistics plus where predict_async requests ran (across swaps); see Runtime.stats."""
+        with self._cond:
+            active = self._active
+        overall = active.runtime.stats() if active else StatsSnapshot(0, 0, 0, None, None, None, None)
+        dispatcher = self._dispatcher
+        return dispatcher.snapshot(overall) if dispatcher is not None else overall
 
     def _load(self, bundle: Bundle) -> Runtime:
         return Runtime(bundle.path, profile=self.profile, mode=self.mode, **self._options)
@@ -166,6 +244,7 @@ class ManagedRuntime:
                 self._retire(old)
                 self._cond.notify_all()
             self.swaps += 1
+            self._model_changed()
             return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
 
     def _swap_unload_first(self, bundle: Bundle) -> HealthReport:
@@ -188,10 +267,21 @@ class ManagedRuntime:
             self._active = _Active(runtime, bundle)
             self._cond.notify_all()
         self.swaps += 1
+        self._model_changed()
         return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
 
+    def _model_changed(self) -> None:
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.model_changed()
+
     def close(self) -> None:
-        """Release the serving model once requests in flight on it have finished."""
+        """Stop the predict_async workers (waiting requests fail), then release the model once requests finish."""
+        self._closed = True
+        with self._dispatcher_lock:
+            dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.close()
         with self._cond:
             active, self._active = self._active, None
             self._retire(active)

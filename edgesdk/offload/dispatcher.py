@@ -124,10 +124,11 @@ class Dispatcher:
         assert self._client is not None and self.breaker is not None
         try:
             model = self._model()
+            inputs, outputs = model.inputs, model.outputs
         except BackendError:
             return  # no model yet (a ManagedRuntime before its first install): the first cloud request configures
         try:
-            self._client.configure(model.inputs, model.outputs)
+            self._client.configure(inputs, outputs)
         except OffloadError as exc:
             if not exc.transient:
                 self.close()
@@ -145,6 +146,7 @@ class Dispatcher:
         """The local model was replaced: check the cloud model against it again before the next cloud request."""
         if self._client is not None:
             self._client.configured = False
+            self._disabled = None  # a model that did not match the cloud's may have been replaced by one that does
 
     def _ensure_configured(self, job: _Job) -> None:
         assert self._client is not None
