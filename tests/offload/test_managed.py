@@ -6,26 +6,9 @@ import numpy as np
 import pytest
 
 from edgesdk import ManagedRuntime, OffloadPolicy
-from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.errors import BackendError, OffloadError
-from edgesdk.testing import mlp_forward, random_mlp, write_mlp_onnx
+from edgesdk.testing import mlp_forward
 from tests.offload.fake_v2 import FakeV2Server
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    """Two bundles of the same shape with different weights, and their weights."""
-    folder = tmp_path_factory.mktemp("managed-offload")
-    made = []
-    for version, seed in (("1.0.0", 1), ("2.0.0", 2)):
-        weights = random_mlp([64, 32, 10], seed=seed)
-        model = write_mlp_onnx(weights, folder / f"m{seed}.onnx")
-        spec = BundleSpec("mlp", version, "onnx-fp32", "generic-x86_64", "latency",
-                          health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))
-        x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
-        bundle_from_model(folder / version, model, spec, {"input": x})
-        made.append((folder / version, model, weights))
-    return made
 
 
 def test_the_dispatcher_survives_a_swap_and_runs_locally_on_the_new_model(two):
