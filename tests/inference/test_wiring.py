@@ -90,3 +90,10 @@ def test_cli_bad_inference_config_is_a_clear_error(tmp_path, repo):
     result = CliRunner().invoke(cli, ["server", "inference", "--repo", str(repo.root), "--listen",
                                       f"127.0.0.1:{free_port()}", "--inference-config", str(config)])
     assert result.exit_code != 0 and "preferred_batch_size is 0" in result.output
+
+
+def test_importing_the_package_loads_no_web_framework_runtime_or_metrics_library():
+    code = ("import sys, edgesdk.ota_server.inference, edgesdk.ota_server.app, edgesdk.cli.server; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'starlette', 'uvicorn', 'onnxruntime', "
+            "'prometheus_client', 'tritonclient'}))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
