@@ -294,6 +294,8 @@ class Dispatcher:
         except Exception as exc:
             self._cloud_failed(job, exc)
             return
+        if self.breaker.state != "closed":
+            log.info("offload: %s answers again; circuit breaker closed", self._client.model_label)
         self.breaker.success()
         with self._lock:
             self._cloud_inflight -= 1
@@ -303,8 +305,11 @@ class Dispatcher:
     def _cloud_failed(self, job: _Job, exc: Exception) -> None:
         assert self.breaker is not None
         self._paths["cloud"].record_error()
+        probing = self.breaker.state == "half_open"
         if self.breaker.failure():
-            log.warning("offload: circuit breaker open after %s; all work local for %g s", exc, self.breaker_reset_s)
+            # One warning when a working cloud starts failing; a failed probe of a cloud already known down is quieter.
+            (log.info if probing else log.warning)("offload: circuit breaker open after %s; all work local for %g s",
+                                                   exc, self.breaker_reset_s)
         with self._lock:
             self._cloud_inflight -= 1
             if self._closed:

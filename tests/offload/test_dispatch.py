@@ -116,6 +116,13 @@ def test_cloud_unreachable_at_start_runs_local_warns_once_and_the_probe_reconnec
     stats = dispatcher.snapshot(local.stats())
     assert (stats.paths["local"].count, stats.paths["cloud"].count, stats.breaker) == (8, 0, "open")
 
+    with caplog.at_level(logging.WARNING):
+        clock.now += 30  # half-open: the probe finds the cloud still down and its request runs locally
+        _check([dispatcher.submit(frames[0][2])], frames, [2])
+    stats = dispatcher.snapshot(local.stats())
+    assert (stats.fallbacks, stats.paths["cloud"].errors, stats.breaker) == (1, 1, "open")
+    assert len(_offload_warnings(caplog)) == 1  # still the one warning: a failed probe is not news
+
     with FakeV2Server(local.info.model, port=port) as server:
         clock.now += 30  # the breaker half-opens: the next request is the probe, which configures the client first
         _check([dispatcher.submit(frames[0][3])], frames, [3])
