@@ -266,3 +266,25 @@ def test_runtime_rejects_a_queue_bound_that_contradicts_its_policy(wide_onnx, cl
         Runtime(wide_onnx, threads=1, offload=_policy(cloud), max_local_queue=3)
     with pytest.raises(BackendError, match="offload must be an OffloadPolicy"):
         Runtime(wide_onnx, threads=1, offload={"url": cloud.url})  # type: ignore[arg-type]
+
+
+def test_the_real_predictor_learns_from_the_first_local_run(wide_onnx, cloud, frames):
+    """No fake clock: the first request runs locally (nothing known yet); no local run fits a 1 µs SLO after that."""
+    with Runtime(wide_onnx, threads=1, offload=_policy(cloud, latency_slo_ms=0.001)) as rt:
+        results = [rt.predict_async(x).result(timeout=30) for x in frames[0]]
+        stats = rt.stats()
+    assert all(np.allclose(r, w, atol=1e-5) for r, w in zip(results, frames[1]))
+    assert (stats.paths["local"].count, stats.paths["cloud"].count) == (1, 7)
+
+
+def test_stats_as_dict_is_json_with_the_paths(local, cloud, frames, clock, dispatchers):
+    import json
+
+    dispatcher = dispatchers(local, _policy(cloud), clock)
+    _check([dispatcher.submit(frames[0][0])], frames)
+    data = json.loads(json.dumps(dispatcher.snapshot(local.stats()).as_dict()))
+    assert set(data) == {"count", "errors", "window", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "paths", "refused",
+                         "fallbacks", "breaker"}
+    assert set(data["paths"]) == {"local", "cloud"}
+    assert set(data["paths"]["cloud"]) == {"count", "errors", "window", "p50_ms", "p95_ms", "p99_ms", "mean_ms"}
+    assert data["paths"]["cloud"]["count"] == 1 and data["breaker"] == "closed"
