@@ -280,11 +280,11 @@ class Runtime:
     def close(self) -> None:
         """Stop the predict_async workers (waiting requests fail with BackendError), then free the model. Safe twice."""
         if not self._closed:
-            self._closed = True
             with self._dispatcher_lock:
                 dispatcher = self._dispatcher
             if dispatcher is not None:
-                dispatcher.close()
+                dispatcher.close()  # first: the request it is running still needs the model
+            self._closed = True
             self._backend.close()
 
     def __enter__(self) -> Runtime:

@@ -222,8 +222,9 @@ class Dispatcher:
                 self._enqueue(job, front=False)
                 return job.future
             self._cloud_inflight += 1
-        assert self._executor is not None
-        self._executor.submit(self._run_cloud, job)
+            assert self._executor is not None
+            # Under the lock: close() marks the dispatcher closed under it before shutting the executor down.
+            self._executor.submit(self._run_cloud, job)
         return job.future
 
     def _enqueue(self, job: _Job, front: bool) -> None:
