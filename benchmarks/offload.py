@@ -315,9 +315,9 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
     after = path_counts(runtime)
     with lock:
         unfinished = submitted[0] - counts["done"]
-        # refused at submit time never got a future; refusals inside futures are counted in "done"
+        # Refused at submission: no future (OverloadedError raised by predict_async); "submitted" counts futures.
         return OpenLoopRun(rate, float(arrivals[-1]) if len(arrivals) else max_s, list(latencies), counts["refused"],
-                           counts["failed"], unfinished, submitted[0] + 0, lag[0] * 1e3,
+                           counts["failed"], unfinished, submitted[0], lag[0] * 1e3,
                            {k: after.get(k, 0) - before.get(k, 0) for k in after}, list(errors))
 
 
