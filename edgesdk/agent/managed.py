@@ -39,6 +39,7 @@ from edgesdk.stats import StatsSnapshot
 from edgesdk.tensors import TensorSpec
 
 if TYPE_CHECKING:
+    from edgesdk.agent.follow import StoreFollower
     from edgesdk.offload.dispatcher import Dispatcher
     from edgesdk.offload.policy import OffloadPolicy
 
@@ -122,6 +123,8 @@ class ManagedRuntime:
         self._swap_lock = threading.Lock()
         self.swaps = 0
         self.offload = offload
+        #: Set by :meth:`follow`: what watches the agent's store.
+        self.follower: StoreFollower | None = None
         self._max_local_queue = max_local_queue
         self._dispatcher: Dispatcher | None = None
         self._dispatcher_lock = threading.Lock()
@@ -270,14 +273,50 @@ class ManagedRuntime:
         self._model_changed()
         return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
 
-    def _model_changed(self) -> None:
+    def _model_changed(self, policy: OffloadPolicy | None = None) -> None:
+        if policy is not None:
+            self.offload = policy
         dispatcher = self._dispatcher
         if dispatcher is not None:
-            dispatcher.model_changed()
+            dispatcher.model_changed(policy)
+
+    @classmethod
+    def follow(cls, store: str | os.PathLike[str], profile: str | DeviceProfile | None = None, mode: str | None = None,
+               offload: OffloadPolicy | None = None, poll_s: float = 1.0, watch: str = "auto",
+               **options: Any) -> ManagedRuntime:
+        """Serve the model an agent in another process committed in ``store``, and each one it commits next.
+
+        The app starts on the store's committed slot (or waits, as :meth:`predict` does, until the
+        agent's first install) and swaps, with the usual no-failed-request guarantee, when the agent
+        commits another: a version still pending its health check is never loaded, and a rollback is
+        followed too (:class:`edgesdk.agent.follow.StoreFollower`; ``follower.mode`` says whether
+        inotify or polling noticed). Without ``offload``, the endpoint the server named for the
+        committed version (if any) is used, pinned to that version and retargeted on each commit.
+        """
+        from edgesdk.agent.follow import StoreFollower
+        from edgesdk.agent.store import committed_slot
+
+        slot = committed_slot(store)
+        from_store = offload is None
+        if from_store and slot is not None:
+            offload = _store_policy(store, slot.name, None)
+        managed = cls(slot, profile=profile, mode=mode, offload=offload, **options)
+
+        def switch(slot_dir: Path) -> None:
+            managed.swap(slot_dir)
+            if from_store and managed.offload is not None:
+                policy = _store_policy(store, slot_dir.name, managed.offload)
+                if policy is not None:
+                    managed._model_changed(policy)
+
+        managed.follower = StoreFollower(store, switch, poll_s=poll_s, watch=watch).start(current=slot)
+        return managed
 
     def close(self) -> None:
         """Stop the predict_async workers (waiting requests fail), then release the model once requests finish."""
         self._closed = True
+        if self.follower is not None:
+            self.follower.stop()
         with self._dispatcher_lock:
             dispatcher = self._dispatcher
         if dispatcher is not None:
@@ -291,3 +330,22 @@ class ManagedRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _store_policy(store: str | os.PathLike[str], slot: str, base: OffloadPolicy | None) -> OffloadPolicy | None:
+    """The offload policy for the endpoint the server named for ``slot`` (None when it named none).
+
+    ``base`` gives the tuning (SLO, queues, timeouts) of a policy already in use; the endpoint's
+    URL, model and version replace its own.
+    """
+    from dataclasses import replace
+
+    from edgesdk.agent.store import offload_endpoint
+    from edgesdk.offload.policy import OffloadPolicy
+
+    endpoint = offload_endpoint(store, slot)
+    if endpoint is None:
+        return None
+    if base is None:
+        return OffloadPolicy(url=endpoint["url"], model=endpoint["model"], version=endpoint["version"])
+    return replace(base, url=endpoint["url"], model=endpoint["model"], version=endpoint["version"])

@@ -99,6 +99,7 @@ class Dispatcher:
         self.predictor = LatencyPredictor(policy.predictor_alpha if policy else 0.2, clock)
         self.breaker: CircuitBreaker | None = None
         self._client: V2Client | None = None
+        self._retired_clients: list[V2Client] = []
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Condition()
         self._configure_lock = threading.Lock()
@@ -142,8 +143,19 @@ class Dispatcher:
         """Seconds between probes of an open breaker (0 without offload)."""
         return self.policy.breaker_reset_s if self.policy else 0.0
 
-    def model_changed(self) -> None:
-        """The local model was replaced: check the cloud model against it again before the next cloud request."""
+    def model_changed(self, policy: OffloadPolicy | None = None) -> None:
+        """The local model was replaced: check the cloud model against it again before the next cloud request.
+
+        ``policy`` retargets the cloud side (e.g. the version of the endpoint that matches the new local
+        model); it must keep the queue and concurrency settings. Cloud requests in flight finish on the old client.
+        """
+        if policy is not None and self.policy is not None and policy != self.policy:
+            if (policy.max_local_queue, policy.max_cloud_inflight) != (self.policy.max_local_queue,
+                                                                       self.policy.max_cloud_inflight):
+                raise OffloadError("a retargeted offload policy must keep max_local_queue and max_cloud_inflight")
+            if self._client is not None:
+                self._retired_clients.append(self._client)  # closed in close(): requests may still be using it
+            self.policy, self._client = policy, V2Client(policy)
         if self._client is not None:
             self._client.configured = False
             self._disabled = None  # a model that did not match the cloud's may have been replaced by one that does
@@ -350,5 +362,5 @@ class Dispatcher:
             worker.join()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        if self._client is not None:
-            self._client.close()
+        for client in [*self._retired_clients, *([self._client] if self._client is not None else [])]:
+            client.close()
