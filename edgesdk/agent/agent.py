@@ -216,15 +216,23 @@ class DeviceAgent:
         manifest = read_bundle(self.store.slots / slot).manifest
         return manifest.name, manifest.version
 
+    def state(self) -> dict[str, Any]:
+        """What the agent reports as its retained state: model and version, slots, and, with a ManagedRuntime,
+        its statistics (calls, latency percentiles, and where predict_async requests ran: local, cloud, refused)."""
+        current = self.current_version()
+        state: dict[str, Any] = {
+            "status": "online", "group": self.config.group, "model": current[0] if current else None,
+            "version": current[1] if current else None, "previous": self.store.pointer("previous"),
+            "slots": sorted(p.name for p in self.store.slots.iterdir() if not p.name.startswith(".")),
+            "updated": time.time()}
+        if self.runtime is not None:
+            state["runtime"] = self.runtime.stats().as_dict()
+        return state
+
     def _publish_state(self) -> None:
         if self.transport is None:
             return
-        current = self.current_version()
-        state = {"status": "online", "group": self.config.group, "model": current[0] if current else None,
-                 "version": current[1] if current else None, "previous": self.store.pointer("previous"),
-                 "slots": sorted(p.name for p in self.store.slots.iterdir() if not p.name.startswith(".")),
-                 "updated": time.time()}
-        self._publish(Topics.state(self.config.device_id), json.dumps(state).encode(), retain=True)
+        self._publish(Topics.state(self.config.device_id), json.dumps(self.state()).encode(), retain=True)
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event, naming the deployment ``about`` is part of."""

@@ -70,11 +70,16 @@ def _token(token: str | None, token_file: Path) -> str:
               help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, max_queue?, "
                    "batching?}]} (default: every model, newest version, batching on).")
 @click.option("--inference-threads", type=click.IntRange(min=1), metavar="N", help="ONNX Runtime threads per model session.")
+@click.option("--offload-url", metavar="URL",
+              help="The KServe V2 endpoint as devices reach it, named (with the model and version) in every deploy "
+                   "command so apps following the agent's store offload there. Default: http://HOST:PORT of "
+                   "--inference; pass the public URL when devices are on other machines.")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
            credentials: str | None, ca_file: str | None, keep_latest: int, embedded_broker: bool,
-           inference_address: str | None, inference_config: str | None, inference_threads: int | None) -> None:
+           inference_address: str | None, inference_config: str | None, inference_threads: int | None,
+           offload_url: str | None) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
     --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
@@ -84,6 +89,10 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)}")
     assert repo and db and key
+    if offload_url is None and inference_address:
+        offload_url = f"http://{inference_address}"
+    if offload_url is not None and not offload_url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{offload_url!r} is not an http:// or https:// URL", param_hint="--offload-url")
     _require_server_extra(embedded_broker, inference_address is not None)
     from edgesdk.logs import configure
 
@@ -102,7 +111,8 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
 
     creds = json.loads(Path(credentials).read_text()) if credentials else {}
     running = build_server(ServerSetup(
-        ServerConfig(broker, username=creds.get("username"), password=creds.get("password"), ca_file=ca_file),
+        ServerConfig(broker, username=creds.get("username"), password=creds.get("password"), ca_file=ca_file,
+                     offload_url=offload_url),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address,

@@ -66,3 +66,22 @@ def test_an_app_following_the_store_offloads_to_the_servers_endpoint_at_the_comm
             np.testing.assert_allclose(cloud, app.predict(x), rtol=1e-5, atol=1e-6)
         finally:
             app.close()
+
+
+def test_the_agent_reports_where_its_runtimes_requests_ran(broker, make_server, make_agent, bundles):
+    import numpy as np
+
+    from edgesdk import ManagedRuntime
+
+    server = make_server(broker.url)
+    managed = ManagedRuntime(profile="generic-x86_64")
+    agent = make_agent("cam0", broker.url, runtime=managed)
+    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
+    server.upload(pack_bundle(bundles["1.0.0"]))
+    assert _rollout(server, "1.0.0").state == "completed"
+    x = np.zeros((1, 64), np.float32)
+    for future in [managed.predict_async(x) for _ in range(3)]:
+        future.result(timeout=30)
+    runtime = agent.state()["runtime"]
+    assert runtime["paths"]["local"]["count"] == 3 and runtime["refused"] == 0
+    managed.close()
