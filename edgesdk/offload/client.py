@@ -24,6 +24,7 @@ import logging
 import math
 import socket
 import threading
+import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +57,23 @@ def _compatible(local: tuple[int | None, ...], remote: tuple[int | None, ...]) -
 
 def _show(shape: tuple[int | None, ...]) -> str:
     return "[" + ", ".join("-1" if d is None else str(d) for d in shape) + "]"
+
+
+def _read_until(response: http.client.HTTPResponse, sock: socket.socket, deadline: float) -> bytes:
+    """The whole body, or TimeoutError once ``deadline`` passes: a server that trickles bytes cannot stretch a
+    request beyond ``timeout_ms`` (a socket timeout alone bounds each read, not their sum)."""
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the answer did not arrive in full within timeout_ms")
+        if sock.fileno() != -1:  # http.client closes its socket early on "Connection: close"; the reader keeps it
+            sock.settimeout(remaining)
+        chunk = response.read1(1 << 16)  # at most one recv, so the deadline is checked between them
+        if not chunk:
+            response.read()  # marks the response finished, so the connection can carry the next request
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 class V2Client:
@@ -132,9 +150,13 @@ class V2Client:
             try:
                 if conn is None:
                     conn = self._connect()
+                deadline = time.monotonic() + self.policy.timeout_ms / 1e3
+                sock = conn.sock
+                assert sock is not None
+                sock.settimeout(self.policy.timeout_ms / 1e3)
                 conn.request(method, url, body=body, headers=dict(headers or {}))
                 response = conn.getresponse()
-                data = response.read()
+                data = _read_until(response, sock, deadline)
             except (OSError, http.client.HTTPException) as exc:
                 if conn is not None:
                     conn.close()

@@ -10,7 +10,8 @@ the ways real servers fail:
 - ``reject_binary``: 422 ``{"detail": [...]}`` for a binary body, answers JSON ones (like FastAPI servers);
 - ``hold``: wait on :attr:`release` before answering (tests block the cloud deterministically);
 - ``slow``: wait on :attr:`release` (at most 30 s) and answer only then, beyond any client timeout;
-- ``kill``: wait on :attr:`release`, then drop the connection without an answer.
+- ``kill``: wait on :attr:`release`, then drop the connection without an answer;
+- ``trickle``: send the headers, then a byte every 20 ms until :attr:`release`.
 
 :meth:`wait_held` waits (with a deadline) until a number of requests are inside the handler.
 """
@@ -100,6 +101,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
+        if mode == "trickle":  # headers at once, then one byte every 20 ms: each read is quick, the whole is not
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            while not fake.release.wait(0.02):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+            self.close_connection = True
+            return
         if mode == "status":
             self._send(fake.fault_status, fake.fault_body, {"Content-Type": fake.fault_type})
             return

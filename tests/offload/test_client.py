@@ -122,6 +122,15 @@ def test_an_answer_slower_than_the_timeout_is_a_transient_offload_error(cloud, l
     client.close()
 
 
+def test_a_server_that_trickles_its_answer_cannot_stretch_a_request_beyond_the_timeout(cloud, local, frames):
+    client = _configured(cloud, local, timeout_ms=300)
+    cloud.mode = "trickle"
+    with pytest.raises(OffloadError, match="infer timed out: TimeoutError") as info:
+        client.infer({"input": frames[0][0]})
+    assert info.value.transient
+    cloud.release.set()
+
+
 def test_a_model_the_server_lacks_is_a_configuration_error(cloud, local):
     client = _new(OffloadPolicy(cloud.url, "resnet"))
     with pytest.raises(OffloadError, match=r"has no model 'resnet' at http://127.0.0.1:\d+ \(HTTP 404") as info:

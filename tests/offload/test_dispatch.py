@@ -147,7 +147,8 @@ def test_cloud_killed_mid_run_every_request_finishes_locally(local, cloud, frame
     cloud.wait_held(4)
     cloud.stop()  # nothing listens any more; the held requests are dropped without an answer
     cloud.release.set()
-    futures += [dispatcher.submit(x) for x in frames[0][4:]]
+    _check(futures, frames)  # all four ran locally after their cloud connection dropped
+    futures += [dispatcher.submit(x) for x in frames[0][4:]]  # the breaker is open: these stay local
     _check(futures, frames)
     stats = dispatcher.snapshot(local.stats())
     assert stats.fallbacks == 4 and stats.paths["cloud"].errors == 4 and stats.paths["local"].count == 8
