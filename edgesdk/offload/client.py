@@ -131,6 +131,17 @@ class V2Client:
                 return self._idle.pop(), True
         return None, False
 
+    def idle_connections(self) -> int:
+        """Kept-alive connections waiting in the pool for the next request."""
+        with self._lock:
+            return len(self._idle)
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
     def _give_back(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self.policy.max_cloud_inflight + 1:
@@ -163,7 +174,10 @@ class V2Client:
                 stale = reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError,
                                                     BrokenPipeError))
                 if stale and attempt == 0:
-                    continue  # the server closed an idle keep-alive connection; try a fresh one once
+                    # The server closed an idle keep-alive connection (uvicorn does after 5 s): the other idle
+                    # ones are as old, so drop them all and try once more on a fresh connection.
+                    self._drop_idle()
+                    continue
                 what = "timed out" if isinstance(exc, (TimeoutError, socket.timeout)) else "failed"
                 raise OffloadError(f"{method} {self.policy.base_url}{path} {what}: {type(exc).__name__}: {exc}; "
                                    "check that the offload server is up and reachable", transient=True) from exc
