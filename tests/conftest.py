@@ -81,7 +81,8 @@ def host_big_little() -> DeviceProfile:
 
 
 #: Test tiers by place, kept here in one table. `scripts/test.sh` and CI run every tier; the developer
-#: loop is `.venv/bin/python -m pytest -m "not slow and not ota and not tflite"` (well under a minute).
+#: loop is `.venv/bin/python -m pytest -m "not slow and not ota and not tflite and not kserve"` (well under a minute;
+#: kserve installs the third-party V2 server into its own cached virtualenv on first use).
 _TIERS = {
     "ota": ("tests/ota/",),
     "slow": ("tests/docs/test_readme.py", "tests/unit/test_typecheck.py", "tests/integration/test_packaging.py",
