@@ -5,9 +5,14 @@ Routing of each request, decided at once when it is submitted:
 1. heavy (``heavy=True``, or inputs of at least ``heavy_input_bytes``) -> the cloud, if it is available;
 2. local, if the predicted local latency (:class:`~edgesdk.offload.predictor.LatencyPredictor`)
    is within ``latency_slo_ms`` and the local queue has room;
-3. the cloud, if the breaker allows it and fewer than ``max_cloud_inflight`` cloud requests are open;
-4. local, if the queue has room (never worse than local-only when the cloud is down);
+3. the cloud, if it is available and either the local queue is full or the cloud's recent round
+   trips (a moving average of successful ones; unknown counts as 0) are shorter than the
+   predicted local latency: a cloud slower than waiting here does not get the work;
+4. local, if the queue has room (never worse than local-only when the cloud is down or slow);
 5. otherwise :class:`~edgesdk.errors.OverloadedError`, at once; nothing is queued.
+
+The cloud estimate is refreshed only by cloud requests, so a cloud that was slow is tried again
+when the local queue fills (step 3) or for heavy requests.
 
 The cloud is *available* when offload is configured, not disabled by a configuration error,
 below ``max_cloud_inflight``, and the circuit breaker allows a request.
@@ -97,6 +102,8 @@ class Dispatcher:
         self.policy = policy
         self.max_local_queue = policy.max_local_queue if policy is not None else max_local_queue
         self.predictor = LatencyPredictor(policy.predictor_alpha if policy else 0.2, clock)
+        #: Recent cloud round trips (sent -> answered), fed by observe(); unknown (None) counts as 0.
+        self.cloud_latency = LatencyPredictor(policy.predictor_alpha if policy else 0.2, clock)
         self.breaker: CircuitBreaker | None = None
         self._client: V2Client | None = None
         self._retired_clients: list[V2Client] = []
@@ -204,9 +211,12 @@ class Dispatcher:
             return "cloud"
         room = len(self._queue) + self._running < self.max_local_queue
         slo_s = self.policy.latency_slo_ms / 1e3 if self.policy else float("inf")
-        if room and self.predictor.predict_s(len(self._queue)) <= slo_s:
+        local_s = self.predictor.predict_s(len(self._queue))
+        if room and local_s <= slo_s:
             return "local"
-        if self._cloud_available(claim):
+        # Local would break the SLO: the cloud, unless its recent round trips are slower than waiting here.
+        cloud_s = self.cloud_latency.service_s or 0.0
+        if (not room or cloud_s < local_s) and self._cloud_available(claim):
             return "cloud"
         return "local" if room else "refused"
 
@@ -303,7 +313,9 @@ class Dispatcher:
         job.started = True
         try:
             self._ensure_configured(job)
+            sent = time.perf_counter()
             outputs = self._client.infer(job.feeds)
+            self.cloud_latency.observe(time.perf_counter() - sent)
         except Exception as exc:
             self._cloud_failed(job, exc)
             return
