@@ -60,6 +60,7 @@ class GatedModel:
         self.runtime = runtime
         self.gate = threading.Event()
         self.entered = threading.Semaphore(0)
+        self.calls: list[np.ndarray] = []
 
     @property
     def inputs(self):
@@ -70,6 +71,7 @@ class GatedModel:
         return self.runtime.outputs
 
     def predict(self, inputs):
+        self.calls.append(inputs["input"] if isinstance(inputs, dict) else inputs)
         self.entered.release()
         assert self.gate.wait(30), "the test never opened the gate"
         return self.runtime.predict(inputs)

@@ -17,7 +17,7 @@ from edgesdk.errors import BackendError, InputError, OffloadError, OverloadedErr
 from edgesdk.offload.dispatcher import Dispatcher
 from edgesdk.ota_server.broker import free_port
 from tests.offload.conftest import GatedModel
-from tests.offload.fake_v2 import FakeV2Server
+from tests.offload.fake_v2 import FakeV2Server, wait_until
 
 SLOW_DEVICE_S = 10.0  # what the predictor is told a local run takes, so that every request would break the SLO
 
@@ -227,6 +227,25 @@ def test_both_sides_full_is_refused_at_once_and_nothing_is_lost(local, cloud, fr
     cloud.mode = "ok"
     cloud.release.set()
     _check([to_cloud, running, waiting], frames)
+
+
+def test_a_failed_cloud_request_runs_locally_ahead_of_the_waiting_ones_even_with_the_queue_full(local, cloud, frames,
+                                                                                               clock, dispatchers):
+    """The documented choice: a request admitted to the cloud is never refused later; its fallback may exceed the bound."""
+    gated = GatedModel(local)
+    dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=2, max_cloud_inflight=1), clock)
+    cloud.mode = "kill"
+    to_cloud = dispatcher.submit(frames[0][0])
+    cloud.wait_held(1)
+    running = dispatcher.submit(frames[0][1])
+    assert gated.entered.acquire(timeout=30)
+    waiting = dispatcher.submit(frames[0][2])  # the local queue is now at its bound (2/2)
+    cloud.release.set()  # the cloud drops the held request: it comes back to the full local queue
+    wait_until(lambda: dispatcher.snapshot(local.stats()).fallbacks == 1, what="the fallback")
+    gated.gate.set()
+    _check([to_cloud, running, waiting], frames)
+    order = [next(i for i, x in enumerate(frames[0]) if x is call) for call in gated.calls]
+    assert order == [1, 0, 2]
 
 
 def test_predict_async_without_a_policy_has_a_bounded_local_queue(local, frames, dispatchers):
