@@ -118,14 +118,9 @@ class Runtime:
         max_local_queue: int | None = None,
     ) -> None:
         if offload is not None:
-            from edgesdk.offload.policy import OffloadPolicy
+            from edgesdk.offload.policy import check_offload_arguments
 
-            if not isinstance(offload, OffloadPolicy):
-                raise BackendError(f"offload must be an OffloadPolicy, got {type(offload).__name__}; build one with "
-                                   "edgesdk.OffloadPolicy(url, model, ...) or OffloadPolicy.from_dict(settings)")
-            if max_local_queue is not None and max_local_queue != offload.max_local_queue:
-                raise BackendError(f"max_local_queue={max_local_queue} contradicts the offload policy's "
-                                   f"max_local_queue={offload.max_local_queue}; set it in the policy only")
+            check_offload_arguments(offload, max_local_queue)
         self.bundle: Bundle | None = None
         if Path(model).is_dir():
             self.bundle = read_bundle(model, verify_model=False)

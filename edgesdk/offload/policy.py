@@ -7,7 +7,7 @@ import urllib.parse
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from edgesdk.errors import OffloadError
+from edgesdk.errors import BackendError, OffloadError
 
 __all__ = ["OffloadPolicy"]
 
@@ -123,3 +123,16 @@ class OffloadPolicy:
         if missing:
             raise OffloadError(f"offload policy: missing {missing}; give at least url and model")
         return cls(**data)
+
+
+def check_offload_arguments(offload: Any, max_local_queue: int | None) -> None:
+    """What ``Runtime`` and ``ManagedRuntime`` check of their ``offload``/``max_local_queue`` arguments.
+
+    BackendError when ``offload`` is not an :class:`OffloadPolicy`, or ``max_local_queue`` contradicts it.
+    """
+    if not isinstance(offload, OffloadPolicy):
+        raise BackendError(f"offload must be an OffloadPolicy, got {type(offload).__name__}; build one with "
+                           "edgesdk.OffloadPolicy(url, model, ...) or OffloadPolicy.from_dict(settings)")
+    if max_local_queue is not None and max_local_queue != offload.max_local_queue:
+        raise BackendError(f"max_local_queue={max_local_queue} contradicts the offload policy's "
+                           f"max_local_queue={offload.max_local_queue}; set it in the policy only")
