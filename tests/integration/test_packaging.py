@@ -31,6 +31,15 @@ def test_folders_land_inside_the_edgesdk_namespace(wheel):
     assert top_level == {"edgesdk"}, top_level
 
 
+def test_every_source_module_is_in_the_wheel(wheel):
+    """pyproject lists packages one by one: a new package left out of it would be missing on devices."""
+    names = set(wheel.namelist())
+    mapping = {"edgesdk": "edgesdk", "converters": "edgesdk/converters", "ota_server": "edgesdk/ota_server"}
+    missing = [str(path) for folder, installed in mapping.items() for path in (ROOT / folder).rglob("*.py")
+               if f"{installed}/{path.relative_to(ROOT / folder).as_posix()}" not in names]
+    assert not missing, f"not in the wheel (add their packages to pyproject's packages list): {missing}"
+
+
 def test_base_requirements_are_light(wheel):
     metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
     requires = [line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
