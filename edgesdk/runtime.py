@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgesdk.async_predictions import AsyncPredictions
 from edgesdk.backends import BackendKind, open_backend
 from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, EdgeSDKError, InputError, ScheduleError
@@ -23,7 +22,6 @@ from edgesdk.stats import LatencyStats, StatsSnapshot
 from edgesdk.tensors import TensorSpec, validate_inputs
 
 if TYPE_CHECKING:
-    from edgesdk.offload.dispatcher import Dispatcher
     from edgesdk.offload.policy import OffloadPolicy
 
 __all__ = ["Runtime", "RuntimeInfo"]
@@ -81,7 +79,7 @@ def _accelerators(profile: DeviceProfile, accelerator: str) -> tuple[tuple[Accel
     raise BackendError(f"profile {profile.name!r} has no accelerator {accelerator!r}; choose one of {names}")
 
 
-class Runtime:
+class Runtime(AsyncPredictions):
     """A model loaded for inference on this device.
 
     >>> with Runtime("model.tflite", mode="latency") as rt:   # doctest: +SKIP
@@ -170,17 +168,11 @@ class Runtime:
         self._output_names = [o.name for o in self._backend.outputs]
         self._stats = LatencyStats(stats_window)
         self._closed = False
-        self._stats_window = stats_window
-        self._max_local_queue = max_local_queue
-        self._dispatcher: Dispatcher | None = None
-        self._dispatcher_lock = threading.Lock()
-        self.offload = offload
-        if offload is not None:
-            try:
-                self._ensure_dispatcher()
-            except BaseException:
-                self._backend.close()
-                raise
+        try:
+            self._init_async(offload, max_local_queue, stats_window)
+        except BaseException:
+            self._backend.close()
+            raise
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -232,53 +224,18 @@ class Runtime:
             return outputs[0]
         return dict(zip(self._output_names, outputs))
 
-    def _ensure_dispatcher(self) -> Dispatcher:
-        with self._dispatcher_lock:
-            if self._dispatcher is None:
-                from edgesdk.offload.dispatcher import DEFAULT_LOCAL_QUEUE, Dispatcher
-
-                self._dispatcher = Dispatcher(lambda: self, self.offload, self._max_local_queue or DEFAULT_LOCAL_QUEUE,
-                                              stats_window=self._stats_window)
-            return self._dispatcher
-
-    @property
-    def dispatcher(self) -> Dispatcher | None:
-        """The predict_async dispatcher (routing state, predictor, breaker); None until predict_async is first used
-        without an offload policy."""
-        return self._dispatcher
-
-    def predict_async(self, inputs: np.ndarray | dict[str, np.ndarray], heavy: bool | None = None) -> Future[Any]:
-        """Queue one inference; a :class:`concurrent.futures.Future` of what :meth:`predict` would return.
-
-        Inputs are validated at once (:class:`InputError`). The request runs on the local queue
-        or, with an offload policy, on the cloud endpoint, whichever keeps the latency SLO (the
-        rule is in :mod:`edgesdk.offload.dispatcher`); ``heavy=True`` sends it to the cloud first
-        when the cloud is available (None: decided by the policy's ``heavy_input_bytes``). When
-        the local queue and the cloud are both full it is refused at once with
-        :class:`OverloadedError`; nothing queues without bound. A cloud request that fails runs
-        locally, so its Future still gets the local result.
-        """
-        if self._closed:
-            raise BackendError("this Runtime is closed; create a new one to run predictions")
-        return self._ensure_dispatcher().submit(inputs, heavy)
-
     def stats(self) -> StatsSnapshot:
         """Call and error counts since loading, and latency percentiles over the last ``stats_window`` successful calls.
 
         With :meth:`predict_async` in use it also says where requests ran (``paths``), how many
         were refused and fell back, and the offload breaker's state.
         """
-        overall = self._stats.snapshot()
-        dispatcher = self._dispatcher
-        return dispatcher.snapshot(overall) if dispatcher is not None else overall
+        return self._with_paths(self._stats.snapshot())
 
     def close(self) -> None:
         """Stop the predict_async workers (waiting requests fail with BackendError), then free the model. Safe twice."""
         if not self._closed:
-            with self._dispatcher_lock:
-                dispatcher = self._dispatcher
-            if dispatcher is not None:
-                dispatcher.close()  # first: the request it is running still needs the model
+            self._close_async()  # first: the request it is running still needs the model
             self._closed = True
             self._backend.close()
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgesdk.async_predictions import AsyncPredictions
 from edgesdk.bench import time_predictions
 from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, HealthCheckError
@@ -40,7 +40,6 @@ from edgesdk.tensors import TensorSpec
 
 if TYPE_CHECKING:
     from edgesdk.agent.follow import StoreFollower
-    from edgesdk.offload.dispatcher import Dispatcher
     from edgesdk.offload.policy import OffloadPolicy
 
 __all__ = ["ManagedRuntime", "HealthReport", "health_check"]
@@ -93,7 +92,7 @@ class _Active:
         self.retired = False
 
 
-class ManagedRuntime:
+class ManagedRuntime(AsyncPredictions):
     """A Runtime whose model can be replaced while it serves (see the module doc)."""
 
     def __init__(self, model: str | os.PathLike[str] | None = None, profile: str | DeviceProfile | None = None,
@@ -117,30 +116,17 @@ class ManagedRuntime:
         self._active: _Active | None = None
         self._swap_lock = threading.Lock()
         self.swaps = 0
-        self.offload = offload
         #: Set by :meth:`follow`: what watches the agent's store.
         self.follower: StoreFollower | None = None
-        self._max_local_queue = max_local_queue
-        self._dispatcher: Dispatcher | None = None
-        self._dispatcher_lock = threading.Lock()
         self._closed = False
         if model is not None:
             bundle = read_bundle(model)
             self._active = _Active(self._load(bundle), bundle)
-        if offload is not None:
-            try:
-                self._ensure_dispatcher()
-            except BaseException:
-                self.close()
-                raise
-
-    def _ensure_dispatcher(self) -> Dispatcher:
-        with self._dispatcher_lock:
-            if self._dispatcher is None:
-                from edgesdk.offload.dispatcher import DEFAULT_LOCAL_QUEUE, Dispatcher
-
-                self._dispatcher = Dispatcher(lambda: self, self.offload, self._max_local_queue or DEFAULT_LOCAL_QUEUE)
-            return self._dispatcher
+        try:
+            self._init_async(offload, max_local_queue)
+        except BaseException:
+            self.close()
+            raise
 
     def _current(self) -> Runtime:
         with self._cond:
@@ -158,25 +144,11 @@ class ManagedRuntime:
         """The active model's outputs (BackendError while none is active)."""
         return self._current().outputs
 
-    @property
-    def dispatcher(self) -> Dispatcher | None:
-        """The predict_async dispatcher (routing state, predictor, breaker); None until predict_async is first used
-        without an offload policy."""
-        return self._dispatcher
-
-    def predict_async(self, inputs: Any, heavy: bool | None = None) -> Future[Any]:
-        """Like :meth:`Runtime.predict_async`; local runs go to the model active when they start."""
-        if self._closed:
-            raise BackendError("this ManagedRuntime is closed; create a new one to run predictions")
-        return self._ensure_dispatcher().submit(inputs, heavy)
-
     def stats(self) -> StatsSnapshot:
         """The active model's statistics plus where predict_async requests ran (across swaps); see Runtime.stats."""
         with self._cond:
             active = self._active
-        overall = active.runtime.stats() if active else StatsSnapshot(0, 0, 0, None, None, None, None)
-        dispatcher = self._dispatcher
-        return dispatcher.snapshot(overall) if dispatcher is not None else overall
+        return self._with_paths(active.runtime.stats() if active else StatsSnapshot(0, 0, 0, None, None, None, None))
 
     def _load(self, bundle: Bundle) -> Runtime:
         return Runtime(bundle.path, profile=self.profile, mode=self.mode, **self._options)
@@ -312,10 +284,7 @@ class ManagedRuntime:
         self._closed = True
         if self.follower is not None:
             self.follower.stop()
-        with self._dispatcher_lock:
-            dispatcher = self._dispatcher
-        if dispatcher is not None:
-            dispatcher.close()
+        self._close_async()
         with self._cond:
             active, self._active = self._active, None
             self._retire(active)
