@@ -102,10 +102,11 @@ def build_server(setup: ServerSetup) -> RunningServer:
             running.inference = serve_inference(repository, setup.inference, config=setup.inference_config)
         if setup.http is not None:
             from edgesdk.ota_server.http_api import HttpServer, create_app
+            from edgesdk.ota_server.inference import parse_listen
 
             assert setup.token
-            host, _, port = setup.http.rpartition(":")
-            running.http = HttpServer(create_app(ota, setup.token), host or "127.0.0.1", int(port)).start()
+            host, port = parse_listen(setup.http)
+            running.http = HttpServer(create_app(ota, setup.token), host, port).start()
     except BaseException:
         running.stop()
         raise
