@@ -111,6 +111,11 @@ class FleetDB:
         rows = self._rows("SELECT * FROM devices WHERE id = ?", (device_id,))
         return _device(rows[0]) if rows else None
 
+    def device_counts(self) -> list[tuple[str, str | None, str | None, int]]:
+        """How many devices are in each (status, model, version), for metrics."""
+        rows = self._rows("SELECT status, model, version, COUNT(*) AS n FROM devices GROUP BY status, model, version")
+        return [(r["status"], r["model"], r["version"], int(r["n"])) for r in rows]
+
     # rollouts ------------------------------------------------------------------------------
     def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: RolloutPolicy,
                     rollback: bool = False) -> None:
@@ -139,6 +144,11 @@ class FleetDB:
                           "WHERE (? IS NULL OR state = ?) ORDER BY created", (value, value))
         return [RolloutSummary(r["id"], r["model"], r["version"], r["grp"], RolloutState(r["state"]), r["wave"],
                                r["reason"], r["created"]) for r in rows]
+
+    def rollout_counts(self) -> dict[RolloutState, int]:
+        """How many rollouts are in each state, for metrics."""
+        rows = self._rows("SELECT state, COUNT(*) AS n FROM rollouts GROUP BY state")
+        return {RolloutState(r["state"]): int(r["n"]) for r in rows}
 
     def start_stage(self, rollout_id: str, stage: int) -> None:
         """Mark ``stage`` (0-based) as sent now; it is not settled until all its devices report."""
