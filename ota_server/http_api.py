@@ -18,6 +18,7 @@ rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before th
     POST /api/measurements?device=D&mode=M&runs=N[&timeout=S]
                                                body: measurement tar (edgesdk.ota.pack_measurement) -> {"id"}
     GET  /api/measurements/{id}                status; figures and outputs (base64 .npy) once done
+    GET  /metrics                              Prometheus text (edgesdk.ota_server.metrics); 404 if not enabled
 """
 
 from __future__ import annotations
@@ -28,17 +29,23 @@ from typing import Any
 
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, TransferError
 from edgesdk.fleet_protocol import RolloutPolicy
+from edgesdk.ota_server.metrics import ServerMetrics
 from edgesdk.ota_server.server import OTAServer
 
 __all__ = ["create_app", "HttpServer"]
 
 
-def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3) -> Any:
-    """The Starlette app of the admin API for ``server``, answering only requests that carry ``token``."""
+def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3,
+               metrics: ServerMetrics | None = None) -> Any:
+    """The Starlette app of the admin API for ``server``, answering only requests that carry ``token``.
+
+    ``metrics`` enables ``GET /metrics`` (same token: Prometheus sends it as ``authorization`` in
+    its scrape config); without it that route answers 404.
+    """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     def error(status: int, exc: Exception | str) -> JSONResponse:
@@ -139,6 +146,12 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
     async def devices(request: Request) -> JSONResponse:
         return JSONResponse([d.to_json() for d in server.db.devices(request.query_params.get("group"))])
 
+    async def prometheus(request: Request) -> Response:
+        if metrics is None:
+            return error(404, "metrics are not enabled on this server; pass metrics=ServerMetrics(db) to create_app")
+        body, content_type = await run_in_threadpool(metrics.render)
+        return Response(body, media_type=content_type)
+
     return Starlette(routes=[
         Route("/api/bundles", guarded(upload), methods=["POST"]),
         Route("/api/bundles", guarded(bundles), methods=["GET"]),
@@ -150,6 +163,7 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         Route("/api/devices", guarded(devices), methods=["GET"]),
         Route("/api/measurements", guarded(request_measurement), methods=["POST"]),
         Route("/api/measurements/{id}", guarded(measurement), methods=["GET"]),
+        Route("/metrics", guarded(prometheus), methods=["GET"]),
     ])
 
 

@@ -1,0 +1,154 @@
+"""Prometheus metrics of the OTA server, in a registry of its own, served at the admin API's ``/metrics``.
+
+This process's counters and latency histogram::
+
+    edgesdk_ota_commands_sent_total                      signed commands published to devices
+    edgesdk_ota_commands_resent_total                    commands published again (a device did not answer)
+    edgesdk_ota_chunk_bytes_total{kind}                  archive bytes published; kind: broadcast | resend
+    edgesdk_ota_event_handling_seconds{kind}             handling one device message; kind: state | event | need
+
+and, read from the fleet store at scrape time (so every replica reports the whole fleet, not
+what it handled itself)::
+
+    edgesdk_ota_devices{status,model,version}            devices in each status with each installed version
+    edgesdk_ota_rollouts{state}                          rollouts in each state (0 for states with none)
+    edgesdk_ota_fleet_scrape_ok                          1 when the fleet store answered this scrape, else 0
+
+With several replicas, sum the counters over replicas and take any one replica's fleet gauges
+(``max by (status, model, version)``): each replica reports the same database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet_protocol import RolloutState
+
+__all__ = ["ServerMetrics", "FleetCounts", "CHUNK_KINDS", "EVENT_KINDS"]
+
+log = logging.getLogger(__name__)
+
+#: The ``kind`` labels of ``edgesdk_ota_chunk_bytes_total``.
+CHUNK_KINDS = ("broadcast", "resend")
+#: The ``kind`` labels of ``edgesdk_ota_event_handling_seconds`` (the device topics the server reads).
+EVENT_KINDS = ("state", "event", "need")
+
+# 50 us .. 1 s, then a tail so a stalled database still lands in a bucket of its own.
+_HANDLING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                     2.5, 5.0)
+
+
+class FleetCounts(Protocol):
+    """What the metrics read from a fleet store (SQLite or PostgreSQL) at scrape time."""
+
+    def device_counts(self) -> list[tuple[str, str | None, str | None, int]]:
+        """(status, model, version, count) for every combination that has devices."""
+        ...
+
+    def rollout_counts(self) -> dict[RolloutState, int]:
+        """How many rollouts are in each state (states with none may be missing)."""
+        ...
+
+
+class ServerMetrics:
+    """The OTA server's metrics; every method is safe to call from any thread.
+
+    ``db`` is the fleet store; it is queried only when :meth:`render` runs (one scrape).
+    """
+
+    def __init__(self, db: FleetCounts) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._commands_sent = Counter("edgesdk_ota_commands_sent", "Signed commands published to devices.",
+                                      registry=self.registry)
+        self._commands_resent = Counter("edgesdk_ota_commands_resent",
+                                        "Commands published again because a device had not answered.",
+                                        registry=self.registry)
+        chunk_bytes = Counter("edgesdk_ota_chunk_bytes", "Archive chunk bytes published.", ("kind",),
+                              registry=self.registry)
+        handling = Histogram("edgesdk_ota_event_handling_seconds", "Time to handle one device message.", ("kind",),
+                             buckets=_HANDLING_BUCKETS, registry=self.registry)
+        # Children made up front: every series shows from the first scrape, and a call skips the label lookup.
+        self._chunk_bytes: dict[str, Any] = {kind: chunk_bytes.labels(kind) for kind in CHUNK_KINDS}
+        self._handling: dict[str, Any] = {kind: handling.labels(kind) for kind in EVENT_KINDS}
+        self.registry.register(_FleetCollector(db))
+
+    def command_sent(self, n: int = 1) -> None:
+        """Count ``n`` commands published to devices."""
+        self._commands_sent.inc(_count(n, "command_sent"))
+
+    def command_resent(self, n: int = 1) -> None:
+        """Count ``n`` commands published again to devices that had not answered."""
+        self._commands_resent.inc(_count(n, "command_resent"))
+
+    def chunk_bytes(self, kind: str, n: int) -> None:
+        """Count ``n`` archive bytes published as a ``broadcast`` or as a ``resend`` of missing chunks."""
+        child = self._chunk_bytes.get(kind)
+        if child is None:
+            raise EdgeSDKError(f"chunk_bytes kind={kind!r} is not one of {', '.join(CHUNK_KINDS)}; pass one of those")
+        child.inc(_count(n, "chunk_bytes"))
+
+    def observe_event(self, kind: str, seconds: float) -> None:
+        """Record that handling one device message of ``kind`` (state, event or need) took ``seconds``."""
+        child = self._handling.get(kind)
+        if child is None:
+            raise EdgeSDKError(f"observe_event kind={kind!r} is not one of {', '.join(EVENT_KINDS)}; pass one of those")
+        if not seconds >= 0:  # also refuses NaN
+            raise EdgeSDKError(f"observe_event seconds={seconds!r} must be a duration >= 0 (a monotonic clock "
+                               "difference)")
+        child.observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition (queries the fleet store once) and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _count(n: int, method: str) -> int:
+    """``n`` when it is a whole number >= 0; counters only go up."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise EdgeSDKError(f"{method}(n={n!r}): n must be a whole number >= 0 (counters only go up)")
+    return n
+
+
+class _FleetCollector:
+    """Device and rollout gauges computed from the fleet store when Prometheus scrapes."""
+
+    def __init__(self, db: FleetCounts) -> None:
+        self._db = db
+
+    def describe(self) -> Iterator[Any]:
+        """The families without samples, so registering does not query the database."""
+        yield from self._families()
+
+    def collect(self) -> Iterator[Any]:
+        """One query of device counts and one of rollout counts; a failing store reports ``scrape_ok 0``."""
+        devices, rollouts, ok = self._families()
+        try:
+            device_counts = self._db.device_counts()
+            rollout_counts = self._db.rollout_counts()
+        except Exception as exc:  # a scrape must not fail because the database blinked; say so in a series
+            log.warning("metrics: the fleet store did not answer (%s: %s)", type(exc).__name__, exc)
+            ok.add_metric([], 0)
+            yield ok
+            return
+        for status, model, version, count in device_counts:
+            devices.add_metric([str(status), model or "", version or ""], count)
+        for state in RolloutState:
+            rollouts.add_metric([state.value], rollout_counts.get(state, 0))
+        ok.add_metric([], 1)
+        yield from (devices, rollouts, ok)
+
+    @staticmethod
+    def _families() -> tuple[Any, Any, Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        return (GaugeMetricFamily("edgesdk_ota_devices", "Devices by status, model and installed version.",
+                                  labels=("status", "model", "version")),
+                GaugeMetricFamily("edgesdk_ota_rollouts", "Rollouts by state.", labels=("state",)),
+                GaugeMetricFamily("edgesdk_ota_fleet_scrape_ok", "1 when the fleet store answered this scrape."))
