@@ -19,9 +19,17 @@ apt_packages=()
 command -v cc >/dev/null 2>&1 || apt_packages+=(gcc libc6-dev)
 # The MQTT broker the OTA tests and the demo run (started by them on a free loopback port).
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || apt_packages+=(mosquitto)
+# PostgreSQL for the fleet-store tests and benchmarks (started by them in a temp dir on a free loopback
+# port). Debian keeps its binaries off PATH, in /usr/lib/postgresql/<major>/bin.
+command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || apt_packages+=(postgresql)
 if ((${#apt_packages[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages: ${apt_packages[*]}" >&2
+    if [[ " ${apt_packages[*]} " == *" postgresql "* ]]; then
+      # No system-wide "main" cluster on port 5432: the tests start their own servers.
+      mkdir -p /etc/postgresql-common/createcluster.d
+      echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.d/edgesdk.conf
+    fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_packages[@]}" >/dev/null
   else

@@ -84,7 +84,8 @@ def host_big_little() -> DeviceProfile:
 #: loop is `.venv/bin/python -m pytest -m "not slow and not ota and not tflite and not kserve"` (well under a minute;
 #: kserve installs the third-party V2 server into its own cached virtualenv on first use).
 _TIERS = {
-    "ota": ("tests/ota/",),
+    "ota": ("tests/ota/",
+            "tests/fleet/"),
     "slow": ("tests/docs/test_readme.py", "tests/unit/test_typecheck.py", "tests/integration/test_packaging.py",
              "tests/integration/test_convert.py", "tests/integration/test_convert_cli.py",
              "tests/integration/test_quantization_search.py", "tests/integration/test_cli_small.py", "tests/examples/"),
@@ -98,3 +99,38 @@ def pytest_collection_modifyitems(config, items):  # noqa: ARG001 (pytest's hook
         for marker, places in _TIERS.items():
             if where.startswith(places):
                 item.add_marker(marker)
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory):
+    """One real PostgreSQL for the session (fsync off), on a free 127.0.0.1 port; stopped at the end."""
+    from edgesdk.ota_server.postgres import INSTALL_HINT, LocalPostgres, postgres_bindir
+
+    if postgres_bindir() is None:
+        if os.geteuid() != 0:
+            pytest.skip(f"PostgreSQL is not installed and this user cannot install it: `sudo {INSTALL_HINT}` "
+                        "(or run scripts/setup.sh as root)")
+        pytest.fail(f"PostgreSQL is not installed: run scripts/setup.sh as root (it runs `{INSTALL_HINT}`)")
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), durable=False, settings={"max_connections": "200"})
+    yield server
+    server.stop()
+
+
+_postgres_databases = iter(range(1, 10**9))
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request):
+    """The URL of a fresh, empty database on the session's PostgreSQL (named after the test); dropped afterwards."""
+    import re
+
+    import psycopg
+
+    test = re.sub(r"[^a-z0-9_]+", "_", request.node.name.lower())[:40]
+    name = f"t{next(_postgres_databases)}_{test}"
+    url = postgres_server.create_database(name)
+    yield url
+    try:
+        postgres_server.drop_database(name, force=False)
+    except psycopg.errors.ObjectInUse:  # a connection the test left open; the session's end removes it
+        pass
