@@ -1,0 +1,905 @@
+"""A simulated fleet: thousands of devices speaking the real OTA protocol, a few processes, one event loop each.
+
+Each simulated device does what a real :class:`edgesdk.agent.agent.DeviceAgent` shows the
+server, message for message: it connects as ``edgesdk-agent-<id>`` with a retained last will
+``{"status": "offline", "group"}`` on its state topic, subscribes its command topic and its own
+chunk topic, and publishes its retained state. A command is verified with
+:func:`edgesdk.ota.parse_command` against the server's public key (real Ed25519) and answered
+with the agent's events and fields: ``rejected`` (bad signature, replay, downgrade),
+``accepted``, ``downloaded``, ``committed`` (or ``rolled_back`` for a device in ``fail_share``),
+then the retained state with the new version and slots. Archives are fetched like the agent
+fetches them (group broadcast, then requests for missing chunks on the ``need`` topic after
+``broadcast_wait_s`` and every ``retry_interval_s`` without progress), each chunk and the whole
+archive checked against the signed hashes and held in memory only; ``fetch=False`` skips the
+bytes. Devices in ``silent_share`` stay connected and answer nothing. There is no runtime: the
+"install" is instant and only a ``fail_share`` device fails its health check (never a rollback).
+
+Use it from a benchmark or a test::
+
+    with SimulatedFleet(broker.url, "keys/server.pub", 1000, version="1.0.0").start() as fleet:
+        server.start_rollout("digits", "2.0.0", "sim", policy)
+        fleet.wait_versions("2.0.0", 1000, timeout=120)
+    report = fleet.report          # FleetReport: counts, bytes, messages, per-process CPU and peak RSS
+
+Workers are ``python -m benchmarks.fleet_sim worker CONFIG`` processes fed JSON lines on stdin;
+a worker ends by itself when its stdin closes (the parent died) or after ``max_runtime_s``.
+Run ``python -m benchmarks.fleet_sim scale --devices 10000`` for the connect-time check and
+``python -m benchmarks.fleet_sim mqtt-cost`` for this client's CPU per message against paho's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import queue
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError, RolloutTimeoutError, SignatureError, TransferError
+from edgesdk.fleet_protocol import AgentEvent
+from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command
+
+__all__ = ["SimulatedFleet", "FleetReport", "ProcessReport", "SimulationError", "device_role"]
+
+REPO = Path(__file__).resolve().parent.parent
+#: The per-device counters every worker keeps (summed over the fleet in FleetReport).
+COUNTERS = ("commands", "duplicate_commands", "rejected", "accepted", "downloaded", "committed", "repeated_commits",
+            "failed", "rolled_back", "chunk_bytes", "chunks_rejected", "need_requests", "measure_commands",
+            "reconnects")
+
+
+class SimulationError(EdgeSDKError):
+    """The simulated fleet was set up wrong, or its workers could not start or answer."""
+
+
+def device_role(device_id: str, fail_share: float, silent_share: float) -> str:
+    """``"silent"``, ``"fail"`` or ``"ok"``, from a hash of the id: the same device plays the same part every run."""
+    fraction = int.from_bytes(hashlib.sha256(device_id.encode()).digest()[:8], "big") / 2**64
+    if fraction < silent_share:
+        return "silent"
+    if fraction < silent_share + fail_share:
+        return "fail"
+    return "ok"
+
+
+@dataclass(frozen=True)
+class ProcessReport:
+    """One worker process: its devices, how long they took to connect, its CPU seconds and peak RSS."""
+
+    pid: int
+    devices: int
+    connect_s: float
+    cpu_s: float
+    rss_mb: float
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    """What the simulated devices saw and did, summed over the fleet, and what each worker process cost."""
+
+    devices: int
+    #: Counters of :data:`COUNTERS`: commands received, duplicates (a deployment id seen before), events sent...
+    counts: dict[str, int]
+    #: Deployment id -> installs (committed or rolled back) over the fleet.
+    installs: dict[str, int]
+    #: Devices that installed one deployment more than once (the real agent's replay guard makes this 0).
+    updated_twice: int
+    messages_in: int
+    messages_out: int
+    #: Payload bytes the devices received (chunks and commands) and sent.
+    bytes_in: int
+    bytes_out: int
+    #: Version -> devices on it when the fleet stopped.
+    versions: dict[str, int]
+    processes: tuple[ProcessReport, ...] = field(default=())
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds of every worker process together."""
+        return sum(p.cpu_s for p in self.processes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what benchmarks print)."""
+        data = asdict(self)
+        data["cpu_s"] = self.cpu_s
+        return data
+
+
+# ------------------------------------------------------------------------------------------------
+# worker side: devices on one event loop
+# ------------------------------------------------------------------------------------------------
+
+class _Transfer:
+    """One archive arriving in memory: chunks by index, checked against the signed hashes."""
+
+    __slots__ = ("command", "chunks", "started", "last_progress", "rejected")
+
+    def __init__(self, command: Command, now: float) -> None:
+        self.command = command
+        self.chunks: dict[int, bytes] = {}
+        self.started = self.last_progress = now
+        self.rejected = 0
+
+    def missing(self) -> list[int]:
+        assert self.command.archive is not None
+        return [i for i in range(len(self.command.archive.chunks)) if i not in self.chunks]
+
+    @property
+    def complete(self) -> bool:
+        assert self.command.archive is not None
+        return len(self.chunks) == len(self.command.archive.chunks)
+
+
+class _Device:
+    """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
+
+    __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "committed", "seen", "installs",
+                 "transfers", "client", "state_topic", "events_topic", "cmd_topic")
+
+    def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
+        self.sim, self.id, self.role = sim, device_id, role
+        self.model: str | None = sim.model
+        self.version: str | None = sim.version
+        slot = f"{sim.model}-{sim.version}"
+        self.previous: str | None = None
+        self.slots = {slot}
+        self.committed: str | None = slot
+        self.seen: set[str] = set()
+        self.installs: Counter[str] = Counter()
+        self.transfers: dict[str, _Transfer] = {}
+        self.client: Any = None
+        self.state_topic, self.events_topic, self.cmd_topic = (Topics.state(device_id), Topics.events(device_id),
+                                                               Topics.cmd(device_id))
+
+    # connection ----------------------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Connect, subscribe and publish the retained state; returns once the broker acknowledged all of it."""
+        from benchmarks._mqtt_lite import LiteClient
+
+        sim = self.sim
+        will = (self.state_topic, json.dumps({"status": "offline", "group": sim.group}).encode())
+        client: LiteClient = LiteClient(f"edgesdk-agent-{self.id}", self.on_message, keepalive=sim.keepalive, will=will,
+                            counters=sim.counters, on_lost=lambda: self.on_lost(client))
+        try:
+            await client.connect(sim.host, sim.port, timeout=sim.connect_timeout)
+            filters = [(self.cmd_topic, 1), (Topics.device_chunks(self.id, "+") + "/+", 1)]
+            filters += [(Topics.group_chunks(t.command.group, tid) + "/+", 1) for tid, t in self.transfers.items()]
+            subscribed = client.subscribe(filters)
+            published = client.publish(self.state_topic, json.dumps(self.state()).encode(), qos=1, retain=True)
+            assert published is not None
+            codes = await asyncio.wait_for(subscribed, sim.connect_timeout)
+            if any(code == 0x80 for code in codes):
+                raise SimulationError(f"the broker refused the subscriptions of {self.id}; check its ACL")
+            await asyncio.wait_for(published, sim.connect_timeout)
+        except BaseException:
+            client.abort()
+            raise
+        # Only now: a connection lost while connecting is retried by connect_with_retry, not by on_lost.
+        self.client = client
+
+    def on_lost(self, client: Any) -> None:
+        """The broker went away: connect again with backoff, as paho does for the real agent."""
+        if client is not self.client:
+            return
+        self.client = None
+        if not self.sim.stopping:
+            self.sim.count("reconnects")
+            asyncio.get_running_loop().create_task(self.sim.connect_with_retry(self, first=False))
+
+    def publish(self, topic: str, payload: dict[str, Any], retain: bool = False) -> Any:
+        if self.client is None or not self.client.connected:
+            return None  # lost with the connection, as paho drops what it could not send (max_queued 0)
+        return self.client.publish(topic, json.dumps(payload).encode(), qos=1, retain=retain)
+
+    def state(self) -> dict[str, Any]:
+        return {"status": "online", "group": self.sim.group, "model": self.model, "version": self.version,
+                "previous": self.previous, "slots": sorted(self.slots), "updated": time.time()}
+
+    def publish_state(self) -> Any:
+        return self.publish(self.state_topic, self.state(), retain=True)
+
+    def event(self, command: Command | None, event: AgentEvent, **details: Any) -> None:
+        payload: dict[str, Any] = {"event": event.value, "time": time.time(), **details}
+        if command is not None:
+            payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
+        if event in (AgentEvent.REJECTED, AgentEvent.ACCEPTED, AgentEvent.DOWNLOADED, AgentEvent.COMMITTED,
+                     AgentEvent.FAILED, AgentEvent.ROLLED_BACK):
+            self.sim.count(event.value)
+        self.publish(self.events_topic, payload)
+
+    # messages ------------------------------------------------------------------------------------
+    def on_message(self, topic: str, payload: bytes) -> None:
+        """A command or a chunk from the broker."""
+        if topic == self.cmd_topic:
+            self.sim.count("commands")
+            if self.role != "silent":
+                self.on_command(payload)
+        elif self.role != "silent":
+            self.on_chunk(topic, payload)
+
+    def on_command(self, envelope: bytes) -> None:
+        """The agent's ``_handle_command``: verify, refuse replays and downgrades, then fetch or install."""
+        sim = self.sim
+        try:
+            command = parse_command(envelope, sim.server_key)
+        except (SignatureError, TransferError) as exc:
+            self.event(None, AgentEvent.REJECTED, reason=str(exc))
+            return
+        if isinstance(command, MeasureCommand):  # no runtime here: say so, as a device whose measuring failed
+            sim.count("measure_commands")
+            self.publish(Topics.measurements(self.id), json.loads(encode_result(
+                command.measurement_id, "failed", error=TransferError("a simulated device has no runtime to measure "
+                                                                      "with; measure on a real agent"))))
+            return
+        slot = f"{command.name}-{command.version}"
+        if command.deployment_id in self.seen:
+            sim.count("duplicate_commands")
+            if command.transfer_id in self.transfers:
+                return  # re-sent while the transfer runs: nothing to do
+            if self.committed == slot and self.current_slot() == slot:
+                sim.count("repeated_commits")
+                self.event(command, AgentEvent.COMMITTED, repeated=True)
+                return
+            self.event(command, AgentEvent.REJECTED,
+                       reason=f"replayed command: deployment {command.deployment_id} was already handled")
+            return
+        if (self.model == command.name and self.version is not None and not command.rollback
+                and _version(self.version) >= command.version_tuple):
+            self.event(command, AgentEvent.REJECTED, reason=f"refused downgrade: {command.name} {command.version} <= "
+                                                            f"installed {self.version}; only a signed rollback may go back")
+            self.seen.add(command.deployment_id)
+            return
+        self.seen.add(command.deployment_id)
+        if command.type == "rollback" or slot in self.slots:
+            if slot not in self.slots:
+                self.event(command, AgentEvent.FAILED, reason=f"rollback target {slot} is not in this device's store")
+                return
+            self.install(command, slot, downloaded=False)
+            return
+        assert command.archive is not None
+        chunks = len(command.archive.chunks)
+        if not sim.fetch:
+            self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, missing=chunks)
+            self.event(command, AgentEvent.DOWNLOADED, bytes=command.archive.size, rejected_chunks=0)
+            self.slots.add(slot)
+            self.install(command, slot, downloaded=True, rejected_chunks=0)
+            return
+        self.transfers[command.transfer_id] = _Transfer(command, time.monotonic())
+        sim.active.add(self)
+        if self.client is not None and self.client.connected:  # SUBSCRIBE goes out before the event, as paho's
+            self.client.subscribe([(Topics.group_chunks(command.group, command.transfer_id) + "/+", 1)])
+        self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, missing=chunks)
+
+    def current_slot(self) -> str | None:
+        return f"{self.model}-{self.version}" if self.model and self.version else None
+
+    def on_chunk(self, topic: str, payload: bytes) -> None:
+        """A chunk of a running transfer: kept if its hash matches the signed one; the archive checked when complete."""
+        sim = self.sim
+        sim.count("chunk_bytes", len(payload))
+        parts = topic.split("/")
+        transfer = self.transfers.get(parts[-2])
+        if transfer is None or not parts[-1].isdigit():
+            return
+        archive = transfer.command.archive
+        assert archive is not None
+        index = int(parts[-1])
+        if not 0 <= index < len(archive.chunks) or hashlib.sha256(payload).hexdigest() != archive.chunks[index]:
+            transfer.rejected += 1
+            sim.count("chunks_rejected")
+            return
+        if index in transfer.chunks:
+            return
+        transfer.chunks[index] = payload
+        transfer.last_progress = time.monotonic()
+        if transfer.complete:
+            self.complete(transfer)
+
+    def complete(self, transfer: _Transfer) -> None:
+        """The agent's ``_complete``: check the whole archive, report downloaded, install."""
+        command, archive = transfer.command, transfer.command.archive
+        assert archive is not None
+        digest = hashlib.sha256(b"".join(transfer.chunks[i] for i in range(len(archive.chunks)))).hexdigest()
+        if digest != archive.sha256:
+            transfer.chunks.clear()
+            self.event(command, AgentEvent.PROGRESS, reason=f"archive of transfer {command.transfer_id} hashes to "
+                                                            f"{digest[:16]}…, the signed manifest says "
+                                                            f"{archive.sha256[:16]}…; fetching it again")
+            self.sim.request(self, transfer)
+            return
+        del self.transfers[command.transfer_id]
+        if not self.transfers:
+            self.sim.active.discard(self)
+        if self.client is not None and self.client.connected:
+            self.client.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
+        self.event(command, AgentEvent.DOWNLOADED, bytes=archive.size, rejected_chunks=transfer.rejected)
+        self.slots.add(f"{command.name}-{command.version}")
+        self.install(command, f"{command.name}-{command.version}", downloaded=True, rejected_chunks=transfer.rejected)
+
+    def install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
+        """The installer's switch and health check, without a runtime; a ``fail`` device fails every non-rollback."""
+        started = time.perf_counter()
+        self.installs[command.deployment_id] += 1
+        old = self.current_slot()
+        if self.role == "fail" and not command.rollback:
+            self.previous = old
+            self.event(command, AgentEvent.ROLLED_BACK, reason="HealthCheckError: simulated health check failure "
+                                                               "(this device is in the fleet's fail_share)",
+                       restored=old)
+        else:
+            if old and old != slot:
+                self.previous = old
+            self.model, self.version, self.committed = command.name, command.version, slot
+            self.event(command, AgentEvent.COMMITTED, apply_ms=(time.perf_counter() - started) * 1e3,
+                       health={"max_abs_error": 0.0, "latency_ms": 0.0}, downloaded=downloaded,
+                       **(details if downloaded else {}))
+        self.publish_state()
+
+
+def _version(text: str) -> tuple[int, ...]:
+    from edgesdk.bundle import parse_version
+
+    return parse_version(text)
+
+
+class _Worker:
+    """The devices of one worker process, their counters, and the control channel to the parent."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from benchmarks._mqtt_lite import LiteCounters
+        from edgesdk.signing import load_public_key
+
+        self.config = config
+        self.host, self.port = config["host"], int(config["port"])
+        self.group, self.model, self.version = config["group"], config["model"], config["version"]
+        self.fetch = bool(config["fetch"])
+        self.keepalive = int(config["keepalive"])
+        self.connect_timeout = float(config["connect_timeout"])
+        self.broadcast_wait_s, self.retry_interval_s = float(config["broadcast_wait_s"]), float(config["retry_interval_s"])
+        self.request_window = int(config["request_window"])
+        self.server_key = load_public_key(config["server_key"])
+        self.counters = LiteCounters()
+        self.counts: Counter[str] = Counter()
+        self.stopping = False
+        self.active: set[_Device] = set()
+        self.devices = [_Device(self, device_id, device_role(device_id, config["fail_share"], config["silent_share"]))
+                        for device_id in config["ids"]]
+        self.connect_s = 0.0
+        self._connects = asyncio.Semaphore(int(config["connect_concurrency"]))
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
+
+    # connecting ------------------------------------------------------------------------------------
+    async def connect_with_retry(self, device: _Device, first: bool = True) -> None:
+        """Connect one device, retrying with backoff (a full listen backlog refuses or resets) until the deadline."""
+        deadline = time.monotonic() + float(self.config["start_timeout"])
+        delay = 0.05 if first else 1.0
+        while not self.stopping:
+            async with self._connects:
+                try:
+                    await device.connect()
+                    return
+                except (OSError, EdgeSDKError, asyncio.TimeoutError) as exc:
+                    if isinstance(exc, SimulationError) or time.monotonic() + delay > deadline:
+                        raise
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+
+    async def connect_all(self) -> None:
+        """Connect every device, paced at ``connect_rate`` per second when set."""
+        started = time.monotonic()
+        rate = self.config["connect_rate"]
+        tasks = []
+        for i, device in enumerate(self.devices):
+            tasks.append(asyncio.ensure_future(self.connect_with_retry(device)))
+            if rate and i % 10 == 9:
+                await asyncio.sleep(10 / rate)
+        await asyncio.gather(*tasks)
+        self.connect_s = time.monotonic() - started
+
+    # chunk requests -----------------------------------------------------------------------------------
+    def request(self, device: _Device, transfer: _Transfer) -> None:
+        missing = transfer.missing()[: self.request_window]
+        if missing:
+            self.count("need_requests")
+            device.publish(Topics.need(device.id), {"transfer_id": transfer.command.transfer_id, "chunks": missing})
+            transfer.last_progress = time.monotonic()
+
+    def request_missing(self) -> None:
+        """The agent's ``_request_missing``: ask for what the broadcast did not bring, on a timer."""
+        now = time.monotonic()
+        for device in list(self.active):
+            for transfer in list(device.transfers.values()):
+                if now - transfer.started >= self.broadcast_wait_s and now - transfer.last_progress >= self.retry_interval_s:
+                    self.request(device, transfer)
+        if not self.stopping:
+            asyncio.get_running_loop().call_later(self.retry_interval_s / 2, self.request_missing)
+
+    # control channel --------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        versions = Counter(d.version or "" for d in self.devices)
+        c = self.counters
+        return {"versions": dict(versions), "counts": {**self.counts, "messages_in": c.messages_in,
+                                                        "messages_out": c.messages_out}}
+
+    def report(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        installs: Counter[str] = Counter()
+        for device in self.devices:
+            installs.update(device.installs)
+        c = self.counters
+        return {**self.snapshot(), "installs": dict(installs), "pid": os.getpid(), "devices": len(self.devices),
+                "updated_twice": sum(1 for d in self.devices if any(n > 1 for n in d.installs.values())),
+                "messages_in": c.messages_in, "messages_out": c.messages_out, "bytes_in": c.bytes_in,
+                "bytes_out": c.bytes_out, "connect_s": self.connect_s, "cpu_s": usage.ru_utime + usage.ru_stime,
+                "rss_mb": usage.ru_maxrss / 1024}
+
+    async def disconnect_all(self) -> None:
+        """Publish each device offline (retained) and disconnect, as the agent's stop() does."""
+        self.stopping = True
+        acks = [d.publish(d.state_topic, {"status": "offline", "group": self.group}, retain=True) for d in self.devices]
+        pending = [a for a in acks if a is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for device in self.devices:
+            if device.client is not None:
+                await device.client.disconnect()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        loop.call_later(float(self.config["max_runtime_s"]), self._expire)
+        try:
+            await self.connect_all()
+        except Exception as exc:  # the parent shows this with the worker's stderr
+            _send({"type": "error", "error": f"{type(exc).__name__}: {exc}"})
+            return
+        self.request_missing()
+        _send({"type": "started", "connect_s": self.connect_s})
+        while True:
+            line = await reader.readline()
+            if not line:  # the parent is gone: drop the sockets (the broker publishes the wills) and leave
+                self.stopping = True
+                for device in self.devices:
+                    if device.client is not None:
+                        device.client.abort()
+                return
+            request = json.loads(line)
+            if request["cmd"] == "snapshot":
+                _send({"type": "snapshot", **self.snapshot()})
+            elif request["cmd"] == "stop":
+                await self.disconnect_all()
+                _send({"type": "report", **self.report()})
+                return
+
+    def _expire(self) -> None:
+        print(f"fleet_sim worker {os.getpid()}: max_runtime_s {self.config['max_runtime_s']} s passed; exiting",
+              file=sys.stderr, flush=True)
+        os._exit(3)
+
+
+def _send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def worker_main() -> None:
+    """Entry of a worker process: read its config (the first line on stdin), run its devices until the parent
+    says stop or goes away."""
+    _raise_fd_limit()
+    line = b""
+    while not line.endswith(b"\n"):  # os.read, not sys.stdin: nothing may sit in a buffer the event loop won't see
+        block = os.read(0, 1 << 16)
+        if not block:
+            return
+        line += block
+    config = json.loads(line)
+    asyncio.run(_Worker(config).run())
+
+
+# ------------------------------------------------------------------------------------------------
+# parent side
+# ------------------------------------------------------------------------------------------------
+
+class _WorkerHandle:
+    """A worker process and the thread that reads its JSON lines."""
+
+    def __init__(self, config: dict[str, Any], log_path: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.fleet_sim", "worker"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=REPO,
+                                        env=env)
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name=f"fleet-sim-{self.process.pid}", daemon=True)
+        self._reader.start()
+        self.send(config)  # the first line is the worker's config (device ids included: too long for argv)
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def send(self, request: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise SimulationError(f"fleet worker {self.process.pid} is gone ({exc}): {self.stderr_tail()}") from exc
+
+    def receive(self, kind: str, timeout: float) -> dict[str, Any]:
+        try:
+            message = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise SimulationError(f"fleet worker {self.process.pid} sent no {kind!r} within {timeout:g} s; "
+                                  f"its log: {self.stderr_tail()}") from None
+        if message is None or message.get("type") != kind:
+            detail = message.get("error") if message else "it exited"
+            raise SimulationError(f"fleet worker {self.process.pid} failed instead of sending {kind!r} ({detail}); "
+                                  f"its log: {self.stderr_tail()}")
+        return message
+
+    def stderr_tail(self) -> str:
+        self._log.flush()
+        try:
+            return self.log_path.read_text(errors="replace")[-1500:] or "(empty)"
+        except OSError:
+            return "(no log)"
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self._reader.join(timeout=5)
+        self._log.close()
+
+
+class SimulatedFleet:
+    """N simulated devices in ``processes`` worker processes (see the module docstring); a context manager.
+
+    Device ids are ``<id_prefix><index>`` (``sim00000``, ...), device ``i`` runs in worker
+    ``i % processes``. ``fail_share`` and ``silent_share`` pick devices by a hash of their id
+    (:func:`device_role`; :attr:`failing` and :attr:`silent` list them). ``connect_rate`` paces
+    connects (devices per second over the fleet; None: as fast as ``connect_concurrency`` in-flight
+    connects per worker allow, retrying refused ones with backoff).
+    """
+
+    def __init__(self, broker_url: str, server_public_key_path: str | os.PathLike[str], devices: int, *,
+                 group: str = "sim", id_prefix: str = "sim", processes: int = 2, model: str = "digits",
+                 version: str = "1.0.0", fetch: bool = True, fail_share: float = 0.0, silent_share: float = 0.0,
+                 connect_rate: float | None = None, connect_concurrency: int = 128, keepalive: int = 60,
+                 broadcast_wait_s: float = 2.0, retry_interval_s: float = 1.0, request_window: int = 32,
+                 max_runtime_s: float = 3600.0) -> None:
+        from edgesdk.transport import parse_broker_url
+
+        address = parse_broker_url(broker_url)
+        if address.tls:
+            raise SimulationError(f"broker {broker_url!r}: simulated devices speak plain MQTT on loopback; give "
+                                  "mqtt://127.0.0.1:PORT")
+        if not Path(server_public_key_path).is_file():
+            raise SimulationError(f"server public key {server_public_key_path} does not exist; pass the .pub file "
+                                  "the server's signing key pairs with (edgesdk keygen)")
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise SimulationError(f"devices={devices!r} must be a positive integer")
+        if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 64:
+            raise SimulationError(f"processes={processes!r} must be an integer in 1..64 (one per core is plenty)")
+        if not (0 <= fail_share <= 1 and 0 <= silent_share <= 1 and fail_share + silent_share <= 1):
+            raise SimulationError(f"fail_share={fail_share!r} and silent_share={silent_share!r} must be in [0, 1] "
+                                  "and add up to at most 1")
+        if connect_rate is not None and connect_rate <= 0:
+            raise SimulationError(f"connect_rate={connect_rate!r} must be a positive number of connects per second, "
+                                  "or None")
+        check_id(group, "group")
+        check_id(f"{id_prefix}{devices - 1}", "device id")
+        _version(version)
+        width = max(5, len(str(devices - 1)))
+        #: Every device id, in index order.
+        self.device_ids = [f"{id_prefix}{i:0{width}d}" for i in range(devices)]
+        roles = {d: device_role(d, fail_share, silent_share) for d in self.device_ids}
+        #: Devices that fail every health check, and devices that never answer.
+        self.failing = sorted(d for d, role in roles.items() if role == "fail")
+        self.silent = sorted(d for d, role in roles.items() if role == "silent")
+        self.processes = processes
+        self._base = {"host": address.host, "port": address.port, "group": group, "model": model, "version": version,
+                      "fetch": fetch, "fail_share": fail_share, "silent_share": silent_share,
+                      "server_key": str(Path(server_public_key_path).resolve()), "keepalive": keepalive,
+                      "connect_timeout": 10.0, "connect_concurrency": connect_concurrency,
+                      "connect_rate": connect_rate / processes if connect_rate else None,
+                      "broadcast_wait_s": broadcast_wait_s, "retry_interval_s": retry_interval_s,
+                      "request_window": request_window, "max_runtime_s": max_runtime_s}
+        self._workers: list[_WorkerHandle] = []
+        self._lock = threading.Lock()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        #: Wall seconds start() took (every device connected, subscribed and its state acknowledged).
+        self.start_s: float | None = None
+        #: The final report, once stop() ran.
+        self.report: FleetReport | None = None
+
+    def start(self, timeout: float = 120.0) -> SimulatedFleet:
+        """Start the workers; return once every device is connected and the broker acknowledged its state.
+
+        Raises SimulationError (with the failing worker's log) when a worker cannot connect its devices
+        within ``timeout``.
+        """
+        if self._workers:
+            raise SimulationError("this SimulatedFleet was started already; make a new one")
+        self._tmp = tempfile.TemporaryDirectory(prefix="fleet-sim-")
+        started = time.monotonic()
+        try:
+            for p in range(self.processes):
+                ids = self.device_ids[p::self.processes]
+                if ids:
+                    config = {**self._base, "ids": ids, "start_timeout": timeout}
+                    self._workers.append(_WorkerHandle(config, Path(self._tmp.name) / f"worker{p}.log"))
+            deadline = time.monotonic() + timeout + 5
+            for worker in self._workers:
+                worker.receive("started", max(0.1, deadline - time.monotonic()))
+        except BaseException:
+            self._close_workers()
+            raise
+        self.start_s = time.monotonic() - started
+        return self
+
+    def snapshot(self) -> dict[str, Any]:
+        """Live figures from every worker: ``versions`` (version -> devices) and ``counts`` (COUNTERS, and
+        ``messages_in``/``messages_out``, as of the moment each worker answered)."""
+        with self._lock:
+            if not self._workers:
+                raise SimulationError("the simulated fleet is not running; call start() first")
+            for worker in self._workers:
+                worker.send({"cmd": "snapshot"})
+            replies = [worker.receive("snapshot", 30) for worker in self._workers]
+        versions: Counter[str] = Counter()
+        counts: Counter[str] = Counter()
+        for reply in replies:
+            versions.update(reply["versions"])
+            counts.update(reply["counts"])
+        return {"versions": dict(versions), "counts": dict(counts)}
+
+    def versions(self) -> dict[str, int]:
+        """Version -> number of devices running it now."""
+        return dict(self.snapshot()["versions"])
+
+    def wait_versions(self, version: str, count: int, timeout: float, interval: float = 0.2) -> None:
+        """Wait until at least ``count`` devices run ``version``; RolloutTimeoutError (with the counts) if they do not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            versions = self.versions()
+            if versions.get(version, 0) >= count:
+                return
+            if time.monotonic() >= deadline:
+                raise RolloutTimeoutError(f"{versions.get(version, 0)} of the {count} devices expected run {version} "
+                                          f"after {timeout:g} s (versions now: {versions}); wait longer or look at "
+                                          "the rollout's status")
+            time.sleep(interval)
+
+    def stop(self, timeout: float = 60.0) -> FleetReport:
+        """Publish every device offline, disconnect, end the workers and return the fleet's report."""
+        if self.report is not None:
+            return self.report
+        replies = []
+        try:
+            with self._lock:
+                for worker in self._workers:
+                    worker.send({"cmd": "stop"})
+                deadline = time.monotonic() + timeout
+                replies = [worker.receive("report", max(0.1, deadline - time.monotonic())) for worker in self._workers]
+        finally:
+            self._close_workers()
+        self.report = _combine(len(self.device_ids), replies)
+        return self.report
+
+    def _close_workers(self) -> None:
+        for worker in self._workers:
+            worker.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> SimulatedFleet:
+        return self if self._workers else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.report is None and self._workers:
+            self.stop()
+
+
+def _combine(devices: int, replies: list[dict[str, Any]]) -> FleetReport:
+    counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
+    versions: Counter[str] = Counter()
+    installs: Counter[str] = Counter()
+    for reply in replies:
+        counts.update(reply["counts"])
+        versions.update(reply["versions"])
+        installs.update(reply["installs"])
+    return FleetReport(
+        devices=devices, counts=dict(counts), installs=dict(installs),
+        updated_twice=sum(r["updated_twice"] for r in replies),
+        messages_in=sum(r["messages_in"] for r in replies), messages_out=sum(r["messages_out"] for r in replies),
+        bytes_in=sum(r["bytes_in"] for r in replies), bytes_out=sum(r["bytes_out"] for r in replies),
+        versions=dict(versions),
+        processes=tuple(ProcessReport(r["pid"], r["devices"], r["connect_s"], r["cpu_s"], r["rss_mb"]) for r in replies))
+
+
+# ------------------------------------------------------------------------------------------------
+# manual checks
+# ------------------------------------------------------------------------------------------------
+
+def _scale_check(devices: int, processes: int, connect_rate: float | None) -> dict[str, Any]:
+    """Connect ``devices`` simulated devices to a fresh mosquitto with raised limits; connect time and costs."""
+    from edgesdk.ota_server.broker import LocalMosquitto
+    from edgesdk.signing import generate_keypair
+
+    with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
+        _, public = generate_keypair(Path(tmp) / "keys", "server")
+        broker = LocalMosquitto(Path(tmp) / "broker", max_open_files=devices + 2000)
+        try:
+            fleet = SimulatedFleet(broker.url, public, devices, processes=processes, connect_rate=connect_rate)
+            fleet.start(timeout=300)
+            print(f"{devices} devices connected in {fleet.start_s:.1f} s", file=sys.stderr, flush=True)
+            held = fleet.versions()
+            report = fleet.stop()
+            broker_rss = _peak_rss_mb(broker.process.pid) if broker.process else None
+        finally:
+            broker.stop()
+    return {"devices": devices, "processes": processes, "connect_rate": connect_rate, "start_s": fleet.start_s,
+            "held": held, "worker_connect_s": [p.connect_s for p in report.processes],
+            "worker_cpu_s": [round(p.cpu_s, 2) for p in report.processes],
+            "worker_rss_mb": [round(p.rss_mb, 1) for p in report.processes], "broker_peak_rss_mb": broker_rss,
+            "messages_out": report.messages_out, "reconnects": report.counts["reconnects"]}
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _mqtt_cost(messages: int, rounds: int) -> dict[str, Any]:
+    """CPU per QoS 1 message (publish + deliver + both acks, both clients in this process): LiteClient vs paho."""
+    from edgesdk.ota_server.broker import LocalMosquitto
+
+    payload = b"x" * 200
+    results: dict[str, list[float]] = {"lite": [], "paho": []}
+    with tempfile.TemporaryDirectory(prefix="mqtt-cost-") as tmp:
+        broker = LocalMosquitto(Path(tmp) / "broker")
+        try:
+            for r in range(rounds):
+                order = ["lite", "paho"] if r % 2 == 0 else ["paho", "lite"]
+                for name in order:
+                    run = _lite_round if name == "lite" else _paho_round
+                    results[name].append(run(broker.port, messages, payload) / messages * 1e6)
+        finally:
+            broker.stop()
+    medians = {name: sorted(v)[len(v) // 2] for name, v in results.items()}
+    return {"messages": messages, "rounds": rounds, "cpu_us_per_message": results, "median_us": medians,
+            "lite_over_paho": medians["lite"] / medians["paho"]}
+
+
+def _lite_round(port: int, messages: int, payload: bytes) -> float:
+    from benchmarks._mqtt_lite import LiteClient
+
+    async def run() -> float:
+        done = asyncio.get_running_loop().create_future()
+        received = 0
+
+        def on_message(topic: str, data: bytes) -> None:
+            nonlocal received
+            received += 1
+            if received == messages and not done.done():
+                done.set_result(None)
+
+        sub = LiteClient("cost-sub", on_message)
+        pub = LiteClient("cost-pub", lambda t, p: None)
+        await sub.connect("127.0.0.1", port)
+        await pub.connect("127.0.0.1", port)
+        await sub.subscribe([("cost/t", 1)])
+        cpu = time.process_time()
+        for i in range(messages):
+            ack = pub.publish("cost/t", payload, qos=1)
+            if i % 64 == 63:
+                await ack  # type: ignore[misc]  # a window of 64 in flight, like the agent's paho setting
+        await asyncio.wait_for(done, 60)
+        spent = time.process_time() - cpu
+        await sub.disconnect()
+        await pub.disconnect()
+        return spent
+
+    return asyncio.run(run())
+
+
+def _paho_round(port: int, messages: int, payload: bytes) -> float:
+    import paho.mqtt.client as mqtt
+
+    done = threading.Event()
+    received = 0
+
+    def on_message(client: Any, userdata: Any, message: Any) -> None:
+        nonlocal received
+        received += 1
+        if received == messages:
+            done.set()
+
+    clients = []
+    for name in ("cost-paho-sub", "cost-paho-pub"):
+        client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=name,
+                             protocol=mqtt.MQTTv311)
+        client.max_inflight_messages_set(64)
+        client.connect("127.0.0.1", port, keepalive=60)
+        client.loop_start()
+        clients.append(client)
+    sub, pub = clients
+    sub.on_message = on_message
+    sub.subscribe("cost/t", qos=1)[1]
+    time.sleep(0.5)  # let the SUBACK land before the timed part (a manual check, not a test)
+    cpu = time.process_time()
+    for _ in range(messages):
+        pub.publish("cost/t", payload, qos=1)
+    if not done.wait(60):
+        raise SimulationError(f"paho subscriber got {received} of {messages} messages in 60 s")
+    spent = time.process_time() - cpu
+    for client in clients:
+        client.disconnect()
+        client.loop_stop()
+    return spent
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``worker CONFIG`` (internal), ``scale`` (connect many devices) or ``mqtt-cost`` (client CPU per message)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet_sim", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("worker", help="internal: run one worker process's devices (config: first line on stdin)")
+    scale = sub.add_parser("scale", help="connect N devices to a fresh mosquitto; print connect time and CPU")
+    scale.add_argument("--devices", type=int, default=10_000)
+    scale.add_argument("--processes", type=int, default=2)
+    scale.add_argument("--connect-rate", type=float, default=None)
+    cost = sub.add_parser("mqtt-cost", help="CPU per QoS 1 message: this client vs paho")
+    cost.add_argument("--messages", type=int, default=20_000)
+    cost.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.command == "worker":
+        worker_main()
+    elif args.command == "scale":
+        print(json.dumps(_scale_check(args.devices, args.processes, args.connect_rate), indent=2))
+    else:
+        print(json.dumps(_mqtt_cost(args.messages, args.rounds), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The simulated fleet (benchmarks/fleet_sim.py) against a real mosquitto and a real OTA server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.fleet_sim import SimulatedFleet, SimulationError, device_role
+from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet_protocol import RolloutPolicy
+from edgesdk.ota import ArchiveInfo, Topics, pack_bundle, sign_command
+from edgesdk.transport import MqttTransport
+from tests.ota.conftest import wait_for
+
+FAST = RolloutPolicy(canary=0.01, waves=(0.1, 1.0), health_window_s=0, max_failure_rate=0.05, deploy_timeout_s=60)
+#: The agent's patience as the OTA tests set it, so a device that missed the broadcast asks soon.
+PATIENCE = {"broadcast_wait_s": 0.5, "retry_interval_s": 0.3}
+
+
+def _server_with_bundles(start_server, broker, bundles):
+    server = start_server(broker.url).ota
+    for version in ("1.0.0", "2.0.0"):
+        server.upload(pack_bundle(bundles[version]))
+    return server
+
+
+def _online(server, n):
+    wait_for(lambda: len(server.db.devices("sim", status="online")) == n, timeout=30, what=f"{n} devices online")
+
+
+def _finished(server, rollout_id):
+    wait_for(lambda: server.status(rollout_id).state != "running", timeout=60, what=f"rollout {rollout_id} to end")
+    return server.status(rollout_id)
+
+
+def test_every_simulated_device_commits_a_staged_rollout(broker, start_server, keys, bundles):
+    server = _server_with_bundles(start_server, broker, bundles)
+    with SimulatedFleet(broker.url, keys["dir"] / "server.pub", 200, processes=2, **PATIENCE) as fleet:
+        _online(server, 200)
+        rollout = server.start_rollout("digits", "2.0.0", "sim", FAST)
+        fleet.wait_versions("2.0.0", 200, timeout=60)
+        r = _finished(server, rollout)
+        report = fleet.stop()
+    assert r.state == "completed", r.reason
+    assert r.count("committed") == 200
+    assert report.versions == {"2.0.0": 200}
+    assert report.counts["committed"] == 200 and report.counts["accepted"] == 200
+    assert report.installs == {rollout: 200} and report.updated_twice == 0
+    assert report.counts["rejected"] == report.counts["chunks_rejected"] == 0
+    archive_size = len(pack_bundle(bundles["2.0.0"]))
+    assert report.counts["chunk_bytes"] >= 200 * archive_size  # every device fetched and checked the bytes
+    assert [p.devices for p in report.processes] == [100, 100] and all(p.cpu_s > 0 for p in report.processes)
+
+
+def test_failing_share_makes_the_server_abort_and_revert(broker, start_server, keys, bundles):
+    server = _server_with_bundles(start_server, broker, bundles)
+    fleet = SimulatedFleet(broker.url, keys["dir"] / "server.pub", 200, fail_share=0.3, fetch=False, **PATIENCE)
+    assert 30 <= len(fleet.failing) <= 90 and not fleet.silent
+    with fleet.start():
+        _online(server, 200)
+        rollout = server.start_rollout("digits", "2.0.0", "sim", FAST)
+        r = _finished(server, rollout)
+        assert r.state == "aborted" and "failed" in r.reason
+        assert r.count("rolled_back") >= 1 and r.stage < 2  # the last stage (most of the fleet) was never sent
+        fleet.wait_versions("1.0.0", 200, timeout=30)  # the committed ones were reverted by signed rollbacks
+        report = fleet.stop()
+    assert report.counts["rolled_back"] == r.count("rolled_back")
+    assert report.counts["commands"] < 200 and report.updated_twice == 0
+
+
+def test_a_command_signed_by_another_key_is_rejected(broker, keys):
+    archive = ArchiveInfo.of(b"not a real bundle" * 10)
+    with SimulatedFleet(broker.url, keys["dir"] / "server.pub", 2, processes=1, fetch=False) as fleet:
+        events: list[dict] = []
+        watcher = MqttTransport(broker.url, client_id="test-watcher")
+        try:
+            watcher.subscribe(Topics.events(fleet.device_ids[0]), lambda t, p: events.append(json.loads(p)))
+            watcher.confirm_access()
+
+            def command(key, deployment):
+                return sign_command(key, type="deploy", deployment_id=deployment, transfer_id=f"{deployment}-w0",
+                                    name="digits", version="2.0.0", group="sim", archive=archive)
+
+            watcher.publish(Topics.cmd(fleet.device_ids[0]), command(keys["converter"], "forged"))
+            wait_for(lambda: any(e["event"] == "rejected" for e in events), timeout=10, what="a rejected event")
+            assert "signature does not verify" in events[0]["reason"] and "deployment_id" not in events[0]
+            assert fleet.versions() == {"1.0.0": 2}
+            watcher.publish(Topics.cmd(fleet.device_ids[0]), command(keys["server"], "genuine"))
+            wait_for(lambda: any(e["event"] == "committed" for e in events), timeout=10, what="the genuine commit")
+            assert [e["event"] for e in events] == ["rejected", "accepted", "downloaded", "committed"]
+            assert fleet.versions() == {"1.0.0": 1, "2.0.0": 1}
+        finally:
+            watcher.close()
+
+
+def test_silent_devices_count_commands_and_answer_nothing(broker, keys):
+    archive = ArchiveInfo.of(b"x" * 100)
+    with SimulatedFleet(broker.url, keys["dir"] / "server.pub", 3, processes=1, silent_share=1.0) as fleet:
+        before = fleet.snapshot()["counts"]["messages_out"]
+        publisher = MqttTransport(broker.url, client_id="test-publisher")
+        try:
+            publisher.publish(Topics.cmd(fleet.silent[0]), sign_command(
+                keys["server"], type="deploy", deployment_id="d1", transfer_id="d1-w0", name="digits",
+                version="2.0.0", group="sim", archive=archive))
+            wait_for(lambda: fleet.snapshot()["counts"].get("commands") == 1, timeout=10, what="the command")
+        finally:
+            publisher.close()
+        # The device handles a message to the end before its worker answers a snapshot: nothing was sent.
+        assert fleet.snapshot()["counts"]["messages_out"] == before
+        assert fleet.versions() == {"1.0.0": 3}
+
+
+def test_roles_are_chosen_by_id_and_disjoint():
+    ids = [f"sim{i:05d}" for i in range(2000)]
+    roles = [device_role(d, 0.2, 0.1) for d in ids]
+    assert roles == [device_role(d, 0.2, 0.1) for d in ids]
+    assert 300 <= roles.count("fail") <= 500 and 120 <= roles.count("silent") <= 280
+    assert all(device_role(d, 0.0, 0.0) == "ok" for d in ids)
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"devices": 0}, "devices=0"), ({"processes": 0}, "processes=0"),
+    ({"fail_share": 0.7, "silent_share": 0.5}, "fail_share=0.7"), ({"connect_rate": -1.0}, "connect_rate=-1.0"),
+    ({"group": "a/b"}, "'a/b'"), ({"version": "one"}, "one"),
+])
+def test_bad_settings_are_refused_with_the_value(keys, kwargs, named):
+    settings = {"devices": 2, **kwargs}
+    with pytest.raises(EdgeSDKError, match=named.replace(".", r"\.")):
+        SimulatedFleet("mqtt://127.0.0.1:1", keys["dir"] / "server.pub", **settings)
+
+
+def test_a_missing_key_file_is_named(tmp_path):
+    with pytest.raises(SimulationError, match="nowhere.pub"):
+        SimulatedFleet("mqtt://127.0.0.1:1", tmp_path / "nowhere.pub", 2)
