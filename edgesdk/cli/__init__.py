@@ -7,6 +7,7 @@ Subcommands live in their own modules and are imported only when run, so
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -52,7 +53,12 @@ class _LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except EdgeSDKError as exc:
-            click.echo(f"error: {exc}", err=True)
+            if os.environ.get("EDGESDK_LOG_FORMAT") == "json":  # set by configure(): a log collector reads stderr
+                import logging
+
+                logging.getLogger("edgesdk.cli").error("error: %s", exc, extra={"exit_code": exc.exit_code})
+            else:
+                click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
 
 
@@ -60,11 +66,14 @@ class _LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="edgesdk")
 @click.option("-v", "--verbose", is_flag=True, envvar="EDGESDK_VERBOSE",
               help="Show INFO logs and third-party libraries' output (env EDGESDK_VERBOSE=1).")
-def cli(verbose: bool) -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+              envvar="EDGESDK_LOG_FORMAT", show_default=True,
+              help="Logs as text, or as one JSON object per line for log collectors (env EDGESDK_LOG_FORMAT=json).")
+def cli(verbose: bool, log_format: str) -> None:
     """edgesdk: convert, run and update models on edge devices."""
     from edgesdk.logs import configure
 
-    configure(verbose)
+    configure(verbose, log_format=log_format.lower())
 
 
 def main() -> None:
