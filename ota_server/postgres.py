@@ -108,7 +108,7 @@ class LocalPostgres:
             command += ["-c", f"{name}={value}"]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, **self._as_user())
+                                            **self._as_user())
         self._finalizer = weakref.finalize(self, _shutdown, self.process, 10.0)
         self._wait_ready(timeout_s)
 
@@ -244,15 +244,15 @@ def _reachable(path: Path, user: tuple[int, int]) -> bool:
 
 
 def _shutdown(process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """SIGINT is PostgreSQL's fast shutdown; SIGKILL the process group if it does not exit in time."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=timeout_s)
+    """SIGINT is PostgreSQL's fast shutdown, SIGQUIT its immediate one; SIGKILL last (its backends exit with it)."""
+    for stop in (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL):
+        if process.poll() is not None:
+            return
+        process.send_signal(stop)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _tail(log: Path, size: int = 600) -> str:
