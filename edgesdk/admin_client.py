@@ -10,13 +10,14 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 from edgesdk import errors
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet_protocol import DeviceRecord, RolloutPolicy, RolloutRecord, RolloutSummary
 
-__all__ = ["AdminClient"]
+__all__ = ["AdminClient", "DevicePage"]
 
 
 #: The class for an HTTP status when the server's ``type`` is not in edgesdk.errors (a server-side subclass).
@@ -29,6 +30,22 @@ def _error_class(name: object, status: int) -> type[EdgeSDKError]:
     if isinstance(found, type) and issubclass(found, EdgeSDKError):
         return found
     return _BY_STATUS.get(status, EdgeSDKError)
+
+
+@dataclass(frozen=True)
+class DevicePage:
+    """A page of ``GET /api/devices``: the devices, how many match in all, and the id to continue after."""
+
+    devices: list[DeviceRecord]
+    total: int
+    #: Pass as ``after`` for the next page; None on the last page.
+    next: str | None
+
+
+def _query(**params: Any) -> str:
+    """``?a=1&b=x`` of the parameters that are not None (empty when none is)."""
+    given = {k: v for k, v in params.items() if v is not None}
+    return "?" + urllib.parse.urlencode(given) if given else ""
 
 
 class AdminClient:
@@ -70,9 +87,16 @@ class AdminClient:
         return str(self._json("POST", "/api/rollouts", {"name": name, "version": version, "group": group,
                                                         "policy": policy.to_dict()})["id"])
 
-    def rollout(self, rollout_id: str) -> RolloutRecord:
-        """One rollout with its targets (NotFoundError for an unknown id)."""
-        return RolloutRecord.from_json(self._json("GET", f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}"))
+    def rollout(self, rollout_id: str, *, limit: int | None = None, after: str | None = None,
+                stage: int | None = None, status: str | None = None) -> RolloutRecord:
+        """One rollout with its counts and a page of its targets (NotFoundError for an unknown id).
+
+        ``limit`` targets (the server's default page without it; 0 for none) after device ``after``,
+        of ``stage`` (0-based) and in ``status`` if given; ``targets_total`` says how many there are.
+        """
+        query = _query(limit=limit, after=after, stage=stage, status=status)
+        return RolloutRecord.from_json(self._json("GET", f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}"
+                                                         f"{query}"))
 
     def rollouts(self) -> list[RolloutSummary]:
         """Every rollout, oldest first."""
@@ -87,10 +111,22 @@ class AdminClient:
                             {"to": to} if to else None)
         return str(answer["id"])
 
-    def devices(self, group: str | None = None) -> list[DeviceRecord]:
-        """The devices (of ``group``, if given) as they last reported."""
-        query = "?" + urllib.parse.urlencode({"group": group}) if group else ""
-        return [DeviceRecord.from_json(d) for d in self._json("GET", f"/api/devices{query}")]
+    def device_page(self, group: str | None = None, *, status: str | None = None, after: str | None = None,
+                    limit: int | None = None) -> DevicePage:
+        """One page of devices by id (of ``group``, in ``status``), starting after id ``after``."""
+        page = self._json("GET", f"/api/devices{_query(group=group, status=status, after=after, limit=limit)}")
+        return DevicePage([DeviceRecord.from_json(d) for d in page["devices"]], int(page["total"]), page.get("next"))
+
+    def devices(self, group: str | None = None, status: str | None = None) -> list[DeviceRecord]:
+        """Every device (of ``group``, in ``status``) as it last reported, fetched page by page."""
+        found: list[DeviceRecord] = []
+        after = None
+        while True:
+            page = self.device_page(group, status=status, after=after)
+            found += page.devices
+            if page.next is None:
+                return found
+            after = page.next
 
     def request_measurement(self, device: str, archive: bytes, mode: str, runs: int,
                             timeout_s: float | None = None) -> str:

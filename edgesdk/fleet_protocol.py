@@ -289,7 +289,7 @@ class RolloutSummary:
 
 @dataclass(frozen=True)
 class RolloutRecord:
-    """A rollout with its policy and every target, as ``GET /api/rollouts/{id}`` shows it."""
+    """A rollout with its policy, how many targets are in each status, and its targets (all, or one page)."""
 
     id: str
     model: str
@@ -307,24 +307,51 @@ class RolloutRecord:
     updated: float
     #: True for a rollout that sends a signed rollback (``rollout rollback``), which devices accept as a downgrade.
     rollback: bool
+    #: The targets asked for: all of them, one page (``targets_total`` tells how many there are), or none.
     targets: tuple[TargetRecord, ...] = field(default=())
+    #: Cumulative device counts per stage (the canary first); empty for a record built from targets alone.
+    stage_sizes: tuple[int, ...] = ()
+    #: How many targets are in each status, over every stage (computed from ``targets`` when not given).
+    counts: dict[TargetStatus, int] = field(default_factory=dict)
+    #: How many targets the rollout has, whether or not ``targets`` holds them all.
+    targets_total: int | None = None
+    #: The server (replica) that drives the rollout now, or drove it last; None before the first.
+    driver: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.counts and self.targets:
+            counts: dict[TargetStatus, int] = {}
+            for t in self.targets:
+                counts[t.status] = counts.get(t.status, 0) + 1
+            object.__setattr__(self, "counts", counts)
+        if self.targets_total is None:
+            object.__setattr__(self, "targets_total", sum(self.counts.values()))
 
     @property
     def stage_count(self) -> int:
         """How many stages the rollout has (at least 1)."""
+        if self.stage_sizes:
+            return len(self.stage_sizes)
         return max((t.stage for t in self.targets), default=0) + 1
 
+    def count(self, *statuses: TargetStatus) -> int:
+        """How many targets are in any of ``statuses``."""
+        return sum(self.counts.get(s, 0) for s in statuses)
+
     def in_stage(self, stage: int) -> list[TargetRecord]:
-        """The targets that stage ``stage`` (0-based) sends to."""
+        """The targets (of those held in ``targets``) that stage ``stage`` (0-based) sends to."""
         return [t for t in self.targets if t.stage == stage]
 
     def to_json(self) -> dict[str, Any]:
-        """The API's JSON for a rollout, targets included."""
+        """The API's JSON for a rollout, with the targets it holds."""
         return {"id": self.id, "model": self.model, "version": self.version, "group": self.group,
                 "policy": self.policy.to_dict(), "state": self.state.value, "stage": self.stage,
                 "stage_started": _iso_or_none(self.stage_started), "stage_settled": _iso_or_none(self.stage_settled),
                 "reason": self.reason, "created": iso_time(self.created), "updated": iso_time(self.updated),
-                "rollback": self.rollback, "targets": [t.to_json() for t in self.targets]}
+                "rollback": self.rollback, "stages": list(self.stage_sizes),
+                "counts": {status.value: n for status, n in self.counts.items()},
+                "targets_total": self.targets_total, "driver": self.driver,
+                "targets": [t.to_json() for t in self.targets]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RolloutRecord:
@@ -333,4 +360,7 @@ class RolloutRecord:
                    RolloutPolicy.from_dict(data["policy"]), RolloutState(data["state"]), int(data["stage"]),
                    _time_or_none(data.get("stage_started")), _time_or_none(data.get("stage_settled")),
                    data.get("reason"), parse_time(data["created"]), parse_time(data["updated"]),
-                   bool(data["rollback"]), tuple(TargetRecord.from_json(t) for t in data.get("targets", ())))
+                   bool(data["rollback"]), tuple(TargetRecord.from_json(t) for t in data.get("targets", ())),
+                   tuple(int(n) for n in data.get("stages", ())),
+                   {TargetStatus(k): int(v) for k, v in (data.get("counts") or {}).items()},
+                   data.get("targets_total"), data.get("driver"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import re
 import ssl
 import threading
 import time
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 #: How long a broker that accepted our socket may leave an MQTT 5 CONNECT unanswered before we try 3.1.1.
 _MQTT5_SILENCE_S = 3.0
+
+#: ``$share/<name>/`` before a shared subscription's topic filter (MQTT 5): messages match the filter after it.
+_SHARED = re.compile(r"^\$share/[^/]+/")
 
 #: Called as ``handler(topic, payload)`` on the transport's network thread; an exception it raises is logged.
 Handler = Callable[[str, bytes], None]
@@ -271,7 +275,8 @@ class MqttTransport(Transport):
         import paho.mqtt.client as mqtt
 
         with self._lock:
-            handlers = [h for f, (h, _) in self._subscriptions.items() if mqtt.topic_matches_sub(f, message.topic)]
+            handlers = [h for f, (h, _) in self._subscriptions.items()
+                        if mqtt.topic_matches_sub(_SHARED.sub("", f), message.topic)]
         for handler in handlers:
             try:
                 handler(message.topic, message.payload)

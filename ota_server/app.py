@@ -31,6 +31,7 @@ class ServerSetup:
 
     server: ServerConfig
     repo: str | os.PathLike[str]
+    #: The fleet store: a SQLite file path, or ``postgresql://USER:PASSWORD@HOST:PORT/DATABASE`` (needed by replicas).
     db: str | os.PathLike[str]
     #: Ed25519 private key the server signs device commands with.
     signing_key: Any
@@ -93,7 +94,12 @@ def build_server(setup: ServerSetup) -> RunningServer:
                                  allow_unsigned=setup.allow_unsigned, **extra)
     if setup.http is not None and not setup.token:
         raise EdgeSDKError("an admin API needs a token: set ServerSetup.token (edgesdk server: --token/--token-file)")
-    ota = setup.server_class(setup.server, repository, FleetDB(setup.db), setup.signing_key).start()
+    db = FleetDB(setup.db)
+    if setup.server.share_group and db.dialect != "postgresql":
+        db.close()
+        raise EdgeSDKError(f"replicas share their fleet state through PostgreSQL, not the SQLite file {setup.db}: "
+                           "pass --db postgresql://USER:PASSWORD@HOST:PORT/DATABASE to every replica")
+    ota = setup.server_class(setup.server, repository, db, setup.signing_key).start()
     running = RunningServer(ota, repository)
     try:
         if setup.inference is not None:
@@ -106,7 +112,7 @@ def build_server(setup: ServerSetup) -> RunningServer:
 
             assert setup.token
             host, port = parse_listen(setup.http)
-            running.http = HttpServer(create_app(ota, setup.token), host, port).start()
+            running.http = HttpServer(create_app(ota, setup.token, metrics=ota.metrics), host, port).start()
     except BaseException:
         running.stop()
         raise

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from edgesdk.bundle import parse_version
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
@@ -28,7 +28,7 @@ from edgesdk.fleet_protocol import (
     TargetStatus,
 )
 from edgesdk.ota import check_id
-from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.fleet import FleetDB, TargetUpdate
 from edgesdk.ota_server.rollout import canary_order, stage_sizes
 
 __all__ = ["RolloutEngine", "Dispatcher"]
@@ -52,8 +52,8 @@ class Dispatcher(Protocol):
     def send_stage(self, rollout: RolloutRecord, stage: int, targets: list[TargetRecord]) -> None:
         """Send the signed commands of one stage to its targets (and make the archive available)."""
 
-    def resend(self, rollout_id: str, device_id: str, now: float) -> None:
-        """Send a target's command again if it has not acknowledged it for a while."""
+    def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> None:
+        """Send the stage's command again to devices that have not acknowledged it."""
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version; an EdgeSDKError when it cannot be sent."""
@@ -63,12 +63,24 @@ class Dispatcher(Protocol):
 
 
 class RolloutEngine:
-    """Starts, steps, promotes, aborts and rolls back rollouts; state lives in the fleet store, time in ``clock``."""
+    """Starts, steps, promotes, aborts and rolls back rollouts; state lives in the fleet store, time in ``clock``.
 
-    def __init__(self, db: FleetDB, dispatcher: Dispatcher, clock: Callable[[], float] = time.time) -> None:
+    Several engines (one per server replica) may share a store: each running rollout is driven
+    by the one engine that holds its lease (``holder``, renewed every tick for ``lease_s``); when
+    that engine stops ticking, another takes the rollout over once the lease expires and re-sends
+    what was not acknowledged.
+    """
+
+    def __init__(self, db: FleetDB, dispatcher: Dispatcher, clock: Callable[[], float] = time.time, *,
+                 resend_s: float = 3.0, holder: str | None = None, lease_s: float = 10.0) -> None:
         self.db, self.dispatcher, self.clock = db, dispatcher, clock
+        self.resend_s, self.lease_s = resend_s, lease_s
+        #: This engine's name in the rollouts' leases.
+        self.holder = holder or f"engine-{uuid.uuid4().hex[:8]}"
         #: Aborted rollouts whose devices are still reverting (their archives stay available until they are done).
         self._reverting: set[str] = set()
+        #: Running rollouts this engine drove at its last tick (to log take-overs once).
+        self._driving: set[str] = set()
 
     # operator actions ------------------------------------------------------------------------
     def start(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
@@ -80,7 +92,7 @@ class RolloutEngine:
         The first stage is sent by the next :meth:`tick`.
         """
         check_id(group, "group")
-        online = [d for d in self.db.devices(group) if d.status == "online"]
+        online = self.db.devices(group, status="online")
         if not online:
             raise ConflictError(f"group {group!r} has no online device; start the agents first (see `edgesdk devices`)")
         running = [r for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group]
@@ -89,15 +101,11 @@ class RolloutEngine:
         devices = _targets(name, version, group, online, rollback)
         policy = policy or RolloutPolicy()
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S', time.gmtime(self.clock()))}-{uuid.uuid4().hex[:6]}"
-        self.db.add_rollout(rollout_id, name, version, group, policy, rollback)
         order = canary_order(group, [d.id for d in devices])
         sizes = stage_sizes(len(order), policy)
-        by_id = {d.id: d for d in devices}
-        start = 0
-        for stage, end in enumerate(sizes):
-            for device in order[start:end]:
-                self.db.add_target(rollout_id, device, stage, by_id[device].version)
-            start = end
+        version_of = {d.id: d.version for d in devices}
+        stages = [[(d, version_of[d]) for d in order[begin:end]] for begin, end in zip([0, *sizes], sizes)]
+        self.db.add_rollout(rollout_id, name, version, group, policy, stages, rollback)
         self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback},
                     rollout_id=rollout_id)
         log.info("rollout %s started: %s %s to %d devices of group %s in stages %s%s", rollout_id, name, version,
@@ -127,46 +135,61 @@ class RolloutEngine:
         policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0, max_failure_rate=0.99)
         return self.start(r.model, to_version, r.group, policy, rollback=True)
 
-    def status(self, rollout_id: str) -> RolloutRecord:
-        """A rollout with its targets; NotFoundError for an unknown id."""
-        r = self.db.rollout(rollout_id)
+    def status(self, rollout_id: str, **page: Any) -> RolloutRecord:
+        """A rollout with its counts and targets (``page``: see :meth:`FleetDB.rollout`); NotFoundError if unknown."""
+        r = self.db.rollout(rollout_id, **page)
         if r is None:
             raise NotFoundError(f"no rollout {rollout_id!r}; `edgesdk rollout status` lists them")
         return r
 
     def _running(self, rollout_id: str) -> RolloutRecord:
-        r = self.status(rollout_id)
+        r = self.status(rollout_id, targets=False)
         if r.state != RolloutState.RUNNING:
             raise ConflictError(f"rollout {rollout_id} is {r.state}, not running")
         return r
 
     # device events ---------------------------------------------------------------------------
-    def on_event(self, device_id: str, kind: str, deployment_id: str, reason: str | None) -> None:
-        """Move the device's target by its event (``deployment_id`` ends in ``-rollback`` for a revert)."""
+    @staticmethod
+    def target_update(device_id: str, kind: str, deployment_id: str, reason: str | None) -> TargetUpdate | None:
+        """How a device's event moves its target (``deployment_id`` ends in ``-rollback`` for a revert), or None."""
         rollout_id = deployment_id.removesuffix("-rollback")
         try:
             statuses = _EVENT_STATUS.get(AgentEvent(kind))
         except ValueError:  # an event this server does not know (a newer agent's): nothing to track
-            return
+            return None
         if not rollout_id or statuses is None:
-            return
+            return None
         rolling_out, after_abort = statuses
-        self.db.set_target(rollout_id, device_id, after_abort if deployment_id.endswith("-rollback") else rolling_out,
-                           reason)
+        return TargetUpdate(rollout_id, device_id, after_abort if deployment_id.endswith("-rollback") else rolling_out,
+                            reason)
+
+    def on_event(self, device_id: str, kind: str, deployment_id: str, reason: str | None) -> None:
+        """Move the device's target by its event (the server batches many with :meth:`target_update`)."""
+        update = self.target_update(device_id, kind, deployment_id, reason)
+        if update is not None:
+            self.db.set_targets([update])
 
     # the clock -------------------------------------------------------------------------------
     def tick(self) -> None:
-        """One step of every running rollout (and release of finished reverts); call it periodically."""
+        """One step of every running rollout this engine holds the lease of (and release of finished reverts)."""
+        now = self.clock()
+        driving = set()
         for summary in self.db.rollouts(RolloutState.RUNNING):
+            if not self.db.hold_lease(summary.id, self.holder, now, self.lease_s):
+                continue
+            driving.add(summary.id)
+            if summary.id not in self._driving and summary.stage >= 0:
+                log.info("rollout %s: driven by %s from stage %d", summary.id, self.holder, summary.stage + 1)
             try:
-                self._step(self.status(summary.id))
+                self._step(self.status(summary.id, targets=False))
             except EdgeSDKError as exc:  # e.g. a bundle changed on disk after upload
-                self._abort(self.status(summary.id), f"server error: {exc}")
+                self._abort(self.status(summary.id, targets=False), f"server error: {exc}")
             except Exception:
                 log.exception("rollout %s: engine step failed", summary.id)
+        self._driving = driving
         for rollout_id in list(self._reverting):
-            r = self.db.rollout(rollout_id)
-            if r is None or not any(t.status == TargetStatus.REVERTING for t in r.targets):
+            r = self.db.rollout(rollout_id, targets=False)
+            if r is None or not r.count(TargetStatus.REVERTING):
                 self._reverting.discard(rollout_id)
                 self.dispatcher.finish(rollout_id)
 
@@ -176,23 +199,24 @@ class RolloutEngine:
             self._send_stage(r, 0)
             return
         now = self.clock()
-        timed_out = False
-        for t in r.in_stage(r.stage):
-            if not t.status.terminal and t.sent and now - t.sent > policy.deploy_timeout_s:
-                self.db.set_target(r.id, t.device_id, TargetStatus.TIMEOUT,
-                                   f"no report in {policy.deploy_timeout_s:g} s")
-                timed_out = True
-            elif t.status == TargetStatus.SENT:
-                self.dispatcher.resend(r.id, t.device_id, now)
+        timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s,
+                                             f"no report in {policy.deploy_timeout_s:g} s")
+        # A device that is downloading ignores a repeated command and one that committed reports it again, so a
+        # report lost with a dead replica's queue costs a re-send, not a timeout.
+        silent = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s)
+        if silent:
+            self.dispatcher.resend(r, r.stage, silent)
+            self.db.mark_resent(r.id, silent, now)
+        counts = self.db.target_counts(r.id)
         if timed_out:
-            r = self.status(r.id)
-        sent = [t for t in r.targets if t.stage <= r.stage]
-        failed = [t for t in sent if t.status.failed]
-        if sent and len(failed) / len(sent) > policy.max_failure_rate:
-            reasons = "; ".join(f"{t.device_id}: {t.reason}" for t in failed[:3])
-            self._abort(r, f"{len(failed)}/{len(sent)} devices failed (> {policy.max_failure_rate:.0%}): {reasons}")
+            log.warning("rollout %s: %d devices of stage %d timed out", r.id, timed_out, r.stage + 1)
+        sent = sum(n for (stage, _), n in counts.items() if stage <= r.stage)
+        failed = sum(n for (stage, status), n in counts.items() if stage <= r.stage and status.failed)
+        if sent and failed / sent > policy.max_failure_rate:
+            reasons = "; ".join(f"{t.device_id}: {t.reason}" for t in self.db.failed_targets(r.id, 3))
+            self._abort(r, f"{failed}/{sent} devices failed (> {policy.max_failure_rate:.0%}): {reasons}")
             return
-        if not all(t.status.terminal for t in r.in_stage(r.stage)):
+        if any(not status.terminal for (stage, status), n in counts.items() if stage == r.stage and n):
             return
         if r.stage_settled is None:
             self.db.settle_stage(r.id, now)
@@ -200,23 +224,21 @@ class RolloutEngine:
         if now - r.stage_settled < policy.health_window_s:
             return
         if r.stage >= r.stage_count - 1:
-            self.db.end_rollout(r.id, RolloutState.COMPLETED, f"{len(sent) - len(failed)}/{len(sent)} updated")
-            self.db.log("rollout_completed", {"failed": len(failed)}, rollout_id=r.id)
-            log.info("rollout %s completed: %d/%d devices updated", r.id, len(sent) - len(failed), len(sent))
+            self.db.end_rollout(r.id, RolloutState.COMPLETED, f"{sent - failed}/{sent} updated")
+            self.db.log("rollout_completed", {"failed": failed}, rollout_id=r.id)
+            log.info("rollout %s completed: %d/%d devices updated", r.id, sent - failed, sent)
             self.dispatcher.finish(r.id)
         elif policy.auto_promote:
             self._send_stage(r, r.stage + 1)
 
     def _send_stage(self, r: RolloutRecord, stage: int) -> None:
-        targets = r.in_stage(stage)
+        targets = self.db.targets(r.id, stage=stage)
         if not targets:
             raise ConflictError(f"rollout {r.id} has no stage {stage + 1}: its last stage was sent already")
-        self.db.start_stage(r.id, stage)
+        # Marked sent before the commands go out: a device's answer may arrive before the publish loop ends.
+        self.db.start_stage(r.id, stage, self.clock())
         self.dispatcher.send_stage(r, stage, targets)
-        sent_at = self.clock()
-        for t in targets:
-            self.db.set_target(r.id, t.device_id, TargetStatus.SENT, sent_at=sent_at)
-        self.db.log("stage_sent", {"stage": stage, "devices": [t.device_id for t in targets]}, rollout_id=r.id)
+        self.db.log("stage_sent", {"stage": stage, "devices": len(targets)}, rollout_id=r.id)
         log.info("rollout %s: stage %d sent to %d devices", r.id, stage + 1, len(targets))
 
     def _abort(self, r: RolloutRecord, reason: str) -> None:
@@ -224,8 +246,8 @@ class RolloutEngine:
         self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r.id)
         log.warning("rollout %s aborted: %s", r.id, reason)
         reverting = False
-        for t in r.targets:
-            if t.status != TargetStatus.COMMITTED or not t.previous_version:
+        for t in self.db.targets(r.id, status=TargetStatus.COMMITTED):
+            if not t.previous_version:
                 continue
             try:
                 self.dispatcher.send_revert(r, t)

@@ -1,23 +1,24 @@
-"""Fleet state in SQLite: devices, rollouts, per-device deployment status, an event log.
+"""Fleet state: devices, rollouts, per-device deployment status and an event log, in SQLite or PostgreSQL.
 
-One connection guarded by a lock (the server's MQTT thread, rollout thread and HTTP
-handlers all write); WAL journal so a crash or restart keeps every committed write.
 Rows leave this module only as the records of :mod:`edgesdk.fleet_protocol` (and
-:class:`EventRecord`); the SQL names stay here: ``grp`` is a record's ``group`` (GROUP is
-an SQL keyword) and the ``wave`` columns are a record's ``stage``.
+:class:`EventRecord`); the SQL names stay here: ``grp`` is a record's ``group`` (GROUP is an
+SQL keyword) and the ``wave`` columns are a record's ``stage``. Every query the rollout engine
+runs on each tick is answered from an index and returns only what needs action (counts per
+status, the targets due for a re-send or a timeout), so a tick costs the same with 100 or
+100,000 devices; device reports are written in batches (:meth:`FleetDB.transaction`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
-import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from edgesdk.errors import ConflictError
 from edgesdk.fleet_protocol import (
     DeviceRecord,
     RolloutPolicy,
@@ -27,24 +28,11 @@ from edgesdk.fleet_protocol import (
     TargetRecord,
     TargetStatus,
 )
+from edgesdk.ota_server.sql import Database, IntegrityError, open_database
 
-__all__ = ["FleetDB", "EventRecord"]
+__all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS devices (
-    id TEXT PRIMARY KEY, grp TEXT NOT NULL, status TEXT NOT NULL, model TEXT, version TEXT,
-    slots TEXT NOT NULL DEFAULT '[]', last_seen REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS rollouts (
-    id TEXT PRIMARY KEY, model TEXT NOT NULL, version TEXT NOT NULL, grp TEXT NOT NULL, policy TEXT NOT NULL,
-    state TEXT NOT NULL, wave INTEGER NOT NULL, wave_started REAL, wave_settled REAL, reason TEXT,
-    created REAL NOT NULL, updated REAL NOT NULL, rollback INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS targets (
-    rollout_id TEXT NOT NULL, device_id TEXT NOT NULL, wave INTEGER NOT NULL, status TEXT NOT NULL,
-    reason TEXT, previous_version TEXT, sent REAL, updated REAL NOT NULL, PRIMARY KEY (rollout_id, device_id));
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, device_id TEXT, rollout_id TEXT, type TEXT NOT NULL,
-    payload TEXT NOT NULL);
-"""
+_NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
 
 
 @dataclass(frozen=True)
@@ -59,144 +47,322 @@ class EventRecord:
     payload: dict[str, Any]
 
 
-def _device(row: sqlite3.Row) -> DeviceRecord:
+@dataclass(frozen=True)
+class DeviceState:
+    """A device's reported state, as the server writes it (model, version and slots may be unknown)."""
+
+    device_id: str
+    group: str
+    status: str
+    model: str | None
+    version: str | None
+    slots: tuple[str, ...]
+    #: When the server received the report.
+    seen: float
+
+
+@dataclass(frozen=True)
+class TargetUpdate:
+    """A target's new status (and why), from a device's event."""
+
+    rollout_id: str
+    device_id: str
+    status: TargetStatus
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """An event log entry to write."""
+
+    type: str
+    payload: dict[str, Any]
+    device_id: str | None = None
+    rollout_id: str | None = None
+    ts: float | None = None
+
+
+def _device(row: Mapping[str, Any]) -> DeviceRecord:
     return DeviceRecord(row["id"], row["grp"], row["status"], row["model"], row["version"],
                         tuple(json.loads(row["slots"])), row["last_seen"])
 
 
-def _target(row: sqlite3.Row) -> TargetRecord:
+def _target(row: Mapping[str, Any]) -> TargetRecord:
     return TargetRecord(row["rollout_id"], row["device_id"], row["wave"], TargetStatus(row["status"]), row["reason"],
                         row["previous_version"], row["sent"], row["updated"])
 
 
+def _where(conditions: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """``WHERE a = ? AND b = ?`` for the conditions that are not None (PostgreSQL cannot type ``? IS NULL``)."""
+    given = {column: value for column, value in conditions.items() if value is not None}
+    if not given:
+        return "", ()
+    return " WHERE " + " AND ".join(f"{column} = ?" for column in given), tuple(given.values())
+
+
 class FleetDB:
-    """The fleet's devices, rollouts, targets and event log in one SQLite file (safe across threads)."""
+    """The fleet's devices, rollouts, targets and event log (safe across threads).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.RLock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+    ``location`` is a SQLite file path (the embedded default), ``sqlite:///PATH`` or
+    ``postgresql://USER:PASSWORD@HOST:PORT/DATABASE`` (several server replicas may share one).
+    """
 
-    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+    def __init__(self, location: str | os.PathLike[str]) -> None:
+        self.sql: Database = open_database(location)
 
-    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
-        with self._lock:
-            self._db.execute(sql, args)
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.sql.dialect
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group writes so they commit together (and cost one commit)."""
+        with self.sql.transaction():
+            yield
 
     # devices -------------------------------------------------------------------------------
+    def upsert_devices(self, states: Sequence[DeviceState]) -> None:
+        """Record devices' reported states; model, version and slots keep their last known values when absent.
+
+        Slots are taken only from ``online`` reports (a last will does not list them).
+        """
+        self.sql.execute_many(
+            """INSERT INTO devices (id, grp, status, model, version, slots, last_seen) VALUES (?,?,?,?,?,?,?)
+               ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
+               model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
+               slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
+               last_seen=excluded.last_seen""",
+            [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)), s.seen) for s in states])
+
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
                       slots: list[str]) -> None:
-        """Record a device's reported state; model, version and slots keep their last known values when absent."""
-        self._exec("""INSERT INTO devices (id, grp, status, model, version, slots, last_seen) VALUES (?,?,?,?,?,?,?)
-                      ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
-                      model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
-                      slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
-                      last_seen=excluded.last_seen""",
-                   (device_id, group, status, model, version, json.dumps(slots), time.time()))
+        """Record one device's reported state (see :meth:`upsert_devices`)."""
+        self.upsert_devices([DeviceState(device_id, group, status, model, version, tuple(slots), time.time())])
 
-    def devices(self, group: str | None = None) -> list[DeviceRecord]:
-        """Every device (of ``group``, if given), by id."""
-        return [_device(r) for r in self._rows("SELECT * FROM devices WHERE (? IS NULL OR grp = ?) ORDER BY id",
-                                               (group, group))]
+    def devices(self, group: str | None = None, *, status: str | None = None, after: str | None = None,
+                limit: int | None = None) -> list[DeviceRecord]:
+        """Devices by id (of ``group``, in ``status``, if given); a page of ``limit`` starting after id ``after``."""
+        where, args = _where({"grp": group, "status": status})
+        if after is not None:
+            where += (" AND" if where else " WHERE") + " id > ?"
+            args += (after,)
+        page = f" LIMIT {int(limit)}" if limit is not None else ""
+        return [_device(r) for r in self.sql.rows(f"SELECT * FROM devices{where} ORDER BY id{page}", args)]
+
+    def device_total(self, group: str | None = None, status: str | None = None) -> int:
+        """How many devices (of ``group``, in ``status``) have reported."""
+        where, args = _where({"grp": group, "status": status})
+        return int(self.sql.rows(f"SELECT COUNT(*) AS n FROM devices{where}", args)[0]["n"])
 
     def device(self, device_id: str) -> DeviceRecord | None:
         """One device, or None if it never reported."""
-        rows = self._rows("SELECT * FROM devices WHERE id = ?", (device_id,))
+        rows = self.sql.rows("SELECT * FROM devices WHERE id = ?", (device_id,))
         return _device(rows[0]) if rows else None
+
+    def slots(self, device_ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """The installed slots of each of ``device_ids`` that has reported (one query per 500 ids)."""
+        ids, found = list(device_ids), {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in self.sql.rows(f"SELECT id, slots FROM devices WHERE id IN ({marks})", chunk):
+                found[r["id"]] = tuple(json.loads(r["slots"]))
+        return found
+
+    def versions_in_use(self) -> set[tuple[str, str]]:
+        """Every (model, version) some device reports running."""
+        rows = self.sql.rows("SELECT DISTINCT model, version FROM devices WHERE model IS NOT NULL AND version IS NOT NULL")
+        return {(r["model"], r["version"]) for r in rows}
 
     def device_counts(self) -> list[tuple[str, str | None, str | None, int]]:
         """How many devices are in each (status, model, version), for metrics."""
-        rows = self._rows("SELECT status, model, version, COUNT(*) AS n FROM devices GROUP BY status, model, version")
+        rows = self.sql.rows("SELECT status, model, version, COUNT(*) AS n FROM devices GROUP BY status, model, version")
         return [(r["status"], r["model"], r["version"], int(r["n"])) for r in rows]
 
     # rollouts ------------------------------------------------------------------------------
     def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: RolloutPolicy,
-                    rollback: bool = False) -> None:
-        """A new ``running`` rollout before its first stage (stage -1); its targets follow with :meth:`add_target`."""
-        now = time.time()
-        self._exec("""INSERT INTO rollouts (id, model, version, grp, policy, state, wave, created, updated, rollback)
-                      VALUES (?,?,?,?,?,?,-1,?,?,?)""",
-                   (rollout_id, model, version, group, json.dumps(policy.to_dict()), RolloutState.RUNNING.value,
-                    now, now, int(rollback)))
+                    stages: Sequence[Sequence[tuple[str, str | None]]], rollback: bool = False) -> None:
+        """A new ``running`` rollout before its first stage (stage -1), with its targets.
 
-    def rollout(self, rollout_id: str) -> RolloutRecord | None:
-        """A rollout with its policy and targets (by stage, then device), or None."""
-        rows = self._rows("SELECT * FROM rollouts WHERE id = ?", (rollout_id,))
-        if not rows:
+        ``stages`` lists each stage's new devices as (device id, its version now). A group that
+        has a running rollout already raises ConflictError (the database enforces it, so two
+        replicas cannot both start one).
+        """
+        now = time.time()
+        sizes, total = [], 0
+        for devices in stages:
+            total += len(devices)
+            sizes.append(total)
+        try:
+            with self.transaction():
+                self.sql.execute(
+                    """INSERT INTO rollouts (id, model, version, grp, policy, state, wave, created, updated, rollback,
+                                             stages) VALUES (?,?,?,?,?,?,-1,?,?,?,?)""",
+                    (rollout_id, model, version, group, json.dumps(policy.to_dict()), RolloutState.RUNNING.value,
+                     now, now, int(rollback), json.dumps(sizes)))
+                self.sql.execute_many(
+                    """INSERT INTO targets (rollout_id, device_id, wave, status, previous_version, updated)
+                       VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING""",
+                    [(rollout_id, device, stage, TargetStatus.PENDING.value, previous, now)
+                     for stage, devices in enumerate(stages) for device, previous in devices])
+        except IntegrityError as exc:
+            raise ConflictError(f"group {group!r} already has a rollout running; abort or wait for it "
+                                f"(`edgesdk rollout status`)") from exc
+
+    def _summary_row(self, rollout_id: str) -> Mapping[str, Any] | None:
+        rows = self.sql.rows("SELECT * FROM rollouts WHERE id = ?", (rollout_id,))
+        return rows[0] if rows else None
+
+    def rollout(self, rollout_id: str, *, targets: bool = True, stage: int | None = None,
+                status: TargetStatus | None = None, after: str | None = None,
+                limit: int | None = None) -> RolloutRecord | None:
+        """A rollout with its policy, counts and targets (by stage, then device), or None.
+
+        ``targets=False`` leaves the targets out (the counts are always there); ``stage``,
+        ``status``, ``after`` (a device id) and ``limit`` select a page of them.
+        """
+        r = self._summary_row(rollout_id)
+        if r is None:
             return None
-        r = rows[0]
-        targets = self._rows("SELECT * FROM targets WHERE rollout_id = ? ORDER BY wave, device_id", (rollout_id,))
+        counts = self.target_counts(rollout_id)
+        overall: dict[TargetStatus, int] = {}
+        for (_, s), n in counts.items():
+            overall[s] = overall.get(s, 0) + n
+        found: tuple[TargetRecord, ...] = ()
+        if targets:
+            found = tuple(self.targets(rollout_id, stage=stage, status=status, after=after, limit=limit))
         return RolloutRecord(r["id"], r["model"], r["version"], r["grp"], RolloutPolicy.from_dict(json.loads(r["policy"])),
                              RolloutState(r["state"]), r["wave"], r["wave_started"], r["wave_settled"], r["reason"],
-                             r["created"], r["updated"], bool(r["rollback"]), tuple(_target(t) for t in targets))
+                             r["created"], r["updated"], bool(r["rollback"]), found,
+                             tuple(json.loads(r["stages"] or "[]")), overall, sum(overall.values()), r["lease_holder"])
+
+    def targets(self, rollout_id: str, *, stage: int | None = None, status: TargetStatus | None = None,
+                after: str | None = None, limit: int | None = None) -> list[TargetRecord]:
+        """A rollout's targets by stage then device (of ``stage``, in ``status``), paged like :meth:`devices`."""
+        where, args = _where({"rollout_id": rollout_id, "wave": stage, "status": status and status.value})
+        if after is not None:
+            where += " AND device_id > ?"
+            args += (after,)
+        page = f" LIMIT {int(limit)}" if limit is not None else ""
+        order = " ORDER BY device_id" if stage is not None else " ORDER BY wave, device_id"
+        return [_target(t) for t in self.sql.rows(f"SELECT * FROM targets{where}{order}{page}", args)]
+
+    def target_counts(self, rollout_id: str) -> dict[tuple[int, TargetStatus], int]:
+        """How many targets of each stage are in each status (from the index, without reading the targets)."""
+        rows = self.sql.rows("SELECT wave, status, COUNT(*) AS n FROM targets WHERE rollout_id = ? GROUP BY wave, status",
+                             (rollout_id,))
+        return {(int(r["wave"]), TargetStatus(r["status"])): int(r["n"]) for r in rows}
+
+    def failed_targets(self, rollout_id: str, limit: int) -> list[TargetRecord]:
+        """Up to ``limit`` failed targets of sent stages, to name in an abort reason."""
+        failed = tuple(s.value for s in TargetStatus if s.failed)
+        marks = ",".join("?" * len(failed))
+        return [_target(t) for t in self.sql.rows(
+            f"SELECT * FROM targets WHERE rollout_id = ? AND status IN ({marks}) ORDER BY updated LIMIT {int(limit)}",
+            (rollout_id, *failed))]
 
     def rollouts(self, state: RolloutState | None = None) -> list[RolloutSummary]:
         """Every rollout (in ``state``, if given), oldest first."""
-        value = None if state is None else state.value
-        rows = self._rows("SELECT id, model, version, grp, state, wave, reason, created FROM rollouts "
-                          "WHERE (? IS NULL OR state = ?) ORDER BY created", (value, value))
+        where, args = _where({"state": state and state.value})
+        rows = self.sql.rows(f"SELECT id, model, version, grp, state, wave, reason, created FROM rollouts{where} "
+                             "ORDER BY created", args)
         return [RolloutSummary(r["id"], r["model"], r["version"], r["grp"], RolloutState(r["state"]), r["wave"],
                                r["reason"], r["created"]) for r in rows]
 
     def rollout_counts(self) -> dict[RolloutState, int]:
         """How many rollouts are in each state, for metrics."""
-        rows = self._rows("SELECT state, COUNT(*) AS n FROM rollouts GROUP BY state")
+        rows = self.sql.rows("SELECT state, COUNT(*) AS n FROM rollouts GROUP BY state")
         return {RolloutState(r["state"]): int(r["n"]) for r in rows}
 
-    def start_stage(self, rollout_id: str, stage: int) -> None:
-        """Mark ``stage`` (0-based) as sent now; it is not settled until all its devices report."""
+    def start_stage(self, rollout_id: str, stage: int, sent_at: float) -> None:
+        """Mark ``stage`` (0-based) and its targets as sent at ``sent_at`` (the engine's clock)."""
         now = time.time()
-        self._exec("UPDATE rollouts SET wave = ?, wave_started = ?, wave_settled = NULL, updated = ? WHERE id = ?",
-                   (stage, now, now, rollout_id))
+        with self.transaction():
+            self.sql.execute("UPDATE rollouts SET wave = ?, wave_started = ?, wave_settled = NULL, updated = ? "
+                             "WHERE id = ?", (stage, now, now, rollout_id))
+            self.sql.execute("UPDATE targets SET status = ?, sent = ?, last_sent = ?, updated = ? "
+                             "WHERE rollout_id = ? AND wave = ? AND status = ?",
+                             (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, stage,
+                              TargetStatus.PENDING.value))
 
     def settle_stage(self, rollout_id: str, when: float) -> None:
         """Every device of the current stage reported at ``when``: the health window starts."""
-        self._exec("UPDATE rollouts SET wave_settled = ?, updated = ? WHERE id = ?", (when, time.time(), rollout_id))
+        self.sql.execute("UPDATE rollouts SET wave_settled = ?, updated = ? WHERE id = ?", (when, time.time(), rollout_id))
 
     def end_rollout(self, rollout_id: str, state: RolloutState, reason: str) -> None:
-        """Leave ``running`` for ``completed`` or ``aborted``, saying why."""
-        self._exec("UPDATE rollouts SET state = ?, reason = ?, updated = ? WHERE id = ?",
-                   (state.value, reason, time.time(), rollout_id))
+        """Leave ``running`` for ``completed`` or ``aborted``, saying why (its last driver stays on record)."""
+        self.sql.execute("UPDATE rollouts SET state = ?, reason = ?, updated = ? WHERE id = ?",
+                         (state.value, reason, time.time(), rollout_id))
 
-    def add_target(self, rollout_id: str, device_id: str, stage: int, previous_version: str | None) -> None:
-        """A ``pending`` device of stage ``stage`` (0-based); a device already in the rollout is kept as it is."""
-        self._exec("""INSERT OR IGNORE INTO targets (rollout_id, device_id, wave, status, previous_version, updated)
-                      VALUES (?,?,?,?,?,?)""",
-                   (rollout_id, device_id, stage, TargetStatus.PENDING.value, previous_version, time.time()))
-
-    def set_target(self, rollout_id: str, device_id: str, status: TargetStatus, reason: str | None = None,
-                   sent_at: float | None = None) -> None:
-        """A target's new status; ``sent_at`` (the engine's clock) records when its command went out."""
+    def set_targets(self, updates: Sequence[TargetUpdate]) -> None:
+        """Targets' new statuses from device events, in one transaction."""
         now = time.time()
-        if sent_at is not None:
-            self._exec("UPDATE targets SET status=?, reason=?, sent=?, updated=? WHERE rollout_id=? AND device_id=?",
-                       (status.value, reason, sent_at, now, rollout_id, device_id))
-        else:
-            self._exec("UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=?",
-                       (status.value, reason, now, rollout_id, device_id))
+        self.sql.execute_many("UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=?",
+                              [(u.status.value, u.reason, now, u.rollout_id, u.device_id) for u in updates])
+
+    def set_target(self, rollout_id: str, device_id: str, status: TargetStatus, reason: str | None = None) -> None:
+        """One target's new status."""
+        self.set_targets([TargetUpdate(rollout_id, device_id, status, reason)])
+
+    def time_out_targets(self, rollout_id: str, stage: int, sent_before: float, reason: str) -> int:
+        """Fail the stage's unfinished targets whose command went out before ``sent_before``; how many."""
+        marks = ",".join("?" * len(_NOT_TERMINAL))
+        return self.sql.execute(
+            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND wave = ? "
+            f"AND status IN ({marks}) AND sent IS NOT NULL AND sent < ?",
+            (TargetStatus.TIMEOUT.value, reason, time.time(), rollout_id, stage, *_NOT_TERMINAL, sent_before))
+
+    def due_for_resend(self, rollout_id: str, stage: int, sent_before: float, stalled_before: float) -> list[str]:
+        """Devices of the stage to send the command again: not acknowledged since ``sent_before``, or stuck in a
+        download or install (a lost report) since ``stalled_before`` (both on the engine's clock)."""
+        return [r["device_id"] for r in self.sql.rows(
+            "SELECT device_id FROM targets WHERE rollout_id = ? AND wave = ? AND "
+            "((status = ? AND last_sent < ?) OR (status IN (?, ?) AND last_sent < ?)) ORDER BY device_id",
+            (rollout_id, stage, TargetStatus.SENT.value, sent_before, TargetStatus.DOWNLOADING.value,
+             TargetStatus.INSTALLING.value, stalled_before))]
+
+    def mark_resent(self, rollout_id: str, device_ids: Sequence[str], when: float) -> None:
+        """Record that the commands of ``device_ids`` went out again at ``when``."""
+        self.sql.execute_many("UPDATE targets SET last_sent = ? WHERE rollout_id = ? AND device_id = ?",
+                              [(when, rollout_id, d) for d in device_ids])
+
+    # leases: which server replica drives a rollout ------------------------------------------------
+    def hold_lease(self, rollout_id: str, holder: str, now: float, lease_s: float) -> bool:
+        """Take or renew the right to drive a running rollout for ``lease_s``; False while another holder's is valid."""
+        return self.sql.execute(
+            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE id = ? AND state = ? "
+            "AND (lease_holder IS NULL OR lease_holder = ? OR lease_expires < ?)",
+            (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, holder, now)) == 1
+
+    def lease_holder(self, rollout_id: str) -> str | None:
+        """The replica holding the rollout's lease (valid or expired), or None."""
+        row = self._summary_row(rollout_id)
+        return None if row is None else row["lease_holder"]
 
     # events --------------------------------------------------------------------------------
+    def log_many(self, events: Sequence[EventRow]) -> None:
+        """Append events (payloads stored as JSON) in one transaction."""
+        now = time.time()
+        self.sql.execute_many("INSERT INTO events (ts, device_id, rollout_id, type, payload) VALUES (?,?,?,?,?)",
+                              [(e.ts or now, e.device_id, e.rollout_id, e.type, json.dumps(e.payload)) for e in events])
+
     def log(self, type: str, payload: dict[str, Any], device_id: str | None = None,
             rollout_id: str | None = None) -> None:
-        """Append an event (``payload`` is stored as JSON)."""
-        self._exec("INSERT INTO events (ts, device_id, rollout_id, type, payload) VALUES (?,?,?,?,?)",
-                   (time.time(), device_id, rollout_id, type, json.dumps(payload)))
+        """Append one event (``payload`` is stored as JSON)."""
+        self.log_many([EventRow(type, payload, device_id, rollout_id)])
 
     def events(self, rollout_id: str | None = None, device_id: str | None = None) -> list[EventRecord]:
         """The event log (of one rollout and/or device, if given), oldest first."""
-        rows = self._rows("""SELECT * FROM events WHERE (? IS NULL OR rollout_id = ?) AND (? IS NULL OR device_id = ?)
-                             ORDER BY id""", (rollout_id, rollout_id, device_id, device_id))
+        where, args = _where({"rollout_id": rollout_id, "device_id": device_id})
+        rows = self.sql.rows(f"SELECT * FROM events{where} ORDER BY id", args)
         return [EventRecord(r["id"], r["ts"], r["device_id"], r["rollout_id"], r["type"], json.loads(r["payload"]))
                 for r in rows]
 
+    def size_bytes(self) -> int:
+        """The database's size on disk (the SQLite file with its WAL, or PostgreSQL's database size)."""
+        return self.sql.size_bytes()
+
     def close(self) -> None:
-        """Close the database (committed writes are already on disk)."""
-        with self._lock:
-            self._db.close()
+        """Close the database (committed writes are already stored)."""
+        self.sql.close()

@@ -28,7 +28,7 @@ import threading
 from typing import Any
 
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, TransferError
-from edgesdk.fleet_protocol import RolloutPolicy
+from edgesdk.fleet_protocol import RolloutPolicy, TargetStatus
 from edgesdk.ota_server.metrics import ServerMetrics
 from edgesdk.ota_server.server import OTAServer
 
@@ -126,8 +126,23 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
     async def rollouts(request: Request) -> JSONResponse:
         return JSONResponse([r.to_json() for r in server.db.rollouts()])
 
+    def page(request: Request) -> dict[str, Any]:
+        """``limit`` (default and cap: a page of 1,000 / 10,000) and ``after`` of a paged list."""
+        limit = number(request, "limit", int, _PAGE)
+        if not 0 <= limit <= _MAX_PAGE:
+            raise EdgeSDKError(f"limit={limit} must be 0..{_MAX_PAGE}; page with ?after=<last id>")
+        return {"limit": limit, "after": request.query_params.get("after") or None}
+
     async def rollout(request: Request) -> JSONResponse:
-        return JSONResponse(server.status(request.path_params["id"]).to_json())
+        stage = request.query_params.get("stage")
+        status = request.query_params.get("status")
+        try:
+            selection = {"stage": int(stage) if stage else None, "status": TargetStatus(status) if status else None}
+        except ValueError:
+            raise EdgeSDKError(f"stage={stage!r} must be a stage index and status={status!r} one of "
+                               f"{', '.join(s.value for s in TargetStatus)}") from None
+        r = await run_in_threadpool(server.status, request.path_params["id"], **page(request), **selection)
+        return JSONResponse(r.to_json())
 
     async def action(request: Request) -> JSONResponse:
         rollout_id, verb = request.path_params["id"], request.path_params["action"]
@@ -144,7 +159,17 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         return error(404, f"unknown action {verb!r}; use promote, abort or rollback")
 
     async def devices(request: Request) -> JSONResponse:
-        return JSONResponse([d.to_json() for d in server.db.devices(request.query_params.get("group"))])
+        group, status = request.query_params.get("group"), request.query_params.get("status")
+        paging = page(request)
+
+        def read() -> dict[str, Any]:
+            found = server.db.devices(group, status=status, after=paging["after"], limit=paging["limit"] + 1)
+            more = len(found) > paging["limit"]
+            found = found[:paging["limit"]]
+            return {"devices": [d.to_json() for d in found], "total": server.db.device_total(group, status),
+                    "next": found[-1].id if more and found else None}
+
+        return JSONResponse(await run_in_threadpool(read))
 
     async def prometheus(request: Request) -> Response:
         if metrics is None:
@@ -165,6 +190,10 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         Route("/api/measurements/{id}", guarded(measurement), methods=["GET"]),
         Route("/metrics", guarded(prometheus), methods=["GET"]),
     ])
+
+
+#: Devices or targets in one answer unless ``?limit=`` asks otherwise, and the most one answer holds.
+_PAGE, _MAX_PAGE = 1000, 10_000
 
 
 class HttpServer:

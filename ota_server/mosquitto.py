@@ -41,6 +41,12 @@ _BROKER_USER = "mosquitto"  # the user mosquitto 2 drops to when started as root
 MAX_PACKET_BYTES = MAX_RESULT_BYTES + 64 * 1024
 
 
+#: Messages mosquitto queues for one client beyond those in flight (its default, 1,000, drops QoS 1 messages
+#: to the server when thousands of devices report at once; the devices connect with clean sessions, so an
+#: offline device queues nothing).
+MAX_QUEUED_MESSAGES = 1_000_000
+
+
 def password_hash(password: str, salt: bytes | None = None) -> str:
     """A mosquitto password-file hash of ``password`` (``$7$``, PBKDF2-SHA512); a random 12-byte salt when None."""
     salt = salt or secrets.token_bytes(12)
@@ -149,7 +155,8 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
     # then it keeps running as root, and the warning says how to let it drop privileges.
     stay_root = ["user root"] if warnings else []
     conf = [f"listener {port} {bind}", "allow_anonymous false", f"password_file {out / 'passwd'}",
-            f"acl_file {out / 'acl'}", f"max_packet_size {MAX_PACKET_BYTES}", "persistence false", *stay_root, *tls, ""]
+            f"acl_file {out / 'acl'}", f"max_packet_size {MAX_PACKET_BYTES}",
+            f"max_queued_messages {MAX_QUEUED_MESSAGES}", "persistence false", *stay_root, *tls, ""]
     (out / "mosquitto.conf").write_text("\n".join(conf))
     return MosquittoConfig(out / "mosquitto.conf", out / "passwd", out / "acl", credentials, server_username,
                            passwords[server_username], warnings)

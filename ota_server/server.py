@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import AgentEvent, RolloutPolicy, RolloutRecord, RolloutState, TargetRecord
-from edgesdk.ota import ArchiveInfo, Topics, check_id, sign_command
+from edgesdk.fleet_protocol import RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.ota import PREFIX, ArchiveInfo, Topics, check_id, sign_command
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.engine import RolloutEngine
-from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB
+from edgesdk.ota_server.ingest import DeviceEvent, Ingest
 from edgesdk.ota_server.measurements import Measurements
+from edgesdk.ota_server.metrics import ServerMetrics
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.transport import MqttTransport, Transport
 
@@ -67,6 +69,16 @@ class ServerConfig:
     #: The KServe V2 endpoint (as devices reach it) that deploy commands hand to devices for cloud offload;
     #: it must serve this repository (``edgesdk server --inference``). None: commands name no endpoint.
     offload_url: str | None = None
+    #: Run as one of several replicas sharing the fleet database and the broker: device reports are split
+    #: between replicas through MQTT shared subscriptions (``$share/<this name>/...``). None: a single server.
+    share_group: str | None = None
+    #: How long a replica's claim to drive a rollout lasts without renewal (another takes over after it).
+    lease_s: float = 10.0
+    #: This server's name: its MQTT client id and the holder of the rollouts it drives (unique per replica;
+    #: None: ``edgesdk-server-<random>``).
+    name: str | None = None
+    #: How long a replica in ``share_group`` listens to the retained device states at start (until quiet that long).
+    catch_up_quiet_s: float = 1.0
 
 
 class OTAServer:
@@ -79,13 +91,18 @@ class OTAServer:
         self.transport: Transport | None = None
         self._stop = threading.Event()
         self._engine_thread: threading.Thread | None = None
-        self._accepted: dict[str, set[str]] = defaultdict(set)
         #: Bytes published, for tests and benchmarks.
         self.bytes_published = 0
-        self._envelopes: dict[tuple[str, str], tuple[bytes, float]] = {}
+        #: Signed commands of the stages this server sent: (rollout, stage, with archive) -> envelope.
+        self._signed: dict[tuple[str, int, bool], bytes] = {}
+        #: This server's name among replicas (its MQTT client id and its rollout leases).
+        self.name = config.name or f"edgesdk-server-{uuid.uuid4().hex[:8]}"
+        check_id(self.name, "server name")
+        self.metrics = ServerMetrics(db)
         self.chunks = ChunkDistributor(repository.archive, self._publish)
-        self.engine = RolloutEngine(db, self)
+        self.engine = RolloutEngine(db, self, resend_s=config.resend_s, holder=self.name, lease_s=config.lease_s)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
+        self.ingest = Ingest(db, observe=self.metrics.observe_event)
 
     @property
     def resent(self) -> dict[tuple[str, str], list[int]]:
@@ -94,25 +111,50 @@ class OTAServer:
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> OTAServer:
-        """Connect to the broker, subscribe to the devices' topics and start the rollout engine."""
+        """Connect to the broker, subscribe to the devices' topics and start the rollout engine.
+
+        With ``share_group`` the device states and events arrive through shared subscriptions (each
+        report at one replica); chunk requests and measurement results reach every replica, and each
+        answers only for what it drives.
+        """
         cfg = self.config
-        self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-server-{uuid.uuid4().hex[:8]}",
-                                                 username=cfg.username, password=cfg.password, ca_file=cfg.ca_file)
-        self.transport.subscribe(Topics.ALL_STATES, self._on_state)
-        self.transport.subscribe(Topics.ALL_EVENTS, self._on_event)
+        self.transport = self._transport_factory(cfg.broker, client_id=self.name, username=cfg.username,
+                                                 password=cfg.password, ca_file=cfg.ca_file)
+        shared = f"$share/{cfg.share_group}/" if cfg.share_group else ""
+        if shared:
+            self._catch_up_states()
+        self.transport.subscribe(shared + Topics.ALL_STATES, self._on_state)
+        self.transport.subscribe(shared + Topics.ALL_EVENTS, self._on_event)
         self.transport.subscribe(Topics.ALL_NEEDS, self._on_need)
         self.transport.subscribe(Topics.ALL_MEASUREMENTS, self.measurements.on_result)
         self._engine_thread = threading.Thread(target=self._run, name="rollout-engine", daemon=True)
         self._engine_thread.start()
         return self
 
+    def _catch_up_states(self) -> None:
+        """Read the retained device states once (a shared subscription never delivers retained messages)."""
+        assert self.transport is not None
+        last = [time.monotonic()]
+
+        def on_retained(topic: str, payload: bytes) -> None:
+            last[0] = time.monotonic()
+            self._on_state(topic, payload)
+
+        self.transport.subscribe(Topics.ALL_STATES, on_retained)
+        deadline = time.monotonic() + 60
+        while time.monotonic() - last[0] < self.config.catch_up_quiet_s and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.transport.unsubscribe(Topics.ALL_STATES)
+
     def stop(self) -> None:
-        """Stop the rollout engine and disconnect (rollouts resume from the fleet DB on the next start)."""
+        """Stop the rollout engine, write the queued device reports and disconnect (rollouts resume from the fleet
+        DB on the next start, or on another replica)."""
         self._stop.set()
         if self._engine_thread:
             self._engine_thread.join(timeout=5)
         if self.transport:
             self.transport.close()
+        self.ingest.stop()
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_s):
@@ -123,6 +165,8 @@ class OTAServer:
         assert self.transport is not None
         self.bytes_published += len(payload)
         self.transport.publish(topic, payload, qos=1, retain=retain)
+        if "/chunks/" in topic:
+            self.metrics.chunk_bytes("broadcast" if topic.startswith(_GROUPS) else "resend", len(payload))
 
     # MQTT handlers -------------------------------------------------------------------------
     def _on_state(self, topic: str, payload: bytes) -> None:
@@ -131,8 +175,9 @@ class OTAServer:
         try:
             device = check_id(Topics.device_of(topic), "device id")
             state = json.loads(payload)
-            self.db.upsert_device(device, check_id(state.get("group", "default"), "group"), str(state["status"]),
-                                  state.get("model"), state.get("version"), list(state.get("slots", [])))
+            self.ingest.put(DeviceState(device, check_id(state.get("group", "default"), "group"), str(state["status"]),
+                                        state.get("model"), state.get("version"), tuple(state.get("slots", [])),
+                                        time.time()))
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 
@@ -148,10 +193,8 @@ class OTAServer:
             return
         deployment = str(event.get("deployment_id") or "")
         rollout_id = deployment.removesuffix("-rollback")
-        self.db.log(kind, event, device_id=device, rollout_id=rollout_id or None)
-        if rollout_id and kind == AgentEvent.ACCEPTED:
-            self._accepted[rollout_id].add(device)
-        self.engine.on_event(device, kind, deployment, event.get("reason"))
+        self.ingest.put(DeviceEvent(EventRow(kind, event, device, rollout_id or None, time.time()),
+                                    self.engine.target_update(device, kind, deployment, event.get("reason"))))
 
     def _on_need(self, topic: str, payload: bytes) -> None:
         if _too_large(topic, payload):
@@ -164,8 +207,21 @@ class OTAServer:
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed chunk request on %s: %s", topic, exc)
             return
-        if not self.chunks.serve(device, transfer_id, indices):
-            self.measurements.serve(device, transfer_id, indices)
+        if self.chunks.serve(device, transfer_id, indices) or self.measurements.serve(device, transfer_id, indices):
+            return
+        if self._reopen(transfer_id):
+            self.chunks.serve(device, transfer_id, indices)
+
+    def _reopen(self, transfer_id: str) -> bool:
+        """Open a stage's transfer again for a rollout this server drives now (after a restart or a take-over)."""
+        match = _STAGE_TRANSFER.match(transfer_id)
+        if match is None or self.db.lease_holder(match["rollout"]) != self.name:
+            return False
+        r = self.db.rollout(match["rollout"], targets=False)
+        if r is None or r.state != RolloutState.RUNNING:
+            return False
+        self.chunks.open(transfer_id, r.model, r.version)
+        return True
 
     # the admin API's operations ------------------------------------------------------------------
     def upload(self, archive: bytes) -> dict[str, Any]:
@@ -177,9 +233,7 @@ class OTAServer:
         return {"name": manifest.name, "version": manifest.version, "stored": stored}
 
     def _in_use(self) -> set[tuple[str, str]]:
-        used = {(d.model, d.version) for d in self.db.devices() if d.model and d.version}
-        used |= {(r.model, r.version) for r in self.db.rollouts(RolloutState.RUNNING)}
-        return used
+        return self.db.versions_in_use() | {(r.model, r.version) for r in self.db.rollouts(RolloutState.RUNNING)}
 
     def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
                       rollback: bool = False) -> str:
@@ -199,9 +253,9 @@ class OTAServer:
         """Roll a rollout's group back with a signed rollback, as a new rollout; its id."""
         return self.engine.rollback(rollout_id, to_version)
 
-    def status(self, rollout_id: str) -> RolloutRecord:
-        """A rollout with its targets; NotFoundError for an unknown id."""
-        return self.engine.status(rollout_id)
+    def status(self, rollout_id: str, **page: Any) -> RolloutRecord:
+        """A rollout with its counts and targets (``page``: see :meth:`FleetDB.rollout`); NotFoundError if unknown."""
+        return self.engine.status(rollout_id, **page)
 
     def request_measurement(self, device_id: str, archive: bytes, mode: str, runs: int,
                             timeout_s: float | None = None) -> str:
@@ -224,55 +278,68 @@ class OTAServer:
                             version=version, group=r.group, rollback=rollback, archive=archive,
                             offload_url=self.config.offload_url)
 
-    def _slots(self, device_id: str) -> tuple[str, ...]:
-        device = self.db.device(device_id)
-        return device.slots if device else ()
+    def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool) -> bytes:
+        """The signed command of a stage: the same bytes for every device (re-signed after a take-over)."""
+        key = (r.id, stage, with_archive)
+        envelope = self._signed.get(key)
+        if envelope is None:
+            transfer_id = f"{r.id}-w{stage}"
+            info = self.chunks.open(transfer_id, r.model, r.version) if with_archive else None
+            envelope = self._signed[key] = self._command(r, r.rollback, r.id, r.version, transfer_id, info)
+        return envelope
+
+    def _needs_archive(self, r: RolloutRecord, device_ids: list[str]) -> dict[str, bool]:
+        """Which devices get the archive: all but those a rollback sends back to a slot they hold."""
+        if not r.rollback:
+            return dict.fromkeys(device_ids, True)
+        slot, slots = f"{r.model}-{r.version}", self.db.slots(device_ids)
+        return {d: slot not in slots.get(d, ()) for d in device_ids}
 
     def send_stage(self, rollout: RolloutRecord, stage: int, targets: list[TargetRecord]) -> None:
         """Sign and publish the stage's commands; broadcast its archive once the targets accepted (or soon)."""
         r = rollout
-        transfer_id = f"{r.id}-w{stage}"
-        info = self.chunks.open(transfer_id, r.model, r.version)
-        slot = f"{r.model}-{r.version}"
-        needs_download = []
-        for t in targets:
-            has_slot = slot in self._slots(t.device_id)
-            archive = None if (r.rollback and has_slot) else info
-            envelope = self._command(r, r.rollback, r.id, r.version, transfer_id, archive)
-            self._envelopes[(r.id, t.device_id)] = (envelope, time.time())
-            self._publish(Topics.cmd(t.device_id), envelope)
-            if not has_slot:
-                needs_download.append(t.device_id)
-        if needs_download:
-            threading.Thread(target=self._broadcast, args=(r.id, r.group, transfer_id, set(needs_download)),
-                             daemon=True).start()
+        needs = self._needs_archive(r, [t.device_id for t in targets])
+        for device, with_archive in needs.items():
+            self._publish(Topics.cmd(device), self._stage_command(r, stage, with_archive))
+        self.metrics.command_sent(len(needs))
+        if any(needs.values()):
+            threading.Thread(target=self._broadcast, args=(r.id, r.group, stage), daemon=True).start()
 
-    def resend(self, rollout_id: str, device_id: str, now: float) -> None:
-        """Publish a target's command again when it has gone unacknowledged for ``resend_s``."""
-        envelope, last = self._envelopes.get((rollout_id, device_id), (b"", now))
-        if envelope and now - last >= self.config.resend_s:
-            self._envelopes[(rollout_id, device_id)] = (envelope, now)
-            self._publish(Topics.cmd(device_id), envelope)
+    def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> None:
+        """Publish the stage's command again to devices that have not acknowledged it (or whose report was lost)."""
+        for device, with_archive in self._needs_archive(rollout, device_ids).items():
+            self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive))
+        self.metrics.command_resent(len(device_ids))
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version (with its archive when the device lacks it)."""
         r, previous = rollout, target.previous_version
         assert previous is not None
         info = None
-        if f"{r.model}-{previous}" not in self._slots(target.device_id):  # the device pulls the old version's chunks
-            info = self.chunks.open(f"{r.id}-rb", r.model, previous)
+        if f"{r.model}-{previous}" not in self.db.slots([target.device_id]).get(target.device_id, ()):
+            info = self.chunks.open(f"{r.id}-rb", r.model, previous)  # the device pulls the old version's chunks
         envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info)
         self._publish(Topics.cmd(target.device_id), envelope)
+        self.metrics.command_sent(1)
 
     def finish(self, rollout_id: str) -> None:
-        """Release the rollout's archives and per-device bookkeeping."""
+        """Release the rollout's archives and signed commands."""
         self.chunks.close_all(f"{rollout_id}-")
-        self._accepted.pop(rollout_id, None)
-        for key in [k for k in self._envelopes if k[0] == rollout_id]:
-            del self._envelopes[key]
+        for key in [k for k in self._signed if k[0] == rollout_id]:
+            del self._signed[key]
 
-    def _broadcast(self, rollout_id: str, group: str, transfer_id: str, devices: set[str]) -> None:
+    def _broadcast(self, rollout_id: str, group: str, stage: int) -> None:
+        """Publish the stage's archive to the group once every target acknowledged its command (or after a wait)."""
         deadline = time.monotonic() + self.config.broadcast_wait_s
-        while time.monotonic() < deadline and not devices <= self._accepted[rollout_id] and not self._stop.is_set():
-            time.sleep(0.02)
-        self.chunks.broadcast(group, transfer_id)
+        while time.monotonic() < deadline and not self._stop.is_set():
+            counts = self.db.target_counts(rollout_id)
+            if not counts.get((stage, TargetStatus.SENT)) and not counts.get((stage, TargetStatus.PENDING)):
+                break
+            time.sleep(0.05)
+        self.chunks.broadcast(group, f"{rollout_id}-w{stage}")
+
+
+#: Topic prefix of the chunks sent to a whole group (the others go to one device).
+_GROUPS = f"{PREFIX}/groups/"
+#: A rollout stage's transfer id: ``<rollout id>-w<stage>``.
+_STAGE_TRANSFER = re.compile(r"^(?P<rollout>.+)-w(?P<stage>\d+)$")

@@ -51,14 +51,11 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 def _counts(r: RolloutRecord) -> str:
     """``committed 3, failed 1``: how many targets are in each status, in the order a device passes through them."""
-    counts: dict[TargetStatus, int] = {}
-    for t in r.targets:
-        counts[t.status] = counts.get(t.status, 0) + 1
-    return ", ".join(f"{status} {counts[status]}" for status in TargetStatus if status in counts)
+    return ", ".join(f"{status} {r.counts[status]}" for status in TargetStatus if r.counts.get(status))
 
 
 def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
-    """The rollout as the API's JSON, or as a summary line and a table of its devices by stage."""
+    """The rollout as the API's JSON, or as a summary line and a table of the devices it holds by stage."""
     if as_json:
         click.echo(json.dumps(r.to_json(), indent=2))
         return
@@ -67,9 +64,14 @@ def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
     if r.reason:
         click.echo(f"  reason: {r.reason}")
     click.echo(f"  devices: {_counts(r)}")
+    if not r.targets:
+        return
     click.echo(_table(("device", "stage", "status", "from", "reason"),
                       [(t.device_id, str(t.stage + 1), t.status, t.previous_version or "none", t.reason or "")
                        for t in r.targets]))
+    if r.targets_total and r.targets_total > len(r.targets):
+        click.echo(f"  showing {len(r.targets)} of {r.targets_total} devices; the next page: --after "
+                   f"{r.targets[-1].device_id} (or --status STATUS, --json)")
 
 
 def _outcome(r: RolloutRecord) -> None:
@@ -79,8 +81,8 @@ def _outcome(r: RolloutRecord) -> None:
     if r.state == RolloutState.RUNNING:
         raise RolloutTimeoutError(f"rollout {r.id} is still running (stage {r.stage + 1} of {r.stage_count}: "
                                   f"{_counts(r)}); follow it with `edgesdk rollout status {r.id} --follow`")
-    failed = [t for t in r.targets if t.status not in (TargetStatus.COMMITTED, TargetStatus.REVERTED)]
-    if r.state != RolloutState.COMPLETED or failed:
+    updated = r.count(TargetStatus.COMMITTED, TargetStatus.REVERTED)
+    if r.state != RolloutState.COMPLETED or updated != r.targets_total:
         raise RolloutError(f"rollout {r.id} {r.state}: {r.reason or _counts(r)}")
 
 
@@ -89,31 +91,32 @@ def _reverts_outcome(r: RolloutRecord) -> None:
     from edgesdk.errors import RolloutError, RolloutTimeoutError
 
     counts = _counts(r)
-    if any(t.status == TargetStatus.REVERTING for t in r.targets):
+    if r.count(TargetStatus.REVERTING):
         raise RolloutTimeoutError(f"rollout {r.id} aborted, devices still reverting ({counts}); follow it with "
                                   f"`edgesdk rollout status {r.id}`")
-    if any(t.status == TargetStatus.REVERT_FAILED for t in r.targets):
+    if r.count(TargetStatus.REVERT_FAILED):
         raise RolloutError(f"rollout {r.id} aborted and some devices could not be reverted ({counts}); "
                            f"roll them back with `edgesdk rollout rollback {r.id} --to VERSION`")
 
 
 def _settled(r: RolloutRecord) -> bool:
     """A rollout is over when it left ``running`` and no device is still being reverted."""
-    return r.state != RolloutState.RUNNING and not any(t.status == TargetStatus.REVERTING for t in r.targets)
+    return r.state != RolloutState.RUNNING and not r.count(TargetStatus.REVERTING)
 
 
 def _follow(client: AdminClient, rollout_id: str, timeout: float | None) -> RolloutRecord:
-    """Poll until the rollout is over (or ``timeout`` s pass), printing progress lines to stderr when they change."""
+    """Poll the counts until the rollout is over (or ``timeout`` s pass), printing progress lines to stderr when they
+    change; the final state comes with the first page of targets."""
     started = time.monotonic()
     last = ""
     while True:
-        r = client.rollout(rollout_id)
+        r = client.rollout(rollout_id, limit=0)
         line = f"{r.state} stage {max(r.stage, 0) + 1} of {r.stage_count}: {_counts(r)}"
         if line != last:
             click.echo(f"[{time.monotonic() - started:6.1f}s] {line}", err=True)
             last = line
         if _settled(r) or (timeout is not None and time.monotonic() - started >= timeout):
-            return r
+            return client.rollout(rollout_id)
         time.sleep(0.5)
 
 
@@ -176,19 +179,24 @@ def rollout() -> None:
 @rollout.command("status")
 @click.argument("rollout_id", required=False)
 @click.option("--follow", is_flag=True, help="Show progress until the rollout ends; exit as `push --wait` does.")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="Devices to show (a page; the server's default page without it, 0 for the counts alone).")
+@click.option("--after", metavar="DEVICE", default=None, help="Show the devices after this id (the next page).")
+@click.option("--status", "target_status", type=click.Choice([s.value for s in TargetStatus]), default=None,
+              help="Show only the devices in this status.")
 @_server
 @_token
 @_token_file
 @_json
-def status(rollout_id: str | None, follow: bool, server_url: str, token: str | None, token_file: str | None,
-           as_json: bool) -> None:
-    """Show one rollout with its devices, or list all rollouts."""
+def status(rollout_id: str | None, follow: bool, limit: int | None, after: str | None, target_status: str | None,
+           server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
+    """Show one rollout with its counts and devices (a page at a time), or list all rollouts."""
     client = admin_client(server_url, token, token_file)
     if rollout_id and follow:
         _finish(client, rollout_id, None, as_json)
         return
     if rollout_id:
-        _print_rollout(client.rollout(rollout_id), as_json)
+        _print_rollout(client.rollout(rollout_id, limit=limit, after=after, status=target_status), as_json)
         return
     if follow:
         raise click.UsageError("--follow needs a rollout ID")
@@ -238,19 +246,28 @@ rollout.command("rollback", help="Roll the group back (to --to VERSION or each d
 
 @click.command()
 @click.option("--group", default=None)
+@click.option("--status", "device_status", type=click.Choice(["online", "offline"]), default=None,
+              help="Only devices in this status.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="Devices per page.")
+@click.option("--after", metavar="DEVICE", default=None, help="Start after this device id (the next page).")
 @_server
 @_token
 @_token_file
 @_json
-def devices(group: str | None, server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
-    """List devices with their status and installed version."""
-    rows = admin_client(server_url, token, token_file).devices(group)
+def devices(group: str | None, device_status: str | None, limit: int, after: str | None, server_url: str,
+            token: str | None, token_file: str | None, as_json: bool) -> None:
+    """List devices with their status and installed version, a page at a time (by id)."""
+    page = admin_client(server_url, token, token_file).device_page(group, status=device_status, after=after, limit=limit)
     if as_json:
-        click.echo(json.dumps([d.to_json() for d in rows], indent=2))
+        click.echo(json.dumps({"devices": [d.to_json() for d in page.devices], "total": page.total, "next": page.next},
+                              indent=2))
         return
-    if not rows:
-        click.echo("no devices" + (f" in group {group}" if group else "") + " have reported yet")
+    if not page.devices:
+        click.echo("no devices" + (f" in group {group}" if group else "") + " have reported yet"
+                   + (f" after {after}" if after else ""))
         return
     click.echo(_table(("device", "group", "status", "model", "version", "last seen"),
                       [(d.id, d.group, d.status, d.model or "none", d.version or "none", iso_time(d.last_seen))
-                       for d in rows]))
+                       for d in page.devices]))
+    if page.next is not None:
+        click.echo(f"showing {len(page.devices)} of {page.total} devices; the next page: --after {page.next}")

@@ -49,14 +49,24 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.group(invoke_without_command=True)
 @click.option("--broker", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
 @click.option("--repo", type=click.Path(file_okay=False), help="Model repository directory.")
-@click.option("--db", type=click.Path(dir_okay=False), help="SQLite file for fleet state.")
+@click.option("--db", envvar="EDGESDK_DB",
+              help="Fleet state: a SQLite file, or postgresql://USER:PASSWORD@HOST:PORT/DATABASE (env EDGESDK_DB).")
 @click.option("--key", type=click.Path(exists=True, dir_okay=False), help="Server Ed25519 private key (signs commands).")
 @click.option("--bundle-key", type=click.Path(exists=True, dir_okay=False),
               help="Public key uploaded bundles must be signed with.")
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned bundles.")
 @click.option("--http", "http_address", default="127.0.0.1:8080", show_default=True, help="Admin API HOST:PORT.")
 @click.option("--token", envvar="EDGESDK_TOKEN", help="Admin API token (default: read or create --token-file).")
-@click.option("--token-file", type=click.Path(dir_okay=False), help="Default: admin.token beside --db.")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="Default: admin.token beside a SQLite --db (with PostgreSQL, give --token or --token-file).")
+@click.option("--replica", is_flag=True,
+              help="One of several servers on one PostgreSQL --db, --repo and broker: device reports are split "
+                   "between them (MQTT shared subscriptions) and each rollout is driven by one of them at a time.")
+@click.option("--name", "server_name", default=None,
+              help="This server's name among replicas: its MQTT client id and the driver shown by `rollout status` "
+                   "(default: edgesdk-server-<random>).")
+@click.option("--lease", default="10s", show_default=True,
+              help="With --replica: a replica that stops renewing its rollouts for this long loses them to another.")
 @click.option("--credentials", type=click.Path(exists=True, dir_okay=False),
               help="Broker credentials JSON (credentials/server.json from mosquitto-config).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
@@ -77,7 +87,8 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
-           credentials: str | None, ca_file: str | None, keep_latest: int, embedded_broker: bool,
+           replica: bool, server_name: str | None, lease: str, credentials: str | None, ca_file: str | None,
+           keep_latest: int, embedded_broker: bool,
            inference_address: str | None, inference_config: str | None, inference_threads: int | None,
            offload_url: str | None) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
@@ -89,6 +100,18 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)}")
     assert repo and db and key
+    is_url = "://" in db
+    if is_url and not (token or token_file):
+        raise click.UsageError("with a database URL as --db, give the admin token with --token or --token-file "
+                               "(every replica needs the same one)")
+    if replica and not db.startswith(("postgresql://", "postgres://")):
+        raise click.UsageError("--replica needs a PostgreSQL --db (postgresql://USER:PASSWORD@HOST:PORT/DATABASE) "
+                               "that every replica shares")
+    from edgesdk.fleet_protocol import parse_duration
+
+    lease_s = parse_duration(lease)
+    if lease_s <= 0:
+        raise click.BadParameter(f"{lease!r} must be a positive duration, e.g. 10s", param_hint="--lease")
     if offload_url is None and inference_address:
         offload_url = f"http://{inference_address}"
     if offload_url is not None and not offload_url.startswith(("http://", "https://")):
@@ -112,7 +135,8 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     creds = json.loads(Path(credentials).read_text()) if credentials else {}
     running = build_server(ServerSetup(
         ServerConfig(broker, username=creds.get("username"), password=creds.get("password"), ca_file=ca_file,
-                     offload_url=offload_url),
+                     offload_url=offload_url, share_group="edgesdk" if replica else None, lease_s=lease_s,
+                     name=server_name),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address,

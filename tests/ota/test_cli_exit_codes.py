@@ -19,7 +19,7 @@ def test_a_wait_that_runs_out_exits_18_with_the_state_and_a_downgrade_is_refused
 
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
-    wait_for(lambda: len(json.loads(_cli("devices", "--json", *auth))) == 2, what="devices")
+    wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
     _cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait", "60",
          *auth)
     older = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", *auth])
@@ -39,7 +39,7 @@ def test_an_aborted_rollout_exits_17_with_its_final_state_and_an_operator_abort_
         server_process, broker, make_agent, bundles):  # noqa: F811
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
-    wait_for(lambda: len(json.loads(_cli("devices", "--json", *auth))) == 2, what="devices")
+    wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
     _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait", "60",
          *auth)
     bad = CliRunner().invoke(cli, ["push", str(bundles["3.0.0-bad"]), "--group", "cams", "--canary", "100%",

@@ -56,7 +56,7 @@ def _cli(*args: str, exit_code: int = 0) -> str:
 def test_canary_rollout_and_automatic_rollback_from_the_cli(server_process, broker, make_agent, bundles):
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i:02d}", broker.url) for i in range(N_AGENTS)]
-    wait_for(lambda: len(json.loads(_cli("devices", "--group", "cams", "--json", *auth))) == N_AGENTS,
+    wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == N_AGENTS,
              what="20 devices registered")
 
     out = _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "10%", "--waves", "50,100",
@@ -72,8 +72,14 @@ def test_canary_rollout_and_automatic_rollback_from_the_cli(server_process, brok
     assert "health check" in out
     assert time.monotonic() - started < 120
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
-    devices = json.loads(_cli("devices", "--group", "cams", "--json", *auth))
+    devices = json.loads(_cli("devices", "--group", "cams", "--json", *auth))["devices"]
     assert {d["version"] for d in devices} == {"1.0.0"} and len(devices) == N_AGENTS
+    first = json.loads(_cli("devices", "--group", "cams", "--limit", "7", "--json", *auth))
+    second = json.loads(_cli("devices", "--group", "cams", "--limit", "7", "--after", first["next"], "--json", *auth))
+    assert first["total"] == N_AGENTS and [d["id"] for d in first["devices"] + second["devices"]] == sorted(
+        d["id"] for d in devices)[:14], "two pages of 7 are the first 14 devices by id"
+    assert f"showing 7 of {N_AGENTS} devices; the next page: --after {first['next']}" in _cli(
+        "devices", "--group", "cams", "--limit", "7", *auth)
     listing = _cli("rollout", "status", *auth)
     assert listing.count("completed") == 1 and listing.count("aborted") == 1
 
@@ -86,7 +92,7 @@ def test_wrong_token_is_refused(server_process):
 def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker, make_agent, bundles):
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(4)]
-    wait_for(lambda: len(json.loads(_cli("devices", "--group", "cams", "--json", *auth))) == 4, what="devices")
+    wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == 4, what="devices")
     _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait",
          "60", *auth)
     started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "25%", "--waves", "100",
@@ -141,7 +147,7 @@ def test_versions_are_immutable_and_what_a_group_runs_is_not_pushed_again(server
 
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
-    wait_for(lambda: len(json.loads(_cli("devices", "--json", *auth))) == 2, what="devices")
+    wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
     _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait", "60",
          *auth)
     impostor = make_bundle(tmp_path / "impostor", "1.0.0", keys, seed=99)  # same name and version, other weights
@@ -166,11 +172,11 @@ def test_wave_lists_must_increase_to_100_before_anything_is_sent(bundles):
 def test_tables_json_words_iso_times_and_follow(server_process, broker, make_agent, bundles):
     auth = ["--server", server_process, "--token", "s3cret"]
     make_agent("cam0", broker.url)
-    wait_for(lambda: len(json.loads(_cli("devices", "--json", *auth))) == 1, what="device")
+    wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 1, what="device")
     table = _cli("devices", *auth).splitlines()
     assert table[0].split() == ["device", "group", "status", "model", "version", "last", "seen"]
     assert table[1].split()[:5] == ["cam0", "cams", "online", "none", "none"]
-    (device,) = json.loads(_cli("devices", "--json", *auth))
+    (device,) = json.loads(_cli("devices", "--json", *auth))["devices"]
     assert "grp" not in device and device["group"] == "cams"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", device["last_seen"]), device["last_seen"]
     rollout_id = json.loads(_cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%",

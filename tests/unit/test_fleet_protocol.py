@@ -59,8 +59,8 @@ def test_policy_and_its_parsers():
         RolloutPolicy(canary=0.1, waves=(1.0, 0.5))
 
 
-def test_the_database_returns_records_whose_json_is_the_api_shape(tmp_path):
-    db = FleetDB(tmp_path / "fleet.db")
+def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location):
+    db = FleetDB(fleet_location)
     db.upsert_device("cam0", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
     db.upsert_device("cam1", "cams", "online", None, None, [])
     (device, _) = db.devices("cams")
@@ -70,24 +70,23 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(tmp_path):
     assert ISO.fullmatch(shown["last_seen"]) and DeviceRecord.from_json(shown).to_json() == shown
 
     policy = RolloutPolicy(canary=0.5, waves=(1.0,))
-    db.add_rollout("r1", "digits", "2.0.0", "cams", policy)
-    db.add_target("r1", "cam0", 0, "1.0.0")
-    db.add_target("r1", "cam1", 1, None)
+    db.add_rollout("r1", "digits", "2.0.0", "cams", policy, [[("cam0", "1.0.0")], [("cam1", None)]])
     (summary,) = db.rollouts(RolloutState.RUNNING)
     assert isinstance(summary, RolloutSummary) and summary.stage == -1 and summary.group == "cams"
     assert set(summary.to_json()) == {"id", "model", "version", "group", "state", "stage", "reason", "created"}
     assert RolloutSummary.from_json(summary.to_json()).to_json() == summary.to_json()
 
-    db.start_stage("r1", 0)
-    db.set_target("r1", "cam0", TargetStatus.SENT, sent_at=time.time())
+    db.start_stage("r1", 0, time.time())
     db.set_target("r1", "cam0", TargetStatus.COMMITTED)
     db.settle_stage("r1", 1.0)
     r = db.rollout("r1")
     assert isinstance(r, RolloutRecord) and r.policy == policy and r.stage == 0 and r.stage_count == 2
+    assert r.stage_sizes == (1, 2) and r.counts == {TargetStatus.COMMITTED: 1, TargetStatus.PENDING: 1}
     assert [t.status for t in r.in_stage(0)] == [TargetStatus.COMMITTED] and r.in_stage(1)[0].sent is None
     shown = r.to_json()
     assert set(shown) == {"id", "model", "version", "group", "policy", "state", "stage", "stage_started",
-                          "stage_settled", "reason", "created", "updated", "rollback", "targets"}
+                          "stage_settled", "reason", "created", "updated", "rollback", "stages", "counts",
+                          "targets_total", "driver", "targets"}
     assert shown["state"] == "running" and shown["rollback"] is False and shown["stage_settled"] == iso_time(1.0)
     assert shown["targets"][0] | {"sent": None, "updated": None} == {
         "rollout_id": "r1", "device_id": "cam0", "stage": 0, "status": "committed", "reason": None,

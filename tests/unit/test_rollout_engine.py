@@ -23,8 +23,8 @@ class Recorder:
     def send_stage(self, rollout, stage, targets):
         self.stages.append((stage, [t.device_id for t in targets]))
 
-    def resend(self, rollout_id, device_id, now):
-        self.resent.append(device_id)
+    def resend(self, rollout, stage, device_ids):
+        self.resent.extend(device_ids)
 
     def send_revert(self, rollout, target):
         if target.device_id in self.unrevertable:
@@ -44,12 +44,13 @@ class Clock:
 
 
 @pytest.fixture
-def fleet(tmp_path):
-    db = FleetDB(tmp_path / "fleet.db")
+def fleet(fleet_location):
+    db = FleetDB(fleet_location)
     for i in range(10):
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
     clock, recorder = Clock(), Recorder()
-    return db, clock, recorder, RolloutEngine(db, recorder, clock)
+    yield db, clock, recorder, RolloutEngine(db, recorder, clock, resend_s=3.0)
+    db.close()
 
 
 def _report(engine, rollout_id, devices, event="committed", reason=None):
@@ -64,7 +65,10 @@ def test_stages_wait_for_every_report_and_the_health_window_then_complete(fleet)
     (stage, canary), = recorder.stages
     assert stage == 0 and len(canary) == 1
     engine.tick()
-    assert recorder.resent == canary, "an unacknowledged command is offered for re-sending"
+    assert recorder.resent == [], "re-sent before resend_s passed"
+    clock.now += 3.5
+    engine.tick()
+    assert recorder.resent == canary, "an unacknowledged command is sent again"
     _report(engine, rid, canary)
     engine.tick()  # the stage settles now; the window starts
     clock.now += 59

@@ -1,0 +1,85 @@
+"""`edgesdk server` processes for the fleet benchmark and the replica tests: started as an operator would,
+measured from /proc (CPU seconds, peak RSS), stopped or killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from edgesdk.admin_client import AdminClient
+from edgesdk.ota_server.broker import free_port
+
+TOKEN = "fleet-bench-token"
+
+
+class ServerProcess:
+    """One ``edgesdk server`` (a replica with ``replica=True``) on a free loopback port, its log in ``workdir``."""
+
+    def __init__(self, workdir: Path, broker_url: str, db: str, keys: Path, name: str, *, replica: bool = False,
+                 lease: str = "10s", extra: tuple[str, ...] = (), timeout: float = 60.0) -> None:
+        self.name, self.port = name, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / f"{name}.log"
+        command = [str(Path(sys.executable).parent / "edgesdk"), "server", "--broker", broker_url,
+                   "--repo", str(workdir / "repo"), "--db", db, "--key", str(keys / "server.key"),
+                   "--bundle-key", str(keys / "converter.pub"), "--http", f"127.0.0.1:{self.port}",
+                   "--token", TOKEN, "--name", name, "--lease", lease, *(["--replica"] if replica else []), *extra]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=log)
+        self.client = AdminClient(self.url, TOKEN)
+        self._wait_up(timeout)
+
+    def _wait_up(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server {self.name} exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/api/devices", timeout=1)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401:  # answering, and refusing a request without the token
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server {self.name} did not answer within {timeout:g} s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the server process has used so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float:
+        """The process's peak resident set size (VmHWM) in MiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies without stopping anything (a machine failure)."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGTERM and wait (the server writes what it queued and disconnects)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,327 @@
+"""The SQL databases a fleet store runs on: SQLite (embedded, the default) and PostgreSQL (shared by replicas).
+
+One small interface, :class:`Database`, hides the two drivers: queries are written once with
+``?`` placeholders, rows come back as mappings by column name, :meth:`Database.transaction`
+groups writes (nested calls join the outer one) and the schema is versioned
+(:data:`MIGRATIONS`, applied in order by :func:`open_database`, recorded in
+``schema_version``). PostgreSQL takes an advisory lock while it migrates, so replicas starting
+together do not migrate twice. A lost PostgreSQL connection (a restarted database) is opened
+again, and a statement outside a transaction is retried once.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError
+
+__all__ = ["Database", "SQLiteDatabase", "PostgresDatabase", "open_database", "MIGRATIONS", "IntegrityError",
+           "redact_url"]
+
+#: (version, what it does, statements). ``{real}`` is a float column type, ``{serial}`` an auto-numbered key.
+MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+    (1, "devices, rollouts, targets, events", (
+        """CREATE TABLE IF NOT EXISTS devices (
+            id TEXT PRIMARY KEY, grp TEXT NOT NULL, status TEXT NOT NULL, model TEXT, version TEXT,
+            slots TEXT NOT NULL DEFAULT '[]', last_seen {real} NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS rollouts (
+            id TEXT PRIMARY KEY, model TEXT NOT NULL, version TEXT NOT NULL, grp TEXT NOT NULL, policy TEXT NOT NULL,
+            state TEXT NOT NULL, wave INTEGER NOT NULL, wave_started {real}, wave_settled {real}, reason TEXT,
+            created {real} NOT NULL, updated {real} NOT NULL, rollback INTEGER NOT NULL DEFAULT 0)""",
+        """CREATE TABLE IF NOT EXISTS targets (
+            rollout_id TEXT NOT NULL, device_id TEXT NOT NULL, wave INTEGER NOT NULL, status TEXT NOT NULL,
+            reason TEXT, previous_version TEXT, sent {real}, updated {real} NOT NULL,
+            PRIMARY KEY (rollout_id, device_id))""",
+        """CREATE TABLE IF NOT EXISTS events (
+            id {serial}, ts {real} NOT NULL, device_id TEXT, rollout_id TEXT, type TEXT NOT NULL,
+            payload TEXT NOT NULL)""",
+    )),
+    (2, "scale: indexes for the engine's queries, stage sizes, re-send times, rollout leases for replicas", (
+        "ALTER TABLE targets ADD COLUMN last_sent {real}",
+        "ALTER TABLE rollouts ADD COLUMN stages TEXT",
+        "ALTER TABLE rollouts ADD COLUMN lease_holder TEXT",
+        "ALTER TABLE rollouts ADD COLUMN lease_expires {real}",
+        "CREATE INDEX IF NOT EXISTS targets_by_stage ON targets (rollout_id, wave, status)",
+        "CREATE INDEX IF NOT EXISTS devices_by_group ON devices (grp, id)",
+        "CREATE INDEX IF NOT EXISTS rollouts_by_state ON rollouts (state, created)",
+        "CREATE INDEX IF NOT EXISTS events_by_rollout ON events (rollout_id, id)",
+        "CREATE INDEX IF NOT EXISTS events_by_device ON events (device_id, id)",
+        # Two replicas (or two operators) starting a rollout to one group at once: the database refuses the second.
+        "CREATE UNIQUE INDEX IF NOT EXISTS one_running_rollout_per_group ON rollouts (grp) WHERE state = 'running'",
+    )),
+)
+
+_TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},
+          "postgresql": {"real": "DOUBLE PRECISION", "serial": "BIGSERIAL PRIMARY KEY"}}
+
+
+class IntegrityError(EdgeSDKError):
+    """A write broke a constraint of the schema (a duplicate key, a second running rollout of a group)."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+class Database(abc.ABC):
+    """A connection to the fleet store's database, safe to share between threads (one statement at a time)."""
+
+    #: "sqlite" or "postgresql".
+    dialect: str
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # nesting of transaction()
+
+    @abc.abstractmethod
+    def _run(self, sql: str, args: Sequence[Any]) -> Any:
+        """Execute one statement on the driver; the cursor."""
+
+    @abc.abstractmethod
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Execute one statement for each row of arguments."""
+
+    @abc.abstractmethod
+    def _begin(self) -> None: ...
+
+    @abc.abstractmethod
+    def _end(self, commit: bool) -> None: ...
+
+    def rows(self, sql: str, args: Sequence[Any] = ()) -> list[Mapping[str, Any]]:
+        """The rows of a query, each a mapping of column name to value."""
+        with self._lock:
+            return list(self._run(sql, args).fetchall())
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run one statement; how many rows it changed."""
+        with self._lock:
+            return int(self._run(sql, args).rowcount)
+
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement once per row of arguments, in one transaction."""
+        if not rows:
+            return
+        with self.transaction():
+            self._run_many(sql, rows)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything inside commits together or not at all; nested calls join the outermost transaction."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._begin()
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                self._end(commit=False)
+                raise
+            self._depth = 0
+            self._end(commit=True)
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection (committed writes are kept)."""
+
+    def migrate(self) -> int:
+        """Apply the migrations this database lacks, in order; the schema version it is at afterwards."""
+        with self.transaction():
+            self._lock_schema()
+            self._run("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+                      f"applied {_TYPES[self.dialect]['real']} NOT NULL)", ())
+            rows = self._run("SELECT MAX(version) AS v FROM schema_version", ()).fetchall()
+            current = rows[0]["v"] or 0
+            newest = MIGRATIONS[-1][0]
+            if current > newest:
+                raise EdgeSDKError(f"the fleet database is at schema version {current}, newer than this edgesdk "
+                                   f"({newest}); upgrade edgesdk on this server to the version the other replicas run")
+            for version, description, statements in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in statements:
+                    self._run(statement.format(**_TYPES[self.dialect]), ())
+                self._run("INSERT INTO schema_version (version, description, applied) VALUES (?, ?, ?)",
+                          (version, description, time.time()))
+                current = version
+        return int(current)
+
+    @abc.abstractmethod
+    def size_bytes(self) -> int:
+        """The database's size on disk."""
+
+    def _lock_schema(self) -> None:  # noqa: B027 (SQLite's BEGIN IMMEDIATE already locks)
+        """Keep other processes from migrating at the same time (inside the migration's transaction)."""
+
+
+class SQLiteDatabase(Database):
+    """One SQLite file in WAL mode: a crash keeps every committed write, readers do not block the writer."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        try:
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as exc:
+            raise EdgeSDKError(f"{path} is not a usable SQLite fleet database ({exc}); restore it from a backup or "
+                               "point --db at a new file") from exc
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=10000")
+
+    def _run(self, sql: str, args: Sequence[Any]) -> Any:
+        try:
+            return self._db.execute(sql, tuple(args))
+        except sqlite3.IntegrityError as exc:
+            raise IntegrityError(str(exc)) from exc
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            self._db.executemany(sql, rows)
+        except sqlite3.IntegrityError as exc:
+            raise IntegrityError(str(exc)) from exc
+
+    def _begin(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def _end(self, commit: bool) -> None:
+        self._db.execute("COMMIT" if commit else "ROLLBACK")
+
+    def size_bytes(self) -> int:
+        """The file with its write-ahead log."""
+        return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
+
+    def close(self) -> None:
+        """Close the file."""
+        with self._lock:
+            self._db.close()
+
+
+_PLACEHOLDER = re.compile(r"\?")
+
+
+class PostgresDatabase(Database):
+    """A PostgreSQL database through psycopg 3 (the ``server`` extra); several servers may share it."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str, connect_timeout_s: float = 10.0) -> None:
+        super().__init__()
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise EdgeSDKError("PostgreSQL needs psycopg: pip install 'edgesdk[server]'") from exc
+        self._psycopg = psycopg
+        self.url, self._timeout = url, connect_timeout_s
+        self._sql: dict[str, str] = {}
+        self._transaction: Any = None
+        self._conn = self._connect()
+
+    def _connect(self) -> Any:
+        from psycopg.rows import dict_row
+
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                return self._psycopg.connect(self.url, autocommit=True, row_factory=dict_row,
+                                             connect_timeout=max(1, int(self._timeout)))
+            except self._psycopg.OperationalError as exc:
+                if time.monotonic() >= deadline:
+                    raise EdgeSDKError(f"cannot reach PostgreSQL at {redact_url(self.url)}: {str(exc).strip()}; check "
+                                       "--db (postgresql://USER:PASSWORD@HOST:PORT/DATABASE) and that the server "
+                                       "runs") from exc
+                time.sleep(0.2)
+
+    def _native(self, sql: str) -> str:
+        native = self._sql.get(sql)
+        if native is None:
+            native = self._sql[sql] = _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
+        return native
+
+    def _retrying(self, call: Any) -> Any:
+        try:
+            return call()
+        except self._psycopg.errors.IntegrityError as exc:
+            raise IntegrityError(str(exc).strip()) from exc
+        except self._psycopg.OperationalError:
+            if self._depth or not self._conn.closed:
+                raise
+            self._conn = self._connect()  # the database restarted: open again, run the statement once more
+            return call()
+
+    def _run(self, sql: str, args: Sequence[Any]) -> Any:
+        native = self._native(sql)
+        return self._retrying(lambda: self._conn.execute(native, tuple(args)))
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        native = self._native(sql)
+
+        def run() -> None:
+            with self._conn.cursor() as cursor:
+                cursor.executemany(native, [tuple(r) for r in rows])
+
+        self._retrying(run)
+
+    def _begin(self) -> None:
+        if self._conn.closed:
+            self._conn = self._connect()
+        self._transaction = self._conn.transaction()
+        self._transaction.__enter__()
+
+    def _end(self, commit: bool) -> None:
+        transaction, self._transaction = self._transaction, None
+        if commit:
+            transaction.__exit__(None, None, None)
+        else:
+            transaction.__exit__(RuntimeError, RuntimeError("rolled back"), None)
+
+    def size_bytes(self) -> int:
+        """``pg_database_size`` of the database."""
+        return int(self.rows("SELECT pg_database_size(current_database()) AS n")[0]["n"])
+
+    def _lock_schema(self) -> None:
+        self._run("SELECT pg_advisory_xact_lock(?)", (0x6564676573646B,))  # "edgesdk"
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+
+def open_database(location: str | os.PathLike[str]) -> Database:
+    """The fleet database at ``location`` (``postgresql://...``, ``sqlite:///path`` or a file path), migrated."""
+    text = str(location)
+    database: Database
+    if text.startswith(("postgresql://", "postgres://")):
+        database = PostgresDatabase(text)
+    elif "://" in text and not text.startswith("sqlite:///"):
+        raise EdgeSDKError(f"--db {redact_url(text)!r} is neither a file path, sqlite:///PATH nor "
+                           "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+    else:
+        database = SQLiteDatabase(text.removeprefix("sqlite:///") if text.startswith("sqlite:///") else text)
+    try:
+        database.migrate()
+    except BaseException:
+        database.close()
+        raise
+    return database

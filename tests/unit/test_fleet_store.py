@@ -1,0 +1,156 @@
+"""The fleet store's contract on SQLite and PostgreSQL: migrations, paging, the engine's indexed queries, leases."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from edgesdk.errors import ConflictError, EdgeSDKError
+from edgesdk.fleet_protocol import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB, TargetUpdate
+from edgesdk.ota_server.sql import MIGRATIONS, open_database
+
+POLICY = RolloutPolicy(canary=0.1, waves=(1.0,))
+
+
+@pytest.fixture
+def db(fleet_location):
+    store = FleetDB(fleet_location)
+    yield store
+    store.close()
+
+
+def _devices(db: FleetDB, n: int, group: str = "cams") -> list[str]:
+    ids = [f"cam{i:05d}" for i in range(n)]
+    db.upsert_devices([DeviceState(d, group, "online", "digits", "1.0.0", ("digits-1.0.0",), 1.0) for d in ids])
+    return ids
+
+
+def test_a_new_database_is_at_the_newest_schema_and_opening_it_again_changes_nothing(fleet_location):
+    first = FleetDB(fleet_location)
+    newest = MIGRATIONS[-1][0]
+    assert first.sql.migrate() == newest
+    first.close()
+    again = FleetDB(fleet_location)
+    versions = [r["version"] for r in again.sql.rows("SELECT version FROM schema_version ORDER BY version")]
+    assert versions == [m[0] for m in MIGRATIONS]
+    again.close()
+
+
+def test_a_fleet_db_of_the_previous_release_is_migrated_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    for statement in MIGRATIONS[0][2]:  # the schema as releases before versioning created it, without schema_version
+        old.execute(statement.format(real="REAL", serial="INTEGER PRIMARY KEY AUTOINCREMENT"))
+    old.execute("INSERT INTO devices (id, grp, status, model, version, slots, last_seen) "
+                "VALUES ('cam0', 'cams', 'online', 'digits', '1.0.0', '[]', 1.0)")
+    old.commit()
+    old.close()
+    db = FleetDB(path)
+    assert db.device("cam0").version == "1.0.0"
+    assert {r["name"] for r in db.sql.rows("SELECT name FROM sqlite_master WHERE type = 'index'")} >= {
+        "targets_by_stage", "one_running_rollout_per_group"}
+    db.close()
+
+
+def test_a_database_newer_than_this_release_is_refused(tmp_path):
+    path = tmp_path / "fleet.db"
+    FleetDB(path).close()
+    newer = sqlite3.connect(path)
+    newer.execute("INSERT INTO schema_version (version, description, applied) VALUES (99, 'future', 0)")
+    newer.commit()
+    newer.close()
+    with pytest.raises(EdgeSDKError, match="schema version 99, newer than this edgesdk"):
+        FleetDB(path)
+
+
+def test_bad_locations_are_refused_with_the_fix(tmp_path):
+    with pytest.raises(EdgeSDKError, match="neither a file path"):
+        open_database("mysql://u:secret@127.0.0.1/fleet")
+    with pytest.raises(EdgeSDKError, match=r"cannot reach PostgreSQL at postgresql://u:\*\*\*@127.0.0.1:9/x"):
+        from edgesdk.ota_server.sql import PostgresDatabase
+
+        PostgresDatabase("postgresql://u:secret@127.0.0.1:9/x", connect_timeout_s=0.5)
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(EdgeSDKError, match="not a usable SQLite fleet database"):
+        FleetDB(corrupt)
+
+
+def test_devices_page_by_id_and_count(db):
+    ids = _devices(db, 25)
+    db.upsert_device("lobby0", "lobby", "offline", None, None, [])
+    first = db.devices("cams", limit=10)
+    second = db.devices("cams", after=first[-1].id, limit=10)
+    last = db.devices("cams", after=second[-1].id, limit=10)
+    assert [d.id for d in first + second + last] == ids
+    assert db.device_total("cams") == 25 and db.device_total(status="offline") == 1
+    assert db.slots(["cam00003", "nobody"]) == {"cam00003": ("digits-1.0.0",)}
+    assert db.versions_in_use() == {("digits", "1.0.0")}
+
+
+def test_a_later_report_keeps_known_fields_and_a_last_will_keeps_the_slots(db):
+    db.upsert_devices([DeviceState("cam0", "cams", "online", "digits", "1.0.0", ("digits-1.0.0",), 1.0),
+                       DeviceState("cam0", "cams", "offline", None, None, (), 2.0)])
+    device = db.device("cam0")
+    assert (device.status, device.version, device.slots, device.last_seen) == ("offline", "1.0.0", ("digits-1.0.0",), 2.0)
+
+
+def test_one_running_rollout_per_group_is_enforced_by_the_database(db):
+    _devices(db, 2)
+    db.add_rollout("r1", "digits", "2.0.0", "cams", POLICY, [[("cam00000", "1.0.0")], [("cam00001", "1.0.0")]])
+    with pytest.raises(ConflictError, match="already has a rollout running"):
+        db.add_rollout("r2", "digits", "3.0.0", "cams", POLICY, [[("cam00000", "1.0.0")]])
+    assert db.rollout("r2") is None, "the refused rollout left no targets behind"
+    assert db.targets("r1") and not db.targets("r2")
+    db.end_rollout("r1", RolloutState.COMPLETED, "done")
+    db.add_rollout("r3", "digits", "3.0.0", "cams", POLICY, [[("cam00000", "2.0.0")]])
+
+
+def test_the_engines_queries_return_only_what_needs_action(db):
+    ids = _devices(db, 100)
+    db.add_rollout("r1", "digits", "2.0.0", "cams", POLICY, [[(d, "1.0.0") for d in ids[:10]],
+                                                              [(d, "1.0.0") for d in ids[10:]]])
+    assert db.target_counts("r1") == {(0, TargetStatus.PENDING): 10, (1, TargetStatus.PENDING): 90}
+    db.start_stage("r1", 0, sent_at=100.0)
+    db.set_targets([TargetUpdate("r1", ids[0], TargetStatus.COMMITTED),
+                    TargetUpdate("r1", ids[1], TargetStatus.DOWNLOADING),
+                    TargetUpdate("r1", ids[2], TargetStatus.ROLLED_BACK, "health check failed")])
+    assert db.due_for_resend("r1", 0, sent_before=100.0, stalled_before=100.0) == []
+    assert db.due_for_resend("r1", 0, sent_before=103.0, stalled_before=90.0) == ids[3:10]
+    assert db.due_for_resend("r1", 0, sent_before=103.0, stalled_before=112.0) == [ids[1], *ids[3:10]]
+    db.mark_resent("r1", ids[3:10], 103.0)
+    assert db.due_for_resend("r1", 0, sent_before=103.0, stalled_before=90.0) == [], "re-sent at 103: not due yet"
+    assert db.time_out_targets("r1", 0, sent_before=100.0, reason="late") == 0
+    assert db.time_out_targets("r1", 0, sent_before=400.0, reason="no report in 300 s") == 8
+    counts = db.target_counts("r1")
+    assert counts[(0, TargetStatus.TIMEOUT)] == 8 and counts[(0, TargetStatus.COMMITTED)] == 1
+    (failed, *_) = db.failed_targets("r1", 3)
+    assert failed.status.failed
+    page = db.rollout("r1", stage=1, limit=5)
+    assert len(page.targets) == 5 and page.targets_total == 100 and page.count(TargetStatus.PENDING) == 90
+    assert db.rollout("r1", targets=False).targets == ()
+
+
+def test_exactly_one_holder_drives_a_rollout_until_its_lease_expires(db):
+    ids = _devices(db, 1)
+    db.add_rollout("r1", "digits", "2.0.0", "cams", POLICY, [[(ids[0], "1.0.0")]])
+    assert db.hold_lease("r1", "replica-a", now=100.0, lease_s=10)
+    assert not db.hold_lease("r1", "replica-b", now=105.0, lease_s=10)
+    assert db.hold_lease("r1", "replica-a", now=108.0, lease_s=10), "the holder renews"
+    assert not db.hold_lease("r1", "replica-b", now=117.0, lease_s=10)
+    assert db.hold_lease("r1", "replica-b", now=118.5, lease_s=10), "taken over once the renewal is overdue"
+    assert db.lease_holder("r1") == "replica-b" and not db.hold_lease("r1", "replica-a", now=119.0, lease_s=10)
+    db.end_rollout("r1", RolloutState.COMPLETED, "done")
+    assert not db.hold_lease("r1", "replica-b", now=120.0, lease_s=10), "nobody drives a finished rollout"
+
+
+def test_a_failed_batch_leaves_nothing_behind(db):
+    _devices(db, 1)
+    with pytest.raises(RuntimeError), db.transaction():
+        db.log_many([EventRow("accepted", {"n": 1}, "cam00000", "r1")])
+        db.upsert_device("cam00000", "cams", "online", "digits", "9.0.0", [])
+        raise RuntimeError("the writer died mid-batch")
+    assert db.events() == [] and db.device("cam00000").version == "1.0.0"
+    assert db.size_bytes() > 0
