@@ -72,8 +72,10 @@ def _raise_open_files(limit: int) -> Callable[[], None]:
 class LocalMosquitto:
     """A mosquitto process on 127.0.0.1; ``restart()`` keeps the port.
 
-    ``max_open_files`` (e.g. 12000 for 10,000 clients) starts mosquitto with that RLIMIT_NOFILE
-    and no connection cap; by default it inherits this process's limit (often 1024 descriptors).
+    ``max_open_files`` (e.g. 12000 for 10,000 clients) starts mosquitto with that RLIMIT_NOFILE,
+    no connection cap and no cap on a client's queue (by default mosquitto drops a slow client's
+    QoS 1 messages past 1000 queued: a server hearing 10,000 devices at once loses reports); without
+    it mosquitto inherits this process's descriptor limit (often 1024) and its default caps.
     """
 
     def __init__(self, workdir: str | os.PathLike[str], conf_lines: list[str] | None = None,
@@ -88,8 +90,10 @@ class LocalMosquitto:
         self.conf, self.log = workdir / "mosquitto.conf", workdir / "mosquitto.log"
         lines = conf_lines or [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence false"]
         self.max_open_files = max_open_files
-        if max_open_files is not None and "max_connections -1" not in lines:
-            lines = [*lines, "max_connections -1"]
+        if max_open_files is not None:
+            # A fleet's burst (every device's state or event at once) must not overflow the server's queue:
+            # mosquitto drops QoS 1 messages past max_queued_messages (default 1000) per client.
+            lines = [*lines, *(line for line in ("max_connections -1", "max_queued_messages 0") if line not in lines)]
         if os.geteuid() == 0 and not any(line.startswith("user ") for line in lines):
             lines = [*lines, "user root"]  # as root mosquitto drops to user "mosquitto", who cannot read our files
         self.conf.write_text("\n".join(lines) + "\n")
