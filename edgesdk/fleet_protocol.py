@@ -84,9 +84,27 @@ class TargetStatus(StrEnum):
         """True for the terminal statuses that count against the rollout's failure rate."""
         return self in _FAILED
 
+    @property
+    def follows(self) -> frozenset[TargetStatus]:
+        """The statuses a target may move from into this one. Statuses only move forward, so a report that
+        arrives late (written by another server replica, or re-sent) cannot undo a later one; a device that
+        answers after its timeout still counts."""
+        return _FOLLOWS.get(self, frozenset(TargetStatus))
+
 
 _FAILED = frozenset({TargetStatus.FAILED, TargetStatus.ROLLED_BACK, TargetStatus.REJECTED, TargetStatus.TIMEOUT})
 _TERMINAL = _FAILED | {TargetStatus.COMMITTED}
+_WAITING = frozenset({TargetStatus.PENDING, TargetStatus.SENT, TargetStatus.TIMEOUT})
+_IN_FLIGHT = _WAITING | {TargetStatus.DOWNLOADING, TargetStatus.INSTALLING}
+_FOLLOWS: dict[TargetStatus, frozenset[TargetStatus]] = {
+    TargetStatus.DOWNLOADING: _WAITING,
+    TargetStatus.INSTALLING: _WAITING | {TargetStatus.DOWNLOADING},
+    **dict.fromkeys((TargetStatus.COMMITTED, TargetStatus.FAILED, TargetStatus.ROLLED_BACK, TargetStatus.REJECTED),
+                    _IN_FLIGHT),
+    TargetStatus.REVERTING: frozenset({TargetStatus.COMMITTED}),
+    TargetStatus.REVERTED: frozenset({TargetStatus.REVERTING}),
+    TargetStatus.REVERT_FAILED: frozenset({TargetStatus.REVERTING, TargetStatus.COMMITTED}),
+}
 
 
 class RolloutState(StrEnum):

@@ -9,6 +9,7 @@ the server holds only what is in flight, not every archive it ever sent (up to 2
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +34,16 @@ class _Archive:
 class ChunkDistributor:
     """Serves the chunks of open transfers; thread-safe (MQTT handlers and the rollout engine call it)."""
 
-    def __init__(self, load: ArchiveLoader, publish: Publisher) -> None:
+    def __init__(self, load: ArchiveLoader, publish: Publisher, repeat_s: float = 1.0, rebroadcast_after: int = 32) -> None:
         self._load, self._publish = load, publish
+        #: A device asking again within ``repeat_s`` of its last answer is not answered twice (the chunks are on
+        #: their way); when ``rebroadcast_after`` devices ask for one broadcast transfer within ``repeat_s``, the
+        #: group gets the archive again instead of that many copies one by one.
+        self.repeat_s, self.rebroadcast_after = repeat_s, rebroadcast_after
+        self._asked: dict[str, dict[str, float]] = defaultdict(dict)
+        self._broadcasts: dict[str, tuple[str, float]] = {}
+        #: Broadcasts sent again because many devices missed the first (for tests and benchmarks).
+        self.rebroadcasts = 0
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], _Archive] = {}
         self._transfers: dict[str, tuple[str, str]] = {}
@@ -65,6 +74,8 @@ class ChunkDistributor:
         """Stop serving ``transfer_id``; its archive's bytes go once no open transfer carries them."""
         with self._lock:
             key = self._transfers.pop(transfer_id, None)
+            self._asked.pop(transfer_id, None)
+            self._broadcasts.pop(transfer_id, None)
             if key is None:
                 return
             archive = self._archives[key]
@@ -100,6 +111,21 @@ class ChunkDistributor:
         archive = self._chunks(transfer_id)
         if archive is None:
             return False
+        now = time.monotonic()
+        with self._lock:
+            asked = self._asked[transfer_id]
+            if now - asked.get(device, -self.repeat_s) < self.repeat_s:
+                return True
+            asked[device] = now
+            group, last_broadcast = self._broadcasts.get(transfer_id, ("", now))
+            if group and now - last_broadcast < self.repeat_s:
+                return True  # the whole archive went to the group a moment ago
+            crowd = sum(1 for t in asked.values() if now - t < self.repeat_s)
+            rebroadcast = bool(group) and crowd >= self.rebroadcast_after
+        if rebroadcast:
+            self.rebroadcasts += 1
+            self.broadcast(group, transfer_id)
+            return True
         for index in indices:
             if 0 <= index < len(archive.info.chunks):
                 self.resent[(device, transfer_id)].append(index)
@@ -112,6 +138,8 @@ class ChunkDistributor:
         archive = self._chunks(transfer_id)
         if archive is None:
             return
+        with self._lock:
+            self._broadcasts[transfer_id] = (group, time.monotonic())
         topic = Topics.group_chunks(group, transfer_id)
         for index in range(len(archive.info.chunks)):
             start, end = archive.info.chunk_range(index)

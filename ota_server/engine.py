@@ -52,8 +52,8 @@ class Dispatcher(Protocol):
     def send_stage(self, rollout: RolloutRecord, stage: int, targets: list[TargetRecord]) -> None:
         """Send the signed commands of one stage to its targets (and make the archive available)."""
 
-    def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> None:
-        """Send the stage's command again to devices that have not acknowledged it."""
+    def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
+        """Send the stage's command again to devices that have not acknowledged it; the devices it was sent to."""
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version; an EdgeSDKError when it cannot be sent."""
@@ -205,8 +205,7 @@ class RolloutEngine:
         # report lost with a dead replica's queue costs a re-send, not a timeout.
         silent = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s)
         if silent:
-            self.dispatcher.resend(r, r.stage, silent)
-            self.db.mark_resent(r.id, silent, now)
+            self.db.mark_resent(r.id, self.dispatcher.resend(r, r.stage, silent), now)
         counts = self.db.target_counts(r.id)
         if timed_out:
             log.warning("rollout %s: %d devices of stage %d timed out", r.id, timed_out, r.stage + 1)

@@ -296,10 +296,20 @@ class FleetDB:
                          (state.value, reason, time.time(), rollout_id))
 
     def set_targets(self, updates: Sequence[TargetUpdate]) -> None:
-        """Targets' new statuses from device events, in one transaction."""
+        """Targets' new statuses from device events, in one transaction; a move backwards (a report that arrived
+        after a later one) is ignored (:attr:`TargetStatus.follows`)."""
         now = time.time()
-        self.sql.execute_many("UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=?",
-                              [(u.status.value, u.reason, now, u.rollout_id, u.device_id) for u in updates])
+        by_status: dict[TargetStatus, list[TargetUpdate]] = {}
+        for u in updates:
+            by_status.setdefault(u.status, []).append(u)
+        with self.transaction():
+            for status, moves in by_status.items():
+                sources = tuple(s.value for s in status.follows)
+                marks = ",".join("?" * len(sources))
+                self.sql.execute_many(
+                    f"UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=? "
+                    f"AND status IN ({marks})",
+                    [(u.status.value, u.reason, now, u.rollout_id, u.device_id, *sources) for u in moves])
 
     def set_target(self, rollout_id: str, device_id: str, status: TargetStatus, reason: str | None = None) -> None:
         """One target's new status."""

@@ -56,6 +56,11 @@ class Ingest:
             self._pending += 1
         self._queue.put((time.monotonic(), report))
 
+    @property
+    def pending(self) -> int:
+        """Reports queued or being written."""
+        return self._pending
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is written; False if that took longer than ``timeout``."""
         with self._idle:

@@ -305,11 +305,15 @@ class OTAServer:
         if any(needs.values()):
             threading.Thread(target=self._broadcast, args=(r.id, r.group, stage), daemon=True).start()
 
-    def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> None:
-        """Publish the stage's command again to devices that have not acknowledged it (or whose report was lost)."""
+    def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
+        """Publish the stage's command again to devices that have not acknowledged it (or whose report was lost);
+        the devices sent to. None while device reports wait to be written: their answers may be among them."""
+        if self.ingest.pending > _RESEND_BACKLOG:
+            return []
         for device, with_archive in self._needs_archive(rollout, device_ids).items():
             self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive))
         self.metrics.command_resent(len(device_ids))
+        return device_ids
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version (with its archive when the device lacks it)."""
@@ -329,16 +333,26 @@ class OTAServer:
             del self._signed[key]
 
     def _broadcast(self, rollout_id: str, group: str, stage: int) -> None:
-        """Publish the stage's archive to the group once every target acknowledged its command (or after a wait)."""
-        deadline = time.monotonic() + self.config.broadcast_wait_s
-        while time.monotonic() < deadline and not self._stop.is_set():
+        """Publish the stage's archive to the group once every target acknowledged its command, or when
+        acknowledgements stop coming for ``broadcast_wait_s`` (a big stage keeps the wait going while they come)."""
+        started = time.monotonic()
+        deadline, waiting_before = started + self.config.broadcast_wait_s, -1
+        while not self._stop.is_set():
             counts = self.db.target_counts(rollout_id)
-            if not counts.get((stage, TargetStatus.SENT)) and not counts.get((stage, TargetStatus.PENDING)):
+            waiting = counts.get((stage, TargetStatus.SENT), 0) + counts.get((stage, TargetStatus.PENDING), 0)
+            now = time.monotonic()
+            if waiting != waiting_before:
+                deadline, waiting_before = now + self.config.broadcast_wait_s, waiting
+            if not waiting or now >= deadline or now - started >= _MAX_BROADCAST_WAIT_S:
                 break
             time.sleep(0.05)
         self.chunks.broadcast(group, f"{rollout_id}-w{stage}")
 
 
+#: The longest a stage's broadcast waits for acknowledgements that keep coming.
+_MAX_BROADCAST_WAIT_S = 60.0
+#: Device reports queued for writing above which re-sends wait (the reports may be the answers).
+_RESEND_BACKLOG = 100
 #: Topic prefix of the chunks sent to a whole group (the others go to one device).
 _GROUPS = f"{PREFIX}/groups/"
 #: A rollout stage's transfer id: ``<rollout id>-w<stage>``.

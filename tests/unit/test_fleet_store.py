@@ -154,3 +154,18 @@ def test_a_failed_batch_leaves_nothing_behind(db):
         raise RuntimeError("the writer died mid-batch")
     assert db.events() == [] and db.device("cam00000").version == "1.0.0"
     assert db.size_bytes() > 0
+
+
+def test_a_report_that_arrives_late_never_moves_a_target_back(db):
+    """Two replicas write a device's 'downloaded' and 'committed' in either order: the target ends committed."""
+    ids = _devices(db, 2)
+    db.add_rollout("r1", "digits", "2.0.0", "cams", POLICY, [[(d, "1.0.0") for d in ids]])
+    db.start_stage("r1", 0, sent_at=1.0)
+    db.set_targets([TargetUpdate("r1", ids[0], TargetStatus.COMMITTED)])
+    db.set_targets([TargetUpdate("r1", ids[0], TargetStatus.INSTALLING), TargetUpdate("r1", ids[0],
+                                                                                      TargetStatus.DOWNLOADING)])
+    db.time_out_targets("r1", 0, sent_before=2.0, reason="no report")
+    db.set_targets([TargetUpdate("r1", ids[1], TargetStatus.COMMITTED)])
+    statuses = {t.device_id: t.status for t in db.targets("r1")}
+    assert statuses == {ids[0]: TargetStatus.COMMITTED, ids[1]: TargetStatus.COMMITTED}, \
+        "a late device still counts once it answers"

@@ -25,6 +25,7 @@ class Recorder:
 
     def resend(self, rollout, stage, device_ids):
         self.resent.extend(device_ids)
+        return device_ids
 
     def send_revert(self, rollout, target):
         if target.device_id in self.unrevertable:

@@ -1,0 +1,233 @@
+"""Fleet figures: rollouts to 100, 1,000 and 10,000 simulated devices on one host, SQLite and PostgreSQL,
+one replica and two, and a replica killed while it drives a rollout.
+
+Every run starts a fresh mosquitto (file limits raised for 10,000 clients), a fresh fleet database
+and `edgesdk server` as its own process (the CLI an operator runs), then connects the simulated fleet
+(benchmarks/fleet_sim.py: real protocol, real Ed25519 verification, chunks hashed) and pushes a small
+bundle with canary 1%, waves 10%/100%, no health window. Measured per run: wall time from the push
+to the rollout's completion, the server's CPU seconds over that time (from /proc) and per device,
+the database's size, the server's peak RSS, and what the devices saw (committed, updated twice).
+
+    python benchmarks/fleet.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import emit, goal, log  # noqa: E402
+from benchmarks._fleet_servers import ServerProcess  # noqa: E402
+from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
+from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model  # noqa: E402
+from edgesdk.fleet_protocol import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus  # noqa: E402
+from edgesdk.ota import pack_bundle  # noqa: E402
+from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
+from edgesdk.ota_server.fleet import FleetDB  # noqa: E402
+from edgesdk.ota_server.postgres import LocalPostgres  # noqa: E402
+from edgesdk.signing import generate_keypair, load_private_key  # noqa: E402
+from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
+
+POLICY = RolloutPolicy(canary=0.01, waves=(0.1, 1.0), health_window_s=0.0, max_failure_rate=0.05,
+                       deploy_timeout_s=600.0)
+MODEL = "fleetbench"
+
+
+def make_bundles(work: Path) -> dict[str, Path]:
+    """Two versions of a small signed bundle (an MLP of a few KB): the fleet runs 1.0.0, the rollout sends 2.0.0."""
+    key = load_private_key(work / "keys" / "converter.key")
+    bundles = {}
+    for seed, version in enumerate(("1.0.0", "2.0.0")):
+        model = write_mlp_onnx(random_mlp([64, 32, 10], seed=seed), work / f"m{seed}.onnx")
+        x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
+        spec = BundleSpec(MODEL, version, "onnx-fp32", "generic-x86_64", "latency",
+                          health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))
+        bundle_from_model(work / f"bundle-{version}", model, spec, {"input": x}, private_key=key)
+        bundles[version] = work / f"bundle-{version}"
+    return bundles
+
+
+class Run:
+    """One measured rollout: a broker, server process(es) on one database, a simulated fleet."""
+
+    def __init__(self, work: Path, name: str, devices: int, db: str, replicas: int = 1, lease: str = "10s") -> None:
+        self.work, self.name, self.devices, self.db = work / name, name, devices, db
+        self.broker = LocalMosquitto(self.work / "broker", max_open_files=devices + 4096)
+        keys = work / "keys"
+        self.servers = [ServerProcess(self.work, self.broker.url, db, keys, f"{name}-r{i}", replica=replicas > 1,
+                                      lease=lease) for i in range(replicas)]
+        self.fleet = SimulatedFleet(self.broker.url, keys / "server.pub", devices, group="bench", id_prefix="d",
+                                    processes=2, model=MODEL, version="1.0.0", fetch=True)
+
+    def connect(self, timeout: float = 300) -> float:
+        """Start the fleet; seconds until the server lists every device online."""
+        started = time.monotonic()
+        self.fleet.start(timeout=timeout)
+        client = self.servers[0].client
+        deadline = time.monotonic() + timeout
+        while client.device_page("bench", status="online", limit=1).total < self.devices:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: the server saw {client.device_page('bench').total} of "
+                                   f"{self.devices} devices")
+            time.sleep(0.2)
+        return time.monotonic() - started
+
+    def push(self, bundle: Path) -> str:
+        client = self.servers[0].client
+        client.upload(pack_bundle(bundle))
+        return client.start_rollout(MODEL, "2.0.0", "bench", POLICY)
+
+    def wait(self, rollout_id: str, timeout: float, on_poll: Any = None) -> RolloutRecord:
+        deadline = time.monotonic() + timeout
+        while True:
+            for server in self.servers:
+                if server.process.poll() is None:
+                    r = server.client.rollout(rollout_id, limit=0)
+                    break
+            if on_poll is not None:
+                on_poll(r)
+            if r.state != RolloutState.RUNNING or time.monotonic() > deadline:
+                return r
+            time.sleep(0.05)
+
+    def close(self) -> dict[str, Any]:
+        report = self.fleet.stop()
+        for server in self.servers:
+            server.stop()
+        self.broker.stop()
+        return report.to_json()
+
+
+def measure(work: Path, name: str, devices: int, db: str, bundle: Path, replicas: int = 1,
+            timeout: float = 600) -> dict[str, Any]:
+    """A rollout to ``devices`` devices; the figures of one run."""
+    log(f"{name}: {devices} devices, {replicas} server(s), {db.split('://')[0] if '://' in db else 'sqlite'}")
+    run = Run(work, name, devices, db, replicas)
+    try:
+        connect_s = run.connect()
+        cpu_before = [s.cpu_seconds() for s in run.servers]
+        started = time.monotonic()
+        rollout_id = run.push(bundle)
+        r = run.wait(rollout_id, timeout)
+        wall = time.monotonic() - started
+        cpu = sum(s.cpu_seconds() for s in run.servers) - sum(cpu_before)
+        rss = max(s.peak_rss_mb() for s in run.servers)
+        size = FleetDB(db).size_bytes()
+    finally:
+        fleet = run.close()
+    committed = r.count(TargetStatus.COMMITTED)
+    result = {"devices": devices, "replicas": replicas, "connect_s": round(connect_s, 2), "wall_s": round(wall, 2),
+              "state": r.state.value, "committed": committed, "server_cpu_s": round(cpu, 3),
+              "cpu_ms_per_device": round(cpu / devices * 1e3, 4), "db_bytes": size, "peak_rss_mb": round(rss, 1),
+              "updated_twice": fleet["updated_twice"], "device_cpu_s": round(fleet["cpu_s"], 2),
+              "counts": r.counts and {k.value: v for k, v in r.counts.items()}}
+    log(f"  {result}")
+    return result
+
+
+def failover(work: Path, devices: int, db: str, bundle: Path, lease_s: float = 3.0) -> dict[str, Any]:
+    """Two replicas; the one driving the rollout is SIGKILLed once it has sent the last stage."""
+    log(f"failover: {devices} devices, 2 replicas, lease {lease_s:g} s")
+    run = Run(work, "failover", devices, db, replicas=2, lease=f"{lease_s}s")
+    killed: dict[str, Any] = {}
+
+    def kill_the_driver(r: RolloutRecord) -> None:
+        if killed or r.stage < r.stage_count - 1 or r.driver is None:
+            return
+        victim = next(s for s in run.servers if s.name == r.driver)
+        victim.kill()
+        killed.update({"name": victim.name, "at": time.monotonic(), "stage": r.stage, "counts_at_kill": {
+            k.value: v for k, v in r.counts.items()}})
+        log(f"  killed {victim.name} with the last stage sent: {killed['counts_at_kill']}")
+
+    takeover: dict[str, float] = {}
+
+    def watch(r: RolloutRecord) -> None:
+        kill_the_driver(r)
+        if killed and "s" not in takeover and r.driver and r.driver != killed["name"]:
+            takeover["s"] = time.monotonic() - killed["at"]
+
+    try:
+        run.connect()
+        started = time.monotonic()
+        rollout_id = run.push(bundle)
+        r = run.wait(rollout_id, 600, watch)
+        wall = time.monotonic() - started
+        survivor = next(s for s in run.servers if s.process.poll() is None)
+        final = survivor.client.rollout(rollout_id, limit=0)
+    finally:
+        fleet = run.close()
+    result = {"devices": devices, "lease_s": lease_s, "killed": killed, "takeover_s": takeover.get("s"),
+              "wall_s": round(wall, 2), "state": r.state.value, "driver_after": final.driver,
+              "committed": final.count(TargetStatus.COMMITTED), "not_committed": devices - final.count(TargetStatus.COMMITTED),
+              "updated_twice": fleet["updated_twice"], "duplicate_commands": fleet["counts"]["duplicate_commands"],
+              "repeated_commits": fleet["counts"]["repeated_commits"], "fleet_versions": fleet["versions"],
+              "counts": {k.value: v for k, v in final.counts.items()}}
+    log(f"  {result}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="CI smoke size (100 and 300 devices)")
+    args = parser.parse_args()
+    sizes = [100, 300] if args.quick else [100, 1000, 10000]
+    replica_devices = 300 if args.quick else 10000
+    failover_devices = 200 if args.quick else 1000
+    work = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    results: dict[str, Any] = {"sqlite": [], "postgresql": []}
+    try:
+        generate_keypair(work / "keys", "server")
+        generate_keypair(work / "keys", "converter")
+        bundles = make_bundles(work)
+        with LocalPostgres(work / "postgres", durable=True, settings={"max_connections": "100"}) as pg:
+            for n in sizes:
+                results["sqlite"].append(measure(work, f"sqlite-{n}", n, str(work / f"sqlite-{n}.db"),
+                                                 bundles["2.0.0"]))
+                results["postgresql"].append(measure(work, f"pg-{n}", n, pg.create_database(f"fleet_{n}"),
+                                                     bundles["2.0.0"]))
+            two = measure(work, f"pg-2r-{replica_devices}", replica_devices,
+                          pg.create_database(f"fleet_2r_{replica_devices}"), bundles["2.0.0"], replicas=2)
+            one = next(r for r in results["postgresql"] if r["devices"] == replica_devices) \
+                if replica_devices in sizes else measure(work, f"pg-1r-{replica_devices}", replica_devices,
+                                                         pg.create_database("fleet_1r"), bundles["2.0.0"])
+            results["replicas"] = {"one": one, "two": two,
+                                   "wall_two_over_one": round(two["wall_s"] / one["wall_s"], 3),
+                                   "cpu_two_over_one": round(two["server_cpu_s"] / one["server_cpu_s"], 3)}
+            results["failover"] = failover(work, failover_devices, pg.create_database("fleet_failover"),
+                                           bundles["2.0.0"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    biggest = max(sizes)
+    goals = []
+    for backend in ("sqlite", "postgresql"):
+        big = next(r for r in results[backend] if r["devices"] == biggest)
+        small = next(r for r in results[backend] if r["devices"] == min(sizes))
+        goals.append(goal(f"{backend}: {biggest} devices, rollout completes with every device committed, wall s",
+                          "<= 120", big["wall_s"],
+                          big["state"] == "completed" and big["committed"] == biggest and big["wall_s"] <= 120))
+        ratio = big["cpu_ms_per_device"] / small["cpu_ms_per_device"]
+        goals.append(goal(f"{backend}: server CPU per device at {biggest} / at {min(sizes)}", "<= 1.5", ratio,
+                          ratio <= 1.5))
+    goals.append(goal("PostgreSQL, two replicas vs one: rollout wall time ratio", "report",
+                      results["replicas"]["wall_two_over_one"], True))
+    fo = results["failover"]
+    goals.append(goal("replica killed mid-rollout: the rollout completes; devices updated twice", "0",
+                      fo["updated_twice"], fo["state"] == "completed" and fo["updated_twice"] == 0))
+    goals.append(goal("replica killed mid-rollout: devices not committed (lost)", "0", fo["not_committed"],
+                      fo["not_committed"] == 0))
+    emit("fleet", {"sizes": sizes, "policy": POLICY.to_dict(), "replica_devices": replica_devices,
+                   "failover_devices": failover_devices, "sim_processes": 2}, results, goals)
+
+
+if __name__ == "__main__":
+    main()
