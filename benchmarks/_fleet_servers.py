@@ -51,6 +51,20 @@ class ServerProcess:
             time.sleep(0.1)
         raise RuntimeError(f"server {self.name} did not answer within {timeout:g} s: {self.log_tail()}")
 
+    def counters(self) -> dict[str, float]:
+        """The server's own Prometheus counters (commands sent and re-sent, chunk bytes by kind)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        request = urllib.request.Request(f"{self.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+        text = urllib.request.urlopen(request, timeout=10).read().decode()
+        found = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.name.startswith("edgesdk_ota_"):
+                    label = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                    found[sample.name.removeprefix("edgesdk_ota_") + (f"{{{label}}}" if label else "")] = sample.value
+        return found
+
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the server's log."""
         try:

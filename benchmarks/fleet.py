@@ -121,6 +121,10 @@ def measure(work: Path, name: str, devices: int, db: str, bundle: Path, replicas
         cpu = sum(s.cpu_seconds() for s in run.servers) - sum(cpu_before)
         rss = max(s.peak_rss_mb() for s in run.servers)
         size = FleetDB(db).size_bytes()
+        counters: dict[str, float] = {}
+        for server in run.servers:
+            for name, value in server.counters().items():
+                counters[name] = counters.get(name, 0) + value
     finally:
         fleet = run.close()
     committed = r.count(TargetStatus.COMMITTED)
@@ -128,7 +132,9 @@ def measure(work: Path, name: str, devices: int, db: str, bundle: Path, replicas
               "state": r.state.value, "committed": committed, "server_cpu_s": round(cpu, 3),
               "cpu_ms_per_device": round(cpu / devices * 1e3, 4), "db_bytes": size, "peak_rss_mb": round(rss, 1),
               "updated_twice": fleet["updated_twice"], "device_cpu_s": round(fleet["cpu_s"], 2),
-              "counts": r.counts and {k.value: v for k, v in r.counts.items()}}
+              "counts": {k.value: v for k, v in r.counts.items()}, "server_counters": counters,
+              "device_counts": {k: fleet["counts"][k] for k in ("duplicate_commands", "repeated_commits",
+                                                                 "need_requests", "chunk_bytes")}}
     log(f"  {result}")
     return result
 

@@ -82,6 +82,11 @@ class RolloutEngine:
         #: Running rollouts this engine drove at its last tick (to log take-overs once).
         self._driving: set[str] = set()
 
+    @property
+    def driving(self) -> frozenset[str]:
+        """The running rollouts this engine held the lease of at its last tick."""
+        return frozenset(self._driving)
+
     # operator actions ------------------------------------------------------------------------
     def start(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
               rollback: bool = False) -> str:

@@ -345,11 +345,6 @@ class FleetDB:
             "AND (lease_holder IS NULL OR lease_holder = ? OR lease_expires < ?)",
             (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, holder, now)) == 1
 
-    def lease_holder(self, rollout_id: str) -> str | None:
-        """The replica holding the rollout's lease (valid or expired), or None."""
-        row = self._summary_row(rollout_id)
-        return None if row is None else row["lease_holder"]
-
     # events --------------------------------------------------------------------------------
     def log_many(self, events: Sequence[EventRow]) -> None:
         """Append events (payloads stored as JSON) in one transaction."""

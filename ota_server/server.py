@@ -215,7 +215,8 @@ class OTAServer:
     def _reopen(self, transfer_id: str) -> bool:
         """Open a stage's transfer again for a rollout this server drives now (after a restart or a take-over)."""
         match = _STAGE_TRANSFER.match(transfer_id)
-        if match is None or self.db.lease_holder(match["rollout"]) != self.name:
+        # In memory first: every replica hears every chunk request, and only the driver answers.
+        if match is None or match["rollout"] not in self.engine.driving:
             return False
         r = self.db.rollout(match["rollout"], targets=False)
         if r is None or r.state != RolloutState.RUNNING:

@@ -141,7 +141,7 @@ def test_exactly_one_holder_drives_a_rollout_until_its_lease_expires(db):
     assert db.hold_lease("r1", "replica-a", now=108.0, lease_s=10), "the holder renews"
     assert not db.hold_lease("r1", "replica-b", now=117.0, lease_s=10)
     assert db.hold_lease("r1", "replica-b", now=118.5, lease_s=10), "taken over once the renewal is overdue"
-    assert db.lease_holder("r1") == "replica-b" and not db.hold_lease("r1", "replica-a", now=119.0, lease_s=10)
+    assert db.rollout("r1", targets=False).driver == "replica-b" and not db.hold_lease("r1", "replica-a", now=119.0, lease_s=10)
     db.end_rollout("r1", RolloutState.COMPLETED, "done")
     assert not db.hold_lease("r1", "replica-b", now=120.0, lease_s=10), "nobody drives a finished rollout"
 

@@ -1,0 +1,84 @@
+"""Several `edgesdk server --replica` processes on one PostgreSQL and one mosquitto: device reports split between
+them through shared subscriptions, the admin API answers on each, and a rollout whose driving replica is killed
+mid-stage is taken over and completes with no device updated twice and none lost."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks._fleet_servers import TOKEN, ServerProcess
+from benchmarks.fleet_sim import SimulatedFleet
+from edgesdk.cli import cli
+from edgesdk.fleet_protocol import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.ota import pack_bundle
+from edgesdk.ota_server.broker import LocalMosquitto
+from tests.ota.conftest import wait_for
+
+DEVICES = 120
+
+
+def _events_handled(server: ServerProcess) -> float:
+    request = urllib.request.Request(f"{server.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+    text = urllib.request.urlopen(request, timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "edgesdk_ota_event_handling_seconds_count" and sample.labels.get("kind") == "event":
+                return sample.value
+    return 0.0
+
+
+def test_a_killed_driver_hands_its_rollout_to_another_replica(tmp_path, keys, bundles, postgres_url):
+    broker = LocalMosquitto(tmp_path / "broker", max_open_files=4096)
+    servers = [ServerProcess(tmp_path, broker.url, postgres_url, keys["dir"], f"replica-{i}", replica=True,
+                             lease="2s") for i in range(2)]
+    fleet = SimulatedFleet(broker.url, keys["dir"] / "server.pub", DEVICES, group="cams", model="digits",
+                           version="1.0.0", processes=2)
+    try:
+        fleet.start(timeout=60)
+        wait_for(lambda: all(s.client.device_page("cams", status="online", limit=1).total == DEVICES for s in servers),
+                 what="every replica lists the whole fleet")
+        servers[0].client.upload(pack_bundle(bundles["2.0.0"]))
+        rollout_id = servers[1].client.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(
+            canary=0.1, waves=(1.0,), health_window_s=0, max_failure_rate=0.0, deploy_timeout_s=120))
+
+        def last_stage_sent():
+            r = servers[0].client.rollout(rollout_id, limit=0)
+            return r if r.stage == r.stage_count - 1 and r.driver else None
+
+        wait_for(last_stage_sent, timeout=60, interval=0.02, what="the last stage sent")
+        assert all(_events_handled(s) > 0 for s in servers), "both replicas took part of the canary's reports"
+        at_kill = last_stage_sent()
+        driver = next(s for s in servers if s.name == at_kill.driver)
+        survivor = next(s for s in servers if s is not driver)
+        driver.kill()
+        killed_at = time.monotonic()
+        assert at_kill.count(TargetStatus.COMMITTED) < DEVICES, "the driver died mid-stage"
+
+        wait_for(lambda: survivor.client.rollout(rollout_id, limit=0).state != RolloutState.RUNNING, timeout=90,
+                 what="the rollout to end on the surviving replica")
+        final = survivor.client.rollout(rollout_id, limit=0)
+        assert final.state == RolloutState.COMPLETED and final.driver == survivor.name, final
+        assert final.counts == {TargetStatus.COMMITTED: DEVICES}
+        assert time.monotonic() - killed_at < 60
+    finally:
+        report = fleet.stop()
+        for s in servers:
+            s.stop()
+        broker.stop()
+    assert report.updated_twice == 0 and report.versions == {"2.0.0": DEVICES}
+    assert report.installs == {rollout_id: DEVICES}, "every device installed the deployment exactly once"
+
+
+def test_replicas_need_a_shared_postgresql_database(tmp_path, keys):
+    result = CliRunner().invoke(cli, ["server", "--broker", "mqtt://127.0.0.1:1", "--repo", str(tmp_path / "repo"),
+                                      "--db", str(tmp_path / "fleet.db"), "--key", str(keys["dir"] / "server.key"),
+                                      "--replica"])
+    assert result.exit_code == 2 and "--replica needs a PostgreSQL --db" in result.output
+    result = CliRunner().invoke(cli, ["server", "--broker", "mqtt://127.0.0.1:1", "--repo", str(tmp_path / "repo"),
+                                      "--db", "postgresql://edgesdk@127.0.0.1:1/fleet", "--key",
+                                      str(keys["dir"] / "server.key")])
+    assert result.exit_code == 2 and "--token or --token-file" in result.output
