@@ -81,6 +81,8 @@ class RolloutEngine:
         self._reverting: set[str] = set()
         #: Running rollouts this engine drove at its last tick (to log take-overs once).
         self._driving: set[str] = set()
+        #: Rollout -> (its stage's unfinished targets, since when that count has not changed).
+        self._progress: dict[str, tuple[int, float]] = {}
 
     @property
     def driving(self) -> frozenset[str]:
@@ -206,12 +208,13 @@ class RolloutEngine:
         now = self.clock()
         timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s,
                                              f"no report in {policy.deploy_timeout_s:g} s")
-        # A device that is downloading ignores a repeated command and one that committed reports it again, so a
-        # report lost with a dead replica's queue costs a re-send, not a timeout.
-        silent = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s)
-        if silent:
-            self.db.mark_resent(r.id, self.dispatcher.resend(r, r.stage, silent), now)
         counts = self.db.target_counts(r.id)
+        if self._stalled(r.id, counts, r.stage, now):
+            # A device that is downloading ignores a repeated command and one that committed reports it again, so a
+            # report lost with a dead replica's queue costs a re-send, not a timeout.
+            silent = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s)
+            if silent:
+                self.db.mark_resent(r.id, self.dispatcher.resend(r, r.stage, silent), now)
         if timed_out:
             log.warning("rollout %s: %d devices of stage %d timed out", r.id, timed_out, r.stage + 1)
         sent = sum(n for (stage, _), n in counts.items() if stage <= r.stage)
@@ -234,6 +237,17 @@ class RolloutEngine:
             self.dispatcher.finish(r.id)
         elif policy.auto_promote:
             self._send_stage(r, r.stage + 1)
+
+    def _stalled(self, rollout_id: str, counts: dict[tuple[int, TargetStatus], int], stage: int, now: float) -> bool:
+        """True once the stage's reports have stopped coming for ``resend_s``. While they come, the silent devices'
+        answers are most likely among those still on their way (a big stage takes a while to send and to answer),
+        and re-sending to them would only add to the queue."""
+        unfinished = sum(n for (s, status), n in counts.items() if s == stage and not status.terminal)
+        seen = self._progress.get(rollout_id)
+        if seen is None or seen[0] != unfinished:
+            self._progress[rollout_id] = (unfinished, now)
+            return False
+        return now - seen[1] >= self.resend_s
 
     def _send_stage(self, r: RolloutRecord, stage: int) -> None:
         targets = self.db.targets(r.id, stage=stage)

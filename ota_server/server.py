@@ -334,24 +334,26 @@ class OTAServer:
             del self._signed[key]
 
     def _broadcast(self, rollout_id: str, group: str, stage: int) -> None:
-        """Publish the stage's archive to the group once every target acknowledged its command, or when
-        acknowledgements stop coming for ``broadcast_wait_s`` (a big stage keeps the wait going while they come)."""
-        started = time.monotonic()
-        deadline, waiting_before = started + self.config.broadcast_wait_s, -1
-        while not self._stop.is_set():
+        """Publish the stage's archive to the group once every target accepted, or after ``broadcast_wait_s``, and
+        again every ``broadcast_wait_s`` while devices go on accepting (a big stage's devices accept over many
+        seconds: each broadcast reaches the ones subscribed by then, the later ones wait for the next rather than
+        ask one by one)."""
+        transfer_id, started = f"{rollout_id}-w{stage}", time.monotonic()
+        accepted_before, last = -1, started
+        while not self._stop.wait(0.05) and self.chunks.is_open(transfer_id):
             counts = self.db.target_counts(rollout_id)
             waiting = counts.get((stage, TargetStatus.SENT), 0) + counts.get((stage, TargetStatus.PENDING), 0)
+            accepted = sum(n for (s, status), n in counts.items() if s == stage and status not in
+                           (TargetStatus.SENT, TargetStatus.PENDING))
             now = time.monotonic()
-            if waiting != waiting_before:
-                deadline, waiting_before = now + self.config.broadcast_wait_s, waiting
-            if not waiting or now >= deadline or now - started >= _MAX_BROADCAST_WAIT_S:
-                break
-            time.sleep(0.05)
-        self.chunks.broadcast(group, f"{rollout_id}-w{stage}")
+            if accepted != accepted_before and (not waiting or now - last >= self.config.broadcast_wait_s):
+                self.chunks.broadcast(group, transfer_id)
+                accepted_before, last = accepted, now
+            if (not waiting and accepted == accepted_before) or now - started >= _MAX_BROADCAST_WAIT_S:
+                return
 
-
-#: The longest a stage's broadcast waits for acknowledgements that keep coming.
-_MAX_BROADCAST_WAIT_S = 60.0
+#: How long a stage's archive is broadcast again while devices keep accepting.
+_MAX_BROADCAST_WAIT_S = 120.0
 #: Device reports queued for writing above which re-sends wait (the reports may be the answers).
 _RESEND_BACKLOG = 100
 #: Topic prefix of the chunks sent to a whole group (the others go to one device).
