@@ -40,6 +40,7 @@ def test_an_archive_is_loaded_once_shared_and_evicted_with_its_last_transfer():
 
 def test_broadcast_and_resend_publish_the_hashed_bytes_on_the_right_topics():
     chunks, _, sent, archives = _service()
+    chunks.repeat_s = 0.0  # answer a request right after the broadcast (tests/unit/test_chunk_service.py: the wait)
     data = archives[("m", "1.0.0")]
     info = chunks.open("r1-w0", "m", "1.0.0")
     chunks.broadcast("cams", "r1-w0")
