@@ -18,6 +18,17 @@ from edgesdk.ota_server.broker import free_port
 TOKEN = "fleet-bench-token"
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """Peak resident set size (VmHWM) of process ``pid`` in MiB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 class ServerProcess:
     """One ``edgesdk server`` (a replica with ``replica=True``) on a free loopback port, its log in ``workdir``."""
 
@@ -79,10 +90,7 @@ class ServerProcess:
 
     def peak_rss_mb(self) -> float:
         """The process's peak resident set size (VmHWM) in MiB."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        return peak_rss_mb(self.process.pid) or 0.0
 
     def kill(self) -> None:
         """SIGKILL: the process dies without stopping anything (a machine failure)."""
