@@ -52,6 +52,7 @@ _EXPORTS = {
     "ConflictError": "edgesdk.errors",
     "BrokerError": "edgesdk.errors",
     "OverloadedError": "edgesdk.errors",
+    "StorageError": "edgesdk.errors",
     "OffloadPolicy": "edgesdk.offload.policy",
     "ManagedRuntime": "edgesdk.agent.managed",
 }
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
         RolloutTimeoutError,
         ScheduleError,
         SignatureError,
+        StorageError,
         TransferError,
         UnsupportedOpError,
     )

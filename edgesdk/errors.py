@@ -25,8 +25,10 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── ConflictError                exit 20  the request contradicts the server's state (a version already
     │                                         stored with other content, already installed, a rollout running)
     ├── BrokerError                  exit 21  the MQTT broker refused this client (credentials, ACL)
-    └── OverloadedError              exit 22  predict_async() refused a request at once: the local queue and
-                                              the cloud offload are both full (load shedding)
+    ├── OverloadedError              exit 22  predict_async() refused a request at once: the local queue and
+    │                                         the cloud offload are both full (load shedding)
+    └── StorageError                 exit 23  the device's store has no room for an update (or its retention
+                                              settings are invalid)
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
 catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
@@ -56,6 +58,7 @@ __all__ = [
     "ConflictError",
     "BrokerError",
     "OverloadedError",
+    "StorageError",
 ]
 
 
@@ -194,7 +197,6 @@ class BrokerError(EdgeSDKError):
     exit_code = 21
 
 
-
 class OverloadedError(EdgeSDKError):
     """``predict_async()`` refused a request at once because the local queue and the cloud offload are both full.
 
@@ -202,3 +204,10 @@ class OverloadedError(EdgeSDKError):
     """
 
     exit_code = 22
+
+
+class StorageError(EdgeSDKError):
+    """The device's model store cannot take an update: too little free disk once old slots are pruned, or a
+    retention setting (slots to keep, space to leave free) that is out of range."""
+
+    exit_code = 23
