@@ -85,7 +85,8 @@ def host_big_little() -> DeviceProfile:
 #: kserve installs the third-party V2 server into its own cached virtualenv on first use).
 _TIERS = {
     "ota": ("tests/ota/",
-            "tests/fleet/"),
+            "tests/fleet/",
+            "tests/unit/test_fanout_procs.py"),
     "slow": ("tests/docs/test_readme.py", "tests/unit/test_typecheck.py", "tests/integration/test_packaging.py",
              "tests/integration/test_convert.py", "tests/integration/test_convert_cli.py",
              "tests/integration/test_quantization_search.py", "tests/integration/test_cli_small.py", "tests/examples/"),
