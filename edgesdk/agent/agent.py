@@ -35,10 +35,10 @@ from edgesdk.agent.failpoints import failpoint
 from edgesdk.agent.install import Installer, InstallOutcome
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.measure import run_measurement
-from edgesdk.agent.store import ModelStore, PendingInstall
+from edgesdk.agent.store import ModelStore, PendingInstall, space_needed
 from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.bundle import parse_version, read_bundle
-from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
+from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, StorageError, TransferError
 from edgesdk.fleet_protocol import AgentEvent
 from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command, unpack_bundle
 from edgesdk.profiles import DeviceProfile, load_profile
@@ -76,6 +76,25 @@ class AgentConfig:
     measure_timeout_s: float = 600.0
     #: How many of its latest protocol events the agent keeps in DeviceAgent.events (the server keeps them all).
     event_history: int = 256
+    #: How many of the newest installed slots the agent keeps after a commit or rollback, besides the slots in
+    #: use (current, previous, pending) and the pinned ones; older slots are deleted.
+    keep_slots: int = 3
+    #: Slots never deleted: a slot name (``digits-1.2.0``) or a bare version (``1.2.0``, any model name).
+    pinned: tuple[str, ...] = ()
+    #: Bytes of disk the agent leaves free for everything else on the device; an update that would eat into
+    #: them is refused (after pruning old slots) with a StorageError reason.
+    min_free_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("keep_slots", "min_free_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StorageError(f"{name}={value!r} is out of range; pass a whole number of 0 or more")
+        if isinstance(self.pinned, str) or not all(isinstance(p, str) and p for p in self.pinned):
+            raise StorageError(f"pinned={self.pinned!r} is not a list of slot names or versions; pass e.g. "
+                               "('digits-1.2.0', '1.1.0')")
+        object.__setattr__(self, "pinned", tuple(self.pinned))
+
 
 
 #: Log levels of protocol events other than INFO: what went wrong is a warning, chunk progress is detail.
@@ -224,6 +243,7 @@ class DeviceAgent:
             "status": "online", "group": self.config.group, "model": current[0] if current else None,
             "version": current[1] if current else None, "previous": self.store.pointer("previous"),
             "slots": sorted(p.name for p in self.store.slots.iterdir() if not p.name.startswith(".")),
+            "disk": self.store.disk_usage(), "keep_slots": self.config.keep_slots, "pinned": list(self.config.pinned),
             "updated": time.time()}
         if self.runtime is not None:
             state["runtime"] = self.runtime.stats().as_dict()
@@ -335,6 +355,8 @@ class DeviceAgent:
                 return
             self._install(command, slot, downloaded=False)
             return
+        if not self._fits(command):
+            return
         transfer = IncomingTransfer(self.store.incoming, command)
         with self._lock:
             self._transfers[command.transfer_id] = transfer
@@ -415,7 +437,57 @@ class DeviceAgent:
     def _report_install(self, outcome: InstallOutcome, **details: Any) -> None:
         extra = details if outcome.event == AgentEvent.COMMITTED else {}
         self._event(outcome.install, outcome.event, **outcome.details, **extra)
+        if outcome.event in (AgentEvent.COMMITTED, AgentEvent.ROLLED_BACK):
+            self._prune(self.config.keep_slots)
         self._publish_state()
+
+    # disk --------------------------------------------------------------------------------
+    def _prune(self, keep_newest: int) -> list[str]:
+        """Delete old slots (the store keeps those in use, pending or pinned); log what went."""
+        try:
+            removed = self.store.prune(keep_newest, self.config.pinned)
+        except OSError as exc:  # a slot that cannot be deleted now must not stop the agent reporting
+            log.warning("%s: pruning old slots failed: %s", self.config.device_id, exc)
+            return []
+        if removed:
+            log.info("%s: pruned %d old slot%s: %s", self.config.device_id, len(removed),
+                     "" if len(removed) == 1 else "s", ", ".join(removed))
+        return removed
+
+    def _room(self) -> int:
+        return self.store.disk_usage()["free_bytes"] - self.config.min_free_bytes
+
+    def _fits(self, command: Command | MeasureCommand) -> bool:
+        """Whether the command's archive fits on disk, pruning down to the protected slots if that makes room.
+
+        If not, the command is refused: a FAILED event (a failed measurement for a measure command) whose
+        ``error_type`` is StorageError and whose reason says the bytes needed and free and the fix.
+        """
+        if command.archive is None:
+            return True
+        needed = space_needed(command.archive)
+        if self._room() >= needed:
+            return True
+        self._prune(0)
+        if self._room() >= needed:
+            return True
+        free, reserve = self.store.disk_usage()["free_bytes"], self.config.min_free_bytes
+        what = (f"measurement {command.measurement_id}" if isinstance(command, MeasureCommand)
+                else f"{command.name} {command.version}")
+        error = StorageError(
+            f"no room for {what}: it needs {needed} bytes (archive and unpacked slot), the store's disk has {free} "
+            f"bytes free and {reserve} of them are reserved (min_free_bytes), after pruning every slot not in use or "
+            "pinned; free space on the device or lower min_free_bytes")
+        for leftover in self.store.incoming.glob(f"{command.transfer_id}.*"):  # a resumed transfer's partial files
+            leftover.unlink(missing_ok=True)
+        if isinstance(command, MeasureCommand):
+            self._report(command, encode_result(command.measurement_id, "failed", error=error))
+        else:
+            self.store.save_offload_endpoint(self.store.slot_name(command.name, command.version), None)
+            self._event(command, AgentEvent.FAILED, reason=str(error), error_type=type(error).__name__,
+                        needed_bytes=needed, free_bytes=free, reserved_bytes=reserve)
+        self._publish_state()
+        return False
 
     # measurements -----------------------------------------------------------------------------
     def _accept_measurement(self, command: MeasureCommand) -> None:
@@ -423,6 +495,8 @@ class DeviceAgent:
         if mid in self._measurements:
             return  # a re-delivered command: the first one is running or has reported
         self._measurements.add(mid)
+        if not self._fits(command):
+            return
         scratch = self.store.scratch / mid
         scratch.mkdir()
         transfer = IncomingTransfer(scratch, command)

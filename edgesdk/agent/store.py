@@ -4,10 +4,17 @@ Layout::
 
     store/slots/<name>-<version>/   verified bundle directories (never modified once named)
     store/current, store/previous   symlinks into slots/, replaced atomically (os.replace)
-    store/state.json                {"committed", "pending", "seen"}, written tmp + fsync + rename
+    store/state.json                {"committed", "pending", "seen", "installed"}, written tmp + fsync + rename
     store/incoming/<transfer>.*     a transfer in progress (see edgesdk.agent.transfer)
     store/scratch/<measurement>/    a candidate model being measured (never a slot; removed afterwards)
     store/offload/<slot>.json       the cloud endpoint the server named for that version (offload), if any
+    store/layouts/<slot>.json       where that version's chunks sit in its slot (chunk reuse), if recorded
+
+Retention (:meth:`ModelStore.prune`): slots are removed oldest first by install order
+(``installed`` in ``state.json``), never the one ``current``, ``previous``, ``committed`` or
+a pending install names, nor a pinned version. A slot is removed by renaming it to a hidden
+name under ``slots/`` (gone at once; a crash leaves a hidden leftover that the next start
+removes) and then deleting it with its sidecar files (:data:`SLOT_SIDECARS`).
 
 Slots, pointers and ``state.json`` are readable by every user and writable only by the
 agent's, so an app in another process (and as another user) can follow the committed model
@@ -26,16 +33,29 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.bundle import Bundle, read_bundle
-from edgesdk.errors import BundleError
+from edgesdk.errors import BundleError, StorageError
 from edgesdk.files import atomic_dir, fsync_dir, write_atomic
 
-__all__ = ["ModelStore", "StoreState", "PendingInstall", "committed_slot", "offload_endpoint"]
+if TYPE_CHECKING:
+    from edgesdk.ota import ArchiveInfo
+
+__all__ = ["ModelStore", "StoreState", "PendingInstall", "committed_slot", "offload_endpoint", "SLOT_SIDECARS",
+           "space_needed"]
 
 #: How many handled deployment ids the state file keeps for refusing replays.
 _SEEN_KEPT = 200
+
+#: Directories under the store root that hold one ``<slot>.json`` per slot; pruning a slot deletes its files there.
+SLOT_SIDECARS: tuple[str, ...] = ("offload", "layouts")
+
+
+def space_needed(archive: ArchiveInfo) -> int:
+    """Bytes of disk an update with this archive takes while it installs: the archive as it arrives plus the
+    slot it is unpacked into."""
+    return 2 * archive.size
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -78,6 +98,8 @@ class StoreState:
     pending: PendingInstall | None = None
     #: Deployment ids already acted on (a replayed command is refused).
     seen: list[str] = field(default_factory=list)
+    #: Slot names in the order they were added, oldest first (pruning removes from the front).
+    installed: list[str] = field(default_factory=list)
 
 
 STATE_FILE = "state.json"
@@ -133,13 +155,13 @@ class ModelStore:
         data = json.loads(self._state_path.read_text())
         pending = data.get("pending")
         return StoreState(data.get("committed"), PendingInstall.from_json(pending) if pending else None,
-                          list(data.get("seen", [])))
+                          list(data.get("seen", [])), list(data.get("installed", [])))
 
     def save_state(self, state: StoreState) -> None:
         """Replace ``state.json`` durably (tmp + fsync + rename), keeping the newest handled deployments."""
         _write_json_atomic(self._state_path, {"committed": state.committed,
                                               "pending": state.pending.to_json() if state.pending else None,
-                                              "seen": state.seen[-_SEEN_KEPT:]})
+                                              "seen": state.seen[-_SEEN_KEPT:], "installed": state.installed})
 
     def save_offload_endpoint(self, slot: str, endpoint: Mapping[str, str] | None) -> None:
         """Record (or, with None, forget) the offload endpoint the server named for ``slot``."""
@@ -167,12 +189,91 @@ class ModelStore:
     def add_slot(self, slot: str, fill: Callable[[Path], object]) -> Path:
         """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified, then renamed."""
         final = self.slots / slot
-        if final.exists():
-            return final
-        with atomic_dir(final) as staging:
-            fill(staging)
-            read_bundle(staging)  # hashes of every file against the bundle manifest
+        if not final.exists():
+            with atomic_dir(final) as staging:
+                fill(staging)
+                read_bundle(staging)  # hashes of every file against the bundle manifest
+        self._record_installed(slot)  # also for a slot named before a crash could record it
         return final
+
+    def _record_installed(self, slot: str) -> None:
+        state = self.load_state()
+        if slot not in state.installed:
+            state.installed.append(slot)
+            self.save_state(state)
+
+    # retention ---------------------------------------------------------------------------
+    def slot_names(self) -> list[str]:
+        """Every named slot, oldest install first; slots no install record names (a store an older agent wrote)
+        come first, ordered by their directories' modification times."""
+        present = {p.name: p for p in self.slots.iterdir() if not p.name.startswith(".") and p.is_dir()}
+        recorded = [s for s in self.load_state().installed if s in present]
+        unrecorded = sorted(set(present) - set(recorded), key=lambda s: (present[s].stat().st_mtime, s))
+        return unrecorded + recorded
+
+    def protected_slots(self, pinned: tuple[str, ...] | list[str] = ()) -> set[str]:
+        """Slots pruning never removes: those ``current``, ``previous``, ``committed`` and a pending install
+        (its slot and the one it replaces) name, and every slot a pin matches (see :meth:`matches_pin`)."""
+        state = self.load_state()
+        named = {self.pointer("current"), self.pointer("previous"), state.committed}
+        if state.pending is not None:
+            named |= {state.pending.slot, state.pending.previous}
+        named |= {slot for slot in self.slot_names() if any(self.matches_pin(slot, pin) for pin in pinned)}
+        return {slot for slot in named if slot}
+
+    def matches_pin(self, slot: str, pin: str) -> bool:
+        """Whether ``pin`` names ``slot``: its full name (``digits-1.2.0``) or its version alone (``1.2.0``)."""
+        if slot == pin:
+            return True
+        try:
+            version = json.loads((self.slots / slot / "manifest.json").read_text()).get("version")
+        except (OSError, ValueError, AttributeError):
+            version = None
+        return version == pin if isinstance(version, str) else slot.endswith(f"-{pin}")
+
+    def prune(self, keep_newest: int = 3, pinned: tuple[str, ...] | list[str] = ()) -> list[str]:
+        """Delete every slot but the protected ones (:meth:`protected_slots`) and the ``keep_newest`` newest by
+        install order; return the deleted slot names, oldest first.
+
+        Each slot goes atomically: it is renamed to a hidden name under ``slots/`` (so it is never seen
+        half-deleted, and a crash leaves only a leftover the next start removes), then deleted with its
+        sidecar files.
+        """
+        if not isinstance(keep_newest, int) or keep_newest < 0:
+            raise StorageError(f"keep_newest={keep_newest!r} is not a count of slots; pass 0 or more (the slots in "
+                               "use, pending or pinned are kept whatever it is)")
+        order = self.slot_names()
+        keep = self.protected_slots(pinned) | set(order[len(order) - keep_newest:] if keep_newest else ())
+        doomed = [slot for slot in order if slot not in keep]
+        for slot in doomed:
+            self._delete_slot(slot)
+        if doomed:
+            state = self.load_state()
+            state.installed = [s for s in state.installed if s not in doomed]
+            self.save_state(state)
+        return doomed
+
+    def _delete_slot(self, slot: str) -> None:
+        hidden = self.slots / f".pruned-{slot}"
+        shutil.rmtree(hidden, ignore_errors=True)  # a leftover of an earlier crash under the same name
+        os.replace(self.slots / slot, hidden)
+        fsync_dir(self.slots)
+        for sidecar in SLOT_SIDECARS:
+            (self.root / sidecar / f"{slot}.json").unlink(missing_ok=True)
+        shutil.rmtree(hidden, ignore_errors=True)
+
+    def disk_usage(self) -> dict[str, int]:
+        """``free_bytes`` on the store's file system (for this user) and ``store_bytes``, the bytes of the files
+        under ``slots/`` and ``incoming/``."""
+        store_bytes = 0
+        for top in (self.slots, self.incoming):
+            for folder, _, files in os.walk(top):
+                for name in files:
+                    try:
+                        store_bytes += os.lstat(os.path.join(folder, name)).st_size
+                    except FileNotFoundError:  # removed while walking (a transfer finishing, a prune)
+                        pass
+        return {"free_bytes": shutil.disk_usage(self.root).free, "store_bytes": store_bytes}
 
     # pointers ----------------------------------------------------------------------------
     def pointer(self, which: str) -> str | None:

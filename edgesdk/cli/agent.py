@@ -21,9 +21,16 @@ import click
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
 @click.option("--profile", default=None,
               help="Device profile name or YAML path; models are served and measured under it (default: detect).")
+@click.option("--keep-slots", type=click.IntRange(min=0), default=3, show_default=True, metavar="N",
+              help="Installed versions to keep after each update besides those in use (current, previous) and pinned.")
+@click.option("--pin", "pins", multiple=True, metavar="SLOT_OR_VERSION",
+              help="Never delete this version: a slot name (digits-1.2.0) or a version (1.2.0). Repeatable.")
+@click.option("--min-free", "min_free", type=click.IntRange(min=0), default=0, show_default=True, metavar="BYTES",
+              help="Disk bytes to leave free for the rest of the device; an update that would not fit is refused.")
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned commands.")
 def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, credentials: str | None,
-          ca_file: str | None, profile: str | None, allow_unsigned: bool) -> None:
+          ca_file: str | None, profile: str | None, keep_slots: int, pins: tuple[str, ...], min_free: int,
+          allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
     from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
     from edgesdk.agent.managed import ManagedRuntime
@@ -38,7 +45,7 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
     config = AgentConfig(device_id=device_id, group=group, broker=broker, store=Path(store),
                          server_key=load_public_key(server_key) if server_key else None, allow_unsigned=allow_unsigned,
                          username=username, password=password, ca_file=ca_file,
-                         profile=profile)
+                         profile=profile, keep_slots=keep_slots, pinned=pins, min_free_bytes=min_free)
     runtime = ManagedRuntime(profile=profile)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
