@@ -12,7 +12,7 @@ import pytest
 
 from edgesdk.agent import store as store_module
 from edgesdk.agent.agent import AgentConfig
-from edgesdk.agent.store import SLOT_SIDECARS, ModelStore, PendingInstall, space_needed
+from edgesdk.agent.store import SLOT_SIDECARS, ModelStore, PendingInstall, StoreState, space_needed
 from edgesdk.bundle import BundleSpec, bundle_from_model
 from edgesdk.errors import StorageError
 from edgesdk.ota import ArchiveInfo
@@ -74,9 +74,8 @@ def test_prune_keeps_the_newest_n_and_deletes_the_rest_oldest_first(store):
 
 def test_prune_never_touches_current_previous_committed_or_a_pending_install(store):
     # committed on 2 (e.g. a health check pending on 4, which replaces 3), pointers on 7 and 6
-    store.save_state(store.load_state().__class__(committed="digits-2.0.0",
-                                                  pending=PendingInstall("digits-4.0.0", "digits-3.0.0"),
-                                                  installed=store.load_state().installed))
+    store.save_state(StoreState(committed="digits-2.0.0", pending=PendingInstall("digits-4.0.0", "digits-3.0.0"),
+                                installed=store.load_state().installed))
     removed = store.prune(keep_newest=0)
     assert removed == names(["1.0.0", "5.0.0"])
     assert present(store) == names(["2.0.0", "3.0.0", "4.0.0", "6.0.0", "7.0.0"])
@@ -91,9 +90,8 @@ def test_a_pin_is_a_slot_name_or_a_bare_version(store):
 
 def test_a_bare_version_pin_matches_any_model_name(tmp_path, bundles):
     store = ModelStore(tmp_path / "store")
-    for slot in ("vibration-1.0.0", "digits-1.0.0", "digits-2.0.0"):  # the manifest says 1.0.0 for the first two
-        store.add_slot(slot, lambda tmp: shutil.copytree(bundles["1.0.0" if "1.0.0" in slot else "2.0.0"], tmp,
-                                                         dirs_exist_ok=True))
+    for slot, version in (("vibration-1.0.0", "1.0.0"), ("digits-1.0.0", "1.0.0"), ("digits-2.0.0", "2.0.0")):
+        store.add_slot(slot, lambda tmp, v=version: shutil.copytree(bundles[v], tmp, dirs_exist_ok=True))
     assert store.prune(keep_newest=0, pinned=("1.0.0",)) == ["digits-2.0.0"]
     assert present(store) == ["digits-1.0.0", "vibration-1.0.0"]
 
@@ -200,3 +198,69 @@ def test_the_agent_config_takes_pins_as_a_tuple(tmp_path):
 
 def test_state_json_keeps_the_install_record(store):
     assert json.loads((store.root / "state.json").read_text())["installed"] == names(VERSIONS)
+
+
+# The agent's disk check, on a simulated small disk: free space is a fixed capacity minus what the store holds
+# (this host's own free space moves under other writers, so the exact boundary is tested here).
+
+@pytest.fixture(scope="module")
+def server_key(tmp_path_factory):
+    from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+
+    folder = tmp_path_factory.mktemp("retention-keys")
+    generate_keypair(folder, "server")
+    return load_private_key(folder / "server.key"), load_public_key(folder / "server.pub")
+
+
+def small_disk_agent(store: ModelStore, server_key, capacity: int, min_free: int = 0):
+    from edgesdk.agent.agent import DeviceAgent
+
+    config = AgentConfig(device_id="cam0", group="cams", broker="mqtt://127.0.0.1:1", store=store.root,
+                         server_key=server_key[1], profile="generic-x86_64", min_free_bytes=min_free)
+    agent = DeviceAgent(config)  # never started: events land in agent.events, nothing is published
+    real = agent.store.disk_usage
+    agent.store.disk_usage = lambda: {"free_bytes": capacity - real()["store_bytes"],  # type: ignore[method-assign]
+                                      "store_bytes": real()["store_bytes"]}
+    return agent
+
+
+def deploy_command(server_key, size: int):
+    from edgesdk.ota import parse_command, sign_command
+
+    archive = ArchiveInfo.of(os.urandom(size), chunk_size=4096)
+    envelope = sign_command(server_key[0], type="deploy", deployment_id="d9", transfer_id="t9", name="digits",
+                            version="9.0.0", group="cams", archive=archive)
+    return parse_command(envelope, server_key[1])
+
+
+def test_an_update_that_fits_exactly_is_taken_without_pruning(store, server_key):
+    command = deploy_command(server_key, 10_000)
+    agent = small_disk_agent(store, server_key, capacity=store.disk_usage()["store_bytes"] + 20_000 + 500,
+                             min_free=500)
+    assert agent._fits(command)
+    assert present(store) == names(VERSIONS) and not agent.events
+
+
+def test_an_update_that_fits_once_old_slots_go_prunes_down_to_the_protected_ones(store, server_key):
+    command = deploy_command(server_key, 10_000)
+    agent = small_disk_agent(store, server_key, capacity=store.disk_usage()["store_bytes"] + 20_000 - 1)
+    assert agent._fits(command)
+    assert present(store) == names(["6.0.0", "7.0.0"]) and not agent.events
+
+
+def test_an_update_that_cannot_fit_is_refused_with_the_figures_and_the_fix(store, server_key):
+    command = deploy_command(server_key, 10_000)
+    store.save_offload_endpoint("digits-9.0.0", {"url": "http://127.0.0.1:1", "model": "digits", "version": "9.0.0"})
+    capacity = store.disk_usage()["store_bytes"] + 200_000
+    agent = small_disk_agent(store, server_key, capacity=capacity, min_free=200_000)
+    assert not agent._fits(command)
+    (event,) = agent.events
+    free = capacity - store.disk_usage()["store_bytes"]  # after pruning to current and previous
+    assert event["event"] == "failed" and event["error_type"] == "StorageError"
+    assert event["reason"] == (
+        f"no room for digits 9.0.0: it needs 20000 bytes (archive and unpacked slot), the store's disk has {free} bytes "
+        "free and 200000 of them are reserved (min_free_bytes), after pruning every slot not in use or pinned; free "
+        "space on the device or lower min_free_bytes")
+    assert (event["needed_bytes"], event["free_bytes"], event["reserved_bytes"]) == (20_000, free, 200_000)
+    assert present(store) == names(["6.0.0", "7.0.0"])
+    assert not list(store.incoming.iterdir()) and not (store.root / "offload" / "digits-9.0.0.json").exists()
