@@ -38,6 +38,8 @@ from typing import IO, Any
 
 from edgesdk.errors import EdgeSDKError
 
+__all__ = ["AgentProcesses", "raw_verifying_fanout", "FanoutError", "MAX_CHILDREN"]
+
 REPO = Path(__file__).resolve().parent.parent
 #: The most child processes one harness starts (each is a whole interpreter).
 MAX_CHILDREN = 500
