@@ -468,8 +468,10 @@ class DeviceAgent:
         needed = space_needed(command.archive)
         if self._room() >= needed:
             return True
-        self._prune(0)
+        pruned = self._prune(0)
         if self._room() >= needed:
+            if pruned:
+                self._publish_state()  # the server plans what to send from the slots a device reports
             return True
         free, reserve = self.store.disk_usage()["free_bytes"], self.config.min_free_bytes
         what = (f"measurement {command.measurement_id}" if isinstance(command, MeasureCommand)

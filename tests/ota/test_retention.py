@@ -116,3 +116,20 @@ def test_an_update_that_does_not_fit_is_refused_and_the_old_model_keeps_running(
     assert not list(agent.store.incoming.iterdir())
     assert _slots(agent) == ["digits-1.0.0"]
     assert agent.current_version() == ("digits", "1.0.0") and agent.store.load_state().committed == "digits-1.0.0"
+
+
+def test_a_rollback_prunes_too_and_keeps_the_slot_the_device_went_back_to(broker, make_server, make_agent, bundles):
+    server = make_server(broker.url)
+    agent = make_agent("cam0", broker.url, keep_slots=0)  # only what is in use stays
+    wait_for(lambda: server.db.device("cam0"), what="device")
+    for version in ("1.0.0", "2.0.0", "3.0.0-bad"):
+        server.upload(pack_bundle(bundles[version]))
+    for version in ("1.0.0", "2.0.0"):
+        assert _rollout(server, version).state == "completed"
+    _state_with_slots(broker.url, "cam0", ["digits-1.0.0", "digits-2.0.0"])  # current and previous
+
+    assert _rollout(server, "3.0.0").state == "aborted"  # its health check fails on the device
+
+    assert any(e["event"] == "rolled_back" and e["version"] == "3.0.0" for e in agent.events)
+    _state_with_slots(broker.url, "cam0", ["digits-2.0.0"])
+    assert _slots(agent) == ["digits-2.0.0"] and agent.current_version() == ("digits", "2.0.0")
