@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from edgesdk.agent.store import SLOT_SIDECARS
 from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import Topics, pack_bundle
 from edgesdk.transport import MqttTransport
@@ -69,6 +70,8 @@ def test_ten_updates_leave_a_bounded_number_of_slots_and_bytes(broker, make_serv
     state = _state_with_slots(broker.url, "cam0", sorted(newest))
     assert _slots(agent) == sorted(newest) and agent.store.load_state().installed == newest
     assert not list(agent.store.incoming.iterdir())
+    for sidecar in SLOT_SIDECARS:  # e.g. chunk layouts: none is left for a deleted slot
+        assert {p.stem for p in (agent.store.root / sidecar).glob("*.json")} <= set(newest), sidecar
     assert state["keep_slots"] == keep and state["pinned"] == []
     assert state["disk"]["store_bytes"] <= (keep + 2) * largest and state["disk"]["free_bytes"] > 0
 
