@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgesdk.chunk_codec import decode_chunk
 from edgesdk.errors import EdgeSDKError, RolloutTimeoutError, SignatureError, TransferError
 from edgesdk.fleet_protocol import AgentEvent
 from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command
@@ -56,8 +57,8 @@ __all__ = ["SimulatedFleet", "FleetReport", "ProcessReport", "SimulationError", 
 REPO = Path(__file__).resolve().parent.parent
 #: The per-device counters every worker keeps (summed over the fleet in FleetReport).
 COUNTERS = ("commands", "duplicate_commands", "rejected", "accepted", "downloaded", "committed", "repeated_commits",
-            "failed", "rolled_back", "chunk_bytes", "chunks_rejected", "need_requests", "measure_commands",
-            "reconnects")
+            "failed", "rolled_back", "chunk_bytes", "chunk_data_bytes", "chunks_rejected", "need_requests",
+            "measure_commands", "reconnects")
 
 
 class SimulationError(EdgeSDKError):
@@ -132,9 +133,9 @@ class _Transfer:
         self.started = self.last_progress = now
         self.rejected = 0
 
-    def missing(self) -> list[int]:
+    def missing(self, exclude: frozenset[int] = frozenset()) -> list[int]:
         assert self.command.archive is not None
-        return [i for i in range(len(self.command.archive.chunks)) if i not in self.chunks]
+        return [i for i in range(len(self.command.archive.chunks)) if i not in self.chunks and i not in exclude]
 
     @property
     def complete(self) -> bool:
@@ -145,8 +146,8 @@ class _Transfer:
 class _Device:
     """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
 
-    __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "committed", "seen", "installs",
-                 "transfers", "client", "state_topic", "events_topic", "cmd_topic")
+    __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
+                 "installs", "transfers", "client", "state_topic", "events_topic", "cmd_topic")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
@@ -155,6 +156,8 @@ class _Device:
         slot = f"{sim.model}-{sim.version}"
         self.previous: str | None = None
         self.slots = {slot}
+        #: Slots whose archive chunks this device holds (fetched in this run; the first slot's are not).
+        self.chunk_slots: set[str] = set()
         self.committed: str | None = slot
         self.seen: set[str] = set()
         self.installs: Counter[str] = Counter()
@@ -205,7 +208,8 @@ class _Device:
 
     def state(self) -> dict[str, Any]:
         return {"status": "online", "group": self.sim.group, "model": self.model, "version": self.version,
-                "previous": self.previous, "slots": sorted(self.slots), "updated": time.time()}
+                "previous": self.previous, "slots": sorted(self.slots),
+                "chunk_slots": sorted(self.chunk_slots), "updated": time.time()}
 
     def publish_state(self) -> Any:
         return self.publish(self.state_topic, self.state(), retain=True)
@@ -276,11 +280,19 @@ class _Device:
             self.slots.add(slot)
             self.install(command, slot, downloaded=True, rejected_chunks=0)
             return
-        self.transfers[command.transfer_id] = _Transfer(command, time.monotonic())
+        transfer = self.transfers[command.transfer_id] = _Transfer(command, time.monotonic())
+        local = sim.fill(self, transfer)
+        if transfer.complete:
+            self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, local_chunks=local, missing=0)
+            self.complete(transfer)
+            return
         sim.active.add(self)
         if self.client is not None and self.client.connected:  # SUBSCRIBE goes out before the event, as paho's
             self.client.subscribe([(Topics.group_chunks(command.group, command.transfer_id) + "/+", 1)])
-        self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, missing=chunks)
+        self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, local_chunks=local,
+                   missing=len(transfer.missing()))
+        if command.broadcast is not None:  # what the broadcast will not bring: ask at once, as the agent does
+            sim.request(self, transfer, exclude=command.broadcast)
 
     def current_slot(self) -> str | None:
         return f"{self.model}-{self.version}" if self.model and self.version else None
@@ -296,13 +308,18 @@ class _Device:
         archive = transfer.command.archive
         assert archive is not None
         index = int(parts[-1])
-        if not 0 <= index < len(archive.chunks) or hashlib.sha256(payload).hexdigest() != archive.chunks[index]:
+        if index in transfer.chunks:
+            return
+        try:
+            data = decode_chunk(archive, index, payload) if 0 <= index < len(archive.chunks) else b""
+        except TransferError:
+            data = b""
+        if not data or hashlib.sha256(data).hexdigest() != archive.chunks[index]:
             transfer.rejected += 1
             sim.count("chunks_rejected")
             return
-        if index in transfer.chunks:
-            return
-        transfer.chunks[index] = payload
+        sim.count("chunk_data_bytes", len(data))
+        transfer.chunks[index] = data
         transfer.last_progress = time.monotonic()
         if transfer.complete:
             self.complete(transfer)
@@ -326,6 +343,7 @@ class _Device:
             self.client.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
         self.event(command, AgentEvent.DOWNLOADED, bytes=archive.size, rejected_chunks=transfer.rejected)
         self.slots.add(f"{command.name}-{command.version}")
+        self.sim.keep(self, f"{command.name}-{command.version}", transfer)
         self.install(command, f"{command.name}-{command.version}", downloaded=True, rejected_chunks=transfer.rejected)
 
     def install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
@@ -371,6 +389,9 @@ class _Worker:
         self.request_window = int(config["request_window"])
         self.server_key = load_public_key(config["server_key"])
         self.counters = LiteCounters()
+        #: Chunks held by this worker's devices, by hash, and the chunk hashes of each slot they came in.
+        self.chunk_store: dict[str, bytes] = {}
+        self.slot_chunks: dict[str, tuple[str, ...]] = {}
         self.counts: Counter[str] = Counter()
         self.stopping = False
         self.active: set[_Device] = set()
@@ -411,8 +432,30 @@ class _Worker:
         self.connect_s = time.monotonic() - started
 
     # chunk requests -----------------------------------------------------------------------------------
-    def request(self, device: _Device, transfer: _Transfer) -> None:
-        missing = transfer.missing()[: self.request_window]
+    def fill(self, device: _Device, transfer: _Transfer) -> int:
+        """The agent's local reuse: copy in the chunks of the slots this device holds chunks of (hashed again)."""
+        archive = transfer.command.archive
+        assert archive is not None
+        held = {digest for slot in device.chunk_slots for digest in self.slot_chunks.get(slot, ())}
+        for index, digest in enumerate(archive.chunks):
+            if digest in held and digest in self.chunk_store:
+                data = self.chunk_store[digest]
+                if hashlib.sha256(data).hexdigest() == digest:
+                    transfer.chunks[index] = data
+        return len(transfer.chunks)
+
+    def keep(self, device: _Device, slot: str, transfer: _Transfer) -> None:
+        """Hold a fetched archive's chunks for later reuse (once per worker: its devices hold the same bytes)."""
+        archive = transfer.command.archive
+        assert archive is not None
+        if slot not in self.slot_chunks:
+            self.slot_chunks[slot] = archive.chunks
+            for index, digest in enumerate(archive.chunks):
+                self.chunk_store.setdefault(digest, transfer.chunks[index])
+        device.chunk_slots.add(slot)
+
+    def request(self, device: _Device, transfer: _Transfer, exclude: frozenset[int] = frozenset()) -> None:
+        missing = transfer.missing(exclude)[: self.request_window]
         if missing:
             self.count("need_requests")
             device.publish(Topics.need(device.id), {"transfer_id": transfer.command.transfer_id, "chunks": missing})
@@ -423,8 +466,12 @@ class _Worker:
         now = time.monotonic()
         for device in list(self.active):
             for transfer in list(device.transfers.values()):
-                if now - transfer.started >= self.broadcast_wait_s and now - transfer.last_progress >= self.retry_interval_s:
+                if now - transfer.last_progress < self.retry_interval_s:
+                    continue
+                if now - transfer.started >= self.broadcast_wait_s:
                     self.request(device, transfer)
+                elif transfer.command.broadcast is not None:
+                    self.request(device, transfer, exclude=transfer.command.broadcast)
         if not self.stopping:
             asyncio.get_running_loop().call_later(self.retry_interval_s / 2, self.request_missing)
 

@@ -12,11 +12,15 @@ Topics (``P`` = ``edgesdk``; ``D`` a device id, ``G`` its group, ``T`` a transfe
 
 A command is ``{"manifest": b64(JSON bytes), "signature": b64(Ed25519 over those bytes),
 "key_id"}``. Its manifest names the deployment, the bundle (name, version), the archive
-(size, sha256, chunk size and every chunk's sha256) and whether it is a rollback. The
-device verifies the signature with the server key it pins before it writes anything,
-each chunk against its hash as it arrives, and the whole archive before installing.
-Chunk payloads are raw bytes. Names and sizes from a manifest are checked here
-(:func:`parse_command`), so neither side trusts them unchecked.
+(size, sha256, every chunk's sha256 and size, the chunks sent zstd-compressed), the chunks
+the server will broadcast (``broadcast``, the ones some target lacks) and whether it is a
+rollback. The device verifies the signature with the server key it pins before it writes
+anything, copies the chunks it already holds from its own slots, fetches the rest, checks
+each chunk against its hash (of the uncompressed bytes) and the whole archive before
+installing. Chunks are content-defined (:mod:`edgesdk.chunking`), so bytes a new version
+shares with an old one make the same chunks. Chunk payloads are raw bytes, or a zstd frame
+for the chunks the manifest flags (:mod:`edgesdk.chunk_codec`). Names and sizes from a
+manifest are checked here (:func:`parse_command`), so neither side trusts them unchecked.
 
 **Measure** (:func:`sign_measure_command`): "run this candidate model here and tell me how
 it does", without installing it. The signed manifest is ``{"type": "measure",
@@ -51,7 +55,7 @@ import os
 import re
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -59,15 +63,15 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from edgesdk.bundle import parse_version, safe_name
+from edgesdk.chunking import cut_points, tar_boundaries
 from edgesdk.errors import BundleError, SignatureError, TransferError
 
 __all__ = ["PREFIX", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command", "sign_measure_command",
            "parse_command", "pack_bundle", "unpack_bundle", "pack_measurement", "measurement_files", "encode_result",
            "parse_result", "encode_array", "decode_array", "MAX_ARCHIVE_BYTES", "MAX_MEASURE_RUNS",
-           "MAX_RESULT_BYTES", "DEFAULT_CHUNK_SIZE", "EVALUATION_FILE"]
+           "MAX_RESULT_BYTES", "MAX_CHUNK_BYTES", "EVALUATION_FILE", "archive_info"]
 
 PREFIX = "edgesdk"
-DEFAULT_CHUNK_SIZE = 256 * 1024
 #: Largest archive a device accepts (a manifest claiming more is refused before any write).
 MAX_ARCHIVE_BYTES = 2 * 1024**3
 #: Most timed runs a measure command may ask for.
@@ -78,6 +82,9 @@ MAX_RESULT_BYTES = 32 * 1024**2
 EVALUATION_FILE = "evaluation.npz"
 _MODES = ("latency", "balanced", "power")
 _MODEL_SUFFIXES = (".onnx", ".tflite")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: Largest chunk a manifest may name (content-defined chunks are at most edgesdk.chunking.MAX_CHUNK).
+MAX_CHUNK_BYTES = 8 * 1024**2
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -143,27 +150,85 @@ class Topics:
 
 @dataclass(frozen=True)
 class ArchiveInfo:
-    """The bundle archive a deployment transfers: its hash, size and chunk hashes."""
+    """The archive a deployment transfers: its hash and size, and every chunk's hash and size.
+
+    Chunks are content-defined (:mod:`edgesdk.chunking`), so a version that shares bytes with one
+    a device holds shares chunks too, which the device takes from its own slots. Chunks in
+    ``zstd`` travel zstd-compressed; every hash is of the uncompressed bytes.
+    """
 
     #: Hex SHA-256 of the whole archive.
     sha256: str
     #: Archive size in bytes.
     size: int
-    #: Bytes per chunk; the last chunk may be shorter.
-    chunk_size: int
-    #: Hex SHA-256 of each chunk, in order.
+    #: Hex SHA-256 of each chunk's (uncompressed) bytes, in order.
     chunks: tuple[str, ...]
+    #: Byte length of each chunk (uncompressed); they add up to ``size``.
+    sizes: tuple[int, ...]
+    #: Indexes of the chunks sent zstd-compressed.
+    zstd: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        offsets, position = [], 0
+        for length in self.sizes:
+            offsets.append(position)
+            position += length
+        object.__setattr__(self, "_offsets", tuple(offsets))
 
     @classmethod
-    def of(cls, data: bytes, chunk_size: int = DEFAULT_CHUNK_SIZE) -> ArchiveInfo:
-        """Hash ``data`` whole and in ``chunk_size``-byte chunks."""
-        chunks = tuple(hashlib.sha256(data[i:i + chunk_size]).hexdigest() for i in range(0, len(data), chunk_size))
-        return cls(hashlib.sha256(data).hexdigest(), len(data), chunk_size, chunks)
+    def of(cls, data: bytes, chunk_size: int | None = None, boundaries: Iterable[int] = ()) -> ArchiveInfo:
+        """Hash ``data`` whole and in chunks: content-defined ones, or fixed ``chunk_size``-byte ones when given.
+
+        ``boundaries`` are offsets where a content-defined cut is forced (see :func:`archive_info`).
+        """
+        if chunk_size is not None:
+            ends = [*range(chunk_size, len(data), chunk_size), len(data)] if data else []
+        else:
+            ends = cut_points(data, boundaries=boundaries)
+        view, starts = memoryview(data), [0, *ends[:-1]]
+        chunks = tuple(hashlib.sha256(view[a:b]).hexdigest() for a, b in zip(starts, ends))
+        return cls(hashlib.sha256(data).hexdigest(), len(data), chunks, tuple(b - a for a, b in zip(starts, ends)))
 
     def chunk_range(self, index: int) -> tuple[int, int]:
         """Byte offsets ``(start, end)`` of chunk ``index`` in the archive, end exclusive (not bounds-checked)."""
-        start = index * self.chunk_size
-        return start, min(start + self.chunk_size, self.size)
+        start: int = self._offsets[index]  # type: ignore[attr-defined]
+        return start, start + self.sizes[index]
+
+    def to_json(self) -> dict[str, Any]:
+        """The archive as the signed manifest carries it."""
+        return {"sha256": self.sha256, "size": self.size, "chunks": list(self.chunks), "sizes": list(self.sizes),
+                "zstd": sorted(self.zstd)}
+
+    @classmethod
+    def from_json(cls, a: Any, max_size: int = MAX_ARCHIVE_BYTES) -> ArchiveInfo:
+        """Read and check an archive object (also the fixed ``chunk_size`` form of earlier servers).
+
+        Raises TransferError when the sizes do not add up, a chunk is empty or over
+        :data:`MAX_CHUNK_BYTES`, a hash is not 64 hex digits or the archive is over ``max_size``.
+        """
+        try:
+            size, chunks = int(a["size"]), tuple(map(str, a["chunks"]))
+            if "sizes" in a:
+                sizes = tuple(int(n) for n in a["sizes"])
+            else:
+                step = int(a["chunk_size"])
+                sizes = tuple(min(step, size - i) for i in range(0, size, step)) if step > 0 and size > 0 else ()
+            zstd = frozenset(int(i) for i in a.get("zstd", ()))
+            info = cls(str(a["sha256"]), size, chunks, sizes, zstd)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TransferError(f"archive {a!r:.200} is malformed ({exc}); the server sent a broken manifest") from exc
+        if (not 0 < size <= max_size or len(sizes) != len(chunks) or sum(sizes) != size
+                or not all(0 < n <= MAX_CHUNK_BYTES for n in sizes) or not all(_HEX64.match(h) for h in chunks)
+                or not all(0 <= i < len(chunks) for i in zstd)):
+            raise TransferError(f"archive of {size} bytes in {len(chunks)} chunks (sizes adding up to {sum(sizes)}) is "
+                                f"inconsistent, has a chunk over {MAX_CHUNK_BYTES} bytes or is over the "
+                                f"{max_size}-byte cap")
+        return info
+
+
+def archive_info(data: bytes) -> ArchiveInfo:
+    """The chunk table of a bundle archive: content-defined chunks, cut also where each file starts and ends."""
+    return ArchiveInfo.of(data, boundaries=tar_boundaries(data))
 
 
 @dataclass(frozen=True)
@@ -190,6 +255,9 @@ class Command:
     #: The cloud endpoint the server hands its devices for this version: ``{"url", "model", "version"}`` of a
     #: KServe V2 endpoint serving the same model version (None: the server has none).
     offload: dict[str, str] | None = None
+    #: The chunks the server will broadcast to the group (the ones some target lacks); None: all of them.
+    #: A device asks for any other chunk it misses at once, rather than wait for a broadcast.
+    broadcast: frozenset[int] | None = None
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
@@ -228,10 +296,7 @@ def check_measure(mode: object, runs: object) -> None:
 
 
 def _archive_dict(archive: ArchiveInfo | None) -> dict[str, Any] | None:
-    if archive is None:
-        return None
-    return {"sha256": archive.sha256, "size": archive.size, "chunk_size": archive.chunk_size,
-            "chunks": list(archive.chunks)}
+    return None if archive is None else archive.to_json()
 
 
 def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
@@ -245,17 +310,20 @@ def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
 
 def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
                  group: str, rollback: bool = False, archive: ArchiveInfo | None = None,
-                 offload_url: str | None = None) -> bytes:
+                 offload_url: str | None = None, broadcast: Iterable[int] | None = None) -> bytes:
     """The signed envelope of a deploy or rollback command, ready to publish.
 
     ``offload_url`` is the KServe V2 endpoint devices may offload to; the command names it with
-    this model and version, which the endpoint serves from the same repository.
+    this model and version, which the endpoint serves from the same repository. ``broadcast``
+    lists the archive's chunks the server will broadcast (None: all).
     """
     body: dict[str, Any] = {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
                             "version": version, "group": group, "rollback": rollback, "issued_at": time.time(),
                             "archive": _archive_dict(archive)}
     if offload_url:
         body["offload"] = {"url": _offload_url(offload_url), "model": name, "version": version}
+    if broadcast is not None:
+        body["broadcast"] = sorted(broadcast)
     return _seal(private_key, body)
 
 
@@ -285,15 +353,17 @@ def sign_measure_command(private_key: Any, *, measurement_id: str, transfer_id: 
                                "archive": _archive_dict(archive)})
 
 
-def _parse_archive(a: Any, max_size: int) -> ArchiveInfo | None:
-    if a is None:
+def _parse_broadcast(data: Any, archive: ArchiveInfo | None) -> frozenset[int] | None:
+    if data is None:
         return None
-    archive = ArchiveInfo(str(a["sha256"]), int(a["size"]), int(a["chunk_size"]), tuple(map(str, a["chunks"])))
-    expected_chunks = -(-archive.size // archive.chunk_size) if archive.chunk_size > 0 else -1
-    if not 0 < archive.size <= max_size or archive.chunk_size <= 0 or len(archive.chunks) != expected_chunks:
-        raise TransferError(f"archive of {archive.size} bytes in {len(archive.chunks)} chunks of "
-                            f"{archive.chunk_size} is inconsistent or over the {max_size}-byte cap")
-    return archive
+    chunks = frozenset(int(i) for i in data)
+    if archive is None or not all(0 <= i < len(archive.chunks) for i in chunks):
+        raise TransferError(f"broadcast plan {sorted(chunks)[:10]} names chunks the archive does not have")
+    return chunks
+
+
+def _parse_archive(a: Any, max_size: int) -> ArchiveInfo | None:
+    return None if a is None else ArchiveInfo.from_json(a, max_size)
 
 
 def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool = False,
@@ -332,7 +402,8 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
                           transfer_id=check_id(m["transfer_id"], "transfer id"), name=safe_name(m["name"], "model name"),
                           version=m["version"], group=check_id(m["group"], "group"), rollback=bool(m["rollback"]),
                           issued_at=float(m["issued_at"]), archive=archive, raw=envelope,
-                          offload=_parse_offload(m.get("offload"), m["name"], m["version"]))
+                          offload=_parse_offload(m.get("offload"), m["name"], m["version"]),
+                          broadcast=_parse_broadcast(m.get("broadcast"), archive))
         parse_version(command.version)
     except (KeyError, TypeError, ValueError) as exc:
         raise TransferError(f"command manifest is malformed: {exc}") from exc

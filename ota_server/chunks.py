@@ -4,6 +4,9 @@ A transfer (one stage of a rollout, a rollback, a measurement) is opened with th
 it carries and closed when nothing will ask for it again. Archives are shared between the
 transfers that carry the same model version and evicted when the last of them closes, so
 the server holds only what is in flight, not every archive it ever sent (up to 2 GiB each).
+An archive's chunks are zstd-compressed once, when it is loaded, where that pays
+(:mod:`edgesdk.chunk_codec`). A transfer's broadcast may be limited to the chunks some of
+its targets lack (:meth:`ChunkDistributor.plan`); devices ask for the rest one by one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgesdk.chunk_codec import DEFAULT_MIN_SAVING, compress_chunks
 from edgesdk.ota import ArchiveInfo, Topics
 
 __all__ = ["ChunkDistributor"]
@@ -26,16 +30,24 @@ Publisher = Callable[[str, bytes], None]
 
 @dataclass
 class _Archive:
-    data: bytes
     info: ArchiveInfo
+    #: What is sent for each chunk: its bytes, or a zstd frame of them when ``info.zstd`` says so.
+    payloads: list[bytes]
     users: int = 0
+
+    @property
+    def size(self) -> int:
+        return sum(len(p) for p in self.payloads)
 
 
 class ChunkDistributor:
     """Serves the chunks of open transfers; thread-safe (MQTT handlers and the rollout engine call it)."""
 
-    def __init__(self, load: ArchiveLoader, publish: Publisher, repeat_s: float = 1.0, rebroadcast_after: int = 32) -> None:
+    def __init__(self, load: ArchiveLoader, publish: Publisher, repeat_s: float = 1.0, rebroadcast_after: int = 32,
+                 min_saving: float | None = DEFAULT_MIN_SAVING) -> None:
         self._load, self._publish = load, publish
+        #: Compress a chunk when that saves more than this share of its bytes (None: never).
+        self.min_saving = min_saving
         #: A device asking again within ``repeat_s`` of its last answer is not answered twice (the chunks are on
         #: their way); when ``rebroadcast_after`` devices ask for one broadcast transfer within ``repeat_s``, the
         #: group gets the archive again instead of that many copies one by one.
@@ -47,6 +59,8 @@ class ChunkDistributor:
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], _Archive] = {}
         self._transfers: dict[str, tuple[str, str]] = {}
+        #: transfer -> the chunk indexes its broadcasts carry (absent: all).
+        self._plans: dict[str, list[int]] = {}
         #: (device, transfer) -> chunk indices re-sent on request (for tests and benchmarks).
         self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
 
@@ -61,7 +75,8 @@ class ChunkDistributor:
                 return self._archives[self._transfers[transfer_id]].info
             archive = self._archives.get(key)
         if archive is None:  # load outside the lock: hashing 2 GiB must not stall chunk requests
-            archive = _Archive(*self._load(name, version))
+            data, info = self._load(name, version)
+            archive = _Archive(*compress_chunks(data, info, self.min_saving))
         with self._lock:
             if transfer_id in self._transfers:
                 return self._archives[self._transfers[transfer_id]].info
@@ -76,6 +91,7 @@ class ChunkDistributor:
             key = self._transfers.pop(transfer_id, None)
             self._asked.pop(transfer_id, None)
             self._broadcasts.pop(transfer_id, None)
+            self._plans.pop(transfer_id, None)
             if key is None:
                 return
             archive = self._archives[key]
@@ -97,9 +113,21 @@ class ChunkDistributor:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of archive data held for open transfers."""
+        """Bytes of chunk payloads held for open transfers."""
         with self._lock:
-            return sum(len(a.data) for a in self._archives.values())
+            return sum(a.size for a in self._archives.values())
+
+    def planned(self, transfer_id: str) -> int:
+        """How many chunks a broadcast of ``transfer_id`` carries (0 when it is closed)."""
+        archive = self._chunks(transfer_id)
+        with self._lock:
+            plan = self._plans.get(transfer_id)
+        return 0 if archive is None else len(plan) if plan is not None else len(archive.info.chunks)
+
+    def plan(self, transfer_id: str, indices: list[int]) -> None:
+        """Limit ``transfer_id``'s broadcasts to the chunks ``indices`` (the ones some target lacks)."""
+        with self._lock:
+            self._plans[transfer_id] = sorted(indices)
 
     def _chunks(self, transfer_id: str) -> _Archive | None:
         with self._lock:
@@ -129,18 +157,20 @@ class ChunkDistributor:
         for index in indices:
             if 0 <= index < len(archive.info.chunks):
                 self.resent[(device, transfer_id)].append(index)
-                start, end = archive.info.chunk_range(index)
-                self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", archive.data[start:end])
+                self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", archive.payloads[index])
         return True
 
     def broadcast(self, group: str, transfer_id: str) -> None:
-        """Publish every chunk of ``transfer_id`` once on ``group``'s chunk topic (a closed transfer: nothing)."""
+        """Publish the chunks of ``transfer_id``'s plan (all, without one) once on ``group``'s chunk topic.
+
+        A closed transfer, or an empty plan, sends nothing.
+        """
         archive = self._chunks(transfer_id)
         if archive is None:
             return
         with self._lock:
             self._broadcasts[transfer_id] = (group, time.monotonic())
+            plan = self._plans.get(transfer_id)
         topic = Topics.group_chunks(group, transfer_id)
-        for index in range(len(archive.info.chunks)):
-            start, end = archive.info.chunk_range(index)
-            self._publish(f"{topic}/{index}", archive.data[start:end])
+        for index in plan if plan is not None else range(len(archive.info.chunks)):
+            self._publish(f"{topic}/{index}", archive.payloads[index])

@@ -59,6 +59,8 @@ class DeviceState:
     slots: tuple[str, ...]
     #: When the server received the report.
     seen: float
+    #: The slots whose archives' chunks the device can copy instead of fetching (edgesdk.agent.local_chunks).
+    chunk_slots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,15 @@ class FleetDB:
         Slots are taken only from ``online`` reports (a last will does not list them).
         """
         self.sql.execute_many(
-            """INSERT INTO devices (id, grp, status, model, version, slots, last_seen) VALUES (?,?,?,?,?,?,?)
+            """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen)
+               VALUES (?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
+               chunk_slots=CASE WHEN excluded.status='online' THEN excluded.chunk_slots ELSE devices.chunk_slots END,
                last_seen=excluded.last_seen""",
-            [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)), s.seen) for s in states])
+            [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
+              json.dumps(list(s.chunk_slots)), s.seen) for s in states])
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
                       slots: list[str]) -> None:
@@ -160,14 +165,19 @@ class FleetDB:
         rows = self.sql.rows("SELECT * FROM devices WHERE id = ?", (device_id,))
         return _device(rows[0]) if rows else None
 
-    def slots(self, device_ids: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        """The installed slots of each of ``device_ids`` that has reported (one query per 500 ids)."""
+    def slots(self, device_ids: Iterable[str], column: str = "slots") -> dict[str, tuple[str, ...]]:
+        """The installed slots of each of ``device_ids`` that has reported (one query per 500 ids).
+
+        ``column="chunk_slots"``: the slots each can copy archive chunks from instead.
+        """
+        if column not in ("slots", "chunk_slots"):
+            raise ValueError(f"no slot column {column!r}")
         ids, found = list(device_ids), {}
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
             marks = ",".join("?" * len(chunk))
-            for r in self.sql.rows(f"SELECT id, slots FROM devices WHERE id IN ({marks})", chunk):
-                found[r["id"]] = tuple(json.loads(r["slots"]))
+            for r in self.sql.rows(f"SELECT id, {column} AS s FROM devices WHERE id IN ({marks})", chunk):
+                found[r["id"]] = tuple(json.loads(r["s"]))
         return found
 
     def versions_in_use(self) -> set[tuple[str, str]]:

@@ -28,6 +28,7 @@ from edgesdk.ota import (
     MAX_RESULT_BYTES,
     ArchiveInfo,
     Topics,
+    archive_info,
     check_id,
     check_measure,
     parse_result,
@@ -104,7 +105,7 @@ class Measurements:
         if device.status != "online":
             raise TransferError(f"device {device_id!r} is {device.status}; start its agent, then ask again")
         mid = f"m{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        info = ArchiveInfo.of(archive)
+        info = archive_info(archive)
         envelope = sign_measure_command(self._key, measurement_id=mid, transfer_id=mid, archive=info, mode=mode,
                                         runs=runs)
         with self._lock:

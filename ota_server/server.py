@@ -79,6 +79,8 @@ class ServerConfig:
     name: str | None = None
     #: How long a replica in ``share_group`` listens to the retained device states at start (until quiet that long).
     catch_up_quiet_s: float = 1.0
+    #: Send a chunk zstd-compressed when that saves more than this share of its bytes (None: never compress).
+    compress_min_saving: float | None = 0.10
 
 
 class OTAServer:
@@ -99,7 +101,7 @@ class OTAServer:
         self.name = config.name or f"edgesdk-server-{uuid.uuid4().hex[:8]}"
         check_id(self.name, "server name")
         self.metrics = ServerMetrics(db)
-        self.chunks = ChunkDistributor(repository.archive, self._publish)
+        self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving)
         self.engine = RolloutEngine(db, self, resend_s=config.resend_s, holder=self.name, lease_s=config.lease_s)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
         self.ingest = Ingest(db, observe=self.metrics.observe_event)
@@ -177,7 +179,7 @@ class OTAServer:
             state = json.loads(payload)
             self.ingest.put(DeviceState(device, check_id(state.get("group", "default"), "group"), str(state["status"]),
                                         state.get("model"), state.get("version"), tuple(state.get("slots", [])),
-                                        time.time()))
+                                        time.time(), tuple(map(str, state.get("chunk_slots", [])))))
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 
@@ -273,21 +275,42 @@ class OTAServer:
 
     # the engine's dispatcher -----------------------------------------------------------------------
     def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
-                 archive: ArchiveInfo | None) -> bytes:
+                 archive: ArchiveInfo | None, broadcast: list[int] | None = None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
                             version=version, group=r.group, rollback=rollback, archive=archive,
-                            offload_url=self.config.offload_url)
+                            offload_url=self.config.offload_url, broadcast=broadcast if archive is not None else None)
 
-    def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool) -> bytes:
-        """The signed command of a stage: the same bytes for every device (re-signed after a take-over)."""
+    def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> bytes:
+        """The signed command of a stage: the same bytes for every device (re-signed after a take-over).
+
+        Its broadcast plan is the chunks some of ``device_ids`` lacks, judged by the versions they hold.
+        """
         key = (r.id, stage, with_archive)
         envelope = self._signed.get(key)
         if envelope is None:
-            transfer_id = f"{r.id}-w{stage}"
-            info = self.chunks.open(transfer_id, r.model, r.version) if with_archive else None
-            envelope = self._signed[key] = self._command(r, r.rollback, r.id, r.version, transfer_id, info)
+            transfer_id, info, plan = f"{r.id}-w{stage}", None, None
+            if with_archive:
+                info = self.chunks.open(transfer_id, r.model, r.version)
+                plan = self._lacking(info, device_ids)
+                self.chunks.plan(transfer_id, plan)
+            envelope = self._signed[key] = self._command(r, r.rollback, r.id, r.version, transfer_id, info, plan)
         return envelope
+
+    def _lacking(self, info: ArchiveInfo, device_ids: list[str]) -> list[int]:
+        """Indexes of the chunks of ``info`` that some of ``device_ids`` cannot copy from its own slots (as it reports)."""
+        held: set[str] | None = None
+        sources = self.db.slots(device_ids, column="chunk_slots")
+        for slots in set(sources.get(d, ()) for d in device_ids):  # few distinct slot sets
+            have: set[str] = set()
+            for slot in slots:
+                name, _, version = slot.rpartition("-")
+                table = self.repo.chunk_table(name, version) if name else None
+                have.update(table.chunks if table else ())
+            held = have if held is None else held & have
+            if not held:
+                break
+        return [i for i, digest in enumerate(info.chunks) if digest not in (held or ())]
 
     def _needs_archive(self, r: RolloutRecord, device_ids: list[str]) -> dict[str, bool]:
         """Which devices get the archive: all but those a rollback sends back to a slot they hold."""
@@ -300,10 +323,11 @@ class OTAServer:
         """Sign and publish the stage's commands; broadcast its archive once the targets accepted (or soon)."""
         r = rollout
         needs = self._needs_archive(r, [t.device_id for t in targets])
+        fetching = [device for device, with_archive in needs.items() if with_archive]
         for device, with_archive in needs.items():
-            self._publish(Topics.cmd(device), self._stage_command(r, stage, with_archive))
+            self._publish(Topics.cmd(device), self._stage_command(r, stage, with_archive, fetching))
         self.metrics.command_sent(len(needs))
-        if any(needs.values()):
+        if fetching and self.chunks.planned(f"{r.id}-w{stage}"):
             threading.Thread(target=self._broadcast, args=(r.id, r.group, stage), daemon=True).start()
 
     def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
@@ -311,8 +335,10 @@ class OTAServer:
         the devices sent to. None while device reports wait to be written: their answers may be among them."""
         if self.ingest.pending > _RESEND_BACKLOG:
             return []
-        for device, with_archive in self._needs_archive(rollout, device_ids).items():
-            self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive))
+        needs = self._needs_archive(rollout, device_ids)
+        fetching = [device for device, with_archive in needs.items() if with_archive]
+        for device, with_archive in needs.items():
+            self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive, fetching))
         self.metrics.command_resent(len(device_ids))
         return device_ids
 
@@ -323,7 +349,8 @@ class OTAServer:
         info = None
         if f"{r.model}-{previous}" not in self.db.slots([target.device_id]).get(target.device_id, ()):
             info = self.chunks.open(f"{r.id}-rb", r.model, previous)  # the device pulls the old version's chunks
-        envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info)
+        # Nothing is broadcast for a revert: the device asks at once for what it does not hold.
+        envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info, broadcast=[])
         self._publish(Topics.cmd(target.device_id), envelope)
         self.metrics.command_sent(1)
 

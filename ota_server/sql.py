@@ -58,6 +58,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         # Two replicas (or two operators) starting a rollout to one group at once: the database refuses the second.
         "CREATE UNIQUE INDEX IF NOT EXISTS one_running_rollout_per_group ON rollouts (grp) WHERE state = 'running'",
     )),
+    (3, "chunk reuse: the slots each device can take chunks from", (
+        "ALTER TABLE devices ADD COLUMN chunk_slots TEXT NOT NULL DEFAULT '[]'",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},

@@ -23,6 +23,7 @@ import logging
 import os
 import queue
 import shutil
+import tarfile
 import threading
 import time
 from collections import deque
@@ -33,6 +34,7 @@ from typing import Any
 
 from edgesdk.agent.failpoints import failpoint
 from edgesdk.agent.install import Installer, InstallOutcome
+from edgesdk.agent.local_chunks import LAYOUTS, LocalChunks, record_layout
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.measure import run_measurement
 from edgesdk.agent.store import ModelStore, PendingInstall, space_needed
@@ -96,7 +98,6 @@ class AgentConfig:
         object.__setattr__(self, "pinned", tuple(self.pinned))
 
 
-
 #: Log levels of protocol events other than INFO: what went wrong is a warning, chunk progress is detail.
 _EVENT_LEVELS = {AgentEvent.PROGRESS: logging.DEBUG, AgentEvent.REJECTED: logging.WARNING,
                  AgentEvent.FAILED: logging.WARNING, AgentEvent.ROLLED_BACK: logging.WARNING}
@@ -134,6 +135,12 @@ def _describe(device: str, event: dict[str, Any]) -> str:
     if event.get("reason"):
         facts.append(str(event["reason"]))
     return f"{device}: {event['event'].replace('_', ' ')} {what}".rstrip() + (f" ({'; '.join(facts)})" if facts else "")
+
+
+def _broadcast_plan(command: Command) -> frozenset[int]:
+    """The chunks the server said it will broadcast for ``command`` (every chunk when it said nothing)."""
+    assert command.archive is not None
+    return command.broadcast if command.broadcast is not None else frozenset(range(len(command.archive.chunks)))
 
 
 class DeviceAgent:
@@ -242,7 +249,8 @@ class DeviceAgent:
         state: dict[str, Any] = {
             "status": "online", "group": self.config.group, "model": current[0] if current else None,
             "version": current[1] if current else None, "previous": self.store.pointer("previous"),
-            "slots": sorted(p.name for p in self.store.slots.iterdir() if not p.name.startswith(".")),
+            "slots": (slots := sorted(p.name for p in self.store.slots.iterdir() if not p.name.startswith("."))),
+            "chunk_slots": [slot for slot in slots if (self.store.root / LAYOUTS / f"{slot}.json").is_file()],
             "disk": self.store.disk_usage(), "keep_slots": self.config.keep_slots, "pinned": list(self.config.pinned),
             "updated": time.time()}
         if self.runtime is not None:
@@ -358,17 +366,22 @@ class DeviceAgent:
         if not self._fits(command):
             return
         transfer = IncomingTransfer(self.store.incoming, command)
+        transfer.fill(LocalChunks(self.store.root))
         with self._lock:
             self._transfers[command.transfer_id] = transfer
             self._started[command.transfer_id] = time.monotonic()
         assert self.transport is not None
-        self.transport.subscribe(Topics.group_chunks(command.group, command.transfer_id) + "/+", self._on_chunk)
+        if not transfer.complete:
+            self.transport.subscribe(Topics.group_chunks(command.group, command.transfer_id) + "/+", self._on_chunk)
         self._event(command, AgentEvent.ACCEPTED, chunks=len(command.archive.chunks) if command.archive else 0,
-                    resumed_chunks=transfer.resumed_chunks, missing=len(transfer.missing()))
+                    resumed_chunks=transfer.resumed_chunks, local_chunks=transfer.local_chunks,
+                    local_corrupt=transfer.local_corrupt, missing=len(transfer.missing()))
         if transfer.complete:
             self._work.put(("complete", command.transfer_id))
         elif resume:
             self._request(transfer)
+        else:  # what the broadcast will not bring (a local copy the server counted on was damaged): ask now
+            self._request(transfer, exclude=_broadcast_plan(command))
 
     def _remember(self, command: Command) -> None:
         state = self.store.load_state()
@@ -376,8 +389,8 @@ class DeviceAgent:
             state.seen.append(command.deployment_id)
             self.store.save_state(state)
 
-    def _request(self, transfer: IncomingTransfer) -> None:
-        missing = transfer.missing()[: self.config.request_window]
+    def _request(self, transfer: IncomingTransfer, exclude: frozenset[int] = frozenset()) -> None:
+        missing = transfer.missing(exclude)[: self.config.request_window]
         if missing and self.transport is not None:
             self._publish(Topics.need(self.config.device_id), json.dumps(
                 {"transfer_id": transfer.command.transfer_id, "chunks": missing}).encode())
@@ -389,10 +402,12 @@ class DeviceAgent:
             transfers = list(self._transfers.values())
         for transfer in transfers:
             tid = transfer.command.transfer_id
-            if transfer.complete or now - self._started.get(tid, now) < self.config.broadcast_wait_s:
+            if transfer.complete or now - transfer.last_progress < self.config.retry_interval_s:
                 continue
-            if now - transfer.last_progress >= self.config.retry_interval_s:
+            if now - self._started.get(tid, now) >= self.config.broadcast_wait_s:
                 self._request(transfer)
+            elif isinstance(transfer.command, Command) and transfer.command.broadcast is not None:
+                self._request(transfer, exclude=transfer.command.broadcast)  # the broadcast brings the others
 
     def _complete(self, transfer_id: str) -> None:
         with self._lock:
@@ -414,7 +429,9 @@ class DeviceAgent:
             self._transfers.pop(transfer_id, None)
         assert self.transport is not None
         self.transport.unsubscribe(Topics.group_chunks(command.group, transfer_id) + "/+")
-        self._event(command, AgentEvent.DOWNLOADED, bytes=command.archive.size if command.archive else 0,
+        assert command.archive is not None
+        self._event(command, AgentEvent.DOWNLOADED, bytes=command.archive.size, fetched_bytes=transfer.fetched_bytes,
+                    local_bytes=transfer.local_bytes, local_chunks=transfer.local_chunks,
                     rejected_chunks=transfer.rejected)
         slot = self.store.slot_name(command.name, command.version)
         try:
@@ -424,6 +441,10 @@ class DeviceAgent:
             self._event(command, AgentEvent.FAILED, reason=f"bundle rejected: {exc}")
             self._publish_state()
             return
+        try:  # without it the next version fetches every chunk; the install itself does not need it
+            record_layout(self.store.root, slot, archive, command.archive)
+        except (OSError, tarfile.TarError) as exc:
+            log.warning("%s: could not record the chunk layout of %s (%s)", self.config.device_id, slot, exc)
         transfer.discard()
         self._install(command, slot, downloaded=True, started=started, rejected_chunks=transfer.rejected)
 

@@ -3,8 +3,11 @@
 Files in ``store/incoming``: ``<T>.cmd`` (the signed command, so a restarted agent knows
 what it was fetching), ``<T>.part`` (the archive, written at each chunk's offset) and
 ``<T>.have`` (one byte per chunk, set after the chunk's bytes are written). A chunk is
-accepted only if its SHA-256 matches the signed manifest; on restart every chunk marked
-done is hashed again from ``.part`` so a torn write is fetched again rather than trusted.
+accepted only if its SHA-256 matches the signed manifest (after zstd decompression when the
+manifest flags it); on restart every chunk marked done is hashed again from ``.part`` so a
+torn write is fetched again rather than trusted. Before anything is fetched, chunks this
+device already holds in its slots are copied in (:meth:`IncomingTransfer.fill`), each
+hashed again on the way, so a corrupted local copy is fetched instead.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from edgesdk.agent.local_chunks import LocalChunks
+from edgesdk.chunk_codec import decode_chunk
 from edgesdk.errors import TransferError
 from edgesdk.ota import ArchiveInfo, Command, MeasureCommand
 
@@ -64,6 +69,10 @@ class IncomingTransfer:
         self.rejected = 0
         #: New chunks written since this object was made (repeats not counted).
         self.received = 0
+        #: Chunks copied from this device's own slots, and local copies that failed their hash (fetched instead).
+        self.local_chunks = self.local_corrupt = self.local_bytes = 0
+        #: Payload bytes of the chunks that arrived over the network and were written.
+        self.fetched_bytes = 0
         #: ``time.monotonic()`` of the last new chunk (or of creation), to tell a stalled transfer.
         self.last_progress = time.monotonic()
         # The whole-archive hash is advanced as chunks arrive in order, so finish() rarely re-reads the file.
@@ -88,28 +97,62 @@ class IncomingTransfer:
     def accept(self, index: int, payload: bytes) -> bool:
         """Write chunk ``index`` if its hash matches; False (and counted in :attr:`rejected`) if it or the index is bad.
 
-        A chunk already held is not written again and returns True.
+        ``payload`` is the chunk as sent (zstd-compressed when the manifest says so). A chunk
+        already held is not written again and returns True.
         """
         if not 0 <= index < len(self.archive.chunks):
-            self.rejected += 1
-            return False
-        if hashlib.sha256(payload).hexdigest() != self.archive.chunks[index]:
             self.rejected += 1
             return False
         with self._lock:
             if self.have[index]:
                 return True
+        try:
+            data = decode_chunk(self.archive, index, payload)
+        except TransferError:
+            self.rejected += 1
+            return False
+        if not self._write(index, data):
+            self.rejected += 1
+            return False
+        self.fetched_bytes += len(payload)
+        return True
+
+    def _write(self, index: int, data: bytes) -> bool:
+        """Write chunk ``index`` if ``data`` hashes right (hashlib drops the GIL for the big buffer); False if not."""
+        if hashlib.sha256(data).hexdigest() != self.archive.chunks[index]:
+            return False
+        with self._lock:
+            if self.have[index]:
+                return True
             start, _ = self.archive.chunk_range(index)
-            os.pwrite(self._fd, payload, start)
+            os.pwrite(self._fd, data, start)
             self._mark(index, 1)
             self.received += 1
             self.last_progress = time.monotonic()
-            self._advance_digest(payload if index == self._digested else None)
+            self._advance_digest(data if index == self._digested else None)
         return True
 
-    def missing(self) -> list[int]:
-        """Indexes of the chunks not yet written, ascending."""
-        return [i for i, done in enumerate(self.have) if not done]
+    def fill(self, local: LocalChunks) -> int:
+        """Copy in every missing chunk that ``local`` holds and that hashes right; how many were copied.
+
+        A local copy that fails its hash (a corrupted slot file) is counted in
+        :attr:`local_corrupt` and left missing, so it is fetched like any other.
+        """
+        for index in self.missing():
+            data = local.read(self.archive.chunks[index])
+            if data is None:
+                continue
+            if self._write(index, data):
+                self.local_chunks += 1
+                self.local_bytes += len(data)
+                self.received -= 1  # copied, not received
+            else:
+                self.local_corrupt += 1
+        return self.local_chunks
+
+    def missing(self, exclude: frozenset[int] = frozenset()) -> list[int]:
+        """Indexes of the chunks not yet written (and not in ``exclude``), ascending."""
+        return [i for i, done in enumerate(self.have) if not done and i not in exclude]
 
     @property
     def complete(self) -> bool:

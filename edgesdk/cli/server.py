@@ -84,13 +84,17 @@ def _token(token: str | None, token_file: Path) -> str:
               help="The KServe V2 endpoint as devices reach it, named (with the model and version) in every deploy "
                    "command so apps following the agent's store offload there. Default: http://HOST:PORT of "
                    "--inference; pass the public URL when devices are on other machines.")
+@click.option("--compress-min-saving", default=0.10, show_default=True, type=click.FloatRange(0.0, 1.0, max_open=True),
+              help="Send an archive chunk zstd-compressed when that saves more than this share of its bytes "
+                   "(0 compresses whatever shrinks).")
+@click.option("--no-compress", is_flag=True, help="Send every chunk as it is (devices then need no zstd).")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
            replica: bool, server_name: str | None, lease: str, credentials: str | None, ca_file: str | None,
            keep_latest: int, embedded_broker: bool,
            inference_address: str | None, inference_config: str | None, inference_threads: int | None,
-           offload_url: str | None) -> None:
+           offload_url: str | None, compress_min_saving: float, no_compress: bool) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
     --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
@@ -136,7 +140,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     running = build_server(ServerSetup(
         ServerConfig(broker, username=creds.get("username"), password=creds.get("password"), ca_file=ca_file,
                      offload_url=offload_url, share_group="edgesdk" if replica else None, lease_s=lease_s,
-                     name=server_name),
+                     name=server_name, compress_min_saving=None if no_compress else compress_min_saving),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address,

@@ -141,8 +141,7 @@ def _measure_envelope(keys, **changes):
     from edgesdk.signing import key_id, sign
 
     manifest = {"type": "measure", "measurement_id": "m1", "transfer_id": "m1", "mode": "latency", "runs": 50,
-                "issued_at": 0.0, "archive": {"sha256": INFO.sha256, "size": INFO.size, "chunk_size": INFO.chunk_size,
-                                              "chunks": list(INFO.chunks)}}
+                "issued_at": 0.0, "archive": INFO.to_json()}
     manifest.update(changes)
     body = json.dumps(manifest).encode()
     return json.dumps({"manifest": base64.b64encode(body).decode(), "key_id": key_id(keys["server_pub"]),
