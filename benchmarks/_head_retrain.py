@@ -32,6 +32,8 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 import models  # noqa: E402
 
+from edgesdk.errors import DataError, ModelFormatError  # noqa: E402
+
 #: The new head's classes: index 0 is the CTC blank, then these characters in order.
 CHARSET = string.digits + string.ascii_letters + " .,:;-/#%()"
 FEATURES = "transpose_51.tmp_0"
@@ -77,7 +79,8 @@ def _targets(texts: list[str]) -> tuple[list[int], list[int]]:
     index = {c: i + 1 for i, c in enumerate(CHARSET)}
     missing = sorted({c for t in texts for c in t} - set(index))
     if missing:
-        raise ValueError(f"characters {missing} are not in the new head's charset {CHARSET!r}")
+        raise DataError(f"training strings contain {missing}, which the new head's charset {CHARSET!r} lacks: "
+                        "add them to CHARSET or drop those lines")
     flat = [index[c] for t in texts for c in t]
     return flat, [len(t) for t in texts]
 
@@ -138,7 +141,8 @@ def write_with_head(pretrained: Path, weight: np.ndarray, bias: np.ndarray, targ
         if node.op_type == "Constant" and node.output[0] in replaced:
             node.attribute[0].t.CopyFrom(numpy_helper.from_array(replaced.pop(node.output[0]), node.output[0]))
     if replaced:
-        raise ValueError(f"{pretrained} has no Constant node for {sorted(replaced)}: not the PP-OCRv4 recognizer?")
+        raise ModelFormatError(f"{pretrained} has no Constant node for {sorted(replaced)}: pass the PP-OCRv4 recognizer "
+                               "of models.fetch('ocr_rec'), whose head these names are")
     model.graph.output[0].type.tensor_type.shape.dim[-1].Clear()
     model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value = weight.shape[1]
     onnx.checker.check_model(model)

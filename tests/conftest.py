@@ -88,6 +88,7 @@ _TIERS = {
             "tests/fleet/",
             "tests/unit/test_fanout_procs.py"),
     "slow": ("tests/docs/test_readme.py", "tests/unit/test_typecheck.py", "tests/integration/test_packaging.py",
+             "tests/unit/test_head_retrain.py",
              "tests/integration/test_convert.py", "tests/integration/test_convert_cli.py",
              "tests/integration/test_quantization_search.py", "tests/integration/test_cli_small.py", "tests/examples/"),
 }
