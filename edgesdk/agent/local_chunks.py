@@ -5,14 +5,15 @@ chunks again, the agent records once per slot (``store/layouts/<slot>.json``) th
 chunk table and its layout: which byte ranges are a file's content (read from the slot)
 and which are tar headers and padding (a few hundred bytes each, kept in the layout).
 Any chunk of any held archive can then be rebuilt from the slot's files. Every chunk read
-here is hashed again by the transfer that takes it, so a damaged slot file costs a fetch,
-never a bad install.
+here is hashed against the signed hash, so a damaged slot file costs a fetch (or a read
+from another slot holding the same chunk), never a bad install.
 """
 
 from __future__ import annotations
 
 import base64
 import bisect
+import hashlib
 import json
 import logging
 import os
@@ -103,7 +104,9 @@ class LocalChunks:
 
     def __init__(self, store_root: str | os.PathLike[str]) -> None:
         root = Path(store_root)
-        self._where: dict[str, tuple[_SlotArchive, int, int]] = {}
+        #: Local copies read that did not hash right (a damaged slot file); the chunk is then fetched.
+        self.corrupt = 0
+        self._where: dict[str, list[tuple[_SlotArchive, int, int]]] = {}
         for path in sorted((root / LAYOUTS).glob("*.json")):
             slot_dir = root / "slots" / path.stem
             if not (slot_dir / "manifest.json").is_file():
@@ -117,7 +120,7 @@ class LocalChunks:
                 continue
             for index, digest in enumerate(info.chunks):
                 start, end = info.chunk_range(index)
-                self._where.setdefault(digest, (source, start, end - start))
+                self._where.setdefault(digest, []).append((source, start, end - start))
 
     def __len__(self) -> int:
         return len(self._where)
@@ -126,6 +129,16 @@ class LocalChunks:
         return digest in self._where
 
     def read(self, digest: str) -> bytes | None:
-        """The bytes of the chunk with SHA-256 ``digest`` as this device holds them (unchecked), or None."""
-        found = self._where.get(digest)
-        return found[0].read(found[1], found[2]) if found else None
+        """The bytes of the chunk with SHA-256 ``digest`` from the first slot whose copy hashes right, or None.
+
+        Each copy that does not hash right is counted in :attr:`corrupt` and the next slot holding
+        the chunk is tried.
+        """
+        for source, start, length in self._where.get(digest, ()):
+            data = source.read(start, length)
+            if data is None:
+                continue
+            if hashlib.sha256(data).hexdigest() == digest:
+                return data
+            self.corrupt += 1
+        return None

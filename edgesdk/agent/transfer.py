@@ -117,9 +117,12 @@ class IncomingTransfer:
         self.fetched_bytes += len(payload)
         return True
 
-    def _write(self, index: int, data: bytes) -> bool:
-        """Write chunk ``index`` if ``data`` hashes right (hashlib drops the GIL for the big buffer); False if not."""
-        if hashlib.sha256(data).hexdigest() != self.archive.chunks[index]:
+    def _write(self, index: int, data: bytes, verified: bool = False) -> bool:
+        """Write chunk ``index`` if ``data`` hashes right (hashlib drops the GIL for the big buffer); False if not.
+
+        ``verified``: the caller hashed ``data`` against this chunk's signed hash already.
+        """
+        if not verified and hashlib.sha256(data).hexdigest() != self.archive.chunks[index]:
             return False
         with self._lock:
             if self.have[index]:
@@ -136,18 +139,17 @@ class IncomingTransfer:
         """Copy in every missing chunk that ``local`` holds and that hashes right; how many were copied.
 
         A local copy that fails its hash (a corrupted slot file) is counted in
-        :attr:`local_corrupt` and left missing, so it is fetched like any other.
+        :attr:`local_corrupt`; without a good copy in another slot the chunk stays missing and
+        is fetched like any other.
         """
+        corrupt_before = local.corrupt
         for index in self.missing():
-            data = local.read(self.archive.chunks[index])
-            if data is None:
-                continue
-            if self._write(index, data):
+            data = local.read(self.archive.chunks[index])  # hashed against the signed hash by local
+            if data is not None and self._write(index, data, verified=True):
                 self.local_chunks += 1
                 self.local_bytes += len(data)
                 self.received -= 1  # copied, not received
-            else:
-                self.local_corrupt += 1
+        self.local_corrupt += local.corrupt - corrupt_before
         return self.local_chunks
 
     def missing(self, exclude: frozenset[int] = frozenset()) -> list[int]:
