@@ -47,7 +47,8 @@ def test_base_requirements_are_light(wheel):
     base = [r for r in requires if "extra ==" not in r]
     base_names = {re.split(r"[<>=;\[ ]", r, maxsplit=1)[0].lower() for r in base}
     # Exactly the light device-side set: no TensorFlow, onnx2tf, torch, OpenCV or web framework.
-    assert base_names == {"numpy", "onnxruntime", "paho-mqtt", "click", "pyyaml", "cryptography", "ai-edge-litert"}
+    assert base_names == {"numpy", "onnxruntime", "paho-mqtt", "click", "pyyaml", "cryptography", "ai-edge-litert",
+                          "zstandard"}
     extras = {line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
               if line.startswith("Provides-Extra:")}
     assert extras == {"convert", "server", "vision", "dev", "all"}
