@@ -80,6 +80,7 @@ class ModelRepository:
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
+        self.chunk_table(manifest.name, manifest.version)  # cut once now, not when a rollout is waiting for it
         return manifest, True
 
     def add_archive(self, data: bytes) -> tuple[Manifest, bool]:

@@ -92,6 +92,8 @@ class OTAServer:
         self._transport_factory = transport_factory
         self.transport: Transport | None = None
         self._stop = threading.Event()
+        #: Set to run the engine's next tick now (an operator's action should not wait for the tick).
+        self._wake = threading.Event()
         self._engine_thread: threading.Thread | None = None
         #: Bytes published, for tests and benchmarks.
         self.bytes_published = 0
@@ -152,6 +154,7 @@ class OTAServer:
         """Stop the rollout engine, write the queued device reports and disconnect (rollouts resume from the fleet
         DB on the next start, or on another replica)."""
         self._stop.set()
+        self._wake.set()
         if self._engine_thread:
             self._engine_thread.join(timeout=5)
         if self.transport:
@@ -159,7 +162,11 @@ class OTAServer:
         self.ingest.stop()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.tick_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.config.tick_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             self.measurements.expire()
             self.engine.tick()
 
@@ -242,19 +249,25 @@ class OTAServer:
                       rollback: bool = False) -> str:
         """Start a rollout of a stored version to ``group`` (see :meth:`RolloutEngine.start`); its id."""
         self.repo.path(name, version)  # NotFoundError for a version the repository does not hold
-        return self.engine.start(name, version, group, policy, rollback)
+        rollout_id = self.engine.start(name, version, group, policy, rollback)
+        self._wake.set()
+        return rollout_id
 
     def promote(self, rollout_id: str) -> None:
         """Send the next stage now, without waiting for the health window."""
         self.engine.promote(rollout_id)
+        self._wake.set()
 
     def abort(self, rollout_id: str, reason: str = "aborted by operator") -> None:
         """Stop a running rollout and send its updated devices back to their previous version."""
         self.engine.abort(rollout_id, reason)
+        self._wake.set()
 
     def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
         """Roll a rollout's group back with a signed rollback, as a new rollout; its id."""
-        return self.engine.rollback(rollout_id, to_version)
+        rollout_id = self.engine.rollback(rollout_id, to_version)
+        self._wake.set()
+        return rollout_id
 
     def status(self, rollout_id: str, **page: Any) -> RolloutRecord:
         """A rollout with its counts and targets (``page``: see :meth:`FleetDB.rollout`); NotFoundError if unknown."""
