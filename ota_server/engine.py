@@ -77,8 +77,9 @@ class RolloutEngine:
         self.resend_s, self.lease_s = resend_s, lease_s
         #: This engine's name in the rollouts' leases.
         self.holder = holder or f"engine-{uuid.uuid4().hex[:8]}"
-        #: Aborted rollouts whose devices are still reverting (their archives stay available until they are done).
-        self._reverting: set[str] = set()
+        #: Aborted rollouts -> when they were aborted, while their devices revert (their archives stay available)
+        #: and for ``resend_s`` after: a commit reported just before the abort may be written just after it.
+        self._reverting: dict[str, float] = {}
         #: Running rollouts this engine drove at its last tick (to log take-overs once).
         self._driving: set[str] = set()
         #: Rollout -> (its stage's unfinished targets, since when that count has not changed).
@@ -194,10 +195,12 @@ class RolloutEngine:
             except Exception:
                 log.exception("rollout %s: engine step failed", summary.id)
         self._driving = driving
-        for rollout_id in list(self._reverting):
+        for rollout_id, aborted in list(self._reverting.items()):
             r = self.db.rollout(rollout_id, targets=False)
-            if r is None or not r.count(TargetStatus.REVERTING):
-                self._reverting.discard(rollout_id)
+            if r is not None:
+                self._revert_committed(r, r.reason or "rollout aborted")  # late reports of a commit
+            if r is None or (not r.count(TargetStatus.REVERTING) and now - aborted >= self.resend_s):
+                del self._reverting[rollout_id]
                 self.dispatcher.finish(rollout_id)
 
     def _step(self, r: RolloutRecord) -> None:
@@ -263,7 +266,11 @@ class RolloutEngine:
         self.db.end_rollout(r.id, RolloutState.ABORTED, reason)
         self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r.id)
         log.warning("rollout %s aborted: %s", r.id, reason)
-        reverting = False
+        self._revert_committed(r, reason)
+        self._reverting[r.id] = self.clock()
+
+    def _revert_committed(self, r: RolloutRecord, reason: str) -> None:
+        """Send every committed target of an aborted rollout back to its previous version."""
         for t in self.db.targets(r.id, status=TargetStatus.COMMITTED):
             if not t.previous_version:
                 continue
@@ -273,11 +280,6 @@ class RolloutEngine:
                 self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED, str(exc))
                 continue
             self.db.set_target(r.id, t.device_id, TargetStatus.REVERTING, reason)
-            reverting = True
-        if reverting:
-            self._reverting.add(r.id)
-        else:
-            self.dispatcher.finish(r.id)
 
 
 def _targets(name: str, version: str, group: str, online: list[DeviceRecord], rollback: bool) -> list[DeviceRecord]:

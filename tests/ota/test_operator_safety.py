@@ -55,9 +55,10 @@ def test_oversized_device_reports_are_refused_unparsed(broker, make_server, capl
     try:
         huge = json.dumps({"status": "online", "group": "cams", "pad": "x" * (MAX_REPORT_BYTES + 1)}).encode()
         with caplog.at_level(logging.WARNING, logger="edgesdk.ota_server.server"):
-            client.publish("edgesdk/devices/rogue/state", huge, qos=1).wait_for_publish(5)
+            # Retained, as devices publish their state: it reaches the server however late its subscription lands.
+            client.publish("edgesdk/devices/rogue/state", huge, qos=1, retain=True).wait_for_publish(5)
             client.publish("edgesdk/devices/honest/state", json.dumps({"status": "online", "group": "cams"}).encode(),
-                           qos=1).wait_for_publish(5)
+                           qos=1, retain=True).wait_for_publish(5)
             wait_for(lambda: server.db.device("honest") is not None, what="the small state to register")
         assert server.db.device("rogue") is None
         assert any("state from device rogue" in r.getMessage() and f"{len(huge)}-byte" in r.getMessage()

@@ -108,7 +108,25 @@ def test_failures_above_the_rate_abort_and_revert_what_was_updated(fleet):
     _report(engine, f"{rid}-rollback", [first])
     engine.tick()
     assert {t.device_id: t.status for t in engine.status(rid).targets}[first] == TargetStatus.REVERTED
+    assert recorder.finished == [], "kept for resend_s after the abort: a commit may be reported late"
+    clock.now += engine.resend_s
+    engine.tick()
     assert recorder.finished == [rid], "the archives are released once the reverts are done"
+
+
+def test_a_commit_reported_after_the_abort_is_reverted_too(fleet):
+    """Reports are written in batches: a device's commit can land just after the abort that missed it."""
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
+    engine.tick()
+    first, second = recorder.stages[0][1]
+    _report(engine, rid, [second], "rolled_back", "health check failed")
+    engine.tick()
+    assert engine.status(rid).state == RolloutState.ABORTED and recorder.reverts == []
+    _report(engine, rid, [first])  # its commit, written after the abort
+    engine.tick()
+    assert recorder.reverts == [first]
+    assert {t.device_id: t.status for t in engine.status(rid).targets}[first] == TargetStatus.REVERTING
 
 
 def test_a_silent_device_times_out_and_an_unrevertable_one_is_marked(fleet):
@@ -130,6 +148,8 @@ def test_a_silent_device_times_out_and_an_unrevertable_one_is_marked(fleet):
     assert r.state == RolloutState.ABORTED
     assert statuses[silent] == (TargetStatus.TIMEOUT, "no report in 300 s")
     assert statuses[committed][0] == TargetStatus.REVERT_FAILED and "not in the repository" in statuses[committed][1]
+    clock.now += engine.resend_s
+    engine.tick()
     assert recorder.finished == [rid]
 
 
