@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
@@ -217,8 +218,6 @@ def solo_figures(server: OTAServer, broker_url: str, work: Path, key, server_pub
 
 
 def _version_of(bundle: Path) -> str:
-    import json
-
     return json.loads((bundle / "manifest.json").read_text())["version"]
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -57,6 +58,7 @@ import tarfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -168,12 +170,9 @@ class ArchiveInfo:
     #: Indexes of the chunks sent zstd-compressed.
     zstd: frozenset[int] = frozenset()
 
-    def __post_init__(self) -> None:
-        offsets, position = [], 0
-        for length in self.sizes:
-            offsets.append(position)
-            position += length
-        object.__setattr__(self, "_offsets", tuple(offsets))
+    @cached_property
+    def _offsets(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate(self.sizes[:-1], initial=0)) if self.sizes else ()
 
     @classmethod
     def of(cls, data: bytes, chunk_size: int | None = None, boundaries: Iterable[int] = ()) -> ArchiveInfo:
@@ -191,7 +190,7 @@ class ArchiveInfo:
 
     def chunk_range(self, index: int) -> tuple[int, int]:
         """Byte offsets ``(start, end)`` of chunk ``index`` in the archive, end exclusive (not bounds-checked)."""
-        start: int = self._offsets[index]  # type: ignore[attr-defined]
+        start = self._offsets[index]
         return start, start + self.sizes[index]
 
     def to_json(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
 from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.server import OTAServer, ServerConfig
 from edgesdk.signing import generate_keypair, load_private_key, load_public_key
-from edgesdk.testing import random_mlp, write_mlp_onnx
+from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
 
 
 @pytest.fixture
@@ -39,11 +39,12 @@ def keys(tmp_path_factory) -> dict:
 
 
 def make_bundle(out: Path, version: str, keys: dict, seed: int = 0, wrong_health_output: bool = False,
-                width: int = 32, name: str = "digits") -> Path:
-    """A signed bundle of a small MLP; ``wrong_health_output`` stores an expected output the model won't give."""
+                width: int = 32, name: str = "digits", weights: MLPWeights | None = None) -> Path:
+    """A signed bundle of a small MLP (``weights``, or random ones of ``width`` drawn from ``seed``);
+    ``wrong_health_output`` stores an expected output the model won't give."""
     work = out.parent / f".{out.name}-model"
     work.mkdir(parents=True, exist_ok=True)
-    model_path = write_mlp_onnx(random_mlp([64, width, 10], seed=seed), work / "model.onnx")
+    model_path = write_mlp_onnx(weights or random_mlp([64, width, 10], seed=seed), work / "model.onnx")
     x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
     spec = BundleSpec(name, version, "onnx-fp32", "generic-x86_64", "latency",
                       health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))

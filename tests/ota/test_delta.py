@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.fleet_protocol import RolloutPolicy
 from edgesdk.ota import pack_bundle
-from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
-from tests.ota.conftest import wait_for
+from edgesdk.testing import MLPWeights, random_mlp
+from tests.ota.conftest import make_bundle, wait_for
 
 ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.5, deploy_timeout_s=60)
 BACKBONE = random_mlp([64, 1024, 10], seed=5)  # 64x1024 weights: ~260 KB that a head-only update keeps
@@ -22,12 +21,7 @@ def _bundle(out: Path, version: str, keys: dict, head_seed: int) -> Path:
     """A signed bundle of BACKBONE's first layer with a head drawn from ``head_seed`` (a retrained last layer)."""
     rng = np.random.default_rng(head_seed)
     head = (rng.standard_normal((1024, 10)) * 0.05).astype(np.float32), rng.standard_normal(10).astype(np.float32)
-    model = write_mlp_onnx(MLPWeights((BACKBONE.layers[0], head)), out.parent / f"{out.name}.onnx")
-    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
-    spec = BundleSpec("digits", version, "onnx-fp32", "generic-x86_64", "latency",
-                      health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))
-    bundle_from_model(out, model, spec, {"input": x}, private_key=keys["converter"])
-    return out
+    return make_bundle(out, version, keys, weights=MLPWeights((BACKBONE.layers[0], head)))
 
 
 @pytest.fixture(scope="module")
