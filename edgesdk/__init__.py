@@ -53,6 +53,7 @@ _EXPORTS = {
     "BrokerError": "edgesdk.errors",
     "OverloadedError": "edgesdk.errors",
     "StorageError": "edgesdk.errors",
+    "EmulatorError": "edgesdk.errors",
     "OffloadPolicy": "edgesdk.offload.policy",
     "ManagedRuntime": "edgesdk.agent.managed",
 }
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
         ConversionError,
         DataError,
         EdgeSDKError,
+        EmulatorError,
         HealthCheckError,
         InputError,
         ModelFormatError,

@@ -27,8 +27,10 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── BrokerError                  exit 21  the MQTT broker refused this client (credentials, ACL)
     ├── OverloadedError              exit 22  predict_async() refused a request at once: the local queue and
     │                                         the cloud offload are both full (load shedding)
-    └── StorageError                 exit 23  the device's store has no room for an update (or its retention
-                                              settings are invalid)
+    ├── StorageError                 exit 23  the device's store has no room for an update (or its retention
+    │                                         settings are invalid)
+    └── EmulatorError                exit 24  the board emulator (qemu-user and its aarch64 userland) is
+                                              missing or failed to run a variant
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
 catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
@@ -59,6 +61,7 @@ __all__ = [
     "BrokerError",
     "OverloadedError",
     "StorageError",
+    "EmulatorError",
 ]
 
 
@@ -211,3 +214,12 @@ class StorageError(EdgeSDKError):
     retention setting (slots to keep, space to leave free) that is out of range."""
 
     exit_code = 23
+
+
+class EmulatorError(EdgeSDKError):
+    """The board emulator cannot run: qemu-user or the aarch64 userland is missing, or a variant failed under it.
+
+    The converter then falls back to scaling this host's timings; the message says how to enable it.
+    """
+
+    exit_code = 24

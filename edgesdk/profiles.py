@@ -79,6 +79,9 @@ class CoreCluster:
     capacity: int
     #: ``CPU part`` from /proc/cpuinfo (e.g. ``0xd0b`` for Cortex-A76); None on x86.
     cpu_part: str | None = None
+    #: The qemu-user CPU model the converter runs this cluster's kernels on (``cortex-a76``; ``cortex-a53``
+    #: for Cortex-A55, which qemu lacks); None: chosen from ``microarchitecture``, or not emulated.
+    emulated_cpu: str | None = None
 
     def __post_init__(self) -> None:
         if not self.cores:
@@ -279,6 +282,7 @@ def _cluster(f: _Fields) -> CoreCluster:
         max_mhz=f.get("max_mhz", int),
         capacity=f.get("capacity", int),
         cpu_part=part.lower() if part else None,
+        emulated_cpu=f.get("emulated_cpu", (str, type(None)), default=None),
     )
     f.done()
     return cluster
@@ -369,7 +373,7 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
     """The YAML schema form of a profile: ``profile_from_dict(profile_to_dict(p)) == p`` (but ``origin``)."""
     def cluster(c: CoreCluster) -> dict[str, Any]:
         return {"name": c.name, "cores": list(c.cores), "microarchitecture": c.microarchitecture,
-                "cpu_part": c.cpu_part, "max_mhz": c.max_mhz, "capacity": c.capacity}
+                "cpu_part": c.cpu_part, "max_mhz": c.max_mhz, "capacity": c.capacity, "emulated_cpu": c.emulated_cpu}
 
     def mode(m: PowerMode) -> dict[str, Any]:
         data: dict[str, Any] = {"name": m.name, "watts": m.watts, "clusters": list(m.clusters),

@@ -22,6 +22,17 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || apt_packag
 # PostgreSQL for the fleet-store tests and benchmarks (started by them in a temp dir on a free loopback
 # port). Debian keeps its binaries off PATH, in /usr/lib/postgresql/<major>/bin.
 command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || apt_packages+=(postgresql)
+# The converter's board estimates run each variant with the board's aarch64 wheels under qemu-user
+# (the dynamic build: it loads the instruction-counting plugin). The userland is made from Debian's
+# arm64 packages, so apt must list them (see converters/userland.py).
+command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
+need_arm64=0
+command -v dpkg >/dev/null 2>&1 && ! dpkg --print-foreign-architectures | grep -qx arm64 && need_arm64=1
+if ((need_arm64)) && [ "$(id -u)" = 0 ]; then
+  echo "adding Debian's arm64 architecture to apt (packages for the emulated board userland)" >&2
+  dpkg --add-architecture arm64
+  ((${#apt_packages[@]})) || apt-get update -qq
+fi
 if ((${#apt_packages[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages: ${apt_packages[*]}" >&2
@@ -41,3 +52,8 @@ fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${extras}]"
+# The emulated aarch64 userland (cached per user and runtime versions; ~10 s the first time).
+if ! .venv/bin/edgesdk emulator setup >&2; then
+  echo "edgesdk: no emulated board cores; conversions will scale this host's timings instead" >&2
+  [ "$(id -u)" != 0 ] || exit 1
+fi

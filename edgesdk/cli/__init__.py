@@ -29,6 +29,7 @@ _COMMANDS = {
     "push": ("edgesdk.cli.fleet", "push", "Upload a bundle and start a canary rollout to a group."),
     "rollout": ("edgesdk.cli.fleet", "rollout", "Show, promote, abort or roll back rollouts."),
     "devices": ("edgesdk.cli.fleet", "devices", "List devices and their versions."),
+    "emulator": ("edgesdk.cli.emulator", "emulator", "Set up and use the emulated board cores variants are costed on."),
 }
 
 

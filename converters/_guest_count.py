@@ -1,0 +1,74 @@
+"""Runs one model under qemu-user for :mod:`edgesdk.converters.emulate`: one warm-up, then two marked windows.
+
+Executed by the emulated interpreter, which has numpy, onnxruntime and ai-edge-litert but not
+edgesdk, so this file imports nothing else. Usage::
+
+    python _guest_count.py MODEL INPUTS.npz RUNS [OPTIMIZED.onnx]
+
+Single-threaded, so a count is one core's work. Between the marks (``syscall(4242, tag)``,
+seen by the counting plugin) only ``run``/``invoke`` calls happen: ``RUNS`` of them in each of
+the two windows. Prints one JSON line: the backend and its version.
+"""
+
+import ctypes
+import json
+import sys
+
+import numpy as np
+
+MARK = 4242
+
+
+def main() -> None:
+    """Load the model, warm up, count two windows of RUNS inferences between marks, print the backend."""
+    model, inputs_path, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    optimized = sys.argv[4] if len(sys.argv) > 4 else None
+    inputs = dict(np.load(inputs_path))
+    run, backend = _litert(model, inputs) if model.endswith(".tflite") else _onnxruntime(model, inputs, optimized)
+    libc = ctypes.CDLL(None, use_errno=True)
+    run()
+    for tag in range(3):
+        libc.syscall(MARK, tag)
+        if tag < 2:
+            for _ in range(runs):
+                run()
+    print(json.dumps(backend))
+
+
+def _onnxruntime(model, inputs, optimized):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    if optimized:
+        options.optimized_model_filepath = optimized
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return (lambda: session.run(None, inputs)), {"backend": "onnxruntime", "version": ort.__version__}
+
+
+def _litert(model, inputs):  # type: ignore[no-untyped-def]
+    from ai_edge_litert import __version__ as version
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=model, num_threads=1)  # XNNPACK is LiteRT's default CPU delegate
+    interpreter.allocate_tensors()
+    details = interpreter.get_input_details()
+    by_name = {d["name"]: d for d in details}
+    for i, (name, value) in enumerate(inputs.items()):
+        detail = by_name.get(name, details[i])
+        shape = tuple(detail["shape"])
+        if value.shape != shape and value.ndim == 4 and value.transpose(0, 2, 3, 1).shape == shape:
+            value = value.transpose(0, 2, 3, 1)  # onnx2tf's models take NHWC
+        scale, zero_point = detail["quantization"]
+        if scale and np.issubdtype(detail["dtype"], np.integer):  # a full-integer model's quantized input
+            limits = np.iinfo(detail["dtype"])
+            value = np.clip(np.round(value / scale + zero_point), limits.min, limits.max)
+        interpreter.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
+    return interpreter.invoke, {"backend": "litert", "version": version}
+
+
+if __name__ == "__main__":
+    main()

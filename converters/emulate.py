@@ -1,0 +1,272 @@
+"""Board cost without the board: a variant run by the board's own kernels under qemu-user, its work counted.
+
+The converter runs on an x86 workstation; its users ship to Arm boards, where ONNX Runtime
+and LiteRT pick other kernels (int8 activations taken directly, dot-product ``sdot`` on
+Cortex-A76, FP16 arithmetic). Scaling this host's timings keeps the host's order of the
+variants, which is the wrong order for the board. So each variant is run:
+
+* by the aarch64 wheels of the same onnxruntime / ai-edge-litert versions, in the userland of
+  :mod:`.userland`, under ``qemu-aarch64 -cpu <the board's core>`` (qemu sets the HWCAPs of
+  that core, so the libraries select exactly the kernels that core gets);
+* on one thread, one warm-up, then two windows of ``runs`` inferences between marks the
+  guest sets (:mod:`._guest_count`); a TCG plugin (``insn_count.c``, built here with ``cc``)
+  counts the guest instructions retired in each window. The count per inference is the
+  second window divided by ``runs``; the two windows agree to well under 1% (``spread``).
+  Instruction counts are deterministic: no noise, no side-by-side rounds;
+* with ONNX Runtime's optimized graph for that architecture saved, so a report can say how
+  many Convs and MatMuls ran as int8 kernels on the board and how many were left as
+  DequantizeLinear → float → QuantizeLinear.
+
+Results are cached by model SHA-256 × emulated CPU × runtime (library versions, qemu,
+plugin) × input shapes, in ``$EDGESDK_EMULATOR_CACHE/counts``: a re-run costs a file read.
+
+:func:`board_latency_ms` turns a count into milliseconds with a per-core cycles-per-
+instruction figure (:data:`CYCLES_PER_INSTRUCTION`) and the power mode's clock. Those CPI
+figures are assumptions (stated below); they scale every variant of a board alike, so the
+*order* of the variants, which is what the planner decides on, comes from the counts alone.
+The same method applied to this x86 host (``haswell``: AVX2, run by ``qemu-x86_64``) is
+checked against real side-by-side timings by ``benchmarks/quantization.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.converters.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
+from edgesdk.errors import EmulatorError, ModelFormatError
+from edgesdk.files import write_atomic
+from edgesdk.model_file import read_model
+from edgesdk.profiles import CoreCluster
+
+__all__ = ["InstructionCount", "Emulator", "CYCLES_PER_INSTRUCTION", "PARALLEL_EFFICIENCY", "emulated_cpu",
+           "board_latency_ms"]
+
+_PLUGIN_SOURCE = Path(__file__).with_name("insn_count.c")
+_GUEST = Path(__file__).with_name("_guest_count.py")
+_MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", re.MULTILINE)
+
+#: Cycles per instruction on inference kernels (NEON/AVX GEMM and convolution loops), per real core.
+#: Assumptions, from each core's issue width and vector pipes: A76 (4-wide, two 128-bit FMA pipes)
+#: 0.5; A78AE and Neoverse-N1 (the same family) 0.45 and 0.5; A72 (3-wide, two 128-bit pipes)
+#: 0.7; A57 0.8; the in-order, dual-issue A55 1.0 and A53 (64-bit NEON datapath) 1.2. They set
+#: the absolute milliseconds (and so a frame-rate check), never the order of a board's variants.
+CYCLES_PER_INSTRUCTION = {
+    "cortex-a53": 1.2, "cortex-a55": 1.0, "cortex-a57": 0.8, "cortex-a72": 0.7, "cortex-a73": 0.7,
+    "cortex-a75": 0.55, "cortex-a76": 0.5, "cortex-a77": 0.45, "cortex-a78": 0.45, "cortex-a78ae": 0.45,
+    "neoverse-n1": 0.5, "x86_64": 0.5,
+}
+#: Speed-up of each thread beyond the first (the planner's scaling rule; a count is for one thread).
+PARALLEL_EFFICIENCY = 0.7
+#: The qemu CPU model of each microarchitecture, when a profile's cluster does not name one.
+_EMULATED_AS = {"cortex-a53": "cortex-a53", "cortex-a55": "cortex-a53", "cortex-a57": "cortex-a57",
+                "cortex-a72": "cortex-a72", "cortex-a73": "cortex-a72", "cortex-a75": "cortex-a76",
+                "cortex-a76": "cortex-a76", "cortex-a77": "cortex-a76", "cortex-a78": "neoverse-n1",
+                "cortex-a78ae": "neoverse-n1", "neoverse-n1": "neoverse-n1"}
+
+
+def emulated_cpu(cluster: CoreCluster) -> str | None:
+    """The qemu CPU model standing in for ``cluster``'s cores (the profile's ``emulated_cpu``), or None."""
+    return cluster.emulated_cpu or _EMULATED_AS.get(cluster.microarchitecture.lower())
+
+
+@dataclass(frozen=True)
+class InstructionCount:
+    """Guest instructions one inference of a variant retires on one emulated core, and how they were counted."""
+
+    #: The qemu CPU model (``cortex-a76``, ``haswell``, ...).
+    cpu: str
+    instructions: float
+    #: Of which vector/floating-point data processing, and loads/stores.
+    simd: float
+    memory: float
+    #: Relative difference between the two counted windows (the count's own repeatability).
+    spread: float
+    runs: int
+    #: Libraries and emulator that made the count (part of the cache key).
+    runtime: str
+    #: ONNX Runtime's optimized graph on that architecture, op type -> count (empty for TFLite).
+    optimized_ops: Mapping[str, int] = field(default_factory=dict)
+    #: Wall time of the emulated run; 0 when the count came from the cache.
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def label(self) -> str:
+        """How reports name the basis of an estimate made from this count: ``emulated cortex-a76``."""
+        return f"emulated {self.cpu}"
+
+
+def board_latency_ms(count: InstructionCount, microarchitecture: str, mhz: float, threads: int = 1) -> float:
+    """Milliseconds on a core of ``microarchitecture`` at ``mhz``, with ``threads`` threads (see the module doc)."""
+    cpi = CYCLES_PER_INSTRUCTION.get(microarchitecture.lower(), CYCLES_PER_INSTRUCTION.get(count.cpu, 0.7))
+    single = count.instructions * cpi / (mhz * 1e3)
+    return single / (1 + PARALLEL_EFFICIENCY * (max(threads, 1) - 1))
+
+
+class Emulator:
+    """Counts a variant's instructions per inference on an emulated core; see the module doc.
+
+    ``Emulator()`` finds the aarch64 userland for this host's runtime versions (or raises
+    :class:`EmulatorError` saying how to build it, unless ``require_userland=False``, which
+    leaves only the x86 ``haswell`` model usable) and builds the counting plugin if needed.
+    Counts are kept in ``counts_dir`` (default: ``counts/`` in the cache).
+    """
+
+    def __init__(self, cache: Path | None = None, require_userland: bool = True, timeout_s: float = 900.0,
+                 counts_dir: Path | None = None) -> None:
+        self.cache = cache or emulator_cache()
+        self.counts_dir = counts_dir or self.cache / "counts"
+        self.timeout_s = timeout_s
+        self.userland: Userland | None = None
+        try:
+            self.userland = find_userland(self.cache)
+        except EmulatorError:
+            if require_userland:
+                raise
+        self.plugin = _plugin(self.cache)
+
+    def count(self, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray], cpu: str,
+              runs: int = 1) -> InstructionCount:
+        """Instructions per inference of ``model`` on ``inputs`` (one batch, as the model takes it) on ``cpu``."""
+        if cpu not in CORES:
+            raise EmulatorError(f"no emulated CPU {cpu!r}; use one of {sorted(CORES)}")
+        path = Path(model)
+        core = CORES[cpu]
+        runtime = self._runtime(core.arch)
+        arrays = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
+        key = self._key(_checked(path), cpu, runtime, arrays)
+        cached = self.counts_dir / f"{key}.json"
+        if cached.is_file():
+            data = json.loads(cached.read_text())
+            return InstructionCount(**{**data, "seconds": 0.0, "cached": True})
+        count = self._run(path, arrays, cpu, runs, runtime)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, json.dumps({k: v for k, v in asdict(count).items() if k != "cached"}).encode())
+        return count
+
+    def _runtime(self, arch: str) -> str:
+        qemu = qemu_binary(arch)
+        version = _qemu_version(qemu)
+        plugin = self.plugin.parent.name
+        if arch == "x86_64":
+            import onnxruntime
+
+            return f"onnxruntime {onnxruntime.__version__} (this host's, python{sys.version_info[0]}.{sys.version_info[1]}); " \
+                   f"qemu {version}; {plugin}"
+        if self.userland is None:
+            raise EmulatorError("no aarch64 userland: build it with `edgesdk emulator setup`")
+        return f"{self.userland.runtime}; qemu {version}; {plugin}"
+
+    @staticmethod
+    def _key(sha256: str, cpu: str, runtime: str, inputs: Mapping[str, np.ndarray]) -> str:
+        shapes = ";".join(f"{name}:{value.dtype}{list(value.shape)}" for name, value in sorted(inputs.items()))
+        digest = hashlib.sha256(f"{runtime}|{shapes}".encode()).hexdigest()[:16]
+        return f"{sha256[:24]}-{cpu}-{digest}"
+
+    def _run(self, model: Path, inputs: Mapping[str, np.ndarray], cpu: str, runs: int,
+             runtime: str) -> InstructionCount:
+        core = CORES[cpu]
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="edgesdk-emulate-") as tmp:
+            work = Path(tmp)
+            np.savez(work / "inputs.npz", **dict(inputs))  # type: ignore[arg-type]  # numpy types **kwds as bool
+            log = work / "plugin.log"
+            optimized = work / "optimized.onnx" if model.suffix == ".onnx" else None
+            command = [str(qemu_binary(core.arch)), "-cpu", core.qemu_cpu, "-plugin", str(self.plugin), "-d", "plugin",
+                       "-D", str(log)]
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "OMP_", "ORT_"))}
+            if core.arch == "aarch64":
+                assert self.userland is not None  # _runtime checked
+                command += ["-L", str(self.userland.core_root(cpu)), str(self.userland.root / "usr" / "bin" /
+                                                                        self.userland.python)]
+                env["PYTHONPATH"] = "/opt/site"  # found under -L
+            else:
+                command.append(sys.executable)
+            command += [str(_GUEST), str(model.resolve()), str(work / "inputs.npz"), str(runs)]
+            if optimized is not None:
+                command.append(str(optimized))
+            try:
+                done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=self.timeout_s,
+                                      check=False)
+            except subprocess.TimeoutExpired:
+                raise EmulatorError(f"{model.name} on emulated {cpu} did not finish in {self.timeout_s:.0f} s; "
+                                    "give the Emulator a longer timeout_s") from None
+            marks = {int(m[0]): tuple(int(v) for v in m[1:]) for m in _MARK.findall(log.read_text())} \
+                if log.exists() else {}
+            if done.returncode != 0 or len(marks) != 3:
+                tail = "\n".join(done.stderr.strip().splitlines()[-8:])
+                raise EmulatorError(f"{model.name} failed on emulated {cpu} (exit {done.returncode}, {len(marks)} of "
+                                    f"3 marks): {tail}")
+            ops = _op_counts(optimized) if optimized is not None and optimized.exists() else {}
+        first = [b - a for a, b in zip(marks[0], marks[1])]
+        second = [b - a for a, b in zip(marks[1], marks[2])]
+        total, simd, memory = (v / runs for v in second)
+        return InstructionCount(cpu, total, simd, memory, abs(second[0] - first[0]) / max(second[0], 1), runs,
+                                runtime, ops, time.perf_counter() - started)
+
+
+def _checked(path: Path) -> str:
+    """The model's SHA-256, once its bytes are known to parse (a corrupt file is a ModelFormatError, not a guest crash)."""
+    model = read_model(path)
+    if model.format.value == "onnx":
+        import onnx
+
+        try:
+            onnx.load_from_string(model.content)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            raise ModelFormatError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc}); export it again") \
+                from exc
+    return model.sha256
+
+
+def _op_counts(path: Path) -> dict[str, int]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
+
+
+def _qemu_version(qemu: Path) -> str:
+    out = subprocess.run([str(qemu), "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"version (\S+)", out)
+    if found is None:
+        raise EmulatorError(f"{qemu} --version printed no version: {out[:200]!r}")
+    if int(found.group(1).split(".")[0]) >= 9:
+        raise EmulatorError(f"{qemu} is qemu {found.group(1)}; edgesdk's counting plugin speaks plugin API 1, which "
+                            "qemu 4.2-8.x load (Debian bookworm's qemu-user 7.2 does)")
+    return found.group(1)
+
+
+def _plugin(cache: Path) -> Path:
+    """The counting plugin, built from ``insn_count.c`` once per source version."""
+    source = _PLUGIN_SOURCE.read_bytes()
+    target = cache / f"plugin-{hashlib.sha256(source).hexdigest()[:12]}" / "libinsn.so"
+    if target.exists():
+        return target
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise EmulatorError("no C compiler (cc) to build the instruction-counting plugin; install gcc")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / "libinsn.so"
+        done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", str(_PLUGIN_SOURCE), "-o",
+                               str(built)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise EmulatorError(f"building the counting plugin failed: {done.stderr.strip()[-500:]}")
+        os.replace(built, target)
+    return target
+
