@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesdk.converters.emulate import Emulator, InstructionCount, board_latency_ms, emulated_cpu
+from edgesdk.converters.emulate import Emulator, InstructionCount, board_cost, board_latency_ms, emulated_cpu
 from edgesdk.converters.userland import build_userland
 from edgesdk.errors import EmulatorError, ModelFormatError
 from edgesdk.profiles import load_profile
@@ -161,3 +161,19 @@ def test_board_latency_is_instructions_times_cpi_over_clock_scaled_by_threads():
     assert board_latency_ms(count, "cortex-a76", 2400) == pytest.approx(500.0)  # 2.4e9 * 0.5 / 2.4e9 Hz
     assert board_latency_ms(count, "cortex-a76", 2400, threads=3) == pytest.approx(500.0 / 2.4)
     assert board_latency_ms(count, "cortex-a53", 2400) == pytest.approx(1200.0)
+
+
+def test_board_cost_counts_on_the_cores_of_the_mode(emulator, conv_models):
+    fp32, _, x = conv_models
+    rk3588 = load_profile("rk3588")
+    big, little = board_cost(emulator, fp32, x, rk3588, "latency"), board_cost(emulator, fp32, x, rk3588, "power")
+    assert big.basis == "emulated cortex-a76" and little.basis == "emulated cortex-a53"
+    assert little.latency_ms > 2 * big.latency_ms  # A55 at 1.8 GHz and CPI 1.0 against A76 at 2.4 GHz and 0.5
+    pi5 = board_cost(emulator, fp32, x, load_profile("raspberry-pi-5"), "latency")
+    assert pi5.counts[0].cached and pi5.counts[0].instructions == big.counts[0].instructions  # one count, every board
+
+
+def test_board_cost_on_a_profile_without_an_emulated_core_says_which_cluster(emulator, conv_models):
+    fp32, _, x = conv_models
+    with pytest.raises(EmulatorError, match="cluster 'cpu' \\(x86_64\\) has no emulated CPU"):
+        board_cost(emulator, fp32, x, load_profile("generic-x86_64"), "latency")
