@@ -14,7 +14,7 @@ from typing import Any
 from edgesdk.errors import ConversionError
 from edgesdk.profiles import DeviceProfile
 
-__all__ = ["CalibrationMethod", "QuantType", "QuantizationConfig"]
+__all__ = ["CalibrationMethod", "QuantType", "QuantizationConfig", "DOT_PRODUCT_CORES"]
 
 
 class CalibrationMethod(str, enum.Enum):
@@ -37,16 +37,35 @@ class QuantType(str, enum.Enum):
 DYNAMIC_OPS = ("MatMul", "Gemm", "Attention", "LSTM", "GRU")
 
 
+#: Arm cores with the dot-product instructions (``sdot``/``udot``, Armv8.2 ``asimddp``): ONNX Runtime's
+#: symmetric int8 kernels (MLAS ``ConvSym``, ``SymmQgemm``) pick their dot-product variants on them.
+DOT_PRODUCT_CORES = frozenset({
+    "cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a77", "cortex-a78", "cortex-a78ae", "cortex-a78c",
+    "cortex-a710", "cortex-a715", "cortex-a720", "cortex-x1", "cortex-x2", "cortex-x3", "cortex-x4",
+    "neoverse-n1", "neoverse-n2", "neoverse-v1", "neoverse-v2"})
+_ARM64 = ("aarch64", "arm64")
+
+
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """How the INT8 variants are built and how far their accuracy may fall."""
+    """How the INT8 variants are built and how far their accuracy may fall.
+
+    Start from a target's preset (:meth:`for_profile`, or :meth:`arm64`, :meth:`x86_64`,
+    :meth:`tensorrt`) and change fields with :func:`dataclasses.replace`.
+    """
 
     #: Per-output-channel weight scales (needs opset >= 13); almost always more accurate.
     per_channel: bool = True
-    #: Activations: uint8 (asymmetric) ran 2x faster than int8 with int8 weights on x86 and
-    #: is what Arm's kernels prefer; TensorRT needs int8 (symmetric).
+    #: Activations. INT8 activations are symmetric (zero point 0; calibration symmetrizes their ranges).
+    #: Which one is fast depends on the target: see the presets.
     activation_type: QuantType = QuantType.UINT8
     weight_type: QuantType = QuantType.INT8
+    #: Weights with zero point 0. ONNX Runtime's symmetric conv/GEMM kernels (MLAS ``ConvSym``, its depthwise
+    #: variant and ``SymmQgemm``) need signed weights whose zero points are all 0; other weights take the
+    #: slower asymmetric path. (ONNX Runtime's static quantizer makes per-channel weights symmetric whatever
+    #: this says, as QLinear ops need one zero point for all channels; it decides per-tensor weights and
+    #: dynamic INT8's.)
+    weight_symmetric: bool = True
     #: Quantize weights to 7 bits, for x86 CPUs without VNNI where u8*s8 sums can saturate.
     reduce_range: bool = False
     #: Calibration methods tried for static INT8; the most accurate on the evaluation data wins.
@@ -64,7 +83,7 @@ class QuantizationConfig:
     sensitivity_samples: int = 32
     #: FP16 keeps model inputs and outputs FP32 so applications feed the same arrays.
     fp16_keep_io_types: bool = True
-    #: Why the preset was chosen (shown in reports and saved in manifests).
+    #: Which preset this is and why (shown in reports and saved in manifests).
     preset: str = "default"
     #: Nodes never quantized, whatever the measurement says.
     nodes_to_exclude: tuple[str, ...] = field(default_factory=tuple)
@@ -74,6 +93,9 @@ class QuantizationConfig:
             value = getattr(self, name)
             if not isinstance(value, QuantType):
                 object.__setattr__(self, name, _enum(QuantType, value, name))
+        for name in ("per_channel", "weight_symmetric", "reduce_range", "fp16_keep_io_types"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConversionError(f"{name} must be True or False, got {getattr(self, name)!r}")
         methods = tuple(_enum(CalibrationMethod, m, "calibration_methods") for m in self.calibration_methods)
         object.__setattr__(self, "calibration_methods", methods)
         if not methods:
@@ -85,21 +107,67 @@ class QuantizationConfig:
                 f"max_calibration_samples and sensitivity_samples must be >= 1 and max_search_candidates >= 0, got "
                 f"{self.max_calibration_samples}, {self.sensitivity_samples} and {self.max_search_candidates}")
 
+    @property
+    def activation_symmetric(self) -> bool:
+        """INT8 activations are quantized symmetrically (zero point 0), UINT8 ones asymmetrically."""
+        return self.activation_type is QuantType.INT8
+
+    # presets ----------------------------------------------------------------------------------
+    @classmethod
+    def arm64(cls, dot_product_cores: tuple[str, ...] = ()) -> QuantizationConfig:
+        """64-bit Arm CPUs: int8 activations, symmetric int8 per-channel weights.
+
+        On aarch64 ONNX Runtime fuses int8 QDQ groups directly (``QDQIsInt8Allowed``): no
+        rewrite to uint8, so a tensor read by several nodes does not block QLinearConv. Its
+        int8 QLinearConv then uses the symmetric kernels (MLAS ``ConvSym``, the depthwise one,
+        ``SymmQgemm``), which need weight zero points of 0, and their ``sdot`` variants on cores
+        with the dot product. ``dot_product_cores`` only names those cores in :attr:`preset`.
+        """
+        dot = (f"; sdot on {', '.join(dot_product_cores)}" if dot_product_cores
+               else "; no dot product on these cores (NEON widening multiplies)")
+        return cls(activation_type=QuantType.INT8, weight_type=QuantType.INT8, weight_symmetric=True, per_channel=True,
+                   preset="aarch64: int8 activations (ONNX Runtime fuses int8 QDQ directly on Arm), symmetric int8 "
+                          f"per-channel weights (the zero-point-0 ConvSym/depthwise/SymmQgemm kernels{dot})")
+
+    @classmethod
+    def x86_64(cls) -> QuantizationConfig:
+        """x86-64 CPUs: uint8 activations, symmetric int8 per-channel weights.
+
+        ONNX Runtime on x86 fuses a QDQ Conv into QLinearConv only with uint8 activations; int8
+        ones are first rewritten to uint8, which needs each QuantizeLinear to have a single
+        consumer, so any tensor read twice (a residual, a SiLU's input) left its Conv in float.
+        """
+        return cls(activation_type=QuantType.UINT8, weight_type=QuantType.INT8, weight_symmetric=True, per_channel=True,
+                   preset="x86_64: uint8 activations (QLinearConv fuses without the int8-to-uint8 rewrite, which "
+                          "needs single-consumer QuantizeLinear nodes), symmetric int8 per-channel weights")
+
+    @classmethod
+    def tensorrt(cls) -> QuantizationConfig:
+        """TensorRT: symmetric int8 activations and weights (its explicit quantization wants zero points of 0)."""
+        return cls(activation_type=QuantType.INT8, weight_type=QuantType.INT8, weight_symmetric=True, per_channel=True,
+                   preset="tensorrt: symmetric int8 activations and weights")
+
     @classmethod
     def for_profile(cls, profile: DeviceProfile) -> QuantizationConfig:
         """Preset for a board: its accelerators' needs first, then its CPU architecture."""
         providers = {p for a in profile.accelerators for p in a.onnxruntime_providers}
         if "TensorrtExecutionProvider" in providers:
-            return cls(activation_type=QuantType.INT8, preset="tensorrt: symmetric int8 activations and weights")
+            return cls.tensorrt()
+        if profile.arch in _ARM64:
+            cores = tuple(dict.fromkeys(c.microarchitecture for c in profile.clusters
+                                        if c.microarchitecture.lower() in DOT_PRODUCT_CORES))
+            return cls.arm64(dot_product_cores=cores)
         if profile.arch == "x86_64":
-            return cls(preset="x86_64: uint8 activations, int8 per-channel weights")
-        return cls(preset=f"{profile.arch} CPU (Arm NEON): uint8 activations, int8 per-channel weights")
+            return cls.x86_64()
+        return cls(preset=f"{profile.arch}: uint8 activations, symmetric int8 per-channel weights (ONNX Runtime's "
+                          "portable choice; no preset for this architecture)")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (enums as their values, tuples as lists): what a manifest's ``quantization`` holds."""
         data = asdict(self)
         data["activation_type"] = self.activation_type.value
         data["weight_type"] = self.weight_type.value
+        data["activation_symmetric"] = self.activation_symmetric
         data["calibration_methods"] = [m.value for m in self.calibration_methods]
         data["dynamic_op_types"] = list(self.dynamic_op_types)
         data["nodes_to_exclude"] = list(self.nodes_to_exclude)

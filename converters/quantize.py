@@ -22,6 +22,7 @@ from edgesdk.files import fsync_file
 
 __all__ = ["to_fp16", "quantize_dynamic_int8", "quantize_static_int8"]
 
+
 def to_fp16(src: Path, dst: Path, config: QuantizationConfig) -> Path:
     """FP16 weights and activations; inputs and outputs stay FP32 when ``fp16_keep_io_types``."""
     import onnx
@@ -42,6 +43,11 @@ def _qtype(kind: QuantType) -> Any:
     return OrtQuantType.QUInt8 if kind is QuantType.UINT8 else OrtQuantType.QInt8
 
 
+def _symmetry(config: QuantizationConfig) -> dict[str, Any]:
+    """The quantizer's symmetry options, always given (its defaults depend on the types and have changed before)."""
+    return {"ActivationSymmetric": config.activation_symmetric, "WeightSymmetric": config.weight_symmetric}
+
+
 def quantize_dynamic_int8(src: Path, dst: Path, config: QuantizationConfig) -> Path:
     """INT8 weights, activations quantized at run time, only for ``config.dynamic_op_types``."""
     import onnx
@@ -56,7 +62,8 @@ def quantize_dynamic_int8(src: Path, dst: Path, config: QuantizationConfig) -> P
                               "; skip this variant")
     _quantize_atomically(dst, lambda out: quantize_dynamic(
         str(src), out, op_types_to_quantize=ops, per_channel=config.per_channel, reduce_range=config.reduce_range,
-        weight_type=_qtype(config.weight_type), nodes_to_exclude=list(config.nodes_to_exclude)))
+        weight_type=_qtype(config.weight_type), nodes_to_exclude=list(config.nodes_to_exclude),
+        extra_options={"WeightSymmetric": config.weight_symmetric}))
     return dst
 
 
@@ -76,9 +83,7 @@ def quantize_static_int8(
                   CalibrationMethod.PERCENTILE: OrtMethod.Percentile}[method]
     # Relu/Clip stay in the graph: ORT removes them before a QuantizeLinear at load time anyway
     # (ReluQuantFusion), and the search (.qdq) needs them to put a block back in float.
-    extra: dict[str, Any] = {"QDQKeepRemovableActivations": True}
-    if config.activation_type is QuantType.INT8:
-        extra["ActivationSymmetric"] = True
+    extra: dict[str, Any] = {"QDQKeepRemovableActivations": True, **_symmetry(config)}
     _quantize_atomically(dst, lambda out: quantize_static(
         str(src), out, None, quant_format=QuantFormat.QDQ, per_channel=config.per_channel,
         reduce_range=config.reduce_range, activation_type=_qtype(config.activation_type),
