@@ -68,6 +68,10 @@ class QuantizationConfig:
     weight_symmetric: bool = True
     #: Quantize weights to 7 bits, for x86 CPUs without VNNI where u8*s8 sums can saturate.
     reduce_range: bool = False
+    #: Static INT8 rewrites HardSwish, HardSigmoid and Swish into Mul/Add/Clip/Sigmoid before quantizing
+    #: (:mod:`.decompose`), ops ONNX Runtime runs as QLinearMul/QLinearAdd/QLinearSigmoid; left whole, they
+    #: run in float between a DequantizeLinear and a QuantizeLinear.
+    decompose_activations: bool = True
     #: Calibration methods tried for static INT8; the most accurate on the evaluation data wins.
     calibration_methods: tuple[CalibrationMethod, ...] = (
         CalibrationMethod.MINMAX, CalibrationMethod.ENTROPY, CalibrationMethod.PERCENTILE)
@@ -93,7 +97,7 @@ class QuantizationConfig:
             value = getattr(self, name)
             if not isinstance(value, QuantType):
                 object.__setattr__(self, name, _enum(QuantType, value, name))
-        for name in ("per_channel", "weight_symmetric", "reduce_range", "fp16_keep_io_types"):
+        for name in ("per_channel", "weight_symmetric", "reduce_range", "decompose_activations", "fp16_keep_io_types"):
             if not isinstance(getattr(self, name), bool):
                 raise ConversionError(f"{name} must be True or False, got {getattr(self, name)!r}")
         methods = tuple(_enum(CalibrationMethod, m, "calibration_methods") for m in self.calibration_methods)
@@ -135,7 +139,7 @@ class QuantizationConfig:
 
         ONNX Runtime on x86 fuses a QDQ Conv into QLinearConv only with uint8 activations; int8
         ones are first rewritten to uint8, which needs each QuantizeLinear to have a single
-        consumer, so any tensor read twice (a residual, a SiLU's input) left its Conv in float.
+        consumer, so any tensor read twice (a residual, a HardSwish's input) left its Conv in float.
         """
         return cls(activation_type=QuantType.UINT8, weight_type=QuantType.INT8, weight_symmetric=True, per_channel=True,
                    preset="x86_64: uint8 activations (QLinearConv fuses without the int8-to-uint8 rewrite, which "
@@ -143,9 +147,16 @@ class QuantizationConfig:
 
     @classmethod
     def tensorrt(cls) -> QuantizationConfig:
-        """TensorRT: symmetric int8 activations and weights (its explicit quantization wants zero points of 0)."""
+        """TensorRT: symmetric int8 activations and weights, activations left whole.
+
+        TensorRT's explicit quantization wants zero points of 0 everywhere. It fuses a
+        convolution with the activation after it itself; Q/DQ pairs between the pieces of a
+        decomposed HardSwish would only stand in the way of that fusion.
+        """
         return cls(activation_type=QuantType.INT8, weight_type=QuantType.INT8, weight_symmetric=True, per_channel=True,
-                   preset="tensorrt: symmetric int8 activations and weights")
+                   decompose_activations=False,
+                   preset="tensorrt: symmetric int8 activations and weights; activations left whole (TensorRT fuses "
+                          "them into the convolution)")
 
     @classmethod
     def for_profile(cls, profile: DeviceProfile) -> QuantizationConfig:

@@ -14,18 +14,23 @@ block (a Conv and the HardSwish after it round together), and a block's cost in
 multiply-accumulates says what keeping it in float gives up. The Q/DQ pairs on the
 graph's outputs form a block of their own ("graph outputs"): quantizing a softmax's
 probabilities to 8 bits can flip an argmax by itself.
+
+:func:`fusion_counts` reads ONNX Runtime's *optimized* graph of a QDQ model (for this host:
+:func:`host_optimized_model`; for a board's architecture: :mod:`.emulate`) and counts which
+Convs and MatMuls became integer kernels and which were left as DequantizeLinear -> float
+-> QuantizeLinear.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Block", "QdqGraph", "OUTPUTS_BLOCK"]
+__all__ = ["Block", "QdqGraph", "OUTPUTS_BLOCK", "FusionCounts", "fusion_counts", "host_optimized_model"]
 
 OUTPUTS_BLOCK = "graph outputs"
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -197,3 +202,105 @@ def _prune(graph: Any) -> None:
     keep = [i for i in graph.initializer if i.name in read]
     del graph.initializer[:]
     graph.initializer.extend(keep)
+
+
+# ONNX Runtime's optimized graph: what ran as integer kernels -------------------------------------
+#: Convolutions and matrix products run by integer kernels (ONNX and com.microsoft ops).
+INT8_KERNELS = frozenset({"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "QGemm",
+                          "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"})
+#: Convolutions and matrix products in float (ONNX, and what ONNX Runtime's float fusions turn them into).
+FLOAT_KERNELS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm",
+                           "NchwcConv"})
+#: Ops that only move or relabel data: looked through when asking where an input comes from.
+_LAYOUT = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "ReorderInput",
+                     "ReorderOutput"})
+
+
+@dataclass(frozen=True)
+class FusionCounts:
+    """What ONNX Runtime's optimizer made of a QDQ model: integer kernels, or float between Q/DQ.
+
+    Counted over an optimized graph (``SessionOptions.optimized_model_filepath``), which
+    depends on the architecture and execution provider that optimized it.
+    """
+
+    #: Convolutions and matrix products run as integer kernels (QLinearConv, QLinearMatMul, MatMulInteger, ...).
+    int8_kernels: int
+    #: Convolutions and matrix products run in float on a DequantizeLinear's output: "DQ -> float -> Q".
+    dq_float_q: int
+    #: Convolutions and matrix products in float with no dequantized input (never quantized).
+    float_kernels: int
+    #: The other QLinear ops (QLinearAdd, QLinearMul, QLinearSigmoid, pooling, ...).
+    qlinear_elementwise: int
+    #: Other float ops that read a DequantizeLinear's output or feed a QuantizeLinear (layout ops aside).
+    float_islands: int
+    #: Every op type in the graph and how many nodes have it.
+    op_types: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {"int8_kernels": self.int8_kernels, "dq_float_q": self.dq_float_q, "float_kernels": self.float_kernels,
+                "qlinear_elementwise": self.qlinear_elementwise, "float_islands": self.float_islands,
+                "op_types": dict(sorted(self.op_types.items()))}
+
+
+def fusion_counts(model: Any) -> FusionCounts:
+    """Count an (optimized) model's integer kernels and what was left in float; ``model`` is a ModelProto or a path.
+
+    Only the main graph is counted (not the bodies of If/Loop nodes). The model is read, never run.
+    """
+    import onnx
+
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    nodes = list(model.graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    consumers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n)
+
+    def from_dq(tensor: str) -> bool:
+        for _ in range(8):  # a chain of layout ops is short
+            node = producer.get(tensor)
+            if node is None:
+                return False
+            if node.op_type == "DequantizeLinear":
+                return True
+            if node.op_type not in _LAYOUT or not node.input:
+                return False
+            tensor = node.input[0]
+        return False
+
+    int8 = dq_float = float_only = qlinear = islands = 0
+    for n in nodes:
+        op = n.op_type
+        if op in INT8_KERNELS:
+            int8 += 1
+        elif op in FLOAT_KERNELS:
+            if any(from_dq(t) for t in n.input if t):
+                dq_float += 1
+            else:
+                float_only += 1
+        elif op.startswith("QLinear"):
+            qlinear += 1
+        elif op not in _QDQ and op not in _LAYOUT and (
+                any(from_dq(t) for t in n.input if t)
+                or any(c.op_type == "QuantizeLinear" for o in n.output for c in consumers.get(o, []))):
+            islands += 1
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return FusionCounts(int8, dq_float, float_only, qlinear, islands, counts)
+
+
+def host_optimized_model(src: Path, dst: Path) -> Path:
+    """ONNX Runtime's optimized graph of ``src`` for this host's CPU, written to ``dst`` (for :func:`fusion_counts`)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(dst)
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3  # it warns that an NCHWc graph is specific to this machine: that is the point
+    ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+    return dst

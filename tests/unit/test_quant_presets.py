@@ -15,7 +15,7 @@ def test_arm64_preset_has_int8_symmetric_activations_and_symmetric_per_channel_w
     config = QuantizationConfig.arm64()
     assert config.activation_type is QuantType.INT8 and config.activation_symmetric
     assert config.weight_type is QuantType.INT8 and config.weight_symmetric and config.per_channel
-    assert not config.reduce_range
+    assert config.decompose_activations and not config.reduce_range
     assert config.preset.startswith("aarch64: int8 activations") and "ConvSym" in config.preset
 
 
@@ -23,13 +23,15 @@ def test_x86_64_preset_has_uint8_activations_so_qlinearconv_fuses():
     config = QuantizationConfig.x86_64()
     assert config.activation_type is QuantType.UINT8 and not config.activation_symmetric
     assert config.weight_type is QuantType.INT8 and config.weight_symmetric and config.per_channel
+    assert config.decompose_activations
     assert config.preset.startswith("x86_64: uint8 activations") and "single-consumer" in config.preset
 
 
-def test_tensorrt_preset_is_symmetric_int8():
+def test_tensorrt_preset_is_symmetric_int8_and_leaves_activations_whole():
     config = QuantizationConfig.tensorrt()
     assert config.activation_type is config.weight_type is QuantType.INT8
-    assert config.activation_symmetric and config.weight_symmetric and config.preset.startswith("tensorrt:")
+    assert config.activation_symmetric and config.weight_symmetric
+    assert not config.decompose_activations and config.preset.startswith("tensorrt:")
 
 
 @pytest.mark.parametrize(("board", "factory"), [
@@ -54,8 +56,8 @@ def test_presets_are_frozen_and_changed_with_replace():
     config = QuantizationConfig.arm64()
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.activation_type = QuantType.UINT8  # type: ignore[misc]
-    changed = dataclasses.replace(config, per_channel=False)
-    assert not changed.per_channel and config.per_channel
+    changed = dataclasses.replace(config, decompose_activations=False)
+    assert not changed.decompose_activations and config.decompose_activations
     assert changed.preset == config.preset
 
 
@@ -72,5 +74,5 @@ def test_manifest_dict_says_how_each_tensor_kind_was_quantized():
     data = QuantizationConfig.arm64().to_dict()
     assert data["activation_type"] == "int8" and data["activation_symmetric"] is True
     assert data["weight_type"] == "int8" and data["weight_symmetric"] is True and data["per_channel"] is True
-    assert data["preset"].startswith("aarch64")
+    assert data["decompose_activations"] is True and data["preset"].startswith("aarch64")
     assert QuantizationConfig.x86_64().to_dict()["activation_symmetric"] is False
