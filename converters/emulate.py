@@ -13,9 +13,9 @@ variants, which is the wrong order for the board. So each variant is run:
   counts the guest instructions retired in each window. The count per inference is the
   second window divided by ``runs``; the two windows agree to well under 1% (``spread``).
   Instruction counts are deterministic: no noise, no side-by-side rounds;
-* with ONNX Runtime's optimized graph for that architecture saved, so a report can say how
-  many Convs and MatMuls ran as int8 kernels on the board and how many were left as
-  DequantizeLinear → float → QuantizeLinear.
+* with ONNX Runtime's optimized graph for that architecture saved and read by
+  :func:`.qdq.fusion_counts`, so a report can say how many Convs and MatMuls ran as int8
+  kernels on the board and how many were left as DequantizeLinear → float → QuantizeLinear.
 
 Results are cached by model SHA-256 × emulated CPU × runtime (library versions, qemu,
 plugin) × input shapes, in ``$EDGESDK_EMULATOR_CACHE/counts``: a re-run costs a file read.
@@ -39,13 +39,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from edgesdk.converters.qdq import FusionCounts, fusion_counts
 from edgesdk.converters.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
 from edgesdk.errors import EmulatorError, ModelFormatError
 from edgesdk.files import write_atomic
@@ -99,8 +99,8 @@ class InstructionCount:
     runs: int
     #: Libraries and emulator that made the count (part of the cache key).
     runtime: str
-    #: ONNX Runtime's optimized graph on that architecture, op type -> count (empty for TFLite).
-    optimized_ops: Mapping[str, int] = field(default_factory=dict)
+    #: What ONNX Runtime's optimizer made of the graph on that architecture (None for TFLite).
+    fusion: FusionCounts | None = None
     #: Wall time of the emulated run; 0 when the count came from the cache.
     seconds: float = 0.0
     cached: bool = False
@@ -196,7 +196,8 @@ class Emulator:
         cached = self.counts_dir / f"{key}.json"
         if cached.is_file():
             data = json.loads(cached.read_text())
-            return InstructionCount(**{**data, "seconds": 0.0, "cached": True})
+            fusion = FusionCounts(**data.pop("fusion")) if data.get("fusion") else None
+            return InstructionCount(**{**data, "fusion": fusion, "seconds": 0.0, "cached": True})
         count = self._run(path, arrays, cpu, runs, runtime)
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cached, json.dumps({k: v for k, v in asdict(count).items() if k != "cached"}).encode())
@@ -255,12 +256,12 @@ class Emulator:
                 tail = "\n".join(done.stderr.strip().splitlines()[-8:])
                 raise EmulatorError(f"{model.name} failed on emulated {cpu} (exit {done.returncode}, {len(marks)} of "
                                     f"3 marks): {tail}")
-            ops = _op_counts(optimized) if optimized is not None and optimized.exists() else {}
+            fusion = fusion_counts(optimized) if optimized is not None and optimized.exists() else None
         first = [b - a for a, b in zip(marks[0], marks[1])]
         second = [b - a for a, b in zip(marks[1], marks[2])]
         total, simd, memory = (v / runs for v in second)
         return InstructionCount(cpu, total, simd, memory, abs(second[0] - first[0]) / max(second[0], 1), runs,
-                                runtime, ops, time.perf_counter() - started)
+                                runtime, fusion, time.perf_counter() - started)
 
 
 def _checked(path: Path) -> str:
@@ -275,13 +276,6 @@ def _checked(path: Path) -> str:
             raise ModelFormatError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc}); export it again") \
                 from exc
     return model.sha256
-
-
-def _op_counts(path: Path) -> dict[str, int]:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
 
 
 def _qemu_version(qemu: Path) -> str:

@@ -87,8 +87,11 @@ def test_int8_uses_the_dot_product_kernels_of_a76_that_a72_lacks(emulator, conv_
 def test_the_optimized_graph_on_aarch64_is_recorded(emulator, conv_models):
     _, int8, x = conv_models
     count = emulator.count(int8, x, "cortex-a76")
-    assert count.optimized_ops.get("QLinearConv") == 3
-    assert "Conv" not in count.optimized_ops
+    assert count.fusion is not None
+    assert (count.fusion.int8_kernels, count.fusion.dq_float_q) == (3, 0)
+    assert count.fusion.op_types.get("QLinearConv") == 3 and "Conv" not in count.fusion.op_types
+    again = emulator.count(int8, x, "cortex-a76")
+    assert again.cached and again.fusion == count.fusion  # the cache keeps it
 
 
 def test_a_repeated_count_comes_from_the_cache_and_a_changed_model_does_not(emulator, conv_models, tmp_path):
@@ -105,7 +108,7 @@ def test_a_repeated_count_comes_from_the_cache_and_a_changed_model_does_not(emul
 
 def test_tflite_runs_under_litert_in_the_emulator(emulator, digits_tflite, digits):
     count = emulator.count(digits_tflite, {"input": digits.x_test[:1].astype(np.float32)}, "cortex-a76")
-    assert count.instructions > 0 and count.optimized_ops == {} and "ai-edge-litert" in count.runtime
+    assert count.instructions > 0 and count.fusion is None and "ai-edge-litert" in count.runtime
 
 
 def test_this_hosts_isa_is_counted_by_qemu_x86_64(conv_models, tmp_path):
