@@ -182,3 +182,51 @@ def test_dynamic_int8_honours_weight_symmetry(tmp_path):
                  and i.name.startswith("w")]
         assert zeros and all(z.dtype == np.int8 for z in zeros)
         assert (not any(z.any() for z in zeros)) is symmetric
+
+
+def _tflite_ops(path: Path) -> set[str]:
+    from ai_edge_litert import schema_py_generated as fb
+
+    names = {v: k for k, v in vars(fb.BuiltinOperator).items() if not k.startswith("_")}
+    model = fb.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
+    return {names[max(c.builtinCode, c.deprecatedBuiltinCode)] for c in model.operatorCodes}
+
+
+def test_tflite_rewrite_of_hardswish_and_hardsigmoid_keeps_the_floats():
+    """The form XNNPACK runs in int8 (:func:`edgesdk.converters.tflite._xnnpack_activations`) computes the same values."""
+    from edgesdk.converters.tflite import _xnnpack_activations
+
+    nodes = [helper.make_node("HardSwish", ["x"], ["a"], name="hswish"),
+             helper.make_node("HardSigmoid", ["a"], ["s"], name="hsig", alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["s", "a"], ["b"], name="hswish_as_two"),        # x * HardSigmoid(x): merged
+             helper.make_node("HardSigmoid", ["b"], ["gate"], name="gate", alpha=0.2, beta=0.5),
+             helper.make_node("Mul", ["a", "gate"], ["y"], name="se")]                # a gate on another tensor
+    graph = helper.make_graph(nodes, "acts", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert _xnnpack_activations(rewritten) == 3
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert ops.count("Clip") == 3 and not {"HardSwish", "HardSigmoid"} & set(ops) and ops[-1] == "Mul"
+    onnx.checker.check_model(rewritten, full_check=True)
+    x = {"x": np.concatenate([np.linspace(-8, 8, 4001, dtype=np.float32),
+                              np.float32([-3, 3, 0, 1e4, -1e4, 2.9999998, -2.9999998])])}
+    want, got = run_model(model, x)[0], run_model(rewritten, x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
+    old = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+    assert _xnnpack_activations(old) == 0  # Clip's bounds are attributes before opset 11: left alone
+
+
+@pytest.mark.tflite
+def test_full_int8_tflite_has_only_ops_xnnpack_runs_in_int8(mobile_block, samples, tmp_path):
+    """No HARD_SWISH (XNNPACK: float only) or RELU_0_TO_1 (XNNPACK: none): each cut the int8 graph apart."""
+    from edgesdk.converters.tflite import Onnx2TfTool, convert_to_tflite
+
+    result = convert_to_tflite(mobile_block, tmp_path / "tflite", calibration={"x": samples["x"][:16]},
+                               eval_inputs={"x": samples["x"][16:]}, tool=Onnx2TfTool().ensure())
+    assert result.parity_max_abs_diff is not None and result.parity_max_abs_diff < 1e-4
+    ops = _tflite_ops(result.models["int8_full"])
+    assert not {"HARD_SWISH", "RELU_0_TO_1"} & ops, ops
+    assert ops <= {"QUANTIZE", "DEQUANTIZE", "CONV_2D", "DEPTHWISE_CONV_2D", "ADD",
+                                                       "MUL", "LOGISTIC", "PAD", "RELU6"}
