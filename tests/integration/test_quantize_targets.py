@@ -103,6 +103,24 @@ def test_x86_preset_with_decomposition_runs_every_activation_in_int8(mobile_bloc
     assert noise["split"] < max(2 * noise["whole"], 1e-4), noise
 
 
+def test_arm64_preset_with_decomposition_runs_every_activation_in_int8_on_emulated_a76(mobile_block, samples,
+                                                                                        tmp_path):
+    """The graph ONNX Runtime's aarch64 wheel optimizes under qemu -cpu cortex-a76 (edgesdk.converters.emulate)."""
+    from edgesdk.converters.emulate import Emulator
+
+    config = QuantizationConfig.arm64()
+    whole = _quantized(mobile_block, samples, dataclasses.replace(config, decompose_activations=False),
+                       tmp_path / "whole.onnx")
+    split = _quantized(mobile_block, samples, config, tmp_path / "split.onnx")
+    emulator = Emulator(counts_dir=tmp_path / "counts")
+    x = {"x": samples["x"][:1]}
+    before, after = (emulator.count(p, x, "cortex-a76") for p in (whole, split))
+    assert before.fusion is not None and after.fusion is not None
+    assert before.fusion.int8_kernels == after.fusion.int8_kernels == 4
+    assert before.fusion.float_islands >= 2 and after.fusion.float_islands == 0
+    assert after.fusion.op_types["QuantizeLinear"] == after.fusion.op_types["DequantizeLinear"] == 1
+
+
 def _zero_points(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Zero points of the weights (DQ of an initializer) and of the activations (Q nodes), by tensor."""
     model = onnx.load(str(path))
