@@ -11,7 +11,8 @@ the model's H x W, converted to RGB (or kept BGR), scaled by ``scale``, normalis
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from edgesdk.errors import DataError
 from edgesdk.preprocess import ImagePreprocessing, image_layout, image_to_tensor
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "IMAGE_SUFFIXES"]
+__all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "model_inputs", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
@@ -114,3 +115,21 @@ def load_labels(path: str | os.PathLike[str], n_samples: int) -> np.ndarray:
     if len(labels) != n_samples:
         raise DataError(f"{path}: {len(labels)} labels for {n_samples} evaluation samples; they must match")
     return labels
+
+
+def model_inputs(specs: tuple[TensorSpec, ...], input_shapes: Mapping[str, Sequence[int]] | None = None
+                 ) -> tuple[TensorSpec, ...]:
+    """The inputs data must fit once the model is converted: dims of -1 or 0 are dynamic, ``input_shapes`` fix dims.
+
+    A runtime reports a model's inputs as they are in the file; older exporters write a
+    dynamic dim as -1 or 0 (ONNX Runtime keeps 0 as a size), and the conversion fixes the
+    dims ``input_shapes`` names (:func:`edgesdk.converters.onnx_model.fix_input_shapes`).
+    """
+    fixed = input_shapes or {}
+    made = []
+    for spec in specs:
+        shape = tuple(None if d is None or d < 1 else d for d in spec.shape)
+        if spec.name in fixed and len(fixed[spec.name]) == len(shape):
+            shape = tuple(int(d) for d in fixed[spec.name])
+        made.append(replace(spec, shape=shape))
+    return tuple(made)

@@ -1,4 +1,13 @@
-"""Loading, exporting, shape-fixing and shrinking ONNX models (before any quantization)."""
+"""Loading, exporting, shape-fixing and shrinking ONNX models (before any quantization).
+
+**Dynamic dims.** A dim is dynamic when it is symbolic (``dim_param: "batch"``), has no
+value at all, or has a value below 1: older exporters write ``dim_value: -1`` (or ``0``)
+for a dynamic dim, e.g. PP-OCR v2's text-direction classifier. :func:`load_onnx` turns
+such dims of the graph's inputs and outputs into symbolic ones (``x_dim0``), as ONNX
+Runtime, the quantizer and onnx2tf read them; :func:`fix_input_shapes` fixes any dynamic
+dim to the size asked for. Only a dim with a value >= 1 is fixed, and a different size for
+it is an error.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +21,7 @@ from typing import Any
 from edgesdk.errors import ConversionError, ModelFormatError
 from edgesdk.files import atomic_path
 
-__all__ = ["load_onnx", "save_onnx", "export_torch", "fix_input_shapes", "simplify", "MIN_OPSET"]
+__all__ = ["load_onnx", "save_onnx", "export_torch", "fix_input_shapes", "is_dynamic_dim", "simplify", "MIN_OPSET"]
 
 #: Per-channel QDQ quantization needs opset 13; older models are converted up.
 MIN_OPSET = 13
@@ -58,7 +67,17 @@ def load_onnx(path: str | os.PathLike[str]) -> Any:
         except Exception as exc:
             raise ConversionError(f"{path}: opset {opset} could not be raised to {MIN_OPSET} ({exc}); re-export "
                                   f"with opset >= {MIN_OPSET}") from exc
+    _symbolic_dims(model)
     return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+
+
+def _symbolic_dims(model: Any) -> None:
+    """Dims of the graph's inputs and outputs written as -1 or 0 become symbolic (``<tensor>_dim<axis>``), in place."""
+    for value in (*model.graph.input, *model.graph.output):
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value < 1:
+                dim.Clear()
+                dim.dim_param = f"{value.name}_dim{axis}"
 
 
 def save_onnx(model: Any, path: str | os.PathLike[str]) -> Path:
@@ -102,8 +121,13 @@ def export_torch(
     return save_onnx(program.model_proto, path)
 
 
+def is_dynamic_dim(dim: Any) -> bool:
+    """True for a symbolic dim, a dim without a value, or one written as -1 or 0 (see the module doc)."""
+    return not dim.HasField("dim_value") or dim.dim_value < 1
+
+
 def fix_input_shapes(model: Any, shapes: Mapping[str, Sequence[int]]) -> Any:
-    """Replace dynamic input dims by the user's fixed shapes (symbolic shape inference needs them)."""
+    """Replace dynamic input dims (module doc) by the user's fixed shapes (symbolic shape inference needs them)."""
     onnx = _onnx()
     inputs = {i.name: i for i in model.graph.input}
     for name, shape in shapes.items():
@@ -112,14 +136,31 @@ def fix_input_shapes(model: Any, shapes: Mapping[str, Sequence[int]]) -> Any:
         dims = inputs[name].type.tensor_type.shape.dim
         if len(dims) != len(shape):
             raise ConversionError(f"input {name!r} has rank {len(dims)}, the fixed shape {list(shape)} has {len(shape)}")
+        if clash := next(((d, size) for d, size in zip(dims, shape) if not is_dynamic_dim(d) and d.dim_value != size),
+                         None):
+            raise ConversionError(f"input {name!r} has the shape {_dims(dims)}: its fixed dim {clash[0].dim_value} "
+                                  f"cannot become {clash[1]}; give {name}={','.join(map(str, _fixed(dims, shape)))} "
+                                  "(only dynamic dims, shown as ?, can be fixed)")
         for dim, size in zip(dims, shape):
-            if dim.HasField("dim_value") and dim.dim_value != size:
-                raise ConversionError(f"input {name!r} dim is {dim.dim_value}, cannot fix it to {size}")
             dim.Clear()
             dim.dim_value = int(size)
+    for output in model.graph.output:  # -1/0 written by an old exporter: let shape inference fill them in
+        for dim in output.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value < 1:
+                dim.Clear()
     for value in list(model.graph.value_info):
         model.graph.value_info.remove(value)
     return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+
+
+def _dims(dims: Any) -> str:
+    """``[?, 3, 48, ?]``: the dims as they read in messages."""
+    return "[" + ", ".join("?" if is_dynamic_dim(d) else str(d.dim_value) for d in dims) + "]"
+
+
+def _fixed(dims: Any, shape: Sequence[int]) -> list[int]:
+    """``shape`` with the model's fixed dims in place of the ones asked for."""
+    return [size if is_dynamic_dim(d) else int(d.dim_value) for d, size in zip(dims, shape)]
 
 
 def simplify(model: Any) -> Any:

@@ -152,7 +152,7 @@ def _fps(value: float) -> float | None:
 @click.option("--version", "bundle_version", default="1.0.0", show_default=True, callback=_checked(_version),
               help="Bundle version: dotted integers such as 1.4.0.")
 @click.option("--input-shape", "input_shapes", multiple=True, callback=_checked(_shapes),
-              help="Fix a dynamic input: NAME=D1,D2,...")
+              help="Fix a dynamic input's dims (symbolic, or written as -1 or 0): NAME=D1,D2,...")
 @click.option("--fps", type=float, default=None, callback=_checked(_fps),
               help="Frame rate the board must sustain in the power mode.")
 @click.option("--board-figures", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -201,7 +201,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target
     from edgesdk.converters import convert as run_convert
     from edgesdk.converters.arguments import check_name
-    from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels
+    from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels, model_inputs
     from edgesdk.converters.metrics import check_metric
     from edgesdk.converters.quiet import held_output
     from edgesdk.model_file import read_model
@@ -240,7 +240,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
                                                    target.mode))
     read_model(model)  # a wrong extension or corrupt header fails here, before any work
     with held_output("loading the model"), Runtime(model, profile=target.board, mode=target.mode) as rt:
-        specs = rt.inputs
+        specs = model_inputs(rt.inputs, input_shapes)  # -1/0 dims are dynamic; --input-shape fixes them
     eval_arrays = load_arrays(evaluation, specs, prep)
     calib_arrays = load_arrays(calibration, specs, prep) if calibration else eval_arrays
     label_array = load_labels(labels, len(next(iter(eval_arrays.values())))) if labels else None

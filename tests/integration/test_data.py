@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels
+from edgesdk.converters.data import ImagePreprocessing, check_arrays, load_arrays, load_labels, model_inputs
 from edgesdk.errors import DataError
 from edgesdk.tensors import TensorSpec
 
@@ -76,3 +76,17 @@ def test_labels_must_be_integer_ids_matching_the_evaluation_count(tmp_path):
     np.save(tmp_path / "float.npy", np.zeros(4))
     with pytest.raises(DataError, match="integer"):
         load_labels(tmp_path / "float.npy", 4)
+
+
+def test_data_is_checked_against_inputs_whose_minus_one_or_zero_dims_are_dynamic_and_fixed_by_input_shapes():
+    # As ONNX Runtime reports an old exporter's x[-1, 3, -1, -1] (None) and x[0, 3, 0, 0] (0, kept as a size).
+    reported = (TensorSpec("x", (None, 3, None, None), np.dtype(np.float32)),
+                TensorSpec("z", (0, 3, 0, 0), np.dtype(np.float32)))
+    specs = model_inputs(reported)
+    assert [s.shape for s in specs] == [(None, 3, None, None), (None, 3, None, None)]
+    data = {"x": np.zeros((2, 3, 48, 320), np.float32), "z": np.zeros((2, 3, 48, 320), np.float32)}
+    assert check_arrays(data, specs, "evaluation data").keys() == {"x", "z"}
+    fixed = model_inputs(reported, {"z": [1, 3, 48, 320]})
+    assert fixed[1].shape == (1, 3, 48, 320) and fixed[0].shape == (None, 3, None, None)
+    with pytest.raises(DataError, match=r"has shape \(2, 3, 48, 100\), the model takes z: float32\[1, 3, 48, 320\]"):
+        check_arrays({**data, "z": np.zeros((2, 3, 48, 100), np.float32)}, fixed, "evaluation data")
