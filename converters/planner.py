@@ -28,6 +28,17 @@ and the reason says so ("within noise of X; chose the smaller"): the same inputs
 same bundle run after run. A quantized variant slower than FP32 on this host is never
 chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
 :class:`BudgetError` naming the closest variant's figures and the budget.
+
+**Held-out check.** A candidate's ``accuracy_drop`` is measured on the *selection*
+samples, the ones every choice of the conversion saw (calibration method, mixed-precision
+search, this choice); picking the best of many variants by a drop makes that drop look
+better than it is. So ``holdout_drop``, measured on evaluation samples nothing was chosen
+on (:func:`edgesdk.converters.data.split_evaluation`), checks the choice: the choice is
+made on the selection drop alone; if the chosen variant's held-out drop exceeds the same
+bound, it is rejected ("held-out drop X > bound Y"), and the choice is made again among
+the rest, until one passes (FP32's drop is 0 on any samples, so one does when it fits).
+The held-out drop never ranks variants; it only vetoes the chosen one, and the reason
+names the vetoed ones. ``holdout_drop`` None (no held-out samples) skips the check.
 """
 
 from __future__ import annotations
@@ -96,7 +107,7 @@ def estimate_on_board(host_latency_ms: float, host: DeviceProfile, host_threads:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One variant with its measurement, accuracy drop, board estimate and verdict."""
+    """One variant with its measurement, accuracy drop (selection samples), board estimate and verdict."""
 
     name: str
     format: str
@@ -109,6 +120,8 @@ class Candidate:
     rejected: tuple[str, ...] = ()
     chosen: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The drop on the held-out samples (module doc, "Held-out check"); None when none were held out.
+    holdout_drop: float | None = None
 
     @property
     def is_quantized(self) -> bool:
@@ -158,25 +171,50 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
                            f"{fp32.measurement.latency_p50_ms:.3f} ms)")
         judged.append(replace(c, rejected=(*c.rejected, *reasons)))  # a reason given by the caller stays
 
-    fitting = [c for c in judged if not c.rejected]
-    if not fitting:
-        def closeness(c: Candidate) -> tuple[float, float]:
-            m = c.measurement
-            over_memory = max(0.0, max(m.size_bytes / 2**20, m.model_memory_mb) - budget)
-            return (over_memory, max(0.0, c.accuracy_drop - max_accuracy_drop))
-
-        best = min(judged, key=closeness)
-        m = best.measurement
-        raise BudgetError(
-            f"no variant fits {board.name} ({mode}, model budget {budget} MiB, {watts:g} W, max accuracy drop "
-            f"{max_accuracy_drop:g}); closest: {best.name} — file {m.size_bytes / 2**20:.2f} MiB, peak memory "
-            f"{m.model_memory_mb:.1f} MiB, accuracy drop {best.accuracy_drop:.3g}, {best.estimate.latency_ms:.2f} ms "
-            f"({best.estimate.basis}); rejected because: {'; '.join(best.rejected)}. Loosen --max-accuracy-drop, "
-            "choose a larger board or a smaller model"
-        )
-    winner, reason = _pick(fitting, board, max_accuracy_drop)
+    vetoed: list[Candidate] = []
+    while True:
+        fitting = [c for c in judged if not c.rejected]
+        if not fitting:
+            raise _nothing_fits(judged, board, mode, budget, watts, max_accuracy_drop)
+        winner, reason = _pick(fitting, board, max_accuracy_drop)
+        if winner.holdout_drop is None or winner.holdout_drop <= max_accuracy_drop:
+            break
+        # Chosen on the selection samples, but it does not hold on samples nothing was chosen on: choose again.
+        index = next(i for i, c in enumerate(judged) if c is winner)
+        judged[index] = replace(winner, rejected=(
+            f"held-out drop {winner.holdout_drop:.3g} > bound {max_accuracy_drop:g} (selection drop "
+            f"{winner.accuracy_drop:.3g})",))
+        vetoed.append(winner)
+    if vetoed:
+        reason += (f"; {', '.join(c.name for c in vetoed)} chosen first and rejected: held-out drop over the bound "
+                   "(the drop on the selection samples did not hold on unseen ones)")
     final = tuple(replace(c, chosen=c is winner) for c in judged)
     return PlanResult(final, next(c for c in final if c.chosen), reason)
+
+
+def _worst_drop(c: Candidate) -> float:
+    """The larger of the selection and held-out drops."""
+    return max(c.accuracy_drop, c.holdout_drop if c.holdout_drop is not None else c.accuracy_drop)
+
+
+def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, budget: float, watts: float,
+                  max_accuracy_drop: float) -> BudgetError:
+    """The error naming the variant closest to fitting, its figures and why it was rejected."""
+    def closeness(c: Candidate) -> tuple[float, float]:
+        m = c.measurement
+        over_memory = max(0.0, max(m.size_bytes / 2**20, m.model_memory_mb) - budget)
+        return (over_memory, max(0.0, _worst_drop(c) - max_accuracy_drop))
+
+    best = min(judged, key=closeness)
+    m = best.measurement
+    held = "" if best.holdout_drop is None else f" (held-out {best.holdout_drop:.3g})"
+    return BudgetError(
+        f"no variant fits {board.name} ({mode}, model budget {budget} MiB, {watts:g} W, max accuracy drop "
+        f"{max_accuracy_drop:g}); closest: {best.name} — file {m.size_bytes / 2**20:.2f} MiB, peak memory "
+        f"{m.model_memory_mb:.1f} MiB, accuracy drop {best.accuracy_drop:.3g}{held}, {best.estimate.latency_ms:.2f} ms "
+        f"({best.estimate.basis}); rejected because: {'; '.join(best.rejected)}. Loosen --max-accuracy-drop, "
+        "choose a larger board or a smaller model"
+    )
 
 
 def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float) -> tuple[Candidate, str]:
@@ -184,8 +222,9 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float) -> tuple
     fastest = min(fitting, key=lambda c: c.estimate.latency_ms)
     near = [c for c in fitting if fastest.estimate.latency_ms > CLEAR_GAIN * c.estimate.latency_ms]
     winner = min(near, key=lambda c: (c.measurement.size_bytes, c.accuracy_drop))  # min keeps the first of equals
+    held = "" if winner.holdout_drop is None else f", held-out {winner.holdout_drop:.3g}"
     figures = (f"{winner.estimate.latency_ms:.3f} ms on {board.name}, {winner.estimate.basis}, accuracy drop "
-               f"{winner.accuracy_drop:.3g} <= {bound:g}")
+               f"{winner.accuracy_drop:.3g}{held} <= {bound:g}")
     others = [c for c in near if c is not winner]
     if not others:
         return winner, f"fastest variant within budget ({figures})"

@@ -28,10 +28,10 @@ def _m(size_mb=1.0, memory_mb=10.0, latency_ms=1.0, sha="x"):
                        backend="onnxruntime", accelerator="CPUExecutionProvider", outputs=np.zeros((1, 1)))
 
 
-def _c(name, precision, drop=0.0, board=BOARD, **m):
+def _c(name, precision, drop=0.0, board=BOARD, holdout=None, **m):
     measurement = _m(**m)
     est = estimate_on_board(measurement.latency_p50_ms, HOST, 2, board, "latency")
-    return Candidate(name, "onnx", f"{name}.onnx", precision, measurement, drop, est)
+    return Candidate(name, "onnx", f"{name}.onnx", precision, measurement, drop, est, holdout_drop=holdout)
 
 
 def test_estimate_scales_host_latency_by_cores_clock_and_ipc():
@@ -133,3 +133,54 @@ def test_a_clear_gain_chooses_the_faster_even_when_larger():
                      _c("small", "int8_static", size_mb=1.0, latency_ms=1.10)], BOARD, "latency", 0.5)
     assert result.chosen.name == "fast"
     assert result.reason.startswith("fastest variant within budget (") and "noise" not in result.reason
+
+
+def test_a_chosen_variant_whose_held_out_drop_exceeds_the_bound_is_rejected_and_the_next_one_chosen():
+    # int8-static wins on the selection drop (0.2 <= 0.5) but loses 1.5 points on the held-out samples.
+    result = choose([_c("fp32", "fp32", latency_ms=2.0, holdout=0.0),
+                     _c("int8-static", "int8_static", drop=0.2, holdout=1.5, latency_ms=1.0),
+                     _c("int8-dynamic", "int8_dynamic", drop=0.4, holdout=0.3, latency_ms=1.5)], BOARD, "latency", 0.5)
+    assert result.chosen.name == "int8-dynamic"
+    static = next(c for c in result.candidates if c.name == "int8-static")
+    assert static.rejected == ("held-out drop 1.5 > bound 0.5 (selection drop 0.2)",) and not static.chosen
+    assert "int8-static chosen first and rejected: held-out drop over the bound" in result.reason
+    assert "accuracy drop 0.4, held-out 0.3 <= 0.5" in result.reason
+
+
+def test_the_held_out_drop_vetoes_only_the_chosen_variant_and_never_ranks_them():
+    # Both fit; the faster one's held-out drop (0.45) is worse than the slower one's (0) but within the bound.
+    result = choose([_c("fp32", "fp32", latency_ms=2.0, holdout=0.0),
+                     _c("fast", "int8_static", drop=0.1, holdout=0.45, latency_ms=1.0),
+                     _c("slow", "int8_static", drop=0.0, holdout=0.0, latency_ms=1.5),
+                     # Over the bound on held-out data, but never chosen on its selection drop: no verdict from it.
+                     _c("lossy", "int8_static", drop=0.9, holdout=3.0, latency_ms=0.5)], BOARD, "latency", 0.5)
+    assert result.chosen.name == "fast" and "held-out" not in " ".join(
+        r for c in result.candidates for r in c.rejected if c.name != "lossy")
+    lossy = next(c for c in result.candidates if c.name == "lossy")
+    assert lossy.rejected == ("accuracy drop 0.9 > bound 0.5",)
+
+
+def test_every_quantized_variant_failing_on_held_out_data_leaves_fp32():
+    result = choose([_c("fp32", "fp32", latency_ms=2.0, holdout=0.0),
+                     _c("a", "int8_static", drop=0.1, holdout=0.9, latency_ms=1.0),
+                     _c("b", "int8_dynamic", drop=0.1, holdout=0.6, latency_ms=1.2)], BOARD, "latency", 0.5)
+    assert result.chosen.name == "fp32"
+    assert [c.rejected[0].split(" (")[0] for c in result.candidates if c.name != "fp32"] == [
+        "held-out drop 0.9 > bound 0.5", "held-out drop 0.6 > bound 0.5"]
+    assert "a, b chosen first and rejected" in result.reason
+
+
+def test_no_held_out_samples_means_no_held_out_check():
+    result = choose([_c("fp32", "fp32", latency_ms=2.0), _c("int8", "int8_static", drop=0.2, latency_ms=1.0)],
+                    BOARD, "latency", 0.5)
+    assert result.chosen.name == "int8" and "held-out" not in result.reason
+
+
+def test_held_out_failures_when_fp32_does_not_fit_end_in_a_budget_error_not_a_silent_choice():
+    small = copy.deepcopy(BIG_LITTLE)
+    small["memory"] = {"ram_mb": 512, "model_budget_mb": 64}
+    board = profile_from_dict(small)
+    with pytest.raises(BudgetError, match=r"closest: int8 .*accuracy drop 0.2 \(held-out 2\).*held-out drop 2 > bound 0.5"):
+        choose([_c("fp32", "fp32", board=board, size_mb=100, memory_mb=150, holdout=0.0),
+                _c("int8", "int8_static", board=board, size_mb=25, memory_mb=40, drop=0.2, holdout=2.0)],
+               board, "latency", 0.5)
