@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.bundle import parse_version, safe_name
-from edgesdk.errors import ConversionError, SignatureError
+from edgesdk.errors import ConversionError, DataError, SignatureError
 
-__all__ = ["FORMATS", "OUTPUTS", "parse_formats", "check_version", "check_name", "check_accuracy_drop", "check_fps",
-           "check_input_shapes", "check_out_dir", "check_private_key"]
+__all__ = ["FORMATS", "OUTPUTS", "MAX_HOLDOUT", "parse_formats", "check_version", "check_name", "check_accuracy_drop",
+           "check_fps", "check_input_shapes", "check_holdout", "check_holdout_seed", "check_holdout_min",
+           "check_out_dir", "check_private_key"]
 
 FORMATS = ("onnx", "tflite")
 #: What a conversion writes into its output directory.
 OUTPUTS = ("variants", "bundle")
+#: The largest share of the evaluation samples held out: the variant is chosen on the rest, which stays the larger part.
+MAX_HOLDOUT = 0.5
 
 
 def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
@@ -61,6 +64,29 @@ def check_fps(value: float | None) -> float | None:
     if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
         raise ConversionError(f"fps {value!r} must be a number > 0 (frames per second, e.g. 30), or left out")
     return None if value is None else float(value)
+
+
+def check_holdout(value: float) -> float:
+    """The share of evaluation samples held out of every choice: 0 (no held-out check) to :data:`MAX_HOLDOUT`."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 <= value <= MAX_HOLDOUT):
+        raise DataError(f"holdout {value!r} must be a fraction from 0 to {MAX_HOLDOUT} of the evaluation samples "
+                        "(e.g. 0.3 holds out 30% to check the chosen variant on), or 0 for no held-out check")
+    return float(value)
+
+
+def check_holdout_seed(value: int) -> int:
+    """The seed of the held-out split: an integer >= 0 (the same seed, the same split)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(f"holdout seed {value!r} must be an integer >= 0 (the same seed gives the same split)")
+    return value
+
+
+def check_holdout_min(value: int) -> int:
+    """The fewest samples held out (and left to choose with) for a split to be made: an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DataError(f"holdout minimum {value!r} must be an integer >= 1 (the fewest samples held out, e.g. 20)")
+    return value
 
 
 def check_input_shapes(shapes: Mapping[str, Sequence[int]] | None) -> dict[str, list[int]] | None:

@@ -6,13 +6,28 @@ read with OpenCV and preprocessed by :class:`edgesdk.preprocess.ImagePreprocessi
 code apps use on the device): resized to
 the model's H x W, converted to RGB (or kept BGR), scaled by ``scale``, normalised with
 ``mean``/``std`` per channel, and laid out NCHW or NHWC to match the model input.
+
+**The held-out split.** :func:`split_evaluation` cuts the evaluation samples into a
+*selection* part, which every choice of the conversion sees (calibration method, the
+mixed-precision search, the planner), and a *held-out* part, which only checks the chosen
+variant. The rule, for ``n`` samples, a fraction ``f`` (at most 0.5) and a minimum ``m``:
+
+* ``f == 0``: no split (the held-out check is off);
+* ``n < 2m``: no split, and the report says why (``n`` samples cannot give ``m`` to
+  choose with and ``m`` to check on); a conversion with little data still runs, flagged;
+* otherwise ``max(m, round(f * n))`` samples are held out, so at least ``m`` on each side.
+
+The split is a fixed function of ``n``, the seed and the labels: the samples are shuffled
+with ``numpy.random.default_rng(seed)``, ordered by label (stably) when there are labels,
+and every ``n / k``-th one is held out, so each class is held out in its share (to within
+one sample).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +37,8 @@ from edgesdk.errors import DataError
 from edgesdk.preprocess import ImagePreprocessing, image_layout, image_to_tensor
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "model_inputs", "IMAGE_SUFFIXES"]
+__all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "model_inputs", "EvaluationSplit",
+           "split_evaluation", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
@@ -133,3 +149,53 @@ def model_inputs(specs: tuple[TensorSpec, ...], input_shapes: Mapping[str, Seque
             shape = tuple(int(d) for d in fixed[spec.name])
         made.append(replace(spec, shape=shape))
     return tuple(made)
+
+
+@dataclass(frozen=True)
+class EvaluationSplit:
+    """Which evaluation samples choose the variant (``selection``) and which only check it (``holdout``).
+
+    Both are sorted sample indices; ``holdout`` is empty when no split was made, and
+    ``note`` then says why.
+    """
+
+    selection: np.ndarray
+    holdout: np.ndarray
+    fraction: float
+    seed: int
+    minimum: int
+    note: str = ""
+
+    @property
+    def is_split(self) -> bool:
+        """True when some samples are held out."""
+        return len(self.holdout) > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the split's sizes and settings (for the report and the bundle manifest)."""
+        return {"selection_samples": len(self.selection), "holdout_samples": len(self.holdout),
+                "holdout_fraction": self.fraction, "holdout_seed": self.seed, "holdout_min": self.minimum,
+                "holdout_note": self.note or None}
+
+
+def split_evaluation(count: int, fraction: float, seed: int = 0, minimum: int = 20,
+                     labels: np.ndarray | None = None) -> EvaluationSplit:
+    """Split ``count`` evaluation samples into selection and held-out parts (see the module doc for the rule)."""
+    everything = np.arange(count)
+    none = np.arange(0)
+    if fraction == 0:
+        return EvaluationSplit(everything, none, fraction, seed, minimum,
+                               "no held-out check: holdout is 0, so the chosen variant's drop is measured on the "
+                               "samples it was chosen on")
+    if count < 2 * minimum:
+        return EvaluationSplit(everything, none, fraction, seed, minimum,
+                               f"no held-out check: {count} evaluation samples, a split needs at least {2 * minimum} "
+                               f"({minimum} held out, {minimum} to choose with); give more evaluation samples or a "
+                               "lower holdout minimum (--holdout-min)")
+    held = min(max(minimum, int(np.floor(fraction * count + 0.5))), count - minimum)
+    order = np.random.default_rng(seed).permutation(count)
+    if labels is not None:
+        order = order[np.argsort(np.asarray(labels)[order], kind="stable")]
+    picked = order[np.floor((np.arange(held) + 0.5) * count / held).astype(np.int64)]
+    holdout = np.sort(picked)
+    return EvaluationSplit(np.setdiff1d(everything, holdout), holdout, fraction, seed, minimum)

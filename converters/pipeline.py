@@ -1,10 +1,21 @@
 """``convert()``: from a model and a board to a measured, chosen, bundled variant.
 
 Steps: load (ONNX, PyTorch export, or a TFLite file passed through) → check and fix
-shapes → shrink → build variants (FP32, FP16, INT8 dynamic; one streaming calibration
-pass, then INT8 static per calibration method; when static INT8 misses the accuracy bound,
-the mixed-precision search of :mod:`.search`; TFLite variants via onnx2tf when asked) →
-measure each in its own process → plan → write the bundle.
+shapes → split the evaluation samples → shrink → build variants (FP32, FP16, INT8 dynamic;
+one streaming calibration pass, then INT8 static per calibration method; when static INT8
+misses the accuracy bound, the mixed-precision search of :mod:`.search`; TFLite variants
+via onnx2tf when asked) → measure each in its own process → plan → write the bundle.
+
+**Selection and held-out samples.** The evaluation samples are split once
+(:func:`~edgesdk.converters.data.split_evaluation`). Every choice is made on the
+*selection* drop: the calibration method, the mixed-precision search, the planner. Each
+variant runs once on all evaluation samples; its outputs are sliced by sample index into
+the selection drop (``Candidate.accuracy_drop``) and the *held-out* drop
+(``Candidate.holdout_drop``), which only checks the chosen variant (:mod:`.planner`,
+"Held-out check"). When the calibration data is the evaluation data itself (the CLI
+without ``--calibration``), only the selection samples calibrate. A model whose first
+output is not one row per sample cannot be split by sample: it gets no held-out check,
+and the report says so.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from edgesdk.bundle import Bundle, BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.converters.arguments import OUTPUTS, check_out_dir
 from edgesdk.converters.calibrate import CalibrationResult, batches, calibrate
 from edgesdk.converters.config import QuantizationConfig, QuantType
+from edgesdk.converters.data import EvaluationSplit, split_evaluation
 from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.metrics import Metric, resolve_metric
 from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
@@ -67,9 +79,15 @@ class ConversionReport:
     calibration: CalibrationResult | None = None
     #: The mixed-precision search, when static INT8 missed the bound.
     search: SearchResult | None = None
+    #: Which evaluation samples chose the variant and which checked it.
+    holdout: EvaluationSplit | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: what ``edgesdk convert --json`` prints (one row per variant)."""
+        """JSON-ready: what ``edgesdk convert --json`` prints (one row per variant).
+
+        ``accuracy_drop`` is on the selection samples, ``holdout_drop`` on the held-out ones
+        (None when none were held out); ``holdout`` has the split's sizes and settings.
+        """
         rows = []
         for c in self.plan.candidates:
             m = c.measurement
@@ -78,6 +96,7 @@ class ConversionReport:
                 "size_bytes": m.size_bytes, "peak_memory_mb": round(m.model_memory_mb, 2),
                 "latency_p50_ms": round(m.latency_p50_ms, 4), "measured_on": m.measured_on,
                 "accuracy_drop": round(c.accuracy_drop, 4),
+                "holdout_drop": None if c.holdout_drop is None else round(c.holdout_drop, 4),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
                 "estimate_basis": c.estimate.basis, "rejected": list(c.rejected), "notes": list(c.notes),
                 "sha256": m.sha256, "file": str(c.path),
@@ -89,7 +108,8 @@ class ConversionReport:
                 "calibration": None if self.calibration is None else {
                     "samples": self.calibration.samples, "tensors": self.calibration.tensors,
                     "batch_size": self.calibration.batch_size, "seconds": round(self.calibration.seconds, 2)},
-                "search": None if self.search is None else self.search.to_dict()}
+                "search": None if self.search is None else self.search.to_dict(),
+                "holdout": None if self.holdout is None else self.holdout.to_dict()}
 
 
 def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -205,11 +225,14 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     inputs, outputs = _specs(fp32_path, board)
     from edgesdk.converters.data import check_arrays
 
-    calibration = check_arrays(request.data.calibration, inputs, "calibration data")
-    evaluation = check_arrays(request.data.evaluation, inputs, "evaluation data")
-    if labels is not None and len(labels) != len(next(iter(evaluation.values()))):
-        raise DataError(f"{len(labels)} labels for {len(next(iter(evaluation.values())))} evaluation samples")
-    scorer = resolve_metric(request.data.metric, labels)
+    data = request.data
+    calibration = check_arrays(data.calibration, inputs, "calibration data")
+    evaluation = check_arrays(data.evaluation, inputs, "evaluation data")
+    count = len(next(iter(evaluation.values())))
+    if labels is not None and len(labels) != count:
+        raise DataError(f"{len(labels)} labels for {count} evaluation samples")
+    scorer = resolve_metric(data.metric, labels)
+    split = split_evaluation(count, data.holdout, data.holdout_seed, data.holdout_min, labels)
 
     board_threads = plan_cores(board, mode, available=frozenset(range(1024))).threads
     threads = max(1, min(board_threads, len(usable_cpus())))
@@ -228,9 +251,16 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
         return m
 
     reference = measure("onnx-fp32", fp32_path, "onnx", "fp32", None).outputs
-
-    def drop(m: Measurement) -> float:
-        return scorer.drop(reference, m.outputs, labels)
+    if split.is_split and len(reference) != count:
+        split = replace(split, selection=np.arange(count), holdout=np.arange(0), note=(
+            f"no held-out check: the model's first output has {len(reference)} rows for {count} evaluation samples "
+            "(not one per sample), so its outputs cannot be split by sample"))
+    if split.note:
+        (log.warning if split.fraction else log.info)("%s", split.note)
+    if split.is_split and _same_arrays(data.calibration, data.evaluation):
+        calibration = {k: v[split.selection] for k, v in calibration.items()}
+    drops = _Drops(scorer, reference, labels, split)
+    drop = drops.selection
 
     cfg_dict = config.to_dict()
     builders: list[tuple[str, str, Callable[[Path], Path]]] = [
@@ -276,11 +306,41 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
         estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256))
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
-        candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes))
+        candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes,
+                                    holdout_drop=drops.holdout(m)))
     plan = _confirmed(candidates, board, mode, bound, request.bounds.fps, threads, evaluation, notify)
-    bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify)
+    bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, split)
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,
-                            tflite_error, parity, ranges, search)
+                            tflite_error, parity, ranges, search, split)
+
+
+def _same_arrays(calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray]) -> bool:
+    """True when the calibration data is the evaluation data itself (the same arrays, not equal copies)."""
+    return calibration is evaluation or (
+        calibration.keys() == evaluation.keys() and all(calibration[k] is evaluation[k] for k in calibration))
+
+
+class _Drops:
+    """A variant's drop vs FP32 on the selection and on the held-out samples, from its outputs on all of them."""
+
+    def __init__(self, scorer: Metric, reference: np.ndarray, labels: np.ndarray | None,
+                 split: EvaluationSplit) -> None:
+        self.scorer, self.split = scorer, split
+        self.reference, self.labels = reference, labels
+
+    def _on(self, rows: np.ndarray, m: Measurement) -> float:
+        labels = None if self.labels is None else self.labels[rows]
+        return self.scorer.drop(self.reference[rows], m.outputs[rows], labels)
+
+    def selection(self, m: Measurement) -> float:
+        """The drop on the samples every choice is made on (all of them when none are held out)."""
+        if not self.split.is_split:
+            return self.scorer.drop(self.reference, m.outputs, self.labels)
+        return self._on(self.split.selection, m)
+
+    def holdout(self, m: Measurement) -> float | None:
+        """The drop on the held-out samples; None when none are held out."""
+        return self._on(self.split.holdout, m) if self.split.is_split else None
 
 
 def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bound: float, target_fps: float | None,
@@ -412,12 +472,17 @@ def _tflite_passthrough(request: ConversionRequest, out: Path, notify: Progress)
     candidate = Candidate("tflite-input", "tflite", path, "as-given", m, 0.0, estimate,
                           notes=("passed through: the given .tflite is the accuracy reference",))
     plan = choose([candidate], board, mode, bound, request.bounds.fps)
-    bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify)
-    return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle, None, None)
+    data = request.data
+    unsplit = EvaluationSplit(np.arange(len(next(iter(evaluation.values())))), np.arange(0), data.holdout,
+                              data.holdout_seed, data.holdout_min,
+                              "no held-out check: the given .tflite is passed through as its own accuracy reference")
+    bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, unsplit)
+    return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle, None, None,
+                            holdout=unsplit)
 
 
 def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], source_sha: str, scorer: Metric,
-            request: ConversionRequest, notify: Progress) -> Bundle:
+            request: ConversionRequest, notify: Progress, split: EvaluationSplit) -> Bundle:
     """Write the chosen variant as a bundle, with its own output on one evaluation sample as the health check."""
     notify("writing the bundle", 0, 1)
     chosen, m = plan.chosen, plan.chosen.measurement
@@ -427,7 +492,9 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
         "board": {"latency_ms": chosen.estimate.latency_ms, "energy_mj": chosen.estimate.energy_mj,
                   "basis": chosen.estimate.basis},
         "size_bytes": m.size_bytes,
-        "accuracy": {"metric": scorer.name, "unit": scorer.unit, "drop_vs_fp32": chosen.accuracy_drop},
+        # drop_vs_fp32 is the selection drop (the figure the choice was made on); holdout_drop checks it.
+        "accuracy": {"metric": scorer.name, "unit": scorer.unit, "drop_vs_fp32": chosen.accuracy_drop,
+                     "holdout_drop": chosen.holdout_drop, **split.to_dict()},
         "chosen_because": plan.reason,
     }
     # The health check allows for the difference between this host's kernels and the board's.

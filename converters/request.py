@@ -7,7 +7,8 @@ built (:mod:`.arguments` has the single-value checks, shared with the CLI's opti
     ConversionRequest(
         Source("model.onnx"),                        # or a PyTorch module + example_inputs
         Target("rk3588", mode="latency"),            # the board, and where its latencies come from
-        Data(calibration={"input": x_cal}, evaluation={"input": x_eval}, labels=y_eval),
+        Data(calibration={"input": x_cal}, evaluation={"input": x_eval}, labels=y_eval,
+             holdout=0.3),                           # 30% of x_eval only checks the chosen variant
         Output("out", name="digits", version="1.4.0"),
         bounds=Bounds(max_accuracy_drop=0.5),        # what a variant must meet
         formats=("onnx", "tflite"),
@@ -30,6 +31,9 @@ import numpy as np
 from edgesdk.converters.arguments import (
     check_accuracy_drop,
     check_fps,
+    check_holdout,
+    check_holdout_min,
+    check_holdout_seed,
     check_input_shapes,
     check_name,
     check_out_dir,
@@ -121,15 +125,27 @@ class Data:
     ``labels`` are class ids for ``evaluation``, one per sample. ``metric`` is a name
     (``top1_accuracy``, which needs labels, ``top1_agreement``, ``cosine``,
     ``max_abs_error``), a callable, or None (top-1 accuracy with labels, else agreement).
+
+    ``holdout`` is the share of the evaluation samples held out of every choice the
+    conversion makes and used only to check the chosen variant (0 to 0.5; 0: no check);
+    ``holdout_seed`` fixes which ones; a split is made only with at least ``holdout_min``
+    samples on each side (see :func:`edgesdk.converters.data.split_evaluation` for the
+    rule). When ``calibration`` is ``evaluation`` itself, only the selection part calibrates.
     """
 
     calibration: Mapping[str, np.ndarray]
     evaluation: Mapping[str, np.ndarray]
     labels: np.ndarray | None = None
     metric: str | Callable[..., float] | None = None
+    holdout: float = 0.3
+    holdout_seed: int = 0
+    holdout_min: int = 20
 
     def __post_init__(self) -> None:
         check_metric(self.metric, has_labels=self.labels is not None)
+        object.__setattr__(self, "holdout", check_holdout(self.holdout))
+        object.__setattr__(self, "holdout_seed", check_holdout_seed(self.holdout_seed))
+        object.__setattr__(self, "holdout_min", check_holdout_min(self.holdout_min))
         if self.labels is not None and self.evaluation:
             first = next(iter(self.evaluation.values()))
             if hasattr(first, "__len__") and len(self.labels) != len(first):

@@ -87,7 +87,7 @@ def _board_figures(paths: tuple[str, ...]) -> dict[str, float]:
 
 def _table(report: dict[str, Any]) -> str:
     header = ("", "variant", "size KiB", "peak MiB", "measured ms", "board ms", "mJ", f"drop ({report['metric_unit']})",
-              "verdict")
+              "held-out drop", "verdict")
     rows = [header]
     for v in report["variants"]:
         verdict = "CHOSEN" if v["chosen"] else ("; ".join(v["rejected"]) or "fits (slower)")
@@ -95,10 +95,39 @@ def _table(report: dict[str, Any]) -> str:
         rows.append(("*" if v["chosen"] else "", v["name"], f"{v['size_bytes'] / 1024:.1f}",
                      f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}",
                      f"{basis}{v['board_latency_ms']:.3f}", f"{basis}{v['energy_mj']:.2f}",
-                     f"{v['accuracy_drop']:.3f}", verdict))
+                     f"{v['accuracy_drop']:.3f}", "-" if v["holdout_drop"] is None else f"{v['holdout_drop']:.3f}",
+                     verdict))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
     return "\n".join(lines)
+
+
+def _split_line(report: dict[str, Any]) -> str:
+    """What the two drops were measured on, or why there is no held-out check."""
+    split = report["holdout"]
+    if split is None or not split["holdout_samples"]:
+        return (split or {}).get("holdout_note") or "no held-out check"
+    return (f"drop: on {split['selection_samples']} selection samples (what every choice saw); held-out drop: on "
+            f"{split['holdout_samples']} samples nothing was chosen on (seed {split['holdout_seed']}), which checks the "
+            "chosen variant")
+
+
+def _holdout(value: float) -> float:
+    from edgesdk.converters.arguments import check_holdout
+
+    return check_holdout(value)
+
+
+def _holdout_seed(value: int) -> int:
+    from edgesdk.converters.arguments import check_holdout_seed
+
+    return check_holdout_seed(value)
+
+
+def _holdout_min(value: int) -> int:
+    from edgesdk.converters.arguments import check_holdout_min
+
+    return check_holdout_min(value)
 
 
 def _formats(value: str) -> tuple[str, ...]:
@@ -143,6 +172,12 @@ def _fps(value: float) -> float | None:
               help="Accuracy metric (default: top1_accuracy with labels, else top1_agreement).")
 @click.option("--max-accuracy-drop", type=float, default=0.5, show_default=True, callback=_checked(_accuracy_drop),
               help="Largest accepted drop vs FP32, in the metric's unit (points for top-1).")
+@click.option("--holdout", type=float, default=0.3, show_default=True, callback=_checked(_holdout),
+              help="Share of --eval held out of every choice, to check the chosen variant on (0 to 0.5; 0: no check).")
+@click.option("--holdout-seed", type=int, default=0, show_default=True, callback=_checked(_holdout_seed),
+              help="Seed of the held-out split (the same seed, the same samples).")
+@click.option("--holdout-min", type=int, default=20, show_default=True, callback=_checked(_holdout_min),
+              help="Fewest samples held out, and left to choose with; with fewer than twice this, no split.")
 @click.option("--formats", default="onnx", show_default=True, callback=_checked(_formats),
               help="Comma-separated: onnx, tflite.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
@@ -173,7 +208,8 @@ def _fps(value: float) -> float | None:
               help="Image folders: per-channel std after scaling (1 or 3 values).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert(model: str, profile: str, mode: str, calibration: str | None, evaluation: str, labels: str | None,
-            metric: str | None, max_accuracy_drop: float, formats: tuple[str, ...], out_dir: str, force: bool,
+            metric: str | None, max_accuracy_drop: float, holdout: float, holdout_seed: int,
+            holdout_min: int, formats: tuple[str, ...], out_dir: str, force: bool,
             name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
             board_figures: tuple[str, ...], measure_on: str | None, server_url: str, token: str | None,
             token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
@@ -187,13 +223,12 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
     from edgesdk.converters.quiet import warnings_once
 
     with warnings_once():
-        _convert(model, profile, mode, calibration, evaluation, labels, metric, max_accuracy_drop, formats, out_dir,
-                 force, name, bundle_version, input_shapes, fps, board_figures, measure_on, server_url, token,
-                 token_file, key, color, scale, mean, std, as_json)
+        _convert(**click.get_current_context().params)  # every option by name, as parsed and checked above
 
 
 def _convert(model: str, profile: str, mode: str, calibration: str | None, evaluation: str, labels: str | None,
-             metric: str | None, max_accuracy_drop: float, formats: tuple[str, ...], out_dir: str, force: bool,
+             metric: str | None, max_accuracy_drop: float, holdout: float, holdout_seed: int,
+             holdout_min: int, formats: tuple[str, ...], out_dir: str, force: bool,
              name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
              board_figures: tuple[str, ...], measure_on: str | None, server_url: str, token: str | None,
              token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
@@ -245,7 +280,8 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     calib_arrays = load_arrays(calibration, specs, prep) if calibration else eval_arrays
     label_array = load_labels(labels, len(next(iter(eval_arrays.values())))) if labels else None
     request = ConversionRequest(Source(model, input_shapes=input_shapes), target,
-                                Data(calib_arrays, eval_arrays, label_array, metric), output,
+                                Data(calib_arrays, eval_arrays, label_array, metric, holdout=holdout,
+                                     holdout_seed=holdout_seed, holdout_min=holdout_min), output,
                                 Bounds(max_accuracy_drop, fps), formats)
     stages = _Stages()
     with contextlib.ExitStack() as stack:
@@ -259,6 +295,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(_table(data))
+    click.echo(_split_line(data))
     click.echo(f"\nchosen: {data['chosen']} — {data['reason']}")
     click.echo("~ = estimated for the board from this host's measurement (see `edgesdk convert --help`, planner docs)")
     if data["tflite_error"]:

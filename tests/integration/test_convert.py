@@ -14,6 +14,10 @@ from edgesdk import Runtime
 from edgesdk.bundle import read_bundle
 from edgesdk.cli import cli
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, QuantizationConfig, Source, Target, convert
+from edgesdk.converters.data import split_evaluation
+from edgesdk.converters.metrics import resolve_metric
+from edgesdk.converters.remote import RemoteMeasurement
+from edgesdk.converters.search import run_model
 from edgesdk.errors import BudgetError, DataError, ModelFormatError
 from edgesdk.profiles import list_profiles, profile_from_dict
 from tests.conftest import host_profile_dict
@@ -64,6 +68,86 @@ def test_chosen_variant_is_bundled_with_a_health_check_that_passes(digits_report
     with Runtime(bundle.path, profile="generic-x86_64") as rt:
         out = rt.predict(inputs)
     np.testing.assert_allclose(out, expected["probabilities"], atol=m.health_check.atol, rtol=m.health_check.rtol)
+
+
+def test_each_variant_is_scored_on_the_selection_samples_and_checked_on_the_held_out_ones(digits_report, digits):
+    # 450 evaluation samples, 30% held out: 135 check, 315 choose; the drops are those of the outputs sliced by index.
+    split = split_evaluation(450, 0.3, seed=0, minimum=20, labels=digits.y_test)
+    report = digits_report
+    assert report.holdout is not None and (len(report.holdout.selection), len(report.holdout.holdout)) == (315, 135)
+    np.testing.assert_array_equal(report.holdout.holdout, split.holdout)
+    metric = resolve_metric("top1_accuracy", digits.y_test)
+    fp32 = next(c for c in report.plan.candidates if c.name == "onnx-fp32").measurement.outputs
+    assert len(fp32) == 450  # one run over every evaluation sample, sliced afterwards
+    for c in report.plan.candidates:
+        out = c.measurement.outputs
+        for rows, drop in ((split.selection, c.accuracy_drop), (split.holdout, c.holdout_drop)):
+            assert drop == pytest.approx(metric.drop(fp32[rows], out[rows], digits.y_test[rows])), c.name
+    assert report.plan.chosen.holdout_drop <= report.max_accuracy_drop
+
+    data = report.to_dict()
+    assert data["holdout"] == {"selection_samples": 315, "holdout_samples": 135, "holdout_fraction": 0.3,
+                               "holdout_seed": 0, "holdout_min": 20, "holdout_note": None}
+    rows = {v["name"]: v for v in data["variants"]}
+    for c in report.plan.candidates:
+        assert (rows[c.name]["accuracy_drop"], rows[c.name]["holdout_drop"]) == (
+            round(c.accuracy_drop, 4), round(c.holdout_drop, 4))
+    json.dumps(data)  # JSON-ready
+
+    accuracy = read_bundle(report.bundle.path).manifest.measured["accuracy"]
+    assert accuracy["drop_vs_fp32"] == report.plan.chosen.accuracy_drop
+    assert accuracy["holdout_drop"] == report.plan.chosen.holdout_drop
+    assert (accuracy["selection_samples"], accuracy["holdout_samples"], accuracy["holdout_seed"]) == (315, 135, 0)
+
+
+def _board_with_latencies(latencies: dict[str, float]):
+    """A stand-in board of the fleet: ONNX Runtime's outputs on this host, and latencies the test chooses."""
+    def measure_on(path, evaluation):
+        latency = latencies.get(path.stem, 1.0)
+        outputs = {"probabilities": run_model(path, evaluation)[0]}
+        return RemoteMeasurement("bench-board", "raspberry-pi-5", latency, latency, latency, 1.0, 50.0, 60.0, 1,
+                                 "onnxruntime", "CPUExecutionProvider", "", outputs)
+    return measure_on
+
+
+def test_a_variant_that_fails_on_held_out_samples_is_not_shipped(digits_onnx, digits, tmp_path):
+    # Ten-fold inputs, outside the calibrated range, are planted exactly where the split holds out: static INT8
+    # saturates there and nowhere else, so it wins on the selection samples and must fail the held-out check.
+    x = digits.x_test[:100].copy()
+    split = split_evaluation(100, 0.3, seed=5, minimum=20)
+    x[split.holdout] *= 8
+    fastest = {"onnx-int8-static-minmax": 0.1, "onnx-int8-dynamic": 0.5}  # ms; every other variant 1 ms
+    report = convert(ConversionRequest(
+        Source(digits_onnx), Target("raspberry-pi-5", measure_on=_board_with_latencies(fastest)),
+        Data({"input": digits.x_train[:256]}, {"input": x}, metric="max_abs_error", holdout_seed=5),
+        Output(tmp_path / "o"), Bounds(max_accuracy_drop=0.2),
+        quantization=QuantizationConfig(calibration_methods=("minmax",))))
+    static = next(c for c in report.plan.candidates if c.name == "onnx-int8-static-minmax")
+    assert static.accuracy_drop <= 0.2 < static.holdout_drop, (static.accuracy_drop, static.holdout_drop)
+    assert static.rejected == (f"held-out drop {static.holdout_drop:.3g} > bound 0.2 (selection drop "
+                               f"{static.accuracy_drop:.3g})",) and not static.chosen
+    chosen = report.plan.chosen
+    assert chosen.name == "onnx-int8-dynamic" and chosen.holdout_drop <= 0.2
+    assert "onnx-int8-static-minmax chosen first and rejected: held-out drop over the bound" in report.plan.reason
+    manifest = read_bundle(report.bundle.path).manifest
+    assert manifest.variant == "onnx-int8-dynamic"
+    assert manifest.measured["accuracy"]["holdout_drop"] == chosen.holdout_drop
+
+
+def test_too_few_evaluation_samples_convert_without_a_split_and_say_so(digits_onnx, digits, tmp_path):
+    x = {"input": digits.x_test[:30]}
+    report = convert(ConversionRequest(Source(digits_onnx), Target("raspberry-pi-5"), Data(x, x),
+                                       Output(tmp_path / "o"),
+                                       quantization=QuantizationConfig(calibration_methods=("minmax",))))
+    assert report.holdout is not None and not report.holdout.is_split
+    assert "30 evaluation samples, a split needs at least 40" in report.holdout.note
+    assert all(c.holdout_drop is None for c in report.plan.candidates)
+    assert report.calibration is not None and report.calibration.samples == 30  # no split: all of them calibrate
+    data = report.to_dict()
+    assert data["holdout"]["holdout_samples"] == 0 and "30 evaluation samples" in data["holdout"]["holdout_note"]
+    assert all(v["holdout_drop"] is None for v in data["variants"])
+    accuracy = read_bundle(report.bundle.path).manifest.measured["accuracy"]
+    assert (accuracy["holdout_drop"], accuracy["selection_samples"], accuracy["holdout_samples"]) == (None, 30, 0)
 
 
 @pytest.mark.parametrize("profile", [p.name for p in list_profiles()])
@@ -138,6 +222,9 @@ def test_cli_convert_prints_the_table_and_signs(tmp_path, digits_onnx, digits):
         "--sign", str(tmp_path / "keys" / "edgesdk.key"), "--name", "digits"])
     assert result.exit_code == 0, result.output
     assert "CHOSEN" in result.output and "onnx-int8-static-minmax" in result.output and "(signed)" in result.output
+    header = next(line for line in result.output.splitlines() if "size KiB" in line)
+    assert "drop (points)  held-out drop  verdict" in header
+    assert "on 315 selection samples" in result.output and "135 samples nothing was chosen on" in result.output
     verified = runner.invoke(cli, ["verify", str(tmp_path / "o" / "bundle"), "--pub", str(tmp_path / "keys" / "edgesdk.pub")])
     assert verified.exit_code == 0 and "signed by" in verified.output
     bad = runner.invoke(cli, ["convert", str(digits_onnx), "--profile", "rk3588", "--eval", str(tmp_path / "labels.npy"),
@@ -153,6 +240,17 @@ def test_cli_convert_json(tmp_path, digits_onnx, digits):
     data = json.loads(result.stdout)
     assert data["profile"] == "jetson-orin-nano" and data["metric"] == "top1_agreement"
     assert sum(v["chosen"] for v in data["variants"]) == 1
+    # Without --calibration the evaluation data calibrates: only its 70 selection samples, never the 30 held out.
+    assert (data["holdout"]["selection_samples"], data["holdout"]["holdout_samples"]) == (70, 30)
+    assert data["calibration"]["samples"] == 70
+    assert all(isinstance(v["holdout_drop"], float) for v in data["variants"])
+    again = CliRunner().invoke(cli, ["convert", str(digits_onnx), "--profile", "jetson-orin-nano", "--eval",
+                                     str(tmp_path / "eval.npy"), "--out", str(tmp_path / "o2"), "--json",
+                                     "--holdout", "0"])
+    assert again.exit_code == 0, again.output
+    unsplit = json.loads(again.stdout)
+    assert unsplit["holdout"]["holdout_samples"] == 0 and "holdout is 0" in unsplit["holdout"]["holdout_note"]
+    assert unsplit["calibration"]["samples"] == 100
 
 
 def test_pytorch_module_is_exported_then_converted(digits, tmp_path):

@@ -45,10 +45,10 @@ class Stages(list):
 
 def _request(model, arrays, out, profile="raspberry-pi-5", mode="latency", version="1.0.0", name="model",
              formats=("onnx",), metric=None, max_accuracy_drop=0.5, fps=None, input_shapes=None, private_key=None,
-             force=False, quantization=None) -> ConversionRequest:
+             force=False, quantization=None, holdout=0.3) -> ConversionRequest:
     """A request for the sample model, each argument given to the part that checks it."""
     return ConversionRequest(Source(model, input_shapes=input_shapes), Target(profile, mode),
-                             Data(arrays[0], arrays[1], metric=metric),
+                             Data(arrays[0], arrays[1], metric=metric, holdout=holdout),
                              Output(out, name=name, version=version, force=force, private_key=private_key),
                              Bounds(max_accuracy_drop, fps), formats, quantization)
 
@@ -61,6 +61,7 @@ def _request(model, arrays, out, profile="raspberry-pi-5", mode="latency", versi
     ({"metric": "top1_accuracy"}, DataError, "needs labels"),
     ({"max_accuracy_drop": -1}, ConversionError, "max accuracy drop -1 must be a number >= 0"),
     ({"fps": 0}, ConversionError, "fps 0 must be a number > 0"),
+    ({"holdout": 0.9}, DataError, "holdout 0.9 must be a fraction from 0 to 0.5"),
     ({"input_shapes": {"input": [1, 0]}}, ConversionError, "must be a list of integers >= 1"),
     ({"private_key": "edgesdk.key"}, SignatureError, "private_key is a str"),
     ({"profile": "raspberry-pi-9"}, ProfileError, "no device profile named 'raspberry-pi-9'"),
@@ -83,6 +84,9 @@ def test_a_bad_argument_fails_before_any_work(sample, arrays, tmp_path, change, 
     (["--mean", "0.5,0.5"], "--mean", "has 2 values"),
     (["--std", "1,x,1"], "--std", "comma-separated numbers"),
     (["--metric", "top1_accuracy"], "--metric", "needs labels"),
+    (["--holdout", "0.7"], "--holdout", "holdout 0.7 must be a fraction from 0 to 0.5"),
+    (["--holdout-seed", "-2"], "--holdout-seed", "holdout seed -2 must be an integer >= 0"),
+    (["--holdout-min", "0"], "--holdout-min", "holdout minimum 0 must be an integer >= 1"),
 ], ids=lambda v: v[0] if isinstance(v, list) else None)
 def test_cli_refuses_a_bad_option_as_a_usage_error_before_any_work(sample, tmp_path, args, option, pattern):
     result = CliRunner().invoke(cli, ["convert", str(sample / "model.onnx"), "--profile", "raspberry-pi-5",

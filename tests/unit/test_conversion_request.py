@@ -53,3 +53,28 @@ def test_the_public_names_are_exported_from_the_package():
     for name in ("convert", "ConversionRequest", "Source", "Target", "Data", "Bounds", "Output", "ConversionReport",
                  "QuantizationConfig", "board_measure"):
         assert name in edgesdk.converters.__all__ and hasattr(edgesdk.converters, name)
+
+
+def test_the_held_out_split_settings_default_and_are_checked_when_built():
+    data = Data(X, X)
+    assert (data.holdout, data.holdout_seed, data.holdout_min) == (0.3, 0, 20)
+    assert Data(X, X, holdout=0).holdout == 0.0 and isinstance(Data(X, X, holdout=0).holdout, float)
+    assert Data(X, X, holdout=0.5, holdout_seed=3, holdout_min=5).holdout_min == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        data.holdout = 0.1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("field", "value", "pattern"), [
+    ("holdout", 0.6, "holdout 0.6 must be a fraction from 0 to 0.5"),
+    ("holdout", 1, "holdout 1 must be a fraction from 0 to 0.5"),
+    ("holdout", -0.1, "holdout -0.1 must be a fraction"),
+    ("holdout", float("nan"), "holdout nan must be a fraction"),
+    ("holdout", True, "holdout True must be a fraction"),
+    ("holdout", "0.3", "holdout '0.3' must be a fraction"),
+    ("holdout_seed", -1, "holdout seed -1 must be an integer >= 0"),
+    ("holdout_seed", 1.5, "holdout seed 1.5 must be an integer >= 0"),
+    ("holdout_min", 0, "holdout minimum 0 must be an integer >= 1"),
+], ids=lambda v: repr(v))
+def test_a_bad_held_out_setting_is_a_data_error_naming_the_value(field, value, pattern):
+    with pytest.raises(DataError, match=pattern.replace("(", r"\(")):
+        Data(X, X, **{field: value})
