@@ -11,12 +11,12 @@ from edgesdk.errors import ConversionError
 from edgesdk.profiles import load_profile
 
 
-def test_arm64_preset_has_int8_symmetric_activations_and_symmetric_per_channel_weights():
+def test_arm64_preset_has_int8_asymmetric_activations_and_symmetric_per_channel_weights():
     config = QuantizationConfig.arm64()
-    assert config.activation_type is QuantType.INT8 and config.activation_symmetric
+    assert config.activation_type is QuantType.INT8 and config.activation_symmetric is False
     assert config.weight_type is QuantType.INT8 and config.weight_symmetric and config.per_channel
     assert config.decompose_activations and not config.reduce_range
-    assert config.preset.startswith("aarch64: int8 activations") and "ConvSym" in config.preset
+    assert config.preset.startswith("aarch64: asymmetric int8 activations") and "ConvSym" in config.preset
 
 
 def test_x86_64_preset_has_uint8_activations_so_qlinearconv_fuses():
@@ -72,7 +72,7 @@ def test_strings_become_enums_and_bad_values_are_refused():
 
 def test_manifest_dict_says_how_each_tensor_kind_was_quantized():
     data = QuantizationConfig.arm64().to_dict()
-    assert data["activation_type"] == "int8" and data["activation_symmetric"] is True
+    assert data["activation_type"] == "int8" and data["activation_symmetric"] is False
     assert data["weight_type"] == "int8" and data["weight_symmetric"] is True and data["per_channel"] is True
     assert data["decompose_activations"] is True and data["preset"].startswith("aarch64")
     assert QuantizationConfig.x86_64().to_dict()["activation_symmetric"] is False
