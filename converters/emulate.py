@@ -53,8 +53,8 @@ from edgesdk.model_file import read_model
 from edgesdk.profiles import CoreCluster, DeviceProfile
 from edgesdk.scheduling import plan_cores
 
-__all__ = ["InstructionCount", "Emulator", "BoardCost", "board_cost", "CYCLES_PER_INSTRUCTION", "PARALLEL_EFFICIENCY",
-           "emulated_cpu", "board_latency_ms"]
+__all__ = ["InstructionCount", "Emulator", "BoardCost", "board_cost", "ConversionCosts", "CYCLES_PER_INSTRUCTION",
+           "PARALLEL_EFFICIENCY", "emulated_cpu", "board_latency_ms"]
 
 _PLUGIN_SOURCE = Path(__file__).with_name("insn_count.c")
 _GUEST = Path(__file__).with_name("_guest_count.py")
@@ -308,3 +308,55 @@ def _plugin(cache: Path) -> Path:
         os.replace(built, target)
     return target
 
+
+
+class ConversionCosts:
+    """The board costs of one conversion's variants, or why the conversion falls back to scaling host timings.
+
+    ``emulate``: True requires the emulator (:class:`EmulatorError` when it is missing or a
+    variant fails under it); False never uses it; None (the default) uses it when it is set up
+    and ``EDGESDK_EMULATE`` is not ``0``, and otherwise says in :attr:`note` how to enable it.
+    Every variant gets the same basis: one that cannot be emulated turns emulation off for all.
+    """
+
+    def __init__(self, emulate: bool | None, board: DeviceProfile, mode: str, sample: Mapping[str, np.ndarray],
+                 emulator: Emulator | None = None) -> None:
+        self.board, self.mode, self.sample, self.required = board, mode, dict(sample), emulate is True
+        self.costs: dict[str, BoardCost] = {}
+        self.emulator: Emulator | None = None
+        self.note = ""
+        if emulate is False or (emulate is None and os.environ.get("EDGESDK_EMULATE") == "0"):
+            self.note = "board latency scaled from this host's timings (emulation turned off)"
+            return
+        if board.arch not in ("aarch64", "arm64"):
+            self.note = f"board latency scaled from this host's timings ({board.name} is {board.arch}, not emulated)"
+            if self.required:
+                raise EmulatorError(f"profile {board.name!r} is {board.arch}; only aarch64 boards are emulated")
+            return
+        try:
+            self.emulator = emulator or Emulator()
+        except EmulatorError as exc:
+            if self.required:
+                raise
+            self.note = f"board latency scaled from this host's timings, not emulated: {exc}"
+
+    @property
+    def active(self) -> bool:
+        """Variants are costed by emulation."""
+        return self.emulator is not None
+
+    def count(self, label: str, path: Path) -> BoardCost | None:
+        """Emulate ``path`` (cached); None when not emulating. A failure in auto mode turns emulation off for all."""
+        if self.emulator is None:
+            return None
+        try:
+            cost = self.costs[label] = board_cost(self.emulator, path, self.sample, self.board, self.mode)
+        except EmulatorError as exc:
+            if self.required:
+                raise
+            self.emulator, self.costs = None, {}
+            self.note = f"board latency scaled from this host's timings: {label} could not be emulated ({exc})"
+            return None
+        cpus = " and ".join(c.cpu for c in cost.counts)
+        self.note = f"board latency from instructions counted on emulated {cpus} ({cost.counts[0].runtime})"
+        return cost

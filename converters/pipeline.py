@@ -37,8 +37,9 @@ import numpy as np
 from edgesdk.bundle import Bundle, BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.converters.arguments import OUTPUTS, check_out_dir
 from edgesdk.converters.calibrate import CalibrationResult, batches, calibrate
-from edgesdk.converters.config import QuantizationConfig, QuantType
+from edgesdk.converters.config import QuantizationConfig
 from edgesdk.converters.data import EvaluationSplit, split_evaluation
+from edgesdk.converters.emulate import ConversionCosts, InstructionCount
 from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.metrics import Metric, resolve_metric
 from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
@@ -81,6 +82,8 @@ class ConversionReport:
     search: SearchResult | None = None
     #: Which evaluation samples chose the variant and which checked it.
     holdout: EvaluationSplit | None = None
+    #: Where board latencies come from: emulated cores (which, with which libraries), or why they are scaled.
+    board_estimates: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: what ``edgesdk convert --json`` prints (one row per variant).
@@ -98,7 +101,8 @@ class ConversionReport:
                 "accuracy_drop": round(c.accuracy_drop, 4),
                 "holdout_drop": None if c.holdout_drop is None else round(c.holdout_drop, 4),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
-                "estimate_basis": c.estimate.basis, "rejected": list(c.rejected), "notes": list(c.notes),
+                "estimate_basis": c.estimate.basis, "emulated": [_count_row(n) for n in c.estimate.counts],
+                "rejected": list(c.rejected), "notes": list(c.notes),
                 "sha256": m.sha256, "file": str(c.path),
             })
         return {"profile": self.profile, "mode": self.mode, "metric": self.metric, "metric_unit": self.metric_unit,
@@ -109,7 +113,17 @@ class ConversionReport:
                     "samples": self.calibration.samples, "tensors": self.calibration.tensors,
                     "batch_size": self.calibration.batch_size, "seconds": round(self.calibration.seconds, 2)},
                 "search": None if self.search is None else self.search.to_dict(),
-                "holdout": None if self.holdout is None else self.holdout.to_dict()}
+                "holdout": None if self.holdout is None else self.holdout.to_dict(),
+                "board_estimates": self.board_estimates}
+
+
+def _count_row(count: InstructionCount) -> dict[str, Any]:
+    """One emulated core's figures for a report row: instructions, and what ORT fused on that ISA."""
+    row: dict[str, Any] = {"cpu": count.cpu, "instructions": round(count.instructions),
+                           "simd_share": round(count.simd / count.instructions, 4), "cached": count.cached}
+    if count.fusion is not None:
+        row.update({k: v for k, v in count.fusion.to_dict().items() if k != "op_types"})
+    return row
 
 
 def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -238,6 +252,9 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     threads = max(1, min(board_threads, len(usable_cpus())))
     figures = dict(target.board_figures or {})
     measured: dict[str, tuple[Path, str, str, Measurement, Mapping[str, Any] | None, tuple[str, ...]]] = {}
+    # A fleet device measuring every variant needs no emulated stand-in for it.
+    costs = ConversionCosts(False if target.measure_on is not None else target.emulate, board, mode,
+                            {k: v[:1] for k, v in evaluation.items()})
 
     def measure(label: str, path: Path, fmt: str, precision: str, cfg: Mapping[str, Any] | None,
                 notes: tuple[str, ...] = ()) -> Measurement:
@@ -247,8 +264,16 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
             notify(f"measuring {label} on the board", len(measured), len(measured) + 1)
             m = _on_board(m, target.measure_on(path, evaluation), outputs)
             figures[m.sha256] = m.latency_p50_ms
+        elif costs.active and m.sha256 not in figures:
+            notify(f"counting {label} on the board's emulated cores", len(measured), len(measured) + 1)
+            costs.count(label, path)
         measured[label] = (path, fmt, precision, m, cfg, notes)
         return m
+
+    def board_ms(label: str) -> float:
+        """What the search compares: the emulated board latency, or this host's."""
+        cost = costs.costs.get(label)
+        return cost.latency_ms if cost is not None else measured[label][3].latency_p50_ms
 
     reference = measure("onnx-fp32", fp32_path, "onnx", "fp32", None).outputs
     if split.is_split and len(reference) != count:
@@ -278,7 +303,7 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
 
     notify("calibrating", 0, 1)
     ranges = calibrate(fp32_path, calibration, config.calibration_methods, variants_dir / "calibration",
-                       percentile=config.percentile, symmetric=config.activation_type is QuantType.INT8,
+                       percentile=config.percentile, symmetric=bool(config.activation_symmetric),
                        max_samples=config.max_calibration_samples,
                        progress=lambda done, total: notify(f"calibrating ({done}/{total} samples)", done, total))
     static: list[tuple[float, str, Path]] = []
@@ -293,7 +318,8 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     if best_drop > bound and config.max_search_candidates > 0:
         unlabelled = None if labels is not None else scorer
         search = _mixed(fp32_path, best_path, best_method, variants_dir, calibration, board, mode, threads, config, cfg_dict,
-                        bound, measured["onnx-fp32"][3].latency_p50_ms, measure, drop, notify, unlabelled)
+                        bound, board_ms("onnx-fp32"), measure, drop, notify, unlabelled,
+                        board_ms if costs.active else None)
 
     tflite_error, parity = None, None
     if "tflite" in request.formats:
@@ -303,7 +329,8 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     host = target.host_profile()
     candidates = []
     for label, (path, fmt, precision, m, cfg, notes) in measured.items():
-        estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256))
+        estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256),
+                                     costs.costs.get(label))
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes,
@@ -311,7 +338,7 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     plan = _confirmed(candidates, board, mode, bound, request.bounds.fps, threads, evaluation, notify)
     bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, split)
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,
-                            tflite_error, parity, ranges, search, split)
+                            tflite_error, parity, ranges, search, split, costs.note)
 
 
 def _same_arrays(calibration: Mapping[str, np.ndarray], evaluation: Mapping[str, np.ndarray]) -> bool:
@@ -347,8 +374,9 @@ def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bou
                threads: int, evaluation: Mapping[str, np.ndarray], notify: Progress) -> PlanResult:
     """Plan, then time a chosen variant side by side with FP32; one not clearly faster is rejected; plan again.
 
-    Only for variants whose latency is this host's (a board's own figures are not second-guessed) and only
-    while FP32 fits (otherwise size, not speed, is why a variant is chosen).
+    Only for variants whose board latency is scaled from this host's (a board's own figures and emulated
+    counts are not second-guessed by this host's clock) and only while FP32 fits (otherwise size, not
+    speed, is why a variant is chosen).
     """
     fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
     while True:
@@ -356,7 +384,8 @@ def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bou
         chosen = plan.chosen
         fp32_judged = next((c for c in plan.candidates if c.name == "onnx-fp32"), None)
         if (fp32 is None or chosen.name == fp32.name or chosen.format != "onnx" or chosen.measurement.measured_on
-                != "this host" or fp32_judged is None or any("budget" in r for r in fp32_judged.rejected)):
+                != "this host" or chosen.estimate.basis != "estimated" or fp32_judged is None
+                or any("budget" in r for r in fp32_judged.rejected)):
             return plan
         notify(f"timing {chosen.name} side by side with FP32", 0, 1)
         ratio = latency_ratio(chosen.path, fp32.path, board, mode, threads, evaluation)
@@ -386,10 +415,11 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
            board: DeviceProfile, mode: str, threads: int,
            config: QuantizationConfig, cfg_dict: Mapping[str, Any], bound: float, fp32_latency_ms: float,
            measure: Callable[..., Measurement], drop: Callable[[Measurement], float], notify: Progress,
-           scorer: Metric | None) -> SearchResult:
+           scorer: Metric | None, board_ms: Callable[[str], float] | None = None) -> SearchResult:
     """Sensitivity per block on calibration samples, then the timed search (:mod:`.search`).
 
     ``scorer`` (a metric that compares with FP32, so needs no labels) also scores each block's own drop.
+    ``board_ms(label)``, when given, is a measured candidate's emulated board latency: the search's cost.
     """
     from edgesdk.converters.qdq import QdqGraph
     from edgesdk.converters.search import block_sensitivity, search_mixed
@@ -413,6 +443,8 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
         m = measure(label, path, "onnx", "mixed", {**cfg_dict, "calibration_method": method,
                                                    "float_nodes": list(float_nodes)},
                     (f"{label.rsplit('-', 1)[-1]} most harmful block(s) kept in float ({len(float_nodes)} nodes)",))
+        if board_ms is not None:  # counted, not timed: no noise to guard against
+            return drop(m), board_ms(label)
         if m.latency_p50_ms < fp32_latency_ms or m.measured_on != "this host":
             return drop(m), m.latency_p50_ms
         # The search stops on a candidate no faster than FP32: a busy moment of the machine must not

@@ -6,17 +6,23 @@ profile's ``model_budget_mb``; and, when a frame rate is asked for, its estimate
 energy per inference times that rate (its sustained power) is within the power mode's
 watts, i.e. the board can keep up in that mode.
 
-**Estimates (labelled "estimated" in every report).** Board latency is scaled from
-the host's measured latency::
+**Board latency, best source first** (every report names it, as the estimate's ``basis``):
+
+1. ``measured on board``: ``edgesdk bench --json`` figures from the board (matched by
+   model SHA-256) or a board of the fleet (``--measure-on``);
+2. ``emulated <core>``: the variant's instructions per inference counted on the board's
+   own core type under qemu-user, with the board's aarch64 kernels
+   (:func:`edgesdk.converters.emulate.board_cost`): int8 and FP16 fast paths the board has
+   and this host lacks count, so the order of the variants is the board's;
+3. ``estimated``: scaled from the host's measured latency, when no emulator is set up::
 
     board_ms = host_ms * perf(host cores, threads) / perf(board cores, threads)
     perf     = (1 + 0.7 * (threads - 1)) * max_mhz * ipc(core)
 
 ``ipc`` is a per-microarchitecture relative throughput (Cortex-A76 = 1.0; table below,
 from published per-clock benchmark ratios), and 0.7 is the assumed parallel efficiency
-of each extra thread. Energy per inference (mJ) = power-mode watts × board_ms. Feed
-``edgesdk bench --json`` results measured on the board (matched by model SHA-256) and
-they replace the estimate ("measured on board").
+of each extra thread. This keeps the host's order of the variants on every board, which
+is wrong where the ISAs differ. Energy per inference (mJ) = power-mode watts × board_ms.
 
 **Choice.** Among variants that fit and whose accuracy drop is within the bound, the
 fastest on the board wins, unless others are within noise of it: a variant is faster
@@ -25,8 +31,8 @@ edgesdk can tell from run-to-run noise (the same rule as the side-by-side check 
 :func:`edgesdk.converters.pipeline.convert`). Among the variants within noise of the
 fastest, the smaller file wins, then the smaller accuracy drop, then the one built first,
 and the reason says so ("within noise of X; chose the smaller"): the same inputs give the
-same bundle run after run. A quantized variant slower than FP32 on this host is never
-chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
+same bundle run after run. A quantized variant slower than FP32 on the board (by the
+same source) is never chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
 :class:`BudgetError` naming the closest variant's figures and the budget.
 
 **Held-out check.** A candidate's ``accuracy_drop`` is measured on the *selection*
@@ -47,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from edgesdk.converters.emulate import PARALLEL_EFFICIENCY, BoardCost, InstructionCount
 from edgesdk.converters.measure import Measurement
 from edgesdk.errors import BudgetError
 from edgesdk.profiles import CoreCluster, DeviceProfile, RuntimeMode
@@ -60,7 +67,6 @@ IPC = {
     "cortex-a75": 0.90, "cortex-a76": 1.00, "cortex-a77": 1.10, "cortex-a78": 1.15, "cortex-a78ae": 1.10,
     "cortex-x1": 1.30, "x86_64": 1.40,
 }
-PARALLEL_EFFICIENCY = 0.7
 #: One latency is clearly lower than another only at this ratio or below; smaller gains are within the
 #: run-to-run noise of a measurement on a typical host (about 3%).
 CLEAR_GAIN = 0.95
@@ -89,17 +95,21 @@ class BoardEstimate:
 
     latency_ms: float
     energy_mj: float
-    #: "estimated" (scaled from this host) or "measured on board".
+    #: "measured on board", "emulated <core>" (counted under qemu-user) or "estimated" (scaled from this host).
     basis: str
+    #: The instruction counts an emulated estimate was made from (with ONNX Runtime's fusions on the board's ISA).
+    counts: tuple[InstructionCount, ...] = ()
 
 
 def estimate_on_board(host_latency_ms: float, host: DeviceProfile, host_threads: int, board: DeviceProfile,
-                      mode: str, measured_ms: float | None = None) -> BoardEstimate:
-    """Board latency and energy per inference for a variant measured on ``host``."""
+                      mode: str, measured_ms: float | None = None, emulated: BoardCost | None = None) -> BoardEstimate:
+    """Board latency and energy per inference: measured on the board, else emulated, else scaled from ``host``."""
     power_mode = board.power_mode_for(mode)
     watts = power_mode.watts if power_mode else max(m.watts for m in board.power_modes)
     if measured_ms is not None:
         return BoardEstimate(measured_ms, watts * measured_ms, "measured on board")
+    if emulated is not None:
+        return BoardEstimate(emulated.latency_ms, watts * emulated.latency_ms, emulated.basis, emulated.counts)
     scale = _perf(host, RuntimeMode.LATENCY.value, host_threads, available=frozenset(host.cores)) / _perf(board, mode)
     latency = host_latency_ms * scale
     return BoardEstimate(latency, watts * latency, "estimated")
@@ -165,10 +175,9 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
                                f"{watts:g} W of power mode {power_mode.name if power_mode else '?'}")
         if c.accuracy_drop > max_accuracy_drop:
             reasons.append(f"accuracy drop {c.accuracy_drop:.3g} > bound {max_accuracy_drop:g}")
-        if (c.is_quantized and fp32 is not None and fp32_fits
-                and c.measurement.latency_p50_ms > fp32.measurement.latency_p50_ms):
-            reasons.append(f"slower than FP32 on this host ({c.measurement.latency_p50_ms:.3f} ms vs "
-                           f"{fp32.measurement.latency_p50_ms:.3f} ms)")
+        if c.is_quantized and fp32 is not None and fp32_fits and c.estimate.latency_ms > fp32.estimate.latency_ms:
+            reasons.append(f"slower than FP32 on {board.name} ({c.estimate.latency_ms:.3f} ms vs "
+                           f"{fp32.estimate.latency_ms:.3f} ms, {c.estimate.basis})")
         judged.append(replace(c, rejected=(*c.rejected, *reasons)))  # a reason given by the caller stays
 
     vetoed: list[Candidate] = []

@@ -89,11 +89,13 @@ class Source:
 class Target:
     """The board (a profile name, YAML path or :class:`DeviceProfile`), its power mode, and its latencies' source.
 
-    By default a variant's board latency is estimated from this host's measurement
-    (``host``: this machine's profile, detected when None). ``board_figures`` maps a
-    variant's model SHA-256 to a latency measured on the board (``edgesdk bench --json``'s
-    ``p50_ms``); ``measure_on`` runs every variant on a device of the fleet instead, and its
-    latency, memory and outputs replace this host's.
+    A variant's board latency is counted on the board's own core type under qemu-user
+    (:mod:`edgesdk.converters.emulate`) when the emulator is set up (``emulate``: None, the
+    default, uses it when present; True requires it; False never), and otherwise scaled from
+    this host's measurement (``host``: this machine's profile, detected when None).
+    ``board_figures`` maps a variant's model SHA-256 to a latency measured on the board
+    (``edgesdk bench --json``'s ``p50_ms``); ``measure_on`` runs every variant on a device of
+    the fleet instead, and its latency, memory and outputs replace this host's.
     """
 
     profile: str | os.PathLike[str] | DeviceProfile
@@ -101,11 +103,14 @@ class Target:
     board_figures: Mapping[str, float] | None = None
     measure_on: BoardMeasure | None = None
     host: DeviceProfile | None = None
+    emulate: bool | None = None
     #: The loaded profile (set at construction).
     board: DeviceProfile = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         board = load_profile(self.profile)
+        if self.emulate not in (None, True, False):
+            raise ConversionError(f"emulate must be None, True or False, got {self.emulate!r}")
         mode = RuntimeMode.parse(self.mode).value
         plan_cores(board, mode, available=frozenset(range(1024)))  # a mode the profile cannot schedule fails here
         object.__setattr__(self, "board", board)

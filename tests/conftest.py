@@ -9,6 +9,11 @@ import pytest
 
 from edgesdk.profiles import DeviceProfile, profile_from_dict
 
+# Conversions cost their variants on the board's emulated cores when the emulator is set up (it is, in CI).
+# Tests of other behaviour scale this host's timings instead, which keeps them fast; the emulated
+# conversion is tested on its own (tests/integration/test_convert_emulated.py clears this).
+os.environ.setdefault("EDGESDK_EMULATE", "0")
+
 BOARDS = Path(__file__).parent / "data" / "boards"
 
 

@@ -86,20 +86,26 @@ def _board_figures(paths: tuple[str, ...]) -> dict[str, float]:
 
 
 def _table(report: dict[str, Any]) -> str:
-    header = ("", "variant", "size KiB", "peak MiB", "measured ms", "board ms", "mJ", f"drop ({report['metric_unit']})",
-              "held-out drop", "verdict")
+    header = ("", "variant", "size KiB", "peak MiB", "measured ms", "board ms", "mJ", "int8/DQ-float",
+              f"drop ({report['metric_unit']})", "held-out drop", "verdict")
     rows = [header]
     for v in report["variants"]:
         verdict = "CHOSEN" if v["chosen"] else ("; ".join(v["rejected"]) or "fits (slower)")
         basis = "" if v["estimate_basis"] == "measured on board" else "~"
         rows.append(("*" if v["chosen"] else "", v["name"], f"{v['size_bytes'] / 1024:.1f}",
                      f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}",
-                     f"{basis}{v['board_latency_ms']:.3f}", f"{basis}{v['energy_mj']:.2f}",
+                     f"{basis}{v['board_latency_ms']:.3f}", f"{basis}{v['energy_mj']:.2f}", _fused(v),
                      f"{v['accuracy_drop']:.3f}", "-" if v["holdout_drop"] is None else f"{v['holdout_drop']:.3f}",
                      verdict))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
     return "\n".join(lines)
+
+
+def _fused(row: dict[str, Any]) -> str:
+    """Convs/MatMuls ONNX Runtime ran as int8 kernels / left as DQ->float->Q on the emulated board ("-": not known)."""
+    counted = [c for c in row.get("emulated", []) if "int8_kernels" in c]
+    return f"{counted[0]['int8_kernels']}/{counted[0]['dq_float_q']}" if counted else "-"
 
 
 def _split_line(report: dict[str, Any]) -> str:
@@ -192,6 +198,9 @@ def _fps(value: float) -> float | None:
               help="Frame rate the board must sustain in the power mode.")
 @click.option("--board-figures", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="`edgesdk bench --json` output measured on the board; replaces the estimate for that model.")
+@click.option("--emulate/--no-emulate", "emulate", default=None,
+              help="Board latency from instructions counted on the board's core under qemu-user (default: when "
+                   "`edgesdk emulator setup` was run; --emulate fails without it; --no-emulate scales host timings).")
 @click.option("--measure-on", "measure_on", default=None, metavar="DEVICE",
               help="Measure every variant on this device of the fleet (through the OTA server) instead of estimating.")
 @click.option("--server", "server_url", envvar="EDGESDK_SERVER", default="http://127.0.0.1:8080", show_default=True,
@@ -211,7 +220,7 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
             metric: str | None, max_accuracy_drop: float, holdout: float, holdout_seed: int,
             holdout_min: int, formats: tuple[str, ...], out_dir: str, force: bool,
             name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
-            board_figures: tuple[str, ...], measure_on: str | None, server_url: str, token: str | None,
+            board_figures: tuple[str, ...], emulate: bool | None, measure_on: str | None, server_url: str, token: str | None,
             token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
             std: tuple[float, ...], as_json: bool) -> None:
     """Build, measure and choose the variant of MODEL that fits PROFILE; write a bundle to OUT/bundle.
@@ -230,7 +239,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
              metric: str | None, max_accuracy_drop: float, holdout: float, holdout_seed: int,
              holdout_min: int, formats: tuple[str, ...], out_dir: str, force: bool,
              name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
-             board_figures: tuple[str, ...], measure_on: str | None, server_url: str, token: str | None,
+             board_figures: tuple[str, ...], emulate: bool | None, measure_on: str | None, server_url: str, token: str | None,
              token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
              std: tuple[float, ...], as_json: bool) -> None:
     from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target
@@ -266,7 +275,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         check_metric(metric, has_labels=labels is not None)
     except EdgeSDKError as exc:
         raise click.BadParameter(str(exc), param_hint="'--metric'") from None
-    target = Target(profile, mode, board_figures=_board_figures(board_figures))
+    target = Target(profile, mode, board_figures=_board_figures(board_figures), emulate=emulate)
     if measure_on:
         from edgesdk.cli.fleet import admin_client
         from edgesdk.converters.remote import board_measure as remote
@@ -297,7 +306,9 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     click.echo(_table(data))
     click.echo(_split_line(data))
     click.echo(f"\nchosen: {data['chosen']} — {data['reason']}")
-    click.echo("~ = estimated for the board from this host's measurement (see `edgesdk convert --help`, planner docs)")
+    click.echo(f"~ = not measured on the board: {data['board_estimates']}")
+    click.echo("int8/DQ-float = Convs and MatMuls ONNX Runtime runs as int8 kernels / leaves as DequantizeLinear -> "
+               "float -> QuantizeLinear, in the graph it optimizes on the emulated board")
     if data["tflite_error"]:
         click.echo(f"TFLite variants not produced: {data['tflite_error']}")
     click.echo(f"bundle: {data['bundle']}" + (" (signed)" if private_key else ""))
