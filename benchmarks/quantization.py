@@ -148,12 +148,12 @@ def bench_model(name: str, work: Path, n_cal: int, n_eval: int, quick: bool, emu
     if not quick:
         metric_name, metric_file, max_drop = NNCF_METRIC[name]
         log(f"{name}: NNCF quantize_with_accuracy_control, max drop {max_drop} {metric_name}, selection samples")
+        os.environ["EDGESDK_NNCF_METRIC"] = metric_name  # read by _nncf_metrics.py in NNCF's worker
         try:
             nncf = nncf_accuracy_control(
                 fixed, feeds_cal, {spec.input_name: evaluation[split.selection]}, None, metric_name, max_drop,
                 work / f"{name}-nncf.onnx", timeout_s=3600,
-                metric_file=Path(__file__).with_name("_nncf_metrics.py") if metric_file else None,
-                env={"EDGESDK_NNCF_METRIC": metric_name})
+                metric_file=Path(__file__).with_name("_nncf_metrics.py") if metric_file else None)
             row = _peer_row(nncf.path, fp32_ms, emulator, sample, run_model(nncf.path, feeds_eval)[0], reference,
                             split, metric)
             row.update({"wall_s": round(nncf.wall_s, 1), "restorer_ran": nncf.restorer_ran,
