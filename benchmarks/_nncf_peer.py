@@ -26,23 +26,23 @@ imported.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgesdk.converters.tflite import run_logged  # the onnx2tf tool's runner: log file, process group killed on timeout
 
 __all__ = ["NNCF_VERSION", "REQUIREMENTS", "NncfEnv", "NncfError", "NncfResult", "nncf_accuracy_control"]
 
@@ -74,22 +74,6 @@ def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["NNCF_CI"] = "1"  # one of NNCF's switches that turn its telemetry into a stub
     env.update(extra or {})
     return env
-
-
-def _run(command: Sequence[str], cwd: Path, log_path: Path, timeout_s: float, env: Mapping[str, str]) -> int:
-    """Run ``command`` with stdout+stderr appended to ``log_path``; kill its process group on timeout or Ctrl-C."""
-    with open(log_path, "ab") as log_file:
-        log_file.write(f"$ {' '.join(command)}\n".encode())
-        log_file.flush()
-        process = subprocess.Popen(command, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log_file,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return process.wait(timeout=timeout_s)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise
 
 
 def _tail(path: Path, limit: int = _TAIL) -> str:
@@ -178,7 +162,7 @@ class NncfEnv:
         for command in steps:
             deadline = timeout_s - (time.perf_counter() - started)
             try:
-                code = _run(command, where.parent, log_path, max(deadline, 1), _clean_env())
+                code = run_logged(command, where.parent, log_path, max(deadline, 1), _clean_env())
             except subprocess.TimeoutExpired as exc:
                 raise NncfError(f"installing NNCF: `{' '.join(command)}` did not finish within {timeout_s:.0f} s; "
                                 f"log {log_path}:\n{_tail(log_path)}") from exc
@@ -278,7 +262,7 @@ def nncf_accuracy_control(fp32_path: str | Path, calibration: Mapping[str, np.nd
         command = [str(env.python), str(WORKER), str(folder / "request.json")]
         started = time.perf_counter()
         try:
-            code = _run(command, folder, log_path, timeout_s, _clean_env({"PYTHONWARNINGS": "ignore"}))
+            code = run_logged(command, folder, log_path, timeout_s, _clean_env({"PYTHONWARNINGS": "ignore"}))
         except subprocess.TimeoutExpired as exc:
             raise NncfError(f"NNCF accuracy control on {fp32_path} did not finish within {timeout_s:g} s (raise timeout_s, "
                             "or bound the restorer with nncf_options={'max_num_iterations': N}); worker output:",

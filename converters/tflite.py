@@ -62,7 +62,7 @@ from edgesdk.errors import ConversionError, DataError, UnsupportedOpError
 from edgesdk.files import write_atomic
 from edgesdk.tensors import TensorSpec
 
-__all__ = ["Onnx2TfTool", "ToolRun", "TFLiteInput", "TFLiteResult", "convert_to_tflite", "ONNX2TF_VERSION",
+__all__ = ["run_logged", "Onnx2TfTool", "ToolRun", "TFLiteInput", "TFLiteResult", "convert_to_tflite", "ONNX2TF_VERSION",
            "TOOLS_DIR_ENV", "VARIANTS"]
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _default_location() -> Path:
     return Path(root) / f"onnx2tf-{ONNX2TF_VERSION}"
 
 
-def _run_logged(command: Sequence[str], cwd: Path, log_path: Path, timeout_s: float, env: Mapping[str, str]) -> int:
+def run_logged(command: Sequence[str], cwd: Path, log_path: Path, timeout_s: float, env: Mapping[str, str]) -> int:
     """Run ``command`` with stdout+stderr appended to ``log_path``; kill its whole process group on timeout."""
     with open(log_path, "ab") as log_file:
         log_file.write(f"$ {' '.join(command)}\n".encode())
@@ -182,7 +182,7 @@ class Onnx2TfTool:
         ]
         for command, fix in steps:
             try:
-                code = _run_logged(command, self.location, log_path, timeout_s, self._env())
+                code = run_logged(command, self.location, log_path, timeout_s, self._env())
             except subprocess.TimeoutExpired as exc:
                 raise ConversionError(f"installing onnx2tf: `{' '.join(command)}` did not finish in {timeout_s:.0f} s; "
                                       f"see {log_path}; {fix}, then try again") from exc
@@ -198,7 +198,7 @@ class Onnx2TfTool:
         log_path = Path(cwd) / "onnx2tf.log"
         started = time.perf_counter()
         try:
-            code = _run_logged(command, Path(cwd), log_path, timeout, self._env())
+            code = run_logged(command, Path(cwd), log_path, timeout, self._env())
         except subprocess.TimeoutExpired as exc:
             raise ConversionError(f"`{' '.join(command)}` did not finish in {timeout:.0f} s (log: {log_path}); "
                                   "raise timeout_s, or simplify the model first") from exc
