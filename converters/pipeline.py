@@ -510,7 +510,8 @@ def _tflite_passthrough(request: ConversionRequest, out: Path, notify: Progress)
                               "no held-out check: the given .tflite is passed through as its own accuracy reference")
     bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, unsplit)
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle, None, None,
-                            holdout=unsplit)
+                            holdout=unsplit, board_estimates="board latency scaled from this host's timings (a .tflite "
+                            "passed through is measured as given, not emulated)")
 
 
 def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], source_sha: str, scorer: Metric,
