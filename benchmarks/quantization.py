@@ -259,6 +259,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one model, few samples, no peers or RSS runs (CI smoke)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS))
+    parser.add_argument("--partial", type=Path, default=None,
+                        help="also write each model's results to DIR/NAME.json as soon as it is done (long runs)")
     args = parser.parse_args()
     names = ["orientation"] if args.quick else [n.strip() for n in args.models.split(",") if n.strip()]
     emulator = Emulator()
@@ -269,6 +271,9 @@ def main() -> None:
         for name in names:
             n_cal, n_eval = (16, 48) if args.quick else (128, EVAL[name])
             results[name] = bench_model(name, work, n_cal, n_eval, args.quick, emulator)
+            if args.partial is not None:
+                args.partial.mkdir(parents=True, exist_ok=True)
+                (args.partial / f"{name}.json").write_text(json.dumps(results[name], indent=1))
         rows = [row for name in names for row in results[name]["proxy"]]
         proxy = results["proxy"] = {"summary": fit_errors(rows), "pairs": rows}
         share = proxy["summary"]["plain_within_20pct"]
