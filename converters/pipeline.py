@@ -28,7 +28,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +36,17 @@ import numpy as np
 
 from edgesdk.bundle import Bundle, BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.converters.arguments import OUTPUTS, check_out_dir
-from edgesdk.converters.calibrate import CalibrationResult, batches, calibrate
+from edgesdk.converters.calibrate import batches, calibrate
 from edgesdk.converters.config import QuantizationConfig
 from edgesdk.converters.data import EvaluationSplit, split_evaluation
-from edgesdk.converters.emulate import ConversionCosts, InstructionCount
+from edgesdk.converters.emulate import ConversionCosts
 from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.metrics import Metric, resolve_metric
 from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
 from edgesdk.converters.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
 from edgesdk.converters.quantize import quantize_dynamic_int8, quantize_static_int8, to_fp16
 from edgesdk.converters.quiet import held_output, warnings_once
+from edgesdk.converters.report import ConversionReport
 from edgesdk.converters.request import ConversionRequest, Source
 from edgesdk.converters.search import SearchResult
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
@@ -61,69 +62,6 @@ log = logging.getLogger(__name__)
 
 #: progress(stage, done, total)
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class ConversionReport:
-    """Every variant with its figures and verdict, the chosen one, and the bundle."""
-
-    profile: str
-    mode: str
-    metric: str
-    metric_unit: str
-    max_accuracy_drop: float
-    plan: PlanResult
-    bundle: Bundle
-    #: Why TFLite variants are missing, if they were asked for and could not be made.
-    tflite_error: str | None
-    tflite_parity_max_abs_diff: float | None
-    calibration: CalibrationResult | None = None
-    #: The mixed-precision search, when static INT8 missed the bound.
-    search: SearchResult | None = None
-    #: Which evaluation samples chose the variant and which checked it.
-    holdout: EvaluationSplit | None = None
-    #: Where board latencies come from: emulated cores (which, with which libraries), or why they are scaled.
-    board_estimates: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: what ``edgesdk convert --json`` prints (one row per variant).
-
-        ``accuracy_drop`` is on the selection samples, ``holdout_drop`` on the held-out ones
-        (None when none were held out); ``holdout`` has the split's sizes and settings.
-        """
-        rows = []
-        for c in self.plan.candidates:
-            m = c.measurement
-            rows.append({
-                "name": c.name, "format": c.format, "precision": c.precision, "chosen": c.chosen,
-                "size_bytes": m.size_bytes, "peak_memory_mb": round(m.model_memory_mb, 2),
-                "latency_p50_ms": round(m.latency_p50_ms, 4), "measured_on": m.measured_on,
-                "accuracy_drop": round(c.accuracy_drop, 4),
-                "holdout_drop": None if c.holdout_drop is None else round(c.holdout_drop, 4),
-                "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
-                "estimate_basis": c.estimate.basis, "emulated": [_count_row(n) for n in c.estimate.counts],
-                "rejected": list(c.rejected), "notes": list(c.notes),
-                "sha256": m.sha256, "file": str(c.path),
-            })
-        return {"profile": self.profile, "mode": self.mode, "metric": self.metric, "metric_unit": self.metric_unit,
-                "max_accuracy_drop": self.max_accuracy_drop, "chosen": self.plan.chosen.name,
-                "reason": self.plan.reason, "bundle": str(self.bundle.path), "variants": rows,
-                "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff,
-                "calibration": None if self.calibration is None else {
-                    "samples": self.calibration.samples, "tensors": self.calibration.tensors,
-                    "batch_size": self.calibration.batch_size, "seconds": round(self.calibration.seconds, 2)},
-                "search": None if self.search is None else self.search.to_dict(),
-                "holdout": None if self.holdout is None else self.holdout.to_dict(),
-                "board_estimates": self.board_estimates}
-
-
-def _count_row(count: InstructionCount) -> dict[str, Any]:
-    """One emulated core's figures for a report row: instructions, and what ORT fused on that ISA."""
-    row: dict[str, Any] = {"cpu": count.cpu, "instructions": round(count.instructions),
-                           "simd_share": round(count.simd / count.instructions, 4), "cached": count.cached}
-    if count.fusion is not None:
-        row.update({k: v for k, v in count.fusion.to_dict().items() if k != "op_types"})
-    return row
 
 
 def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
