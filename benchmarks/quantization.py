@@ -255,17 +255,67 @@ def convert_cli_rss(name: str, work: Path, n_cal: int, n_eval: int) -> dict:
             "calibration_file_mb": round((folder / "cal.npy").stat().st_size / 2**20, 1)}
 
 
+def model_goals(names: list[str], results: dict, quick: bool) -> list[dict]:
+    """The per-model goals and the ones over all models (proxy, fast-and-accurate count); adds to ``results``."""
+    goals = []
+    rows = [row for name in names for row in results[name]["proxy"]]
+    proxy = results["proxy"] = {"summary": fit_errors(rows), "pairs": rows}
+    share = proxy["summary"]["plain_within_20pct"]
+    goals.append(goal("proxy on this host: (model, variant) pairs whose instruction-count ratio to FP32 is within "
+                      "+-20% of the measured ratio (plain count, the converter's form)", ">= 0.8", share or 0.0,
+                      (share or 0.0) >= 0.8))
+    fast = []
+    for name in names:
+        r = results[name]
+        held = r["chosen_holdout_drop"]
+        held_ok = held is None or held <= BOUND
+        goals.append(goal(f"{name}: chosen variant's held-out drop ({r['metric_unit']})", f"<= {BOUND}",
+                          held if held is not None else 0.0, held_ok))
+        goals.append(goal(f"{name}: chosen variant's emulated A76 latency / FP32's", "<= 1.0",
+                          r["chosen_a76_ratio"], r["chosen_a76_ratio"] <= 1.0))
+        if r["chosen_a76_ratio"] <= 0.75 and held_ok:
+            fast.append(name)
+        nncf = r["peers"].get("nncf_accuracy_control")
+        if nncf is not None and "error" not in nncf:
+            ours_ok = held_ok and r["chosen_a76_ratio"] <= nncf["a76_ratio_vs_fp32"]
+            goals.append(goal(f"{name}: ours / NNCF accuracy-control emulated A76 latency (ours within the bound "
+                              "on held-out)", "<= 1.0", r["chosen_a76_ratio"] / nncf["a76_ratio_vs_fp32"], ours_ok))
+            goals.append(goal(f"{name}: our convert wall time / NNCF's", "<= 2.0",
+                              r["convert_wall_s"] / nncf["wall_s"], r["convert_wall_s"] <= 2 * nncf["wall_s"]))
+        elif nncf is not None:
+            goals.append(goal(f"{name}: NNCF accuracy control ran (see results)", "ran", 0.0, False))
+    results["fast_and_accurate_models"] = fast
+    goals.append(goal("emulated Cortex-A76 (Pi 5): models whose chosen variant is <= 0.75x FP32 within 1 point on "
+                      "held-out (names in results)", ">= 1 of 1" if quick else ">= 2 of 3", len(fast),
+                      len(fast) >= (1 if quick else 2)))
+    return goals
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one model, few samples, no peers or RSS runs (CI smoke)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS))
     parser.add_argument("--partial", type=Path, default=None,
                         help="also write each model's results to DIR/NAME.json as soon as it is done (long runs)")
+    parser.add_argument("--combine", type=Path, default=None,
+                        help="run nothing: read DIR/NAME.json (and DIR/extras.json) written by --partial runs, which "
+                             "may have run in separate processes, and print the goals over all of them")
     args = parser.parse_args()
     names = ["orientation"] if args.quick else [n.strip() for n in args.models.split(",") if n.strip()]
+    params = {"profile": PROFILE, "reported_profile": REPORTED, "mode": "latency", "quick": args.quick,
+              "bound_points": BOUND, "holdout": HOLDOUT, "models": names}
+    if args.combine is not None:
+        results = {name: json.loads((args.combine / f"{name}.json").read_text()) for name in names}
+        goals = model_goals(names, results, args.quick)
+        extras = args.combine / "extras.json"
+        if extras.exists():
+            saved = json.loads(extras.read_text())
+            results.update(saved["results"])
+            goals += saved["goals"]
+        emit("quantization", {**params, "combined_from": str(args.combine)}, results, goals)
+        return
     emulator = Emulator()
     results: dict = {}
-    goals = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in names:
@@ -274,57 +324,34 @@ def main() -> None:
             if args.partial is not None:
                 args.partial.mkdir(parents=True, exist_ok=True)
                 (args.partial / f"{name}.json").write_text(json.dumps(results[name], indent=1))
-        rows = [row for name in names for row in results[name]["proxy"]]
-        proxy = results["proxy"] = {"summary": fit_errors(rows), "pairs": rows}
-        share = proxy["summary"]["plain_within_20pct"]
-        goals.append(goal("proxy on this host: (model, variant) pairs whose instruction-count ratio to FP32 is within "
-                          "+-20% of the measured ratio (plain count, the converter's form)", ">= 0.8", share or 0.0,
-                          (share or 0.0) >= 0.8))
-        fast = []
-        for name in names:
-            r = results[name]
-            held = r["chosen_holdout_drop"]
-            held_ok = held is None or held <= BOUND
-            goals.append(goal(f"{name}: chosen variant's held-out drop ({r['metric_unit']})", f"<= {BOUND}",
-                              held if held is not None else 0.0, held_ok))
-            goals.append(goal(f"{name}: chosen variant's emulated A76 latency / FP32's", "<= 1.0",
-                              r["chosen_a76_ratio"], r["chosen_a76_ratio"] <= 1.0))
-            if r["chosen_a76_ratio"] <= 0.75 and held_ok:
-                fast.append(name)
-            nncf = r["peers"].get("nncf_accuracy_control")
-            if nncf is not None and "error" not in nncf:
-                ours_ok = held_ok and r["chosen_a76_ratio"] <= nncf["a76_ratio_vs_fp32"]
-                goals.append(goal(f"{name}: ours / NNCF accuracy-control emulated A76 latency (ours within the bound "
-                                  "on held-out)", "<= 1.0", r["chosen_a76_ratio"] / nncf["a76_ratio_vs_fp32"], ours_ok))
-                goals.append(goal(f"{name}: our convert wall time / NNCF's", "<= 2.0",
-                                  r["convert_wall_s"] / nncf["wall_s"], r["convert_wall_s"] <= 2 * nncf["wall_s"]))
-            elif nncf is not None:
-                goals.append(goal(f"{name}: NNCF accuracy control ran (see results)", "ran", 0.0, False))
-        results["fast_and_accurate_models"] = fast
-        goals.append(goal("emulated Cortex-A76 (Pi 5): models whose chosen variant is <= 0.75x FP32 within 1 point on "
-                          "held-out (names in results)", ">= 2 of 3" if not args.quick else ">= 1 of 1", len(fast),
-                          len(fast) >= (1 if args.quick else 2)))
+        goals = model_goals(names, results, args.quick)
+        extra_goals, extra_results = [], {}
         cost_model = "orientation" if args.quick else "ocr_rec"
         log(f"cost of an estimate: {cost_model} on emulated cortex-a76")
-        cost = results["estimate_cost"] = {"model": cost_model, **estimate_cost(cost_model, work)}
-        goals.append(goal(f"emulated count of one {cost['model_mb']} MB variant, uncached (s)", "<= 120",
-                          cost["uncached_s"], cost["uncached_s"] <= 120))
-        goals.append(goal("the same count again, cached (s)", "<= 1", cost["cached_s"],
-                          cost["cached_s"] <= 1 and cost["cached_hit"]))
+        cost = extra_results["estimate_cost"] = {"model": cost_model, **estimate_cost(cost_model, work)}
+        extra_goals.append(goal(f"emulated count of one {cost['model_mb']} MB variant, uncached (s)", "<= 120",
+                                cost["uncached_s"], cost["uncached_s"] <= 120))
+        extra_goals.append(goal("the same count again, cached (s)", "<= 1", cost["cached_s"],
+                                cost["cached_s"] <= 1 and cost["cached_hit"]))
         if not args.quick:
             config = QuantizationConfig.for_profile(load_profile(PROFILE))
-            digits = results["digits_cnn"] = run_digits(work, config, 30)
-            goals.append(goal("digits CNN: best static INT8 top-1 accuracy drop vs labels (points)", "<= 0.5",
-                              digits["best_static_int8_drop"], digits["best_static_int8_drop"] <= 0.5))
+            digits = extra_results["digits_cnn"] = run_digits(work, config, 30)
+            extra_goals.append(goal("digits CNN: best static INT8 top-1 accuracy drop vs labels (points)", "<= 0.5",
+                                    digits["best_static_int8_drop"], digits["best_static_int8_drop"] <= 0.5))
             log("ocr_rec: edgesdk convert with 32 and 512 calibration samples")
             small, large = convert_cli_rss("ocr_rec", work, 32, 32), convert_cli_rss("ocr_rec", work, 512, 32)
-            results["memory"] = {"model": "ocr_rec (10.9 MB)", "32": small, "512": large}
+            extra_results["memory"] = {"model": "ocr_rec (10.9 MB)", "32": small, "512": large}
             growth = large["peak_rss_mb"] / small["peak_rss_mb"]
-            goals.append(goal("ocr_rec: convert peak RSS 512 / 32 calibration samples", "<= 1.2", growth, growth <= 1.2))
-            goals.append(goal("ocr_rec: convert peak RSS at 512 samples (MB)", "<= 2048", large["peak_rss_mb"],
-                              large["peak_rss_mb"] <= 2048))
-    emit("quantization", {"profile": PROFILE, "reported_profile": REPORTED, "mode": "latency", "quick": args.quick,
-                          "bound_points": BOUND, "holdout": HOLDOUT, "models": names}, results, goals)
+            extra_goals.append(goal("ocr_rec: convert peak RSS 512 / 32 calibration samples", "<= 1.2", growth,
+                                    growth <= 1.2))
+            extra_goals.append(goal("ocr_rec: convert peak RSS at 512 samples (MB)", "<= 2048", large["peak_rss_mb"],
+                                    large["peak_rss_mb"] <= 2048))
+        if args.partial is not None:
+            (args.partial / "extras.json").write_text(json.dumps({"results": extra_results, "goals": extra_goals},
+                                                                 indent=1))
+        results.update(extra_results)
+        goals += extra_goals
+    emit("quantization", params, results, goals)
 
 
 if __name__ == "__main__":
