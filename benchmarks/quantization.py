@@ -91,7 +91,8 @@ def _peer_row(path: Path, fp32_ms: float, emulator: Emulator, sample: dict, outp
             "fusion": None if fusion is None else {k: v for k, v in fusion.to_dict().items() if k != "op_types"}}
 
 
-def bench_model(name: str, work: Path, n_cal: int, n_eval: int, quick: bool, emulator: Emulator) -> dict:
+def bench_model(name: str, work: Path, n_cal: int, n_eval: int, quick: bool, emulator: Emulator,
+                nncf: bool = True) -> dict:
     spec = MODELS[name]
     source = fetch(name)
     log(f"{name}: data ({n_cal} calibration, {n_eval} evaluation samples)")
@@ -145,19 +146,19 @@ def bench_model(name: str, work: Path, n_cal: int, n_eval: int, quick: bool, emu
     default_path = ort_defaults(fixed, work / f"{name}-ort-defaults.onnx", calibration, spec.input_name)
     peers = {"ort_defaults": _peer_row(default_path, fp32_ms, emulator, sample, run_model(default_path, feeds_eval)[0],
                                        reference, split, metric)}
-    if not quick:
+    if not quick and nncf:
         metric_name, metric_file, max_drop = NNCF_METRIC[name]
         log(f"{name}: NNCF quantize_with_accuracy_control, max drop {max_drop} {metric_name}, selection samples")
         os.environ["EDGESDK_NNCF_METRIC"] = metric_name  # read by _nncf_metrics.py in NNCF's worker
         try:
-            nncf = nncf_accuracy_control(
+            peer = nncf_accuracy_control(
                 fixed, feeds_cal, {spec.input_name: evaluation[split.selection]}, None, metric_name, max_drop,
                 work / f"{name}-nncf.onnx", timeout_s=3600,
                 metric_file=Path(__file__).with_name("_nncf_metrics.py") if metric_file else None)
-            row = _peer_row(nncf.path, fp32_ms, emulator, sample, run_model(nncf.path, feeds_eval)[0], reference,
+            row = _peer_row(peer.path, fp32_ms, emulator, sample, run_model(peer.path, feeds_eval)[0], reference,
                             split, metric)
-            row.update({"wall_s": round(nncf.wall_s, 1), "restorer_ran": nncf.restorer_ran,
-                        "reverted_operations": len(nncf.reverted_operations), "nncf_version": nncf.nncf_version})
+            row.update({"wall_s": round(peer.wall_s, 1), "restorer_ran": peer.restorer_ran,
+                        "reverted_operations": len(peer.reverted_operations), "nncf_version": peer.nncf_version})
         except NncfError as exc:
             row = {"error": str(exc)[-500:]}
         peers["nncf_accuracy_control"] = row
@@ -297,6 +298,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS))
     parser.add_argument("--partial", type=Path, default=None,
                         help="also write each model's results to DIR/NAME.json as soon as it is done (long runs)")
+    parser.add_argument("--skip-nncf", action="store_true", help="no NNCF row (it takes about 30 min on ocr_rec)")
     parser.add_argument("--combine", type=Path, default=None,
                         help="run nothing: read DIR/NAME.json (and DIR/extras.json) written by --partial runs, which "
                              "may have run in separate processes, and print the goals over all of them")
@@ -320,7 +322,7 @@ def main() -> None:
         work = Path(tmp)
         for name in names:
             n_cal, n_eval = (16, 48) if args.quick else (128, EVAL[name])
-            results[name] = bench_model(name, work, n_cal, n_eval, args.quick, emulator)
+            results[name] = bench_model(name, work, n_cal, n_eval, args.quick, emulator, nncf=not args.skip_nncf)
             if args.partial is not None:
                 args.partial.mkdir(parents=True, exist_ok=True)
                 (args.partial / f"{name}.json").write_text(json.dumps(results[name], indent=1))
