@@ -331,7 +331,8 @@ class ConversionCosts:
         if board.arch not in ("aarch64", "arm64"):
             self.note = f"board latency scaled from this host's timings ({board.name} is {board.arch}, not emulated)"
             if self.required:
-                raise EmulatorError(f"profile {board.name!r} is {board.arch}; only aarch64 boards are emulated")
+                raise EmulatorError(f"profile {board.name!r} is {board.arch}; only aarch64 boards are emulated: leave out "
+                                   "--emulate (emulate=True) to scale this host's timings")
             return
         try:
             self.emulator = emulator or Emulator()
