@@ -11,6 +11,7 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── InputError                   exit 6   predict() got names, shapes or dtypes the model does not take
     ├── ScheduleError                exit 7   a power mode or core set cannot be applied
     ├── BudgetError                  exit 8   no model variant fits a device's memory or power budget
+    │   └── InfeasibleBudgetError    exit 26  the board's idle power alone exceeds the power budget, in every mode
     ├── SignatureError               exit 9   a bundle's signature or hash does not verify
     ├── TransferError                exit 10  an OTA transfer failed or was truncated
     ├── OffloadError                 exit 11  the cloud offload endpoint could not serve a request
@@ -29,8 +30,9 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     │                                         the cloud offload are both full (load shedding)
     ├── StorageError                 exit 23  the device's store has no room for an update (or its retention
     │                                         settings are invalid)
-    └── EmulatorError                exit 24  the board emulator (qemu-user and its aarch64 userland) is
-                                              missing or failed to run a variant
+    ├── EmulatorError                exit 24  the board emulator (qemu-user and its aarch64 userland) is
+    │                                         missing or failed to run a variant
+    └── SensorError                  exit 25  a board's power sensor exists but cannot be read or parsed
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
 catches ``EdgeSDKError`` in one place, prints the message and exits with ``exit_code``.
@@ -46,6 +48,8 @@ __all__ = [
     "InputError",
     "ScheduleError",
     "BudgetError",
+    "InfeasibleBudgetError",
+    "SensorError",
     "SignatureError",
     "TransferError",
     "OffloadError",
@@ -105,6 +109,12 @@ class BudgetError(EdgeSDKError):
     """No model variant fits the device profile's memory or power budget."""
 
     exit_code = 8
+
+
+class InfeasibleBudgetError(BudgetError):
+    """A power budget no variant can meet on the board: its idle power alone exceeds it in every power mode."""
+
+    exit_code = 26
 
 
 class SignatureError(EdgeSDKError):
@@ -223,3 +233,9 @@ class EmulatorError(EdgeSDKError):
     """
 
     exit_code = 24
+
+
+class SensorError(EdgeSDKError):
+    """A power sensor exists but cannot be read (permissions, a vanished file) or its output cannot be parsed."""
+
+    exit_code = 25
