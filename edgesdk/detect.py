@@ -224,7 +224,8 @@ def _generic(topology: Topology, profiles: Iterable[DeviceProfile]) -> DevicePro
     MAX_MODEL_BUDGET_MB like every shipped profile. Power modes:
     big.LITTLE → "performance" on the fastest cluster (latency, balanced) and "efficiency" on
     the slowest (power); homogeneous → "performance" on all cores and "powersave" on half.
-    Watts come from the template's highest and lowest modes.
+    Idle power is the template's; a cluster's active power is the template's per-core figure
+    times its cores, scaled by its capacity (see :func:`_active_watts`).
     """
     by_name = {p.name: p for p in profiles}
     template = by_name.get(f"generic-{topology.arch}") or by_name.get("generic-x86_64")
@@ -233,14 +234,17 @@ def _generic(topology: Topology, profiles: Iterable[DeviceProfile]) -> DevicePro
     clusters = topology.clusters
     ram_mb = topology.mem_total_mb or template.ram_mb
     budget_mb = max(1, min(MAX_MODEL_BUDGET_MB, round(ram_mb * template.model_budget_mb / template.ram_mb)))
-    watts = sorted(m.watts for m in template.power_modes) or [1.0]
+    perf_template = template.power_mode_for(RuntimeMode.LATENCY) or template.power_modes[0]
+    idle = min(m.idle_watts for m in template.power_modes)
     fast = max(clusters, key=lambda c: (c.capacity, c.max_mhz))
     slow = min(clusters, key=lambda c: (c.capacity, c.max_mhz))
-    perf = PowerMode("performance", watts[-1], (fast.name,), (RuntimeMode.LATENCY, RuntimeMode.BALANCED))
+    perf = PowerMode("performance", idle, {fast.name: _active_watts(template, perf_template, fast)}, (fast.name,),
+                     (RuntimeMode.LATENCY, RuntimeMode.BALANCED))
     if slow is not fast:
-        low = PowerMode("efficiency", watts[0], (slow.name,), (RuntimeMode.POWER,))
+        low = PowerMode("efficiency", idle, {slow.name: _active_watts(template, perf_template, slow)}, (slow.name,),
+                        (RuntimeMode.POWER,))
     else:
-        low = PowerMode("powersave", watts[0], (fast.name,), (RuntimeMode.POWER,),
+        low = PowerMode("powersave", idle, dict(perf.active_watts), (fast.name,), (RuntimeMode.POWER,),
                         online_cores=max(1, len(fast.cores) // 2))
     return dataclasses.replace(
         template,
@@ -252,6 +256,14 @@ def _generic(topology: Topology, profiles: Iterable[DeviceProfile]) -> DevicePro
         power_modes=(perf, low),
         origin="detected",
     )
+
+
+def _active_watts(template: DeviceProfile, mode: PowerMode, cluster: CoreCluster) -> float:
+    """The template's per-core active power (its first cluster, in its fastest mode) for ``cluster``'s cores,
+    scaled by the cluster's capacity: a little core draws less."""
+    unit = template.clusters[0]
+    per_core = mode.active_watts.get(unit.name, max(mode.active_watts.values())) / len(unit.cores)
+    return round(per_core * len(cluster.cores) * cluster.capacity / 1024, 3)
 
 
 def detect(root: str | os.PathLike[str] = "/", profile_dirs: Iterable[str | os.PathLike[str]] = ()) -> Detection:

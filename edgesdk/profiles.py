@@ -27,6 +27,10 @@ __all__ = [
     "RuntimeMode",
     "CoreCluster",
     "PowerMode",
+    "PowerSensorSpec",
+    "BoardPower",
+    "SENSOR_KINDS",
+    "SENSOR_SCOPES",
     "Accelerator",
     "DetectionHints",
     "DeviceProfile",
@@ -97,11 +101,20 @@ class CoreCluster:
 
 @dataclass(frozen=True)
 class PowerMode:
-    """A board power state: its sustained power draw and which cores it keeps running."""
+    """A board power state: the power it draws idle and per busy compute unit, and which cores it keeps running.
+
+    Power figures are of the whole board where the profile's sources measured it at the wall
+    (``DeviceProfile.power_scope``), in watts. ``active_watts`` maps a compute unit (a cluster
+    name, or an accelerator name) to the power it adds above ``idle_watts`` with all of its
+    cores busy at this mode's clock; :mod:`edgesdk.converters.power` turns those into energy
+    per inference and average power.
+    """
 
     name: str
-    #: Typical sustained board power with the CPU cores of this mode busy, in watts.
-    watts: float
+    #: Board power with the model loaded and nothing running, in this mode.
+    idle_watts: float
+    #: Watts above idle per compute unit (cluster or accelerator name), all of its cores busy at this mode's clock.
+    active_watts: Mapping[str, float]
     #: Names of the clusters scheduled in this mode.
     clusters: tuple[str, ...]
     #: The runtime modes this power state serves.
@@ -112,12 +125,77 @@ class PowerMode:
     online_cores: int | None = None
 
     def __post_init__(self) -> None:
-        if self.watts <= 0:
-            raise ProfileError(f"power mode {self.name!r}: watts must be > 0, got {self.watts}")
+        if self.idle_watts <= 0:
+            raise ProfileError(f"power mode {self.name!r}: idle_watts must be > 0, got {self.idle_watts}")
+        bad = {unit: w for unit, w in self.active_watts.items() if not w > 0}
+        if bad:
+            raise ProfileError(f"power mode {self.name!r}: active_watts must be > 0, got {bad}")
         if not self.clusters:
             raise ProfileError(f"power mode {self.name!r} lists no clusters")
         if self.online_cores is not None and self.online_cores < 1:
             raise ProfileError(f"power mode {self.name!r}: online_cores must be >= 1, got {self.online_cores}")
+
+
+#: Power sensors :mod:`edgesdk.energy` reads: Jetson INA3221 (L4T 32 iio, JetPack 5/6 hwmon), the Pi 5's
+#: PMIC ADC (``vcgencmd pmic_read_adc``), Intel RAPL (powercap) and a battery fuel gauge (power_supply).
+SENSOR_KINDS = ("ina3221-iio", "ina3221-hwmon", "pmic-adc", "rapl", "power-supply")
+#: What a sensor's reading covers: the whole board's input, a module's (SoM) input, or a CPU package.
+SENSOR_SCOPES = ("board", "module", "package")
+
+
+@dataclass(frozen=True)
+class PowerSensorSpec:
+    """The power sensor a board has: what kind, where it reads, what it covers, and its calibration.
+
+    ``paths`` are glob patterns below the sysfs root (for ``pmic-adc``, the command run);
+    ``unit`` is what the raw figure is in (``mW``, ``uJ``, ``uW``, ``mV*mA``, ``V*A``); watts
+    reported = raw watts × ``scale`` + ``offset_watts`` (both 1 and 0 when nothing is published).
+    """
+
+    kind: str
+    paths: tuple[str, ...]
+    scope: str
+    unit: str
+    scale: float = 1.0
+    offset_watts: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in SENSOR_KINDS:
+            raise ProfileError(f"power sensor kind {self.kind!r} is not one of {list(SENSOR_KINDS)}")
+        if self.scope not in SENSOR_SCOPES:
+            raise ProfileError(f"power sensor scope {self.scope!r} is not one of {list(SENSOR_SCOPES)}")
+        if not self.paths:
+            raise ProfileError(f"power sensor {self.kind!r} lists no paths")
+        if not self.scale > 0:
+            raise ProfileError(f"power sensor {self.kind!r}: scale must be > 0, got {self.scale}")
+
+
+@dataclass(frozen=True)
+class BoardPower:
+    """Board-wide power facts: the sensor (None: none known) and, for duty-cycled use, sleep and wake costs.
+
+    ``sleep_watts`` is what the board draws between wakes (halted or suspended, None: it
+    cannot sleep, so it idles); ``resume_s`` and ``resume_mj`` are one wake's time and
+    energy until the model is ready again.
+    """
+
+    #: What the profile's watts are of: "board" (at its power input) or "module" (a SoM's input).
+    scope: str = "board"
+    sensor: PowerSensorSpec | None = None
+    sleep_watts: float | None = None
+    resume_s: float | None = None
+    resume_mj: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.scope not in SENSOR_SCOPES:
+            raise ProfileError(f"power scope {self.scope!r} is not one of {list(SENSOR_SCOPES)}")
+        for name in ("sleep_watts", "resume_s", "resume_mj"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ProfileError(f"power.{name} must be >= 0, got {value}")
+        if (self.resume_s is None) != (self.resume_mj is None) or (self.sleep_watts is None) != (self.resume_s is None):
+            raise ProfileError("power: give sleep_watts, resume_s and resume_mj together (a board that sleeps between "
+                               "wakes), or none of them (it idles between wakes)")
 
 
 @dataclass(frozen=True)
@@ -164,6 +242,8 @@ class DeviceProfile:
     sources: tuple[str, ...] = ()
     #: Where the profile came from: a file path, or ``"detected"``.
     origin: str = "<memory>"
+    #: The board's power sensor and sleep figures.
+    power: BoardPower = BoardPower()
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.clusters]
@@ -185,6 +265,16 @@ class DeviceProfile:
                 raise ProfileError(
                     f"profile {self.name!r}: power mode {mode.name!r} names clusters {sorted(unknown)} "
                     f"that are not defined; defined clusters: {names}"
+                )
+            missing = [c for c in mode.clusters if c not in mode.active_watts]
+            if missing:
+                raise ProfileError(f"profile {self.name!r}: power mode {mode.name!r}: no active_watts for its "
+                                   f"cluster(s) {missing}; give the watts each adds above idle with all its cores busy")
+            units = set(names) | {a.name for a in self.accelerators}
+            if set(mode.active_watts) - units:
+                raise ProfileError(
+                    f"profile {self.name!r}: power mode {mode.name!r} gives active_watts for "
+                    f"{sorted(set(mode.active_watts) - units)}, which is neither a cluster nor an accelerator: {sorted(units)}"
                 )
 
     @property
@@ -288,7 +378,18 @@ def _cluster(f: _Fields) -> CoreCluster:
     return cluster
 
 
+def _watts_map(f: _Fields, key: str) -> dict[str, float]:
+    values = f.get(key, dict)
+    for k, v in values.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            f.fail(f"{key}.{k} must be a number of watts, got {type(v).__name__} {v!r}")
+    return {str(k): float(v) for k, v in values.items()}
+
+
 def _power_mode(f: _Fields) -> PowerMode:
+    if "watts" in f.data:
+        f.fail("'watts' was replaced by idle_watts (the board idle in this mode) and active_watts ({cluster: watts "
+               "above idle with all its cores busy}); see device_profiles/raspberry-pi-5.yaml")
     serves = []
     for value in f.strings("serves"):
         try:
@@ -299,16 +400,38 @@ def _power_mode(f: _Fields) -> PowerMode:
     for k, v in max_mhz.items():
         if not isinstance(v, int) or isinstance(v, bool):
             f.fail(f"max_mhz.{k} must be int, got {type(v).__name__} {v!r}")
-    mode = PowerMode(
-        name=f.get("name", str),
-        watts=float(f.get("watts", (int, float))),
-        clusters=f.strings("clusters"),
-        serves=tuple(serves),
-        max_mhz=MappingProxyType(dict(max_mhz)),
-        online_cores=f.get("online_cores", (int, type(None)), default=None),
-    )
+    fields = dict(name=f.get("name", str), idle_watts=float(f.get("idle_watts", (int, float))),
+                  active_watts=MappingProxyType(_watts_map(f, "active_watts")), clusters=f.strings("clusters"),
+                  serves=tuple(serves), max_mhz=MappingProxyType(dict(max_mhz)),
+                  online_cores=f.get("online_cores", (int, type(None)), default=None))
+    try:
+        mode = PowerMode(**fields)
+    except ProfileError as exc:
+        f.fail(str(exc))
     f.done()
     return mode
+
+
+def _optional_float(f: _Fields, key: str) -> float | None:
+    value = f.get(key, (int, float, type(None)), default=None)
+    return None if value is None else float(value)
+
+
+def _board_power(f: _Fields) -> BoardPower:
+    sensor = None
+    raw = f.get("sensor", (dict, type(None)), default=None)
+    if raw is not None:
+        s = f.sub("sensor", raw)
+        sensor = PowerSensorSpec(
+            kind=s.get("kind", str), paths=s.strings("paths"), scope=s.get("scope", str), unit=s.get("unit", str),
+            scale=float(s.get("scale", (int, float), default=1.0)),
+            offset_watts=float(s.get("offset_watts", (int, float), default=0.0)))
+        s.done()
+    power = BoardPower(scope=f.get("scope", str, default="board"), sensor=sensor,
+                       sleep_watts=_optional_float(f, "sleep_watts"), resume_s=_optional_float(f, "resume_s"),
+                       resume_mj=_optional_float(f, "resume_mj"))
+    f.done()
+    return power
 
 
 def _accelerator(f: _Fields) -> Accelerator:
@@ -347,6 +470,7 @@ def profile_from_dict(data: Any, origin: str = "<memory>") -> DeviceProfile:
         cpu_parts=tuple(p.lower() for p in hints_f.strings("cpu_parts", default=[])),
     )
     hints_f.done()
+    power = _board_power(top.sub("power", top.get("power", dict, default={})))
     try:
         profile = DeviceProfile(
             name=top.get("name", str),
@@ -360,6 +484,7 @@ def profile_from_dict(data: Any, origin: str = "<memory>") -> DeviceProfile:
             detect=hints,
             sources=top.strings("sources", default=[]),
             origin=origin,
+            power=power,
         )
     except ProfileError as exc:
         if str(exc).startswith(origin):
@@ -376,10 +501,21 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
                 "cpu_part": c.cpu_part, "max_mhz": c.max_mhz, "capacity": c.capacity, "emulated_cpu": c.emulated_cpu}
 
     def mode(m: PowerMode) -> dict[str, Any]:
-        data: dict[str, Any] = {"name": m.name, "watts": m.watts, "clusters": list(m.clusters),
+        data: dict[str, Any] = {"name": m.name, "idle_watts": m.idle_watts, "active_watts": dict(m.active_watts),
+                                "clusters": list(m.clusters),
                                 "serves": [s.value for s in m.serves], "max_mhz": dict(m.max_mhz)}
         if m.online_cores is not None:
             data["online_cores"] = m.online_cores
+        return data
+
+    def power(p: BoardPower) -> dict[str, Any]:
+        data: dict[str, Any] = {"scope": p.scope}
+        if p.sensor is not None:
+            s = p.sensor
+            data["sensor"] = {"kind": s.kind, "paths": list(s.paths), "scope": s.scope, "unit": s.unit,
+                              "scale": s.scale, "offset_watts": s.offset_watts}
+        if p.sleep_watts is not None:
+            data.update(sleep_watts=p.sleep_watts, resume_s=p.resume_s, resume_mj=p.resume_mj)
         return data
 
     return {
@@ -394,6 +530,7 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
                           "onnxruntime_providers": list(a.onnxruntime_providers)} for a in profile.accelerators],
         "detect": {"device_tree_model": list(profile.detect.device_tree_model),
                    "compatible": list(profile.detect.compatible), "cpu_parts": list(profile.detect.cpu_parts)},
+        "power": power(profile.power),
     }
 
 

@@ -23,7 +23,15 @@ def _describe(profile: DeviceProfile) -> str:
     lines.append("  power modes:")
     for m in profile.power_modes:
         online = f", {m.online_cores} cores online" if m.online_cores else ""
-        lines.append(f"    {m.name:<12} {m.watts:g} W on {list(m.clusters)}{online}; serves {[s.value for s in m.serves]}")
+        active = ", ".join(f"{unit} +{w:g} W" for unit, w in m.active_watts.items())
+        lines.append(f"    {m.name:<12} idle {m.idle_watts:g} W, busy {active}; on {list(m.clusters)}{online}; "
+                     f"serves {[s.value for s in m.serves]}")
+    power = profile.power
+    sensor = power.sensor
+    lines.append(f"  power figures of the {power.scope}; sensor: "
+                 + (f"{sensor.kind} ({sensor.scope}, {sensor.unit}) at {', '.join(sensor.paths)}" if sensor else "none")
+                 + (f"; sleeps at {power.sleep_watts:g} W, a wake takes {power.resume_s:g} s and {power.resume_mj:g} mJ"
+                    if power.sleep_watts is not None else "; no sleep state (idles between wakes)"))
     if profile.accelerators:
         lines.append("  accelerators:")
         for a in profile.accelerators:

@@ -58,9 +58,56 @@ def test_wrong_type_is_named_with_the_value(tmp_path):
 
 def test_boolean_is_not_a_number(tmp_path):
     data = copy.deepcopy(BIG_LITTLE)
-    data["power_modes"][0]["watts"] = True
-    with pytest.raises(ProfileError, match="watts' must be int or float, got bool"):
+    data["power_modes"][0]["idle_watts"] = True
+    with pytest.raises(ProfileError, match="idle_watts' must be int or float, got bool"):
         load_profile(_write(tmp_path, data))
+
+
+def test_the_old_watts_field_says_what_replaced_it(tmp_path):
+    data = copy.deepcopy(BIG_LITTLE)
+    data["power_modes"][0]["watts"] = 7.0
+    with pytest.raises(ProfileError, match="'watts' was replaced by idle_watts .* and active_watts"):
+        load_profile(_write(tmp_path, data))
+
+
+def test_a_mode_without_active_power_for_its_cluster_is_refused(tmp_path):
+    data = copy.deepcopy(BIG_LITTLE)
+    data["power_modes"][0]["active_watts"] = {"little": 2.0}
+    with pytest.raises(ProfileError, match=r"no active_watts for its cluster\(s\) \['big'\]"):
+        load_profile(_write(tmp_path, data))
+
+
+def test_active_power_of_an_unknown_unit_is_refused(tmp_path):
+    data = copy.deepcopy(BIG_LITTLE)
+    data["power_modes"][0]["active_watts"] = {"big": 9.0, "npu": 2.0}
+    with pytest.raises(ProfileError, match=r"active_watts for \['npu'\], which is neither a cluster nor an accelerator"):
+        load_profile(_write(tmp_path, data))
+
+
+def test_power_sensor_and_sleep_figures_are_read_and_checked(tmp_path):
+    data = copy.deepcopy(BIG_LITTLE)
+    data["power"] = {"scope": "module", "sensor": {"kind": "ina3221-iio", "paths": ["bus/i2c/x/in_power0_input"],
+                                                   "scope": "module", "unit": "mW", "scale": 1.05},
+                     "sleep_watts": 0.05, "resume_s": 2, "resume_mj": 3000}
+    profile = load_profile(_write(tmp_path, data))
+    assert profile.power.scope == "module"
+    assert profile.power.sensor is not None and profile.power.sensor.kind == "ina3221-iio"
+    assert profile.power.sensor.scale == 1.05 and profile.power.resume_mj == 3000.0
+    data["power"]["sensor"]["kind"] = "multimeter"
+    with pytest.raises(ProfileError, match="power sensor kind 'multimeter' is not one of"):
+        load_profile(_write(tmp_path, data))
+    data["power"]["sensor"]["kind"] = "rapl"
+    del data["power"]["resume_mj"]
+    with pytest.raises(ProfileError, match="give sleep_watts, resume_s and resume_mj together"):
+        load_profile(_write(tmp_path, data))
+
+
+def test_every_shipped_profile_states_idle_and_active_power_with_sources():
+    for profile in list_profiles():
+        text = " ".join(profile.sources)
+        assert "power" in text, profile.name
+        for mode in profile.power_modes:
+            assert mode.idle_watts > 0 and all(c in mode.active_watts for c in mode.clusters), (profile.name, mode)
 
 
 def test_unknown_key_is_named(tmp_path):
