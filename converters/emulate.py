@@ -50,11 +50,10 @@ from edgesdk.converters.userland import CORES, Userland, emulator_cache, find_us
 from edgesdk.errors import EmulatorError, ModelFormatError
 from edgesdk.files import write_atomic
 from edgesdk.model_file import read_model
-from edgesdk.profiles import CoreCluster, DeviceProfile
-from edgesdk.scheduling import plan_cores
+from edgesdk.profiles import CoreCluster
 
-__all__ = ["InstructionCount", "Emulator", "BoardCost", "board_cost", "ConversionCosts", "CYCLES_PER_INSTRUCTION",
-           "PARALLEL_EFFICIENCY", "emulated_cpu", "board_latency_ms"]
+__all__ = ["InstructionCount", "Emulator", "CYCLES_PER_INSTRUCTION", "PARALLEL_EFFICIENCY", "emulated_cpu",
+           "board_latency_ms"]
 
 _PLUGIN_SOURCE = Path(__file__).with_name("insn_count.c")
 _GUEST = Path(__file__).with_name("_guest_count.py")
@@ -116,49 +115,6 @@ def board_latency_ms(count: InstructionCount, microarchitecture: str, mhz: float
     cpi = CYCLES_PER_INSTRUCTION.get(microarchitecture.lower(), CYCLES_PER_INSTRUCTION.get(count.cpu, 0.7))
     single = count.instructions * cpi / (mhz * 1e3)
     return single / (1 + PARALLEL_EFFICIENCY * (max(threads, 1) - 1))
-
-
-@dataclass(frozen=True)
-class BoardCost:
-    """A variant's latency on a board in one of its modes, from counts on the emulated cores that mode runs on."""
-
-    latency_ms: float
-    #: One count per distinct core type of the mode's cores.
-    counts: tuple[InstructionCount, ...]
-
-    @property
-    def basis(self) -> str:
-        """How reports label it: ``emulated cortex-a76`` (or ``emulated cortex-a53+cortex-a76``)."""
-        return "emulated " + "+".join(c.cpu for c in self.counts)
-
-
-def board_cost(emulator: Emulator, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray],
-               board: DeviceProfile, mode: str) -> BoardCost:
-    """Latency of ``model`` on ``board`` in ``mode``: each of the mode's cores at its clock, threads as planned.
-
-    A mode whose cores span two core types (a big.LITTLE "balanced" mode) averages the per-core
-    latencies over its cores, as the threads share the work; a cluster with no emulated CPU
-    (x86 profiles) is an :class:`EmulatorError`.
-    """
-    plan = plan_cores(board, mode, available=frozenset(range(1024)))
-    power_mode = board.power_mode_for(mode)
-    by_core = {core: cluster for cluster in board.clusters for core in cluster.cores}
-    clusters = [by_core[core] for core in plan.cores if core in by_core] or [board.clusters[0]]
-    counts: dict[str, InstructionCount] = {}
-    single = []
-    for cluster in clusters:
-        cpu = emulated_cpu(cluster)
-        if cpu is None:
-            raise EmulatorError(f"profile {board.name!r}: cluster {cluster.name!r} ({cluster.microarchitecture}) has no "
-                                "emulated CPU; set emulated_cpu in the profile to one of "
-                                f"{sorted(c for c, core in CORES.items() if core.arch == 'aarch64')}")
-        if cpu not in counts:
-            counts[cpu] = emulator.count(model, inputs, cpu)
-        mhz = min(cluster.max_mhz, power_mode.max_mhz.get(cluster.name, cluster.max_mhz) if power_mode else cluster.max_mhz)
-        single.append(board_latency_ms(counts[cpu], cluster.microarchitecture, mhz))
-    threads = min(plan.threads, len(plan.cores))
-    latency = sum(single) / len(single) / (1 + PARALLEL_EFFICIENCY * (max(threads, 1) - 1))
-    return BoardCost(latency, tuple(counts.values()))
 
 
 class Emulator:
@@ -307,57 +263,3 @@ def _plugin(cache: Path) -> Path:
             raise EmulatorError(f"building the counting plugin failed: {done.stderr.strip()[-500:]}")
         os.replace(built, target)
     return target
-
-
-
-class ConversionCosts:
-    """The board costs of one conversion's variants, or why the conversion falls back to scaling host timings.
-
-    ``emulate``: True requires the emulator (:class:`EmulatorError` when it is missing or a
-    variant fails under it); False never uses it; None (the default) uses it when it is set up
-    and ``EDGESDK_EMULATE`` is not ``0``, and otherwise says in :attr:`note` how to enable it.
-    Every variant gets the same basis: one that cannot be emulated turns emulation off for all.
-    """
-
-    def __init__(self, emulate: bool | None, board: DeviceProfile, mode: str, sample: Mapping[str, np.ndarray],
-                 emulator: Emulator | None = None) -> None:
-        self.board, self.mode, self.sample, self.required = board, mode, dict(sample), emulate is True
-        self.costs: dict[str, BoardCost] = {}
-        self.emulator: Emulator | None = None
-        self.note = ""
-        if emulate is False or (emulate is None and os.environ.get("EDGESDK_EMULATE") == "0"):
-            self.note = "board latency scaled from this host's timings (emulation turned off)"
-            return
-        if board.arch not in ("aarch64", "arm64"):
-            self.note = f"board latency scaled from this host's timings ({board.name} is {board.arch}, not emulated)"
-            if self.required:
-                raise EmulatorError(f"profile {board.name!r} is {board.arch}; only aarch64 boards are emulated: leave out "
-                                   "--emulate (emulate=True) to scale this host's timings")
-            return
-        try:
-            self.emulator = emulator or Emulator()
-        except EmulatorError as exc:
-            if self.required:
-                raise
-            self.note = f"board latency scaled from this host's timings, not emulated: {exc}"
-
-    @property
-    def active(self) -> bool:
-        """Variants are costed by emulation."""
-        return self.emulator is not None
-
-    def count(self, label: str, path: Path) -> BoardCost | None:
-        """Emulate ``path`` (cached); None when not emulating. A failure in auto mode turns emulation off for all."""
-        if self.emulator is None:
-            return None
-        try:
-            cost = self.costs[label] = board_cost(self.emulator, path, self.sample, self.board, self.mode)
-        except EmulatorError as exc:
-            if self.required:
-                raise
-            self.emulator, self.costs = None, {}
-            self.note = f"board latency scaled from this host's timings: {label} could not be emulated ({exc})"
-            return None
-        cpus = " and ".join(c.cpu for c in cost.counts)
-        self.note = f"board latency from instructions counted on emulated {cpus} ({cost.counts[0].runtime})"
-        return cost

@@ -36,14 +36,15 @@ import numpy as np
 
 from edgesdk.bundle import Bundle, BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.converters.arguments import OUTPUTS, check_out_dir
+from edgesdk.converters.board_latency import ConversionCosts, target_point
 from edgesdk.converters.calibrate import batches, calibrate
 from edgesdk.converters.config import QuantizationConfig
 from edgesdk.converters.data import EvaluationSplit, split_evaluation
-from edgesdk.converters.emulate import ConversionCosts
 from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.metrics import Metric, resolve_metric
 from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
 from edgesdk.converters.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
+from edgesdk.converters.power import PowerBudget
 from edgesdk.converters.quantize import quantize_dynamic_int8, quantize_static_int8, to_fp16
 from edgesdk.converters.quiet import held_output, warnings_once
 from edgesdk.converters.report import ConversionReport
@@ -52,7 +53,7 @@ from edgesdk.converters.search import SearchResult
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
 from edgesdk.files import fsync_dir
 from edgesdk.model_file import read_model
-from edgesdk.profiles import DeviceProfile
+from edgesdk.profiles import DeviceProfile, RuntimeMode
 from edgesdk.scheduling import plan_cores, usable_cpus
 from edgesdk.tensors import TensorSpec
 
@@ -191,8 +192,9 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     figures = dict(target.board_figures or {})
     measured: dict[str, tuple[Path, str, str, Measurement, Mapping[str, Any] | None, tuple[str, ...]]] = {}
     # A fleet device measuring every variant needs no emulated stand-in for it.
+    budget = request.bounds.budget
     costs = ConversionCosts(False if target.measure_on is not None else target.emulate, board, mode,
-                            {k: v[:1] for k, v in evaluation.items()})
+                            {k: v[:1] for k, v in evaluation.items()}, every_cluster=budget.constrains)
 
     def measure(label: str, path: Path, fmt: str, precision: str, cfg: Mapping[str, Any] | None,
                 notes: tuple[str, ...] = ()) -> Measurement:
@@ -273,7 +275,7 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
             notes = (*notes, f"calibration {best_method} was more accurate")
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes,
                                     holdout_drop=drops.holdout(m)))
-    plan = _confirmed(candidates, board, mode, bound, request.bounds.fps, threads, evaluation, notify)
+    plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
     bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, split)
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,
                             tflite_error, parity, ranges, search, split, costs.note)
@@ -308,7 +310,7 @@ class _Drops:
         return self._on(self.split.holdout, m) if self.split.is_split else None
 
 
-def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bound: float, target_fps: float | None,
+def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bound: float, budget: PowerBudget,
                threads: int, evaluation: Mapping[str, np.ndarray], notify: Progress) -> PlanResult:
     """Plan, then time a chosen variant side by side with FP32; one not clearly faster is rejected; plan again.
 
@@ -318,7 +320,7 @@ def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bou
     """
     fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
     while True:
-        plan = choose(candidates, board, mode, bound, target_fps)
+        plan = choose(candidates, board, mode, bound, budget=budget)
         chosen = plan.chosen
         fp32_judged = next((c for c in plan.candidates if c.name == "onnx-fp32"), None)
         if (fp32 is None or chosen.name == fp32.name or chosen.format != "onnx" or chosen.measurement.measured_on
@@ -331,7 +333,7 @@ def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bou
         note = f"side by side with FP32 on this host: {ratio:.2f}x its latency"
         if ratio <= CLEAR_GAIN:
             candidates[index] = replace(candidates[index], notes=(*candidates[index].notes, note))
-            return choose(candidates, board, mode, bound, target_fps)
+            return choose(candidates, board, mode, bound, budget=budget)
         candidates[index] = replace(candidates[index], notes=(*candidates[index].notes, note),
                                     rejected=(f"not clearly faster than FP32 when timed side by side ({ratio:.2f}x > "
                                               f"{CLEAR_GAIN})",))
@@ -441,7 +443,7 @@ def _tflite_passthrough(request: ConversionRequest, out: Path, notify: Progress)
     (out / "variants").mkdir()
     candidate = Candidate("tflite-input", "tflite", path, "as-given", m, 0.0, estimate,
                           notes=("passed through: the given .tflite is the accuracy reference",))
-    plan = choose([candidate], board, mode, bound, request.bounds.fps)
+    plan = choose([candidate], board, mode, bound, budget=request.bounds.budget)
     data = request.data
     unsplit = EvaluationSplit(np.arange(len(next(iter(evaluation.values())))), np.arange(0), data.holdout,
                               data.holdout_seed, data.holdout_min,
@@ -462,6 +464,8 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
                  "peak_memory_mb": m.model_memory_mb, "threads": m.threads, "backend": m.backend},
         "board": {"latency_ms": chosen.estimate.latency_ms, "energy_mj": chosen.estimate.energy_mj,
                   "basis": chosen.estimate.basis},
+        # Where it is planned to run and its power there (the target point, or the one a power budget chose).
+        "power": {**(chosen.power.to_dict() if chosen.power else {}), "budget": plan.budget.to_dict()},
         "size_bytes": m.size_bytes,
         # drop_vs_fp32 is the selection drop (the figure the choice was made on); holdout_drop checks it.
         "accuracy": {"metric": scorer.name, "unit": scorer.unit, "drop_vs_fp32": chosen.accuracy_drop,
@@ -470,13 +474,35 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
     }
     # The health check allows for the difference between this host's kernels and the board's.
     tolerance = 1e-2 if chosen.precision in ("fp32", "fp16", "as-given") else 5e-2
-    latency_gate = max(50.0, chosen.estimate.latency_ms * 5)
     target, output = request.target, request.output
+    runtime_mode, threads = _runtime_mode(plan, target.board, target.mode)
+    planned_ms = chosen.power.latency_ms if chosen.power else chosen.estimate.latency_ms
+    latency_gate = max(50.0, planned_ms * 5)
     spec = BundleSpec(
-        output.name, output.version, chosen.name, target.board.name, target.mode, source_model_sha256=source_sha,
+        output.name, output.version, chosen.name, target.board.name, runtime_mode, source_model_sha256=source_sha,
         health_check=HealthCheck(atol=tolerance, rtol=tolerance, max_latency_ms=round(latency_gate, 2)),
         quantization=dict(chosen.config) if chosen.config else None, preprocessing=output.preprocessing,
-        measured=measured)
+        measured=measured, threads=threads)
     with held_output("computing the health check"):
         return bundle_from_model(out / "bundle", chosen.path, spec, {k: v[:1] for k, v in evaluation.items()},
                                  profile=target.board, private_key=output.private_key)
+
+
+def _runtime_mode(plan: PlanResult, board: DeviceProfile, mode: str) -> tuple[str, int | None]:
+    """The runtime mode and thread count that put the chosen variant at its planned point on the device.
+
+    The asked mode and its own threads when the plan kept its point; otherwise the runtime mode
+    the chosen power mode serves, with the planned threads (the bundle records both).
+    """
+    point = plan.chosen.power.point if plan.chosen.power else None
+    if point is None or point == target_point(board, mode):
+        return mode, None
+    power_mode = next(m for m in board.power_modes if m.name == point.power_mode)
+    wanted = RuntimeMode(mode)
+    reachable = [s for s in power_mode.serves if board.power_mode_for(s) is power_mode]
+    served = wanted if wanted in reachable else (reachable[0] if reachable else None)
+    if served is None:
+        raise ConversionError(f"power mode {power_mode.name!r} of {board.name} serves no runtime mode of its own "
+                              f"(it serves {[s.value for s in power_mode.serves]}, each served first by another mode); "
+                              "give it a runtime mode in the profile")
+    return served.value, point.threads

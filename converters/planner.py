@@ -2,29 +2,26 @@
 
 **Fit.** A variant fits a profile when its file size and its peak resident memory
 while loaded and running (measured here, in its own process) are both within the
-profile's ``model_budget_mb``; and, when a frame rate is asked for, its estimated
-energy per inference times that rate (its sustained power) is within the power mode's
-watts, i.e. the board can keep up in that mode.
+profile's ``model_budget_mb``; when a frame rate (or a wake cycle) is asked for, when the
+board keeps up with it (duty ≤ 1); and when a power budget is stated, when its average
+power there is within it (:class:`~edgesdk.converters.power.PowerBudget`).
 
-**Board latency, best source first** (every report names it, as the estimate's ``basis``):
+**Board latency** comes from the best source there is (:mod:`.board_latency`): measured on
+the board, else instructions counted on its emulated cores, else this host's timings scaled;
+every figure names its ``basis``. **Power** (:mod:`.power`): energy per inference is the
+busy power of the cores it runs on times its latency (or the board's measured figure), and
+average power is idle plus rate times that energy.
 
-1. ``measured on board``: ``edgesdk bench --json`` figures from the board (matched by
-   model SHA-256) or a board of the fleet (``--measure-on``);
-2. ``emulated <core>``: the variant's instructions per inference counted on the board's
-   own core type under qemu-user, with the board's aarch64 kernels
-   (:func:`edgesdk.converters.emulate.board_cost`): int8 and FP16 fast paths the board has
-   and this host lacks count, so the order of the variants is the board's;
-3. ``estimated``: scaled from the host's measured latency, when no emulator is set up::
+**Choice with a power budget.** Every operating point of the board (each power mode, each
+thread count from 1 to its online cores) is tried for every variant; a variant's point is the
+one with the lowest energy per inference among those that fit, ties to the lower latency.
+Among variants within the accuracy bound, the lowest energy per inference wins, then the lower
+latency, the smaller file, the first built: an exact order, so a looser budget never gives a
+choice with a lower average power than a tighter one. The bundle records the power mode and
+thread count chosen. A budget below the board's idle power in every mode is an
+:class:`~edgesdk.errors.InfeasibleBudgetError` before anything is measured against it.
 
-    board_ms = host_ms * perf(host cores, threads) / perf(board cores, threads)
-    perf     = (1 + 0.7 * (threads - 1)) * max_mhz * ipc(core)
-
-``ipc`` is a per-microarchitecture relative throughput (Cortex-A76 = 1.0; table below,
-from published per-clock benchmark ratios), and 0.7 is the assumed parallel efficiency
-of each extra thread. This keeps the host's order of the variants on every board, which
-is wrong where the ISAs differ. Energy per inference (mJ) = power-mode watts × board_ms.
-
-**Choice.** Among variants that fit and whose accuracy drop is within the bound, the
+**Choice otherwise.** Among variants that fit and whose accuracy drop is within the bound, the
 fastest on the board wins, unless others are within noise of it: a variant is faster
 only when its latency is at most :data:`CLEAR_GAIN` (0.95) times the other's, the gain
 edgesdk can tell from run-to-run noise (the same rule as the side-by-side check in
@@ -53,45 +50,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgesdk.converters.emulate import PARALLEL_EFFICIENCY, BoardCost, InstructionCount
+from edgesdk.converters.board_latency import (
+    BoardCost,
+    LatencyModel,
+    OperatingPoint,
+    operating_points,
+    target_point,
+)
+from edgesdk.converters.emulate import InstructionCount
 from edgesdk.converters.measure import Measurement
+from edgesdk.converters.power import PowerBudget, PowerFigures, busy_watts, check_feasible, power_at
 from edgesdk.errors import BudgetError
-from edgesdk.profiles import CoreCluster, DeviceProfile, RuntimeMode
-from edgesdk.scheduling import plan_cores
+from edgesdk.profiles import DeviceProfile
 
-__all__ = ["Candidate", "PlanResult", "BoardEstimate", "estimate_on_board", "choose", "IPC", "PARALLEL_EFFICIENCY",
-           "CLEAR_GAIN"]
+__all__ = ["Candidate", "PlanResult", "BoardEstimate", "estimate_on_board", "choose", "CLEAR_GAIN"]
 
-IPC = {
-    "cortex-a53": 0.40, "cortex-a55": 0.45, "cortex-a57": 0.60, "cortex-a72": 0.75, "cortex-a73": 0.75,
-    "cortex-a75": 0.90, "cortex-a76": 1.00, "cortex-a77": 1.10, "cortex-a78": 1.15, "cortex-a78ae": 1.10,
-    "cortex-x1": 1.30, "x86_64": 1.40,
-}
 #: One latency is clearly lower than another only at this ratio or below; smaller gains are within the
 #: run-to-run noise of a measurement on a typical host (about 3%).
 CLEAR_GAIN = 0.95
-_ALL = frozenset(range(1024))
-
-
-def _ipc(cluster: CoreCluster, arch: str) -> float:
-    return IPC.get(cluster.microarchitecture.lower(), IPC.get(arch, 1.0))
-
-
-def _perf(profile: DeviceProfile, mode: str, threads: int | None = None, available: frozenset[int] = _ALL) -> float:
-    plan = plan_cores(profile, mode, threads, available=available)
-    by_core = {core: c for c in profile.clusters for core in c.cores}
-    cores = [by_core[c] for c in plan.cores if c in by_core] or [profile.clusters[0]]
-    power_mode = profile.power_mode_for(mode)
-    mhz = sum(min(c.max_mhz, (power_mode.max_mhz.get(c.name, c.max_mhz) if power_mode else c.max_mhz))
-              for c in cores) / len(cores)
-    ipc = sum(_ipc(c, profile.arch) for c in cores) / len(cores)
-    threads = min(plan.threads, len(plan.cores))
-    return (1 + PARALLEL_EFFICIENCY * (threads - 1)) * mhz * ipc
 
 
 @dataclass(frozen=True)
 class BoardEstimate:
-    """A variant's latency (ms) and energy per inference (mJ) on the board, and where they come from."""
+    """A variant's latency (ms) and energy per inference (mJ) on the board at the conversion's target point."""
 
     latency_ms: float
     energy_mj: float
@@ -99,20 +80,27 @@ class BoardEstimate:
     basis: str
     #: The instruction counts an emulated estimate was made from (with ONNX Runtime's fusions on the board's ISA).
     counts: tuple[InstructionCount, ...] = ()
+    #: The latency at any other operating point (a power budget may move the variant).
+    model: LatencyModel | None = field(default=None, compare=False, repr=False)
+    #: Energy per inference measured on the board at the model's reference point, and how.
+    measured_energy_mj: float | None = None
+    measured_energy_basis: str = ""
 
 
 def estimate_on_board(host_latency_ms: float, host: DeviceProfile, host_threads: int, board: DeviceProfile,
-                      mode: str, measured_ms: float | None = None, emulated: BoardCost | None = None) -> BoardEstimate:
-    """Board latency and energy per inference: measured on the board, else emulated, else scaled from ``host``."""
-    power_mode = board.power_mode_for(mode)
-    watts = power_mode.watts if power_mode else max(m.watts for m in board.power_modes)
+                      mode: str, measured_ms: float | None = None, emulated: BoardCost | None = None,
+                      measured_energy_mj: float | None = None, measured_energy_basis: str = "") -> BoardEstimate:
+    """Board latency and energy per inference in ``mode``: measured on the board, else emulated, else scaled."""
+    point = target_point(board, mode)
     if measured_ms is not None:
-        return BoardEstimate(measured_ms, watts * measured_ms, "measured on board")
-    if emulated is not None:
-        return BoardEstimate(emulated.latency_ms, watts * emulated.latency_ms, emulated.basis, emulated.counts)
-    scale = _perf(host, RuntimeMode.LATENCY.value, host_threads, available=frozenset(host.cores)) / _perf(board, mode)
-    latency = host_latency_ms * scale
-    return BoardEstimate(latency, watts * latency, "estimated")
+        model = LatencyModel.measured(measured_ms, point)
+    elif emulated is not None:
+        model = LatencyModel.emulated(emulated.counts)
+    else:
+        model = LatencyModel.estimated(host_latency_ms, host, host_threads)
+    latency, basis = model.at(board, point)
+    energy = measured_energy_mj if measured_energy_mj is not None else busy_watts(board, point) * latency
+    return BoardEstimate(latency, energy, basis, model.counts, model, measured_energy_mj, measured_energy_basis)
 
 
 @dataclass(frozen=True)
@@ -132,6 +120,8 @@ class Candidate:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: The drop on the held-out samples (module doc, "Held-out check"); None when none were held out.
     holdout_drop: float | None = None
+    #: Where :func:`choose` plans it to run and its power there (None before choosing).
+    power: PowerFigures | None = None
 
     @property
     def is_quantized(self) -> bool:
@@ -146,46 +136,60 @@ class PlanResult:
     candidates: tuple[Candidate, ...]
     chosen: Candidate
     reason: str
+    budget: PowerBudget = PowerBudget()
+
+    @property
+    def point(self) -> OperatingPoint:
+        """Where the chosen variant is planned to run: its power mode and thread count."""
+        assert self.chosen.power is not None  # choose() sets it on every candidate
+        return self.chosen.power.point
 
 
 def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max_accuracy_drop: float,
-           target_fps: float | None = None) -> PlanResult:
-    """Mark every candidate fitting or rejected (with reasons) and pick one; see the module doc."""
-    budget = board.model_budget_mb
-    power_mode = board.power_mode_for(mode)
-    watts = power_mode.watts if power_mode else max(m.watts for m in board.power_modes)
+           target_fps: float | None = None, budget: PowerBudget | None = None) -> PlanResult:
+    """Mark every candidate fitting or rejected (with reasons) and pick one; see the module doc.
+
+    ``budget`` states a rate and a power limit (:class:`PowerBudget`); ``target_fps`` alone is
+    the same as ``PowerBudget(fps=target_fps)``. An infeasible budget raises
+    :class:`~edgesdk.errors.InfeasibleBudgetError` at once.
+    """
+    budget = budget if budget is not None else PowerBudget(fps=target_fps)
+    check_feasible(board, budget)
+    memory_mb = board.model_budget_mb
     fp32 = next((c for c in candidates if c.precision == "fp32" and c.format == "onnx"), None)
+    target = target_point(board, mode)
 
     def memory_reasons(c: Candidate) -> list[str]:
         m, reasons = c.measurement, []
-        if m.size_bytes / 2**20 > budget:
-            reasons.append(f"file {m.size_bytes / 2**20:.1f} MiB > budget {budget} MiB")
-        if m.model_memory_mb > budget:
-            reasons.append(f"peak memory {m.model_memory_mb:.1f} MiB > budget {budget} MiB")
+        if m.size_bytes / 2**20 > memory_mb:
+            reasons.append(f"file {m.size_bytes / 2**20:.1f} MiB > budget {memory_mb} MiB")
+        if m.model_memory_mb > memory_mb:
+            reasons.append(f"peak memory {m.model_memory_mb:.1f} MiB > budget {memory_mb} MiB")
         return reasons
 
     fp32_fits = fp32 is not None and not memory_reasons(fp32)
     judged = []
     for c in candidates:
         reasons = memory_reasons(c)
-        if target_fps is not None:
-            sustained = c.estimate.energy_mj * target_fps / 1e3
-            if sustained > watts:
-                reasons.append(f"{target_fps:g} fps needs {sustained:.1f} W ({c.estimate.basis}) > "
-                               f"{watts:g} W of power mode {power_mode.name if power_mode else '?'}")
+        power = _planned_power(c.estimate, board, target, budget)
+        if not power.fits:
+            reasons.append(power.problem if not budget.constrains else
+                           f"no power mode and thread count meets {budget.describe()}; the lowest average power: "
+                           f"{power.problem}")
         if c.accuracy_drop > max_accuracy_drop:
             reasons.append(f"accuracy drop {c.accuracy_drop:.3g} > bound {max_accuracy_drop:g}")
         if c.is_quantized and fp32 is not None and fp32_fits and c.estimate.latency_ms > fp32.estimate.latency_ms:
             reasons.append(f"slower than FP32 on {board.name} ({c.estimate.latency_ms:.3f} ms vs "
                            f"{fp32.estimate.latency_ms:.3f} ms, {c.estimate.basis})")
-        judged.append(replace(c, rejected=(*c.rejected, *reasons)))  # a reason given by the caller stays
+        judged.append(replace(c, rejected=(*c.rejected, *reasons), power=power))  # a caller's reason stays
 
     vetoed: list[Candidate] = []
     while True:
         fitting = [c for c in judged if not c.rejected]
         if not fitting:
-            raise _nothing_fits(judged, board, mode, budget, watts, max_accuracy_drop)
-        winner, reason = _pick(fitting, board, max_accuracy_drop)
+            raise _nothing_fits(judged, board, mode, memory_mb, budget, max_accuracy_drop)
+        winner, reason = (_lowest_energy(fitting, judged, board, max_accuracy_drop, budget) if budget.constrains
+                          else _pick(fitting, board, max_accuracy_drop))
         if winner.holdout_drop is None or winner.holdout_drop <= max_accuracy_drop:
             break
         # Chosen on the selection samples, but it does not hold on samples nothing was chosen on: choose again.
@@ -198,7 +202,50 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
         reason += (f"; {', '.join(c.name for c in vetoed)} chosen first and rejected: held-out drop over the bound "
                    "(the drop on the selection samples did not hold on unseen ones)")
     final = tuple(replace(c, chosen=c is winner) for c in judged)
-    return PlanResult(final, next(c for c in final if c.chosen), reason)
+    return PlanResult(final, next(c for c in final if c.chosen), reason, budget)
+
+
+def _planned_power(estimate: BoardEstimate, board: DeviceProfile, target: OperatingPoint,
+                   budget: PowerBudget) -> PowerFigures:
+    """Where the variant would run: the target point, or under a power budget the point of least energy that fits.
+
+    When no point fits a budget, the figures of the point with the lowest average power (the nearest miss).
+    """
+    model = estimate.model
+    reference = model.reference if model is not None and model.reference is not None else target
+
+    def at(point: OperatingPoint) -> PowerFigures:
+        latency, basis = (estimate.latency_ms, estimate.basis) if point == target or model is None else model.at(
+            board, point)
+        measured = estimate.measured_energy_mj if point == reference else None
+        return power_at(board, point, latency, basis, budget, measured, estimate.measured_energy_basis)
+
+    if not budget.constrains or model is None:
+        return at(target)
+    figures = [at(p) for p in operating_points(board) if model.covers(board, p)] or [at(target)]
+    fitting = [f for f in figures if f.fits]
+    if fitting:
+        return min(fitting, key=lambda f: (f.energy_mj, f.latency_ms))
+    return min(figures, key=lambda f: (f.avg_watts if f.avg_watts is not None else 0.0, f.latency_ms))
+
+
+def _lowest_energy(fitting: list[Candidate], judged: Sequence[Candidate], board: DeviceProfile, bound: float,
+                   budget: PowerBudget) -> tuple[Candidate, str]:
+    """Under a power budget: the lowest energy per inference, then the lower latency, the smaller file, the first."""
+    order = {id(c): i for i, c in enumerate(judged)}
+
+    def key(c: Candidate) -> tuple[float, float, int, int]:
+        assert c.power is not None
+        return (c.power.energy_mj, c.power.latency_ms, c.measurement.size_bytes, order[id(c)])
+
+    winner = min(fitting, key=key)
+    power = winner.power
+    assert power is not None and power.avg_watts is not None
+    held = "" if winner.holdout_drop is None else f", held-out {winner.holdout_drop:.3g}"
+    return winner, (f"lowest energy per inference within {budget.describe()}: {power.energy_mj:.3g} mJ "
+                    f"({power.energy_basis}), average {power.avg_watts:.3g} W in power mode {power.point.power_mode} "
+                    f"with {power.point.threads} thread(s), {power.latency_ms:.3f} ms ({power.basis}), accuracy drop "
+                    f"{winner.accuracy_drop:.3g}{held} <= {bound:g}")
 
 
 def _worst_drop(c: Candidate) -> float:
@@ -206,8 +253,8 @@ def _worst_drop(c: Candidate) -> float:
     return max(c.accuracy_drop, c.holdout_drop if c.holdout_drop is not None else c.accuracy_drop)
 
 
-def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, budget: float, watts: float,
-                  max_accuracy_drop: float) -> BudgetError:
+def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, budget: float,
+                  power: PowerBudget, max_accuracy_drop: float) -> BudgetError:
     """The error naming the variant closest to fitting, its figures and why it was rejected."""
     def closeness(c: Candidate) -> tuple[float, float]:
         m = c.measurement
@@ -218,11 +265,11 @@ def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, 
     m = best.measurement
     held = "" if best.holdout_drop is None else f" (held-out {best.holdout_drop:.3g})"
     return BudgetError(
-        f"no variant fits {board.name} ({mode}, model budget {budget} MiB, {watts:g} W, max accuracy drop "
+        f"no variant fits {board.name} ({mode}, model budget {budget} MiB, {power.describe()}, max accuracy drop "
         f"{max_accuracy_drop:g}); closest: {best.name} — file {m.size_bytes / 2**20:.2f} MiB, peak memory "
         f"{m.model_memory_mb:.1f} MiB, accuracy drop {best.accuracy_drop:.3g}{held}, {best.estimate.latency_ms:.2f} ms "
         f"({best.estimate.basis}); rejected because: {'; '.join(best.rejected)}. Loosen --max-accuracy-drop, "
-        "choose a larger board or a smaller model"
+        "raise the power budget, lower the frame rate, choose a larger board or a smaller model"
     )
 
 

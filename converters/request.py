@@ -10,7 +10,7 @@ built (:mod:`.arguments` has the single-value checks, shared with the CLI's opti
         Data(calibration={"input": x_cal}, evaluation={"input": x_eval}, labels=y_eval,
              holdout=0.3),                           # 30% of x_eval only checks the chosen variant
         Output("out", name="digits", version="1.4.0"),
-        bounds=Bounds(max_accuracy_drop=0.5),        # what a variant must meet
+        bounds=Bounds(max_accuracy_drop=0.5, fps=5, power_budget_w=3.0),  # what it must meet
         formats=("onnx", "tflite"),
     )
 
@@ -43,6 +43,7 @@ from edgesdk.converters.arguments import (
 )
 from edgesdk.converters.config import QuantizationConfig
 from edgesdk.converters.metrics import check_metric
+from edgesdk.converters.power import PowerBudget, check_feasible
 from edgesdk.errors import ConversionError, DataError
 from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
 from edgesdk.scheduling import plan_cores
@@ -163,15 +164,30 @@ class Bounds:
     """What the chosen variant must meet besides the board's memory budget.
 
     ``max_accuracy_drop`` is the accepted drop vs FP32 in the metric's unit (points for
-    top-1); ``fps`` the frame rate the board must sustain in the power mode (None: any).
+    top-1). ``fps`` is the frame rate the board must sustain (None: any); or, for a device
+    that sleeps between bursts, ``wake_every_s`` with ``frames_per_wake``. ``power_budget_w``
+    (average watts) or ``energy_budget_mwh_per_h`` bounds the board's average power at that
+    rate; the planner then moves the model between power modes and thread counts to meet it
+    (:mod:`edgesdk.converters.power`).
     """
 
     max_accuracy_drop: float = 0.5
     fps: float | None = None
+    power_budget_w: float | None = None
+    energy_budget_mwh_per_h: float | None = None
+    wake_every_s: float | None = None
+    frames_per_wake: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_accuracy_drop", check_accuracy_drop(self.max_accuracy_drop))
         object.__setattr__(self, "fps", check_fps(self.fps))
+        self.budget  # noqa: B018 - validates the power fields together
+
+    @property
+    def budget(self) -> PowerBudget:
+        """The rate and power limit, as the planner takes them."""
+        return PowerBudget(self.fps, self.power_budget_w, self.energy_budget_mwh_per_h, self.wake_every_s,
+                           self.frames_per_wake)
 
 
 @dataclass(frozen=True)
@@ -221,6 +237,7 @@ class ConversionRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "formats", parse_formats(self.formats))
+        check_feasible(self.target.board, self.bounds.budget)  # a budget below idle fails now, not after minutes
 
     @property
     def config(self) -> QuantizationConfig:

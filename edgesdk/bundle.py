@@ -11,7 +11,8 @@ A bundle is a directory::
 e.g. ``"1.4.0"``; devices refuse a lower one), ``model_file``, ``model_format``,
 ``files`` (every other file of the bundle with ``sha256`` and ``size``),
 ``source_model_sha256``, ``variant``, ``quantization`` (the full config that made the
-variant, or null), ``target`` (``profile``, ``power_mode``), ``inputs``/``outputs``
+variant, or null), ``target`` (``profile``, ``power_mode``: the runtime mode, and
+``threads`` when the converter planned a thread count, e.g. to meet a power budget), ``inputs``/``outputs``
 (name, shape with null for dynamic dims, dtype), ``preprocessing`` (free-form notes),
 ``measured`` (figures from the converter; estimates are labelled as such),
 ``health_check`` (``file``, ``atol``, ``rtol``, ``max_latency_ms``), ``tool``
@@ -105,6 +106,14 @@ def _spec(data: Any, where: str) -> TensorSpec:
         raise BundleError(f"manifest {where}: expected {{name, shape, dtype}}, got {data!r} ({exc})") from exc
 
 
+def _threads(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BundleError(f"manifest target.threads must be an integer >= 1, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Manifest:
     """The parsed, validated ``manifest.json``."""
@@ -127,6 +136,8 @@ class Manifest:
     tool_version: str = ""
     created_at: str = ""
     format_version: int = FORMAT_VERSION
+    #: The thread count the converter planned the model for (None: the runtime mode's own).
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         safe_name(self.name, "bundle name")
@@ -155,7 +166,8 @@ class Manifest:
             "source_model_sha256": self.source_model_sha256,
             "variant": self.variant,
             "quantization": dict(self.quantization) if self.quantization is not None else None,
-            "target": {"profile": self.target_profile, "power_mode": self.power_mode},
+            "target": {"profile": self.target_profile, "power_mode": self.power_mode,
+                       **({"threads": self.threads} if self.threads is not None else {})},
             "inputs": [_spec_dict(s) for s in self.inputs],
             "outputs": [_spec_dict(s) for s in self.outputs],
             "preprocessing": dict(self.preprocessing),
@@ -191,6 +203,7 @@ class Manifest:
                 quantization=data.get("quantization"), preprocessing=data.get("preprocessing") or {},
                 measured=data.get("measured") or {}, health_check=health,
                 tool_version=data.get("tool", {}).get("version", ""), created_at=data.get("created_at", ""),
+                threads=_threads(data["target"].get("threads")),
             )
         except KeyError as exc:
             raise BundleError(f"manifest is missing field {exc.args[0]!r}") from None
@@ -261,17 +274,20 @@ class BundleSpec:
     preprocessing: Mapping[str, Any] = field(default_factory=dict)
     #: Figures from the converter; estimates are labelled as such.
     measured: Mapping[str, Any] = field(default_factory=dict)
+    #: The thread count planned for the board (None: the runtime mode's own).
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         safe_name(self.name, "bundle name")
         parse_version(self.version)
+        _threads(self.threads)
 
     @classmethod
     def of(cls, manifest: Manifest) -> BundleSpec:
         """The spec a bundle was written from, e.g. to re-release its model as ``replace(spec, version=...)``."""
         return cls(manifest.name, manifest.version, manifest.variant, manifest.target_profile, manifest.power_mode,
                    manifest.source_model_sha256, manifest.health_check or HealthCheck(), manifest.quantization,
-                   manifest.preprocessing, manifest.measured)
+                   manifest.preprocessing, manifest.measured, manifest.threads)
 
 
 @dataclass(frozen=True)
@@ -333,7 +349,7 @@ def write_bundle(out_dir: str | os.PathLike[str], model: ModelFile, spec: Bundle
             source_model_sha256=spec.source_model_sha256 or model.sha256, variant=spec.variant,
             target_profile=spec.target_profile, power_mode=spec.power_mode, inputs=sample.input_specs,
             outputs=sample.output_specs, quantization=spec.quantization, preprocessing=spec.preprocessing,
-            measured=spec.measured, health_check=health, tool_version=__version__,
+            measured=spec.measured, health_check=health, tool_version=__version__, threads=spec.threads,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         _write_file(staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode())

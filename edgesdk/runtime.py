@@ -88,7 +88,9 @@ class Runtime(AsyncPredictions):
     ``model`` is a ``.tflite``/``.onnx`` file or a bundle directory (its hashes are checked;
     see :mod:`edgesdk.bundle`). ``profile`` is a profile name, a YAML path or a
     :class:`DeviceProfile`; None detects the board. ``mode`` picks cores by the big/little
-    rule of :mod:`edgesdk.scheduling` (default: the bundle's power mode, else latency).
+    rule of :mod:`edgesdk.scheduling` (default: the bundle's power mode, else latency), and
+    ``threads`` overrides its thread count (default, with the bundle's mode: the bundle's
+    planned threads, when the converter chose them).
     ``accelerator`` is ``"auto"`` (the profile's accelerators, then CPU), ``"cpu"``, an
     accelerator name from the profile, or a kind (``gpu``, ``npu``, ``dsp``). Every fallback
     to the CPU (no delegate/provider for this backend, a delegate that cannot load, a kind
@@ -127,6 +129,8 @@ class Runtime(AsyncPredictions):
             model_file = read_model(model)
         if mode is None:
             mode = self.bundle.manifest.power_mode if self.bundle else RuntimeMode.LATENCY
+            if threads is None and self.bundle is not None:
+                threads = self.bundle.manifest.threads  # what the converter planned (e.g. to meet a power budget)
         if profile is None:
             from edgesdk.detect import detect_device
 

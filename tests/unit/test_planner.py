@@ -17,7 +17,7 @@ HOST = profile_from_dict({
     **copy.deepcopy(BIG_LITTLE), "name": "host", "arch": "x86_64",
     "cpu": {"clusters": [{"name": "cpu", "cores": [0, 1], "microarchitecture": "x86_64", "max_mhz": 3000,
                           "capacity": 1024}]},
-    "power_modes": [{"name": "p", "watts": 30, "clusters": ["cpu"], "serves": ["latency", "balanced", "power"]}],
+    "power_modes": [{"name": "p", "idle_watts": 1.0, "active_watts": {"cpu": 30}, "clusters": ["cpu"], "serves": ["latency", "balanced", "power"]}],
 })
 BOARD = profile_from_dict(copy.deepcopy(BIG_LITTLE))  # 1536 MiB budget, 9 W performance / 4 W efficiency
 
@@ -38,6 +38,7 @@ def test_estimate_scales_host_latency_by_cores_clock_and_ipc():
     est = estimate_on_board(1.0, HOST, 2, BOARD, "latency")
     # host: (1 + 0.7) * 3000 MHz * 1.4; board big cluster: (1 + 0.7*3) * 2400 MHz * 1.0
     assert est.latency_ms == pytest.approx((1.7 * 3000 * 1.4) / (3.1 * 2400 * 1.0))
+    # All four big cores busy: the cluster's whole 9 W above idle.
     assert est.energy_mj == pytest.approx(9.0 * est.latency_ms) and est.basis == "estimated"
     slower = estimate_on_board(1.0, HOST, 2, BOARD, "power")  # 4 little A55 cores
     assert slower.latency_ms > est.latency_ms
@@ -46,6 +47,8 @@ def test_estimate_scales_host_latency_by_cores_clock_and_ipc():
 def test_measured_board_figures_replace_the_estimate():
     est = estimate_on_board(1.0, HOST, 2, BOARD, "latency", measured_ms=3.5)
     assert (est.latency_ms, est.basis, est.energy_mj) == (3.5, "measured on board", pytest.approx(31.5))
+    measured = estimate_on_board(1.0, HOST, 2, BOARD, "latency", measured_ms=3.5, measured_energy_mj=12.0)
+    assert measured.energy_mj == 12.0
 
 
 def test_fastest_fitting_variant_within_the_accuracy_bound_wins():
@@ -74,9 +77,10 @@ def test_slower_quantized_variant_is_chosen_when_size_is_the_only_way_to_fit():
     assert "file 100.0 MiB > budget 64 MiB" in result.candidates[0].rejected[0]
 
 
-def test_frame_rate_the_power_mode_cannot_sustain_rejects_the_variant():
+def test_frame_rate_the_board_cannot_keep_up_with_rejects_the_variant():
     slow = _c("fp32", "fp32", latency_ms=200.0)
-    with pytest.raises(BudgetError, match=r"30 fps needs .* W \(estimated\) > 9 W of power mode performance"):
+    with pytest.raises(BudgetError, match=r"30 fps needs 192 ms <= 33.3 ms per frame \(estimated, performance x4\): "
+                                          r"duty 5.76 > 1"):
         choose([slow], BOARD, "latency", 0.5, target_fps=30)
 
 
