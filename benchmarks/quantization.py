@@ -46,8 +46,9 @@ from models import DATA, MODELS, fetch  # noqa: E402
 
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
+from edgesdk.converters.board_latency import board_cost  # noqa: E402
 from edgesdk.converters.config import CalibrationMethod, QuantizationConfig  # noqa: E402
-from edgesdk.converters.emulate import Emulator, board_cost  # noqa: E402
+from edgesdk.converters.emulate import Emulator  # noqa: E402
 from edgesdk.converters.metrics import resolve_metric  # noqa: E402
 from edgesdk.converters.onnx_model import fix_input_shapes, load_onnx, save_onnx  # noqa: E402
 from edgesdk.converters.search import run_model  # noqa: E402

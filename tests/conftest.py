@@ -70,8 +70,10 @@ def host_profile_dict(little: list[int], big: list[int]) -> dict:
         ]},
         "memory": {"ram_mb": 4096, "model_budget_mb": 512},
         "power_modes": [
-            {"name": "performance", "idle_watts": 1.0, "active_watts": {"big": 10}, "clusters": ["big"], "serves": ["latency", "balanced"]},
-            {"name": "efficiency", "idle_watts": 1.0, "active_watts": {"little": 3}, "clusters": ["little"], "serves": ["power"]},
+            {"name": "performance", "idle_watts": 1.0, "active_watts": {"big": 10},
+                 "clusters": ["big"], "serves": ["latency", "balanced"]},
+            {"name": "efficiency", "idle_watts": 1.0, "active_watts": {"little": 3},
+                 "clusters": ["little"], "serves": ["power"]},
         ],
     }
 

@@ -15,7 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesdk.converters.emulate import Emulator, InstructionCount, board_cost, board_latency_ms, emulated_cpu
+from edgesdk.converters.board_latency import board_cost
+from edgesdk.converters.emulate import Emulator, InstructionCount, board_latency_ms, emulated_cpu
 from edgesdk.converters.userland import build_userland
 from edgesdk.errors import EmulatorError, ModelFormatError
 from edgesdk.profiles import load_profile

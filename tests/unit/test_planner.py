@@ -17,7 +17,8 @@ HOST = profile_from_dict({
     **copy.deepcopy(BIG_LITTLE), "name": "host", "arch": "x86_64",
     "cpu": {"clusters": [{"name": "cpu", "cores": [0, 1], "microarchitecture": "x86_64", "max_mhz": 3000,
                           "capacity": 1024}]},
-    "power_modes": [{"name": "p", "idle_watts": 1.0, "active_watts": {"cpu": 30}, "clusters": ["cpu"], "serves": ["latency", "balanced", "power"]}],
+    "power_modes": [{"name": "p", "idle_watts": 1.0, "active_watts": {"cpu": 30},
+         "clusters": ["cpu"], "serves": ["latency", "balanced", "power"]}],
 })
 BOARD = profile_from_dict(copy.deepcopy(BIG_LITTLE))  # 1536 MiB budget, 9 W performance / 4 W efficiency
 

@@ -20,8 +20,10 @@ BIG_LITTLE = {
     ]},
     "memory": {"ram_mb": 8192, "model_budget_mb": 1536},
     "power_modes": [
-        {"name": "performance", "idle_watts": 1.0, "active_watts": {"big": 9.0}, "clusters": ["big"], "serves": ["latency", "balanced"]},
-        {"name": "efficiency", "idle_watts": 1.0, "active_watts": {"little": 4.0}, "clusters": ["little"], "serves": ["power"]},
+        {"name": "performance", "idle_watts": 1.0, "active_watts": {"big": 9.0},
+             "clusters": ["big"], "serves": ["latency", "balanced"]},
+        {"name": "efficiency", "idle_watts": 1.0, "active_watts": {"little": 4.0},
+             "clusters": ["little"], "serves": ["power"]},
     ],
 }
 
@@ -59,7 +61,8 @@ def test_power_without_a_little_cluster_falls_back_to_half_the_cores_and_says_so
     homogeneous = {
         "cpu": {"clusters": [{"name": "cpu", "cores": [0, 1, 2, 3], "microarchitecture": "cortex-a72",
                               "max_mhz": 1800, "capacity": 1024}]},
-        "power_modes": [{"name": "performance", "idle_watts": 1.0, "active_watts": {"cpu": 6.4}, "clusters": ["cpu"], "serves": ["latency"]}],
+        "power_modes": [{"name": "performance", "idle_watts": 1.0, "active_watts": {"cpu": 6.4},
+             "clusters": ["cpu"], "serves": ["latency"]}],
     }
     plan = plan_cores(_profile(**homogeneous), "power", available=ALL8)
     assert plan.cores == (0, 1) and plan.threads == 2
