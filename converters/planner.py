@@ -242,7 +242,7 @@ def _lowest_energy(fitting: list[Candidate], judged: Sequence[Candidate], board:
     power = winner.power
     assert power is not None and power.avg_watts is not None
     held = "" if winner.holdout_drop is None else f", held-out {winner.holdout_drop:.3g}"
-    return winner, (f"lowest energy per inference within {budget.describe()}: {power.energy_mj:.3g} mJ "
+    return winner, (f"lowest energy per inference at {budget.describe()}: {power.energy_mj:.3g} mJ "
                     f"({power.energy_basis}), average {power.avg_watts:.3g} W in power mode {power.point.power_mode} "
                     f"with {power.point.threads} thread(s), {power.latency_ms:.3f} ms ({power.basis}), accuracy drop "
                     f"{winner.accuracy_drop:.3g}{held} <= {bound:g}")

@@ -42,6 +42,9 @@ class ConversionReport:
 
         ``accuracy_drop`` is on the selection samples, ``holdout_drop`` on the held-out ones
         (None when none were held out); ``holdout`` has the split's sizes and settings.
+        ``board_latency_ms``/``energy_mj`` are at the asked mode's point; ``power`` has each
+        variant's planned point (power mode, threads), its energy per inference and average
+        power with their bases; ``planned`` is where the bundle runs it.
         """
         rows = []
         for c in self.plan.candidates:
@@ -54,12 +57,17 @@ class ConversionReport:
                 "holdout_drop": None if c.holdout_drop is None else round(c.holdout_drop, 4),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
                 "estimate_basis": c.estimate.basis, "emulated": [_count_row(n) for n in c.estimate.counts],
+                # Where the planner would run it (the target point, or under a power budget the best that fits).
+                "power": None if c.power is None else c.power.to_dict(),
                 "rejected": list(c.rejected), "notes": list(c.notes),
                 "sha256": m.sha256, "file": str(c.path),
             })
         return {"profile": self.profile, "mode": self.mode, "metric": self.metric, "metric_unit": self.metric_unit,
                 "max_accuracy_drop": self.max_accuracy_drop, "chosen": self.plan.chosen.name,
                 "reason": self.plan.reason, "bundle": str(self.bundle.path), "variants": rows,
+                "budget": self.plan.budget.to_dict(),
+                "planned": {"power_mode": self.plan.point.power_mode, "threads": self.plan.point.threads,
+                            "runtime_mode": self.bundle.manifest.power_mode},
                 "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff,
                 "calibration": None if self.calibration is None else {
                     "samples": self.calibration.samples, "tensors": self.calibration.tensors,

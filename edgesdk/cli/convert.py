@@ -86,15 +86,18 @@ def _board_figures(paths: tuple[str, ...]) -> dict[str, float]:
 
 
 def _table(report: dict[str, Any]) -> str:
-    header = ("", "variant", "size KiB", "peak MiB", "measured ms", "board ms", "mJ", "int8/DQ-float",
-              f"drop ({report['metric_unit']})", "held-out drop", "verdict")
+    header = ("", "variant", "size KiB", "peak MiB", "measured ms", "board point", "board ms", "mJ", "avg W",
+              "int8/DQ-float", f"drop ({report['metric_unit']})", "held-out drop", "verdict")
     rows = [header]
     for v in report["variants"]:
-        verdict = "CHOSEN" if v["chosen"] else ("; ".join(v["rejected"]) or "fits (slower)")
-        basis = "" if v["estimate_basis"] == "measured on board" else "~"
+        verdict = "CHOSEN" if v["chosen"] else ("; ".join(v["rejected"]) or "fits (not chosen)")
+        p = v["power"]
+        basis = "" if p["basis"] == "measured on board" else "~"
+        energy = "" if p["energy_basis"].startswith("measured on board") else "~"
         rows.append(("*" if v["chosen"] else "", v["name"], f"{v['size_bytes'] / 1024:.1f}",
-                     f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}",
-                     f"{basis}{v['board_latency_ms']:.3f}", f"{basis}{v['energy_mj']:.2f}", _fused(v),
+                     f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}", f"{p['power_mode']} x{p['threads']}",
+                     f"{basis}{p['latency_ms']:.3f}", f"{energy}{p['energy_mj']:.2f}",
+                     "-" if p["avg_watts"] is None else f"{energy}{p['avg_watts']:.2f}", _fused(v),
                      f"{v['accuracy_drop']:.3f}", "-" if v["holdout_drop"] is None else f"{v['holdout_drop']:.3f}",
                      verdict))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
@@ -195,7 +198,16 @@ def _fps(value: float) -> float | None:
 @click.option("--input-shape", "input_shapes", multiple=True, callback=_checked(_shapes),
               help="Fix a dynamic input's dims (symbolic, or written as -1 or 0): NAME=D1,D2,...")
 @click.option("--fps", type=float, default=None, callback=_checked(_fps),
-              help="Frame rate the board must sustain in the power mode.")
+              help="Frame rate the board must sustain (continuous use).")
+@click.option("--power-budget", "power_budget", type=float, default=None,
+              help="Average board power allowed at --fps (or the wake cycle), in watts: the planner picks the variant, "
+                   "power mode and threads of least energy that meet it.")
+@click.option("--energy-budget", "energy_budget", type=float, default=None, metavar="MWH_PER_H",
+              help="The same limit as energy per hour, in mWh/h (a battery's unit; 1000 mWh/h = 1 W).")
+@click.option("--wake-every", "wake_every", type=float, default=None, metavar="S",
+              help="Duty-cycled device: it wakes every S seconds (sleeping between wakes where the board can).")
+@click.option("--frames-per-wake", "frames_per_wake", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Duty-cycled device: frames it runs each wake (with --wake-every).")
 @click.option("--board-figures", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="`edgesdk bench --json` output measured on the board; replaces the estimate for that model.")
 @click.option("--emulate/--no-emulate", "emulate", default=None,
@@ -216,13 +228,7 @@ def _fps(value: float) -> float | None:
 @click.option("--std", default="1,1,1", show_default=True, callback=lambda ctx, param, value: _floats(value),
               help="Image folders: per-channel std after scaling (1 or 3 values).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def convert(model: str, profile: str, mode: str, calibration: str | None, evaluation: str, labels: str | None,
-            metric: str | None, max_accuracy_drop: float, holdout: float, holdout_seed: int,
-            holdout_min: int, formats: tuple[str, ...], out_dir: str, force: bool,
-            name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
-            board_figures: tuple[str, ...], emulate: bool | None, measure_on: str | None, server_url: str, token: str | None,
-            token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
-            std: tuple[float, ...], as_json: bool) -> None:
+def convert(**params: Any) -> None:
     """Build, measure and choose the variant of MODEL that fits PROFILE; write a bundle to OUT/bundle.
 
     Every option is checked before any work starts: a bad value is a usage error (exit 2).
@@ -232,14 +238,16 @@ def convert(model: str, profile: str, mode: str, calibration: str | None, evalua
     from edgesdk.converters.quiet import warnings_once
 
     with warnings_once():
-        _convert(**click.get_current_context().params)  # every option by name, as parsed and checked above
+        _convert(**params)  # every option by name, as parsed and checked above
 
 
 def _convert(model: str, profile: str, mode: str, calibration: str | None, evaluation: str, labels: str | None,
              metric: str | None, max_accuracy_drop: float, holdout: float, holdout_seed: int,
              holdout_min: int, formats: tuple[str, ...], out_dir: str, force: bool,
              name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
-             board_figures: tuple[str, ...], emulate: bool | None, measure_on: str | None, server_url: str, token: str | None,
+             power_budget: float | None, energy_budget: float | None, wake_every: float | None,
+             frames_per_wake: int | None, board_figures: tuple[str, ...], emulate: bool | None,
+             measure_on: str | None, server_url: str, token: str | None,
              token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
              std: tuple[float, ...], as_json: bool) -> None:
     from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target
@@ -247,6 +255,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     from edgesdk.converters.arguments import check_name
     from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels, model_inputs
     from edgesdk.converters.metrics import check_metric
+    from edgesdk.converters.power import check_feasible
     from edgesdk.converters.quiet import held_output
     from edgesdk.model_file import read_model
     from edgesdk.runtime import Runtime
@@ -275,7 +284,13 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         check_metric(metric, has_labels=labels is not None)
     except EdgeSDKError as exc:
         raise click.BadParameter(str(exc), param_hint="'--metric'") from None
+    try:
+        bounds = Bounds(max_accuracy_drop, fps, power_budget, energy_budget, wake_every, frames_per_wake)
+    except EdgeSDKError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--fps' / '--power-budget' / '--energy-budget' / "
+                                 "'--wake-every' / '--frames-per-wake'") from None
     target = Target(profile, mode, board_figures=_board_figures(board_figures), emulate=emulate)
+    check_feasible(target.board, bounds.budget)  # a budget below the board's idle power fails before any work
     if measure_on:
         from edgesdk.cli.fleet import admin_client
         from edgesdk.converters.remote import board_measure as remote
@@ -291,7 +306,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     request = ConversionRequest(Source(model, input_shapes=input_shapes), target,
                                 Data(calib_arrays, eval_arrays, label_array, metric, holdout=holdout,
                                      holdout_seed=holdout_seed, holdout_min=holdout_min), output,
-                                Bounds(max_accuracy_drop, fps), formats)
+                                bounds, formats)
     stages = _Stages()
     with contextlib.ExitStack() as stack:
         if sys.stderr.isatty():
@@ -306,6 +321,10 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     click.echo(_table(data))
     click.echo(_split_line(data))
     click.echo(f"\nchosen: {data['chosen']} — {data['reason']}")
+    planned = data["planned"]
+    click.echo(f"planned for power mode {planned['power_mode']} with {planned['threads']} thread(s) (runtime mode "
+               f"{planned['runtime_mode']}); mJ = energy per inference above idle, avg W = the board's average power "
+               "at the asked rate")
     click.echo(f"~ = not measured on the board: {data['board_estimates']}")
     click.echo("int8/DQ-float = Convs and MatMuls ONNX Runtime runs as int8 kernels / leaves as DequantizeLinear -> "
                "float -> QuantizeLinear, in the graph it optimizes on the emulated board")

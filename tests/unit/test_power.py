@@ -106,7 +106,7 @@ def test_a_variant_that_keeps_up_but_exceeds_the_budget_is_rejected_with_its_ave
     assert judged.power is not None and judged.power.duty is not None and judged.power.duty < 1
     assert judged.rejected and "no power mode and thread count meets 5 fps within 2.6 W" in judged.rejected[0]
     assert "> budget 2.6 W" in judged.rejected[0]
-    assert plan.reason.startswith("lowest energy per inference within 5 fps within 2.6 W")
+    assert plan.reason.startswith("lowest energy per inference at 5 fps within 2.6 W")
 
 
 def test_a_tighter_budget_never_picks_a_higher_average_power():

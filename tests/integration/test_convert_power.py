@@ -1,0 +1,84 @@
+"""`edgesdk convert` with a power budget: the mode and threads it plans, the bundle that runs there, the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgesdk import Runtime
+from edgesdk.bundle import read_bundle
+from edgesdk.cli import cli
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory) -> Path:
+    from edgesdk.testing import write_sample
+
+    folder = tmp_path_factory.mktemp("sample")
+    write_sample(folder)
+    return folder
+
+
+def _convert(sample: Path, out: Path, *args: str):
+    return CliRunner().invoke(cli, ["convert", str(sample / "model.onnx"), "--eval", str(sample / "eval.npy"),
+                                    "--out", str(out), "--no-emulate", "--json", *args])
+
+
+def test_a_budget_moves_the_model_to_the_mode_and_threads_of_least_energy_and_the_bundle_runs_there(sample, tmp_path):
+    free = _convert(sample, tmp_path / "free", "--profile", "rk3588", "--fps", "200")
+    assert free.exit_code == 0, free.output
+    unbudgeted = json.loads(free.stdout)
+    assert unbudgeted["planned"] == {"power_mode": "performance", "threads": 4, "runtime_mode": "latency"}
+    assert read_bundle(tmp_path / "free" / "bundle").manifest.threads is None
+
+    budgeted = _convert(sample, tmp_path / "budget", "--profile", "rk3588", "--fps", "200", "--power-budget", "3.7")
+    assert budgeted.exit_code == 0, budgeted.output
+    report = json.loads(budgeted.stdout)
+    # The little A55 cores do each inference for less energy than the big ones (rk3588 profile figures).
+    assert report["planned"]["power_mode"] == "efficiency" and report["planned"]["runtime_mode"] == "power"
+    chosen = next(v for v in report["variants"] if v["chosen"])
+    assert chosen["power"]["avg_watts"] <= 3.7 and chosen["power"]["fits"]
+    assert chosen["power"]["energy_basis"] == "modelled from estimated"
+    assert report["reason"].startswith("lowest energy per inference at 200 fps within 3.7 W")
+    assert report["budget"]["watts"] == 3.7 and report["budget"]["fps"] == 200
+    bundle = read_bundle(tmp_path / "budget" / "bundle")
+    assert bundle.manifest.power_mode == "power" and bundle.manifest.threads == report["planned"]["threads"]
+    assert bundle.manifest.measured["power"]["power_mode"] == "efficiency"
+    # On the device the bundle's mode and threads are what the runtime takes by default.
+    with Runtime(tmp_path / "budget" / "bundle", profile="rk3588") as rt:
+        assert rt.info.mode == "power" and rt.info.power_mode == "efficiency"
+        assert rt.plan.threads == report["planned"]["threads"]
+
+
+def test_a_budget_the_board_cannot_meet_idle_is_refused_before_any_work(sample, tmp_path):
+    result = _convert(sample, tmp_path / "out", "--profile", "raspberry-pi-5", "--fps", "2", "--power-budget", "2")
+    assert result.exit_code == 26, result.output
+    assert "infeasible on raspberry-pi-5 in any mode: idle 2.8 W (power mode performance) > budget 2 W" in result.output
+    assert not (tmp_path / "out").exists()
+    # The same limit in mWh per hour.
+    energy = _convert(sample, tmp_path / "out", "--profile", "raspberry-pi-5", "--fps", "2", "--energy-budget", "2000")
+    assert energy.exit_code == 26 and "> budget 2 W" in energy.output
+
+
+def test_a_duty_cycled_pi5_that_sleeps_between_wakes_fits_under_its_idle_power(sample, tmp_path):
+    result = _convert(sample, tmp_path / "out", "--profile", "raspberry-pi-5", "--wake-every", "600",
+                      "--frames-per-wake", "10", "--power-budget", "0.2")
+    assert result.exit_code == 0, result.output
+    chosen = next(v for v in json.loads(result.stdout)["variants"] if v["chosen"])
+    # Sleeping at 0.01 W with a 52.5 J boot every 10 minutes: about 0.1 W, far under the 2.8 W idle.
+    assert 0.09 < chosen["power"]["avg_watts"] <= 0.2
+
+
+@pytest.mark.parametrize(("args", "pattern"), [
+    (["--power-budget", "3"], "needs a rate"),
+    (["--fps", "5", "--power-budget", "3", "--energy-budget", "3000"], "not both"),
+    (["--wake-every", "60", "--power-budget", "1"], "--wake-every and --frames-per-wake together"),
+    (["--fps", "5", "--power-budget", "-1"], "watts must be a number > 0"),
+], ids=["no-rate", "two-limits", "wake-alone", "negative"])
+def test_budget_options_that_do_not_go_together_are_a_usage_error(sample, tmp_path, args, pattern):
+    result = _convert(sample, tmp_path / "out", "--profile", "raspberry-pi-5", *args)
+    assert result.exit_code == 2, result.output
+    assert pattern in result.output and not (tmp_path / "out").exists()
