@@ -1,11 +1,17 @@
-"""IoT example: vibration anomaly detection on the little cores, results published to MQTT.
+"""IoT example: vibration anomaly detection within a stated power budget, results published to MQTT.
 
 A pump's accelerometer is sampled in windows of 256 values; each window's spectrum goes through a
-small classifier (normal / bearing fault) on a timer, in power mode (the little cores of a
-big.LITTLE board), and every result is published to MQTT. While the broker is away, results wait
-in a bounded local buffer and go out, in order, when it is back.
+small classifier (normal / bearing fault) on a timer, and every result is published to MQTT.
+While the broker is away, results wait in a bounded local buffer and go out, in order, when it
+is back.
 
-    python examples/iot_sensor.py build OUT                  # simulate data, train, write OUT/bundle
+The device runs off a small solar panel, so ``build`` states its budget: one window a second
+within 3.7 W on an RK3588 board (which idles at 3.6 W). ``edgesdk.converters.convert`` picks
+the variant, power mode and threads of least energy that meet it (the little A55 cores, on
+this profile's figures) and the bundle records them; ``run`` runs there and prints the
+planned average power.
+
+    python examples/iot_sensor.py build OUT                  # simulate data, train, convert to OUT/bundle
     python examples/iot_sensor.py run --model OUT/bundle --broker mqtt://127.0.0.1:1883 --device pump01
 
 ``build`` needs the ``[convert]`` extra (onnx); ``run`` needs only the base install.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import threading
 import time
@@ -84,23 +91,36 @@ def train(rng: np.random.Generator, n: int = 600, hidden: int = 16, steps: int =
     return [(w1.astype(np.float32), b1.astype(np.float32)), (w2.astype(np.float32), b2.astype(np.float32))]
 
 
-def build(out: Path) -> Path:
-    """Train the classifier, check it on fresh windows, and write ``out/bundle`` (model + health sample)."""
-    from edgesdk.bundle import BundleSpec, bundle_from_model
+def build(out: Path, profile: str = "rk3588", fps: float = 1.0, power_budget_w: float = 3.7) -> Path:
+    """Train the classifier and convert it for ``profile`` within ``power_budget_w`` at ``fps``: ``out/bundle``."""
+    from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert
     from edgesdk.testing import MLPWeights, mlp_forward, write_mlp_onnx
 
     rng = np.random.default_rng(7)
     weights = MLPWeights(tuple(train(rng)))
     test_labels = rng.integers(0, 2, 200)
     test_x = np.concatenate([features(vibration(rng, bool(y))) for y in test_labels])
+    calibration = np.concatenate([features(vibration(rng, bool(y))) for y in rng.integers(0, 2, 64)])
     accuracy = float((mlp_forward(weights, test_x).argmax(1) == test_labels).mean())
     print(f"trained: accuracy {accuracy:.1%} on 200 fresh simulated windows", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     model = write_mlp_onnx(weights, out / "vibration.onnx")
-    spec = BundleSpec("vibration", "1.0.0", "onnx-fp32", "generic-x86_64", "power")
-    bundle_from_model(out / "bundle", model, spec, {"input": test_x[:1]})
-    print(f"wrote {out / 'bundle'}", file=sys.stderr)
-    return out / "bundle"
+    report = convert(ConversionRequest(
+        Source(model), Target(profile, mode="power"),
+        Data({"input": calibration}, {"input": test_x}, labels=test_labels),
+        Output(out / "converted", name="vibration", version="1.0.0", force=True),
+        Bounds(max_accuracy_drop=1.0, fps=fps, power_budget_w=power_budget_w)))
+    power = report.plan.chosen.power
+    assert power is not None and power.avg_watts is not None
+    print(f"converted for {profile}: {report.plan.chosen.name} in power mode {power.point.power_mode} with "
+          f"{power.point.threads} thread(s), {power.energy_mj:.3g} mJ per inference, average {power.avg_watts:.3f} W "
+          f"at {fps:g} fps within the {power_budget_w:g} W budget ({power.energy_basis})", file=sys.stderr)
+    bundle = out / "bundle"
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    shutil.copytree(report.bundle.path, bundle)
+    print(f"wrote {bundle}", file=sys.stderr)
+    return bundle
 
 
 # --- run: timer loop, MQTT with a local buffer ----------------------------------------------------
@@ -176,16 +196,23 @@ class BufferedPublisher:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Classify a window every ``--period-s`` seconds on the little cores and publish each result."""
+    """Classify a window every ``--period-s`` seconds where the bundle was planned to run; publish each result."""
     from edgesdk import Runtime
 
     rng = np.random.default_rng(args.seed)
     publisher = BufferedPublisher(args.broker, f"sensor-{args.device}", args.buffer)
     topic = TOPIC.format(device=args.device)
-    with Runtime(args.model, profile=args.profile, mode="power") as runtime:
+    # A bundle runs in the mode and threads its conversion planned for the budget; a bare model in power mode.
+    mode = None if Path(args.model).is_dir() else "power"
+    with Runtime(args.model, profile=args.profile, mode=mode) as runtime:
         manifest = runtime.bundle.manifest if runtime.bundle else None
         print(f"{args.device}: {runtime.info.model_format} on cores {list(runtime.info.cores)} "
-              f"({runtime.info.mode} mode), publishing to {topic}", file=sys.stderr)
+              f"({runtime.info.mode} mode, {runtime.info.threads} thread(s)), publishing to {topic}", file=sys.stderr)
+        planned = manifest.measured.get("power") if manifest else None
+        if planned:
+            budget = planned["budget"]
+            print(f"{args.device}: planned on {manifest.target_profile}: average {planned['avg_watts']:.3f} W at "
+                  f"{budget['fps']:g} fps within {budget['watts']:g} W ({planned['energy_basis']})", file=sys.stderr)
         next_tick = time.monotonic()
         seq = 0
         while args.count is None or seq < args.count:
@@ -210,8 +237,11 @@ def main() -> int:
     """``build`` or ``run`` (see the module doc)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    build_cmd = commands.add_parser("build", help="simulate data, train the classifier, write OUT/bundle")
+    build_cmd = commands.add_parser("build", help="simulate data, train the classifier, convert it to OUT/bundle")
     build_cmd.add_argument("out", type=Path)
+    build_cmd.add_argument("--profile", default="rk3588", help="the board to convert for")
+    build_cmd.add_argument("--fps", type=float, default=1.0, help="windows per second the device classifies")
+    build_cmd.add_argument("--power-budget", type=float, default=3.7, help="average board watts allowed")
     run_cmd = commands.add_parser("run", help="classify windows on a timer and publish the results")
     run_cmd.add_argument("--model", required=True, help="the bundle directory (or .onnx) written by build")
     run_cmd.add_argument("--broker", default="mqtt://127.0.0.1:1883")
@@ -226,7 +256,7 @@ def main() -> int:
     run_cmd.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.command == "build":
-        build(args.out)
+        build(args.out, args.profile, args.fps, args.power_budget)
         return 0
     return run(args)
 

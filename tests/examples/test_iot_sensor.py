@@ -20,7 +20,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "iot_sensor.py"
 @pytest.fixture(scope="module")
 def sensor_bundle(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("iot")
-    subprocess.run([sys.executable, str(EXAMPLE), "build", str(out)], check=True, capture_output=True, timeout=120)
+    built = subprocess.run([sys.executable, str(EXAMPLE), "build", str(out)], check=True, capture_output=True,
+                           text=True, timeout=300)
+    # The build states a budget and reports the planned average power within it.
+    assert "converted for rk3588" in built.stderr and "within the 3.7 W budget" in built.stderr, built.stderr
     return out / "bundle"
 
 
@@ -86,3 +89,4 @@ def test_results_reach_a_separate_client_and_survive_a_broker_outage(tmp_path, s
     faulty = [by_seq[s]["anomaly"] for s in range(fault_after, count)]
     assert sum(normal) <= 1 and sum(faulty) >= len(faulty) - 1, (normal, faulty)
     assert "on cores" in err and "power mode" in err
+    assert "planned on rk3588: average" in err and "within 3.7 W" in err
