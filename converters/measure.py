@@ -44,6 +44,9 @@ class Measurement:
     outputs: np.ndarray
     #: "this host", or the device id when a board of the fleet measured it (``convert(measure_on=...)``).
     measured_on: str = "this host"
+    #: Energy per inference above idle (mJ) the board's power sensor measured, and how; None when none did.
+    energy_mj: float | None = None
+    energy_basis: str = ""
 
     @property
     def model_memory_mb(self) -> float:

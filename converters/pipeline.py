@@ -269,8 +269,11 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     host = target.host_profile()
     candidates = []
     for label, (path, fmt, precision, m, cfg, notes) in measured.items():
+        energy, energy_basis = m.energy_mj, m.energy_basis
+        if energy is None and m.sha256 in (target.board_energy or {}):
+            energy, energy_basis = (target.board_energy or {})[m.sha256], "measured on board (--board-figures)"
         estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256),
-                                     costs.costs.get(label))
+                                     costs.costs.get(label), energy, energy_basis)
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes,
@@ -348,7 +351,9 @@ def _on_board(host: Measurement, board: Any, outputs: tuple[TensorSpec, ...]) ->
     return replace(host, latency_p50_ms=board.latency_p50_ms, latency_p95_ms=board.latency_p90_ms,
                    rss_before_mb=board.rss_before_mb, peak_rss_mb=board.peak_rss_mb, load_ms=board.load_ms,
                    threads=board.threads, backend=board.backend, accelerator=board.accelerator,
-                   outputs=np.asarray(first, dtype=np.float32), measured_on=board.device)
+                   outputs=np.asarray(first, dtype=np.float32), measured_on=board.device,
+                   # A measure_on of the caller's own may return figures without energy.
+                   energy_mj=getattr(board, "energy_mj", None), energy_basis=getattr(board, "energy_basis", ""))
 
 
 def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, calibration: Mapping[str, np.ndarray],

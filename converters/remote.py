@@ -51,6 +51,21 @@ class RemoteMeasurement:
     sha256: str
     #: Every output by name, batch-first over the evaluation samples.
     outputs: dict[str, np.ndarray]
+    #: What the board's power sensor measured (``edgesdk.energy.EnergyResult.as_dict()``), or None without a sensor.
+    energy: dict[str, Any] | None = None
+
+    @property
+    def energy_mj(self) -> float | None:
+        """Energy per inference above idle (mJ), measured by the board's sensor; None without one."""
+        value = (self.energy or {}).get("energy_per_inference_mj")
+        return None if value is None else float(value)
+
+    @property
+    def energy_basis(self) -> str:
+        """``measured on board (ina3221-iio, module scope)``, or "" without a sensor."""
+        if self.energy_mj is None or self.energy is None:
+            return ""
+        return f"measured on board ({self.energy.get('sensor')}, {self.energy.get('scope')} scope)"
 
     @property
     def model_memory_mb(self) -> float:
@@ -100,7 +115,8 @@ def _result(device: str, status: Mapping[str, Any]) -> RemoteMeasurement:
             load_ms=float(f["load_ms"]), rss_before_mb=float(f["rss_before_mb"]),
             peak_rss_mb=float(f["peak_rss_mb"]), threads=int(f["threads"]), backend=str(f["backend"]),
             accelerator=str(f["accelerator"]), sha256=str(f["sha256"]),
-            outputs={name: decode_array(text) for name, text in status["outputs"].items()})
+            outputs={name: decode_array(text) for name, text in status["outputs"].items()},
+            energy=f.get("energy") if isinstance(f.get("energy"), dict) else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise TransferError(f"measurement of {device!r} came back without figure {exc}; is the device's edgesdk "
                             "older than the server's?") from exc

@@ -105,6 +105,9 @@ class Target:
     measure_on: BoardMeasure | None = None
     host: DeviceProfile | None = None
     emulate: bool | None = None
+    #: A variant's model SHA-256 -> energy per inference above idle (mJ) measured on the board
+    #: (``edgesdk bench --energy --json``); it replaces the power model at the measured point.
+    board_energy: Mapping[str, float] | None = None
     #: The loaded profile (set at construction).
     board: DeviceProfile = field(init=False, repr=False, compare=False)
 

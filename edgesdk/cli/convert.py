@@ -73,16 +73,21 @@ class _Stages:
         self.last = line
 
 
-def _board_figures(paths: tuple[str, ...]) -> dict[str, float]:
-    figures = {}
+def _board_figures(paths: tuple[str, ...]) -> tuple[dict[str, float], dict[str, float]]:
+    """Latency (p50 ms) and, where the board's sensor measured it, energy per inference (mJ), by model SHA-256."""
+    figures, energy = {}, {}
     for path in paths:
         try:
             data = json.loads(Path(path).read_text())
-            figures[data["info"]["model_sha256"]] = float(data["p50_ms"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            sha = data["info"]["model_sha256"]
+            figures[sha] = float(data["p50_ms"])
+            measured = (data.get("energy") or {}).get("energy_per_inference_mj")
+            if measured is not None:
+                energy[sha] = float(measured)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"{path}: not an `edgesdk bench --json` result ({exc}); run that command on the board") \
                 from exc
-    return figures
+    return figures, energy
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -209,7 +214,8 @@ def _fps(value: float) -> float | None:
 @click.option("--frames-per-wake", "frames_per_wake", type=click.IntRange(min=1), default=None, metavar="N",
               help="Duty-cycled device: frames it runs each wake (with --wake-every).")
 @click.option("--board-figures", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="`edgesdk bench --json` output measured on the board; replaces the estimate for that model.")
+              help="`edgesdk bench --json` output measured on the board; replaces the estimate for that model (and, "
+                   "with `bench --energy`, its energy per inference).")
 @click.option("--emulate/--no-emulate", "emulate", default=None,
               help="Board latency from instructions counted on the board's core under qemu-user (default: when "
                    "`edgesdk emulator setup` was run; --emulate fails without it; --no-emulate scales host timings).")
@@ -289,7 +295,8 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     except EdgeSDKError as exc:
         raise click.BadParameter(str(exc), param_hint="'--fps' / '--power-budget' / '--energy-budget' / "
                                  "'--wake-every' / '--frames-per-wake'") from None
-    target = Target(profile, mode, board_figures=_board_figures(board_figures), emulate=emulate)
+    latencies, energies = _board_figures(board_figures)
+    target = Target(profile, mode, board_figures=latencies, emulate=emulate, board_energy=energies)
     check_feasible(target.board, bounds.budget)  # a budget below the board's idle power fails before any work
     if measure_on:
         from edgesdk.cli.fleet import admin_client

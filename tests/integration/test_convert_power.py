@@ -82,3 +82,19 @@ def test_budget_options_that_do_not_go_together_are_a_usage_error(sample, tmp_pa
     result = _convert(sample, tmp_path / "out", "--profile", "raspberry-pi-5", *args)
     assert result.exit_code == 2, result.output
     assert pattern in result.output and not (tmp_path / "out").exists()
+
+
+def test_energy_measured_on_the_board_replaces_the_model_at_its_point(sample, tmp_path):
+    first = _convert(sample, tmp_path / "first", "--profile", "raspberry-pi-5", "--fps", "5")
+    fp32 = next(v for v in json.loads(first.stdout)["variants"] if v["name"] == "onnx-fp32")
+    # What `edgesdk bench --energy --json` prints on the board, for the FP32 variant.
+    bench = {"p50_ms": 2.0, "info": {"model_sha256": fp32["sha256"]},
+             "energy": {"energy_per_inference_mj": 9.5, "sensor": "pmic-adc", "scope": "module"}}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    second = _convert(sample, tmp_path / "second", "--profile", "raspberry-pi-5", "--fps", "5", "--board-figures",
+                      str(tmp_path / "bench.json"))
+    assert second.exit_code == 0, second.output
+    row = next(v for v in json.loads(second.stdout)["variants"] if v["name"] == "onnx-fp32")
+    assert row["power"]["latency_ms"] == 2.0 and row["power"]["basis"] == "measured on board"
+    assert row["power"]["energy_mj"] == 9.5 and row["power"]["energy_basis"] == "measured on board (--board-figures)"
+    assert row["power"]["avg_watts"] == pytest.approx(2.8 + 5 * 9.5 / 1000, abs=1e-4)
