@@ -86,6 +86,9 @@ class BenchResult:
     throughput_per_s: float
     #: Peak resident set size of this process (model + runtime + Python), MiB.
     peak_rss_mb: float
+    #: With ``energy=True``: :class:`edgesdk.energy.EnergyResult` as a dict, or ``{"sensor": None, "note": ...}``
+    #: on a board with no power sensor.
+    energy: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the figures and the runtime's info (``edgesdk bench --json``)."""
@@ -118,20 +121,42 @@ def benchmark(
     runs: int = 100,
     warmup: int = WARMUP,
     on_progress: Callable[[int], None] | None = None,
+    energy: bool = False,
+    idle_s: float = 20.0,
+    rate_hz: float | None = None,
+    sysfs_root: str | os.PathLike[str] = "/sys",
 ) -> BenchResult:
     """Load ``model`` with Runtime and time ``runs`` predictions on random inputs (:func:`time_predictions`).
 
     ``model`` is what :class:`Runtime` takes: a ``.tflite``/``.onnx`` file or a bundle directory
-    (whose power mode is the default ``mode``).
+    (whose power mode is the default ``mode``). With ``energy``, the board's power sensor
+    (:func:`edgesdk.energy.find_sensor`, below ``sysfs_root``) is then sampled through an idle
+    baseline of ``idle_s`` seconds with the model loaded and ``runs`` more predictions, back to
+    back or at ``rate_hz`` (:func:`edgesdk.energy.measure_energy`), apart from the timed ones so
+    that sampling never touches the latencies. A board with no sensor says so in ``energy``.
     """
     if runs < 1 or warmup < 0:
         raise ValueError(f"runs must be >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     with Runtime(model, profile=profile, mode=mode, backend=backend, accelerator=accelerator, threads=threads) as rt:
-        timings = time_predictions(rt, random_inputs(rt.inputs), runs, warmup, on_progress)
+        feeds = random_inputs(rt.inputs)
+        timings = time_predictions(rt, feeds, runs, warmup, on_progress)
         latencies = timings.latencies_ms
         p50, p95, p99 = timings.percentiles(50, 95, 99)
+        measured = _energy(rt, feeds, runs, idle_s, rate_hz, sysfs_root) if energy else None
         return BenchResult(
             info=rt.info, runs=runs, warmup=warmup, p50_ms=p50, p95_ms=p95, p99_ms=p99,
             mean_ms=float(latencies.mean()), min_ms=float(latencies.min()), max_ms=float(latencies.max()),
-            throughput_per_s=runs / timings.wall_s, peak_rss_mb=peak_rss_mb(),
+            throughput_per_s=runs / timings.wall_s, peak_rss_mb=peak_rss_mb(), energy=measured,
         )
+
+
+def _energy(rt: Runtime, feeds: Any, runs: int, idle_s: float, rate_hz: float | None,
+            sysfs_root: str | os.PathLike[str]) -> dict[str, Any]:
+    """The board's energy per inference for ``feeds``, or why it cannot be measured here."""
+    from edgesdk.energy import find_sensor, measure_energy
+
+    sensor = find_sensor(rt.profile, sysfs_root)
+    if sensor is None:
+        return {"sensor": None, "note": f"no power sensor found on {rt.profile.name} (below {sysfs_root}); the "
+                                        "converter keeps its power model for this board"}
+    return measure_energy(sensor, lambda: rt.predict(feeds), runs, idle_s, rate_hz).as_dict()

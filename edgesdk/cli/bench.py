@@ -21,15 +21,25 @@ import click
 # edgesdk.bench.WARMUP, written out so `edgesdk --help` does not import numpy (a test keeps them equal).
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="Untimed predictions before timing (the warm-up every measurement uses).")
+@click.option("--energy", is_flag=True,
+              help="Also read the board's power sensor: an idle baseline, then --runs more predictions; prints the "
+                   "energy per inference above idle (a board without a sensor says so).")
+@click.option("--idle-s", type=click.FloatRange(min=0), default=20.0, show_default=True,
+              help="With --energy: seconds of idle baseline, model loaded.")
+@click.option("--rate", "rate_hz", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --energy: predictions per second in the active window (default: back to back).")
+@click.option("--sysfs-root", default="/sys", show_default=True, help="With --energy: where sysfs is (for tests).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def bench(model: str, profile: str | None, mode: str | None, backend: str, accelerator: str, threads: int | None,
-          runs: int, warmup: int, as_json: bool) -> None:
+          runs: int, warmup: int, energy: bool, idle_s: float, rate_hz: float | None, sysfs_root: str,
+          as_json: bool) -> None:
     """Measure MODEL's (a .tflite/.onnx file or a bundle directory) latency, throughput and peak memory here."""
     from edgesdk.bench import benchmark
 
     with click.progressbar(length=runs, label="benchmarking", file=sys.stderr) as bar:
         result = benchmark(model, profile=profile, mode=mode, backend=backend, accelerator=accelerator,
-                           threads=threads, runs=runs, warmup=warmup, on_progress=bar.update)
+                           threads=threads, runs=runs, warmup=warmup, on_progress=bar.update, energy=energy,
+                           idle_s=idle_s, rate_hz=rate_hz, sysfs_root=sysfs_root)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
@@ -46,6 +56,11 @@ def bench(model: str, profile: str | None, mode: str | None, backend: str, accel
         ("peak RSS", f"{result.peak_rss_mb:.1f} MiB"),
         ("runs (warm-up)", f"{result.runs} ({result.warmup})"),
     ]
+    if result.energy is not None:
+        e = result.energy
+        rows.append(("energy", e["note"] if e.get("sensor") is None else
+                     f"{e['energy_per_inference_mj']:.3f} mJ per inference above idle; idle {e['idle_watts']:.3f} W, "
+                     f"active {e['active_watts']:.3f} W ({e['sensor']}, {e['scope']} scope, {e['samples']} samples)"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
