@@ -9,9 +9,12 @@
   the chosen average power never falls as the budget rises, every choice fits its budget,
   and the budgets refused as infeasible are exactly those under the board's idle power.
 * **Sensors.** The recorded sensor traces under tests/data/power are integrated by
-  :mod:`edgesdk.energy` and compared with their known totals; a sensor read is timed; and
-  ``bench`` with the sampler on is timed against it off, interleaved (this VM has no readable
-  RAPL, so the sampler reads a recorded sysfs tree).
+  :mod:`edgesdk.energy` and compared with their known totals (the RAPL counter across its
+  wrap from its samples; the Jetson trace sampled live every 10 ms while a thread writes it
+  into a copy of the recorded INA3221 tree); each sysfs sensor's read is timed (the Pi 5's
+  PMIC, a subprocess, is reported apart); and a real model's predictions with the sampler
+  running are timed against without, in alternating rounds (this VM has no readable RAPL, so
+  the sampler reads a recorded tree).
 
     python benchmarks/power.py [--quick]
 """
@@ -20,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import replace
@@ -30,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, goal, log  # noqa: E402
+from _common import emit, goal, interleaved, log, summary  # noqa: E402
 from models import DATA, MODELS, fetch  # noqa: E402
 
 from edgesdk import load_profile  # noqa: E402
@@ -40,8 +46,11 @@ from edgesdk.converters.config import CalibrationMethod, QuantizationConfig  # n
 from edgesdk.converters.emulate import Emulator  # noqa: E402
 from edgesdk.converters.planner import Candidate, choose, estimate_on_board  # noqa: E402
 from edgesdk.converters.power import PowerBudget, power_at  # noqa: E402
+from edgesdk.energy import Sampler, Trace, find_sensor, sensor_read_cost  # noqa: E402
 from edgesdk.errors import BudgetError, InfeasibleBudgetError  # noqa: E402
 from edgesdk.profiles import DeviceProfile  # noqa: E402
+
+RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "power"
 
 CONVERTED_FOR, BOARDS = "raspberry-pi-5", ("raspberry-pi-4", "raspberry-pi-5", "rk3588")
 BOUND, HOLDOUT, STEP_W = 1.0, 0.3, 0.1
@@ -127,6 +136,86 @@ def sweep(board: DeviceProfile, candidates: list[Candidate]) -> dict:
             "variants": sorted({r["variant"] for r in chosen})}
 
 
+def _csv(name: str) -> np.ndarray:
+    return np.loadtxt(RECORDED / name, delimiter=",", comments="#")
+
+
+def _replay(tree: Path, trace: np.ndarray, stop: threading.Event, started: list[float]) -> None:
+    """Write the trace's power (mW, interpolated) into the tree's INA3221 file every millisecond, as the driver would."""
+    path = next(tree.glob("bus/i2c/drivers/ina3221x/*/iio:device*/in_power0_input"))
+    staging = path.with_name(".in_power0_input")
+    started.append(time.monotonic())
+    while not stop.is_set():
+        staging.write_text(f"{np.interp(time.monotonic() - started[0], trace[:, 0], trace[:, 1]):.3f}\n")
+        os.replace(staging, path)
+        time.sleep(0.001)
+
+
+def sensors(quick: bool) -> dict:
+    """Integration of recorded traces against their known totals, the cost of a read, and of sampling during bench."""
+    rapl = _csv("x86-rapl-trace.csv")
+    wrap_j = float((RECORDED / "x86-rapl/class/powercap/intel-rapl:0/max_energy_range_uj").read_text()) / 1e6
+    rapl_j = Trace(rapl[:, 0], rapl[:, 1] / 1e6, cumulative=True, wrap_j=wrap_j).energy_j()
+    nano = _csv("jetson-nano-power-trace.csv")
+    nano_total = float(np.trapezoid(nano[:, 1] / 1e3, nano[:, 0]))
+    with tempfile.TemporaryDirectory(prefix="edgesdk-power-tree-") as tmp:
+        tree = Path(tmp) / "nano"
+        shutil.copytree(RECORDED / "jetson-nano-l4t32", tree)
+        sensor = find_sensor(load_profile("jetson-nano"), tree)
+        assert sensor is not None
+        stop, started = threading.Event(), []
+        writer = threading.Thread(target=_replay, args=(tree, nano, stop, started), daemon=True)
+        writer.start()
+        while not started:
+            time.sleep(0.001)
+        with Sampler(sensor, interval_s=0.01) as sampler:
+            time.sleep(nano[-1, 0] + 0.05)
+        stop.set()
+        writer.join()
+        sampled_j = sampler.trace().energy_j(started[0], started[0] + nano[-1, 0])
+    read_costs = {}
+    for name, profile in (("jetson-nano-l4t32", "jetson-nano"), ("orin-nano-jp6", "jetson-orin-nano"),
+                          ("x86-rapl", "generic-x86_64"), ("battery", None)):
+        found = find_sensor(load_profile(profile) if profile else None, RECORDED / name)
+        assert found is not None
+        read_costs[f"{found.kind} ({name})"] = round(sensor_read_cost(found, 200 if quick else 2000) * 1e3, 4)
+    pmic = find_sensor(load_profile("raspberry-pi-5"), RECORDED, vcgencmd=str(RECORDED / "vcgencmd"))
+    assert pmic is not None
+    pmic_ms = round(sensor_read_cost(pmic, 20 if quick else 100) * 1e3, 4)
+    return {"rapl_trace": {"known_j": 67.1, "integrated_j": round(rapl_j, 6),
+                           "error": round(abs(rapl_j - 67.1) / 67.1, 6), "crosses_wrap": True},
+            "jetson_trace_sampled": {"known_j": round(nano_total, 6), "integrated_j": round(sampled_j, 6),
+                                     "error": round(abs(sampled_j - nano_total) / nano_total, 6),
+                                     "sample_interval_s": 0.01, "replay": "written into the recorded tree every 1 ms"},
+            "read_ms": read_costs,
+            "pmic_read_ms_fake_vcgencmd": pmic_ms}
+
+
+def sampling_overhead(quick: bool) -> dict:
+    """A real model's predict() with the sampler reading a recorded tree every 10 ms, against without, interleaved."""
+    from edgesdk import Runtime
+
+    spec = MODELS["orientation"]
+    sensor = find_sensor(load_profile("jetson-nano"), RECORDED / "jetson-nano-l4t32")
+    assert sensor is not None
+    feeds = {spec.input_name: np.random.default_rng(0).standard_normal(spec.shape).astype(np.float32)}
+    samples: dict[str, list[float]] = {"off": [], "on": []}
+    rounds = 4 if quick else 10
+    with Runtime(fetch("orientation"), profile="generic-x86_64", threads=1) as rt:
+        for r in range(rounds):  # whole rounds with the sampler on or off, alternating which goes first
+            for state in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                sampler = Sampler(sensor, interval_s=0.01, max_samples=10_000) if state == "on" else None
+                if sampler is not None:
+                    sampler.start()
+                got = interleaved({state: lambda: rt.predict(feeds)}, rounds=1, calls=50 if quick else 200, warmup=5)
+                if sampler is not None:
+                    sampler.stop()
+                samples[state] += got[state]
+    off, on = summary(samples["off"]), summary(samples["on"])
+    return {"model": "orientation (fp32, 1 thread)", "sampler_interval_s": 0.01, "rounds": rounds,
+            "latency_ms_off": off, "latency_ms_on": on, "ratio_on_off": round(on["median"] / off["median"], 4)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one model, one calibration method (under a minute warm)")
@@ -146,6 +235,9 @@ def main() -> None:
                 log(f"{name}: costing {len(candidates)} variants on {board_name}'s emulated cores, sweeping budgets")
                 results["sweep"][name]["boards"][board_name] = sweep(board, costed_on(board, candidates,
                                                                                       info["sample"], emulator))
+    log("sensors: recorded traces, read cost, sampling overhead")
+    results["sensors"] = sensors(args.quick)
+    results["sampling_overhead"] = sampling_overhead(args.quick)
     runs = [s for model in results["sweep"].values() for s in model["boards"].values()]
     goals.append(goal("budget sweep: choices whose average power exceeds their budget", "0",
                       sum(s["over_budget"] for s in runs), all(s["over_budget"] == 0 for s in runs)))
@@ -155,6 +247,16 @@ def main() -> None:
     goals.append(goal("budget sweep: budgets refused as infeasible that are not under idle, or under idle and "
                       "not refused", "0", sum(len(s["wrong_infeasible"]) for s in runs),
                       all(not s["wrong_infeasible"] for s in runs)))
+    sensed = results["sensors"]
+    worst = max(sensed["rapl_trace"]["error"], sensed["jetson_trace_sampled"]["error"])
+    goals.append(goal("sensor reading: integrated energy of the recorded traces vs their known totals (worst relative "
+                      "error; RAPL across its wrap, the Jetson trace sampled live from a replayed sysfs tree)",
+                      "<= 0.01", worst, worst <= 0.01))
+    slowest = max(sensed["read_ms"].values())
+    goals.append(goal("sensor read cost per sample, sysfs sensors (ms, slowest kind)", "<= 1", slowest, slowest <= 1))
+    ratio = results["sampling_overhead"]["ratio_on_off"]
+    goals.append(goal("bench --energy sampling on / off: median predict latency of a real model (recorded tree)",
+                      "<= 1.02", ratio, ratio <= 1.02))
     emit("power", {"quick": args.quick, "models": names, "boards": list(BOARDS), "bound": BOUND,
                    "rate_share_of_fp32_fastest": RATE_SHARE, "step_w": STEP_W}, results, goals)
 
