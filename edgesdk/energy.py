@@ -358,10 +358,16 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self.error: SensorError | None = None
 
-    def _sample(self) -> None:
+    def _sample(self) -> float:
         value = self.sensor.read()
         with self._lock:
-            self._samples.append((time.monotonic(), value))
+            now = time.monotonic()
+            self._samples.append((now, value))
+        return now
+
+    def sample_now(self) -> float:
+        """Take a sample now (besides the thread's), so that a window can end at this moment; its time."""
+        return self._sample()
 
     def _run(self) -> None:
         try:

@@ -33,7 +33,7 @@ from edgesdk.errors import BackendError
 from edgesdk.logs import is_verbose
 from edgesdk.profiles import DeviceProfile, profile_to_dict
 
-__all__ = ["ModelFigures", "measure_model", "adapt_layout"]
+__all__ = ["ModelFigures", "EnergyRequest", "measure_model", "adapt_layout"]
 
 _BATCH = 64
 
@@ -57,10 +57,21 @@ class ModelFigures:
     profile: str
     mode: str
     runs: int
+    #: What the board's power sensor measured (edgesdk.energy.EnergyResult.as_dict()), ``{"sensor": None, "note":
+    #: ...}`` where it has none, or None when energy was not asked for.
+    energy: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The figures as a JSON-ready dict (what the child prints)."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class EnergyRequest:
+    """Where the measuring child finds the board's power sensor, and how long its idle baseline is."""
+
+    sysfs_root: str = "/sys"
+    idle_s: float = 2.0
 
 
 def adapt_layout(arrays: Mapping[str, np.ndarray], specs: Any) -> dict[str, np.ndarray]:
@@ -78,17 +89,22 @@ def adapt_layout(arrays: Mapping[str, np.ndarray], specs: Any) -> dict[str, np.n
 
 
 def measure_model(model: Path, evaluation: Path, profile: DeviceProfile, mode: str, runs: int,
-                  threads: int | None = None, timeout_s: float = 600) -> tuple[ModelFigures, dict[str, np.ndarray]]:
+                  threads: int | None = None, timeout_s: float = 600,
+                  energy: EnergyRequest | None = None) -> tuple[ModelFigures, dict[str, np.ndarray]]:
     """Measure ``model`` in a child process on the inputs in the ``evaluation`` ``.npz`` file.
 
     Returns the figures and every output on the evaluation data, by output name in the
     model's order. The outputs pass through a temporary file beside ``evaluation``. A
-    child that fails or runs over ``timeout_s`` raises :class:`BackendError`.
+    child that fails or runs over ``timeout_s`` raises :class:`BackendError`. With
+    ``energy``, the board's power sensor is read too (:func:`edgesdk.energy.measure_energy`:
+    an idle baseline, then ``runs`` more single-sample predictions) and the figures' ``energy``
+    holds the result, or why there is none.
     """
     with tempfile.TemporaryDirectory(prefix=".outputs-", dir=evaluation.parent) as tmp:
         out_path = Path(tmp) / "outputs.npz"
         request = {"model": str(model), "profile": profile_to_dict(profile), "mode": mode, "threads": threads,
-                   "evaluation": str(evaluation), "outputs": str(out_path), "runs": runs}
+                   "evaluation": str(evaluation), "outputs": str(out_path), "runs": runs,
+                   "energy": None if energy is None else asdict(energy)}
         # The child's stderr (LiteRT's delegate lines, its own copy of edgesdk's warnings) is shown only
         # when verbose, or in the error when it fails.
         verbose = is_verbose()
@@ -140,16 +156,34 @@ def _main() -> None:
             out = rt.predict({k: v[start:start + step] for k, v in feeds.items()})
             for name in names:
                 collected[name].append(out if isinstance(out, np.ndarray) else out[name])
-        timings = time_predictions(rt, {k: v[:1] for k, v in feeds.items()}, int(request["runs"]))
+        single = {k: v[:1] for k, v in feeds.items()}
+        timings = time_predictions(rt, single, int(request["runs"]))
         info = rt.info
+        energy = _energy(rt, single, int(request["runs"]), request.get("energy"))
     np.savez(request["outputs"], **{name: np.concatenate(parts) for name, parts in collected.items()})  # type: ignore[arg-type]
     p50, p90, p95, p99 = timings.percentiles(50, 90, 95, 99)
     figures = ModelFigures(
         size_bytes=Path(request["model"]).stat().st_size, sha256=info.model_sha256, load_ms=load_ms,
         latency_p50_ms=p50, latency_p90_ms=p90, latency_p95_ms=p95, latency_p99_ms=p99, rss_before_mb=before,
         peak_rss_mb=peak_rss_mb(), threads=info.threads, backend=info.backend, accelerator=info.accelerator,
-        profile=info.profile, mode=info.mode, runs=int(request["runs"]))
+        profile=info.profile, mode=info.mode, runs=int(request["runs"]), energy=energy)
     print(json.dumps({**figures.as_dict(), "output_names": names}))
+
+
+def _energy(rt: Any, feeds: Mapping[str, np.ndarray], runs: int, asked: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The board's energy per inference, after the timed runs so that sampling never touches them."""
+    if asked is None:
+        return None
+    from edgesdk.energy import find_sensor, measure_energy
+    from edgesdk.errors import SensorError
+
+    try:
+        sensor = find_sensor(rt.profile, asked["sysfs_root"])
+        if sensor is None:
+            return {"sensor": None, "note": f"no power sensor found on {rt.profile.name}"}
+        return measure_energy(sensor, lambda: rt.predict(feeds), runs, float(asked["idle_s"])).as_dict()
+    except SensorError as exc:  # the latency figures stand; the energy says why it is missing
+        return {"sensor": None, "note": str(exc)}
 
 
 if __name__ == "__main__":

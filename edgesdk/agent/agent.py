@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgesdk.agent.energy_account import runtime_energy
 from edgesdk.agent.failpoints import failpoint
 from edgesdk.agent.install import Installer, InstallOutcome
 from edgesdk.agent.local_chunks import LAYOUTS, LocalChunks, record_layout
@@ -42,6 +43,7 @@ from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.bundle import parse_version, read_bundle
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, StorageError, TransferError
 from edgesdk.fleet_protocol import AgentEvent
+from edgesdk.measure_worker import EnergyRequest
 from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command, unpack_bundle
 from edgesdk.profiles import DeviceProfile, load_profile
 from edgesdk.transport import MqttTransport, Transport
@@ -86,12 +88,20 @@ class AgentConfig:
     #: Bytes of disk the agent leaves free for everything else on the device; an update that would eat into
     #: them is refused (after pruning old slots) with a StorageError reason.
     min_free_bytes: int = 0
+    #: Where sysfs is: the board's power sensor is found below it (edgesdk.energy.find_sensor). Tests feed a
+    #: recorded tree.
+    sysfs_root: str = "/sys"
+    #: Publish the retained state (runtime statistics, energy) this often besides on every change; None: only
+    #: on changes. Every device's state reaches the server, so fleets set it in minutes, not seconds.
+    state_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("keep_slots", "min_free_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise StorageError(f"{name}={value!r} is out of range; pass a whole number of 0 or more")
+        if self.state_interval_s is not None and not self.state_interval_s > 0:
+            raise EdgeSDKError(f"state_interval_s={self.state_interval_s!r} must be > 0 seconds, or None")
         if isinstance(self.pinned, str) or not all(isinstance(p, str) and p for p in self.pinned):
             raise StorageError(f"pinned={self.pinned!r} is not a list of slot names or versions; pass e.g. "
                                "('digits-1.2.0', '1.1.0')")
@@ -181,6 +191,8 @@ class DeviceAgent:
         #: Payload bytes this agent received as chunks and published (state, events, requests).
         self.bytes_received = 0
         self.bytes_published = 0
+        self.energy = runtime_energy(self.profile, runtime, config.sysfs_root)
+        self._state_due = time.monotonic() + (config.state_interval_s or 0)
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> DeviceAgent:
@@ -226,6 +238,7 @@ class DeviceAgent:
             self.transport.close()
         for transfer in self._transfers.values():
             transfer.close()
+        self.energy.close()
 
     def __enter__(self) -> DeviceAgent:
         return self.start()
@@ -244,7 +257,9 @@ class DeviceAgent:
 
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state: model and version, slots, and, with a ManagedRuntime,
-        its statistics (calls, latency percentiles, and where predict_async requests ran: local, cloud, refused)."""
+        its statistics (calls, latency percentiles, and where predict_async requests ran: local, cloud, refused)
+        and its energy per inference since the last report where the board has a power sensor
+        (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``)."""
         current = self.current_version()
         state: dict[str, Any] = {
             "status": "online", "group": self.config.group, "model": current[0] if current else None,
@@ -254,7 +269,9 @@ class DeviceAgent:
             "disk": self.store.disk_usage(), "keep_slots": self.config.keep_slots, "pinned": list(self.config.pinned),
             "updated": time.time()}
         if self.runtime is not None:
-            state["runtime"] = self.runtime.stats().as_dict()
+            stats = self.runtime.stats()
+            state["runtime"] = stats.as_dict()
+            state["energy"] = self.energy.report(stats.count)
         return state
 
     def _publish_state(self) -> None:
@@ -309,6 +326,9 @@ class DeviceAgent:
             except queue.Empty:
                 self._expire_measurements()
                 self._request_missing()
+                if self.config.state_interval_s and time.monotonic() >= self._state_due:
+                    self._state_due = time.monotonic() + self.config.state_interval_s
+                    self._publish_state()
                 continue
             try:
                 if kind == "stop":
@@ -559,7 +579,8 @@ class DeviceAgent:
         scratch = self.store.scratch / command.measurement_id
         try:
             with self._measuring:
-                payload = run_measurement(command, archive, scratch, self.profile, self.config.measure_timeout_s)
+                payload = run_measurement(command, archive, scratch, self.profile, self.config.measure_timeout_s,
+                                          EnergyRequest(self.config.sysfs_root))
         except Exception as exc:  # e.g. a full disk: report it rather than leave the server waiting
             log.exception("%s: measurement %s failed", self.config.device_id, command.measurement_id)
             payload = encode_result(command.measurement_id, "failed", error=exc)

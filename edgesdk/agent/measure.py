@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgesdk.errors import EdgeSDKError, TransferError
-from edgesdk.measure_worker import measure_model
+from edgesdk.measure_worker import EnergyRequest, measure_model
 from edgesdk.ota import MeasureCommand, encode_result, measurement_files, unpack_bundle
 from edgesdk.profiles import DeviceProfile
 
@@ -20,17 +20,19 @@ __all__ = ["run_measurement"]
 
 
 def run_measurement(command: MeasureCommand, archive: Path, scratch: Path, profile: DeviceProfile,
-                    timeout_s: float) -> bytes:
+                    timeout_s: float, energy: EnergyRequest | None = None) -> bytes:
     """Measure the model in ``archive`` and return the result message, ``done`` or ``failed``.
 
-    ``scratch`` is an empty directory the caller removes afterwards.
+    ``scratch`` is an empty directory the caller removes afterwards; ``energy`` says where the
+    board's power sensor is (the figures then carry the energy per inference where it has one).
     """
     try:
         files = scratch / "files"
         unpack_bundle(archive, files)
         archive.unlink()
         model, evaluation = measurement_files(files)
-        figures, outputs = measure_model(model, evaluation, profile, command.mode, command.runs, timeout_s=timeout_s)
+        figures, outputs = measure_model(model, evaluation, profile, command.mode, command.runs, timeout_s=timeout_s,
+                                         energy=energy)
     except EdgeSDKError as exc:
         return encode_result(command.measurement_id, "failed", error=exc)
     try:

@@ -27,10 +27,14 @@ import click
               help="Never delete this version: a slot name (digits-1.2.0) or a version (1.2.0). Repeatable.")
 @click.option("--min-free", "min_free", type=click.IntRange(min=0), default=0, show_default=True, metavar="BYTES",
               help="Disk bytes to leave free for the rest of the device; an update that would not fit is refused.")
+@click.option("--state-every", "state_every", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
+              help="Also publish the device's state (runtime statistics, energy per inference) every S seconds.")
+@click.option("--sysfs-root", default="/sys", show_default=True,
+              help="Where sysfs is: the board's power sensor is read below it.")
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned commands.")
 def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, credentials: str | None,
           ca_file: str | None, profile: str | None, keep_slots: int, pins: tuple[str, ...], min_free: int,
-          allow_unsigned: bool) -> None:
+          state_every: float | None, sysfs_root: str, allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
     from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
     from edgesdk.agent.managed import ManagedRuntime
@@ -45,7 +49,8 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
     config = AgentConfig(device_id=device_id, group=group, broker=broker, store=Path(store),
                          server_key=load_public_key(server_key) if server_key else None, allow_unsigned=allow_unsigned,
                          username=username, password=password, ca_file=ca_file,
-                         profile=profile, keep_slots=keep_slots, pinned=pins, min_free_bytes=min_free)
+                         profile=profile, keep_slots=keep_slots, pinned=pins, min_free_bytes=min_free,
+                         state_interval_s=state_every, sysfs_root=sysfs_root)
     runtime = ManagedRuntime(profile=profile)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
