@@ -61,6 +61,10 @@ class DeviceState:
     seen: float
     #: The slots whose archives' chunks the device can copy instead of fetching (edgesdk.agent.local_chunks).
     chunk_slots: tuple[str, ...] = ()
+    #: Its runtime's energy per inference above idle (mJ) and average power (W) over its last report window,
+    #: where its board has a power sensor (edgesdk.agent.energy_account); None: not in this report.
+    energy_mj: float | None = None
+    avg_watts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,15 +134,16 @@ class FleetDB:
         Slots are taken only from ``online`` reports (a last will does not list them).
         """
         self.sql.execute_many(
-            """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen)
-               VALUES (?,?,?,?,?,?,?,?)
+            """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts)
+               VALUES (?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
                chunk_slots=CASE WHEN excluded.status='online' THEN excluded.chunk_slots ELSE devices.chunk_slots END,
-               last_seen=excluded.last_seen""",
+               last_seen=excluded.last_seen, energy_mj=COALESCE(excluded.energy_mj, devices.energy_mj),
+               avg_watts=COALESCE(excluded.avg_watts, devices.avg_watts)""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
-              json.dumps(list(s.chunk_slots)), s.seen) for s in states])
+              json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts) for s in states])
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
                       slots: list[str]) -> None:
@@ -189,6 +194,15 @@ class FleetDB:
         """How many devices are in each (status, model, version), for metrics."""
         rows = self.sql.rows("SELECT status, model, version, COUNT(*) AS n FROM devices GROUP BY status, model, version")
         return [(r["status"], r["model"], r["version"], int(r["n"])) for r in rows]
+
+    def energy_by_version(self) -> list[tuple[str, str, int, float | None, float | None]]:
+        """(model, version, devices reporting energy, mean energy per inference mJ, mean average W) of online devices."""
+        rows = self.sql.rows(
+            """SELECT model, version, COUNT(energy_mj) AS n, AVG(energy_mj) AS energy, AVG(avg_watts) AS watts
+               FROM devices WHERE status='online' AND model IS NOT NULL AND version IS NOT NULL
+               AND (energy_mj IS NOT NULL OR avg_watts IS NOT NULL) GROUP BY model, version""")
+        return [(r["model"], r["version"], int(r["n"]), None if r["energy"] is None else float(r["energy"]),
+                 None if r["watts"] is None else float(r["watts"])) for r in rows]
 
     # rollouts ------------------------------------------------------------------------------
     def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: RolloutPolicy,

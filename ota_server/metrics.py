@@ -11,6 +11,10 @@ and, read from the fleet store at scrape time (so every replica reports the whol
 what it handled itself)::
 
     edgesdk_ota_devices{status,model,version}            devices in each status with each installed version
+    edgesdk_ota_energy_per_inference_mj{model,version}   mean energy per inference above idle the online devices
+                                                         running it report (boards with a power sensor)
+    edgesdk_ota_devices_reporting_energy{model,version}  how many online devices that mean is over
+    edgesdk_ota_device_average_watts{model,version}      mean of their average power over their last window
     edgesdk_ota_rollouts{state}                          rollouts in each state (0 for states with none)
     edgesdk_ota_fleet_scrape_ok                          1 when the fleet store answered this scrape, else 0
 
@@ -50,6 +54,10 @@ class FleetCounts(Protocol):
 
     def rollout_counts(self) -> dict[RolloutState, int]:
         """How many rollouts are in each state (states with none may be missing)."""
+        ...
+
+    def energy_by_version(self) -> list[tuple[str, str, int, float | None, float | None]]:
+        """(model, version, devices reporting, mean energy per inference mJ, mean average W) of online devices."""
         ...
 
 
@@ -128,10 +136,11 @@ class _FleetCollector:
 
     def collect(self) -> Iterator[Any]:
         """One query of device counts and one of rollout counts; a failing store reports ``scrape_ok 0``."""
-        devices, rollouts, ok = self._families()
+        devices, rollouts, ok, energy, reporting, watts = self._families()
         try:
             device_counts = self._db.device_counts()
             rollout_counts = self._db.rollout_counts()
+            energy_rows = self._db.energy_by_version()
         except Exception as exc:  # a scrape must not fail because the database blinked; say so in a series
             log.warning("metrics: the fleet store did not answer (%s: %s)", type(exc).__name__, exc)
             ok.add_metric([], 0)
@@ -141,14 +150,28 @@ class _FleetCollector:
             devices.add_metric([str(status), model or "", version or ""], count)
         for state in RolloutState:
             rollouts.add_metric([state.value], rollout_counts.get(state, 0))
+        for model, version, count, energy_mj, avg_watts in energy_rows:
+            reporting.add_metric([model, version], count)
+            if energy_mj is not None:
+                energy.add_metric([model, version], energy_mj)
+            if avg_watts is not None:
+                watts.add_metric([model, version], avg_watts)
         ok.add_metric([], 1)
-        yield from (devices, rollouts, ok)
+        yield from (devices, rollouts, ok, energy, reporting, watts)
 
     @staticmethod
-    def _families() -> tuple[Any, Any, Any]:
+    def _families() -> tuple[Any, Any, Any, Any, Any, Any]:
         from prometheus_client.core import GaugeMetricFamily
 
+        by_version = ("model", "version")
         return (GaugeMetricFamily("edgesdk_ota_devices", "Devices by status, model and installed version.",
                                   labels=("status", "model", "version")),
                 GaugeMetricFamily("edgesdk_ota_rollouts", "Rollouts by state.", labels=("state",)),
-                GaugeMetricFamily("edgesdk_ota_fleet_scrape_ok", "1 when the fleet store answered this scrape."))
+                GaugeMetricFamily("edgesdk_ota_fleet_scrape_ok", "1 when the fleet store answered this scrape."),
+                GaugeMetricFamily("edgesdk_ota_energy_per_inference_mj", "Mean energy per inference above idle "
+                                  "reported by online devices running the version (boards with a power sensor).",
+                                  labels=by_version),
+                GaugeMetricFamily("edgesdk_ota_devices_reporting_energy", "Online devices reporting energy, by "
+                                  "version.", labels=by_version),
+                GaugeMetricFamily("edgesdk_ota_device_average_watts", "Mean average board power over the devices' "
+                                  "last report window, by version.", labels=by_version))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -184,9 +185,12 @@ class OTAServer:
         try:
             device = check_id(Topics.device_of(topic), "device id")
             state = json.loads(payload)
+            energy = state.get("energy") if isinstance(state.get("energy"), dict) else {}
             self.ingest.put(DeviceState(device, check_id(state.get("group", "default"), "group"), str(state["status"]),
                                         state.get("model"), state.get("version"), tuple(state.get("slots", [])),
-                                        time.time(), tuple(map(str, state.get("chunk_slots", [])))))
+                                        time.time(), tuple(map(str, state.get("chunk_slots", []))),
+                                        _figure(energy.get("energy_per_inference_mj")),
+                                        _figure(energy.get("avg_watts"))))
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 
@@ -400,3 +404,10 @@ _RESEND_BACKLOG = 100
 _GROUPS = f"{PREFIX}/groups/"
 #: A rollout stage's transfer id: ``<rollout id>-w<stage>``.
 _STAGE_TRANSFER = re.compile(r"^(?P<rollout>.+)-w(?P<stage>\d+)$")
+
+
+def _figure(value: object) -> float | None:
+    """A reported figure when it is a finite number, else None (a device's malformed energy is ignored, not fatal)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)

@@ -61,6 +61,10 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (3, "chunk reuse: the slots each device can take chunks from", (
         "ALTER TABLE devices ADD COLUMN chunk_slots TEXT NOT NULL DEFAULT '[]'",
     )),
+    (4, "energy: each device's last reported energy per inference (mJ) and average power (W)", (
+        "ALTER TABLE devices ADD COLUMN energy_mj {real}",
+        "ALTER TABLE devices ADD COLUMN avg_watts {real}",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},

@@ -64,6 +64,26 @@ def test_rollouts_are_counted_by_state_with_zero_for_states_with_none(fleet):
         RolloutState.RUNNING: 1, RolloutState.COMPLETED: 1, RolloutState.ABORTED: 0}
 
 
+def test_the_energy_devices_report_is_averaged_by_version(fleet):
+    from edgesdk.ota_server.fleet import DeviceState
+
+    fleet.upsert_devices([
+        DeviceState("cam-1", "lab", "online", "digits", "1.0", (), 1.0, energy_mj=40.0, avg_watts=1.5),
+        DeviceState("cam-2", "lab", "online", "digits", "1.0", (), 1.0, energy_mj=50.0, avg_watts=1.7),
+        DeviceState("cam-3", "lab", "online", "digits", "2.0", (), 1.0, energy_mj=30.0, avg_watts=1.4),
+        DeviceState("cam-4", "lab", "online", "digits", "2.0", (), 1.0),  # a board without a sensor
+        DeviceState("cam-5", "lab", "offline", "digits", "2.0", (), 1.0, energy_mj=99.0, avg_watts=9.0)])
+    # A later report without energy (a state published on an install) keeps the last known figures.
+    fleet.upsert_devices([DeviceState("cam-1", "lab", "online", "digits", "1.0", (), 2.0)])
+    found = samples(ServerMetrics(fleet))
+    assert series(found, "edgesdk_ota_energy_per_inference_mj", model="digits", version="1.0") == pytest.approx(45.0)
+    assert series(found, "edgesdk_ota_device_average_watts", model="digits", version="1.0") == pytest.approx(1.6)
+    assert series(found, "edgesdk_ota_devices_reporting_energy", model="digits", version="1.0") == 2
+    # Offline devices are left out: version 2.0 has one reporting device.
+    assert series(found, "edgesdk_ota_energy_per_inference_mj", model="digits", version="2.0") == pytest.approx(30.0)
+    assert series(found, "edgesdk_ota_devices_reporting_energy", model="digits", version="2.0") == 1
+
+
 def test_counters_and_the_handling_histogram_move(tmp_path):
     metrics = ServerMetrics(FleetDB(str(tmp_path / "fleet.db")))
     assert series(samples(metrics), "edgesdk_ota_commands_sent_total") == 0
