@@ -31,6 +31,7 @@ the energy per inference above idle, in the sensor's scope (module, package or b
 
 from __future__ import annotations
 
+import abc
 import collections
 import os
 import re
@@ -68,7 +69,7 @@ def _read_number(path: Path) -> float:
         raise SensorError(f"{path} holds {text.strip()[:40]!r}, not a number") from None
 
 
-class PowerSensor:
+class PowerSensor(abc.ABC):
     """One power sensor: :meth:`read` gives watts, or cumulative joules when :attr:`cumulative`."""
 
     kind: str = ""
@@ -83,13 +84,13 @@ class PowerSensor:
         self.scope, self.scale, self.offset_watts = scope, scale, offset_watts
 
     @property
+    @abc.abstractmethod
     def description(self) -> str:
         """What is read, and where."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def raw(self) -> float:
         """The reading in watts (or joules) before calibration."""
-        raise NotImplementedError
 
     def read(self) -> float:
         """Watts now (calibrated), or joules so far (scaled) for an energy counter."""
