@@ -8,7 +8,7 @@ This script builds a tree of symbolic links with the installed layout under
 rebuild) and runs ``mypy -p edgesdk`` on it, reporting paths in the source tree.
 
     python scripts/typecheck.py            # check the package; exit status is mypy's
-    python scripts/typecheck.py FILE ...   # check other files against it (tests plant errors this way)
+    python scripts/typecheck.py FILE ...   # check other files (an example, a script) against it
 """
 
 from __future__ import annotations
