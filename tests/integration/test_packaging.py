@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,11 +15,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
+def wheel_path(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)], check=True)
     (path,) = out.glob("edgesdk-*.whl")
-    return zipfile.ZipFile(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_path) -> zipfile.ZipFile:
+    return zipfile.ZipFile(wheel_path)
+
+
+@pytest.fixture(scope="module")
+def device_venv(wheel_path, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel's base install only, offline from a wheel cache filled once per session here."""
+    cache = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(cache), str(wheel_path)], check=True,
+                   timeout=600)
+    venv = tmp_path_factory.mktemp("device") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(cache),
+                    str(wheel_path)], check=True, timeout=600)
+    return venv
 
 
 def test_folders_land_inside_the_edgesdk_namespace(wheel):
@@ -64,3 +83,35 @@ def test_sources_import_the_mapped_folders_through_the_edgesdk_namespace():
             if re.match(r"\s*(from|import)\s+(converters|ota_server|device_profiles)\b", line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, offenders
+
+
+def test_the_base_install_runs_a_model_and_carries_none_of_the_wings_dependencies(device_venv, tmp_path):
+    from edgesdk.testing import write_sample
+
+    write_sample(tmp_path)
+    version = subprocess.run([str(device_venv / "bin" / "edgesdk"), "--version"], capture_output=True, text=True,
+                             timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("edgesdk, version"), version.stderr
+    probe = f"""
+import importlib.util, json
+import numpy as np
+from edgesdk import Runtime
+with Runtime({str(tmp_path / "model.onnx")!r}, profile="generic-x86_64") as rt:
+    out = rt.predict(np.load({str(tmp_path / "eval.npy")!r})[:1])
+heavy = ["onnx", "onnxslim", "tensorflow", "onnx2tf", "torch", "cv2", "starlette", "uvicorn", "psycopg", "amqtt"]
+print(json.dumps({{"shape": list(out.shape), "backend": rt.info.backend,
+                  "present": [m for m in heavy if importlib.util.find_spec(m) is not None]}}))
+"""
+    result = subprocess.run([str(device_venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["shape"] == [1, 10] and found["backend"] == "onnxruntime"
+    # The converter and server modules ship in the one distribution but import their libraries lazily: on a
+    # device none of those libraries is installed, so neither wing can run there.
+    assert found["present"] == [], found
+    convert = subprocess.run([str(device_venv / "bin" / "edgesdk"), "convert", str(tmp_path / "model.onnx"),
+                              "--profile", "raspberry-pi-5", "--eval", str(tmp_path / "eval.npy"), "--out",
+                              str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert convert.returncode == 12, convert.stderr  # ConversionError, saying which extra to install
+    assert "converting needs the [convert] extra: pip install 'edgesdk[convert]'" in convert.stderr
