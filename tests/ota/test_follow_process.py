@@ -40,17 +40,44 @@ app.close()
 """
 
 NOBODY = 65534
+#: Parts of the interpreter's installation the app does not need (the copy stays about 75 MB).
+_NOT_COPIED = shutil.ignore_patterns("site-packages", "test", "idlelib", "tkinter", "turtledemo", "lib2to3",
+                                     "ensurepip", "__pycache__")
 
 
-def _as_another_user(python: str) -> int | None:
-    """The uid to run the app as: nobody when this test is root and nobody can run this environment's Python."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        probe = subprocess.run([python, "-c", "import edgesdk, numpy"], user=NOBODY, capture_output=True, timeout=120)
-    except OSError:  # this checkout is not readable by nobody (e.g. under /root): run the app as this user
-        return None
-    return NOBODY if probe.returncode == 0 else None
+def _python_for(user: int, where: Path) -> tuple[list[str], dict[str, str]]:
+    """A command that runs this environment's Python as ``user``: this interpreter copied under ``where``.
+
+    The interpreter may live where another user cannot read it (pyenv under /root): its binary,
+    libpython and standard library are copied to a world-readable place, and a ``.pth`` line
+    adds this venv's site-packages (with its own ``.pth`` files, so the editable edgesdk too).
+    A copy the user still cannot run fails the test with the reason; it never falls back to
+    running the app as the agent's user.
+    """
+    base = Path(sys.base_prefix)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    copy = where / "python"
+    (copy / "bin").mkdir(parents=True)
+    (copy / "lib").mkdir()
+    shutil.copy2(Path(sys._base_executable).resolve(), copy / "bin" / version)  # type: ignore[attr-defined]
+    for lib in (base / "lib").glob("libpython*.so*"):
+        shutil.copy2(lib, copy / "lib" / lib.name)
+    shutil.copytree(base / "lib" / version, copy / "lib" / version, ignore=_NOT_COPIED, dirs_exist_ok=True)
+    site = copy / "lib" / version / "site-packages"
+    site.mkdir()
+    venv_site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    (site / "edgesdk-venv.pth").write_text(f"import site; site.addsitedir({venv_site!r})\n")
+    for path in [where, *where.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IROTH | (stat.S_IXOTH if path.is_dir() or os.access(path, os.X_OK)
+                                                          else 0))
+    command = [str(copy / "bin" / version)]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(copy / "lib")}
+    probe = subprocess.run([*command, "-c", "import edgesdk, numpy, onnxruntime"], user=user, env=env,
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.fail(f"cannot run this environment's Python as uid {user} from a world-readable copy: "
+                    f"{probe.stderr.strip()[-400:]}")
+    return command, env
 
 
 def _rollout(server, version, policy=FAST):
@@ -81,10 +108,13 @@ def test_an_app_process_follows_the_agent_to_v2_and_never_runs_the_failing_v3(br
         assert _rollout(server, "1.0.0").state == "completed"
         script = root / "app.py"
         script.write_text(APP)
-        app_user = _as_another_user(sys.executable)
+        # As root, the app runs as nobody for real; as another user, it runs as that user (not the agent's).
+        app_user = NOBODY if os.geteuid() == 0 else None
+        python, env = _python_for(app_user, root / "interpreter") if app_user is not None else (
+            [sys.executable], dict(os.environ))
         with open(root / "app.err", "wb") as app_err:
-            app = subprocess.Popen([sys.executable, str(script), str(store), str(app_log), str(stop)], stderr=app_err,
-                                   user=app_user)
+            app = subprocess.Popen([*python, str(script), str(store), str(app_log), str(stop)], stderr=app_err,
+                                   user=app_user, env=env)
         served = lambda: [json.loads(line) for line in app_log.read_text().splitlines()]  # noqa: E731
         wait_for(lambda: any(r.get("ok") == "1.0.0" for r in served()), timeout=60, what="the app on v1")
         assert _rollout(server, "2.0.0").state == "completed"
@@ -108,5 +138,6 @@ def test_an_app_process_follows_the_agent_to_v2_and_never_runs_the_failing_v3(br
     assert "3.0.0" not in versions, "the app ran the version that failed its health check on the device"
     assert versions[-1] == "2.0.0" and versions.index("2.0.0") > 0 and "1.0.0" in versions
     assert records[-1]["watch"] in ("inotify", "poll")
-    assert records[-1]["uid"] == (app_user if app_user is not None else os.getuid()), "the app ran as another user"
+    assert records[-1]["uid"] == (app_user if app_user is not None else os.getuid())
+    assert app_user is None or app_user != os.getuid(), "as root, the app must run as another user than the agent"
     assert state_mode & stat.S_IROTH and not state_mode & stat.S_IWOTH
