@@ -55,7 +55,7 @@ class FanoutError(EdgeSDKError):
 # ------------------------------------------------------------------------------------------------
 
 def _check_setup(broker_url: str, n: int) -> None:
-    from edgesdk.transport import parse_broker_url
+    from edgesdk.fleet.transport import parse_broker_url
 
     address = parse_broker_url(broker_url)
     if address.tls or address.host not in _LOOPBACK:
@@ -266,14 +266,14 @@ def raw_verifying_fanout(broker_url: str, data: bytes, info: Any, n: int, round_
                          workdir: str | os.PathLike[str], *, timeout: float = 600.0) -> dict[str, Any]:
     """Publish every chunk of ``data`` once (QoS 1) to ``n`` subscriber processes that verify and write it.
 
-    ``info`` is the archive's :class:`~edgesdk.ota.ArchiveInfo` (``chunks``, ``size``, ``sha256``,
+    ``info`` is the archive's :class:`~edgesdk.fleet.protocol.ArchiveInfo` (``chunks``, ``size``, ``sha256``,
     ``chunk_range``). Returns ``{"wall_s", "cpu_s", "verified", "startup_s"}``: seconds from the first
     publish until the last child was done, each child's CPU seconds from ready to done, how many
     children's whole-file hash matched, and how long the children took to start. Files (chunk table,
     each child's copy, logs) live under ``workdir/raw-<round_id>``; the copies are removed afterwards.
     """
-    from edgesdk.ota import check_id
-    from edgesdk.transport import MqttTransport
+    from edgesdk.fleet.protocol import check_id
+    from edgesdk.fleet.transport import MqttTransport
 
     _check_setup(broker_url, n)
     check_id(round_id, "round id")
@@ -346,8 +346,8 @@ def _agent_main(args: argparse.Namespace) -> None:
     import logging
 
     from edgesdk.agent.agent import AgentConfig, DeviceAgent
-    from edgesdk.fleet_protocol import AgentEvent
-    from edgesdk.signing import load_public_key
+    from edgesdk.fleet.records import AgentEvent
+    from edgesdk.runtime.signing import load_public_key
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"{args.device} %(levelname)s %(message)s")
     out = _Out()
@@ -422,7 +422,7 @@ class _VerifyingWriter:
 
 
 def _raw_main(args: argparse.Namespace) -> None:
-    from edgesdk.transport import MqttTransport
+    from edgesdk.fleet.transport import MqttTransport
 
     out = _Out()
     table = json.loads(Path(args.table).read_text())

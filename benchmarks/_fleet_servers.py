@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from edgesdk.admin_client import AdminClient
+from edgesdk.fleet.admin_client import AdminClient
 from edgesdk.ota_server.broker import free_port
 
 TOKEN = "fleet-bench-token"

@@ -55,7 +55,7 @@ def proxy_pairs(model: str, variants: Mapping[str, Path], inputs: Mapping[str, n
             runners[name] = (lambda s=session: s.run(None, dict(inputs)))
         else:  # TFLite, through edgesdk's Runtime (NHWC inputs for onnx2tf's models)
             from edgesdk import Runtime
-            from edgesdk.measure_worker import adapt_layout
+            from edgesdk.runtime.tensors import adapt_layout
 
             runtime = Runtime(path, threads=1)
             feed = adapt_layout(dict(inputs), runtime.inputs)

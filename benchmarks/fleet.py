@@ -27,13 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks._fleet_servers import ServerProcess  # noqa: E402
 from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
-from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model  # noqa: E402
-from edgesdk.fleet_protocol import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus  # noqa: E402
-from edgesdk.ota import pack_bundle  # noqa: E402
+from edgesdk.fleet.protocol import pack_bundle  # noqa: E402
+from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
 from edgesdk.ota_server.fleet import FleetDB  # noqa: E402
 from edgesdk.ota_server.postgres import LocalPostgres  # noqa: E402
-from edgesdk.signing import generate_keypair, load_private_key  # noqa: E402
+from edgesdk.runtime.bundle import BundleSpec, HealthCheck  # noqa: E402
+from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
+from edgesdk.runtime.signing import generate_keypair, load_private_key  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
 
 POLICY = RolloutPolicy(canary=0.01, waves=(0.1, 1.0), health_window_s=0.0, max_failure_rate=0.05,

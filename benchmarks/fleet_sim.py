@@ -4,7 +4,7 @@ Each simulated device does what a real :class:`edgesdk.agent.agent.DeviceAgent` 
 server, message for message: it connects as ``edgesdk-agent-<id>`` with a retained last will
 ``{"status": "offline", "group"}`` on its state topic, subscribes its command topic and its own
 chunk topic, and publishes its retained state. A command is verified with
-:func:`edgesdk.ota.parse_command` against the server's public key (real Ed25519) and answered
+:func:`edgesdk.fleet.protocol.parse_command` against the server's public key (real Ed25519) and answered
 with the agent's events and fields: ``rejected`` (bad signature, replay, downgrade),
 ``accepted``, ``downloaded``, ``committed`` (or ``rolled_back`` for a device in ``fail_share``),
 then the retained state with the new version and slots. Archives are fetched like the agent
@@ -47,10 +47,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgesdk.chunk_codec import decode_chunk
 from edgesdk.errors import EdgeSDKError, RolloutTimeoutError, SignatureError, TransferError
-from edgesdk.fleet_protocol import AgentEvent
-from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command
+from edgesdk.fleet.chunk_codec import decode_chunk
+from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, encode_result, parse_command
+from edgesdk.fleet.records import AgentEvent
 
 __all__ = ["SimulatedFleet", "FleetReport", "ProcessReport", "SimulationError", "device_role"]
 
@@ -367,7 +367,7 @@ class _Device:
 
 
 def _version(text: str) -> tuple[int, ...]:
-    from edgesdk.bundle import parse_version
+    from edgesdk.runtime.bundle import parse_version
 
     return parse_version(text)
 
@@ -377,7 +377,7 @@ class _Worker:
 
     def __init__(self, config: dict[str, Any]) -> None:
         from benchmarks._mqtt_lite import LiteCounters
-        from edgesdk.signing import load_public_key
+        from edgesdk.runtime.signing import load_public_key
 
         self.config = config
         self.host, self.port = config["host"], int(config["port"])
@@ -649,7 +649,7 @@ class SimulatedFleet:
                  connect_rate: float | None = None, connect_concurrency: int = 128, keepalive: int = 60,
                  broadcast_wait_s: float = 2.0, retry_interval_s: float = 1.0, request_window: int = 32,
                  max_runtime_s: float = 3600.0) -> None:
-        from edgesdk.transport import parse_broker_url
+        from edgesdk.fleet.transport import parse_broker_url
 
         address = parse_broker_url(broker_url)
         if address.tls:

@@ -24,7 +24,7 @@ from benchmarks.fleet_sim import SimulatedFleet, SimulationError
 def _scale_check(devices: int, processes: int, connect_rate: float | None) -> dict[str, Any]:
     """Connect ``devices`` simulated devices to a fresh mosquitto with raised limits; connect time and costs."""
     from edgesdk.ota_server.broker import LocalMosquitto
-    from edgesdk.signing import generate_keypair
+    from edgesdk.runtime.signing import generate_keypair
 
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
         _, public = generate_keypair(Path(tmp) / "keys", "server")

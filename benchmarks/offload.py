@@ -53,8 +53,9 @@ import models  # noqa: E402
 from _common import emit, goal, interleaved, log, summary  # noqa: E402
 from _offload_load import Cloud, open_loop, triton_infer, triton_throughput  # noqa: E402
 
-from edgesdk.bundle import BundleSpec, bundle_from_model  # noqa: E402
 from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
+from edgesdk.runtime.bundle import BundleSpec  # noqa: E402
+from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
 
 MODEL = "orientation"
 OUTPUT = "fetch_name_0"

@@ -41,15 +41,16 @@ from _fanout_procs import AgentProcesses, raw_verifying_fanout  # noqa: E402
 
 from edgesdk.agent.agent import AgentConfig, DeviceAgent  # noqa: E402
 from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
-from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model  # noqa: E402
-from edgesdk.fleet_protocol import RolloutPolicy  # noqa: E402
-from edgesdk.ota import Topics, pack_bundle  # noqa: E402
+from edgesdk.fleet.protocol import Topics, pack_bundle  # noqa: E402
+from edgesdk.fleet.records import RolloutPolicy  # noqa: E402
+from edgesdk.fleet.transport import MqttTransport  # noqa: E402
 from edgesdk.ota_server.app import ServerSetup, build_server  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
 from edgesdk.ota_server.server import OTAServer, ServerConfig  # noqa: E402
-from edgesdk.signing import generate_keypair, load_private_key, load_public_key  # noqa: E402
+from edgesdk.runtime.bundle import BundleSpec, HealthCheck  # noqa: E402
+from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
+from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
-from edgesdk.transport import MqttTransport  # noqa: E402
 
 ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.5, deploy_timeout_s=600)
 KEEP_SLOTS = 3

@@ -9,7 +9,7 @@
   the chosen average power never falls as the budget rises, every choice fits its budget,
   and the budgets refused as infeasible are exactly those under the board's idle power.
 * **Sensors.** The recorded sensor traces under tests/data/power are integrated by
-  :mod:`edgesdk.energy` and compared with their known totals (the RAPL counter across its
+  :mod:`edgesdk.runtime.energy` and compared with their known totals (the RAPL counter across its
   wrap from its samples; the Jetson trace sampled live every 10 ms while a thread writes it
   into a copy of the recorded INA3221 tree); each sysfs sensor's read is timed (the Pi 5's
   PMIC, a subprocess, is reported apart); and a real model's predictions with the sampler
@@ -46,9 +46,9 @@ from edgesdk.converters.config import CalibrationMethod, QuantizationConfig  # n
 from edgesdk.converters.emulate import Emulator  # noqa: E402
 from edgesdk.converters.planner import Candidate, choose, estimate_on_board  # noqa: E402
 from edgesdk.converters.power import PowerBudget, power_at  # noqa: E402
-from edgesdk.energy import Sampler, Trace, find_sensor, sensor_read_cost  # noqa: E402
 from edgesdk.errors import BudgetError, InfeasibleBudgetError  # noqa: E402
-from edgesdk.profiles import DeviceProfile  # noqa: E402
+from edgesdk.runtime.energy import Sampler, Trace, find_sensor, sensor_read_cost  # noqa: E402
+from edgesdk.runtime.profiles import DeviceProfile  # noqa: E402
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "power"
 

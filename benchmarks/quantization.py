@@ -239,7 +239,7 @@ def convert_cli_rss(name: str, work: Path, n_cal: int, n_eval: int) -> dict:
     np.save(folder / "cal.npy", DATA[name](n_cal, 3))
     np.save(folder / "eval.npy", DATA[name](n_eval, 4))
     hwm = folder / "hwm"
-    code = ("import atexit, sys; from edgesdk.memory import peak_rss_mb; "
+    code = ("import atexit, sys; from edgesdk.runtime.memory import peak_rss_mb; "
             f"atexit.register(lambda: open({str(hwm)!r}, 'w').write(str(peak_rss_mb()))); "
             "from edgesdk.cli import main; sys.argv = ['edgesdk'] + sys.argv[1:]; main()")
     args = [sys.executable, "-c", code, "convert", str(source), "--profile", PROFILE, "--calibration",

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, goal, interleaved, log, summary  # noqa: E402
 
 from edgesdk import Runtime, detect_device  # noqa: E402
-from edgesdk.backends.litert import import_litert  # noqa: E402
+from edgesdk.runtime.backends.litert import import_litert  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx, write_mlp_tflite  # noqa: E402
 
 MODELS = {"tiny": [64, 64, 10], "large": [1024, 4096, 4096, 1024, 10]}

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgesdk.bundle import parse_version, safe_name
 from edgesdk.errors import ConversionError, DataError, SignatureError
+from edgesdk.runtime.bundle import parse_version, safe_name
 
 __all__ = ["FORMATS", "OUTPUTS", "MAX_HOLDOUT", "parse_formats", "check_version", "check_name", "check_accuracy_drop",
            "check_fps", "check_input_shapes", "check_holdout", "check_holdout_seed", "check_holdout_min",
@@ -41,7 +41,7 @@ def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def check_version(version: str) -> str:
-    """A bundle version: dotted integers such as ``1.4.0`` (:func:`edgesdk.bundle.parse_version`)."""
+    """A bundle version: dotted integers such as ``1.4.0`` (:func:`edgesdk.runtime.bundle.parse_version`)."""
     parse_version(version)
     return version
 
@@ -120,12 +120,12 @@ def check_out_dir(out_dir: str | os.PathLike[str], force: bool = False) -> Path:
 
 
 def check_private_key(key: Any) -> Any:
-    """None, or an Ed25519 private key (:func:`edgesdk.signing.load_private_key`)."""
+    """None, or an Ed25519 private key (:func:`edgesdk.runtime.signing.load_private_key`)."""
     if key is None:
         return None
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     if not isinstance(key, Ed25519PrivateKey):
         raise SignatureError(f"private_key is a {type(key).__name__}; load an Ed25519 key with "
-                             "edgesdk.signing.load_private_key(path) (create one with `edgesdk keys generate`)")
+                             "edgesdk.runtime.signing.load_private_key(path) (create one with `edgesdk keys generate`)")
     return key

@@ -41,8 +41,8 @@ from edgesdk.converters.emulate import (
 )
 from edgesdk.converters.userland import CORES
 from edgesdk.errors import EmulatorError
-from edgesdk.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode
-from edgesdk.scheduling import plan_cores
+from edgesdk.runtime.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode
+from edgesdk.runtime.scheduling import plan_cores
 
 __all__ = ["IPC", "OperatingPoint", "operating_points", "target_point", "perf", "LatencyModel", "BoardCost",
            "board_cost", "ConversionCosts"]
@@ -90,7 +90,7 @@ def operating_points(board: DeviceProfile) -> list[OperatingPoint]:
 
 
 def target_point(board: DeviceProfile, mode: str | RuntimeMode, threads: int | None = None) -> OperatingPoint:
-    """The point a runtime mode runs at on the board (:func:`edgesdk.scheduling.plan_cores`, all cores usable)."""
+    """The point a runtime mode runs at on the board (:func:`edgesdk.runtime.scheduling.plan_cores`, all cores usable)."""
     plan = plan_cores(board, mode, threads, available=_ALL)
     name = plan.power_mode
     if name is None:  # a fallback chose the cores: the power mode whose clusters hold them, else the first

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgesdk.errors import ConversionError
-from edgesdk.profiles import DeviceProfile
+from edgesdk.runtime.profiles import DeviceProfile
 
 __all__ = ["CalibrationMethod", "QuantType", "QuantizationConfig", "DOT_PRODUCT_CORES"]
 

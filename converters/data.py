@@ -2,7 +2,7 @@
 
 Arrays are batch-first in the model's own layout and dtype; they are checked against the
 model's inputs and nothing is cast silently. Images (needs the ``[vision]`` extra) are
-read with OpenCV and preprocessed by :class:`edgesdk.preprocess.ImagePreprocessing` (the
+read with OpenCV and preprocessed by :class:`edgesdk.runtime.preprocess.ImagePreprocessing` (the
 code apps use on the device): resized to
 the model's H x W, converted to RGB (or kept BGR), scaled by ``scale``, normalised with
 ``mean``/``std`` per channel, and laid out NCHW or NHWC to match the model input.
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import DataError
-from edgesdk.preprocess import ImagePreprocessing, image_layout, image_to_tensor
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.preprocess import ImagePreprocessing, image_layout, image_to_tensor
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "model_inputs", "EvaluationSplit",
            "split_evaluation", "IMAGE_SUFFIXES"]

@@ -49,8 +49,8 @@ from edgesdk.converters.qdq import FusionCounts, fusion_counts
 from edgesdk.converters.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
 from edgesdk.errors import EmulatorError, ModelFormatError
 from edgesdk.files import write_atomic
-from edgesdk.model_file import read_model
-from edgesdk.profiles import CoreCluster
+from edgesdk.runtime.model_file import read_model
+from edgesdk.runtime.profiles import CoreCluster
 
 __all__ = ["InstructionCount", "Emulator", "CYCLES_PER_INSTRUCTION", "PARALLEL_EFFICIENCY", "emulated_cpu",
            "board_latency_ms"]

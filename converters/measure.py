@@ -1,6 +1,6 @@
 """Measuring a model variant in a separate process with edgesdk's Runtime.
 
-The child process is :mod:`edgesdk.measure_worker`, the same one the device agent runs
+The child process is :mod:`edgesdk.runtime.measure_worker`, the same one the device agent runs
 for the OTA ``measure`` command, so host and board figures are made the same way. A
 fresh process per variant keeps the figures clean: its peak RSS is that variant's alone,
 and a crashing kernel cannot take the converter down. It reports size, load time,
@@ -21,8 +21,9 @@ import numpy as np
 
 from edgesdk.converters.quiet import held_output
 from edgesdk.errors import BackendError, ConversionError
-from edgesdk.measure_worker import adapt_layout, measure_model
-from edgesdk.profiles import DeviceProfile
+from edgesdk.runtime.measure_worker import measure_model
+from edgesdk.runtime.profiles import DeviceProfile
+from edgesdk.runtime.tensors import adapt_layout
 
 __all__ = ["Measurement", "measure_variant", "adapt_layout", "latency_ratio"]
 
@@ -91,7 +92,7 @@ def latency_ratio(model: Path, baseline: Path, profile: DeviceProfile, mode: str
     import statistics
     import time
 
-    from edgesdk.runtime import Runtime
+    from edgesdk.runtime.runtime import Runtime
 
     with held_output("timing side by side"), Runtime(model, profile=profile, mode=mode, threads=threads) as a, \
             Runtime(baseline, profile=profile, mode=mode, threads=threads) as b:

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.bundle import Bundle, BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.converters.arguments import OUTPUTS, check_out_dir
 from edgesdk.converters.board_latency import ConversionCosts, target_point
 from edgesdk.converters.calibrate import batches, calibrate
@@ -52,10 +51,12 @@ from edgesdk.converters.request import ConversionRequest, Source
 from edgesdk.converters.search import SearchResult
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
 from edgesdk.files import fsync_dir
-from edgesdk.model_file import read_model
-from edgesdk.profiles import DeviceProfile, RuntimeMode
-from edgesdk.scheduling import plan_cores, usable_cpus
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.bundle import Bundle, BundleSpec, HealthCheck
+from edgesdk.runtime.bundling import bundle_from_model
+from edgesdk.runtime.model_file import read_model
+from edgesdk.runtime.profiles import DeviceProfile, RuntimeMode
+from edgesdk.runtime.scheduling import plan_cores, usable_cpus
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["ConversionReport", "convert", "Progress", "CLEAR_GAIN"]
 
@@ -66,7 +67,7 @@ Progress = Callable[[str, int, int], None]
 
 
 def _specs(path: Path, board: DeviceProfile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    from edgesdk.runtime import Runtime
+    from edgesdk.runtime.runtime import Runtime
 
     with held_output("loading the model"), Runtime(path, profile=board, threads=1) as rt:
         return rt.inputs, rt.outputs
@@ -429,7 +430,7 @@ def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[s
 def _tflite_passthrough(request: ConversionRequest, out: Path, notify: Progress) -> ConversionReport:
     """An existing .tflite is measured and planned as is (its accuracy is the reference)."""
     from edgesdk.converters.data import check_arrays
-    from edgesdk.runtime import Runtime
+    from edgesdk.runtime.runtime import Runtime
 
     target, bound = request.target, request.bounds.max_accuracy_drop
     board, mode, path = target.board, target.mode, request.source.path

@@ -61,7 +61,7 @@ from edgesdk.converters.emulate import InstructionCount
 from edgesdk.converters.measure import Measurement
 from edgesdk.converters.power import PowerBudget, PowerFigures, busy_watts, check_feasible, power_at
 from edgesdk.errors import BudgetError
-from edgesdk.profiles import DeviceProfile
+from edgesdk.runtime.profiles import DeviceProfile
 
 __all__ = ["Candidate", "PlanResult", "BoardEstimate", "estimate_on_board", "choose", "CLEAR_GAIN"]
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from edgesdk.converters.board_latency import OperatingPoint
 from edgesdk.errors import ConversionError, InfeasibleBudgetError
-from edgesdk.profiles import DeviceProfile, PowerMode
+from edgesdk.runtime.profiles import DeviceProfile, PowerMode
 
 __all__ = ["SHARED_ACTIVE_SHARE", "PowerBudget", "PowerFigures", "busy_watts", "power_at", "floor_watts",
            "check_feasible"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.bundle import Bundle
 from edgesdk.converters.calibrate import CalibrationResult
 from edgesdk.converters.data import EvaluationSplit
 from edgesdk.converters.emulate import InstructionCount
 from edgesdk.converters.planner import PlanResult
 from edgesdk.converters.search import SearchResult
+from edgesdk.runtime.bundle import Bundle
 
 __all__ = ["ConversionReport"]
 

@@ -45,8 +45,8 @@ from edgesdk.converters.config import QuantizationConfig
 from edgesdk.converters.metrics import check_metric
 from edgesdk.converters.power import PowerBudget, check_feasible
 from edgesdk.errors import ConversionError, DataError
-from edgesdk.profiles import DeviceProfile, RuntimeMode, load_profile
-from edgesdk.scheduling import plan_cores
+from edgesdk.runtime.profiles import DeviceProfile, RuntimeMode, load_profile
+from edgesdk.runtime.scheduling import plan_cores
 
 __all__ = ["BoardMeasure", "Source", "Target", "Data", "Bounds", "Output", "ConversionRequest"]
 
@@ -122,7 +122,7 @@ class Target:
 
     def host_profile(self) -> DeviceProfile:
         """The profile of the machine measuring the variants: ``host``, or this machine's, detected."""
-        from edgesdk.detect import detect_device
+        from edgesdk.runtime.detect import detect_device
 
         return self.host or detect_device()
 
@@ -199,7 +199,7 @@ class Output:
 
     ``out_dir`` gets ``variants/`` (every file built) and ``bundle/``; one that already
     holds them is refused unless ``force``. ``private_key`` (Ed25519,
-    :func:`edgesdk.signing.load_private_key`) signs the bundle; ``preprocessing`` is free-form
+    :func:`edgesdk.runtime.signing.load_private_key`) signs the bundle; ``preprocessing`` is free-form
     notes saved in its manifest.
     """
 

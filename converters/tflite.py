@@ -60,7 +60,7 @@ from edgesdk.converters.onnx_model import load_onnx, save_onnx
 from edgesdk.converters.quiet import held_output
 from edgesdk.errors import ConversionError, DataError, UnsupportedOpError
 from edgesdk.files import write_atomic
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["run_logged", "Onnx2TfTool", "ToolRun", "TFLiteInput", "TFLiteResult", "convert_to_tflite", "ONNX2TF_VERSION",
            "TOOLS_DIR_ENV", "VARIANTS"]
@@ -431,7 +431,7 @@ def _xnnpack_activations(model: Any) -> int:
 
 def _layouts(tflite_path: Path, specs: tuple[TensorSpec, ...]) -> tuple[TFLiteInput, ...]:
     """Each input's TFLite shape, checked against onnx2tf's transposition rule."""
-    from edgesdk.backends.litert import import_litert
+    from edgesdk.runtime.backends.litert import import_litert
 
     details = {d["name"]: d for d in import_litert().interpreter(model_path=str(tflite_path)).get_input_details()}
     inputs = []
@@ -451,7 +451,7 @@ def _parity(onnx_path: Path, tflite_path: Path, inputs: tuple[TFLiteInput, ...],
     """max |TFLite - ONNX Runtime| over all outputs, in batches the TFLite model takes."""
     import onnxruntime as ort
 
-    from edgesdk.backends.litert import import_litert
+    from edgesdk.runtime.backends.litert import import_litert
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     output_names = [o.name for o in session.get_outputs()]

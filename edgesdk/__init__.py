@@ -17,20 +17,20 @@ from edgesdk.lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Runtime": "edgesdk.runtime",
-    "RuntimeInfo": "edgesdk.runtime",
-    "TensorSpec": "edgesdk.tensors",
-    "StatsSnapshot": "edgesdk.stats",
-    "DeviceProfile": "edgesdk.profiles",
-    "CoreCluster": "edgesdk.profiles",
-    "PowerMode": "edgesdk.profiles",
-    "Accelerator": "edgesdk.profiles",
-    "RuntimeMode": "edgesdk.profiles",
-    "load_profile": "edgesdk.profiles",
-    "list_profiles": "edgesdk.profiles",
-    "detect_device": "edgesdk.detect",
-    "CorePlan": "edgesdk.scheduling",
-    "plan_cores": "edgesdk.scheduling",
+    "Runtime": "edgesdk.runtime.runtime",
+    "RuntimeInfo": "edgesdk.runtime.runtime",
+    "TensorSpec": "edgesdk.runtime.tensors",
+    "StatsSnapshot": "edgesdk.runtime.stats",
+    "DeviceProfile": "edgesdk.runtime.profiles",
+    "CoreCluster": "edgesdk.runtime.profiles",
+    "PowerMode": "edgesdk.runtime.profiles",
+    "Accelerator": "edgesdk.runtime.profiles",
+    "RuntimeMode": "edgesdk.runtime.profiles",
+    "load_profile": "edgesdk.runtime.profiles",
+    "list_profiles": "edgesdk.runtime.profiles",
+    "detect_device": "edgesdk.runtime.detect",
+    "CorePlan": "edgesdk.runtime.scheduling",
+    "plan_cores": "edgesdk.runtime.scheduling",
     "EdgeSDKError": "edgesdk.errors",
     "ProfileError": "edgesdk.errors",
     "ModelFormatError": "edgesdk.errors",
@@ -68,7 +68,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from edgesdk.agent.managed import ManagedRuntime
-    from edgesdk.detect import detect_device
     from edgesdk.errors import (
         BackendError,
         BrokerError,
@@ -97,8 +96,17 @@ if TYPE_CHECKING:
         UnsupportedOpError,
     )
     from edgesdk.offload.policy import OffloadPolicy
-    from edgesdk.profiles import Accelerator, CoreCluster, DeviceProfile, PowerMode, RuntimeMode, list_profiles, load_profile
-    from edgesdk.runtime import Runtime, RuntimeInfo
-    from edgesdk.scheduling import CorePlan, plan_cores
-    from edgesdk.stats import StatsSnapshot
-    from edgesdk.tensors import TensorSpec
+    from edgesdk.runtime.detect import detect_device
+    from edgesdk.runtime.profiles import (
+        Accelerator,
+        CoreCluster,
+        DeviceProfile,
+        PowerMode,
+        RuntimeMode,
+        list_profiles,
+        load_profile,
+    )
+    from edgesdk.runtime.runtime import Runtime, RuntimeInfo
+    from edgesdk.runtime.scheduling import CorePlan, plan_cores
+    from edgesdk.runtime.stats import StatsSnapshot
+    from edgesdk.runtime.tensors import TensorSpec

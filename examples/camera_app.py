@@ -3,7 +3,7 @@
 Frames are submitted asynchronously (``predict_async``); when the model falls behind, new
 frames are dropped, not queued, so results stay fresh. With an offload endpoint configured,
 frames the device cannot serve in time go to the cloud instead of being dropped. The
-bundle's manifest says how a frame becomes model input (``edgesdk.preprocess``). The model is
+bundle's manifest says how a frame becomes model input (``edgesdk.runtime.preprocess``). The model is
 a bundle directory, or the store of an agent running beside the app (``--follow``): then the
 app switches to each version the agent commits.
 
@@ -43,7 +43,8 @@ def make_demo(out: Path, frames_per_digit: int = 6, fps: float = 15.0) -> tuple[
     import onnx
     from onnx import TensorProto, helper
 
-    from edgesdk.bundle import BundleSpec, bundle_from_model
+    from edgesdk.runtime.bundle import BundleSpec
+    from edgesdk.runtime.bundling import bundle_from_model
     from edgesdk.testing import load_digits_data, train_digits_mlp, write_mlp_onnx
 
     out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ class FrameClassifier:
     """Submits frames without waiting; drops a frame when ``max_inflight`` are still being classified."""
 
     def __init__(self, runtime: Any, max_inflight: int) -> None:
-        from edgesdk.preprocess import ImagePreprocessing
+        from edgesdk.runtime.preprocess import ImagePreprocessing
 
         self.runtime, self.max_inflight = runtime, max_inflight
         self._prep_for: Any = None
@@ -94,7 +95,7 @@ class FrameClassifier:
         self.results: deque[dict[str, Any]] = deque()
 
     def _preprocessing(self) -> tuple[Any, Any, list[str]]:
-        from edgesdk.preprocess import ImagePreprocessing
+        from edgesdk.runtime.preprocess import ImagePreprocessing
 
         bundle = self.runtime.bundle
         manifest = bundle.manifest if bundle is not None else None
@@ -107,7 +108,7 @@ class FrameClassifier:
     def submit(self, index: int, frame: np.ndarray) -> bool:
         """Start classifying ``frame``; False (and counted as dropped) when the model is behind."""
         from edgesdk.errors import OverloadedError
-        from edgesdk.preprocess import image_to_tensor
+        from edgesdk.runtime.preprocess import image_to_tensor
 
         with self._lock:
             if self.inflight >= self.max_inflight:

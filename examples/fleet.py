@@ -18,11 +18,11 @@ import numpy as np
 
 from edgesdk import ManagedRuntime
 from edgesdk.agent.agent import AgentConfig, DeviceAgent
-from edgesdk.bundle import BundleSpec, HealthSample, read_bundle, write_bundle
 from edgesdk.ota_server.app import ServerSetup, build_server
 from edgesdk.ota_server.broker import free_port, start_local_broker
 from edgesdk.ota_server.server import ServerConfig
-from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+from edgesdk.runtime.bundle import BundleSpec, HealthSample, read_bundle, write_bundle
+from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 
 N_DEVICES = 20
 

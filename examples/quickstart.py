@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 import edgesdk
-from edgesdk.bench import benchmark
-from edgesdk.detect import detect
-from edgesdk.scheduling import plan_cores
+from edgesdk.runtime.bench import benchmark
+from edgesdk.runtime.detect import detect
+from edgesdk.runtime.scheduling import plan_cores
 from edgesdk.testing import load_digits_data, train_digits_mlp, write_mlp_onnx, write_mlp_tflite
 
 MIN_ACCURACY = 0.93
@@ -79,9 +79,9 @@ def main() -> int:
         print(f"   {profile.name:<18} {cells}")
 
     print("\n== 5. convert for rk3588 and bundle")
-    from edgesdk.bundle import read_bundle
     from edgesdk.converters import ConversionRequest, Data, Output, Source, Target, convert
-    from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+    from edgesdk.runtime.bundle import read_bundle
+    from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 
     keys = args.out / "keys"
     if not (keys / "edgesdk.key").exists():

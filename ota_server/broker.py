@@ -193,7 +193,7 @@ def embedded_broker_for(url: str | None) -> EmbeddedBroker:
     """
     if url is None:
         return EmbeddedBroker()
-    from edgesdk.transport import parse_broker_url
+    from edgesdk.fleet.transport import parse_broker_url
 
     address = parse_broker_url(url)
     if address.tls or address.host not in _LOOPBACK:

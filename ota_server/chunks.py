@@ -5,7 +5,7 @@ it carries and closed when nothing will ask for it again. Archives are shared be
 transfers that carry the same model version and evicted when the last of them closes, so
 the server holds only what is in flight, not every archive it ever sent (up to 2 GiB each).
 An archive's chunks are zstd-compressed once, when it is loaded, where that pays
-(:mod:`edgesdk.chunk_codec`). A transfer's broadcast may be limited to the chunks some of
+(:mod:`edgesdk.fleet.chunk_codec`). A transfer's broadcast may be limited to the chunks some of
 its targets lack (:meth:`ChunkDistributor.plan`); devices ask for the rest one by one.
 """
 
@@ -17,8 +17,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edgesdk.chunk_codec import DEFAULT_MIN_SAVING, compress_chunks
-from edgesdk.ota import ArchiveInfo, Topics
+from edgesdk.fleet.chunk_codec import DEFAULT_MIN_SAVING, compress_chunks
+from edgesdk.fleet.protocol import ArchiveInfo, Topics
 
 __all__ = ["ChunkDistributor"]
 

@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from edgesdk.bundle import parse_version
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
-from edgesdk.fleet_protocol import (
+from edgesdk.fleet.protocol import check_id
+from edgesdk.fleet.records import (
     AgentEvent,
     DeviceRecord,
     RolloutPolicy,
@@ -27,9 +27,9 @@ from edgesdk.fleet_protocol import (
     TargetRecord,
     TargetStatus,
 )
-from edgesdk.ota import check_id
 from edgesdk.ota_server.fleet import FleetDB, TargetUpdate
 from edgesdk.ota_server.rollout import canary_order, stage_sizes
+from edgesdk.runtime.bundle import parse_version
 
 __all__ = ["RolloutEngine", "Dispatcher"]
 

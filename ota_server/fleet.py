@@ -1,6 +1,6 @@
 """Fleet state: devices, rollouts, per-device deployment status and an event log, in SQLite or PostgreSQL.
 
-Rows leave this module only as the records of :mod:`edgesdk.fleet_protocol` (and
+Rows leave this module only as the records of :mod:`edgesdk.fleet.records` (and
 :class:`EventRecord`); the SQL names stay here: ``grp`` is a record's ``group`` (GROUP is an
 SQL keyword) and the ``wave`` columns are a record's ``stage``. Every query the rollout engine
 runs on each tick is answered from an index and returns only what needs action (counts per
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.errors import ConflictError
-from edgesdk.fleet_protocol import (
+from edgesdk.fleet.records import (
     DeviceRecord,
     RolloutPolicy,
     RolloutRecord,

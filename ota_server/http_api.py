@@ -3,7 +3,7 @@
 Every request needs ``Authorization: Bearer <token>``. Errors come back as
 ``{"error": message, "type": class}`` with 400 (bad request), 401, 404 (NotFoundError),
 409 (ConflictError) or 413. Devices and rollouts are the JSON of the records in
-:mod:`edgesdk.fleet_protocol`: times are ISO 8601 UTC strings, a group is ``group``, and a
+:mod:`edgesdk.fleet.records`: times are ISO 8601 UTC strings, a group is ``group``, and a
 rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before the first.
 
     POST /api/bundles                          body: bundle tar -> {"name", "version", "stored"} (201; 200 if
@@ -16,7 +16,7 @@ rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before th
     POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
     GET  /api/devices?group=G                  devices and their state
     POST /api/measurements?device=D&mode=M&runs=N[&timeout=S]
-                                               body: measurement tar (edgesdk.ota.pack_measurement) -> {"id"}
+                                               body: measurement tar (edgesdk.fleet.protocol.pack_measurement) -> {"id"}
     GET  /api/measurements/{id}                status; figures and outputs (base64 .npy) once done
     GET  /metrics                              Prometheus text (edgesdk.ota_server.metrics); 404 if not enabled
 """
@@ -28,7 +28,7 @@ import threading
 from typing import Any
 
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, TransferError
-from edgesdk.fleet_protocol import RolloutPolicy, TargetStatus
+from edgesdk.fleet.records import RolloutPolicy, TargetStatus
 from edgesdk.ota_server.metrics import ServerMetrics
 from edgesdk.ota_server.server import OTAServer
 

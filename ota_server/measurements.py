@@ -1,7 +1,7 @@
 """Measurements on one device: a signed measure command, its chunks, and the result.
 
 :meth:`Measurements.request` checks that the device is known and online, signs a
-``measure`` command for it alone (see :mod:`edgesdk.ota`), and keeps the archive in
+``measure`` command for it alone (see :mod:`edgesdk.fleet.protocol`), and keeps the archive in
 memory. When the device reports ``accepted`` the chunks are pushed on that device's own
 chunk topic; its re-requests are answered for it and no other device. The ``done`` or
 ``failed`` message from ``P/devices/D/measurements`` ends the measurement, and
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, NotFoundError, TransferError
-from edgesdk.ota import (
+from edgesdk.fleet.protocol import (
     MAX_ARCHIVE_BYTES,
     MAX_RESULT_BYTES,
     ArchiveInfo,
@@ -89,7 +89,7 @@ class Measurements:
         self._lock = threading.Lock()
 
     def request(self, device_id: str, archive: bytes, mode: str, runs: int, timeout_s: float | None = None) -> str:
-        """Send ``archive`` (see :func:`edgesdk.ota.pack_measurement`) to one online device; its id."""
+        """Send ``archive`` (see :func:`edgesdk.fleet.protocol.pack_measurement`) to one online device; its id."""
         check_id(device_id, "device id")
         check_measure(mode, runs)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
@@ -97,7 +97,7 @@ class Measurements:
             raise TransferError(f"measurement timeout {timeout_s!r} s must be positive")
         if not 0 < len(archive) <= MAX_ARCHIVE_BYTES:
             raise TransferError(f"measurement archive of {len(archive)} bytes must be 1..{MAX_ARCHIVE_BYTES} bytes; "
-                                "pack it with edgesdk.ota.pack_measurement")
+                                "pack it with edgesdk.fleet.protocol.pack_measurement")
         device = self._db.device(device_id)
         if device is None:
             raise TransferError(f"no device {device_id!r} has reported to this server; check the id with "

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import RolloutState
+from edgesdk.fleet.records import RolloutState
 
 __all__ = ["ServerMetrics", "FleetCounts", "CHUNK_KINDS", "EVENT_KINDS"]
 

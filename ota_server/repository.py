@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from edgesdk.bundle import Manifest, parse_version, read_bundle, safe_name
 from edgesdk.errors import BundleError, ConflictError, EdgeSDKError, NotFoundError, SignatureError
-from edgesdk.ota import ArchiveInfo, archive_info, pack_bundle, unpack_bundle
+from edgesdk.fleet.protocol import ArchiveInfo, archive_info, pack_bundle, unpack_bundle
+from edgesdk.runtime.bundle import Manifest, parse_version, read_bundle, safe_name
 
 __all__ = ["ModelRepository"]
 
@@ -39,7 +39,7 @@ class ModelRepository:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep_latest, self.signer_key, self.allow_unsigned = keep_latest, signer_key, allow_unsigned
-        #: None: content-defined chunks (edgesdk.chunking), so versions that share bytes share chunks; an int:
+        #: None: content-defined chunks (edgesdk.fleet.chunking), so versions that share bytes share chunks; an int:
         #: fixed chunks of that many bytes (tests that want many small chunks).
         self.chunk_size = chunk_size
         self._lock = threading.Lock()

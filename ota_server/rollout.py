@@ -1,6 +1,6 @@
 """The deterministic order in which a group's devices get a new version, stage by stage.
 
-Stages are cumulative fractions of the group (:class:`edgesdk.fleet_protocol.RolloutPolicy`):
+Stages are cumulative fractions of the group (:class:`edgesdk.fleet.records.RolloutPolicy`):
 the canary first, then the later stages (``--canary 10% --waves 50,100`` → 10%, 50%,
 100%). Every stage holds at least one more device than the last. Devices are ordered by
 SHA-256 of ``group/device``, so the same devices are canaries every time and the order
@@ -13,7 +13,7 @@ import hashlib
 import math
 from collections.abc import Iterable
 
-from edgesdk.fleet_protocol import RolloutPolicy
+from edgesdk.fleet.records import RolloutPolicy
 
 #: RolloutPolicy is re-exported for server-side code that imported it from here.
 __all__ = ["RolloutPolicy", "stage_sizes", "canary_order"]

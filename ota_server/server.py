@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
-from edgesdk.ota import PREFIX, ArchiveInfo, Topics, check_id, sign_command
+from edgesdk.fleet.protocol import PREFIX, ArchiveInfo, Topics, check_id, sign_command
+from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.engine import RolloutEngine
 from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB
@@ -31,7 +32,6 @@ from edgesdk.ota_server.ingest import DeviceEvent, Ingest
 from edgesdk.ota_server.measurements import Measurements
 from edgesdk.ota_server.metrics import ServerMetrics
 from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.transport import MqttTransport, Transport
 
 __all__ = ["OTAServer", "ServerConfig"]
 
@@ -281,7 +281,7 @@ class OTAServer:
                             timeout_s: float | None = None) -> str:
         """Have one online device measure the model in ``archive`` (never installing it); the measurement id.
 
-        ``archive`` comes from :func:`edgesdk.ota.pack_measurement`; ``timeout_s`` defaults
+        ``archive`` comes from :func:`edgesdk.fleet.protocol.pack_measurement`; ``timeout_s`` defaults
         to the config's ``measure_timeout_s``. An unknown or offline device raises TransferError.
         """
         return self.measurements.request(device_id, archive, mode, runs, timeout_s)

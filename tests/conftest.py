@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.profiles import DeviceProfile, profile_from_dict
+from edgesdk.runtime.profiles import DeviceProfile, profile_from_dict
 
 # Conversions cost their variants on the board's emulated cores when the emulator is set up (it is, in CI).
 # Tests of other behaviour scale this host's timings instead, which keeps them fast; the emulated

@@ -40,13 +40,13 @@ from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.measure import run_measurement
 from edgesdk.agent.store import ModelStore, PendingInstall, space_needed
 from edgesdk.agent.transfer import IncomingTransfer
-from edgesdk.bundle import parse_version, read_bundle
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, StorageError, TransferError
-from edgesdk.fleet_protocol import AgentEvent
-from edgesdk.measure_worker import EnergyRequest
-from edgesdk.ota import Command, MeasureCommand, Topics, check_id, encode_result, parse_command, unpack_bundle
-from edgesdk.profiles import DeviceProfile, load_profile
-from edgesdk.transport import MqttTransport, Transport
+from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, encode_result, parse_command, unpack_bundle
+from edgesdk.fleet.records import AgentEvent
+from edgesdk.fleet.transport import MqttTransport, Transport
+from edgesdk.runtime.bundle import parse_version, read_bundle
+from edgesdk.runtime.measure_worker import EnergyRequest
+from edgesdk.runtime.profiles import DeviceProfile, load_profile
 
 __all__ = ["DeviceAgent", "AgentConfig", "load_credentials"]
 
@@ -74,7 +74,7 @@ class AgentConfig:
     #: How long after a deploy command the agent waits for the group broadcast before asking for chunks itself.
     broadcast_wait_s: float = 2.0
     #: The board measure commands run under: a DeviceProfile, a profile name or a YAML path. None: the
-    #: ManagedRuntime's profile when the agent has one, else edgesdk.detect.detect_device().
+    #: ManagedRuntime's profile when the agent has one, else edgesdk.runtime.detect.detect_device().
     profile: str | os.PathLike[str] | DeviceProfile | None = None
     #: Longest a measure command may take here, once for its transfer and once for the measuring.
     measure_timeout_s: float = 600.0
@@ -88,7 +88,7 @@ class AgentConfig:
     #: Bytes of disk the agent leaves free for everything else on the device; an update that would eat into
     #: them is refused (after pruning old slots) with a StorageError reason.
     min_free_bytes: int = 0
-    #: Where sysfs is: the board's power sensor is found below it (edgesdk.energy.find_sensor). Tests feed a
+    #: Where sysfs is: the board's power sensor is found below it (edgesdk.runtime.energy.find_sensor). Tests feed a
     #: recorded tree.
     sysfs_root: str = "/sys"
     #: Publish the retained state (runtime statistics, energy) this often besides on every change; None: only
@@ -169,7 +169,7 @@ class DeviceAgent:
         elif runtime is not None:
             self.profile = runtime.profile
         else:
-            from edgesdk.detect import detect_device
+            from edgesdk.runtime.detect import detect_device
 
             self.profile = detect_device()
         #: Measurement ids taken on since start (a re-delivered command is not measured twice).

@@ -1,6 +1,6 @@
 """The running model's energy per inference, from the board's power sensor, for the agent's retained state.
 
-The sensor is sampled in the background (a bounded :class:`~edgesdk.energy.Sampler`). Each
+The sensor is sampled in the background (a bounded :class:`~edgesdk.runtime.energy.Sampler`). Each
 :meth:`EnergyAccount.report` covers the window since the previous one: its average power,
 the inferences the runtime ran in it, and
 
@@ -20,9 +20,9 @@ import logging
 import statistics
 from typing import Any
 
-from edgesdk.energy import PowerSensor, Sampler, find_sensor
 from edgesdk.errors import SensorError
-from edgesdk.profiles import DeviceProfile
+from edgesdk.runtime.energy import PowerSensor, Sampler, find_sensor
+from edgesdk.runtime.profiles import DeviceProfile
 
 __all__ = ["EnergyAccount", "NoEnergy", "runtime_energy"]
 

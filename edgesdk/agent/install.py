@@ -29,10 +29,10 @@ from typing import Any
 from edgesdk.agent.failpoints import failpoint
 from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
 from edgesdk.agent.store import ModelStore, PendingInstall
-from edgesdk.bundle import read_bundle
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import AgentEvent
-from edgesdk.runtime import Runtime
+from edgesdk.fleet.records import AgentEvent
+from edgesdk.runtime.bundle import read_bundle
+from edgesdk.runtime.runtime import Runtime
 
 __all__ = ["Installer", "InstallOutcome"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.files import write_atomic
-from edgesdk.ota import ArchiveInfo
+from edgesdk.fleet.protocol import ArchiveInfo
 
 __all__ = ["LocalChunks", "record_layout", "LAYOUTS"]
 

@@ -8,7 +8,7 @@ would not fit the profile's model budget together.
 
 Before a new model takes traffic it must pass its bundle's health check: the sample input
 must give the expected output within the manifest's tolerance, and the median latency of
-a few runs (after the usual warm-up, :func:`edgesdk.bench.time_predictions`) must be within
+a few runs (after the usual warm-up, :func:`edgesdk.runtime.bench.time_predictions`) must be within
 ``max_latency_ms``.
 
 With ``offload=OffloadPolicy(...)``, :meth:`ManagedRuntime.predict_async` routes between the
@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgesdk.async_predictions import AsyncPredictions
-from edgesdk.bench import time_predictions
-from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, HealthCheckError
-from edgesdk.profiles import DeviceProfile, load_profile
-from edgesdk.runtime import Runtime
-from edgesdk.stats import StatsSnapshot
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.async_predictions import AsyncPredictions
+from edgesdk.runtime.bench import time_predictions
+from edgesdk.runtime.bundle import Bundle, read_bundle
+from edgesdk.runtime.profiles import DeviceProfile, load_profile
+from edgesdk.runtime.runtime import Runtime
+from edgesdk.runtime.stats import StatsSnapshot
+from edgesdk.runtime.tensors import TensorSpec
 
 if TYPE_CHECKING:
     from edgesdk.agent.follow import StoreFollower
@@ -101,12 +101,9 @@ class ManagedRuntime(AsyncPredictions):
                  **runtime_options: Any) -> None:
         if swap_order not in ("auto", "load-first", "unload-first"):
             raise BackendError(f"swap_order {swap_order!r} must be auto, load-first or unload-first")
-        if offload is not None:
-            from edgesdk.offload.policy import check_offload_arguments
-
-            check_offload_arguments(offload, max_local_queue)
+        self._check_offload_arguments(offload, max_local_queue)
         if profile is None:
-            from edgesdk.detect import detect_device
+            from edgesdk.runtime.detect import detect_device
 
             profile = detect_device()
         self.profile = load_profile(profile)

@@ -2,7 +2,7 @@
 
 Unpack the archive into the measurement's scratch directory (never a model store slot),
 check it holds one model and ``evaluation.npz``, measure the model in a child process
-(:mod:`edgesdk.measure_worker`) under this device's profile and the command's mode, and
+(:mod:`edgesdk.runtime.measure_worker`) under this device's profile and the command's mode, and
 turn the figures and outputs into the result message. Nothing here touches the store's
 slots, its pointers or a :class:`~edgesdk.agent.managed.ManagedRuntime`.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgesdk.errors import EdgeSDKError, TransferError
-from edgesdk.measure_worker import EnergyRequest, measure_model
-from edgesdk.ota import MeasureCommand, encode_result, measurement_files, unpack_bundle
-from edgesdk.profiles import DeviceProfile
+from edgesdk.fleet.protocol import MeasureCommand, encode_result, measurement_files, unpack_bundle
+from edgesdk.runtime.measure_worker import EnergyRequest, measure_model
+from edgesdk.runtime.profiles import DeviceProfile
 
 __all__ = ["run_measurement"]
 

@@ -35,12 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BundleError, StorageError
 from edgesdk.files import atomic_dir, fsync_dir, write_atomic
+from edgesdk.runtime.bundle import Bundle, read_bundle
 
 if TYPE_CHECKING:
-    from edgesdk.ota import ArchiveInfo
+    from edgesdk.fleet.protocol import ArchiveInfo
 
 __all__ = ["ModelStore", "StoreState", "PendingInstall", "committed_slot", "offload_endpoint", "SLOT_SIDECARS",
            "space_needed"]

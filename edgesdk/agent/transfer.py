@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from edgesdk.agent.local_chunks import LocalChunks
-from edgesdk.chunk_codec import decode_chunk
 from edgesdk.errors import TransferError
-from edgesdk.ota import ArchiveInfo, Command, MeasureCommand
+from edgesdk.fleet.chunk_codec import decode_chunk
+from edgesdk.fleet.protocol import ArchiveInfo, Command, MeasureCommand
 
 __all__ = ["IncomingTransfer"]
 

@@ -40,7 +40,7 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
     from edgesdk.agent.managed import ManagedRuntime
     from edgesdk.errors import SignatureError
     from edgesdk.logs import configure
-    from edgesdk.signing import load_public_key
+    from edgesdk.runtime.signing import load_public_key
 
     configure(info_loggers=("edgesdk.agent",))  # the agent's log is the device's record of every install
     if server_key is None and not allow_unsigned:

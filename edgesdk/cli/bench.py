@@ -18,7 +18,7 @@ import click
               help="auto, cpu, a kind (gpu, npu, dsp) or an accelerator name of the profile.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Override the mode's thread count.")
 @click.option("--runs", type=click.IntRange(min=1), default=100, show_default=True)
-# edgesdk.bench.WARMUP, written out so `edgesdk --help` does not import numpy (a test keeps them equal).
+# edgesdk.runtime.bench.WARMUP, written out so `edgesdk --help` does not import numpy (a test keeps them equal).
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="Untimed predictions before timing (the warm-up every measurement uses).")
 @click.option("--energy", is_flag=True,
@@ -34,7 +34,7 @@ def bench(model: str, profile: str | None, mode: str | None, backend: str, accel
           runs: int, warmup: int, energy: bool, idle_s: float, rate_hz: float | None, sysfs_root: str,
           as_json: bool) -> None:
     """Measure MODEL's (a .tflite/.onnx file or a bundle directory) latency, throughput and peak memory here."""
-    from edgesdk.bench import benchmark
+    from edgesdk.runtime.bench import benchmark
 
     with click.progressbar(length=runs, label="benchmarking", file=sys.stderr) as bar:
         result = benchmark(model, profile=profile, mode=mode, backend=backend, accelerator=accelerator,

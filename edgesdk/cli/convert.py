@@ -263,8 +263,8 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     from edgesdk.converters.metrics import check_metric
     from edgesdk.converters.power import check_feasible
     from edgesdk.converters.quiet import held_output
-    from edgesdk.model_file import read_model
-    from edgesdk.runtime import Runtime
+    from edgesdk.runtime.model_file import read_model
+    from edgesdk.runtime.runtime import Runtime
 
     try:
         prep = ImagePreprocessing(color=color, scale=scale, mean=mean, std=std)
@@ -277,7 +277,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
             raise click.BadParameter(f"{exc} (the default is the model file's name)", param_hint="'--name'") from None
     private_key = None
     if key:
-        from edgesdk.signing import load_private_key
+        from edgesdk.runtime.signing import load_private_key
 
         private_key = load_private_key(key)
     is_image_folder = Path(evaluation).is_dir()

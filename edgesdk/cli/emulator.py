@@ -52,9 +52,9 @@ def count(model: str, cpu: str, as_json: bool) -> None:
     """Instructions one inference of MODEL (random input of its shape) retires on an emulated CPU."""
     from dataclasses import asdict
 
-    from edgesdk.bench import random_inputs
     from edgesdk.converters.emulate import Emulator
-    from edgesdk.runtime import Runtime
+    from edgesdk.runtime.bench import random_inputs
+    from edgesdk.runtime.runtime import Runtime
 
     with Runtime(model, threads=1) as runtime:
         inputs = random_inputs(runtime.inputs)

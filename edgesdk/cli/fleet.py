@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from edgesdk.fleet_protocol import (
+from edgesdk.fleet.records import (
     RolloutPolicy,
     RolloutRecord,
     RolloutState,
@@ -21,7 +21,7 @@ from edgesdk.fleet_protocol import (
 )
 
 if TYPE_CHECKING:
-    from edgesdk.admin_client import AdminClient
+    from edgesdk.fleet.admin_client import AdminClient
 
 _server = click.option("--server", "server_url", envvar="EDGESDK_SERVER", default="http://127.0.0.1:8080",
                        show_default=True, help="Admin API URL (env EDGESDK_SERVER).")
@@ -36,7 +36,7 @@ _WAIT_OUTCOME = ("Wait up to this many seconds, showing progress; exit 0 only if
 
 def admin_client(server_url: str, token: str | None, token_file: str | None) -> AdminClient:
     """The admin API client for --server and --token/--token-file (shared by the fleet commands and convert)."""
-    from edgesdk.admin_client import AdminClient
+    from edgesdk.fleet.admin_client import AdminClient
 
     if not token and token_file:
         token = Path(token_file).read_text().strip()
@@ -150,8 +150,8 @@ def push(bundle: str, group: str, canary: str, waves: str | None, health_window:
          deploy_timeout: str, manual: bool, wait_s: float | None, server_url: str, token: str | None,
          token_file: str | None, as_json: bool) -> None:
     """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to GROUP."""
-    from edgesdk.bundle import read_bundle
-    from edgesdk.ota import pack_bundle
+    from edgesdk.fleet.protocol import pack_bundle
+    from edgesdk.runtime.bundle import read_bundle
 
     first = parse_percent(canary)
     stages = tuple(parse_percent(w) for w in waves.split(",")) if waves else tuple(w for w in (0.5, 1.0) if w > first)

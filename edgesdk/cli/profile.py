@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import click
 
-from edgesdk.profiles import DeviceProfile, list_profiles, load_profile, profile_to_dict
+from edgesdk.runtime.profiles import DeviceProfile, list_profiles, load_profile, profile_to_dict
 
 _dirs_option = click.option(
     "--profile-dir", "profile_dirs", multiple=True, type=click.Path(file_okay=False),
@@ -76,7 +76,7 @@ def show_command(name: str, profile_dirs: tuple[str, ...], as_json: bool) -> Non
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def detect_command(root: str, profile_dirs: tuple[str, ...], as_json: bool) -> None:
     """Detect this board and the profile edgesdk would use."""
-    from edgesdk.detect import detect
+    from edgesdk.runtime.detect import detect
 
     found = detect(root, profile_dirs)
     if as_json:

@@ -111,7 +111,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     if replica and not db.startswith(("postgresql://", "postgres://")):
         raise click.UsageError("--replica needs a PostgreSQL --db (postgresql://USER:PASSWORD@HOST:PORT/DATABASE) "
                                "that every replica shares")
-    from edgesdk.fleet_protocol import parse_duration
+    from edgesdk.fleet.records import parse_duration
 
     lease_s = parse_duration(lease)
     if lease_s <= 0:
@@ -134,7 +134,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     assert broker
     from edgesdk.ota_server.app import ServerSetup, build_server
     from edgesdk.ota_server.server import ServerConfig
-    from edgesdk.signing import load_private_key, load_public_key
+    from edgesdk.runtime.signing import load_private_key, load_public_key
 
     creds = json.loads(Path(credentials).read_text()) if credentials else {}
     running = build_server(ServerSetup(

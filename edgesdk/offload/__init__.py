@@ -13,14 +13,34 @@
 - :mod:`~edgesdk.offload.breaker`: errors and timeouts open it; it half-opens to probe.
 - :mod:`~edgesdk.offload.client`: the V2 client on :mod:`http.client` (no new dependency).
 - :mod:`~edgesdk.offload.dispatcher`: the bounded local queue, the routing rule, fallback, stats.
+- :mod:`~edgesdk.offload.v2_codec`: the KServe V2 tensor codec (JSON and binary) the client and the endpoint share.
+
+It builds on :mod:`edgesdk.runtime` (tensors, stats) and imports nothing from :mod:`edgesdk.fleet` or
+:mod:`edgesdk.agent`; a runtime reaches it only through :mod:`edgesdk.runtime.async_predictions`.
+The names below are imported on first use.
 """
 
 from __future__ import annotations
 
-from edgesdk.offload.breaker import CircuitBreaker
-from edgesdk.offload.client import V2Client
-from edgesdk.offload.dispatcher import Dispatcher
-from edgesdk.offload.policy import OffloadPolicy
-from edgesdk.offload.predictor import LatencyPredictor
+from typing import TYPE_CHECKING
+
+from edgesdk.lazy import lazy_exports
+
+_EXPORTS = {
+    "OffloadPolicy": "edgesdk.offload.policy",
+    "LatencyPredictor": "edgesdk.offload.predictor",
+    "CircuitBreaker": "edgesdk.offload.breaker",
+    "V2Client": "edgesdk.offload.client",
+    "Dispatcher": "edgesdk.offload.dispatcher",
+}
 
 __all__ = ["OffloadPolicy", "LatencyPredictor", "CircuitBreaker", "V2Client", "Dispatcher"]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
+if TYPE_CHECKING:
+    from edgesdk.offload.breaker import CircuitBreaker
+    from edgesdk.offload.client import V2Client
+    from edgesdk.offload.dispatcher import Dispatcher
+    from edgesdk.offload.policy import OffloadPolicy
+    from edgesdk.offload.predictor import LatencyPredictor

@@ -12,7 +12,7 @@ Servers differ, and the client copes:
   gets the same request again as JSON, and JSON is remembered once that works;
 - errors come as ``{"error": ...}``, FastAPI's ``{"detail": [...]}`` or text: all become an
   :class:`~edgesdk.errors.OffloadError` with the status and the server's words
-  (:func:`edgesdk.v2_protocol.error_message`);
+  (:func:`edgesdk.offload.v2_codec.error_message`);
 - results are checked against the local model's outputs: same names, shapes the model
   allows, dtypes cast only within their kind (FP64 -> FP32 yes, FP32 -> INT64 no).
 """
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk import v2_protocol as v2
 from edgesdk.errors import InputError, OffloadError
+from edgesdk.offload import v2_codec as v2
 from edgesdk.offload.policy import OffloadPolicy
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["V2Client"]
 

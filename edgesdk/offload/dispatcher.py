@@ -48,8 +48,8 @@ from edgesdk.offload.breaker import CircuitBreaker
 from edgesdk.offload.client import V2Client, input_bytes
 from edgesdk.offload.policy import OffloadPolicy
 from edgesdk.offload.predictor import LatencyPredictor
-from edgesdk.stats import LatencyStats, StatsSnapshot
-from edgesdk.tensors import TensorSpec, validate_inputs
+from edgesdk.runtime.stats import LatencyStats, StatsSnapshot
+from edgesdk.runtime.tensors import TensorSpec, validate_inputs
 
 __all__ = ["Dispatcher", "LocalModel", "DEFAULT_LOCAL_QUEUE"]
 

@@ -8,7 +8,7 @@ without a restart) or the version pinned in its :class:`ServedModel`; ``/version
 
 - JSON tensors and the binary tensor data extension (``Inference-Header-Content-Length``,
   ``binary_data_size``, ``binary_data`` / ``binary_data_output``), encoded and decoded by
-  :mod:`edgesdk.v2_protocol`, the same codec the device client uses.
+  :mod:`edgesdk.offload.v2_codec`, the same codec the device client uses.
 - Dynamic batching per model (:class:`BatchingConfig`) when its first dim is dynamic; a
   bounded queue that answers 503 when full.
 - Prometheus metrics at ``/metrics`` (:mod:`.metrics` lists them).

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, InputError, NotFoundError
-from edgesdk.v2_protocol import BINARY_EXTENSION, HEADER_LENGTH, decode_request, encode_response
+from edgesdk.offload.v2_codec import BINARY_EXTENSION, HEADER_LENGTH, decode_request, encode_response
 
 from .batcher import QueueFullError
 from .metrics import UNKNOWN_MODEL, InferenceMetrics

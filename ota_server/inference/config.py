@@ -60,7 +60,7 @@ class ServedModel:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def __post_init__(self) -> None:
-        from edgesdk.bundle import parse_version, safe_name
+        from edgesdk.runtime.bundle import parse_version, safe_name
 
         if not isinstance(self.name, str):
             raise InputError(f"ServedModel.name is {self.name!r}; it must be a model name string")

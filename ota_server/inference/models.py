@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendError, BundleError, EdgeSDKError, InputError, ModelFormatError, NotFoundError
+from edgesdk.offload.v2_codec import datatype_of
 from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.tensors import TensorSpec
-from edgesdk.v2_protocol import datatype_of
+from edgesdk.runtime.tensors import TensorSpec
 
 from .batcher import Batcher, BatcherClosedError, QueueFullError
 from .config import BatchingConfig, InferenceConfig
@@ -203,8 +203,8 @@ class ModelRegistry:
     def _open(self, name: str, version: str) -> LoadedModel:
         import onnxruntime as ort
 
-        from edgesdk.bundle import read_bundle
-        from edgesdk.model_file import ModelFormat
+        from edgesdk.runtime.bundle import read_bundle
+        from edgesdk.runtime.model_file import ModelFormat
 
         bundle = read_bundle(self.repository.path(name, version), verify_model=False)
         if bundle.manifest.model_format is not ModelFormat.ONNX:

@@ -12,11 +12,12 @@ import pytest
 import edgesdk.errors as errors
 from edgesdk import Runtime
 from edgesdk.agent.agent import load_credentials
-from edgesdk.bundle import BundleSpec, bundle_from_model, read_bundle
+from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
-from edgesdk.signing import generate_keypair, load_public_key
+from edgesdk.runtime.bundle import BundleSpec, read_bundle
+from edgesdk.runtime.bundling import bundle_from_model
+from edgesdk.runtime.signing import generate_keypair, load_public_key
 from edgesdk.testing import random_mlp, write_mlp_onnx
-from edgesdk.transport import MqttTransport
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 

@@ -8,9 +8,9 @@ import pytest
 
 from benchmarks.fleet_sim import SimulatedFleet, SimulationError, device_role
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import ArchiveInfo, Topics, pack_bundle, sign_command
-from edgesdk.transport import MqttTransport
+from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, sign_command
+from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.transport import MqttTransport
 from tests.ota.conftest import wait_for
 
 FAST = RolloutPolicy(canary=0.01, waves=(0.1, 1.0), health_window_s=0, max_failure_rate=0.05, deploy_timeout_s=60)

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.bundle import BundleSpec, bundle_from_model
 from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.inference import InferenceServer, serve_inference
 from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.runtime.bundle import BundleSpec
+from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.testing import random_mlp, write_mlp_onnx
 
 WIDTH_IN, WIDTH_OUT = 16, 4

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from edgesdk.v2_protocol import HEADER_LENGTH, encode_request
+from edgesdk.offload.v2_codec import HEADER_LENGTH, encode_request
 from tests.inference.conftest import WIDTH_IN
 from tests.inference.http import error_of, raw, request
 
@@ -130,7 +130,8 @@ def test_body_under_the_limit_is_served(small_endpoint):
 
 
 def test_tflite_bundle_is_refused_with_a_clear_400(serve, repo, tmp_path):
-    from edgesdk.bundle import BundleSpec, bundle_from_model
+    from edgesdk.runtime.bundle import BundleSpec
+    from edgesdk.runtime.bundling import bundle_from_model
     from edgesdk.testing import random_mlp, write_mlp_tflite
 
     model = write_mlp_tflite(random_mlp([WIDTH_IN, 8, 4], seed=5), tmp_path / "model.tflite")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from edgesdk.offload.v2_codec import HEADER_LENGTH, decode_response, encode_request
 from edgesdk.ota_server.inference import BatchingConfig, ServedModel
 from edgesdk.ota_server.inference.batcher import Batcher, QueueFullError
-from edgesdk.v2_protocol import HEADER_LENGTH, decode_response, encode_request
 from tests.inference.conftest import WIDTH_IN, reference
 from tests.inference.http import error_of, request
 

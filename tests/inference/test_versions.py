@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import BundleError, InputError
+from edgesdk.offload.v2_codec import HEADER_LENGTH, decode_response, encode_request
 from edgesdk.ota_server.inference import BatchingConfig, InferenceConfig, ServedModel, load_inference_config
-from edgesdk.v2_protocol import HEADER_LENGTH, decode_response, encode_request
 from tests.inference.conftest import WIDTH_IN, reference
 from tests.inference.http import request
 

@@ -18,7 +18,7 @@ from edgesdk.ota_server.app import ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto, free_port, mosquitto_binary
 from edgesdk.ota_server.inference import InferenceConfig, ServedModel
 from edgesdk.ota_server.server import ServerConfig
-from edgesdk.signing import generate_keypair, load_private_key
+from edgesdk.runtime.signing import generate_keypair, load_private_key
 from tests.inference.conftest import WIDTH_IN
 from tests.inference.http import request
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgesdk.admin_client import AdminClient
 from edgesdk.cli import cli
 from edgesdk.errors import TransferError
-from edgesdk.ota import pack_bundle
+from edgesdk.fleet.admin_client import AdminClient
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import embedded_broker_for, free_port
-from edgesdk.signing import generate_keypair
-from edgesdk.transport import MqttTransport
+from edgesdk.runtime.signing import generate_keypair
 from tests.ota.conftest import make_bundle, wait_for
 
 

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from edgesdk import Runtime
-from edgesdk.bundle import read_bundle
 from edgesdk.cli import cli
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, QuantizationConfig, Source, Target, convert
 from edgesdk.converters.data import split_evaluation
@@ -19,7 +18,8 @@ from edgesdk.converters.metrics import resolve_metric
 from edgesdk.converters.remote import RemoteMeasurement
 from edgesdk.converters.search import run_model
 from edgesdk.errors import BudgetError, DataError, ModelFormatError
-from edgesdk.profiles import list_profiles, profile_from_dict
+from edgesdk.runtime.bundle import read_bundle
+from edgesdk.runtime.profiles import list_profiles, profile_from_dict
 from tests.conftest import host_profile_dict
 
 

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from edgesdk.bundle import read_bundle
 from edgesdk.cli import cli
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, QuantizationConfig, Source, Target, convert
 from edgesdk.errors import BudgetError, BundleError, ConversionError, DataError, ProfileError, SignatureError
-from edgesdk.profiles import profile_from_dict
+from edgesdk.runtime.bundle import read_bundle
+from edgesdk.runtime.profiles import profile_from_dict
 from tests.conftest import host_profile_dict
 
 FAST = QuantizationConfig(calibration_methods=("minmax",))

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from edgesdk import Runtime
-from edgesdk.bundle import read_bundle
 from edgesdk.cli import cli
+from edgesdk.runtime.bundle import read_bundle
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 
 from edgesdk.converters.data import ImagePreprocessing, check_arrays, load_arrays, load_labels, model_inputs
 from edgesdk.errors import DataError
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.tensors import TensorSpec
 
 NCHW = (TensorSpec("image", (None, 3, 8, 8), np.dtype(np.float32)),)
 NHWC = (TensorSpec("image", (None, 8, 8, 3), np.dtype(np.float32)),)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgesdk import Runtime
-from edgesdk.profiles import profile_from_dict
+from edgesdk.runtime.profiles import profile_from_dict
 from edgesdk.testing import mlp_forward
 from tests.conftest import host_profile_dict
 

@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from edgesdk import Runtime
-from edgesdk.bundle import read_bundle
 from edgesdk.cli import cli
 from edgesdk.converters.onnx_model import fix_input_shapes, load_onnx, save_onnx
 from edgesdk.converters.search import run_model
 from edgesdk.errors import ConversionError, InputError
+from edgesdk.runtime.bundle import read_bundle
 
 SHAPE = [1, 3, 48, 320]
 

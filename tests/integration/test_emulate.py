@@ -19,7 +19,7 @@ from edgesdk.converters.board_latency import board_cost
 from edgesdk.converters.emulate import Emulator, InstructionCount, board_latency_ms, emulated_cpu
 from edgesdk.converters.userland import build_userland
 from edgesdk.errors import EmulatorError, ModelFormatError
-from edgesdk.profiles import load_profile
+from edgesdk.runtime.profiles import load_profile
 
 
 def _conv_net(path: Path) -> Path:

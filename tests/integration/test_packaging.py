@@ -44,7 +44,7 @@ def test_folders_land_inside_the_edgesdk_namespace(wheel):
     names = wheel.namelist()
     for expected in ("edgesdk/converters/__init__.py", "edgesdk/ota_server/__init__.py", "edgesdk/py.typed",
                      "edgesdk/device_profiles/rk3588.yaml", "edgesdk/device_profiles/raspberry-pi-5.yaml",
-                     "edgesdk/backends/litert.py", "edgesdk/cli/bench.py"):
+                     "edgesdk/runtime/backends/litert.py", "edgesdk/cli/bench.py"):
         assert expected in names, expected
     top_level = {n.split("/")[0] for n in names if not n.startswith("edgesdk-")}
     assert top_level == {"edgesdk"}, top_level

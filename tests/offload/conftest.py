@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from edgesdk import Runtime
-from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model
+from edgesdk.runtime.bundle import BundleSpec, HealthCheck
+from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.testing import mlp_forward, random_mlp, write_mlp_onnx
 from tests.offload.fake_v2 import FakeV2Server
 

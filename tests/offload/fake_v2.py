@@ -1,4 +1,4 @@
-"""A small fault-injecting KServe V2 server for the offload tests: stdlib HTTP, edgesdk.v2_protocol, onnxruntime.
+"""A small fault-injecting KServe V2 server for the offload tests: stdlib HTTP, edgesdk.offload.v2_codec, onnxruntime.
 
 It serves one ONNX model the way a V2 server does (``GET /v2``, model metadata, ready,
 ``POST .../infer`` in JSON or binary) and, when told through :attr:`FakeV2Server.mode`, fails
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk import v2_protocol as v2
 from edgesdk.errors import InputError
+from edgesdk.offload import v2_codec as v2
 from edgesdk.ota_server.broker import free_port
 
 __all__ = ["FakeV2Server"]

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from edgesdk import v2_protocol as v2
+from edgesdk.offload import v2_codec as v2
 from tests.offload.third_party import KServeEnv, KServeServer, http
 
 pytestmark = pytest.mark.kserve

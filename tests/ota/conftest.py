@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from edgesdk.agent.agent import AgentConfig, DeviceAgent
-from edgesdk.bundle import BundleSpec, HealthCheck, HealthSample, bundle_from_model, write_bundle
-from edgesdk.model_file import read_model
 from edgesdk.ota_server.app import RunningServer, ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
 from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.server import OTAServer, ServerConfig
-from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+from edgesdk.runtime.bundle import BundleSpec, HealthCheck, write_bundle
+from edgesdk.runtime.bundling import bundle_from_model, sample_model
+from edgesdk.runtime.model_file import read_model
+from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
 
 
@@ -51,7 +52,7 @@ def make_bundle(out: Path, version: str, keys: dict, seed: int = 0, wrong_health
     if not wrong_health_output:
         bundle_from_model(out, model_path, spec, {"input": x}, private_key=keys["converter"])
         return out
-    sample = HealthSample.from_model(model_path, {"input": x}, "generic-x86_64")
+    sample = sample_model(model_path, {"input": x}, "generic-x86_64")
     wrong = {k: np.roll(v, 3, axis=-1) + 0.5 for k, v in sample.outputs.items()}
     write_bundle(out, read_model(model_path), spec, replace(sample, outputs=wrong), private_key=keys["converter"])
     return out

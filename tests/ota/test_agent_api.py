@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import edgesdk.agent
-from edgesdk.ota import Topics
-from edgesdk.transport import MqttTransport
+from edgesdk.fleet.protocol import Topics
+from edgesdk.fleet.transport import MqttTransport
 from tests.ota.conftest import wait_for
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
 from edgesdk.errors import BrokerError
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import Topics, pack_bundle
+from edgesdk.fleet.protocol import Topics, pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
 from edgesdk.ota_server.mosquitto import MosquittoConfig, write_mosquitto_config
 from tests.ota.conftest import wait_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from edgesdk.ota import ArchiveInfo, Topics
+from edgesdk.fleet.protocol import ArchiveInfo, Topics
 from edgesdk.ota_server.chunks import ChunkDistributor
 
 

@@ -15,14 +15,14 @@ import pytest
 
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.store import ModelStore
-from edgesdk.bundle import read_bundle
 from edgesdk.errors import BrokerError
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import Topics, archive_info, pack_bundle, sign_command
+from edgesdk.fleet.protocol import Topics, archive_info, pack_bundle, sign_command
+from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.server import OTAServer
-from edgesdk.signing import generate_keypair, load_private_key
-from edgesdk.transport import MqttTransport
+from edgesdk.runtime.bundle import read_bundle
+from edgesdk.runtime.signing import generate_keypair, load_private_key
 from tests.ota.conftest import make_bundle, wait_for
 
 FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import pack_bundle
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
 
 from .conftest import wait_for
 

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 
 from edgesdk import Runtime
-from edgesdk.admin_client import AdminClient
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.converters.remote import measure_on_device
 from edgesdk.errors import TransferError
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import ArchiveInfo, Topics, pack_bundle, pack_measurement, parse_result, sign_measure_command
+from edgesdk.fleet.admin_client import AdminClient
+from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, pack_measurement, parse_result, sign_measure_command
+from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.app import ServerSetup, build_server
 from edgesdk.ota_server.server import ServerConfig
 from edgesdk.testing import random_mlp, write_mlp_onnx
-from edgesdk.transport import MqttTransport
 from tests.ota.conftest import wait_for
 
 
@@ -180,8 +180,8 @@ def test_unknown_or_offline_device_fails_fast(admin, broker, make_agent, candida
 
 def test_convert_plans_with_the_figures_a_board_of_the_fleet_measured(admin, broker, make_agent, digits_onnx, digits,
                                                                       tmp_path):
-    from edgesdk.bundle import read_bundle
     from edgesdk.converters import ConversionRequest, Data, Output, QuantizationConfig, Source, Target, board_measure, convert
+    from edgesdk.runtime.bundle import read_bundle
 
     server, client = admin
     make_agent("rk1", broker.url, profile="rk3588")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from edgesdk.agent.store import offload_endpoint
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import pack_bundle
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
 
 from .conftest import wait_for
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import BundleError, DataError, SignatureError, TransferError
-from edgesdk.ota import (
+from edgesdk.fleet.protocol import (
     ArchiveInfo,
     MeasureCommand,
     decode_array,
@@ -64,7 +64,7 @@ def test_a_command_hands_the_device_an_offload_endpoint_for_its_own_version(keys
 
 
 def test_an_offload_endpoint_for_another_model_is_refused(keys):
-    from edgesdk.ota import _archive_dict, _seal
+    from edgesdk.fleet.protocol import _archive_dict, _seal
 
     body = {"type": "deploy", "deployment_id": "d1", "transfer_id": "t1", "name": "digits", "version": "1.2.0",
             "group": "cams", "rollback": False, "issued_at": 0.0, "archive": _archive_dict(INFO),
@@ -138,7 +138,7 @@ def test_repository_refuses_unsigned_and_keeps_latest_pinned_and_in_use(tmp_path
 
 def _measure_envelope(keys, **changes):
     """A measure command signed with the server key, fields as given (bypassing sign_measure_command's checks)."""
-    from edgesdk.signing import key_id, sign
+    from edgesdk.runtime.signing import key_id, sign
 
     manifest = {"type": "measure", "measurement_id": "m1", "transfer_id": "m1", "mode": "latency", "runs": 50,
                 "issued_at": 0.0, "archive": INFO.to_json()}

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks._fleet_servers import TOKEN, ServerProcess
 from benchmarks.fleet_sim import SimulatedFleet
 from edgesdk.cli import cli
-from edgesdk.fleet_protocol import RolloutPolicy, RolloutState, TargetStatus
-from edgesdk.ota import pack_bundle
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.ota_server.broker import LocalMosquitto
 from tests.ota.conftest import wait_for
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from edgesdk.agent.store import SLOT_SIDECARS
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import Topics, pack_bundle
-from edgesdk.transport import MqttTransport
+from edgesdk.fleet.protocol import Topics, pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.transport import MqttTransport
 from tests.ota.conftest import make_bundle, wait_for
 
 FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)

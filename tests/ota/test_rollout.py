@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import pack_bundle
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
 from tests.ota.conftest import wait_for
 
 

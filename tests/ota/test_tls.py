@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from edgesdk.errors import TransferError
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import pack_bundle
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
-from edgesdk.transport import MqttTransport
 from tests.ota.conftest import wait_for
 
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from edgesdk import Runtime
-from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model, parse_version, read_bundle, sign_bundle
 from edgesdk.errors import BundleError, SignatureError
-from edgesdk.signing import generate_keypair, key_id, load_private_key, load_public_key
+from edgesdk.runtime.bundle import BundleSpec, HealthCheck, parse_version, read_bundle, sign_bundle
+from edgesdk.runtime.bundling import bundle_from_model
+from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ the archive broadcast again instead of one copy each."""
 
 from __future__ import annotations
 
-from edgesdk.ota import ArchiveInfo
+from edgesdk.fleet.protocol import ArchiveInfo
 from edgesdk.ota_server.chunks import ChunkDistributor
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes: 3 chunks of 4,096

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import zstandard
 
-from edgesdk.chunk_codec import compress_chunks, decode_chunk
-from edgesdk.chunking import MAX_CHUNK, MIN_CHUNK, cut_points, tar_boundaries
 from edgesdk.errors import TransferError
-from edgesdk.ota import MAX_CHUNK_BYTES, ArchiveInfo, archive_info
+from edgesdk.fleet.chunk_codec import compress_chunks, decode_chunk
+from edgesdk.fleet.chunking import MAX_CHUNK, MIN_CHUNK, cut_points, tar_boundaries
+from edgesdk.fleet.protocol import MAX_CHUNK_BYTES, ArchiveInfo, archive_info
 
 DATA = np.random.default_rng(0).integers(0, 256, 3_000_000, dtype=np.uint8).tobytes()
 

@@ -10,7 +10,7 @@ import pytest
 import edgesdk.converters
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, QuantizationConfig, Source, Target, convert
 from edgesdk.errors import ConversionError, DataError
-from edgesdk.profiles import load_profile
+from edgesdk.runtime.profiles import load_profile
 
 X = {"input": np.zeros((4, 64), np.float32)}
 

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from edgesdk.detect import detect, detect_device, read_topology
 from edgesdk.errors import ProfileError
-from edgesdk.profiles import RuntimeMode
-from edgesdk.scheduling import plan_cores
+from edgesdk.runtime.detect import detect, detect_device, read_topology
+from edgesdk.runtime.profiles import RuntimeMode
+from edgesdk.runtime.scheduling import plan_cores
 from tests.conftest import BOARDS
 
 ALL = frozenset(range(64))

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.energy import (
+from edgesdk.errors import SensorError
+from edgesdk.runtime.energy import (
     PowerSensor,
     Sampler,
     Trace,
@@ -20,8 +21,7 @@ from edgesdk.energy import (
     parse_pmic_adc,
     sensor_read_cost,
 )
-from edgesdk.errors import SensorError
-from edgesdk.profiles import load_profile
+from edgesdk.runtime.profiles import load_profile
 
 POWER = Path(__file__).resolve().parents[1] / "data" / "power"
 #: The recorded `vcgencmd pmic_read_adc`: V x A summed over the twelve rails that have both.

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgesdk.agent.energy_account import EnergyAccount, NoEnergy, runtime_energy
-from edgesdk.energy import PowerSensor
-from edgesdk.profiles import load_profile
+from edgesdk.runtime.energy import PowerSensor
+from edgesdk.runtime.profiles import load_profile
 
 POWER = Path(__file__).resolve().parents[1] / "data" / "power"
 

@@ -11,12 +11,12 @@ import pytest
 
 from benchmarks._fanout_procs import AgentProcesses, FanoutError, raw_verifying_fanout
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import RolloutPolicy
-from edgesdk.ota import ArchiveInfo, pack_bundle
+from edgesdk.fleet.protocol import ArchiveInfo, pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.app import ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto
 from edgesdk.ota_server.server import ServerConfig
-from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 from tests.ota.conftest import make_bundle, wait_for
 
 ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from edgesdk.errors import ConflictError, EdgeSDKError
-from edgesdk.fleet_protocol import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB, TargetUpdate
 from edgesdk.ota_server.sql import MIGRATIONS, open_database
 

@@ -63,7 +63,8 @@ def test_state_and_slots_are_readable_by_others_and_writable_only_by_the_agent(t
 def _tiny_bundle(directory):
     import numpy as np
 
-    from edgesdk.bundle import BundleSpec, bundle_from_model
+    from edgesdk.runtime.bundle import BundleSpec
+    from edgesdk.runtime.bundling import bundle_from_model
     from edgesdk.testing import random_mlp, write_mlp_onnx
 
     model = write_mlp_onnx(random_mlp([4, 2]), directory.parent / "tiny.onnx")

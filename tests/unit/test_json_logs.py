@@ -80,7 +80,7 @@ def test_the_environment_variable_turns_json_on_for_a_command_that_logs(tmp_path
     # click's progress bar prints its label on stderr (it is not a log); every other line is a JSON log record.
     records = [json.loads(line) for line in done.stderr.splitlines() if line != "benchmarking"]
     fallback = [r for r in records if r["message"].startswith("accelerator fallback")]
-    assert fallback and fallback[0]["level"] == "WARNING" and fallback[0]["logger"] == "edgesdk.runtime"
+    assert fallback and fallback[0]["level"] == "WARNING" and fallback[0]["logger"] == "edgesdk.runtime.runtime"
 
 
 def test_a_service_configuring_again_keeps_json():

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from edgesdk.backends.litert import LITERT_CANDIDATES, import_litert
 from edgesdk.errors import BackendError
+from edgesdk.runtime.backends.litert import LITERT_CANDIDATES, import_litert
 
 
 def test_ai_edge_litert_is_found_first():

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.measure_worker import EnergyRequest, measure_model
-from edgesdk.profiles import load_profile
+from edgesdk.runtime.measure_worker import EnergyRequest, measure_model
+from edgesdk.runtime.profiles import load_profile
 
 POWER = Path(__file__).resolve().parents[1] / "data" / "power"
 

@@ -1,7 +1,7 @@
 import pytest
 
 from edgesdk.errors import ModelFormatError
-from edgesdk.model_file import ModelFormat, read_model
+from edgesdk.runtime.model_file import ModelFormat, read_model
 
 
 def test_reads_format_from_extension_and_checks_content(digits_onnx, digits_tflite):

@@ -10,7 +10,7 @@ import pytest
 from edgesdk.converters.measure import Measurement
 from edgesdk.converters.planner import Candidate, choose, estimate_on_board
 from edgesdk.errors import BudgetError
-from edgesdk.profiles import profile_from_dict
+from edgesdk.runtime.profiles import profile_from_dict
 from tests.unit.test_scheduling import BIG_LITTLE
 
 HOST = profile_from_dict({

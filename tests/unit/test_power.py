@@ -10,7 +10,7 @@ from edgesdk.converters.measure import Measurement
 from edgesdk.converters.planner import Candidate, choose, estimate_on_board
 from edgesdk.converters.power import SHARED_ACTIVE_SHARE, PowerBudget, busy_watts, check_feasible, power_at
 from edgesdk.errors import BudgetError, ConversionError, InfeasibleBudgetError
-from edgesdk.profiles import load_profile
+from edgesdk.runtime.profiles import load_profile
 from tests.unit.test_planner import HOST
 
 PI4, PI5, RK3588 = load_profile("raspberry-pi-4"), load_profile("raspberry-pi-5"), load_profile("rk3588")

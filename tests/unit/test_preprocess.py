@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import DataError
-from edgesdk.preprocess import ImagePreprocessing, image_to_tensor
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.preprocess import ImagePreprocessing, image_to_tensor
+from edgesdk.runtime.tensors import TensorSpec
 
 
 def test_a_manifest_round_trip_gives_the_same_settings():

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from edgesdk.errors import ProfileError
-from edgesdk.profiles import PROFILE_PATH_ENV, RuntimeMode, list_profiles, load_profile, profile_from_dict
+from edgesdk.runtime.profiles import PROFILE_PATH_ENV, RuntimeMode, list_profiles, load_profile, profile_from_dict
 from tests.unit.test_scheduling import BIG_LITTLE
 
 SHIPPED = {"raspberry-pi-4", "raspberry-pi-5", "jetson-nano", "jetson-orin-nano", "rk3588", "generic-x86_64",

@@ -8,7 +8,7 @@ import pytest
 
 from edgesdk.converters.config import QuantizationConfig, QuantType
 from edgesdk.errors import ConversionError
-from edgesdk.profiles import load_profile
+from edgesdk.runtime.profiles import load_profile
 
 
 def test_arm64_preset_has_int8_asymmetric_activations_and_symmetric_per_channel_weights():

@@ -13,9 +13,10 @@ import pytest
 from edgesdk.agent import store as store_module
 from edgesdk.agent.agent import AgentConfig
 from edgesdk.agent.store import SLOT_SIDECARS, ModelStore, PendingInstall, StoreState, space_needed
-from edgesdk.bundle import BundleSpec, bundle_from_model
 from edgesdk.errors import StorageError
-from edgesdk.ota import ArchiveInfo
+from edgesdk.fleet.protocol import ArchiveInfo
+from edgesdk.runtime.bundle import BundleSpec
+from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.testing import random_mlp, write_mlp_onnx
 
 VERSIONS = [f"{i}.0.0" for i in range(1, 8)]
@@ -205,7 +206,7 @@ def test_state_json_keeps_the_install_record(store):
 
 @pytest.fixture(scope="module")
 def server_key(tmp_path_factory):
-    from edgesdk.signing import generate_keypair, load_private_key, load_public_key
+    from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 
     folder = tmp_path_factory.mktemp("retention-keys")
     generate_keypair(folder, "server")
@@ -225,7 +226,7 @@ def small_disk_agent(store: ModelStore, server_key, capacity: int, min_free: int
 
 
 def deploy_command(server_key, size: int):
-    from edgesdk.ota import parse_command, sign_command
+    from edgesdk.fleet.protocol import parse_command, sign_command
 
     archive = ArchiveInfo.of(os.urandom(size), chunk_size=4096)
     envelope = sign_command(server_key[0], type="deploy", deployment_id="d9", transfer_id="t9", name="digits",

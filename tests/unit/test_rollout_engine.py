@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgesdk.errors import ConflictError, EdgeSDKError
-from edgesdk.fleet_protocol import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.ota_server.engine import RolloutEngine
 from edgesdk.ota_server.fleet import FleetDB
 

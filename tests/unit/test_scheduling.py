@@ -3,8 +3,8 @@ import copy
 import pytest
 
 from edgesdk.errors import ProfileError, ScheduleError
-from edgesdk.profiles import RuntimeMode, profile_from_dict
-from edgesdk.scheduling import plan_cores
+from edgesdk.runtime.profiles import RuntimeMode, profile_from_dict
+from edgesdk.runtime.scheduling import plan_cores
 
 ALL8 = frozenset(range(8))
 
@@ -104,7 +104,7 @@ def test_unknown_mode_names_the_choices():
 
 
 def test_profile_dict_round_trip():
-    from edgesdk.profiles import profile_to_dict
+    from edgesdk.runtime.profiles import profile_to_dict
 
     profile = _profile()
     assert profile_from_dict(profile_to_dict(profile)) == profile

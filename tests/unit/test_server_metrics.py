@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import RolloutPolicy, RolloutState
+from edgesdk.fleet.records import RolloutPolicy, RolloutState
 from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.metrics import ServerMetrics
@@ -165,7 +165,7 @@ def test_metrics_route_needs_the_admin_token(tmp_path):
     from edgesdk.ota_server.http_api import HttpServer, create_app
     from edgesdk.ota_server.repository import ModelRepository
     from edgesdk.ota_server.server import OTAServer, ServerConfig
-    from edgesdk.signing import generate_keypair, load_private_key
+    from edgesdk.runtime.signing import generate_keypair, load_private_key
 
     db = FleetDB(str(tmp_path / "fleet.db"))
     db.upsert_device("cam-1", "lab", "online", "digits", "1.0", [])

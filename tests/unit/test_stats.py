@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from edgesdk.stats import LatencyStats
+from edgesdk.runtime.stats import LatencyStats
 
 
 def test_percentiles_come_from_the_recorded_latencies():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import InputError
-from edgesdk.tensors import TensorSpec, validate_inputs
+from edgesdk.runtime.tensors import TensorSpec, validate_inputs
 
 IMAGE = TensorSpec("image", (None, 3, 4, 4), np.dtype(np.float32))
 MASK = TensorSpec("mask", (1, 4), np.dtype(np.int64))

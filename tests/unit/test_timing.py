@@ -1,4 +1,4 @@
-"""One timed-predict loop (edgesdk.bench.time_predictions) with one warm-up rule for bench, measurement and health checks."""
+"""One timed-predict loop (edgesdk.runtime.bench.time_predictions), one warm-up rule for bench, measurement, health."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 
 from edgesdk import Runtime
 from edgesdk.agent.managed import health_check
-from edgesdk.bench import WARMUP, benchmark, time_predictions
-from edgesdk.bundle import BundleSpec, HealthCheck, bundle_from_model
 from edgesdk.cli.bench import bench
+from edgesdk.runtime.bench import WARMUP, benchmark, time_predictions
+from edgesdk.runtime.bundle import BundleSpec, HealthCheck
+from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.testing import random_mlp, write_mlp_onnx
 
 

@@ -1,8 +1,7 @@
-"""The type checker sees real types in all three wings, and the wings depend on each other only one way."""
+"""The type checker sees real types in all three wings (the import rules are in test_layers.py)."""
 
 from __future__ import annotations
 
-import ast
 import re
 import shutil
 import subprocess
@@ -11,7 +10,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPECHECK = [sys.executable, str(ROOT / "scripts" / "typecheck.py")]
-WINGS = ("edgesdk.converters", "edgesdk.ota_server")
 
 
 #: What the type check reads: the device package, the two wings mapped into it, and the profiles' package.
@@ -49,30 +47,3 @@ def test_the_package_check_covers_exactly_every_module_of_the_three_wings():
     checked = int(re.search(r"(\d+) source files", result.stdout).group(1))
     modules = sum(1 for folder in CHECKED for _ in (ROOT / folder).rglob("*.py"))
     assert checked == modules, (checked, modules)
-
-
-def _imports(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    found = []
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.append((node.lineno, node.module))
-    return found
-
-
-def test_the_device_core_never_imports_the_converter_or_server_wing():
-    offenders = [f"{path.relative_to(ROOT)}:{line}: {name}"
-                 for path in (ROOT / "edgesdk").rglob("*.py") if "cli" not in path.relative_to(ROOT).parts
-                 for line, name in _imports(path, top_level_only=False) if name.startswith(WINGS)]
-    assert not offenders, offenders
-
-
-def test_the_cli_imports_the_wings_only_inside_commands():
-    # `edgesdk --help` and a device's `edgesdk agent` must not pay for (or need) the wings' dependencies.
-    offenders = [f"{path.relative_to(ROOT)}:{line}: {name}"
-                 for path in (ROOT / "edgesdk" / "cli").rglob("*.py")
-                 for line, name in _imports(path, top_level_only=True) if name.startswith(WINGS)]
-    assert not offenders, offenders

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import InputError
-from edgesdk.v2_protocol import (
+from edgesdk.offload.v2_codec import (
     DATATYPES,
     HEADER_LENGTH,
     datatype_of,

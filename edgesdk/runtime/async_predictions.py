@@ -1,5 +1,9 @@
 """``predict_async`` for :class:`~edgesdk.Runtime` and :class:`~edgesdk.ManagedRuntime`: one implementation.
 
+This module is the runtime's one seam to :mod:`edgesdk.offload`: no other module of
+:mod:`edgesdk.runtime` imports it, and here it is imported only inside the functions that
+need it (``tests/unit/test_layers.py`` holds both rules).
+
 Both keep one :class:`~edgesdk.offload.dispatcher.Dispatcher` (made on first use, or at
 construction with an offload policy); its local runs call the owner's ``predict``. The
 offload package is imported only when the dispatcher is made, so a runtime that never calls
@@ -13,11 +17,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 from edgesdk.errors import BackendError
-from edgesdk.stats import StatsSnapshot
+from edgesdk.runtime.stats import StatsSnapshot
 
 if TYPE_CHECKING:
     from edgesdk.offload.dispatcher import Dispatcher, LocalModel
-    from edgesdk.offload.policy import OffloadPolicy
+    from edgesdk.offload.policy import OffloadPolicy as OffloadPolicy
 
 __all__ = ["AsyncPredictions"]
 
@@ -27,6 +31,14 @@ class AsyncPredictions:
     constructor and :meth:`_close_async` in ``close`` before releasing its model."""
 
     _closed: bool
+
+    @staticmethod
+    def _check_offload_arguments(offload: OffloadPolicy | None, max_local_queue: int | None) -> None:
+        """Refuse a wrong ``offload`` or ``max_local_queue`` before the owner loads its model."""
+        if offload is not None:
+            from edgesdk.offload.policy import check_offload_arguments
+
+            check_offload_arguments(offload, max_local_queue)
 
     def _init_async(self, offload: OffloadPolicy | None, max_local_queue: int | None, stats_window: int = 1000) -> None:
         """Record the settings; with an offload policy, make the dispatcher now (it checks the cloud model)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from edgesdk.errors import TransferError
-from edgesdk.ota import ArchiveInfo
+from edgesdk.fleet.protocol import ArchiveInfo
 
 __all__ = ["compress_chunks", "decode_chunk", "DEFAULT_MIN_SAVING"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import DataError
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["ImagePreprocessing", "image_layout", "image_to_tensor"]
 

@@ -1,7 +1,7 @@
 """Timing predictions with :class:`edgesdk.Runtime`: the one timed-predict loop and ``edgesdk bench``.
 
 :func:`time_predictions` is the only place latencies are measured: ``edgesdk bench``
-(:func:`benchmark`), the converter's measuring child (:mod:`edgesdk.measure_worker`) and
+(:func:`benchmark`), the converter's measuring child (:mod:`edgesdk.runtime.measure_worker`) and
 a bundle's health check (:func:`edgesdk.agent.managed.health_check`) all use it, so they
 all follow one warm-up rule: ``warmup`` untimed predictions (default :data:`WARMUP`) on
 the same inputs, then ``runs`` timed ones. The first predictions after a load pay for
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.memory import peak_rss_mb
-from edgesdk.profiles import DeviceProfile
-from edgesdk.runtime import Runtime, RuntimeInfo
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.memory import peak_rss_mb
+from edgesdk.runtime.profiles import DeviceProfile
+from edgesdk.runtime.runtime import Runtime, RuntimeInfo
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["WARMUP", "Timings", "time_predictions", "BenchResult", "benchmark", "random_inputs"]
 
@@ -86,7 +86,7 @@ class BenchResult:
     throughput_per_s: float
     #: Peak resident set size of this process (model + runtime + Python), MiB.
     peak_rss_mb: float
-    #: With ``energy=True``: :class:`edgesdk.energy.EnergyResult` as a dict, or ``{"sensor": None, "note": ...}``
+    #: With ``energy=True``: :class:`edgesdk.runtime.energy.EnergyResult` as a dict, or ``{"sensor": None, "note": ...}``
     #: on a board with no power sensor.
     energy: dict[str, Any] | None = None
 
@@ -130,9 +130,9 @@ def benchmark(
 
     ``model`` is what :class:`Runtime` takes: a ``.tflite``/``.onnx`` file or a bundle directory
     (whose power mode is the default ``mode``). With ``energy``, the board's power sensor
-    (:func:`edgesdk.energy.find_sensor`, below ``sysfs_root``) is then sampled through an idle
+    (:func:`edgesdk.runtime.energy.find_sensor`, below ``sysfs_root``) is then sampled through an idle
     baseline of ``idle_s`` seconds with the model loaded and ``runs`` more predictions, back to
-    back or at ``rate_hz`` (:func:`edgesdk.energy.measure_energy`), apart from the timed ones so
+    back or at ``rate_hz`` (:func:`edgesdk.runtime.energy.measure_energy`), apart from the timed ones so
     that sampling never touches the latencies. A board with no sensor says so in ``energy``.
     """
     if runs < 1 or warmup < 0:
@@ -153,7 +153,7 @@ def benchmark(
 def _energy(rt: Runtime, feeds: Any, runs: int, idle_s: float, rate_hz: float | None,
             sysfs_root: str | os.PathLike[str]) -> dict[str, Any]:
     """The board's energy per inference for ``feeds``, or why it cannot be measured here."""
-    from edgesdk.energy import find_sensor, measure_energy
+    from edgesdk.runtime.energy import find_sensor, measure_energy
 
     sensor = find_sensor(rt.profile, sysfs_root)
     if sensor is None:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from edgesdk.errors import ScheduleError
-from edgesdk.profiles import DeviceProfile, RuntimeMode
+from edgesdk.runtime.profiles import DeviceProfile, RuntimeMode
 
 __all__ = ["CorePlan", "plan_cores", "pinned", "usable_cpus"]
 

@@ -1,6 +1,6 @@
 """A small client for the OTA server's admin API (stdlib urllib: no web framework on devices).
 
-Fleet answers come back as the records of :mod:`edgesdk.fleet_protocol`, converted from
+Fleet answers come back as the records of :mod:`edgesdk.fleet.records`, converted from
 the API's JSON here and nowhere else.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from edgesdk import errors
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet_protocol import DeviceRecord, RolloutPolicy, RolloutRecord, RolloutSummary
+from edgesdk.fleet.records import DeviceRecord, RolloutPolicy, RolloutRecord, RolloutSummary
 
 __all__ = ["AdminClient", "DevicePage"]
 
@@ -130,7 +130,7 @@ class AdminClient:
 
     def request_measurement(self, device: str, archive: bytes, mode: str, runs: int,
                             timeout_s: float | None = None) -> str:
-        """Have ``device`` measure the model in ``archive`` (:func:`edgesdk.ota.pack_measurement`); its id."""
+        """Have ``device`` measure the model in ``archive`` (:func:`edgesdk.fleet.protocol.pack_measurement`); its id."""
         query = urllib.parse.urlencode({"device": device, "mode": mode, "runs": runs,
                                         **({"timeout": timeout_s} if timeout_s is not None else {})})
         return self._call("POST", f"/api/measurements?{query}", archive, "application/x-tar")["id"]

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.backends.base import Backend, BackendInfo
 from edgesdk.errors import BackendError, ModelFormatError
-from edgesdk.model_file import ModelFile
-from edgesdk.profiles import Accelerator
-from edgesdk.scheduling import CorePlan, pinned
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.backends.base import Backend, BackendInfo
+from edgesdk.runtime.model_file import ModelFile
+from edgesdk.runtime.profiles import Accelerator
+from edgesdk.runtime.scheduling import CorePlan, pinned
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["LiteRTBackend", "LiteRTModule", "import_litert", "LITERT_CANDIDATES"]
 

@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgesdk.async_predictions import AsyncPredictions
-from edgesdk.backends import BackendKind, open_backend
-from edgesdk.bundle import Bundle, read_bundle
 from edgesdk.errors import BackendError, EdgeSDKError, InputError, ScheduleError
-from edgesdk.model_file import read_model
-from edgesdk.profiles import Accelerator, AcceleratorKind, DeviceProfile, RuntimeMode, load_profile
-from edgesdk.scheduling import plan_cores
-from edgesdk.stats import LatencyStats, StatsSnapshot
-from edgesdk.tensors import TensorSpec, validate_inputs
+from edgesdk.runtime.async_predictions import AsyncPredictions
+from edgesdk.runtime.backends import BackendKind, open_backend
+from edgesdk.runtime.bundle import Bundle, read_bundle
+from edgesdk.runtime.model_file import read_model
+from edgesdk.runtime.profiles import Accelerator, AcceleratorKind, DeviceProfile, RuntimeMode, load_profile
+from edgesdk.runtime.scheduling import plan_cores
+from edgesdk.runtime.stats import LatencyStats, StatsSnapshot
+from edgesdk.runtime.tensors import TensorSpec, validate_inputs
 
 if TYPE_CHECKING:
-    from edgesdk.offload.policy import OffloadPolicy
+    from edgesdk.runtime.async_predictions import OffloadPolicy
 
 __all__ = ["Runtime", "RuntimeInfo"]
 
@@ -86,9 +86,9 @@ class Runtime(AsyncPredictions):
     ...     scores = rt.predict(frame)
 
     ``model`` is a ``.tflite``/``.onnx`` file or a bundle directory (its hashes are checked;
-    see :mod:`edgesdk.bundle`). ``profile`` is a profile name, a YAML path or a
+    see :mod:`edgesdk.runtime.bundle`). ``profile`` is a profile name, a YAML path or a
     :class:`DeviceProfile`; None detects the board. ``mode`` picks cores by the big/little
-    rule of :mod:`edgesdk.scheduling` (default: the bundle's power mode, else latency), and
+    rule of :mod:`edgesdk.runtime.scheduling` (default: the bundle's power mode, else latency), and
     ``threads`` overrides its thread count (default, with the bundle's mode: the bundle's
     planned threads, when the converter chose them).
     ``accelerator`` is ``"auto"`` (the profile's accelerators, then CPU), ``"cpu"``, an
@@ -117,10 +117,7 @@ class Runtime(AsyncPredictions):
         offload: OffloadPolicy | None = None,
         max_local_queue: int | None = None,
     ) -> None:
-        if offload is not None:
-            from edgesdk.offload.policy import check_offload_arguments
-
-            check_offload_arguments(offload, max_local_queue)
+        self._check_offload_arguments(offload, max_local_queue)
         self.bundle: Bundle | None = None
         if Path(model).is_dir():
             self.bundle = read_bundle(model, verify_model=False)
@@ -132,7 +129,7 @@ class Runtime(AsyncPredictions):
             if threads is None and self.bundle is not None:
                 threads = self.bundle.manifest.threads  # what the converter planned (e.g. to meet a power budget)
         if profile is None:
-            from edgesdk.detect import detect_device
+            from edgesdk.runtime.detect import detect_device
 
             profile = detect_device()
         self.profile = load_profile(profile)

@@ -10,7 +10,7 @@ import numpy as np
 
 from edgesdk.errors import InputError
 
-__all__ = ["TensorSpec", "validate_inputs"]
+__all__ = ["TensorSpec", "validate_inputs", "adapt_layout"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,17 @@ def validate_inputs(specs: tuple[TensorSpec, ...], inputs: Any) -> dict[str, np.
             f"pass a dict {{name: array}} instead of a single {type(inputs).__name__}"
         )
     return {specs[0].name: _check(specs[0], inputs)}
+
+
+def adapt_layout(arrays: Mapping[str, np.ndarray], specs: Any) -> dict[str, np.ndarray]:
+    """Transpose NCHW data to NHWC where a TFLite input (converted by onnx2tf) wants NHWC."""
+    adapted = {}
+    for spec in specs:
+        array = arrays[spec.name]
+        wanted = spec.shape
+        if array.ndim == 4 and len(wanted) == 4 and not spec.accepts_shape(array.shape):
+            nhwc = array.transpose(0, 2, 3, 1)
+            if spec.accepts_shape((wanted[0] or nhwc.shape[0], *nhwc.shape[1:])):
+                array = np.ascontiguousarray(nhwc)
+        adapted[spec.name] = array
+    return adapted

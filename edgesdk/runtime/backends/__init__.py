@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import enum
 
-from edgesdk.backends.base import Backend, BackendInfo
 from edgesdk.errors import BackendError
-from edgesdk.model_file import ModelFile, ModelFormat
-from edgesdk.profiles import Accelerator
-from edgesdk.scheduling import CorePlan
+from edgesdk.runtime.backends.base import Backend, BackendInfo
+from edgesdk.runtime.model_file import ModelFile, ModelFormat
+from edgesdk.runtime.profiles import Accelerator
+from edgesdk.runtime.scheduling import CorePlan
 
 __all__ = ["Backend", "BackendInfo", "BackendKind", "open_backend"]
 
@@ -40,9 +40,9 @@ def open_backend(kind: BackendKind, model: ModelFile, plan: CorePlan, accelerato
             f"use backend='{native.value}' or 'auto', or convert the model with `edgesdk convert`"
         )
     if kind is BackendKind.LITERT:
-        from edgesdk.backends.litert import LiteRTBackend
+        from edgesdk.runtime.backends.litert import LiteRTBackend
 
         return LiteRTBackend(model, plan, accelerators, profile)
-    from edgesdk.backends.onnxruntime import OnnxRuntimeBackend
+    from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(model, plan, accelerators, profile)

@@ -40,11 +40,11 @@ import numpy as np
 
 from edgesdk.errors import BundleError, SignatureError
 from edgesdk.files import atomic_dir, write_atomic
-from edgesdk.model_file import ModelFile, ModelFormat
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.model_file import ModelFile, ModelFormat
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["FORMAT_VERSION", "FileEntry", "HealthCheck", "Manifest", "Bundle", "BundleSpec", "HealthSample",
-           "write_bundle", "bundle_from_model", "read_bundle", "sign_bundle", "parse_version", "MANIFEST", "SIGNATURE",
+           "write_bundle", "read_bundle", "sign_bundle", "parse_version", "MANIFEST", "SIGNATURE",
            "HEALTH_FILE"]
 
 FORMAT_VERSION = 1
@@ -301,24 +301,6 @@ class HealthSample:
     #: The model's outputs on ``inputs``, by output name: what the device must reproduce.
     outputs: Mapping[str, np.ndarray]
 
-    @classmethod
-    def from_model(cls, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray], profile: Any,
-                   mode: str | None = None) -> HealthSample:
-        """Run ``inputs`` through ``model`` with :class:`edgesdk.Runtime` under ``profile`` and ``mode``.
-
-        NCHW inputs are transposed for a model that takes NHWC (a TFLite file from onnx2tf),
-        so the same data serves every variant.
-        """
-        from edgesdk.measure_worker import adapt_layout
-        from edgesdk.runtime import Runtime
-
-        with Runtime(model, profile=profile, mode=mode) as rt:
-            feeds = adapt_layout(inputs, rt.inputs)
-            result = rt.predict(feeds)
-            specs = rt.inputs, rt.outputs
-        outputs = {specs[1][0].name: result} if isinstance(result, np.ndarray) else dict(result)
-        return cls(specs[0], specs[1], feeds, outputs)
-
 
 def write_bundle(out_dir: str | os.PathLike[str], model: ModelFile, spec: BundleSpec, sample: HealthSample,
                  private_key: Any = None) -> Bundle:
@@ -358,23 +340,10 @@ def write_bundle(out_dir: str | os.PathLike[str], model: ModelFile, spec: Bundle
     return read_bundle(out)
 
 
-def bundle_from_model(out_dir: str | os.PathLike[str], model: str | os.PathLike[str], spec: BundleSpec,
-                      sample_inputs: Mapping[str, np.ndarray], profile: Any = None, private_key: Any = None) -> Bundle:
-    """Bundle the model file ``model``, with its own output on ``sample_inputs`` as the health check.
-
-    The sample runs under ``profile`` (default: ``spec.target_profile``) in ``spec.power_mode``
-    (:meth:`HealthSample.from_model`); then :func:`write_bundle`.
-    """
-    from edgesdk.model_file import read_model
-
-    sample = HealthSample.from_model(model, sample_inputs, profile or spec.target_profile, spec.power_mode)
-    return write_bundle(out_dir, read_model(model), spec, sample, private_key)
-
-
 def _write_signature(directory: Path, private_key: Any) -> None:
     import base64
 
-    from edgesdk.signing import key_id, sign
+    from edgesdk.runtime.signing import key_id, sign
 
     manifest_bytes = (directory / MANIFEST).read_bytes()
     payload = {"algorithm": "ed25519", "key_id": key_id(private_key.public_key()),
@@ -399,7 +368,7 @@ def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_si
     """
     import base64
 
-    from edgesdk.signing import key_id, verify
+    from edgesdk.runtime.signing import key_id, verify
 
     root = Path(path)
     manifest_path = root / MANIFEST

@@ -1,6 +1,6 @@
 """Energy on the board: its power sensor found and read, sampled in the background, and integrated.
 
-The sensors edgesdk reads (the kinds of :data:`edgesdk.profiles.SENSOR_KINDS`):
+The sensors edgesdk reads (the kinds of :data:`edgesdk.runtime.profiles.SENSOR_KINDS`):
 
 ==================  ===========================================================  ==========================
 kind                where (below the sysfs root)                                 reading
@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import SensorError
-from edgesdk.profiles import DeviceProfile, PowerSensorSpec
+from edgesdk.runtime.profiles import DeviceProfile, PowerSensorSpec
 
 __all__ = ["PowerSensor", "find_sensor", "Trace", "Sampler", "EnergyResult", "measure_energy", "sensor_read_cost"]
 

@@ -3,14 +3,14 @@
 Shared by the converter (:mod:`edgesdk.converters.measure`, figures on the host) and the
 device agent (the OTA ``measure`` command, figures on the board). A fresh process per
 model keeps the figures clean: its peak RSS is that model's alone (``VmHWM``, see
-:mod:`edgesdk.memory`) and a crashing kernel cannot take the caller down.
+:mod:`edgesdk.runtime.memory`) and a crashing kernel cannot take the caller down.
 
 The child loads the model under a profile and a mode, runs the evaluation inputs (batch 1
 when an input has a fixed batch dim, else batches of up to 64) keeping every output by
 name, then times ``runs`` single-sample predictions after the warm-up every measurement
-uses (:func:`edgesdk.bench.time_predictions`), and reports load time, resident
+uses (:func:`edgesdk.runtime.bench.time_predictions`), and reports load time, resident
 memory before loading and at its peak, latency percentiles, threads, backend and
-accelerator. Run as ``python -m edgesdk.measure_worker``: one JSON request on stdin, one
+accelerator. Run as ``python -m edgesdk.runtime.measure_worker``: one JSON request on stdin, one
 JSON line on stdout, the outputs in an ``.npz`` file the request names.
 """
 
@@ -31,9 +31,9 @@ import numpy as np
 
 from edgesdk.errors import BackendError
 from edgesdk.logs import is_verbose
-from edgesdk.profiles import DeviceProfile, profile_to_dict
+from edgesdk.runtime.profiles import DeviceProfile, profile_to_dict
 
-__all__ = ["ModelFigures", "EnergyRequest", "measure_model", "adapt_layout"]
+__all__ = ["ModelFigures", "EnergyRequest", "measure_model"]
 
 _BATCH = 64
 
@@ -57,7 +57,7 @@ class ModelFigures:
     profile: str
     mode: str
     runs: int
-    #: What the board's power sensor measured (edgesdk.energy.EnergyResult.as_dict()), ``{"sensor": None, "note":
+    #: What the board's power sensor measured (edgesdk.runtime.energy.EnergyResult.as_dict()), ``{"sensor": None, "note":
     #: ...}`` where it has none, or None when energy was not asked for.
     energy: dict[str, Any] | None = None
 
@@ -74,20 +74,6 @@ class EnergyRequest:
     idle_s: float = 2.0
 
 
-def adapt_layout(arrays: Mapping[str, np.ndarray], specs: Any) -> dict[str, np.ndarray]:
-    """Transpose NCHW data to NHWC where a TFLite input (converted by onnx2tf) wants NHWC."""
-    adapted = {}
-    for spec in specs:
-        array = arrays[spec.name]
-        wanted = spec.shape
-        if array.ndim == 4 and len(wanted) == 4 and not spec.accepts_shape(array.shape):
-            nhwc = array.transpose(0, 2, 3, 1)
-            if spec.accepts_shape((wanted[0] or nhwc.shape[0], *nhwc.shape[1:])):
-                array = np.ascontiguousarray(nhwc)
-        adapted[spec.name] = array
-    return adapted
-
-
 def measure_model(model: Path, evaluation: Path, profile: DeviceProfile, mode: str, runs: int,
                   threads: int | None = None, timeout_s: float = 600,
                   energy: EnergyRequest | None = None) -> tuple[ModelFigures, dict[str, np.ndarray]]:
@@ -96,7 +82,7 @@ def measure_model(model: Path, evaluation: Path, profile: DeviceProfile, mode: s
     Returns the figures and every output on the evaluation data, by output name in the
     model's order. The outputs pass through a temporary file beside ``evaluation``. A
     child that fails or runs over ``timeout_s`` raises :class:`BackendError`. With
-    ``energy``, the board's power sensor is read too (:func:`edgesdk.energy.measure_energy`:
+    ``energy``, the board's power sensor is read too (:func:`edgesdk.runtime.energy.measure_energy`:
     an idle baseline, then ``runs`` more single-sample predictions) and the figures' ``energy``
     holds the result, or why there is none.
     """
@@ -110,7 +96,7 @@ def measure_model(model: Path, evaluation: Path, profile: DeviceProfile, mode: s
         verbose = is_verbose()
         env = dict(os.environ) if verbose else {**os.environ, "PYTHONWARNINGS": "ignore"}
         try:
-            done = subprocess.run([sys.executable, "-m", "edgesdk.measure_worker"], input=json.dumps(request),
+            done = subprocess.run([sys.executable, "-m", "edgesdk.runtime.measure_worker"], input=json.dumps(request),
                                   capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired as exc:
             raise BackendError(f"measuring {model.name} took over {timeout_s:.0f} s; the variant is unusable here") \
@@ -127,16 +113,17 @@ def measure_model(model: Path, evaluation: Path, profile: DeviceProfile, mode: s
 
 
 def _main() -> None:
-    from edgesdk.memory import peak_rss_mb, rss_mb
+    from edgesdk.runtime.memory import peak_rss_mb, rss_mb
 
     request = json.loads(sys.stdin.read())
     # Import everything a Runtime needs before the baseline, so the delta is the model's.
     import onnxruntime  # noqa: F401
 
-    from edgesdk.backends.litert import import_litert
-    from edgesdk.bench import time_predictions
-    from edgesdk.profiles import profile_from_dict
-    from edgesdk.runtime import Runtime
+    from edgesdk.runtime.backends.litert import import_litert
+    from edgesdk.runtime.bench import time_predictions
+    from edgesdk.runtime.profiles import profile_from_dict
+    from edgesdk.runtime.runtime import Runtime
+    from edgesdk.runtime.tensors import adapt_layout
 
     import_litert()
     profile = profile_from_dict(request["profile"], origin="<measure request>")
@@ -174,8 +161,8 @@ def _energy(rt: Any, feeds: Mapping[str, np.ndarray], runs: int, asked: Mapping[
     """The board's energy per inference, after the timed runs so that sampling never touches them."""
     if asked is None:
         return None
-    from edgesdk.energy import find_sensor, measure_energy
     from edgesdk.errors import SensorError
+    from edgesdk.runtime.energy import find_sensor, measure_energy
 
     try:
         sensor = find_sensor(rt.profile, asked["sysfs_root"])

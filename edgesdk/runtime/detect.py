@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.errors import ProfileError
-from edgesdk.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode, list_profiles
+from edgesdk.runtime.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode, list_profiles
 
 __all__ = ["CpuCore", "Topology", "Detection", "read_topology", "detect", "detect_device"]
 

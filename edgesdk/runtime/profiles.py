@@ -21,8 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from edgesdk.board_power import SENSOR_KINDS, SENSOR_SCOPES, BoardPower, PowerSensorSpec
 from edgesdk.errors import ProfileError
+from edgesdk.runtime.board_power import SENSOR_KINDS, SENSOR_SCOPES, BoardPower, PowerSensorSpec
 
 __all__ = [
     "RuntimeMode",

@@ -1,7 +1,7 @@
 """A board's power facts besides its power modes: its power sensor and, for duty-cycled use, sleep and wake costs.
 
-Part of a :class:`~edgesdk.profiles.DeviceProfile` (its ``power`` section); read by
-:mod:`edgesdk.energy` (the sensor) and :mod:`edgesdk.converters.power` (sleep and wake).
+Part of a :class:`~edgesdk.runtime.profiles.DeviceProfile` (its ``power`` section); read by
+:mod:`edgesdk.runtime.energy` (the sensor) and :mod:`edgesdk.converters.power` (sleep and wake).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from edgesdk.errors import ProfileError
 
 __all__ = ["SENSOR_KINDS", "SENSOR_SCOPES", "PowerSensorSpec", "BoardPower"]
 
-#: Power sensors :mod:`edgesdk.energy` reads: Jetson INA3221 (L4T 32 iio, JetPack 5/6 hwmon), the Pi 5's
+#: Power sensors :mod:`edgesdk.runtime.energy` reads: Jetson INA3221 (L4T 32 iio, JetPack 5/6 hwmon), the Pi 5's
 #: PMIC ADC (``vcgencmd pmic_read_adc``), Intel RAPL (powercap) and a battery fuel gauge (power_supply).
 SENSOR_KINDS = ("ina3221-iio", "ina3221-hwmon", "pmic-adc", "rapl", "power-supply")
 #: What a sensor's reading covers: the whole board's input, a module's (SoM) input, or a CPU package.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgesdk.tensors import TensorSpec
+from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["Backend", "BackendInfo"]
 

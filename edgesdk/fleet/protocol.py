@@ -17,9 +17,9 @@ the server will broadcast (``broadcast``, the ones some target lacks) and whethe
 rollback. The device verifies the signature with the server key it pins before it writes
 anything, copies the chunks it already holds from its own slots, fetches the rest, checks
 each chunk against its hash (of the uncompressed bytes) and the whole archive before
-installing. Chunks are content-defined (:mod:`edgesdk.chunking`), so bytes a new version
+installing. Chunks are content-defined (:mod:`edgesdk.fleet.chunking`), so bytes a new version
 shares with an old one make the same chunks. Chunk payloads are raw bytes, or a zstd frame
-for the chunks the manifest flags (:mod:`edgesdk.chunk_codec`). Names and sizes from a
+for the chunks the manifest flags (:mod:`edgesdk.fleet.chunk_codec`). Names and sizes from a
 manifest are checked here (:func:`parse_command`), so neither side trusts them unchecked.
 
 **Measure** (:func:`sign_measure_command`): "run this candidate model here and tell me how
@@ -64,9 +64,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from edgesdk.bundle import parse_version, safe_name
-from edgesdk.chunking import cut_points, tar_boundaries
 from edgesdk.errors import BundleError, SignatureError, TransferError
+from edgesdk.fleet.chunking import cut_points, tar_boundaries
+from edgesdk.runtime.bundle import parse_version, safe_name
 
 __all__ = ["PREFIX", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command", "sign_measure_command",
            "parse_command", "pack_bundle", "unpack_bundle", "pack_measurement", "measurement_files", "encode_result",
@@ -85,7 +85,7 @@ EVALUATION_FILE = "evaluation.npz"
 _MODES = ("latency", "balanced", "power")
 _MODEL_SUFFIXES = (".onnx", ".tflite")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-#: Largest chunk a manifest may name (content-defined chunks are at most edgesdk.chunking.MAX_CHUNK).
+#: Largest chunk a manifest may name (content-defined chunks are at most edgesdk.fleet.chunking.MAX_CHUNK).
 MAX_CHUNK_BYTES = 8 * 1024**2
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -154,7 +154,7 @@ class Topics:
 class ArchiveInfo:
     """The archive a deployment transfers: its hash and size, and every chunk's hash and size.
 
-    Chunks are content-defined (:mod:`edgesdk.chunking`), so a version that shares bytes with one
+    Chunks are content-defined (:mod:`edgesdk.fleet.chunking`), so a version that shares bytes with one
     a device holds shares chunks too, which the device takes from its own slots. Chunks in
     ``zstd`` travel zstd-compressed; every hash is of the uncompressed bytes.
     """
@@ -299,7 +299,7 @@ def _archive_dict(archive: ArchiveInfo | None) -> dict[str, Any] | None:
 
 
 def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
-    from edgesdk.signing import key_id, sign
+    from edgesdk.runtime.signing import key_id, sign
 
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     return json.dumps({"manifest": base64.b64encode(body).decode(),
@@ -374,7 +374,7 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
     integers raises BundleError; any other malformed field, a bad id or an archive over
     ``max_size`` bytes raises TransferError.
     """
-    from edgesdk.signing import verify
+    from edgesdk.runtime.signing import verify
 
     try:
         outer = json.loads(envelope)
@@ -461,7 +461,7 @@ def measurement_files(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
     models = [n for n in names if Path(n).suffix in _MODEL_SUFFIXES]
     if len(models) != 1 or sorted([*models, EVALUATION_FILE]) != names:
         raise TransferError(f"measurement archive holds {names}; it must hold exactly one .onnx or .tflite model and "
-                            f"{EVALUATION_FILE} (pack it with edgesdk.ota.pack_measurement)")
+                            f"{EVALUATION_FILE} (pack it with edgesdk.fleet.protocol.pack_measurement)")
     return Path(directory) / models[0], Path(directory) / EVALUATION_FILE
 
 
@@ -539,4 +539,4 @@ def unpack_bundle(archive: str | os.PathLike[str], target: str | os.PathLike[str
                     os.fsync(out.fileno())
     except tarfile.TarError as exc:
         raise BundleError(f"{Path(archive).name} is not a complete uncompressed tar ({exc}); pack it again "
-                          "(edgesdk.ota.pack_bundle / pack_measurement) and resend it") from exc
+                          "(edgesdk.fleet.protocol.pack_bundle / pack_measurement) and resend it") from exc
