@@ -22,14 +22,18 @@ and the agent reports it.
 from __future__ import annotations
 
 import logging
+import tarfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edgesdk.agent.failpoints import failpoint
+from edgesdk.agent.local_chunks import record_layout
 from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
 from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet.protocol import ArchiveInfo, unpack_bundle
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.runtime import Runtime
@@ -65,6 +69,19 @@ class Installer:
     def __init__(self, store: ModelStore, runtime: ManagedRuntime | None = None) -> None:
         self.store = store
         self.runtime = runtime
+
+    def unpack(self, slot: str, archive: Path, info: ArchiveInfo) -> None:
+        """Unpack a downloaded, hash-checked ``archive`` into a new verified slot, and record its chunk layout.
+
+        Raises :class:`EdgeSDKError` when the bundle inside is refused (nothing is left behind). A layout that
+        cannot be recorded is only logged: without it the next version fetches every chunk, but this install
+        does not need it.
+        """
+        self.store.add_slot(slot, lambda tmp: unpack_bundle(archive, tmp))
+        try:
+            record_layout(self.store.root, slot, archive, info)
+        except (OSError, tarfile.TarError) as exc:
+            log.warning("could not record the chunk layout of %s (%s)", slot, exc)
 
     def install(self, slot: str, *, deployment_id: str | None = None, name: str | None = None,
                 version: str | None = None, verify: bool = True, started: float | None = None) -> InstallOutcome:

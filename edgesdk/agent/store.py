@@ -172,6 +172,21 @@ class ModelStore:
         path.parent.mkdir(exist_ok=True)
         _write_json_atomic(path, dict(endpoint))
 
+    def remember(self, deployment_id: str) -> None:
+        """Record a deployment as handled: the replay guard (:mod:`edgesdk.agent.admission`) refuses it again."""
+        state = self.load_state()
+        if deployment_id not in state.seen:
+            state.seen.append(deployment_id)
+            self.save_state(state)
+
+    def current_model(self) -> tuple[str, str] | None:
+        """The name and version of the model ``current`` points at, or None before the first install."""
+        slot = self.pointer("current")
+        if slot is None:
+            return None
+        manifest = read_bundle(self.slots / slot).manifest
+        return manifest.name, manifest.version
+
     # slots -------------------------------------------------------------------------------
     @staticmethod
     def slot_name(name: str, version: str) -> str:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from edgesdk.agent import store as store_module
-from edgesdk.agent.agent import AgentConfig
+from edgesdk.agent.config import AgentConfig
+from edgesdk.agent.storage_guard import Room, StorageGuard
 from edgesdk.agent.store import SLOT_SIDECARS, ModelStore, PendingInstall, StoreState, space_needed
 from edgesdk.errors import StorageError
 from edgesdk.fleet.protocol import ArchiveInfo
@@ -201,8 +202,72 @@ def test_state_json_keeps_the_install_record(store):
     assert json.loads((store.root / "state.json").read_text())["installed"] == names(VERSIONS)
 
 
-# The agent's disk check, on a simulated small disk: free space is a fixed capacity minus what the store holds
+# The storage guard, on a simulated small disk: free space is a fixed capacity minus what the store holds
 # (this host's own free space moves under other writers, so the exact boundary is tested here).
+
+def small_disk(store: ModelStore, capacity: int) -> ModelStore:
+    real = store.disk_usage
+    store.disk_usage = lambda: {"free_bytes": capacity - real()["store_bytes"],  # type: ignore[method-assign]
+                                "store_bytes": real()["store_bytes"]}
+    return store
+
+
+def archive_of(size: int) -> ArchiveInfo:
+    return ArchiveInfo.of(os.urandom(size), chunk_size=4096)
+
+
+def test_an_update_that_fits_exactly_is_taken_without_pruning(store):
+    guard = StorageGuard(small_disk(store, store.disk_usage()["store_bytes"] + 20_000 + 500), min_free_bytes=500)
+    room = guard.make_room(archive_of(10_000), "digits 9.0.0", "t9")
+    assert room.fits and room.pruned == () and room.error is None and room.needed_bytes == 20_000
+    assert present(store) == names(VERSIONS)
+
+
+def test_an_update_that_fits_once_old_slots_go_prunes_down_to_the_protected_ones(store):
+    guard = StorageGuard(small_disk(store, store.disk_usage()["store_bytes"] + 20_000 - 1))
+    room = guard.make_room(archive_of(10_000), "digits 9.0.0", "t9")
+    assert room.fits and room.error is None
+    assert room.pruned == tuple(names(VERSIONS[:5]))
+    assert present(store) == names(["6.0.0", "7.0.0"])
+
+
+def test_the_guard_never_prunes_a_pinned_slot_to_make_room(store):
+    guard = StorageGuard(small_disk(store, store.disk_usage()["store_bytes"] + 20_000 - 1), pinned=("2.0.0",))
+    assert guard.make_room(archive_of(10_000), "digits 9.0.0", "t9").fits
+    assert present(store) == names(["2.0.0", "6.0.0", "7.0.0"])
+
+
+def test_an_update_that_cannot_fit_is_refused_with_the_figures_and_its_partial_files_go(store):
+    (store.incoming / "t9.part").write_bytes(b"x" * 100)
+    (store.incoming / "t9.cmd").write_bytes(b"{}")
+    capacity = store.disk_usage()["store_bytes"] + 200_000
+    guard = StorageGuard(small_disk(store, capacity), min_free_bytes=200_000)
+    room = guard.make_room(archive_of(10_000), "digits 9.0.0", "t9")
+    # Measured after pruning to current and previous, while the 102 bytes of partial files were still there.
+    free = capacity - store.disk_usage()["store_bytes"] - 102
+    assert not room.fits and (room.needed_bytes, room.free_bytes, room.reserved_bytes) == (20_000, free, 200_000)
+    assert isinstance(room.error, StorageError) and str(room.error) == (
+        f"no room for digits 9.0.0: it needs 20000 bytes (archive and unpacked slot), the store's disk has {free} bytes "
+        "free and 200000 of them are reserved (min_free_bytes), after pruning every slot not in use or pinned; free "
+        "space on the device or lower min_free_bytes")
+    assert present(store) == names(["6.0.0", "7.0.0"]) and not list(store.incoming.iterdir())
+
+
+def test_a_command_without_an_archive_always_fits(store):
+    assert StorageGuard(small_disk(store, 0)).make_room(None, "a rollback", "t0") == Room(fits=True)
+
+
+def test_a_prune_that_fails_is_logged_and_leaves_the_slots(store, monkeypatch, caplog):
+    def refuse(*args):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(store, "prune", refuse)
+    assert StorageGuard(store, label="cam0").prune(0) == ()
+    assert "cam0: pruning old slots failed: read-only file system" in caplog.text
+    assert present(store) == names(VERSIONS)
+
+
+# The agent reports the guard's refusal as a FAILED event (never started: events land in agent.events).
 
 @pytest.fixture(scope="module")
 def server_key(tmp_path_factory):
@@ -213,55 +278,29 @@ def server_key(tmp_path_factory):
     return load_private_key(folder / "server.key"), load_public_key(folder / "server.pub")
 
 
-def small_disk_agent(store: ModelStore, server_key, capacity: int, min_free: int = 0):
-    from edgesdk.agent.agent import DeviceAgent
-
-    config = AgentConfig(device_id="cam0", group="cams", broker="mqtt://127.0.0.1:1", store=store.root,
-                         server_key=server_key[1], profile="generic-x86_64", min_free_bytes=min_free)
-    agent = DeviceAgent(config)  # never started: events land in agent.events, nothing is published
-    real = agent.store.disk_usage
-    agent.store.disk_usage = lambda: {"free_bytes": capacity - real()["store_bytes"],  # type: ignore[method-assign]
-                                      "store_bytes": real()["store_bytes"]}
-    return agent
-
-
 def deploy_command(server_key, size: int):
     from edgesdk.fleet.protocol import parse_command, sign_command
 
-    archive = ArchiveInfo.of(os.urandom(size), chunk_size=4096)
     envelope = sign_command(server_key[0], type="deploy", deployment_id="d9", transfer_id="t9", name="digits",
-                            version="9.0.0", group="cams", archive=archive)
+                            version="9.0.0", group="cams", archive=archive_of(size))
     return parse_command(envelope, server_key[1])
 
 
-def test_an_update_that_fits_exactly_is_taken_without_pruning(store, server_key):
-    command = deploy_command(server_key, 10_000)
-    agent = small_disk_agent(store, server_key, capacity=store.disk_usage()["store_bytes"] + 20_000 + 500,
-                             min_free=500)
-    assert agent._fits(command)
-    assert present(store) == names(VERSIONS) and not agent.events
+def test_the_agent_reports_an_update_that_cannot_fit_with_the_figures_and_the_fix(store, server_key):
+    from edgesdk.agent.agent import DeviceAgent
 
-
-def test_an_update_that_fits_once_old_slots_go_prunes_down_to_the_protected_ones(store, server_key):
-    command = deploy_command(server_key, 10_000)
-    agent = small_disk_agent(store, server_key, capacity=store.disk_usage()["store_bytes"] + 20_000 - 1)
-    assert agent._fits(command)
-    assert present(store) == names(["6.0.0", "7.0.0"]) and not agent.events
-
-
-def test_an_update_that_cannot_fit_is_refused_with_the_figures_and_the_fix(store, server_key):
     command = deploy_command(server_key, 10_000)
     store.save_offload_endpoint("digits-9.0.0", {"url": "http://127.0.0.1:1", "model": "digits", "version": "9.0.0"})
+    config = AgentConfig(device_id="cam0", group="cams", broker="mqtt://127.0.0.1:1", store=store.root,
+                         server_key=server_key[1], profile="generic-x86_64", min_free_bytes=200_000)
+    agent = DeviceAgent(config)
     capacity = store.disk_usage()["store_bytes"] + 200_000
-    agent = small_disk_agent(store, server_key, capacity=capacity, min_free=200_000)
+    small_disk(agent.store, capacity)
     assert not agent._fits(command)
     (event,) = agent.events
-    free = capacity - store.disk_usage()["store_bytes"]  # after pruning to current and previous
+    free = capacity - store.disk_usage()["store_bytes"]
     assert event["event"] == "failed" and event["error_type"] == "StorageError"
-    assert event["reason"] == (
-        f"no room for digits 9.0.0: it needs 20000 bytes (archive and unpacked slot), the store's disk has {free} bytes "
-        "free and 200000 of them are reserved (min_free_bytes), after pruning every slot not in use or pinned; free "
-        "space on the device or lower min_free_bytes")
+    assert event["reason"].startswith("no room for digits 9.0.0: it needs 20000 bytes") and "lower min_free_bytes" in \
+        event["reason"]
     assert (event["needed_bytes"], event["free_bytes"], event["reserved_bytes"]) == (20_000, free, 200_000)
-    assert present(store) == names(["6.0.0", "7.0.0"])
-    assert not list(store.incoming.iterdir()) and not (store.root / "offload" / "digits-9.0.0.json").exists()
+    assert not (store.root / "offload" / "digits-9.0.0.json").exists()

@@ -1,0 +1,54 @@
+"""Whether a verified deploy or rollback command may go ahead: the agent's replay and downgrade rules.
+
+A signature says who sent a command, not that it is new. A deployment this device has handled
+before is a replay: it is refused, unless its transfer is still running (the server re-sent it:
+nothing to do) or it is the version this device committed (its first report may have been lost,
+so ``committed`` is reported again). A version at or below the installed one of the same model
+is a downgrade, refused unless the command is a signed rollback. Both refusals are remembered,
+so the same deployment is never weighed twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgesdk.agent.store import ModelStore, StoreState
+from edgesdk.fleet.protocol import Command
+from edgesdk.fleet.records import AgentEvent
+from edgesdk.runtime.bundle import parse_version
+
+__all__ = ["Admission", "admit"]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The verdict on one command."""
+
+    proceed: bool
+    #: What to report when the command does not go ahead (None: nothing to report).
+    event: AgentEvent | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+    #: Record the deployment as handled.
+    remember: bool = False
+
+
+def admit(command: Command, state: StoreState, current: tuple[str, str] | None, current_slot: str | None,
+          in_flight: bool, resume: bool) -> Admission:
+    """The verdict on ``command`` for a store in ``state`` whose ``current`` model (name, version) is in
+    ``current_slot``; ``in_flight``: its transfer is running; ``resume``: a restarted agent takes it up again."""
+    if command.deployment_id in state.seen and not resume:
+        slot = ModelStore.slot_name(command.name, command.version)
+        if in_flight:
+            return Admission(False)
+        if current_slot == slot and state.pending is None and state.committed == slot:
+            return Admission(False, AgentEvent.COMMITTED, {"repeated": True})
+        return Admission(False, AgentEvent.REJECTED,
+                         {"reason": f"replayed command: deployment {command.deployment_id} was already handled"})
+    if (current and current[0] == command.name and not command.rollback
+            and parse_version(current[1]) >= command.version_tuple):
+        return Admission(False, AgentEvent.REJECTED, {
+            "reason": f"refused downgrade: {command.name} {command.version} <= installed {current[1]}; only a signed "
+                      "rollback may go back"}, remember=True)
+    return Admission(True, remember=True)

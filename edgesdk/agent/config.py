@@ -1,0 +1,104 @@
+"""How a device agent is configured: its broker, trust, patience, disk and reporting settings.
+
+:class:`AgentConfig` is validated at construction; :func:`load_credentials` reads the broker
+credentials file ``edgesdk server mosquitto-config`` writes for a device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgesdk.errors import BrokerError, EdgeSDKError, StorageError
+from edgesdk.runtime.profiles import DeviceProfile, load_profile
+
+if TYPE_CHECKING:
+    from edgesdk.agent.managed import ManagedRuntime
+
+__all__ = ["AgentConfig", "load_credentials", "resolve_profile"]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How one device agent connects, what it trusts, and how patiently it fetches."""
+
+    device_id: str
+    group: str
+    broker: str
+    store: Path
+    server_key: Any = None
+    #: Development only: accept unsigned commands when no server key is pinned.
+    allow_unsigned: bool = False
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    #: How many missing chunks one request asks for.
+    request_window: int = 32
+    #: Re-request missing chunks after this long without progress.
+    retry_interval_s: float = 1.0
+    #: How long after a deploy command the agent waits for the group broadcast before asking for chunks itself.
+    broadcast_wait_s: float = 2.0
+    #: The board measure commands run under: a DeviceProfile, a profile name or a YAML path. None: the
+    #: ManagedRuntime's profile when the agent has one, else edgesdk.runtime.detect.detect_device().
+    profile: str | os.PathLike[str] | DeviceProfile | None = None
+    #: Longest a measure command may take here, once for its transfer and once for the measuring.
+    measure_timeout_s: float = 600.0
+    #: How many of its latest protocol events the agent keeps in DeviceAgent.events (the server keeps them all).
+    event_history: int = 256
+    #: How many of the newest installed slots the agent keeps after a commit or rollback, besides the slots in
+    #: use (current, previous, pending) and the pinned ones; older slots are deleted.
+    keep_slots: int = 3
+    #: Slots never deleted: a slot name (``digits-1.2.0``) or a bare version (``1.2.0``, any model name).
+    pinned: tuple[str, ...] = ()
+    #: Bytes of disk the agent leaves free for everything else on the device; an update that would eat into
+    #: them is refused (after pruning old slots) with a StorageError reason.
+    min_free_bytes: int = 0
+    #: Where sysfs is: the board's power sensor is found below it (edgesdk.runtime.energy.find_sensor). Tests feed a
+    #: recorded tree.
+    sysfs_root: str = "/sys"
+    #: Publish the retained state (runtime statistics, energy) this often besides on every change; None: only
+    #: on changes. Every device's state reaches the server, so fleets set it in minutes, not seconds.
+    state_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("keep_slots", "min_free_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StorageError(f"{name}={value!r} is out of range; pass a whole number of 0 or more")
+        if self.state_interval_s is not None and not self.state_interval_s > 0:
+            raise EdgeSDKError(f"state_interval_s={self.state_interval_s!r} must be > 0 seconds, or None")
+        if isinstance(self.pinned, str) or not all(isinstance(p, str) and p for p in self.pinned):
+            raise StorageError(f"pinned={self.pinned!r} is not a list of slot names or versions; pass e.g. "
+                               "('digits-1.2.0', '1.1.0')")
+        object.__setattr__(self, "pinned", tuple(self.pinned))
+
+
+def load_credentials(path: str | os.PathLike[str], device_id: str) -> tuple[str, str]:
+    """The broker username and password in a credentials file of ``edgesdk server mosquitto-config``.
+
+    Raises BrokerError when the file is not such a file or names another device (the broker's ACL
+    would shut this agent out of its own topics).
+    """
+    fix = f"pass --credentials credentials/{device_id}.json from `edgesdk server mosquitto-config`"
+    try:
+        creds = json.loads(Path(path).read_text())
+        username, password = creds["username"], creds["password"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BrokerError(f"{path} is not a credentials file with a username and password ({exc}); {fix}") from exc
+    if creds.get("device_id", device_id) != device_id:
+        raise BrokerError(f"{path} holds the credentials of device {creds['device_id']!r}, not {device_id!r}; {fix}")
+    return str(username), str(password)
+
+
+def resolve_profile(config: AgentConfig, runtime: ManagedRuntime | None = None) -> DeviceProfile:
+    """The board measure commands run under: ``config.profile``, else the ManagedRuntime's, else the detected one."""
+    if config.profile is not None:
+        return load_profile(config.profile)
+    if runtime is not None:
+        return runtime.profile
+    from edgesdk.runtime.detect import detect_device
+
+    return detect_device()

@@ -1,0 +1,35 @@
+"""The retained state a device agent publishes: what it runs, what its store holds, and how its model is doing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from edgesdk.agent.config import AgentConfig
+from edgesdk.agent.energy_account import EnergyAccount, NoEnergy
+from edgesdk.agent.local_chunks import LAYOUTS
+from edgesdk.agent.managed import ManagedRuntime
+from edgesdk.agent.store import ModelStore
+
+__all__ = ["device_state"]
+
+
+def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime | None,
+                 energy: EnergyAccount | NoEnergy) -> dict[str, Any]:
+    """The state document: model and version, slots (and which have a chunk layout), disk and retention, and,
+    with a ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran:
+    local, cloud, refused) and its energy per inference since the last report where the board has a power
+    sensor (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``)."""
+    current = store.current_model()
+    slots = sorted(p.name for p in store.slots.iterdir() if not p.name.startswith("."))
+    state: dict[str, Any] = {
+        "status": "online", "group": config.group, "model": current[0] if current else None,
+        "version": current[1] if current else None, "previous": store.pointer("previous"), "slots": slots,
+        "chunk_slots": [slot for slot in slots if (store.root / LAYOUTS / f"{slot}.json").is_file()],
+        "disk": store.disk_usage(), "keep_slots": config.keep_slots, "pinned": list(config.pinned),
+        "updated": time.time()}
+    if runtime is not None:
+        stats = runtime.stats()
+        state["runtime"] = stats.as_dict()
+        state["energy"] = energy.report(stats.count)
+    return state
