@@ -345,7 +345,8 @@ def _serve_stdin(out: _Out) -> None:
 def _agent_main(args: argparse.Namespace) -> None:
     import logging
 
-    from edgesdk.agent.agent import AgentConfig, DeviceAgent
+    from edgesdk.agent.agent import DeviceAgent
+    from edgesdk.agent.config import AgentConfig
     from edgesdk.fleet.records import AgentEvent
     from edgesdk.runtime.signing import load_public_key
 

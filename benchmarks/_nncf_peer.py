@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.tflite import run_logged  # the onnx2tf tool's runner: log file, process group killed on timeout
+from edgesdk.converters.onnx2tf_tool import run_logged  # the onnx2tf tool's runner: log file, process group killed on timeout
 
 __all__ = ["NNCF_VERSION", "REQUIREMENTS", "NncfEnv", "NncfError", "NncfResult", "nncf_accuracy_control"]
 

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, goal, log  # noqa: E402
 from _fanout_procs import AgentProcesses, raw_verifying_fanout  # noqa: E402
 
-from edgesdk.agent.agent import AgentConfig, DeviceAgent  # noqa: E402
+from edgesdk.agent.agent import DeviceAgent  # noqa: E402
+from edgesdk.agent.config import AgentConfig  # noqa: E402
 from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
 from edgesdk.fleet.protocol import Topics, pack_bundle  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy  # noqa: E402

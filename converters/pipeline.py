@@ -20,21 +20,16 @@ and the report says so.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
-import os
-import secrets
-import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.arguments import OUTPUTS, check_out_dir
+from edgesdk.converters.arguments import check_out_dir
 from edgesdk.converters.board_latency import ConversionCosts, target_point
 from edgesdk.converters.calibrate import batches, calibrate
 from edgesdk.converters.config import QuantizationConfig
@@ -49,8 +44,8 @@ from edgesdk.converters.quiet import held_output, warnings_once
 from edgesdk.converters.report import ConversionReport
 from edgesdk.converters.request import ConversionRequest, Source
 from edgesdk.converters.search import SearchResult
+from edgesdk.converters.staging import moved_paths, staged_output
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
-from edgesdk.files import fsync_dir
 from edgesdk.runtime.bundle import Bundle, BundleSpec, HealthCheck
 from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.runtime.model_file import read_model
@@ -107,62 +102,14 @@ def convert(request: ConversionRequest, progress: Progress | None = None) -> Con
     """
     out = check_out_dir(request.output.out_dir, request.output.force)
     notify = progress if progress is not None else (lambda stage, done, total: None)
-    with warnings_once(), _staged(out) as work:
+    with warnings_once(), staged_output(out) as work:
         if request.source.is_tflite:
             report = _tflite_passthrough(request, work, notify)
         else:
             report = _convert_onnx(request, work, notify)
-    report = _moved(report, work, out)
+    report = moved_paths(report, work, out)
     notify("done", 1, 1)
     return report
-
-
-@contextlib.contextmanager
-def _staged(out: Path) -> Iterator[Path]:
-    """A staging directory beside ``out``; on success its ``variants/`` and ``bundle/`` replace ``out``'s."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.converting-{os.getpid()}-{secrets.token_hex(4)}"
-    staging.mkdir()
-    try:
-        yield staging
-        _publish(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _publish(staging: Path, out: Path) -> None:
-    """Move the finished conversion into ``out``; an older one there (``force``) is removed only afterwards."""
-    if not out.exists():
-        os.replace(staging, out)
-        fsync_dir(out.parent)
-        return
-    replaced = out.parent / f".{out.name}.replaced-{os.getpid()}-{secrets.token_hex(4)}"
-    replaced.mkdir()
-    try:
-        for entry in OUTPUTS:
-            if (out / entry).exists():
-                os.replace(out / entry, replaced / entry)
-            if (staging / entry).exists():
-                os.replace(staging / entry, out / entry)
-        fsync_dir(out)
-    finally:
-        shutil.rmtree(replaced, ignore_errors=True)
-
-
-def _moved(value: Any, old: Path, new: Path) -> Any:
-    """``value`` (a report and what it holds) with paths and messages under ``old`` pointing under ``new``."""
-    if isinstance(value, Path):
-        return new / value.relative_to(old) if value.is_relative_to(old) else value
-    if isinstance(value, str):
-        return value.replace(str(old), str(new))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_moved(v, old, new) for v in value)
-    if isinstance(value, Mapping):
-        return {k: _moved(v, old, new) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: _moved(getattr(value, f.name), old, new) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **changes)
-    return value
 
 
 def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> ConversionReport:
@@ -406,7 +353,8 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
 def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[str, np.ndarray],
                      evaluation: Mapping[str, np.ndarray], measure: Callable[..., Measurement],
                      notify: Progress) -> tuple[str | None, float | None]:
-    from edgesdk.converters.tflite import Onnx2TfTool, convert_to_tflite
+    from edgesdk.converters.onnx2tf_tool import Onnx2TfTool
+    from edgesdk.converters.tflite import convert_to_tflite
 
     sample = {k: v[:32] for k, v in evaluation.items()}
     try:

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk import ManagedRuntime
-from edgesdk.agent.agent import AgentConfig, DeviceAgent
+from edgesdk.agent.agent import DeviceAgent
+from edgesdk.agent.config import AgentConfig
 from edgesdk.ota_server.app import ServerSetup, build_server
 from edgesdk.ota_server.broker import free_port, start_local_broker
 from edgesdk.ota_server.server import ServerConfig

@@ -3,9 +3,9 @@
 Devices announce themselves on their retained state topic; their events move their
 targets (:mod:`edgesdk.ota_server.engine` decides what happens next); chunk requests are
 answered by the chunk service (:mod:`edgesdk.ota_server.chunks`) on the requesting
-device's own topic. The server is the engine's dispatcher: it signs each command,
-publishes it, re-sends it while unacknowledged, and broadcasts a stage's archive once to
-the group. A measurement (:mod:`edgesdk.ota_server.measurements`) sends a candidate model
+device's own topic. The engine's dispatcher (:mod:`edgesdk.ota_server.stage_sender`) signs
+each command, publishes it, re-sends it while unacknowledged, and broadcasts a stage's
+archive once to the group. A measurement (:mod:`edgesdk.ota_server.measurements`) sends a candidate model
 to one device to be measured there and never installed.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.protocol import PREFIX, ArchiveInfo, Topics, check_id, sign_command
-from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.fleet.protocol import PREFIX, Topics, check_id
+from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.engine import RolloutEngine
@@ -32,6 +32,7 @@ from edgesdk.ota_server.ingest import DeviceEvent, Ingest
 from edgesdk.ota_server.measurements import Measurements
 from edgesdk.ota_server.metrics import ServerMetrics
 from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.ota_server.stage_sender import StageSender
 
 __all__ = ["OTAServer", "ServerConfig"]
 
@@ -98,16 +99,16 @@ class OTAServer:
         self._engine_thread: threading.Thread | None = None
         #: Bytes published, for tests and benchmarks.
         self.bytes_published = 0
-        #: Signed commands of the stages this server sent: (rollout, stage, with archive) -> envelope.
-        self._signed: dict[tuple[str, int, bool], bytes] = {}
         #: This server's name among replicas (its MQTT client id and its rollout leases).
         self.name = config.name or f"edgesdk-server-{uuid.uuid4().hex[:8]}"
         check_id(self.name, "server name")
         self.metrics = ServerMetrics(db)
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving)
-        self.engine = RolloutEngine(db, self, resend_s=config.resend_s, holder=self.name, lease_s=config.lease_s)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
         self.ingest = Ingest(db, observe=self.metrics.observe_event)
+        self.sender = StageSender(db, repository, self.chunks, signing_key, self._publish, self.metrics,
+                                  lambda: self.ingest.pending, self._stop, config.offload_url, config.broadcast_wait_s)
+        self.engine = RolloutEngine(db, self.sender, resend_s=config.resend_s, holder=self.name, lease_s=config.lease_s)
 
     @property
     def resent(self) -> dict[tuple[str, str], list[int]]:
@@ -290,116 +291,7 @@ class OTAServer:
         """Status of a measurement; figures and outputs (base64 ``.npy``) once it is done."""
         return self.measurements.status(measurement_id)
 
-    # the engine's dispatcher -----------------------------------------------------------------------
-    def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
-                 archive: ArchiveInfo | None, broadcast: list[int] | None = None) -> bytes:
-        kind = "deploy" if archive is not None else "rollback"
-        return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
-                            version=version, group=r.group, rollback=rollback, archive=archive,
-                            offload_url=self.config.offload_url, broadcast=broadcast if archive is not None else None)
 
-    def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> bytes:
-        """The signed command of a stage: the same bytes for every device (re-signed after a take-over).
-
-        Its broadcast plan is the chunks some of ``device_ids`` lacks, judged by the versions they hold.
-        """
-        key = (r.id, stage, with_archive)
-        envelope = self._signed.get(key)
-        if envelope is None:
-            transfer_id, info, plan = f"{r.id}-w{stage}", None, None
-            if with_archive:
-                info = self.chunks.open(transfer_id, r.model, r.version)
-                plan = self._lacking(info, device_ids)
-                self.chunks.plan(transfer_id, plan)
-            envelope = self._signed[key] = self._command(r, r.rollback, r.id, r.version, transfer_id, info, plan)
-        return envelope
-
-    def _lacking(self, info: ArchiveInfo, device_ids: list[str]) -> list[int]:
-        """Indexes of the chunks of ``info`` that some of ``device_ids`` cannot copy from its own slots (as it reports)."""
-        held: set[str] | None = None
-        sources = self.db.slots(device_ids, column="chunk_slots")
-        for slots in set(sources.get(d, ()) for d in device_ids):  # few distinct slot sets
-            have: set[str] = set()
-            for slot in slots:
-                name, _, version = slot.rpartition("-")
-                table = self.repo.chunk_table(name, version) if name else None
-                have.update(table.chunks if table else ())
-            held = have if held is None else held & have
-            if not held:
-                break
-        return [i for i, digest in enumerate(info.chunks) if digest not in (held or ())]
-
-    def _needs_archive(self, r: RolloutRecord, device_ids: list[str]) -> dict[str, bool]:
-        """Which devices get the archive: all but those a rollback sends back to a slot they hold."""
-        if not r.rollback:
-            return dict.fromkeys(device_ids, True)
-        slot, slots = f"{r.model}-{r.version}", self.db.slots(device_ids)
-        return {d: slot not in slots.get(d, ()) for d in device_ids}
-
-    def send_stage(self, rollout: RolloutRecord, stage: int, targets: list[TargetRecord]) -> None:
-        """Sign and publish the stage's commands; broadcast its archive once the targets accepted (or soon)."""
-        r = rollout
-        needs = self._needs_archive(r, [t.device_id for t in targets])
-        fetching = [device for device, with_archive in needs.items() if with_archive]
-        for device, with_archive in needs.items():
-            self._publish(Topics.cmd(device), self._stage_command(r, stage, with_archive, fetching))
-        self.metrics.command_sent(len(needs))
-        if fetching and self.chunks.planned(f"{r.id}-w{stage}"):
-            threading.Thread(target=self._broadcast, args=(r.id, r.group, stage), daemon=True).start()
-
-    def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
-        """Publish the stage's command again to devices that have not acknowledged it (or whose report was lost);
-        the devices sent to. None while device reports wait to be written: their answers may be among them."""
-        if self.ingest.pending > _RESEND_BACKLOG:
-            return []
-        needs = self._needs_archive(rollout, device_ids)
-        fetching = [device for device, with_archive in needs.items() if with_archive]
-        for device, with_archive in needs.items():
-            self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive, fetching))
-        self.metrics.command_resent(len(device_ids))
-        return device_ids
-
-    def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
-        """Send a signed rollback to the target's previous version (with its archive when the device lacks it)."""
-        r, previous = rollout, target.previous_version
-        assert previous is not None
-        info = None
-        if f"{r.model}-{previous}" not in self.db.slots([target.device_id]).get(target.device_id, ()):
-            info = self.chunks.open(f"{r.id}-rb", r.model, previous)  # the device pulls the old version's chunks
-        # Nothing is broadcast for a revert: the device asks at once for what it does not hold.
-        envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info, broadcast=[])
-        self._publish(Topics.cmd(target.device_id), envelope)
-        self.metrics.command_sent(1)
-
-    def finish(self, rollout_id: str) -> None:
-        """Release the rollout's archives and signed commands."""
-        self.chunks.close_all(f"{rollout_id}-")
-        for key in [k for k in self._signed if k[0] == rollout_id]:
-            del self._signed[key]
-
-    def _broadcast(self, rollout_id: str, group: str, stage: int) -> None:
-        """Publish the stage's archive to the group once every target accepted, or after ``broadcast_wait_s``, and
-        again every ``broadcast_wait_s`` while devices go on accepting (a big stage's devices accept over many
-        seconds: each broadcast reaches the ones subscribed by then, the later ones wait for the next rather than
-        ask one by one)."""
-        transfer_id, started = f"{rollout_id}-w{stage}", time.monotonic()
-        accepted_before, last = -1, started
-        while not self._stop.wait(0.05) and self.chunks.is_open(transfer_id):
-            counts = self.db.target_counts(rollout_id)
-            waiting = counts.get((stage, TargetStatus.SENT), 0) + counts.get((stage, TargetStatus.PENDING), 0)
-            accepted = sum(n for (s, status), n in counts.items() if s == stage and status not in
-                           (TargetStatus.SENT, TargetStatus.PENDING))
-            now = time.monotonic()
-            if accepted != accepted_before and (not waiting or now - last >= self.config.broadcast_wait_s):
-                self.chunks.broadcast(group, transfer_id)
-                accepted_before, last = accepted, now
-            if (not waiting and accepted == accepted_before) or now - started >= _MAX_BROADCAST_WAIT_S:
-                return
-
-#: How long a stage's archive is broadcast again while devices keep accepting.
-_MAX_BROADCAST_WAIT_S = 120.0
-#: Device reports queued for writing above which re-sends wait (the reports may be the answers).
-_RESEND_BACKLOG = 100
 #: Topic prefix of the chunks sent to a whole group (the others go to one device).
 _GROUPS = f"{PREFIX}/groups/"
 #: A rollout stage's transfer id: ``<rollout id>-w<stage>``.

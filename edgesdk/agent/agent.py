@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edgesdk.agent.admission import admit
-from edgesdk.agent.config import AgentConfig, load_credentials, resolve_profile
+from edgesdk.agent.config import AgentConfig, resolve_profile
 from edgesdk.agent.downloads import Downloads
 from edgesdk.agent.energy_account import runtime_energy
 from edgesdk.agent.events import EventLog
@@ -44,7 +44,7 @@ from edgesdk.fleet.records import AgentEvent
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.runtime.measure_worker import EnergyRequest
 
-__all__ = ["DeviceAgent", "AgentConfig", "load_credentials"]
+__all__ = ["DeviceAgent"]
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
           ca_file: str | None, profile: str | None, keep_slots: int, pins: tuple[str, ...], min_free: int,
           state_every: float | None, sysfs_root: str, allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
-    from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
+    from edgesdk.agent.agent import DeviceAgent
+    from edgesdk.agent.config import AgentConfig, load_credentials
     from edgesdk.agent.managed import ManagedRuntime
     from edgesdk.errors import SignatureError
     from edgesdk.logs import configure

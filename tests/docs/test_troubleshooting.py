@@ -11,7 +11,7 @@ import pytest
 
 import edgesdk.errors as errors
 from edgesdk import Runtime
-from edgesdk.agent.agent import load_credentials
+from edgesdk.agent.config import load_credentials
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
 from edgesdk.runtime.bundle import BundleSpec, read_bundle

@@ -238,7 +238,8 @@ def test_tflite_rewrite_of_hardswish_and_hardsigmoid_keeps_the_floats():
 @pytest.mark.tflite
 def test_full_int8_tflite_has_only_ops_xnnpack_runs_in_int8(mobile_block, samples, tmp_path):
     """No HARD_SWISH (XNNPACK: float only) or RELU_0_TO_1 (XNNPACK: none): each cut the int8 graph apart."""
-    from edgesdk.converters.tflite import Onnx2TfTool, convert_to_tflite
+    from edgesdk.converters.onnx2tf_tool import Onnx2TfTool
+    from edgesdk.converters.tflite import convert_to_tflite
 
     result = convert_to_tflite(mobile_block, tmp_path / "tflite", calibration={"x": samples["x"][:16]},
                                eval_inputs={"x": samples["x"][16:]}, tool=Onnx2TfTool().ensure())

@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgesdk import Runtime
-from edgesdk.converters.tflite import ONNX2TF_VERSION, Onnx2TfTool, TFLiteInput, convert_to_tflite
+from edgesdk.converters.onnx2tf_tool import ONNX2TF_VERSION, Onnx2TfTool
+from edgesdk.converters.tflite import TFLiteInput, convert_to_tflite
 from edgesdk.errors import ConversionError, UnsupportedOpError
 
 pytestmark = pytest.mark.tflite

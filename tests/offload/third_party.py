@@ -3,7 +3,7 @@
 **Why a virtualenv of its own.** ``pip install kserve`` beside edgesdk's dev pins installs, but
 it downgrades protobuf (7.x -> 6.x, which onnx uses) and psutil (7.x -> 5.9) and pulls in the
 Kubernetes client, pandas, grpcio and FastAPI: far too much to ask of every developer for one
-test. So, like the onnx2tf tool environment of :mod:`edgesdk.converters.tflite`,
+test. So, like the onnx2tf tool environment of :mod:`edgesdk.converters.onnx2tf_tool`,
 :meth:`KServeEnv.ensure` creates a virtualenv under ``~/.cache/edgesdk/kserve-venv`` on first
 use (``$EDGESDK_KSERVE_VENV`` overrides the place) and pip-installs the pinned ``kserve`` with
 the same onnxruntime and numpy versions as this environment, so the server computes the same

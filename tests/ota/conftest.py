@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.agent.agent import AgentConfig, DeviceAgent
+from edgesdk.agent.agent import DeviceAgent
+from edgesdk.agent.config import AgentConfig
 from edgesdk.ota_server.app import RunningServer, ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
 from edgesdk.ota_server.broker import free_port

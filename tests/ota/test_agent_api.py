@@ -16,7 +16,7 @@ def test_the_public_names_import_from_edgesdk_agent():
     from edgesdk.agent import AgentConfig, DeviceAgent, ManagedRuntime, load_credentials
     from edgesdk.agent.agent import DeviceAgent as deep
 
-    assert DeviceAgent is deep and AgentConfig.__module__ == "edgesdk.agent.agent"
+    assert DeviceAgent is deep and AgentConfig.__module__ == "edgesdk.agent.config"
     assert callable(load_credentials) and ManagedRuntime.__module__ == "edgesdk.agent.managed"
     assert all(getattr(edgesdk.agent, name) is not None for name in edgesdk.agent.__all__)
     assert sorted(dir(edgesdk.agent)) == sorted(edgesdk.agent.__all__)

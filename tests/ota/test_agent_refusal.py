@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.agent.agent import AgentConfig, DeviceAgent, load_credentials
+from edgesdk.agent.agent import DeviceAgent
+from edgesdk.agent.config import AgentConfig, load_credentials
 from edgesdk.errors import BrokerError
 from edgesdk.fleet.protocol import Topics, pack_bundle
 from edgesdk.fleet.records import RolloutPolicy

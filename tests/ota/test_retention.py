@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,7 +99,7 @@ def test_an_update_that_does_not_fit_is_refused_and_the_old_model_keeps_running(
     # delete files meanwhile, so a reserve at the exact boundary would be flaky; tests/unit/test_retention.py
     # checks the boundary itself on a simulated disk.)
     free = shutil.disk_usage(agent.store.root).free
-    agent.config = replace(agent.config, min_free_bytes=free + 2**30)  # as if the agent had started with it
+    agent.guard.min_free_bytes = free + 2**30  # as if the agent had started with it
     _state_with_slots(broker.url, "cam0", ["digits-1.0.0"])  # the first install is fully reported
 
     result = _rollout(server, "2.0.0")
