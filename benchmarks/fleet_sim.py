@@ -49,7 +49,8 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError, RolloutTimeoutError, SignatureError, TransferError
 from edgesdk.fleet.chunk_codec import decode_chunk
-from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, encode_result, parse_command
+from edgesdk.fleet.measurement import encode_result
+from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, parse_command
 from edgesdk.fleet.records import AgentEvent
 
 __all__ = ["SimulatedFleet", "FleetReport", "ProcessReport", "SimulationError", "device_role"]

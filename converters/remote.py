@@ -1,7 +1,7 @@
 """Measuring a model variant on a real board of the fleet, through the OTA server.
 
 :func:`measure_on_device` packs the model and the evaluation inputs
-(:func:`edgesdk.fleet.protocol.pack_measurement`), asks the server's admin API to have one device
+(:func:`edgesdk.fleet.measurement.pack_measurement`), asks the server's admin API to have one device
 measure them (the signed OTA ``measure`` command: the device fetches the archive into a
 scratch directory, measures it in a child process under its own profile, and never
 installs it), and polls until the figures and outputs come back.
@@ -23,7 +23,7 @@ import numpy as np
 
 from edgesdk.errors import BundleError, ConversionError, EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.admin_client import AdminClient
-from edgesdk.fleet.protocol import decode_array, pack_measurement
+from edgesdk.fleet.measurement import decode_array, pack_measurement
 
 __all__ = ["RemoteMeasurement", "measure_on_device", "board_measure"]
 

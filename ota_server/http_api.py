@@ -16,7 +16,7 @@ rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before th
     POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
     GET  /api/devices?group=G                  devices and their state
     POST /api/measurements?device=D&mode=M&runs=N[&timeout=S]
-                                               body: measurement tar (edgesdk.fleet.protocol.pack_measurement) -> {"id"}
+                                               body: measurement tar (edgesdk.fleet.measurement.pack_measurement) -> {"id"}
     GET  /api/measurements/{id}                status; figures and outputs (base64 .npy) once done
     GET  /metrics                              Prometheus text (edgesdk.ota_server.metrics); 404 if not enabled
 """

@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, NotFoundError, TransferError
+from edgesdk.fleet.measurement import MAX_RESULT_BYTES, parse_result
 from edgesdk.fleet.protocol import (
     MAX_ARCHIVE_BYTES,
-    MAX_RESULT_BYTES,
     ArchiveInfo,
     Topics,
     archive_info,
     check_id,
     check_measure,
-    parse_result,
     sign_measure_command,
 )
 from edgesdk.ota_server.fleet import FleetDB
@@ -89,7 +88,7 @@ class Measurements:
         self._lock = threading.Lock()
 
     def request(self, device_id: str, archive: bytes, mode: str, runs: int, timeout_s: float | None = None) -> str:
-        """Send ``archive`` (see :func:`edgesdk.fleet.protocol.pack_measurement`) to one online device; its id."""
+        """Send ``archive`` (see :func:`edgesdk.fleet.measurement.pack_measurement`) to one online device; its id."""
         check_id(device_id, "device id")
         check_measure(mode, runs)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
@@ -97,7 +96,7 @@ class Measurements:
             raise TransferError(f"measurement timeout {timeout_s!r} s must be positive")
         if not 0 < len(archive) <= MAX_ARCHIVE_BYTES:
             raise TransferError(f"measurement archive of {len(archive)} bytes must be 1..{MAX_ARCHIVE_BYTES} bytes; "
-                                "pack it with edgesdk.fleet.protocol.pack_measurement")
+                                "pack it with edgesdk.fleet.measurement.pack_measurement")
         device = self._db.device(device_id)
         if device is None:
             raise TransferError(f"no device {device_id!r} has reported to this server; check the id with "

@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgesdk.fleet.protocol import MAX_RESULT_BYTES, PREFIX, check_id
+from edgesdk.fleet.measurement import MAX_RESULT_BYTES
+from edgesdk.fleet.protocol import PREFIX, check_id
 
 __all__ = ["MAX_PACKET_BYTES", "MosquittoConfig", "write_mosquitto_config", "password_hash"]
 

@@ -282,7 +282,7 @@ class OTAServer:
                             timeout_s: float | None = None) -> str:
         """Have one online device measure the model in ``archive`` (never installing it); the measurement id.
 
-        ``archive`` comes from :func:`edgesdk.fleet.protocol.pack_measurement`; ``timeout_s`` defaults
+        ``archive`` comes from :func:`edgesdk.fleet.measurement.pack_measurement`; ``timeout_s`` defaults
         to the config's ``measure_timeout_s``. An unknown or offline device raises TransferError.
         """
         return self.measurements.request(device_id, archive, mode, runs, timeout_s)

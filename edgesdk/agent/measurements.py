@@ -24,7 +24,8 @@ from edgesdk.agent.downloads import Downloads
 from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.errors import EdgeSDKError, TransferError
-from edgesdk.fleet.protocol import MeasureCommand, encode_result, measurement_files, unpack_bundle
+from edgesdk.fleet.measurement import encode_result, measurement_files
+from edgesdk.fleet.protocol import MeasureCommand, unpack_bundle
 from edgesdk.runtime.measure_worker import EnergyRequest, measure_model
 from edgesdk.runtime.profiles import DeviceProfile
 

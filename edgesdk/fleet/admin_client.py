@@ -130,7 +130,7 @@ class AdminClient:
 
     def request_measurement(self, device: str, archive: bytes, mode: str, runs: int,
                             timeout_s: float | None = None) -> str:
-        """Have ``device`` measure the model in ``archive`` (:func:`edgesdk.fleet.protocol.pack_measurement`); its id."""
+        """Have ``device`` measure the model in ``archive`` (:func:`edgesdk.fleet.measurement.pack_measurement`); its id."""
         query = urllib.parse.urlencode({"device": device, "mode": mode, "runs": runs,
                                         **({"timeout": timeout_s} if timeout_s is not None else {})})
         return self._call("POST", f"/api/measurements?{query}", archive, "application/x-tar")["id"]

@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import cli
-from edgesdk.fleet.protocol import MAX_RESULT_BYTES, Topics
+from edgesdk.fleet.measurement import MAX_RESULT_BYTES
+from edgesdk.fleet.protocol import Topics
 from edgesdk.ota_server.broker import free_port, mosquitto_binary
 from edgesdk.ota_server.mosquitto import MAX_PACKET_BYTES, write_mosquitto_config
 from tests.ota.conftest import wait_for

@@ -12,16 +12,12 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import BundleError, DataError, SignatureError, TransferError
+from edgesdk.fleet.measurement import decode_array, encode_result, measurement_files, pack_measurement, parse_result
 from edgesdk.fleet.protocol import (
     ArchiveInfo,
     MeasureCommand,
-    decode_array,
-    encode_result,
-    measurement_files,
     pack_bundle,
-    pack_measurement,
     parse_command,
-    parse_result,
     sign_command,
     sign_measure_command,
     unpack_bundle,

@@ -21,15 +21,8 @@ from edgesdk.agent.local_chunks import LocalChunks
 from edgesdk.agent.measurements import MeasurementService
 from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.store import ModelStore, StoreState
-from edgesdk.fleet.protocol import (
-    ArchiveInfo,
-    Command,
-    MeasureCommand,
-    pack_measurement,
-    parse_command,
-    sign_command,
-    sign_measure_command,
-)
+from edgesdk.fleet.measurement import pack_measurement
+from edgesdk.fleet.protocol import ArchiveInfo, Command, MeasureCommand, parse_command, sign_command, sign_measure_command
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.runtime.profiles import load_profile
 from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key

@@ -1,0 +1,135 @@
+"""The measurement messages: the archive a measure command carries and the results a device sends back.
+
+A measure command (:func:`edgesdk.fleet.protocol.sign_measure_command`) carries an archive
+(:func:`pack_measurement`): an uncompressed tar of exactly one model file (``*.onnx`` or
+``*.tflite``) and ``evaluation.npz`` (input name -> batch-first array). The device checks it
+(:func:`measurement_files`), measures in a child process, and answers on ``P/devices/D/measurements``::
+
+    {"measurement_id", "status": "accepted"}                       the command verified
+    {"measurement_id", "status": "failed", "error", "error_type"}   anything went wrong
+    {"measurement_id", "status": "done", "figures": {latency_p50_ms, latency_p90_ms,
+     latency_p95_ms, latency_p99_ms, load_ms, rss_before_mb, peak_rss_mb, threads, backend,
+     accelerator, sha256, size_bytes, profile, mode, runs}, "outputs": {name: b64(.npy bytes)}}
+
+``error_type`` names the edgesdk error class (``TransferError`` when the archive did not
+arrive intact, ``BackendError`` when the model did not run, ...). A result message is at
+most :data:`MAX_RESULT_BYTES`; the device refuses to send a larger one (it reports
+``failed`` instead) and the server refuses to read one.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from edgesdk.errors import DataError, TransferError
+from edgesdk.fleet.protocol import check_id
+from edgesdk.runtime.bundle import safe_name
+
+__all__ = ["pack_measurement", "measurement_files", "encode_result", "parse_result", "encode_array", "decode_array",
+           "MAX_RESULT_BYTES", "EVALUATION_FILE"]
+
+#: Largest measurement result message (JSON, outputs included) either side accepts.
+MAX_RESULT_BYTES = 32 * 1024**2
+#: Name of the evaluation inputs inside a measurement archive.
+EVALUATION_FILE = "evaluation.npz"
+_MODEL_SUFFIXES = (".onnx", ".tflite")
+
+
+def _add_member(tar: tarfile.TarFile, name: str, size: int, data: BinaryIO) -> None:
+    """A regular file without owner or time, so equal content packs to equal bytes."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, 0o644
+    tar.addfile(info, data)
+
+
+def pack_measurement(model: str | os.PathLike[str], evaluation: Mapping[str, np.ndarray]) -> bytes:
+    """The archive of a measure command: ``model`` (.onnx/.tflite) and ``evaluation.npz`` as a tar."""
+    model = Path(model)
+    if model.suffix not in _MODEL_SUFFIXES or not model.is_file():
+        raise TransferError(f"{model}: a measurement needs an existing .onnx or .tflite model file")
+    lengths = {name: len(array) for name, array in evaluation.items() if np.ndim(array) > 0}
+    if not evaluation or len(lengths) != len(evaluation) or 0 in lengths.values() or len(set(lengths.values())) != 1:
+        raise DataError(f"evaluation data {lengths or dict(evaluation)} must map each input name to a non-empty, "
+                        "batch-first array, all with the same number of samples")
+    npz = io.BytesIO()
+    np.savez(npz, **{name: np.asarray(array) for name, array in evaluation.items()})  # type: ignore[arg-type]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        with open(model, "rb") as f:
+            _add_member(tar, safe_name(model.name, "model file"), model.stat().st_size, f)
+        _add_member(tar, EVALUATION_FILE, npz.tell(), io.BytesIO(npz.getvalue()))
+    return buffer.getvalue()
+
+
+def measurement_files(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The model file and evaluation file of an unpacked measurement archive, checked to be exactly those."""
+    names = sorted(p.name for p in Path(directory).iterdir())
+    models = [n for n in names if Path(n).suffix in _MODEL_SUFFIXES]
+    if len(models) != 1 or sorted([*models, EVALUATION_FILE]) != names:
+        raise TransferError(f"measurement archive holds {names}; it must hold exactly one .onnx or .tflite model and "
+                            f"{EVALUATION_FILE} (pack it with edgesdk.fleet.measurement.pack_measurement)")
+    return Path(directory) / models[0], Path(directory) / EVALUATION_FILE
+
+
+def encode_array(array: np.ndarray) -> str:
+    """An array as base64 of its ``.npy`` bytes (dtype and shape kept, no pickle)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(array), allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def decode_array(text: str) -> np.ndarray:
+    """The inverse of :func:`encode_array`; malformed input raises TransferError."""
+    try:
+        return np.load(io.BytesIO(base64.b64decode(text, validate=True)), allow_pickle=False)
+    except (ValueError, TypeError, OSError) as exc:
+        raise TransferError(f"a measured output is not base64 .npy data ({exc}); the device sent a corrupt result") \
+            from exc
+
+
+def encode_result(measurement_id: str, status: str, *, error: Exception | None = None,
+                  figures: Mapping[str, Any] | None = None, outputs: Mapping[str, np.ndarray] | None = None,
+                  max_size: int = MAX_RESULT_BYTES) -> bytes:
+    """A measurement message for ``P/devices/D/measurements``; over ``max_size`` bytes raises TransferError."""
+    message: dict[str, Any] = {"measurement_id": measurement_id, "status": status}
+    if error is not None:
+        message["error"], message["error_type"] = str(error), type(error).__name__
+    if figures is not None:
+        message["figures"] = dict(figures)
+    if outputs is not None:
+        message["outputs"] = {name: encode_array(array) for name, array in outputs.items()}
+    payload = json.dumps(message).encode()
+    if len(payload) > max_size:
+        raise TransferError(f"measurement result of {len(payload)} bytes is over the {max_size}-byte cap; measure "
+                            "with fewer evaluation samples")
+    return payload
+
+
+def parse_result(payload: bytes, max_size: int = MAX_RESULT_BYTES) -> dict[str, Any]:
+    """Check a measurement message (size first, then fields) and return it as a dict."""
+    if len(payload) > max_size:
+        raise TransferError(f"measurement result of {len(payload)} bytes is over the {max_size}-byte cap; ignored")
+    try:
+        message = json.loads(payload)
+        check_id(message["measurement_id"], "measurement id")
+        status = message["status"]
+        if status not in ("accepted", "done", "failed"):
+            raise TransferError(f"measurement status {status!r} is not accepted, done or failed")
+        if status == "failed":
+            message["error"], message["error_type"] = str(message["error"]), str(message.get("error_type", ""))
+        if status == "done":
+            if not isinstance(message["figures"], dict) or not isinstance(message["outputs"], dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in message["outputs"].items()):
+                raise TransferError("a done measurement needs a figures object and string outputs")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TransferError(f"measurement result is malformed: {exc}") from exc
+    return dict(message)
