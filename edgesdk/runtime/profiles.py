@@ -23,6 +23,7 @@ from typing import Any
 
 from edgesdk.errors import ProfileError
 from edgesdk.runtime.board_power import SENSOR_KINDS, SENSOR_SCOPES, BoardPower, PowerSensorSpec
+from edgesdk.runtime.yaml_fields import Fields
 
 __all__ = [
     "RuntimeMode",
@@ -245,61 +246,7 @@ class DeviceProfile:
 # --------------------------------------------------------------------------- YAML reading
 
 
-class _Fields:
-    """Reads one YAML mapping, naming the file and field path in every error."""
-
-    def __init__(self, data: Any, where: str, origin: str) -> None:
-        self.where, self.origin = where, origin
-        if not isinstance(data, Mapping):
-            self.fail(f"must be a mapping, got {type(data).__name__}")
-        self.data = data
-        self.seen: set[str] = set()
-
-    def fail(self, message: str) -> None:
-        raise ProfileError(f"{self.origin}: {self.where or 'top level'}: {message}")
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., ) -> Any:
-        self.seen.add(key)
-        if key not in self.data:
-            if default is ...:
-                raise ProfileError(f"{self.origin}: missing field {self.path(key)!r}")
-            return default
-        value = self.data[key]
-        # bool is an int subclass; a YAML `yes` must not pass as a number.
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            value_ok = False
-        else:
-            value_ok = isinstance(value, kind)
-        if not value_ok:
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise ProfileError(
-                f"{self.origin}: field {self.path(key)!r} must be {names}, got {type(value).__name__} {value!r}"
-            )
-        return value
-
-    def sub(self, key: str, data: Any) -> _Fields:
-        return _Fields(data, self.path(key), self.origin)
-
-    def strings(self, key: str, default: Any = ...) -> tuple[str, ...]:
-        items = self.get(key, list, default=[] if default is not ... else ...)
-        for i, item in enumerate(items):
-            if not isinstance(item, (str, int)) or isinstance(item, bool):
-                self.fail(f"{self.path(key)}[{i}] must be a string, got {type(item).__name__}")
-        return tuple(str(item) for item in items)
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.seen)
-        if unknown:
-            raise ProfileError(
-                f"{self.origin}: unknown field(s) {[self.path(k) for k in unknown]}; "
-                f"allowed here: {sorted(self.seen)}"
-            )
-
-
-def _cluster(f: _Fields) -> CoreCluster:
+def _cluster(f: Fields) -> CoreCluster:
     cores = f.get("cores", list)
     if not all(isinstance(c, int) and not isinstance(c, bool) for c in cores):
         f.fail(f"cores must be a list of integer core ids, got {cores!r}")
@@ -317,7 +264,7 @@ def _cluster(f: _Fields) -> CoreCluster:
     return cluster
 
 
-def _watts_map(f: _Fields, key: str) -> dict[str, float]:
+def _watts_map(f: Fields, key: str) -> dict[str, float]:
     values = f.get(key, dict)
     for k, v in values.items():
         if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -325,7 +272,7 @@ def _watts_map(f: _Fields, key: str) -> dict[str, float]:
     return {str(k): float(v) for k, v in values.items()}
 
 
-def _power_mode(f: _Fields) -> PowerMode:
+def _power_mode(f: Fields) -> PowerMode:
     if "watts" in f.data:
         f.fail("'watts' was replaced by idle_watts (the board idle in this mode) and active_watts ({cluster: watts "
                "above idle with all its cores busy}); see device_profiles/raspberry-pi-5.yaml")
@@ -351,12 +298,12 @@ def _power_mode(f: _Fields) -> PowerMode:
     return mode
 
 
-def _optional_float(f: _Fields, key: str) -> float | None:
+def _optional_float(f: Fields, key: str) -> float | None:
     value = f.get(key, (int, float, type(None)), default=None)
     return None if value is None else float(value)
 
 
-def _board_power(f: _Fields) -> BoardPower:
+def _board_power(f: Fields) -> BoardPower:
     sensor = None
     raw = f.get("sensor", (dict, type(None)), default=None)
     if raw is not None:
@@ -373,7 +320,7 @@ def _board_power(f: _Fields) -> BoardPower:
     return power
 
 
-def _accelerator(f: _Fields) -> Accelerator:
+def _accelerator(f: Fields) -> Accelerator:
     kind = f.get("kind", str)
     try:
         parsed_kind = AcceleratorKind(kind)
@@ -391,7 +338,7 @@ def _accelerator(f: _Fields) -> Accelerator:
 
 def profile_from_dict(data: Any, origin: str = "<memory>") -> DeviceProfile:
     """Build and validate a :class:`DeviceProfile` from parsed YAML."""
-    top = _Fields(data, "", origin)
+    top = Fields(data, "", origin)
     cpu = top.sub("cpu", top.get("cpu", dict))
     clusters = tuple(_cluster(cpu.sub(f"clusters[{i}]", c)) for i, c in enumerate(cpu.get("clusters", list)))
     cpu.done()
