@@ -1,0 +1,488 @@
+"""The worker side of the simulated fleet (:mod:`benchmarks.fleet_sim`): one process's devices on one event loop.
+
+Each device speaks the real OTA protocol over its own MQTT connection (see the module doc of
+:mod:`benchmarks.fleet_sim` for what it shows the server). A worker reads its config as the
+first JSON line on stdin, then requests (``snapshot``, ``report``, ``stop``) one per line, and
+answers on stdout; it ends by itself when stdin closes or after ``max_runtime_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import resource
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
+from edgesdk.fleet.chunk_codec import decode_chunk
+from edgesdk.fleet.measurement import encode_result
+from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, parse_command
+from edgesdk.fleet.records import AgentEvent
+from edgesdk.runtime.bundle import parse_version
+
+__all__ = ["COUNTERS", "SimulationError", "device_role", "worker_main"]
+
+#: The per-device counters every worker keeps (summed over the fleet in FleetReport).
+COUNTERS = ("commands", "duplicate_commands", "rejected", "accepted", "downloaded", "committed", "repeated_commits",
+            "failed", "rolled_back", "chunk_bytes", "chunk_data_bytes", "chunks_rejected", "need_requests",
+            "measure_commands", "reconnects")
+
+
+class SimulationError(EdgeSDKError):
+    """The simulated fleet was set up wrong, or its workers could not start or answer."""
+
+
+def device_role(device_id: str, fail_share: float, silent_share: float) -> str:
+    """``"silent"``, ``"fail"`` or ``"ok"``, from a hash of the id: the same device plays the same part every run."""
+    fraction = int.from_bytes(hashlib.sha256(device_id.encode()).digest()[:8], "big") / 2**64
+    if fraction < silent_share:
+        return "silent"
+    if fraction < silent_share + fail_share:
+        return "fail"
+    return "ok"
+
+
+class _Transfer:
+    """One archive arriving in memory: chunks by index, checked against the signed hashes."""
+
+    __slots__ = ("command", "chunks", "started", "last_progress", "rejected")
+
+    def __init__(self, command: Command, now: float) -> None:
+        self.command = command
+        self.chunks: dict[int, bytes] = {}
+        self.started = self.last_progress = now
+        self.rejected = 0
+
+    def missing(self, exclude: frozenset[int] = frozenset()) -> list[int]:
+        assert self.command.archive is not None
+        return [i for i in range(len(self.command.archive.chunks)) if i not in self.chunks and i not in exclude]
+
+    @property
+    def complete(self) -> bool:
+        assert self.command.archive is not None
+        return len(self.chunks) == len(self.command.archive.chunks)
+
+
+class _Device:
+    """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
+
+    __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
+                 "installs", "transfers", "client", "state_topic", "events_topic", "cmd_topic")
+
+    def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
+        self.sim, self.id, self.role = sim, device_id, role
+        self.model: str | None = sim.model
+        self.version: str | None = sim.version
+        slot = f"{sim.model}-{sim.version}"
+        self.previous: str | None = None
+        self.slots = {slot}
+        #: Slots whose archive chunks this device holds (fetched in this run; the first slot's are not).
+        self.chunk_slots: set[str] = set()
+        self.committed: str | None = slot
+        self.seen: set[str] = set()
+        self.installs: Counter[str] = Counter()
+        self.transfers: dict[str, _Transfer] = {}
+        self.client: Any = None
+        self.state_topic, self.events_topic, self.cmd_topic = (Topics.state(device_id), Topics.events(device_id),
+                                                               Topics.cmd(device_id))
+
+    # connection ----------------------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Connect, subscribe and publish the retained state; returns once the broker acknowledged all of it."""
+        from benchmarks._mqtt_lite import LiteClient
+
+        sim = self.sim
+        will = (self.state_topic, json.dumps({"status": "offline", "group": sim.group}).encode())
+        client: LiteClient = LiteClient(f"edgesdk-agent-{self.id}", self.on_message, keepalive=sim.keepalive, will=will,
+                            counters=sim.counters, on_lost=lambda: self.on_lost(client))
+        try:
+            await client.connect(sim.host, sim.port, timeout=sim.connect_timeout)
+            filters = [(self.cmd_topic, 1), (Topics.device_chunks(self.id, "+") + "/+", 1)]
+            filters += [(Topics.group_chunks(t.command.group, tid) + "/+", 1) for tid, t in self.transfers.items()]
+            subscribed = client.subscribe(filters)
+            published = client.publish(self.state_topic, json.dumps(self.state()).encode(), qos=1, retain=True)
+            assert published is not None
+            codes = await asyncio.wait_for(subscribed, sim.connect_timeout)
+            if any(code == 0x80 for code in codes):
+                raise SimulationError(f"the broker refused the subscriptions of {self.id}; check its ACL")
+            await asyncio.wait_for(published, sim.connect_timeout)
+        except BaseException:
+            client.abort()
+            raise
+        # Only now: a connection lost while connecting is retried by connect_with_retry, not by on_lost.
+        self.client = client
+
+    def on_lost(self, client: Any) -> None:
+        """The broker went away: connect again with backoff, as paho does for the real agent."""
+        if client is not self.client:
+            return
+        self.client = None
+        if not self.sim.stopping:
+            self.sim.count("reconnects")
+            asyncio.get_running_loop().create_task(self.sim.connect_with_retry(self, first=False))
+
+    def publish(self, topic: str, payload: dict[str, Any], retain: bool = False) -> Any:
+        if self.client is None or not self.client.connected:
+            return None  # lost with the connection, as paho drops what it could not send (max_queued 0)
+        return self.client.publish(topic, json.dumps(payload).encode(), qos=1, retain=retain)
+
+    def state(self) -> dict[str, Any]:
+        return {"status": "online", "group": self.sim.group, "model": self.model, "version": self.version,
+                "previous": self.previous, "slots": sorted(self.slots),
+                "chunk_slots": sorted(self.chunk_slots), "updated": time.time()}
+
+    def publish_state(self) -> Any:
+        return self.publish(self.state_topic, self.state(), retain=True)
+
+    def event(self, command: Command | None, event: AgentEvent, **details: Any) -> None:
+        payload: dict[str, Any] = {"event": event.value, "time": time.time(), **details}
+        if command is not None:
+            payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
+        if event in (AgentEvent.REJECTED, AgentEvent.ACCEPTED, AgentEvent.DOWNLOADED, AgentEvent.COMMITTED,
+                     AgentEvent.FAILED, AgentEvent.ROLLED_BACK):
+            self.sim.count(event.value)
+        self.publish(self.events_topic, payload)
+
+    # messages ------------------------------------------------------------------------------------
+    def on_message(self, topic: str, payload: bytes) -> None:
+        """A command or a chunk from the broker."""
+        if topic == self.cmd_topic:
+            self.sim.count("commands")
+            if self.role != "silent":
+                self.on_command(payload)
+        elif self.role != "silent":
+            self.on_chunk(topic, payload)
+
+    def on_command(self, envelope: bytes) -> None:
+        """The agent's ``_handle_command``: verify, refuse replays and downgrades, then fetch or install."""
+        sim = self.sim
+        try:
+            command = parse_command(envelope, sim.server_key)
+        except (SignatureError, TransferError) as exc:
+            self.event(None, AgentEvent.REJECTED, reason=str(exc))
+            return
+        if isinstance(command, MeasureCommand):  # no runtime here: say so, as a device whose measuring failed
+            sim.count("measure_commands")
+            self.publish(Topics.measurements(self.id), json.loads(encode_result(
+                command.measurement_id, "failed", error=TransferError("a simulated device has no runtime to measure "
+                                                                      "with; measure on a real agent"))))
+            return
+        slot = f"{command.name}-{command.version}"
+        if command.deployment_id in self.seen:
+            sim.count("duplicate_commands")
+            if command.transfer_id in self.transfers:
+                return  # re-sent while the transfer runs: nothing to do
+            if self.committed == slot and self.current_slot() == slot:
+                sim.count("repeated_commits")
+                self.event(command, AgentEvent.COMMITTED, repeated=True)
+                return
+            self.event(command, AgentEvent.REJECTED,
+                       reason=f"replayed command: deployment {command.deployment_id} was already handled")
+            return
+        if (self.model == command.name and self.version is not None and not command.rollback
+                and parse_version(self.version) >= command.version_tuple):
+            self.event(command, AgentEvent.REJECTED, reason=f"refused downgrade: {command.name} {command.version} <= "
+                                                            f"installed {self.version}; only a signed rollback may go back")
+            self.seen.add(command.deployment_id)
+            return
+        self.seen.add(command.deployment_id)
+        if command.type == "rollback" or slot in self.slots:
+            if slot not in self.slots:
+                self.event(command, AgentEvent.FAILED, reason=f"rollback target {slot} is not in this device's store")
+                return
+            self.install(command, slot, downloaded=False)
+            return
+        assert command.archive is not None
+        chunks = len(command.archive.chunks)
+        if not sim.fetch:
+            self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, missing=chunks)
+            self.event(command, AgentEvent.DOWNLOADED, bytes=command.archive.size, rejected_chunks=0)
+            self.slots.add(slot)
+            self.install(command, slot, downloaded=True, rejected_chunks=0)
+            return
+        transfer = self.transfers[command.transfer_id] = _Transfer(command, time.monotonic())
+        local = sim.fill(self, transfer)
+        if transfer.complete:
+            self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, local_chunks=local, missing=0)
+            self.complete(transfer)
+            return
+        sim.active.add(self)
+        if self.client is not None and self.client.connected:  # SUBSCRIBE goes out before the event, as paho's
+            self.client.subscribe([(Topics.group_chunks(command.group, command.transfer_id) + "/+", 1)])
+        self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, local_chunks=local,
+                   missing=len(transfer.missing()))
+        if command.broadcast is not None:  # what the broadcast will not bring: ask at once, as the agent does
+            sim.request(self, transfer, exclude=command.broadcast)
+
+    def current_slot(self) -> str | None:
+        return f"{self.model}-{self.version}" if self.model and self.version else None
+
+    def on_chunk(self, topic: str, payload: bytes) -> None:
+        """A chunk of a running transfer: kept if its hash matches the signed one; the archive checked when complete."""
+        sim = self.sim
+        sim.count("chunk_bytes", len(payload))
+        parts = topic.split("/")
+        transfer = self.transfers.get(parts[-2])
+        if transfer is None or not parts[-1].isdigit():
+            return
+        archive = transfer.command.archive
+        assert archive is not None
+        index = int(parts[-1])
+        if index in transfer.chunks:
+            return
+        try:
+            data = decode_chunk(archive, index, payload) if 0 <= index < len(archive.chunks) else b""
+        except TransferError:
+            data = b""
+        if not data or hashlib.sha256(data).hexdigest() != archive.chunks[index]:
+            transfer.rejected += 1
+            sim.count("chunks_rejected")
+            return
+        sim.count("chunk_data_bytes", len(data))
+        transfer.chunks[index] = data
+        transfer.last_progress = time.monotonic()
+        if transfer.complete:
+            self.complete(transfer)
+
+    def complete(self, transfer: _Transfer) -> None:
+        """The agent's ``_complete``: check the whole archive, report downloaded, install."""
+        command, archive = transfer.command, transfer.command.archive
+        assert archive is not None
+        digest = hashlib.sha256(b"".join(transfer.chunks[i] for i in range(len(archive.chunks)))).hexdigest()
+        if digest != archive.sha256:
+            transfer.chunks.clear()
+            self.event(command, AgentEvent.PROGRESS, reason=f"archive of transfer {command.transfer_id} hashes to "
+                                                            f"{digest[:16]}…, the signed manifest says "
+                                                            f"{archive.sha256[:16]}…; fetching it again")
+            self.sim.request(self, transfer)
+            return
+        del self.transfers[command.transfer_id]
+        if not self.transfers:
+            self.sim.active.discard(self)
+        if self.client is not None and self.client.connected:
+            self.client.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
+        self.event(command, AgentEvent.DOWNLOADED, bytes=archive.size, rejected_chunks=transfer.rejected)
+        self.slots.add(f"{command.name}-{command.version}")
+        self.sim.keep(self, f"{command.name}-{command.version}", transfer)
+        self.install(command, f"{command.name}-{command.version}", downloaded=True, rejected_chunks=transfer.rejected)
+
+    def install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
+        """The installer's switch and health check, without a runtime; a ``fail`` device fails every non-rollback."""
+        started = time.perf_counter()
+        self.installs[command.deployment_id] += 1
+        old = self.current_slot()
+        if self.role == "fail" and not command.rollback:
+            self.previous = old
+            self.event(command, AgentEvent.ROLLED_BACK, reason="HealthCheckError: simulated health check failure "
+                                                               "(this device is in the fleet's fail_share)",
+                       restored=old)
+        else:
+            if old and old != slot:
+                self.previous = old
+            self.model, self.version, self.committed = command.name, command.version, slot
+            self.event(command, AgentEvent.COMMITTED, apply_ms=(time.perf_counter() - started) * 1e3,
+                       health={"max_abs_error": 0.0, "latency_ms": 0.0}, downloaded=downloaded,
+                       **(details if downloaded else {}))
+        self.publish_state()
+
+
+
+
+class _Worker:
+    """The devices of one worker process, their counters, and the control channel to the parent."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from benchmarks._mqtt_lite import LiteCounters
+        from edgesdk.runtime.signing import load_public_key
+
+        self.config = config
+        self.host, self.port = config["host"], int(config["port"])
+        self.group, self.model, self.version = config["group"], config["model"], config["version"]
+        self.fetch = bool(config["fetch"])
+        self.keepalive = int(config["keepalive"])
+        self.connect_timeout = float(config["connect_timeout"])
+        self.broadcast_wait_s, self.retry_interval_s = float(config["broadcast_wait_s"]), float(config["retry_interval_s"])
+        self.request_window = int(config["request_window"])
+        self.server_key = load_public_key(config["server_key"])
+        self.counters = LiteCounters()
+        #: Chunks held by this worker's devices, by hash, and the chunk hashes of each slot they came in.
+        self.chunk_store: dict[str, bytes] = {}
+        self.slot_chunks: dict[str, tuple[str, ...]] = {}
+        self.counts: Counter[str] = Counter()
+        self.stopping = False
+        self.active: set[_Device] = set()
+        self.devices = [_Device(self, device_id, device_role(device_id, config["fail_share"], config["silent_share"]))
+                        for device_id in config["ids"]]
+        self.connect_s = 0.0
+        self._connects = asyncio.Semaphore(int(config["connect_concurrency"]))
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
+
+    # connecting ------------------------------------------------------------------------------------
+    async def connect_with_retry(self, device: _Device, first: bool = True) -> None:
+        """Connect one device, retrying with backoff (a full listen backlog refuses or resets) until the deadline."""
+        deadline = time.monotonic() + float(self.config["start_timeout"])
+        delay = 0.05 if first else 1.0
+        while not self.stopping:
+            async with self._connects:
+                try:
+                    await device.connect()
+                    return
+                except (OSError, EdgeSDKError, asyncio.TimeoutError) as exc:
+                    if isinstance(exc, SimulationError) or time.monotonic() + delay > deadline:
+                        raise
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+
+    async def connect_all(self) -> None:
+        """Connect every device, paced at ``connect_rate`` per second when set."""
+        started = time.monotonic()
+        rate = self.config["connect_rate"]
+        tasks = []
+        for i, device in enumerate(self.devices):
+            tasks.append(asyncio.ensure_future(self.connect_with_retry(device)))
+            if rate and i % 10 == 9:
+                await asyncio.sleep(10 / rate)
+        await asyncio.gather(*tasks)
+        self.connect_s = time.monotonic() - started
+
+    # chunk requests -----------------------------------------------------------------------------------
+    def fill(self, device: _Device, transfer: _Transfer) -> int:
+        """The agent's local reuse: copy in the chunks of the slots this device holds chunks of (hashed again)."""
+        archive = transfer.command.archive
+        assert archive is not None
+        held = {digest for slot in device.chunk_slots for digest in self.slot_chunks.get(slot, ())}
+        for index, digest in enumerate(archive.chunks):
+            if digest in held and digest in self.chunk_store:
+                data = self.chunk_store[digest]
+                if hashlib.sha256(data).hexdigest() == digest:
+                    transfer.chunks[index] = data
+        return len(transfer.chunks)
+
+    def keep(self, device: _Device, slot: str, transfer: _Transfer) -> None:
+        """Hold a fetched archive's chunks for later reuse (once per worker: its devices hold the same bytes)."""
+        archive = transfer.command.archive
+        assert archive is not None
+        if slot not in self.slot_chunks:
+            self.slot_chunks[slot] = archive.chunks
+            for index, digest in enumerate(archive.chunks):
+                self.chunk_store.setdefault(digest, transfer.chunks[index])
+        device.chunk_slots.add(slot)
+
+    def request(self, device: _Device, transfer: _Transfer, exclude: frozenset[int] = frozenset()) -> None:
+        missing = transfer.missing(exclude)[: self.request_window]
+        if missing:
+            self.count("need_requests")
+            device.publish(Topics.need(device.id), {"transfer_id": transfer.command.transfer_id, "chunks": missing})
+            transfer.last_progress = time.monotonic()
+
+    def request_missing(self) -> None:
+        """The agent's ``_request_missing``: ask for what the broadcast did not bring, on a timer."""
+        now = time.monotonic()
+        for device in list(self.active):
+            for transfer in list(device.transfers.values()):
+                if now - transfer.last_progress < self.retry_interval_s:
+                    continue
+                if now - transfer.started >= self.broadcast_wait_s:
+                    self.request(device, transfer)
+                elif transfer.command.broadcast is not None:
+                    self.request(device, transfer, exclude=transfer.command.broadcast)
+        if not self.stopping:
+            asyncio.get_running_loop().call_later(self.retry_interval_s / 2, self.request_missing)
+
+    # control channel --------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        versions = Counter(d.version or "" for d in self.devices)
+        c = self.counters
+        return {"versions": dict(versions), "counts": {**self.counts, "messages_in": c.messages_in,
+                                                        "messages_out": c.messages_out}}
+
+    def report(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        installs: Counter[str] = Counter()
+        for device in self.devices:
+            installs.update(device.installs)
+        c = self.counters
+        return {**self.snapshot(), "installs": dict(installs), "pid": os.getpid(), "devices": len(self.devices),
+                "updated_twice": sum(1 for d in self.devices if any(n > 1 for n in d.installs.values())),
+                "messages_in": c.messages_in, "messages_out": c.messages_out, "bytes_in": c.bytes_in,
+                "bytes_out": c.bytes_out, "connect_s": self.connect_s, "cpu_s": usage.ru_utime + usage.ru_stime,
+                "rss_mb": usage.ru_maxrss / 1024}
+
+    async def disconnect_all(self) -> None:
+        """Publish each device offline (retained) and disconnect, as the agent's stop() does."""
+        self.stopping = True
+        acks = [d.publish(d.state_topic, {"status": "offline", "group": self.group}, retain=True) for d in self.devices]
+        pending = [a for a in acks if a is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for device in self.devices:
+            if device.client is not None:
+                await device.client.disconnect()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        loop.call_later(float(self.config["max_runtime_s"]), self._expire)
+        try:
+            await self.connect_all()
+        except Exception as exc:  # the parent shows this with the worker's stderr
+            _send({"type": "error", "error": f"{type(exc).__name__}: {exc}"})
+            return
+        self.request_missing()
+        _send({"type": "started", "connect_s": self.connect_s})
+        while True:
+            line = await reader.readline()
+            if not line:  # the parent is gone: drop the sockets (the broker publishes the wills) and leave
+                self.stopping = True
+                for device in self.devices:
+                    if device.client is not None:
+                        device.client.abort()
+                return
+            request = json.loads(line)
+            if request["cmd"] == "snapshot":
+                _send({"type": "snapshot", **self.snapshot()})
+            elif request["cmd"] == "stop":
+                await self.disconnect_all()
+                _send({"type": "report", **self.report()})
+                return
+
+    def _expire(self) -> None:
+        print(f"fleet_sim worker {os.getpid()}: max_runtime_s {self.config['max_runtime_s']} s passed; exiting",
+              file=sys.stderr, flush=True)
+        os._exit(3)
+
+
+def _send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def worker_main() -> None:
+    """Entry of a worker process: read its config (the first line on stdin), run its devices until the parent
+    says stop or goes away."""
+    _raise_fd_limit()
+    line = b""
+    while not line.endswith(b"\n"):  # os.read, not sys.stdin: nothing may sit in a buffer the event loop won't see
+        block = os.read(0, 1 << 16)
+        if not block:
+            return
+        line += block
+    config = json.loads(line)
+    asyncio.run(_Worker(config).run())
+
+
