@@ -37,7 +37,7 @@ from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.measurements import MeasurementService
 from edgesdk.agent.state_report import device_state
 from edgesdk.agent.storage_guard import StorageGuard
-from edgesdk.agent.store import ModelStore
+from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, parse_command
 from edgesdk.fleet.records import AgentEvent
@@ -79,7 +79,6 @@ class DeviceAgent:
         self.event_log = EventLog(me, config.event_history, lambda payload: self._publish(Topics.events(me), payload))
         #: The latest protocol events as published (oldest first), ``config.event_history`` at most.
         self.events = self.event_log.events
-        self._event = self.event_log.record
         #: Payload bytes this agent received as chunks and published (state, events, requests).
         self.bytes_received = 0
         self.bytes_published = 0
@@ -147,10 +146,13 @@ class DeviceAgent:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
         return device_state(self.config, self.store, self.runtime, self.energy)
 
+    def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
+        """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""
+        self.event_log.record(about, event, **details)
+
     def _publish_state(self) -> None:
-        if self.transport is None:
-            return
-        self._publish(Topics.state(self.config.device_id), json.dumps(self.state()).encode(), retain=True)
+        if self.transport is not None:
+            self._publish(Topics.state(self.config.device_id), json.dumps(self.state()).encode(), retain=True)
 
     # network callbacks (paho's thread) -------------------------------------------------------
     def _on_refused(self, error: BrokerError) -> None:

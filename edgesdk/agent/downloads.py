@@ -70,6 +70,7 @@ class Downloads:
             self.request(transfer, exclude=broadcast_plan(transfer.command))
 
     def get(self, transfer_id: str) -> IncomingTransfer | None:
+        """The transfer tracked under ``transfer_id``, or None."""
         with self._lock:
             return self._transfers.get(transfer_id)
 

@@ -55,6 +55,7 @@ class MeasurementService:
 
     @property
     def scratch(self) -> Path:
+        """Where measurement archives are fetched and unpacked: the store's ``scratch/``, never a slot."""
         return self.guard.store.scratch
 
     def accept(self, command: MeasureCommand) -> None:

@@ -26,12 +26,16 @@ class Fields:
         self.seen: set[str] = set()
 
     def fail(self, message: str) -> None:
+        """Raise a ProfileError naming the file and this mapping's path."""
         raise ProfileError(f"{self.origin}: {self.where or 'top level'}: {message}")
 
     def path(self, key: str) -> str:
+        """The field path of ``key`` in this mapping (``clusters[1].max_mhz``)."""
         return f"{self.where}.{key}" if self.where else key
 
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., ) -> Any:
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        """Field ``key`` checked to be of ``kind`` (a bool is never a number); ``default`` when it is absent, else
+        a ProfileError."""
         self.seen.add(key)
         if key not in self.data:
             if default is ...:
@@ -51,9 +55,11 @@ class Fields:
         return value
 
     def sub(self, key: str, data: Any) -> Fields:
+        """A reader of the mapping ``data`` found at ``key``."""
         return Fields(data, self.path(key), self.origin)
 
     def strings(self, key: str, default: Any = ...) -> tuple[str, ...]:
+        """Field ``key`` as a list of strings (numbers are taken as their text)."""
         items = self.get(key, list, default=[] if default is not ... else ...)
         for i, item in enumerate(items):
             if not isinstance(item, (str, int)) or isinstance(item, bool):
@@ -61,6 +67,7 @@ class Fields:
         return tuple(str(item) for item in items)
 
     def done(self) -> None:
+        """Refuse the keys of this mapping that were never read, listing the allowed ones."""
         unknown = sorted(set(self.data) - self.seen)
         if unknown:
             raise ProfileError(
