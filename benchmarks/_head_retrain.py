@@ -209,8 +209,8 @@ def head_retrain_pair(workdir: Path, quick: bool = False) -> tuple[Path, Path, d
     started = time.perf_counter()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    train, held_out = (400, 100) if quick else (1500, 300)
-    epochs_a, epochs_b = (15, 15) if quick else (10, 20)
+    train, held_out = (240, 60) if quick else (1500, 300)
+    epochs_a, epochs_b = (30, 15) if quick else (10, 20)
     stages: dict[str, float] = {}
     clock = time.process_time()
 

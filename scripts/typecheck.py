@@ -21,6 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = ROOT / "build" / "typecheck"
+#: mypy's incremental cache, kept outside TREE (which is rebuilt on every run) so a second run is warm. Its paths
+#: are relative to TREE, so a copy of the checkout (tests/unit/test_typecheck.py) can start from a copy of it.
+CACHE = ROOT / "build" / "mypy-cache"
 #: Source folder -> where it lives inside the installed edgesdk package (as in pyproject.toml's package-dir).
 MAPPED = {"converters": "converters", "ota_server": "ota_server", "device_profiles": "device_profiles"}
 
@@ -49,7 +52,8 @@ def source_path(line: str) -> str:
 def main(files: list[str]) -> int:
     link_tree()
     targets = [str(Path(f).resolve()) for f in files] or ["-p", "edgesdk"]
-    command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *targets]
+    command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(CACHE),
+               *targets]
     result = subprocess.run(command, cwd=TREE, env={**os.environ, "MYPYPATH": str(TREE)}, capture_output=True,
                             text=True)
     for line in (result.stdout + result.stderr).splitlines():

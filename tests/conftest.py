@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgesdk.runtime.profiles import DeviceProfile, profile_from_dict
+from tests.shared_cache import shared_dir
 
 # Conversions cost their variants on the board's emulated cores when the emulator is set up (it is, in CI).
 # Tests of other behaviour scale this host's timings instead, which keeps them fast; the emulated
@@ -25,38 +27,47 @@ def digits():
 
 
 @pytest.fixture(scope="session")
-def digits_mlp(digits):
-    from edgesdk.testing import train_digits_mlp
+def models(tmp_path_factory) -> Path:
+    """The session's small models, trained and written once per run (a file-locked cache every worker reads):
+    the digits MLP (ONNX, TFLite and its weights) and an untrained wide MLP."""
+    from edgesdk.testing import load_digits_data, random_mlp, train_digits_mlp, write_mlp_onnx, write_mlp_tflite
 
-    return train_digits_mlp(digits)
+    def build(folder: Path) -> None:
+        for name, weights in (("digits", train_digits_mlp(load_digits_data())), ("wide", random_mlp([256, 1024, 1024, 10]))):
+            write_mlp_onnx(weights, folder / f"{name}.onnx")
+            write_mlp_tflite(weights, folder / f"{name}.tflite")
+            np.savez(folder / f"{name}.npz", *(array for layer in weights.layers for array in layer))
 
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("models")
-
-
-@pytest.fixture(scope="session")
-def digits_onnx(digits_mlp, model_dir) -> Path:
-    from edgesdk.testing import write_mlp_onnx
-
-    return write_mlp_onnx(digits_mlp, model_dir / "digits.onnx")
+    return shared_dir(tmp_path_factory, "models", build)
 
 
-@pytest.fixture(scope="session")
-def digits_tflite(digits_mlp, model_dir) -> Path:
-    from edgesdk.testing import write_mlp_tflite
+def _weights(path: Path):
+    from edgesdk.testing import MLPWeights
 
-    return write_mlp_tflite(digits_mlp, model_dir / "digits.tflite")
+    with np.load(path) as data:
+        arrays = [data[f"arr_{i}"] for i in range(len(data.files))]
+    return MLPWeights(tuple(zip(arrays[0::2], arrays[1::2])))
 
 
 @pytest.fixture(scope="session")
-def wide_mlp(model_dir):
+def digits_mlp(models):
+    return _weights(models / "digits.npz")
+
+
+@pytest.fixture(scope="session")
+def digits_onnx(models) -> Path:
+    return models / "digits.onnx"
+
+
+@pytest.fixture(scope="session")
+def digits_tflite(models) -> Path:
+    return models / "digits.tflite"
+
+
+@pytest.fixture(scope="session")
+def wide_mlp(models):
     """An untrained wide MLP: enough work per call for worker threads to matter."""
-    from edgesdk.testing import random_mlp, write_mlp_onnx, write_mlp_tflite
-
-    weights = random_mlp([256, 1024, 1024, 10])
-    return weights, write_mlp_onnx(weights, model_dir / "wide.onnx"), write_mlp_tflite(weights, model_dir / "wide.tflite")
+    return _weights(models / "wide.npz"), models / "wide.onnx", models / "wide.tflite"
 
 
 def host_profile_dict(little: list[int], big: list[int]) -> dict:

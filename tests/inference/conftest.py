@@ -15,6 +15,7 @@ from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.runtime.bundle import BundleSpec
 from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.testing import random_mlp, write_mlp_onnx
+from tests.shared_cache import shared_dir
 
 WIDTH_IN, WIDTH_OUT = 16, 4
 
@@ -32,10 +33,13 @@ def make_bundle(out: Path, name: str, version: str, seed: int, batch: int | None
 @pytest.fixture(scope="session")
 def bundles(tmp_path_factory) -> dict[str, Path]:
     """Bundles by key: mlp 1.0.0 and 2.0.0 (dynamic batch, different weights), fixed (batch fixed at 1)."""
-    folder = tmp_path_factory.mktemp("inference-bundles")
-    return {"mlp-1": make_bundle(folder / "mlp-1", "mlp", "1.0.0", seed=1),
-            "mlp-2": make_bundle(folder / "mlp-2", "mlp", "2.0.0", seed=2),
-            "fixed": make_bundle(folder / "fixed", "fixed", "1.0.0", seed=3, batch=1)}
+    def build(folder: Path) -> None:
+        make_bundle(folder / "mlp-1", "mlp", "1.0.0", seed=1)
+        make_bundle(folder / "mlp-2", "mlp", "2.0.0", seed=2)
+        make_bundle(folder / "fixed", "fixed", "1.0.0", seed=3, batch=1)
+
+    folder = shared_dir(tmp_path_factory, "inference-bundles", build)  # built once per run, read-only for tests
+    return {key: folder / key for key in ("mlp-1", "mlp-2", "fixed")}
 
 
 @pytest.fixture

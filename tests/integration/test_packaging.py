@@ -5,21 +5,20 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.wheelhouse import device_venv as wheelhouse_venv
+from tests.wheelhouse import project_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def wheel_path(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)], check=True)
-    (path,) = out.glob("edgesdk-*.whl")
-    return path
+    return project_wheel(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +27,9 @@ def wheel(wheel_path) -> zipfile.ZipFile:
 
 
 @pytest.fixture(scope="module")
-def device_venv(wheel_path, tmp_path_factory) -> Path:
-    """A fresh venv with the wheel's base install only, offline from a wheel cache filled once per session here."""
-    cache = tmp_path_factory.mktemp("wheels")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(cache), str(wheel_path)], check=True,
-                   timeout=600)
-    venv = tmp_path_factory.mktemp("device") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(cache),
-                    str(wheel_path)], check=True, timeout=600)
-    return venv
+def device_venv(tmp_path_factory) -> Path:
+    """A fresh venv with the wheel's base install only, offline from the run's wheelhouse (tests/wheelhouse.py)."""
+    return wheelhouse_venv(tmp_path_factory)
 
 
 def test_folders_land_inside_the_edgesdk_namespace(wheel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from edgesdk.runtime.bundle import BundleSpec, HealthCheck
 from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.testing import mlp_forward, random_mlp, write_mlp_onnx
 from tests.offload.fake_v2 import FakeV2Server
+from tests.shared_cache import shared_dir
 
 
 class FakeClock:
@@ -81,14 +83,16 @@ class GatedModel:
 @pytest.fixture(scope="session")
 def two(tmp_path_factory):
     """Two bundles of the same shape with different weights, and their weights."""
-    folder = tmp_path_factory.mktemp("managed-offload")
-    made = []
-    for version, seed in (("1.0.0", 1), ("2.0.0", 2)):
-        weights = random_mlp([64, 32, 10], seed=seed)
-        model = write_mlp_onnx(weights, folder / f"m{seed}.onnx")
-        spec = BundleSpec("mlp", version, "onnx-fp32", "generic-x86_64", "latency",
-                          health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))
-        x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
-        bundle_from_model(folder / version, model, spec, {"input": x})
-        made.append((folder / version, model, weights))
-    return made
+    versions = (("1.0.0", 1), ("2.0.0", 2))
+
+    def build(folder: Path) -> None:
+        for version, seed in versions:
+            model = write_mlp_onnx(random_mlp([64, 32, 10], seed=seed), folder / f"m{seed}.onnx")
+            spec = BundleSpec("mlp", version, "onnx-fp32", "generic-x86_64", "latency",
+                              health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))
+            x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
+            bundle_from_model(folder / version, model, spec, {"input": x})
+
+    folder = shared_dir(tmp_path_factory, "managed-offload", build)  # built once per run; the weights are seeded
+    return [(folder / version, folder / f"m{seed}.onnx", random_mlp([64, 32, 10], seed=seed))
+            for version, seed in versions]

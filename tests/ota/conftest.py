@@ -21,6 +21,7 @@ from edgesdk.runtime.bundling import bundle_from_model, sample_model
 from edgesdk.runtime.model_file import read_model
 from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
+from tests.shared_cache import shared_dir
 
 
 @pytest.fixture
@@ -30,11 +31,15 @@ def broker(tmp_path) -> Iterator[Mosquitto]:
     b.stop()
 
 
-@pytest.fixture(scope="session")
-def keys(tmp_path_factory) -> dict:
-    folder = tmp_path_factory.mktemp("keys")
+def _make_keys(folder: Path) -> None:
     generate_keypair(folder, "server")
     generate_keypair(folder, "converter")
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory) -> dict:
+    """The server's and the converter's key pairs, made once per run (every worker signs and verifies with them)."""
+    folder = shared_dir(tmp_path_factory, "ota-keys", _make_keys)
     return {"server": load_private_key(folder / "server.key"), "server_pub": load_public_key(folder / "server.pub"),
             "converter": load_private_key(folder / "converter.key"),
             "converter_pub": load_public_key(folder / "converter.pub"), "dir": folder}
@@ -61,10 +66,14 @@ def make_bundle(out: Path, version: str, keys: dict, seed: int = 0, wrong_health
 
 @pytest.fixture(scope="session")
 def bundles(tmp_path_factory, keys) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("bundles")
-    return {"1.0.0": make_bundle(folder / "v1", "1.0.0", keys, seed=1),
-            "2.0.0": make_bundle(folder / "v2", "2.0.0", keys, seed=2),
-            "3.0.0-bad": make_bundle(folder / "v3", "3.0.0", keys, seed=3, wrong_health_output=True)}
+    """Signed bundles 1.0.0, 2.0.0 and a 3.0.0 whose health check fails, made once per run (read-only for tests)."""
+    def build(folder: Path) -> None:
+        make_bundle(folder / "v1", "1.0.0", keys, seed=1)
+        make_bundle(folder / "v2", "2.0.0", keys, seed=2)
+        make_bundle(folder / "v3", "3.0.0", keys, seed=3, wrong_health_output=True)
+
+    folder = shared_dir(tmp_path_factory, "ota-bundles", build)
+    return {"1.0.0": folder / "v1", "2.0.0": folder / "v2", "3.0.0-bad": folder / "v3"}
 
 
 _SETUP_FIELDS = {f.name for f in fields(ServerSetup)} - {"server", "http"}
