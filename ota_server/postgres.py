@@ -11,6 +11,13 @@ and on a unix socket inside the work directory, on a free port::
 PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` system user
 the Debian package creates. It needs psycopg 3 (the ``[server]`` extra) to wait for readiness
 and to create databases.
+
+To try replicas without a database server of your own (docs/deploy.md)::
+
+    python -m edgesdk.ota_server.postgres pg --port 5432 --database fleet &
+
+prints ``ready: postgresql://postgres@127.0.0.1:5432/fleet`` and serves until it is stopped
+(SIGTERM or Ctrl-C). It is a throwaway: trust authentication on loopback, no tuning.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 from edgesdk.errors import EdgeSDKError
 from edgesdk.ota_server.broker import free_port
 
-__all__ = ["LocalPostgres", "postgres_bindir", "INSTALL_HINT"]
+__all__ = ["LocalPostgres", "postgres_bindir", "INSTALL_HINT", "main"]
 
 #: How to get the binaries on Debian/Ubuntu (scripts/setup.sh does it as root).
 INSTALL_HINT = "apt-get install -y postgresql"
@@ -260,3 +267,40 @@ def _tail(log: Path, size: int = 600) -> str:
         return log.read_text(errors="replace")[-size:].strip() or "(empty log)"
     except OSError:
         return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m edgesdk.ota_server.postgres DIR [--port P] [--database NAME]``: a throwaway PostgreSQL in DIR."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m edgesdk.ota_server.postgres",
+                                     description="A throwaway PostgreSQL on 127.0.0.1 for trying edgesdk replicas.")
+    parser.add_argument("dir", help="where its cluster lives (created)")
+    parser.add_argument("--port", type=int, default=5432)
+    parser.add_argument("--database", default="fleet", help="a database to create, empty")
+    args = parser.parse_args(argv)
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server = LocalPostgres(args.dir, port=args.port)
+    except EdgeSDKError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    try:
+        url = server.create_database(args.database)
+        print(f"ready: {url}", flush=True)
+        while not stopping and server.process is not None and server.process.poll() is None:
+            time.sleep(0.2)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -3,14 +3,23 @@
 The session keeps what a terminal keeps between blocks: the working directory and the
 exported environment (``cd`` and ``export``/``source`` in one block hold for the next), and
 background commands (``... &``) keep running until the session closes. The commands run as
-written, with three exceptions, all about this machine rather than the commands:
+written, with these exceptions, all about this machine rather than the commands:
 
-- ports 1883 and 8080 become free loopback ports (tests never take fixed ports);
-- ``/var/lib/edgesdk`` becomes a folder of the session's own ``HOME``, which is a temp dir;
+- ports 1883, 5432, 8080 and 8081 become free loopback ports (tests never take fixed ports);
+- the system paths a page installs into (``/etc/edgesdk``, ``/etc/systemd/system``,
+  ``/opt/edgesdk``, ``/var/lib/edgesdk``) move under ``$EDGESDK_DOC_ROOT``, a folder of the
+  session's own ``HOME`` (a temp dir), so a page may show a device's install as root without
+  touching this machine;
+- ``systemctl`` and ``journalctl`` are stand-ins (``tests/docs/bin/``): no systemd runs here.
+  They run a unit as systemd would start it, under that root (see their docstrings);
 - after a background command the runner waits, as a reader would, until it is ready:
   ``mosquitto`` until its port answers, ``edgesdk server`` until it prints its admin API
-  address, ``edgesdk agent`` until it prints that it is connected. A background command
-  that exits before it is ready fails the block with its log.
+  address, ``edgesdk agent`` until it prints that it is connected, the throwaway
+  PostgreSQL until it prints ``ready``. A background command that exits before it is ready
+  fails the block with its log.
+
+A page may also get environment of its own (``env``): docs/deploy.md installs ``edgesdk``
+with pip from this checkout's wheel, not from the package index.
 """
 
 from __future__ import annotations
@@ -25,9 +34,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgesdk.ota_server.broker import free_port
 from tests.docs.markdown import RUNNABLE, Block, commands
 
 __all__ = ["DocSession", "BlockResult"]
+
+#: The stand-ins for systemctl and journalctl, first on the session's PATH.
+_STAND_INS = Path(__file__).resolve().parent / "bin"
+#: System paths a page may install into; they move under the session's root.
+_SYSTEM_PATHS = re.compile(r"(?<![\w/.~-])/(?:etc/edgesdk|etc/systemd/system|opt/edgesdk|var/lib/edgesdk)\b")
 
 _PRELUDE = r"""
 set -eo pipefail
@@ -75,12 +90,18 @@ class DocSession:
     def __post_init__(self) -> None:
         self.state = self.home / ".doc-session"
         self.state.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, **self.env, "HOME": str(self.home)}
+        self.root = self.home / "root"
+        for folder in ("etc/systemd/system", "opt", "var/lib"):  # what every systemd machine has
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
+        self.ports = {1883: self.broker_port, 8080: self.http_port, 8081: free_port(), 5432: free_port()}
+        path = f"{_STAND_INS}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
+        self.env = {**os.environ, **self.env, "HOME": str(self.home), "PATH": path,
+                    "EDGESDK_DOC_ROOT": str(self.root)}
 
     def substitute(self, code: str) -> str:
-        code = re.sub(r"\b1883\b", str(self.broker_port), code)
-        code = re.sub(r"\b8080\b", str(self.http_port), code)
-        return code.replace("/var/lib/edgesdk", str(self.home / "var-lib-edgesdk"))
+        for port, free in self.ports.items():
+            code = re.sub(rf"\b{port}\b", str(free), code)
+        return _SYSTEM_PATHS.sub(lambda m: str(self.root) + m.group(0), code)
 
     def _background(self, command: str) -> str:
         """``cmd &`` -> run it with its output in a log, then wait until it is ready."""
@@ -94,6 +115,8 @@ class DocSession:
             return started + f"__wait_line 'admin API' $__pid {shlex.quote(str(log))}\n"
         if words[:2] == ["edgesdk", "agent"]:
             return started + f"__wait_line 'connected' $__pid {shlex.quote(str(log))}\n"
+        if words[:3] == ["python", "-m", "edgesdk.ota_server.postgres"]:
+            return started + f"__wait_line 'ready:' $__pid {shlex.quote(str(log))}\n"
         return started
 
     def _script(self, block: Block) -> str:

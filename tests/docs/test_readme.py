@@ -14,6 +14,7 @@ import pytest
 from edgesdk.ota_server.broker import free_port
 from tests.docs.markdown import RUNNABLE, Block, code_blocks
 from tests.docs.session import DocSession
+from tests.wheelhouse import wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -29,6 +30,15 @@ def test_every_block_says_whether_it_runs():
     assert BLOCKS, "no runnable block found"
 
 
+def page_env(page: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """What a page's session adds to the environment: the deployment page's ``pip install edgesdk`` takes this
+    checkout's wheel and its dependencies from the run's wheelhouse (the package index's ``edgesdk`` is not
+    this project), as a device pointed at a private index would."""
+    if page.name != "deploy.md":
+        return {}
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse(tmp_path_factory))}
+
+
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory) -> Iterator[dict[Path, DocSession]]:
     opened: dict[Path, DocSession] = {}
@@ -37,7 +47,8 @@ def sessions(tmp_path_factory) -> Iterator[dict[Path, DocSession]]:
     def session(page: Path) -> DocSession:
         if page not in opened:
             opened[page] = DocSession(cwd=ROOT, home=tmp_path_factory.mktemp(f"home-{page.stem}"),
-                                      broker_port=free_port(), http_port=free_port())
+                                      broker_port=free_port(), http_port=free_port(),
+                                      env=page_env(page, tmp_path_factory))
         return opened[page]
 
     session.failed = failed  # type: ignore[attr-defined]
