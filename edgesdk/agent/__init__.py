@@ -1,4 +1,16 @@
-"""The device agent: model store, resumable transfers, installs with rollback, and the MQTT loop.
+"""The device agent: it composes the runtime and the fleet wire into updates that never leave a device without a model.
+
+- :mod:`~edgesdk.agent.agent`: :class:`DeviceAgent`, the MQTT protocol and the order of the steps;
+  :mod:`~edgesdk.agent.config`: :class:`AgentConfig` and the broker credentials file.
+- :mod:`~edgesdk.agent.admission`: the replay and downgrade rules a verified command must pass.
+- :mod:`~edgesdk.agent.downloads` and :mod:`~edgesdk.agent.transfer`: transfers in flight and one resumable
+  transfer; :mod:`~edgesdk.agent.local_chunks`: chunks copied from the slots a device holds.
+- :mod:`~edgesdk.agent.storage_guard`: room on disk, pruning old slots; :mod:`~edgesdk.agent.store`: the slots
+  and pointers; :mod:`~edgesdk.agent.install`: the install transaction with its health check and crash recovery.
+- :mod:`~edgesdk.agent.measurements`: the board-measurement service; :mod:`~edgesdk.agent.events` and
+  :mod:`~edgesdk.agent.state_report`: what the device publishes; :mod:`~edgesdk.agent.energy_account`: its energy.
+- :mod:`~edgesdk.agent.managed` and :mod:`~edgesdk.agent.follow`: :class:`ManagedRuntime`, in the agent's process
+  or in an app following the store.
 
 Public API (imported lazily, so ``from edgesdk import ManagedRuntime`` does not load MQTT)::
 
