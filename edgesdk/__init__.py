@@ -39,6 +39,7 @@ _EXPORTS = {
     "ScheduleError": "edgesdk.errors",
     "BudgetError": "edgesdk.errors",
     "SignatureError": "edgesdk.errors",
+    "TrustError": "edgesdk.errors",
     "TransferError": "edgesdk.errors",
     "OffloadError": "edgesdk.errors",
     "ConversionError": "edgesdk.errors",
@@ -93,6 +94,7 @@ if TYPE_CHECKING:
         SignatureError,
         StorageError,
         TransferError,
+        TrustError,
         UnsupportedOpError,
     )
     from edgesdk.offload.policy import OffloadPolicy

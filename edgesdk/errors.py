@@ -13,6 +13,8 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── BudgetError                  exit 8   no model variant fits a device's memory or power budget
     │   └── InfeasibleBudgetError    exit 26  the board's idle power alone exceeds the power budget, in every mode
     ├── SignatureError               exit 9   a bundle's signature or hash does not verify
+    │   └── TrustError               exit 27  root-of-trust metadata refused: malformed, a rollback to an older
+    │                                         version, expired, or not signed by the keys its role needs
     ├── TransferError                exit 10  an OTA transfer failed or was truncated
     ├── OffloadError                 exit 11  the cloud offload endpoint could not serve a request
     ├── ConversionError              exit 12  a model could not be loaded, exported, quantized or converted
@@ -51,6 +53,7 @@ __all__ = [
     "InfeasibleBudgetError",
     "SensorError",
     "SignatureError",
+    "TrustError",
     "TransferError",
     "OffloadError",
     "ConversionError",
@@ -121,6 +124,13 @@ class SignatureError(EdgeSDKError):
     """A bundle's signature, manifest or content hash does not verify."""
 
     exit_code = 9
+
+
+class TrustError(SignatureError):
+    """Root-of-trust metadata (edgesdk.fleet.trust) was refused: malformed, an older version than the one held
+    (a rollback), expired, or without the signatures its role's threshold needs."""
+
+    exit_code = 27
 
 
 class TransferError(EdgeSDKError):

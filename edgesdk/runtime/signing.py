@@ -1,14 +1,18 @@
-"""Ed25519 keys and detached signatures for bundles.
+"""Ed25519 keys and detached signatures for bundles, and sets of keys with a signing threshold.
 
 Keys are PEM files: the private key PKCS#8 (written with mode 0600), the public key
 SubjectPublicKeyInfo. A key id is the first 16 hex digits of the SHA-256 of the raw
-public key, so a device can say which key it pins.
+public key, so a device can say which key it pins. A :class:`KeySet` is what a role of the
+root of trust holds (:mod:`edgesdk.fleet.trust`): its keys by id and how many of them must
+sign, k of n, each key counted once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -17,7 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from edgesdk.errors import SignatureError
 
-__all__ = ["generate_keypair", "load_private_key", "load_public_key", "key_id", "sign", "verify"]
+__all__ = ["generate_keypair", "load_private_key", "load_public_key", "key_id", "sign", "verify", "KeySet", "raw_public",
+           "public_from_raw"]
 
 
 def generate_keypair(directory: str | os.PathLike[str], name: str = "edgesdk") -> tuple[Path, Path]:
@@ -90,3 +95,63 @@ def verify(public_key: Ed25519PublicKey, data: bytes, signature: bytes, what: st
             f"{what}: signature does not verify with key {key_id(public_key)}; the content was changed after "
             "signing or it was signed with another key: do not install it"
         ) from None
+
+
+def raw_public(public_key: Ed25519PublicKey) -> bytes:
+    """The key's raw 32 bytes (what root metadata records, hex-encoded)."""
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def public_from_raw(raw: bytes) -> Ed25519PublicKey:
+    """An Ed25519 public key from its raw 32 bytes; anything else raises SignatureError."""
+    if len(raw) != 32:
+        raise SignatureError(f"an Ed25519 public key is 32 bytes, not {len(raw)}")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """Public keys by key id and the threshold: how many distinct ones of them must sign."""
+
+    keys: Mapping[str, Ed25519PublicKey]
+    threshold: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 1:
+            raise SignatureError(f"threshold {self.threshold!r} must be a whole number of 1 or more")
+        if self.threshold > len(self.keys):
+            raise SignatureError(f"threshold {self.threshold} is more than the {len(self.keys)} keys that could sign; "
+                                 "add keys or lower the threshold")
+        for kid, key in self.keys.items():
+            if key_id(key) != kid:
+                raise SignatureError(f"key id {kid!r} does not match its key ({key_id(key)})")
+
+    @classmethod
+    def of(cls, keys: Iterable[Ed25519PublicKey], threshold: int = 1) -> KeySet:
+        """The set of ``keys`` (by their ids) with ``threshold``."""
+        return cls({key_id(k): k for k in keys}, threshold)
+
+    def verify(self, data: bytes, signatures: Iterable[tuple[str, bytes]], what: str) -> tuple[str, ...]:
+        """The ids of the keys of this set whose signature over ``data`` verifies, each counted once.
+
+        Raises SignatureError naming ``what`` when fewer than :attr:`threshold` of them do; a
+        signature by a key outside the set, a second one by the same key, or one that does not
+        verify counts for nothing.
+        """
+        valid: list[str] = []
+        for kid, signature in signatures:
+            key = self.keys.get(kid)
+            if key is None or kid in valid:
+                continue
+            try:
+                key.verify(signature, data)
+            except InvalidSignature:
+                continue
+            valid.append(kid)
+        if len(valid) < self.threshold:
+            known = ", ".join(sorted(self.keys)) or "none"
+            raise SignatureError(
+                f"{what}: {len(valid)} valid signature{'s' if len(valid) != 1 else ''} of the {self.threshold} "
+                f"required from the trusted keys ({known}); it was changed after signing, or signed by keys this "
+                "device does not trust (revoked or never added): do not use it")
+        return tuple(valid)

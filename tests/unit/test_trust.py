@@ -1,0 +1,241 @@
+"""The root of trust (TUF-style root metadata): thresholds, rotation signed by the old and the new root keys,
+revocation, rollback and expiry, and the device's store of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edgesdk.errors import SignatureError, TrustError
+from edgesdk.fleet.trust import (
+    ROLES,
+    TrustStore,
+    add_signatures,
+    new_root,
+    parse_root,
+    sign_root,
+    trust_root,
+    update_chain,
+    update_root,
+)
+from edgesdk.runtime.signing import KeySet, key_id
+
+YEAR = 365 * 86400
+
+
+def keys(n: int) -> list[Ed25519PrivateKey]:
+    return [Ed25519PrivateKey.generate() for _ in range(n)]
+
+
+@pytest.fixture
+def fleet():
+    """Two root keys (threshold 2), two bundle keys (threshold 2), one commands key, one timestamp key."""
+    return {"root": keys(2), "bundles": keys(2), "commands": keys(1), "timestamp": keys(1)}
+
+
+def root_doc(fleet, version: int = 1, thresholds=None, signers=None, expires: float | None = None) -> bytes:
+    thresholds = {"root": 2, "bundles": 2, "commands": 1, "timestamp": 1, **(thresholds or {})}
+    signed = new_root(version, expires if expires is not None else time.time() + YEAR,
+                      {role: ([k.public_key() for k in fleet[role]], thresholds[role]) for role in ROLES})
+    return sign_root(signed, fleet["root"] if signers is None else signers)
+
+
+# key sets ----------------------------------------------------------------------------------------------------
+
+def test_a_key_set_needs_threshold_distinct_valid_signatures_of_its_own_keys():
+    a, b, outsider = keys(3)
+    keyset = KeySet.of([a.public_key(), b.public_key()], threshold=2)
+    data = b"manifest"
+    both = [(key_id(a.public_key()), a.sign(data)), (key_id(b.public_key()), b.sign(data))]
+    assert set(keyset.verify(data, both, "bundle")) == {key_id(a.public_key()), key_id(b.public_key())}
+    once_twice = [both[0], both[0]]
+    with pytest.raises(SignatureError, match=r"bundle: 1 valid signature of the 2 required"):
+        keyset.verify(data, once_twice, "bundle")
+    foreign = [both[0], (key_id(outsider.public_key()), outsider.sign(data))]
+    with pytest.raises(SignatureError, match=r"1 valid signature of the 2 required .*revoked or never added"):
+        keyset.verify(data, foreign, "bundle")
+    with pytest.raises(SignatureError, match=r"0 valid signatures"):
+        keyset.verify(b"changed", both, "bundle")
+
+
+@pytest.mark.parametrize("threshold", [0, 3, True])
+def test_a_threshold_outside_one_to_the_key_count_is_refused(threshold):
+    with pytest.raises(SignatureError, match="threshold"):
+        KeySet.of([k.public_key() for k in keys(2)], threshold=threshold)
+
+
+# root documents ----------------------------------------------------------------------------------------------
+
+def test_a_new_root_lists_every_role_with_its_keys_and_threshold_and_verifies_by_its_own_root_keys(fleet):
+    root = trust_root(root_doc(fleet))
+    assert root.version == 1 and not root.expired()
+    assert root.keyset("bundles").threshold == 2
+    assert set(root.keyset("commands").keys) == {key_id(fleet["commands"][0].public_key())}
+    assert set(root.roles) == set(ROLES)
+
+
+def test_a_first_root_below_its_own_threshold_is_refused(fleet):
+    with pytest.raises(SignatureError, match=r"root metadata v1: 1 valid signature of the 2 required"):
+        trust_root(root_doc(fleet, signers=fleet["root"][:1]))
+
+
+def test_signatures_are_over_canonical_json_so_reformatting_keeps_them_valid_and_editing_breaks_them(fleet):
+    document = root_doc(fleet)
+    reformatted = json.dumps(json.loads(document), indent=4).encode()
+    assert trust_root(reformatted).version == 1
+    edited = json.loads(document)
+    edited["signed"]["roles"]["bundles"]["threshold"] = 1
+    with pytest.raises(SignatureError, match="0 valid signatures"):
+        trust_root(json.dumps(edited).encode())
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d.update(signed=[]), "needs a 'signed' object"),
+    (lambda d: d["signed"].update(_type="targets"), "is not root"),
+    (lambda d: d["signed"].update(version=0), "version 0 must be"),
+    (lambda d: d["signed"]["roles"].pop("timestamp"), "are not exactly"),
+    (lambda d: d["signed"]["roles"]["root"].update(threshold=3), "threshold 3 is more than the 2 keys"),
+    (lambda d: d["signed"].update(expires="next year"), "does not match format"),
+])
+def test_a_malformed_root_is_refused_naming_what_is_wrong(fleet, mutate, message):
+    document = json.loads(root_doc(fleet))
+    mutate(document)
+    with pytest.raises(TrustError, match=message):
+        parse_root(json.dumps(document).encode())
+
+
+def test_an_oversized_root_is_refused_before_it_is_parsed():
+    with pytest.raises(TrustError, match="over the 262144-byte limit"):
+        parse_root(b"{" + b" " * 300_000 + b"}")
+
+
+# rotation ----------------------------------------------------------------------------------------------------
+
+def test_rotation_revokes_a_bundle_key_when_the_old_and_new_root_keys_sign(fleet):
+    trusted = trust_root(root_doc(fleet))
+    stolen = fleet["bundles"][0]
+    fleet["bundles"] = [fleet["bundles"][1], *keys(1)]
+    v2 = update_root(trusted, root_doc(fleet, version=2))
+    assert key_id(stolen.public_key()) not in v2.keyset("bundles").keys
+    data = b"a model signed with the stolen key and the other old key"
+    with pytest.raises(SignatureError, match="1 valid signature of the 2 required"):
+        v2.keyset("bundles").verify(data, [(key_id(stolen.public_key()), stolen.sign(data)),
+                                           (key_id(fleet["bundles"][0].public_key()), fleet["bundles"][0].sign(data))],
+                                    "bundle")
+
+
+def test_a_new_root_key_set_needs_the_old_threshold_and_its_own(fleet):
+    trusted = trust_root(root_doc(fleet))
+    old_root_keys = fleet["root"]
+    fleet["root"] = keys(2)  # replace both root keys
+    only_new = root_doc(fleet, version=2, signers=fleet["root"])
+    with pytest.raises(SignatureError, match=r"by the root keys of v1\): 0 valid signatures"):
+        update_root(trusted, only_new)
+    only_old = root_doc(fleet, version=2, signers=old_root_keys)
+    with pytest.raises(SignatureError, match=r"by its own root keys\): 0 valid signatures"):
+        update_root(trusted, only_old)
+    both = add_signatures(only_new, old_root_keys)
+    assert update_root(trusted, both).version == 2
+
+
+def test_one_stolen_root_key_below_the_threshold_signs_nothing_a_device_accepts(fleet):
+    trusted = trust_root(root_doc(fleet))
+    attacker = keys(1)
+    stolen = fleet["root"][0]
+    fleet["bundles"] = attacker + keys(1)
+    fleet["root"] = [stolen, *keys(1)]
+    forged = root_doc(fleet, version=2, thresholds={"root": 1}, signers=[stolen])
+    with pytest.raises(SignatureError, match="1 valid signature of the 2 required"):
+        update_root(trusted, forged)
+
+
+def test_a_rollback_or_a_replay_of_root_metadata_is_refused(fleet):
+    v1 = root_doc(fleet)
+    v2 = update_root(trust_root(v1), root_doc(fleet, version=2))
+    with pytest.raises(TrustError, match=r"v1 is not newer than the v2 .* a rollback"):
+        update_root(v2, v1)
+    with pytest.raises(TrustError, match=r"v2 is not newer than the v2"):
+        update_root(v2, v2.raw)
+
+
+def test_a_skipped_version_is_refused_alone_and_accepted_through_the_chain(fleet):
+    v1 = trust_root(root_doc(fleet))
+    docs = [root_doc(fleet, version=v) for v in (2, 3, 4)]
+    with pytest.raises(TrustError, match="skips versions: this device trusts v1 and takes v2 next"):
+        update_root(v1, docs[2])
+    steps = []
+    assert update_chain(v1, reversed(docs), lambda old, new: steps.append((old.version, new.version))).version == 4
+    assert steps == [(1, 2), (2, 3), (3, 4)]
+
+
+def test_an_expired_root_is_still_trusted_and_says_it_expired(fleet):
+    root = trust_root(root_doc(fleet, expires=time.time() - 1))
+    assert root.expired() and not root.expired(now=root.expires - 10)
+
+
+# the device's store ------------------------------------------------------------------------------------------
+
+def test_the_store_keeps_every_earlier_root_and_stops_at_a_refused_step(tmp_path, fleet):
+    store = TrustStore(tmp_path / "trust")
+    store.provision(root_doc(fleet))
+    with pytest.raises(TrustError, match="already holds root metadata"):
+        store.provision(root_doc(fleet))
+    good = root_doc(fleet, version=2)
+    bad = root_doc(fleet, version=3, signers=fleet["root"][:1])
+    with pytest.raises(SignatureError, match="root metadata v3"):
+        store.update([good, bad])
+    assert store.load().version == 2  # the step before the refused one was kept
+    assert parse_root((tmp_path / "trust" / "root.1.json").read_bytes())[0].version == 1
+    assert sorted(p.name for p in (tmp_path / "trust").iterdir()) == ["root.1.json", "root.json"]
+
+
+def test_a_store_without_a_root_says_how_to_provision_it(tmp_path):
+    with pytest.raises(TrustError, match="provision the device with the fleet's root.json"):
+        TrustStore(tmp_path).load()
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from edgesdk.fleet.trust import TrustStore
+store = TrustStore(sys.argv[1])
+documents = [Path(p).read_bytes() for p in sys.argv[2:]]
+store.provision(documents[0])
+print("ready", flush=True)
+for document in documents[1:]:  # one rotation after another: each write is one the kill may interrupt
+    store.update([document])
+print("done", flush=True)
+"""
+
+
+def test_an_agent_killed_mid_rotation_restarts_on_a_valid_root(tmp_path, fleet):
+    documents = []
+    for version in range(1, 61):
+        path = tmp_path / f"v{version}.json"
+        path.write_bytes(root_doc(fleet, version=version))
+        documents.append(str(path))
+    for attempt, delay in enumerate((0.02, 0.05, 0.1)):
+        store_dir = tmp_path / f"trust{attempt}"
+        process = subprocess.Popen([sys.executable, "-c", _WRITER, str(store_dir), *documents],
+                                   stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        process.stdout.close()
+        reached = TrustStore(store_dir).load().version  # whatever the kill interrupted, a valid root is there
+        assert 1 <= reached <= 60
+        kept = sorted(int(p.name.split(".")[1]) for p in store_dir.glob("root.*.json"))
+        assert kept == list(range(1, reached)) or kept == list(range(1, reached + 1)), (reached, kept)
+        assert all(parse_root(p.read_bytes())[0].version == int(p.name.split(".")[1])
+                   for p in store_dir.glob("root.*.json"))
+        # the device goes on from where it stopped
+        assert TrustStore(store_dir).update(Path(d).read_bytes() for d in documents).version == 60
