@@ -21,7 +21,7 @@ _COMMANDS = {
     "profile": ("edgesdk.cli.profile", "profile", "List, show and detect device profiles."),
     "bench": ("edgesdk.cli.bench", "bench", "Measure a model's latency, throughput and memory here."),
     "convert": ("edgesdk.cli.convert", "convert", "Quantize/convert a model to fit a device; write a bundle."),
-    "keys": ("edgesdk.cli.keys", "keys", "Generate Ed25519 signing keys."),
+    "keys": ("edgesdk.cli.keys", "keys", "Signing keys and the fleet's root of trust."),
     "sign": ("edgesdk.cli.keys", "sign", "Sign a bundle's manifest."),
     "verify": ("edgesdk.cli.keys", "verify", "Verify a bundle's hashes and signature."),
     "agent": ("edgesdk.cli.agent", "agent", "Run the device agent (OTA updates over MQTT)."),

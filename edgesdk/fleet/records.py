@@ -159,12 +159,12 @@ def parse_percent(text: str | float) -> float:
 
 
 def parse_duration(text: str | float) -> float:
-    """``"60s"``, ``"2m"``, ``"250ms"``, ``"1h"`` or ``"1.5"`` -> seconds."""
+    """``"60s"``, ``"2m"``, ``"250ms"``, ``"1h"``, ``"365d"`` or ``"1.5"`` -> seconds."""
     if isinstance(text, (int, float)):
         return float(text)
     raw = text.strip().lower()
-    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for suffix in ("ms", "s", "m", "h"):
+    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    for suffix in ("ms", "s", "m", "h", "d"):
         if raw.endswith(suffix):
             raw, factor = raw[: -len(suffix)], scale[suffix]
             break
@@ -173,7 +173,7 @@ def parse_duration(text: str | float) -> float:
     try:
         return float(raw) * factor
     except ValueError:
-        raise EdgeSDKError(f"{text!r} is not a duration; write e.g. 60s or 2m") from None
+        raise EdgeSDKError(f"{text!r} is not a duration; write e.g. 60s, 2m or 365d") from None
 
 
 @dataclass(frozen=True)
