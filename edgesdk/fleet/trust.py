@@ -103,6 +103,7 @@ class Root:
 
     @property
     def expires_iso(self) -> str:
+        """``expires`` as written in the document (ISO 8601 UTC)."""
         return _iso(self.expires)
 
 
