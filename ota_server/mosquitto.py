@@ -2,7 +2,8 @@
 
 ``write_mosquitto_config`` writes a mosquitto password file (PBKDF2-SHA512, the ``$7$``
 format ``mosquitto_passwd`` produces), an ACL where each device may read only its own
-command/chunk topics and its group's broadcast chunks and write only its own
+command/chunk topics, its group's broadcast chunks and the fleet's root of trust
+(``edgesdk/trust/#``), and write only its own
 state/events/requests/measurement results, one credentials file per device, and a
 ``mosquitto.conf`` with absolute paths (it works from any directory).
 
@@ -135,6 +136,7 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
     for device, group in devices.items():
         acl += [f"user {device}",
                 f"topic read {PREFIX}/devices/{device}/cmd",
+                f"topic read {PREFIX}/trust/#",
                 f"topic read {PREFIX}/devices/{device}/chunks/#",
                 f"topic read {PREFIX}/groups/{group}/chunks/#",
                 f"topic readwrite {PREFIX}/devices/{device}/state",

@@ -38,8 +38,9 @@ from edgesdk.agent.measurements import MeasurementService
 from edgesdk.agent.state_report import device_state
 from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.store import ModelStore, PendingInstall
+from edgesdk.agent.trust_keeper import TrustKeeper
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
-from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, parse_command
+from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, parse_command
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.runtime.measure_worker import EnergyRequest
@@ -55,9 +56,11 @@ class DeviceAgent:
     def __init__(self, config: AgentConfig, runtime: ManagedRuntime | None = None,
                  transport_factory: Callable[..., Transport] = MqttTransport) -> None:
         self.config = config
-        check_id(config.device_id, "device id")
-        check_id(config.group, "group")
         self.store = ModelStore(config.store)
+        #: The device's root of trust, when it has one (else commands are checked with ``config.server_key``).
+        self.trust = TrustKeeper.open(self.store.root / "trust", config.root, config.device_id,
+                                      lambda reason: self._event(None, AgentEvent.REJECTED, reason=reason),
+                                      lambda: self._publish_state())
         self.runtime = runtime
         self.installer = Installer(self.store, runtime)
         self.profile = resolve_profile(config, runtime)
@@ -96,14 +99,11 @@ class DeviceAgent:
         resume = self.installer.recover()  # before any command: the store must hold a working model
         if resume is not None:
             self._work.put(("activate", resume))
-        offline = json.dumps({"status": "offline", "group": cfg.group}).encode()
-        # State is re-published on every (re)connect: a restarted broker forgets retained messages.
-        self.transport = self._transport_factory(cfg.broker, client_id=f"edgesdk-agent-{cfg.device_id}",
-                                                 username=cfg.username, password=cfg.password,
-                                                 will=(Topics.state(cfg.device_id), offline), ca_file=cfg.ca_file,
-                                                 on_connect=self._publish_state, on_refused=self._on_refused)
+        self.transport = cfg.connect(self._transport_factory, self._publish_state, self._on_refused)
         self.transport.subscribe(Topics.cmd(cfg.device_id), self._on_command)
         self.transport.subscribe(Topics.device_chunks(cfg.device_id, "+") + "/+", self._on_chunk)
+        if self.trust is not None:
+            self.transport.subscribe(Topics.ALL_ROOTS, lambda topic, payload: self._work.put(("root", payload)))
         self._publish_state()  # the first connect happened before self.transport was set
         try:
             self.transport.confirm_access()  # an agent the ACL shuts out must not report itself ready
@@ -123,8 +123,7 @@ class DeviceAgent:
         if self._worker:
             self._worker.join(timeout=10)
         if self.transport:
-            self.transport.publish(Topics.state(self.config.device_id),
-                                   json.dumps({"status": "offline", "group": self.config.group}).encode(), retain=True)
+            self.transport.publish(Topics.state(self.config.device_id), self.config.offline_state(), retain=True)
             time.sleep(0.05)
             self.transport.close()
         self.measurements.stop()
@@ -144,7 +143,7 @@ class DeviceAgent:
 
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
-        return device_state(self.config, self.store, self.runtime, self.energy)
+        return device_state(self.config, self.store, self.runtime, self.energy, self.trust)
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""
@@ -195,14 +194,16 @@ class DeviceAgent:
                     self._complete(item)
                 elif kind == "activate":
                     self._report_install(self.installer.activate(item))
+                elif kind == "root" and self.trust is not None:
+                    self.trust.receive(item)
             except Exception:
                 log.exception("%s: %s failed", self.config.device_id, kind)
             self.downloads.request_missing()
 
     def _handle_command(self, envelope: bytes, resume: bool) -> None:
-        cfg = self.config
         try:
-            command = parse_command(envelope, cfg.server_key, allow_unsigned=cfg.allow_unsigned)
+            keys = self.trust.command_keys() if self.trust is not None else self.config.server_key
+            command = parse_command(envelope, keys, allow_unsigned=self.config.allow_unsigned)
         except (SignatureError, TransferError) as exc:
             self._event(None, AgentEvent.REJECTED, reason=str(exc))
             return
@@ -296,6 +297,5 @@ class DeviceAgent:
         if room.error is None:
             return True
         self.store.save_offload_endpoint(self.store.slot_name(command.name, command.version), None)
-        self._event(command, AgentEvent.FAILED, reason=str(room.error), error_type=type(room.error).__name__,
-                    needed_bytes=room.needed_bytes, free_bytes=room.free_bytes, reserved_bytes=room.reserved_bytes)
+        self._event(command, AgentEvent.FAILED, **room.report())
         return False

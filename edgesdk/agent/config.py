@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgesdk.errors import BrokerError, EdgeSDKError, StorageError
+from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, StorageError
+from edgesdk.fleet.protocol import PREFIX, check_id
 from edgesdk.runtime.profiles import DeviceProfile, load_profile
 
 if TYPE_CHECKING:
     from edgesdk.agent.managed import ManagedRuntime
+    from edgesdk.fleet.transport import Transport
 
 __all__ = ["AgentConfig", "load_credentials", "resolve_profile"]
 
@@ -29,7 +32,12 @@ class AgentConfig:
     group: str
     broker: str
     store: Path
+    #: A pinned server public key commands must be signed with (the alternative to ``root``).
     server_key: Any = None
+    #: The fleet's root of trust (a ``root.json`` of ``edgesdk keys init``), installed into the store's
+    #: ``trust/`` on the first start; later roots arrive over MQTT. Commands are then verified with its
+    #: ``commands`` role. A store that holds a root keeps using it even without this.
+    root: str | os.PathLike[str] | None = None
     #: Development only: accept unsigned commands when no server key is pinned.
     allow_unsigned: bool = False
     username: str | None = None
@@ -64,6 +72,8 @@ class AgentConfig:
     state_interval_s: float | None = None
 
     def __post_init__(self) -> None:
+        check_id(self.device_id, "device id")
+        check_id(self.group, "group")
         for name in ("keep_slots", "min_free_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -74,6 +84,23 @@ class AgentConfig:
             raise StorageError(f"pinned={self.pinned!r} is not a list of slot names or versions; pass e.g. "
                                "('digits-1.2.0', '1.1.0')")
         object.__setattr__(self, "pinned", tuple(self.pinned))
+        if self.root is not None and self.server_key is not None:
+            raise SignatureError("pass the fleet's root of trust (root) or a pinned server key (server_key), not both: "
+                                 "with a root, the commands role names the server's keys")
+
+
+    def offline_state(self) -> bytes:
+        """The retained state of this device while it is gone (its last will, and what it says on stopping)."""
+        return json.dumps({"status": "offline", "group": self.group}).encode()
+
+    def connect(self, factory: Callable[..., Transport], on_connect: Callable[[], None],
+                on_refused: Callable[[BrokerError], None]) -> Transport:
+        """A connection to the broker as this device (``factory``: :class:`~edgesdk.fleet.transport.MqttTransport`
+        or a stand-in), with the retained "offline" state as its last will; ``on_connect`` runs on every
+        (re)connect, since a restarted broker forgets retained messages."""
+        return factory(self.broker, client_id=f"edgesdk-agent-{self.device_id}", username=self.username,
+                       password=self.password, will=(f"{PREFIX}/devices/{self.device_id}/state", self.offline_state()),
+                       ca_file=self.ca_file, on_connect=on_connect, on_refused=on_refused)
 
 
 def load_credentials(path: str | os.PathLike[str], device_id: str) -> tuple[str, str]:

@@ -10,16 +10,18 @@ from edgesdk.agent.energy_account import EnergyAccount, NoEnergy
 from edgesdk.agent.local_chunks import LAYOUTS
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.store import ModelStore
+from edgesdk.agent.trust_keeper import TrustKeeper
 
 __all__ = ["device_state"]
 
 
 def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime | None,
-                 energy: EnergyAccount | NoEnergy) -> dict[str, Any]:
+                 energy: EnergyAccount | NoEnergy, trust: TrustKeeper | None = None) -> dict[str, Any]:
     """The state document: model and version, slots (and which have a chunk layout), disk and retention, and,
     with a ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran:
     local, cloud, refused) and its energy per inference since the last report where the board has a power
-    sensor (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``)."""
+    sensor (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``); with a root of trust,
+    its version and expiry (``trust``)."""
     current = store.current_model()
     slots = sorted(p.name for p in store.slots.iterdir() if not p.name.startswith("."))
     state: dict[str, Any] = {
@@ -28,6 +30,8 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
         "chunk_slots": [slot for slot in slots if (store.root / LAYOUTS / f"{slot}.json").is_file()],
         "disk": store.disk_usage(), "keep_slots": config.keep_slots, "pinned": list(config.pinned),
         "updated": time.time()}
+    if trust is not None:
+        state["trust"] = trust.state()
     if runtime is not None:
         stats = runtime.stats()
         state["runtime"] = stats.as_dict()

@@ -34,6 +34,11 @@ class Room:
     #: Why it does not fit, with the figures and the fix; None when it fits.
     error: StorageError | None = field(default=None, compare=False)
 
+    def report(self) -> dict[str, object]:
+        """What a refusal event says: the reason, the error type and the figures."""
+        return {"reason": str(self.error), "error_type": type(self.error).__name__, "needed_bytes": self.needed_bytes,
+                "free_bytes": self.free_bytes, "reserved_bytes": self.reserved_bytes}
+
 
 class StorageGuard:
     """Keeps a :class:`ModelStore` within its disk: prunes old slots and refuses what cannot fit."""

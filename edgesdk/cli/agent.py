@@ -16,6 +16,9 @@ import click
 @click.option("--store", type=click.Path(file_okay=False), required=True, help="Directory of the model store.")
 @click.option("--server-key", type=click.Path(exists=True, dir_okay=False),
               help="The OTA server's Ed25519 public key (PEM); commands must be signed with it.")
+@click.option("--root", type=click.Path(exists=True, dir_okay=False),
+              help="The fleet's root of trust (root.json of `edgesdk keys init`), instead of --server-key: installed "
+                   "into the store on the first start; later versions arrive over MQTT.")
 @click.option("--credentials", type=click.Path(exists=True, dir_okay=False),
               help="JSON with username/password (from `edgesdk server mosquitto-config`).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
@@ -32,7 +35,8 @@ import click
 @click.option("--sysfs-root", default="/sys", show_default=True,
               help="Where sysfs is: the board's power sensor is read below it.")
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned commands.")
-def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, credentials: str | None,
+def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, root: str | None,
+          credentials: str | None,
           ca_file: str | None, profile: str | None, keep_slots: int, pins: tuple[str, ...], min_free: int,
           state_every: float | None, sysfs_root: str, allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
@@ -44,11 +48,13 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
     from edgesdk.runtime.signing import load_public_key
 
     configure(info_loggers=("edgesdk.agent",))  # the agent's log is the device's record of every install
-    if server_key is None and not allow_unsigned:
-        raise SignatureError("pass --server-key (the OTA server's public key); --allow-unsigned is for development")
+    if server_key is None and root is None and not (Path(store) / "trust" / "root.json").exists() and not allow_unsigned:
+        raise SignatureError("pass --root (the fleet's root.json) or --server-key (the OTA server's public key); "
+                             "--allow-unsigned is for development")
     username, password = load_credentials(credentials, device_id) if credentials else (None, None)
     config = AgentConfig(device_id=device_id, group=group, broker=broker, store=Path(store),
-                         server_key=load_public_key(server_key) if server_key else None, allow_unsigned=allow_unsigned,
+                         server_key=load_public_key(server_key) if server_key else None, root=root,
+                         allow_unsigned=allow_unsigned,
                          username=username, password=password, ca_file=ca_file,
                          profile=profile, keep_slots=keep_slots, pinned=pins, min_free_bytes=min_free,
                          state_interval_s=state_every, sysfs_root=sysfs_root)

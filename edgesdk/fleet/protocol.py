@@ -121,6 +121,12 @@ class Topics:
         """Where ``device`` reports a measurement's progress and result."""
         return f"{PREFIX}/devices/{device}/measurements"
 
+    @staticmethod
+    def root(version: int) -> str:
+        """Where root metadata version ``version`` is kept, retained, for every device (edgesdk.fleet.trust)."""
+        return f"{PREFIX}/trust/root/{version}"
+
+    ALL_ROOTS = f"{PREFIX}/trust/root/+"
     ALL_STATES = f"{PREFIX}/devices/+/state"
     ALL_EVENTS = f"{PREFIX}/devices/+/events"
     ALL_NEEDS = f"{PREFIX}/devices/+/need"
@@ -351,12 +357,13 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
                   max_size: int = MAX_ARCHIVE_BYTES) -> Command | MeasureCommand:
     """Verify a command envelope's signature and fields and return the command it carries.
 
-    A bad or missing signature raises SignatureError (``public_key=None`` is refused unless
-    ``allow_unsigned``, a development flag); an unsafe model name or a version that is not dotted
-    integers raises BundleError; any other malformed field, a bad id or an archive over
+    ``public_key`` is the pinned server key, or the :class:`~edgesdk.runtime.signing.KeySet` of the
+    ``commands`` role of the device's root of trust. A bad or missing signature raises SignatureError
+    (``public_key=None`` is refused unless ``allow_unsigned``, a development flag); an unsafe model
+    name or a version that is not dotted integers raises BundleError; any other malformed field, a bad id or an archive over
     ``max_size`` bytes raises TransferError.
     """
-    from edgesdk.runtime.signing import verify
+    from edgesdk.runtime.signing import KeySet, verify
 
     try:
         outer = json.loads(envelope)
@@ -364,7 +371,9 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
         signature = base64.b64decode(outer.get("signature") or "", validate=True)
     except (ValueError, KeyError, TypeError) as exc:
         raise SignatureError(f"command is not a signed envelope ({exc}); ignored") from exc
-    if public_key is not None:
+    if isinstance(public_key, KeySet):  # the commands role of the device's root of trust
+        public_key.verify(body, [(str(outer.get("key_id", "")), signature)], "OTA command")
+    elif public_key is not None:
         verify(public_key, body, signature, "OTA command")
     elif not allow_unsigned:
         raise SignatureError("no server public key is pinned; refusing commands (pass the key, or the "

@@ -119,8 +119,9 @@ def make_agent(tmp_path, keys) -> Iterator[Callable[..., DeviceAgent]]:
     agents: list[DeviceAgent] = []
 
     def factory(device_id: str, broker_url: str, group: str = "cams", runtime=None, **config: object) -> DeviceAgent:
+        settings = {"server_key": keys["server_pub"], "retry_interval_s": 0.3, "broadcast_wait_s": 0.5, **config}
         cfg = AgentConfig(device_id=device_id, group=group, broker=broker_url, store=tmp_path / "devices" / device_id,
-                          server_key=keys["server_pub"], retry_interval_s=0.3, broadcast_wait_s=0.5, **config)
+                          **settings)
         agent = DeviceAgent(cfg, runtime=runtime).start()
         agents.append(agent)
         return agent

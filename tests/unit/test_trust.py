@@ -239,3 +239,25 @@ def test_an_agent_killed_mid_rotation_restarts_on_a_valid_root(tmp_path, fleet):
                    for p in store_dir.glob("root.*.json"))
         # the device goes on from where it stopped
         assert TrustStore(store_dir).update(Path(d).read_bytes() for d in documents).version == 60
+
+
+# the agent's keeper of the root ------------------------------------------------------------------------------
+
+def test_the_keeper_applies_versions_arriving_out_of_order_and_reports_refusals(tmp_path, fleet):
+    from edgesdk.agent.trust_keeper import TrustKeeper
+
+    (tmp_path / "root.json").write_bytes(root_doc(fleet))
+    refused, changed = [], []
+    keeper = TrustKeeper.open(tmp_path / "trust", tmp_path / "root.json", "cam0", refused.append,
+                              lambda: changed.append(keeper.root.version))
+    assert keeper is not None and keeper.root.version == 1
+    v2, v3 = root_doc(fleet, version=2), root_doc(fleet, version=3)
+    assert keeper.receive(v3) is None and keeper.root.version == 1  # waits for v2
+    assert keeper.receive(v2) is None and keeper.root.version == 3 and changed == [3]
+    assert keeper.receive(v2) is None  # the retained copy of a version it went through
+    forged = root_doc(fleet, version=2, expires=time.time() + 5)
+    assert "rollback or forgery" in keeper.receive(forged) and refused
+    short = root_doc(fleet, version=4, signers=fleet["root"][:1])
+    assert "1 valid signature of the 2 required" in keeper.receive(short)
+    assert keeper.root.version == 3 and keeper.state()["root_version"] == 3
+    assert TrustKeeper.open(tmp_path / "elsewhere", None, "cam1", refused.append, lambda: None) is None
