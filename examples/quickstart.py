@@ -106,7 +106,7 @@ def main() -> int:
     healthy = bool(np.allclose(result, expected[rt.outputs[0].name], atol=bundle.manifest.health_check.atol,
                                rtol=bundle.manifest.health_check.rtol))
     ok &= healthy
-    print(f"   bundle {bundle.path}: {bundle.manifest.variant}, signed by {bundle.signed_by}, "
+    print(f"   bundle {bundle.path}: {bundle.manifest.variant}, signed by {', '.join(bundle.signed_by)}, "
           f"health check {'passed' if healthy else 'FAILED'}")
 
     print("\n== 6. update a fleet over MQTT")

@@ -62,7 +62,7 @@ class DeviceAgent:
                                       lambda reason: self._event(None, AgentEvent.REJECTED, reason=reason),
                                       lambda: self._publish_state())
         self.runtime = runtime
-        self.installer = Installer(self.store, runtime)
+        self.installer = Installer(self.store, runtime, lambda: self.trust.root.keyset("bundles") if self.trust else None)
         self.profile = resolve_profile(config, runtime)
         self._transport_factory = transport_factory
         me = config.device_id

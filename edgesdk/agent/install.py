@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from edgesdk.fleet.protocol import ArchiveInfo, unpack_bundle
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.runtime import Runtime
+from edgesdk.runtime.signing import KeySet
 
 __all__ = ["Installer", "InstallOutcome"]
 
@@ -66,9 +68,13 @@ class Installer:
     Not thread-safe: the agent calls it from its one worker thread.
     """
 
-    def __init__(self, store: ModelStore, runtime: ManagedRuntime | None = None) -> None:
+    def __init__(self, store: ModelStore, runtime: ManagedRuntime | None = None,
+                 bundle_keys: Callable[[], KeySet | None] = lambda: None) -> None:
         self.store = store
         self.runtime = runtime
+        #: The keys bundles must be signed with, asked at each install (the root's bundles role, which a rotation
+        #: may have changed since the transfer began); None: the signed command's hashes are the only check.
+        self.bundle_keys = bundle_keys
 
     def unpack(self, slot: str, archive: Path, info: ArchiveInfo) -> None:
         """Unpack a downloaded, hash-checked ``archive`` into a new verified slot, and record its chunk layout.
@@ -77,7 +83,7 @@ class Installer:
         cannot be recorded is only logged: without it the next version fetches every chunk, but this install
         does not need it.
         """
-        self.store.add_slot(slot, lambda tmp: unpack_bundle(archive, tmp))
+        self.store.add_slot(slot, lambda tmp: unpack_bundle(archive, tmp), self.bundle_keys())
         try:
             record_layout(self.store.root, slot, archive, info)
         except (OSError, tarfile.TarError) as exc:
@@ -94,7 +100,7 @@ class Installer:
         pending = PendingInstall(slot, self.store.pointer("current"), deployment_id, name, version)
         if verify:
             try:
-                self.store.verify_slot(slot)
+                self.store.verify_slot(slot, self.bundle_keys())
             except EdgeSDKError as exc:
                 return InstallOutcome(AgentEvent.FAILED, pending, {"reason": f"slot {slot} does not verify: {exc}"})
         state = self.store.load_state()

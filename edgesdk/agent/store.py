@@ -198,16 +198,18 @@ class ModelStore:
         return (self.slots / slot / "manifest.json").is_file()
 
     def verify_slot(self, slot: str, public_key: Any = None) -> Bundle:
-        """Read the slot's bundle, checking every file's hash (and the signature when a key is given)."""
-        return read_bundle(self.slots / slot, public_key=public_key)
+        """Read the slot's bundle, checking every file's hash and, when keys are given (a public key or a
+        :class:`~edgesdk.runtime.signing.KeySet`), its signatures: then an unsigned bundle is refused too."""
+        return read_bundle(self.slots / slot, public_key=public_key, require_signature=public_key is not None)
 
-    def add_slot(self, slot: str, fill: Callable[[Path], object]) -> Path:
-        """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified, then renamed."""
+    def add_slot(self, slot: str, fill: Callable[[Path], object], public_key: Any = None) -> Path:
+        """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified (hashes, and the
+        signatures when keys are given, as :meth:`verify_slot`), then renamed; a refused one never appears."""
         final = self.slots / slot
         if not final.exists():
             with atomic_dir(final) as staging:
                 fill(staging)
-                read_bundle(staging)  # hashes of every file against the bundle manifest
+                read_bundle(staging, public_key=public_key, require_signature=public_key is not None)
         self._record_installed(slot)  # also for a slot named before a crash could record it
         return final
 

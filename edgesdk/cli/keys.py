@@ -151,12 +151,13 @@ def show(root: str) -> None:
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--key", required=True, type=click.Path(exists=True, dir_okay=False), help="Ed25519 private key (PEM).")
 def sign(bundle: str, key: str) -> None:
-    """Check BUNDLE's hashes and sign its manifest."""
-    from edgesdk.runtime.bundle import sign_bundle
+    """Check BUNDLE's hashes and add a signature of its manifest (beside the signatures already there)."""
+    from edgesdk.runtime.bundle import sign_bundle, signers
     from edgesdk.runtime.signing import load_private_key
 
     signed = sign_bundle(bundle, load_private_key(key))
-    click.echo(f"signed {signed.path} ({signed.manifest.name} {signed.manifest.version}) with key {signed.signed_by}")
+    click.echo(f"signed {signed.path} ({signed.manifest.name} {signed.manifest.version}) with key "
+               f"{', '.join(signed.signed_by)}; signed by: {', '.join(signers(signed.path))}")
 
 
 @click.command()
@@ -169,5 +170,5 @@ def verify(bundle: str, pub: str | None) -> None:
 
     checked = read_bundle(bundle, public_key=load_public_key(pub) if pub else None, require_signature=bool(pub))
     m = checked.manifest
-    signer = f", signed by {checked.signed_by}" if checked.signed_by else ", hashes only (no key given)"
+    signer = f", signed by {', '.join(checked.signed_by)}" if checked.signed_by else ", hashes only (no key given)"
     click.echo(f"OK: {m.name} {m.version} ({m.variant}, {m.model_format.value}) for {m.target_profile}{signer}")

@@ -44,7 +44,7 @@ from edgesdk.runtime.model_file import ModelFile, ModelFormat
 from edgesdk.runtime.tensors import TensorSpec
 
 __all__ = ["FORMAT_VERSION", "FileEntry", "HealthCheck", "Manifest", "Bundle", "BundleSpec", "HealthSample",
-           "write_bundle", "read_bundle", "sign_bundle", "parse_version", "MANIFEST", "SIGNATURE",
+           "write_bundle", "read_bundle", "sign_bundle", "signers", "parse_version", "MANIFEST", "SIGNATURE",
            "HEALTH_FILE"]
 
 FORMAT_VERSION = 1
@@ -219,8 +219,9 @@ class Bundle:
 
     path: Path
     manifest: Manifest
-    #: Key id of the signature that verified, or None for an unsigned bundle.
-    signed_by: str | None
+    #: Key ids of the signatures that verified (every one of the keys asked for that signed it); empty when no key
+    #: was given or the bundle is unsigned.
+    signed_by: tuple[str, ...] = ()
 
     @property
     def model_path(self) -> Path:
@@ -340,19 +341,46 @@ def write_bundle(out_dir: str | os.PathLike[str], model: ModelFile, spec: Bundle
     return read_bundle(out)
 
 
+def _signatures(path: Path) -> list[tuple[str, bytes]]:
+    """The (key id, signature) pairs of a bundle's signature file: ``{"signatures": [{"algorithm", "key_id",
+    "signature"}, ...]}``, or the single ``{"algorithm", "key_id", "signature"}`` of earlier releases."""
+    import base64
+
+    try:
+        payload = json.loads(path.read_text())
+        entries = payload["signatures"] if "signatures" in payload else [payload]
+        return [(str(e["key_id"]), base64.b64decode(e["signature"], validate=True)) for e in entries
+                if e.get("algorithm", "ed25519") == "ed25519"]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SignatureError(f"{path} is malformed ({exc}); re-sign the bundle") from exc
+
+
+def signers(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The key ids a bundle's signature file lists (as written, not verified: :func:`read_bundle` verifies)."""
+    signature_path = Path(path) / SIGNATURE
+    return tuple(kid for kid, _ in _signatures(signature_path)) if signature_path.exists() else ()
+
+
 def _write_signature(directory: Path, private_key: Any) -> None:
+    """Add ``private_key``'s signature of the manifest to the bundle's signatures (replacing its own earlier one)."""
     import base64
 
     from edgesdk.runtime.signing import key_id, sign
 
     manifest_bytes = (directory / MANIFEST).read_bytes()
-    payload = {"algorithm": "ed25519", "key_id": key_id(private_key.public_key()),
-               "signature": base64.b64encode(sign(private_key, manifest_bytes)).decode()}
-    write_atomic(directory / SIGNATURE, json.dumps(payload, indent=2).encode())
+    kid = key_id(private_key.public_key())
+    others = _signatures(directory / SIGNATURE) if (directory / SIGNATURE).exists() else []
+    entries = [{"algorithm": "ed25519", "key_id": k, "signature": base64.b64encode(sig).decode()}
+               for k, sig in others if k != kid]
+    entries.append({"algorithm": "ed25519", "key_id": kid,
+                    "signature": base64.b64encode(sign(private_key, manifest_bytes)).decode()})
+    write_atomic(directory / SIGNATURE, json.dumps({"signatures": entries}, indent=2).encode())
 
 
 def sign_bundle(path: str | os.PathLike[str], private_key: Any) -> Bundle:
-    """Sign an existing bundle's manifest (after checking its hashes); replaces any old signature."""
+    """Add a signature of an existing bundle's manifest (after checking its hashes), beside the signatures of other
+    keys already there (a threshold of the root's ``bundles`` role, e.g. CI and a release manager); a second
+    signature by the same key replaces the first."""
     bundle = read_bundle(path)
     _write_signature(bundle.path, private_key)
     return read_bundle(path, public_key=private_key.public_key(), require_signature=True)
@@ -360,15 +388,16 @@ def sign_bundle(path: str | os.PathLike[str], private_key: Any) -> Bundle:
 
 def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_signature: bool = False,
                 verify_model: bool = True) -> Bundle:
-    """Read and verify a bundle: manifest schema, every file's hash, and the signature if a key is given.
+    """Read and verify a bundle: manifest schema, every file's hash, and the signatures if keys are given.
 
-    With ``require_signature`` an unsigned bundle is a SignatureError. ``verify_model=False``
+    ``public_key`` is one signer's key (its signature must be among the bundle's), or a
+    :class:`~edgesdk.runtime.signing.KeySet` (a threshold of its keys must have signed, e.g. the
+    ``bundles`` role of a device's root of trust). With ``require_signature`` an unsigned bundle is a
+    SignatureError. ``verify_model=False``
     checks the model file's size only, for callers that load it with :meth:`Bundle.read_model`,
     which hashes the bytes it loads (one pass over a large model instead of two).
     """
-    import base64
-
-    from edgesdk.runtime.signing import key_id, verify
+    from edgesdk.runtime.signing import KeySet
 
     root = Path(path)
     manifest_path = root / MANIFEST
@@ -381,16 +410,11 @@ def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_si
     except json.JSONDecodeError as exc:
         raise BundleError(f"{manifest_path} is not valid JSON ({exc}); the bundle is corrupt or truncated") from exc
 
-    signed_by = None
+    signed_by: tuple[str, ...] = ()
     signature_path = root / SIGNATURE
     if signature_path.exists() and public_key is not None:
-        try:
-            payload = json.loads(signature_path.read_text())
-            signature = base64.b64decode(payload["signature"], validate=True)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SignatureError(f"{signature_path} is malformed ({exc}); re-sign the bundle") from exc
-        verify(public_key, manifest_bytes, signature, str(root))
-        signed_by = key_id(public_key)
+        keys = public_key if isinstance(public_key, KeySet) else KeySet.of([public_key])
+        signed_by = keys.verify(manifest_bytes, _signatures(signature_path), f"{manifest.name} {manifest.version}")
     elif require_signature and not signature_path.exists():
         # Named by manifest, not path: on the server the path is an upload's temp directory.
         raise SignatureError(f"the bundle is not signed ({manifest.name} {manifest.version} has no {SIGNATURE}); "

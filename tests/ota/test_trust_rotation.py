@@ -4,6 +4,7 @@ compromised server key recovered by rotation, and a rollback of the root refused
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -13,8 +14,9 @@ from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, sign_comman
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.fleet.trust import ROLES, new_root, parse_root, sign_root
+from edgesdk.runtime.bundle import sign_bundle
 from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key
-from tests.ota.conftest import wait_for
+from tests.ota.conftest import make_bundle, wait_for
 
 FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
 
@@ -43,13 +45,14 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
     root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {"root": 2}, {"root": 2})
     root_keys = [load_private_key(p) for p in private["root"]]
     stolen = load_private_key(private["commands"][0])
+    signer = load_private_key(private["bundles"][0])  # the device checks models against the bundles role too
     agent = make_agent("cam0", broker.url, server_key=None, root=root_path)
     assert agent.state()["trust"]["root_version"] == 1
 
     # The server signs with the commands role's key: the device takes its rollout.
     server = make_server(broker.url, signing_key=stolen)
     wait_for(lambda: server.db.device("cam0"), what="device")
-    server.upload(pack_bundle(bundles["1.0.0"]))
+    server.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
     assert _rollout(server, "1.0.0").state == "completed"
     server.stop()
 
@@ -67,7 +70,7 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
     # A server with the new key carries on; the thief's commands, signed with the old one, are refused.
     server = make_server(broker.url, signing_key=replacement)
     wait_for(lambda: server.db.device("cam0"), what="device")
-    server.upload(pack_bundle(bundles["2.0.0"]))
+    server.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", signer)))
     assert _rollout(server, "2.0.0").state == "completed"
 
     # The thief's command (a version it picks) is refused, and the server hears why.
@@ -94,3 +97,53 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
     wait_for(lambda: any("rollback or forgery of the root of trust is refused" in r for r in _rejections(agent)),
              what="root rollback refusal")
     assert agent.trust.root.version == 2 and agent.state()["trust"]["root_version"] == 2
+
+
+def _signed_copy(source, out, *signers):
+    shutil.copytree(source, out)
+    for key in signers:
+        sign_bundle(out, key)
+    return out
+
+
+def test_bundles_need_the_bundles_role_threshold_and_a_revoked_key_no_longer_counts(
+        tmp_path, broker, make_server, make_agent, bundles, keys):
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {"bundles": 2}, {"bundles": 2})
+    root_keys = [load_private_key(p) for p in private["root"]]
+    ci, release = (load_private_key(p) for p in private["bundles"])
+    server = make_server(broker.url, signing_key=load_private_key(private["commands"][0]))
+    agent = make_agent("cam0", broker.url, server_key=None, root=root_path)
+    wait_for(lambda: server.db.device("cam0"), what="device")
+
+    # Signed by CI and the release manager (threshold 2): installed.
+    server.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", ci, release)))
+    assert _rollout(server, "1.0.0").state == "completed" and agent.current_version() == ("digits", "1.0.0")
+
+    # Signed by CI only: below the threshold, refused before it is unpacked into a slot.
+    server.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", ci)))
+    refused = _rollout(server, "2.0.0")
+    assert refused.state == "aborted"
+    (target,) = refused.targets
+    assert "bundle rejected: digits 2.0.0: 1 valid signature of the 2 required" in target.reason
+    assert not (agent.store.slots / "digits-2.0.0").exists() and agent.current_version() == ("digits", "1.0.0")
+
+    # CI's key is revoked and a new CI key added (root v2). 3.0.0, signed by the new CI key and the release
+    # manager, installs; going back to 1.0.0, whose slot the device holds but which only the revoked key and
+    # one other signed, is refused from the moment the device holds root v2.
+    generate_keypair(tmp_path / "new", "bundles-3")
+    ci2 = load_private_key(tmp_path / "new" / "bundles-3.key")
+    v2 = key_ceremony.rotate(root_path.read_bytes(), "bundles", root_keys,
+                             add=[load_public_key(tmp_path / "new" / "bundles-3.pub")], remove=[key_id(ci.public_key())])
+    _publish_retained(broker.url, Topics.root(2), v2.document)
+    wait_for(lambda: agent.trust.root.version == 2, what="root v2")
+    v3 = make_bundle(tmp_path / "v3", "3.0.0", keys, seed=3)
+    sign_bundle(v3, ci2)
+    sign_bundle(v3, release)
+    server.upload(pack_bundle(v3))
+    third = _rollout(server, "3.0.0")
+    assert third.state == "completed" and agent.current_version() == ("digits", "3.0.0")
+    back = server.rollback(third.id, to_version="1.0.0")
+    wait_for(lambda: server.status(back).state != "running", timeout=60, what="rollback to 1.0.0")
+    (target,) = server.status(back).targets
+    assert target.status == "failed" and "1 valid signature of the 2 required" in target.reason, target
+    assert agent.current_version() == ("digits", "3.0.0")

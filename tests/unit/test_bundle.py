@@ -31,7 +31,7 @@ def test_round_trip_and_runtime_loads_a_bundle(tmp_path, digits_onnx, digits):
     bundle = _write(tmp_path / "b", digits_onnx, digits)
     m = bundle.manifest
     assert (m.name, m.version, m.variant, m.model_file, m.format_version) == ("digits", "1.0.0", "fp32", "model.onnx", 1)
-    assert set(m.files) == {"model.onnx", "health_check.npz"} and bundle.signed_by is None
+    assert set(m.files) == {"model.onnx", "health_check.npz"} and bundle.signed_by == ()
     inputs, outputs = bundle.health_sample()
     with Runtime(tmp_path / "b", profile="generic-x86_64") as rt:
         np.testing.assert_allclose(rt.predict(inputs["input"]), outputs["probabilities"], atol=1e-6)
@@ -42,9 +42,9 @@ def test_round_trip_and_runtime_loads_a_bundle(tmp_path, digits_onnx, digits):
 def test_signed_bundle_verifies_with_the_right_key_only(tmp_path, digits_onnx, digits, keys):
     private, public = keys
     bundle = _write(tmp_path / "b", digits_onnx, digits, private_key=private)
-    assert read_bundle(bundle.path, public_key=public, require_signature=True).signed_by == key_id(public)
+    assert read_bundle(bundle.path, public_key=public, require_signature=True).signed_by == (key_id(public),)
     other_private, other_public = generate_keypair(tmp_path / "other")
-    with pytest.raises(SignatureError, match="signature does not verify"):
+    with pytest.raises(SignatureError, match=r"digits 1.0.0: 0 valid signatures of the 1 required"):
         read_bundle(bundle.path, public_key=load_public_key(other_public))
 
 
@@ -53,7 +53,7 @@ def test_unsigned_bundle_is_refused_when_a_signature_is_required(tmp_path, digit
     with pytest.raises(SignatureError, match="not signed"):
         read_bundle(bundle.path, public_key=keys[1], require_signature=True)
     signed = sign_bundle(bundle.path, keys[0])
-    assert signed.signed_by == key_id(keys[1])
+    assert signed.signed_by == (key_id(keys[1]),)
 
 
 def test_model_that_does_not_match_the_manifest_hash_is_rejected(tmp_path, digits_onnx, digits_tflite, digits):
@@ -80,7 +80,7 @@ def test_tampered_manifest_breaks_the_signature(tmp_path, digits_onnx, digits, k
     manifest = json.loads((bundle.path / "manifest.json").read_text())
     manifest["version"] = "9.9.9"
     (bundle.path / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    with pytest.raises(SignatureError, match="signature does not verify"):
+    with pytest.raises(SignatureError, match="0 valid signatures of the 1 required"):
         read_bundle(bundle.path, public_key=keys[1])
 
 
@@ -129,3 +129,29 @@ def test_private_key_is_written_owner_only(tmp_path):
         generate_keypair(tmp_path)
     with pytest.raises(SignatureError, match="not an unencrypted PEM private key"):
         load_private_key(public)
+
+
+def test_a_second_signer_adds_a_signature_and_a_threshold_of_two_needs_both(tmp_path, digits_onnx, digits, keys):
+    from edgesdk.runtime.signing import KeySet
+
+    ci, release = keys[0], load_private_key(generate_keypair(tmp_path / "release")[0])
+    bundle = _write(tmp_path / "b", digits_onnx, digits, private_key=ci)
+    both = KeySet.of([ci.public_key(), release.public_key()], threshold=2)
+    with pytest.raises(SignatureError, match="digits 1.0.0: 1 valid signature of the 2 required"):
+        read_bundle(bundle.path, public_key=both)
+    sign_bundle(bundle.path, release)
+    sign_bundle(bundle.path, release)  # signing twice with one key counts once
+    assert set(read_bundle(bundle.path, public_key=both).signed_by) == {key_id(ci.public_key()),
+                                                                        key_id(release.public_key())}
+    signatures = json.loads((bundle.path / "signature.json").read_text())["signatures"]
+    assert sorted(e["key_id"] for e in signatures) == sorted([key_id(ci.public_key()), key_id(release.public_key())])
+
+
+def test_a_bundle_signed_in_the_earlier_single_signature_format_still_verifies(tmp_path, digits_onnx, digits, keys):
+    import base64
+
+    bundle = _write(tmp_path / "b", digits_onnx, digits)
+    manifest = (bundle.path / "manifest.json").read_bytes()
+    (bundle.path / "signature.json").write_text(json.dumps({
+        "algorithm": "ed25519", "key_id": key_id(keys[1]), "signature": base64.b64encode(keys[0].sign(manifest)).decode()}))
+    assert read_bundle(bundle.path, public_key=keys[1], require_signature=True).signed_by == (key_id(keys[1]),)
