@@ -36,7 +36,7 @@ from edgesdk.lazy import lazy_exports
 _EXPORTS = {
     "DeviceAgent": "edgesdk.agent.agent",
     "AgentConfig": "edgesdk.agent.config",
-    "load_credentials": "edgesdk.agent.config",
+    "load_credentials": "edgesdk.fleet.transport",
     "ManagedRuntime": "edgesdk.agent.managed",
     "HealthReport": "edgesdk.agent.managed",
     "health_check": "edgesdk.agent.managed",
@@ -56,7 +56,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from edgesdk.agent.agent import DeviceAgent
-    from edgesdk.agent.config import AgentConfig, load_credentials
+    from edgesdk.agent.config import AgentConfig
     from edgesdk.agent.install import Installer, InstallOutcome
     from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
     from edgesdk.agent.store import ModelStore, PendingInstall, StoreState
+    from edgesdk.fleet.transport import load_credentials

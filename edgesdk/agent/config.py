@@ -1,7 +1,7 @@
 """How a device agent is configured: its broker, trust, patience, disk and reporting settings.
 
-:class:`AgentConfig` is validated at construction; :func:`load_credentials` reads the broker
-credentials file ``edgesdk server mosquitto-config`` writes for a device.
+:class:`AgentConfig` is validated at construction (the broker credentials file of a device is
+read by :func:`edgesdk.fleet.transport.load_credentials`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from edgesdk.agent.managed import ManagedRuntime
     from edgesdk.fleet.transport import Transport
 
-__all__ = ["AgentConfig", "load_credentials", "resolve_profile"]
+__all__ = ["AgentConfig", "resolve_profile"]
 
 
 @dataclass(frozen=True)
@@ -101,23 +101,6 @@ class AgentConfig:
         return factory(self.broker, client_id=f"edgesdk-agent-{self.device_id}", username=self.username,
                        password=self.password, will=(f"{PREFIX}/devices/{self.device_id}/state", self.offline_state()),
                        ca_file=self.ca_file, on_connect=on_connect, on_refused=on_refused)
-
-
-def load_credentials(path: str | os.PathLike[str], device_id: str) -> tuple[str, str]:
-    """The broker username and password in a credentials file of ``edgesdk server mosquitto-config``.
-
-    Raises BrokerError when the file is not such a file or names another device (the broker's ACL
-    would shut this agent out of its own topics).
-    """
-    fix = f"pass --credentials credentials/{device_id}.json from `edgesdk server mosquitto-config`"
-    try:
-        creds = json.loads(Path(path).read_text())
-        username, password = creds["username"], creds["password"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BrokerError(f"{path} is not a credentials file with a username and password ({exc}); {fix}") from exc
-    if creds.get("device_id", device_id) != device_id:
-        raise BrokerError(f"{path} holds the credentials of device {creds['device_id']!r}, not {device_id!r}; {fix}")
-    return str(username), str(password)
 
 
 def resolve_profile(config: AgentConfig, runtime: ManagedRuntime | None = None) -> DeviceProfile:

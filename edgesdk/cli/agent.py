@@ -41,9 +41,10 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
           state_every: float | None, sysfs_root: str, allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
     from edgesdk.agent.agent import DeviceAgent
-    from edgesdk.agent.config import AgentConfig, load_credentials
+    from edgesdk.agent.config import AgentConfig
     from edgesdk.agent.managed import ManagedRuntime
     from edgesdk.errors import SignatureError
+    from edgesdk.fleet.transport import load_credentials
     from edgesdk.logs import configure
     from edgesdk.runtime.signing import load_public_key
 

@@ -135,6 +135,34 @@ def sign_root(root: str, key_files: tuple[str, ...]) -> None:
     click.echo(f"{root}: signed by {', '.join(describe(document)['signed_by'])}")  # type: ignore[arg-type]
 
 
+@keys.command("publish")
+@click.argument("roots", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+@click.option("--credentials", type=click.Path(exists=True, dir_okay=False),
+              help="The server's broker credentials JSON (it may write edgesdk/#).")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
+def publish(roots: tuple[str, ...], broker: str, credentials: str | None, ca_file: str | None) -> None:
+    """Publish root versions to the fleet, retained on edgesdk/trust/root/N: devices take them as a chain."""
+    from pathlib import Path
+
+    from edgesdk.fleet.protocol import Topics
+    from edgesdk.fleet.transport import MqttTransport, load_credentials
+    from edgesdk.fleet.trust import parse_root
+
+    documents = [Path(r).read_bytes() for r in roots]
+    versions = [parse_root(d)[0].version for d in documents]  # a malformed file is refused before anything is sent
+    username, password = load_credentials(credentials) if credentials else (None, None)
+    transport = MqttTransport(broker, client_id="edgesdk-keys-publish", username=username, password=password,
+                              ca_file=ca_file)
+    try:
+        for version, document in sorted(zip(versions, documents)):
+            transport.publish(Topics.root(version), document, retain=True)
+            transport.confirm_access()
+            click.echo(f"published root v{version} on {Topics.root(version)} (retained)")
+    finally:
+        transport.close()
+
+
 @keys.command("show")
 @click.argument("root", type=click.Path(exists=True, dir_okay=False))
 def show(root: str) -> None:

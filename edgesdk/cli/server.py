@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -132,13 +131,14 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         broker = embedded.url
         click.echo(f"embedded MQTT broker on {broker} (loopback only)", err=True)
     assert broker
+    from edgesdk.fleet.transport import load_credentials
     from edgesdk.ota_server.app import ServerSetup, build_server
     from edgesdk.ota_server.server import ServerConfig
     from edgesdk.runtime.signing import load_private_key, load_public_key
 
-    creds = json.loads(Path(credentials).read_text()) if credentials else {}
+    username, password = load_credentials(credentials) if credentials else (None, None)
     running = build_server(ServerSetup(
-        ServerConfig(broker, username=creds.get("username"), password=creds.get("password"), ca_file=ca_file,
+        ServerConfig(broker, username=username, password=password, ca_file=ca_file,
                      offload_url=offload_url, share_group="edgesdk" if replica else None, lease_s=lease_s,
                      name=server_name, compress_min_saving=None if no_compress else compress_min_saving),
         repo=repo, db=db, signing_key=load_private_key(key),

@@ -14,19 +14,22 @@ reveals an agent holding another device's credentials). Each raises or reports a
 from __future__ import annotations
 
 import abc
+import json
 import logging
+import os
 import re
 import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from edgesdk.errors import BrokerError, TransferError
 
-__all__ = ["Transport", "MqttTransport", "BrokerAddress", "parse_broker_url", "Handler"]
+__all__ = ["Transport", "MqttTransport", "BrokerAddress", "parse_broker_url", "Handler", "load_credentials"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,24 @@ def parse_broker_url(url: str) -> BrokerAddress:
         raise TransferError(f"broker URL {url!r} must look like mqtt://HOST:PORT or mqtts://HOST:PORT")
     tls = parsed.scheme == "mqtts"
     return BrokerAddress(parsed.hostname, parsed.port or (8883 if tls else 1883), tls)
+
+
+def load_credentials(path: str | os.PathLike[str], device_id: str | None = None) -> tuple[str, str]:
+    """The broker username and password in a credentials file of ``edgesdk server mosquitto-config``.
+
+    With ``device_id`` (an agent), a file naming another device is refused too, since the broker's ACL
+    would shut the agent out of its own topics. Raises BrokerError, naming the file and the fix.
+    """
+    who = device_id or "server"
+    fix = f"pass --credentials credentials/{who}.json from `edgesdk server mosquitto-config`"
+    try:
+        creds = json.loads(Path(path).read_text())
+        username, password = creds["username"], creds["password"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BrokerError(f"{path} is not a credentials file with a username and password ({exc}); {fix}") from exc
+    if device_id is not None and creds.get("device_id", device_id) != device_id:
+        raise BrokerError(f"{path} holds the credentials of device {creds['device_id']!r}, not {device_id!r}; {fix}")
+    return str(username), str(password)
 
 
 class Transport(abc.ABC):

@@ -11,8 +11,7 @@ import pytest
 
 import edgesdk.errors as errors
 from edgesdk import Runtime
-from edgesdk.agent.config import load_credentials
-from edgesdk.fleet.transport import MqttTransport
+from edgesdk.fleet.transport import MqttTransport, load_credentials
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
 from edgesdk.runtime.bundle import BundleSpec, read_bundle
 from edgesdk.runtime.bundling import bundle_from_model

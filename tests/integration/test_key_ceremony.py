@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,33 @@ def test_a_rotation_signed_only_by_outsiders_lists_every_missing_signature(fleet
     result = key_ceremony.rotate(document, "commands", [Ed25519PrivateKey.generate()], threshold=1)
     assert result.version == 2 and len(result.missing) == 2
     assert result.missing[0].startswith("2 more signature(s) by the root keys of v1")
+
+
+def test_publish_sends_every_root_version_retained_and_refuses_a_malformed_one(tmp_path):
+    from edgesdk.fleet.protocol import Topics
+    from edgesdk.fleet.transport import MqttTransport
+    from edgesdk.ota_server.broker import LocalMosquitto
+
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
+    root_keys = [load_private_key(p) for p in private["root"]]
+    v2 = key_ceremony.rotate(root_path.read_bytes(), "commands", root_keys, threshold=1)
+    (tmp_path / "root.v2.json").write_bytes(v2.document)
+    (tmp_path / "bad.json").write_text("{}")
+    broker = LocalMosquitto(tmp_path / "broker")
+    try:
+        refused = edgesdk("keys", "publish", "bad.json", "--broker", broker.url, cwd=tmp_path)
+        assert refused.returncode == 27 and "root metadata is malformed" in refused.stderr
+        published = edgesdk("keys", "publish", "root.v2.json", root_path, "--broker", broker.url, cwd=tmp_path)
+        assert published.returncode == 0, published.stderr
+        assert published.stdout.splitlines() == [f"published root v1 on {Topics.root(1)} (retained)",
+                                                 f"published root v2 on {Topics.root(2)} (retained)"]
+        received: dict[str, bytes] = {}
+        reader = MqttTransport(broker.url, client_id="device-like")
+        reader.subscribe(Topics.ALL_ROOTS, lambda topic, payload: received.__setitem__(topic, payload))
+        deadline = time.monotonic() + 10
+        while len(received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reader.close()
+        assert received == {Topics.root(1): root_path.read_bytes(), Topics.root(2): v2.document}
+    finally:
+        broker.stop()

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from edgesdk.agent.agent import DeviceAgent
-from edgesdk.agent.config import AgentConfig, load_credentials
+from edgesdk.agent.config import AgentConfig
 from edgesdk.errors import BrokerError
 from edgesdk.fleet.protocol import Topics, pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.transport import load_credentials
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
 from edgesdk.ota_server.mosquitto import MosquittoConfig, write_mosquitto_config
 from tests.ota.conftest import wait_for
