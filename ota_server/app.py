@@ -52,6 +52,10 @@ class ServerSetup:
     #: What the inference endpoint serves (None: every model, newest version, batching on; see
     #: :class:`edgesdk.ota_server.inference.InferenceConfig`).
     inference_config: Any = None
+    #: The fleet's root metadata document (``edgesdk keys init``/``rotate``), published retained at start.
+    root: bytes | None = None
+    #: The ``timestamp`` role's private key: with it the server publishes signed timestamps (freshness).
+    timestamp_key: Any = None
 
 
 class RunningServer:
@@ -99,7 +103,8 @@ def build_server(setup: ServerSetup) -> RunningServer:
         db.close()
         raise EdgeSDKError(f"replicas share their fleet state through PostgreSQL, not the SQLite file {setup.db}: "
                            "pass --db postgresql://USER:PASSWORD@HOST:PORT/DATABASE to every replica")
-    ota = setup.server_class(setup.server, repository, db, setup.signing_key).start()
+    ota = setup.server_class(setup.server, repository, db, setup.signing_key, root=setup.root,
+                             timestamp_key=setup.timestamp_key).start()
     running = RunningServer(ota, repository)
     try:
         if setup.inference is not None:

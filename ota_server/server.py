@@ -25,9 +25,11 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import PREFIX, Topics, check_id
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState
 from edgesdk.fleet.transport import MqttTransport, Transport
+from edgesdk.fleet.trust import parse_root
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.engine import RolloutEngine
 from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB
+from edgesdk.ota_server.freshness import TimestampPublisher
 from edgesdk.ota_server.ingest import DeviceEvent, Ingest
 from edgesdk.ota_server.measurements import Measurements
 from edgesdk.ota_server.metrics import ServerMetrics
@@ -83,13 +85,16 @@ class ServerConfig:
     catch_up_quiet_s: float = 1.0
     #: Send a chunk zstd-compressed when that saves more than this share of its bytes (None: never compress).
     compress_min_saving: float | None = 0.10
+    #: With a timestamp key: publish signed timestamp metadata this often, valid for ``timestamp_expires_s``.
+    timestamp_every_s: float = 60.0
+    timestamp_expires_s: float = 300.0
 
 
 class OTAServer:
     """Fleet state, rollouts, the chunk service and measurements over one MQTT connection."""
 
     def __init__(self, config: ServerConfig, repository: ModelRepository, db: FleetDB, signing_key: Any,
-                 transport_factory: Any = MqttTransport) -> None:
+                 transport_factory: Any = MqttTransport, root: bytes | None = None, timestamp_key: Any = None) -> None:
         self.config, self.repo, self.db, self.key = config, repository, db, signing_key
         self._transport_factory = transport_factory
         self.transport: Transport | None = None
@@ -106,6 +111,11 @@ class OTAServer:
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
         self.ingest = Ingest(db, observe=self.metrics.observe_event)
+        #: The fleet's root of trust, published retained at start (devices take it as the next in their chain).
+        self.root = parse_root(root)[0] if root is not None else None
+        self.timestamps = (TimestampPublisher(db, self._publish, timestamp_key, self.root.version if self.root else 1,
+                                              config.timestamp_every_s, config.timestamp_expires_s)
+                           if timestamp_key is not None else None)
         self.sender = StageSender(db, repository, self.chunks, signing_key, self._publish, self.metrics,
                                   lambda: self.ingest.pending, self._stop, config.offload_url, config.broadcast_wait_s)
         self.engine = RolloutEngine(db, self.sender, resend_s=config.resend_s, holder=self.name, lease_s=config.lease_s)
@@ -133,6 +143,8 @@ class OTAServer:
         self.transport.subscribe(shared + Topics.ALL_EVENTS, self._on_event)
         self.transport.subscribe(Topics.ALL_NEEDS, self._on_need)
         self.transport.subscribe(Topics.ALL_MEASUREMENTS, self.measurements.on_result)
+        if self.root is not None:
+            self._publish(Topics.root(self.root.version), self.root.raw, retain=True)
         self._engine_thread = threading.Thread(target=self._run, name="rollout-engine", daemon=True)
         self._engine_thread.start()
         return self
@@ -171,6 +183,8 @@ class OTAServer:
                 return
             self.measurements.expire()
             self.engine.tick()
+            if self.timestamps is not None:
+                self.timestamps.tick()
 
     def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         assert self.transport is not None

@@ -100,10 +100,11 @@ class DeviceAgent:
         if resume is not None:
             self._work.put(("activate", resume))
         self.transport = cfg.connect(self._transport_factory, self._publish_state, self._on_refused)
-        self.transport.subscribe(Topics.cmd(cfg.device_id), self._on_command)
+        self.transport.subscribe(Topics.cmd(cfg.device_id), lambda topic, payload: self._work.put(("command", payload)))
         self.transport.subscribe(Topics.device_chunks(cfg.device_id, "+") + "/+", self._on_chunk)
         if self.trust is not None:
             self.transport.subscribe(Topics.ALL_ROOTS, lambda topic, payload: self._work.put(("root", payload)))
+            self.transport.subscribe(Topics.TIMESTAMP, lambda topic, payload: self._work.put(("timestamp", payload)))
         self._publish_state()  # the first connect happened before self.transport was set
         try:
             self.transport.confirm_access()  # an agent the ACL shuts out must not report itself ready
@@ -159,9 +160,6 @@ class DeviceAgent:
         if self._worker is not None:  # before that, start() raises it
             log.error("%s: the broker shut this agent out: %s", self.config.device_id, error)
 
-    def _on_command(self, topic: str, payload: bytes) -> None:
-        self._work.put(("command", payload))
-
     def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         if self.transport is not None:
             self.bytes_published += len(payload)
@@ -181,6 +179,8 @@ class DeviceAgent:
             except queue.Empty:
                 self.measurements.expire()
                 self.downloads.request_missing()
+                if self.trust is not None:
+                    self.trust.check_freshness()
                 if self.config.state_interval_s and time.monotonic() >= self._state_due:
                     self._state_due = time.monotonic() + self.config.state_interval_s
                     self._publish_state()
@@ -194,8 +194,8 @@ class DeviceAgent:
                     self._complete(item)
                 elif kind == "activate":
                     self._report_install(self.installer.activate(item))
-                elif kind == "root" and self.trust is not None:
-                    self.trust.receive(item)
+                elif kind in ("root", "timestamp") and self.trust is not None:
+                    self.trust.take(kind, item)
             except Exception:
                 log.exception("%s: %s failed", self.config.device_id, kind)
             self.downloads.request_missing()

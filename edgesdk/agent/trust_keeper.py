@@ -7,6 +7,12 @@ versions before it have come, then the chain is applied (:func:`~edgesdk.fleet.t
 A root signed without the thresholds, malformed, or a different document under a version this
 device already passed (a rollback or a forgery) is refused with the reason, and the trusted root
 stays. Commands are verified with the trusted root's ``commands`` role from the moment it is stored.
+
+Freshness: the newest timestamp metadata the server published (``edgesdk/trust/timestamp``,
+signed by the root's ``timestamp`` role) is kept in ``trust/timestamp.json``; an older version is
+ignored, so a replayed one cannot make an expired view look fresh.
+A device whose newest timestamp has expired, or that has none, is **stale**: it says so in its
+state and its log, and keeps running its model.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import SignatureError, TrustError
-from edgesdk.fleet.trust import Root, TrustStore, parse_root
+from edgesdk.files import write_atomic
+from edgesdk.fleet.trust import Root, Timestamp, TrustStore, parse_root, parse_timestamp
 from edgesdk.runtime.signing import KeySet
 
 __all__ = ["TrustKeeper"]
@@ -40,6 +47,9 @@ class TrustKeeper:
         self.root: Root = self.store.load()
         #: Root documents received but not applied yet (a later version came before an earlier one).
         self._pending: dict[int, bytes] = {}
+        self._timestamp_path = self.store.directory / "timestamp.json"
+        self.timestamp: Timestamp | None = self._stored_timestamp()
+        self._reported_stale: bool | None = None
 
     @classmethod
     def open(cls, directory: Path, provision: str | os.PathLike[str] | None, label: str,
@@ -53,6 +63,10 @@ class TrustKeeper:
     def command_keys(self) -> KeySet:
         """The keys and threshold commands must be signed with."""
         return self.root.keyset("commands")
+
+    def take(self, kind: str, document: bytes) -> str | None:
+        """A ``root`` or ``timestamp`` document off the wire; the reason it was refused, or None."""
+        return self.receive(document) if kind == "root" else self.receive_timestamp(document)
 
     def receive(self, document: bytes) -> str | None:
         """Take a root document off the wire; the reason it was refused (also given to ``on_refused``), or None
@@ -95,11 +109,58 @@ class TrustKeeper:
         self._pending = {v: d for v, d in self._pending.items() if v > self.root.version}
         return None
 
+    def receive_timestamp(self, document: bytes) -> str | None:
+        """Take timestamp metadata off the wire; the reason it was refused (also to ``on_refused``), or None."""
+        try:
+            timestamp = parse_timestamp(document, self.root)
+        except SignatureError as exc:  # TrustError included
+            refusal: str | None = str(exc)
+        else:
+            refusal = None
+            # An older one (a replay, or a replica whose clock is behind) is ignored: the device keeps its newest,
+            # and goes stale when that expires, whatever is replayed to it.
+            if self.timestamp is None or timestamp.version > self.timestamp.version:
+                write_atomic(self._timestamp_path, document)
+                self.timestamp = timestamp
+        if refusal is not None:
+            log.warning("%s: %s", self._label, refusal)
+            self._on_refused(refusal)
+        self.check_freshness()
+        return refusal
+
+    def stale(self, now: float | None = None) -> bool:
+        """No timestamp, or the newest one expired: nobody vouches that this device's view is current."""
+        return self.timestamp is None or self.timestamp.expired(now)
+
+    def check_freshness(self, now: float | None = None) -> None:
+        """Log and report (``on_changed``) when the device becomes stale or fresh again."""
+        stale = self.stale(now)
+        if stale == self._reported_stale:
+            return
+        if stale:
+            since = f"its newest timestamp expired at {self.timestamp.expires_iso}" if self.timestamp else \
+                "it has received no timestamp"
+            log.warning("%s: stale: %s; is the server publishing, or are updates being withheld?", self._label, since)
+        elif self._reported_stale is not None:
+            log.info("%s: fresh again (timestamp v%d)", self._label, self.timestamp.version if self.timestamp else 0)
+        self._reported_stale = stale
+        self._on_changed()
+
+    def _stored_timestamp(self) -> Timestamp | None:
+        try:
+            return parse_timestamp(self._timestamp_path.read_bytes(), self.root)
+        except (OSError, SignatureError):  # none yet, or signed by a timestamp key the root no longer names
+            return None
+
     def _held(self, version: int) -> bytes | None:
         path = self.store.path if version == self.root.version else self.store.directory / f"root.{version}.json"
         return path.read_bytes() if path.exists() else None
 
     def state(self) -> dict[str, Any]:
-        """What the device reports of its trust: the root version, its expiry and whether it passed."""
+        """What the device reports of its trust: the root version and expiry, whether it is stale, its newest
+        timestamp."""
+        timestamp = self.timestamp
         return {"root_version": self.root.version, "root_expires": self.root.expires_iso,
-                "root_expired": self.root.expired()}
+                "root_expired": self.root.expired(), "stale": self.stale(),
+                "timestamp_version": timestamp.version if timestamp else None,
+                "timestamp_expires": timestamp.expires_iso if timestamp else None}

@@ -87,13 +87,21 @@ def _token(token: str | None, token_file: Path) -> str:
               help="Send an archive chunk zstd-compressed when that saves more than this share of its bytes "
                    "(0 compresses whatever shrinks).")
 @click.option("--no-compress", is_flag=True, help="Send every chunk as it is (devices then need no zstd).")
+@click.option("--root", "root_file", type=click.Path(exists=True, dir_okay=False),
+              help="The fleet's root of trust (root.json of `edgesdk keys`), published to devices, retained.")
+@click.option("--timestamp-key", type=click.Path(exists=True, dir_okay=False),
+              help="The timestamp role's private key: publish signed freshness metadata (devices report `stale` "
+                   "when it stops).")
+@click.option("--timestamp-every", default="60s", show_default=True, help="How often a timestamp is published.")
+@click.option("--timestamp-expires", default="5m", show_default=True, help="How long each timestamp is valid.")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
            replica: bool, server_name: str | None, lease: str, credentials: str | None, ca_file: str | None,
            keep_latest: int, embedded_broker: bool,
            inference_address: str | None, inference_config: str | None, inference_threads: int | None,
-           offload_url: str | None, compress_min_saving: float, no_compress: bool) -> None:
+           offload_url: str | None, compress_min_saving: float, no_compress: bool, root_file: str | None,
+           timestamp_key: str | None, timestamp_every: str, timestamp_expires: str) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
     --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
@@ -140,13 +148,16 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     running = build_server(ServerSetup(
         ServerConfig(broker, username=username, password=password, ca_file=ca_file,
                      offload_url=offload_url, share_group="edgesdk" if replica else None, lease_s=lease_s,
-                     name=server_name, compress_min_saving=None if no_compress else compress_min_saving),
+                     name=server_name, compress_min_saving=None if no_compress else compress_min_saving,
+                     timestamp_every_s=parse_duration(timestamp_every), timestamp_expires_s=parse_duration(timestamp_expires)),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address,
         token=_token(token, Path(token_file) if token_file else Path(db).parent / "admin.token"),
         inference=inference_address,
-        inference_config=_inference_config(inference_config, inference_threads) if inference_address else None))
+        inference_config=_inference_config(inference_config, inference_threads) if inference_address else None,
+        root=Path(root_file).read_bytes() if root_file else None,
+        timestamp_key=load_private_key(timestamp_key) if timestamp_key else None))
     click.echo(f"edgesdk server: broker {broker}, admin API {running.url}"
                + (f", inference {running.inference_url}/v2" if running.inference_url else ""), err=True)
     _wait_for_signal()

@@ -19,7 +19,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from edgesdk.errors import TrustError
-from edgesdk.fleet.trust import ROLES, Root, add_signatures, new_root, parse_root, sign_root, update_root
+from edgesdk.fleet.trust import ROLES, Root, add_signatures, new_root, parse_root, sign_metadata, update_root
 from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key
 
 __all__ = ["CeremonyResult", "init_fleet", "rotate", "revoke", "sign_more", "describe", "DEFAULT_EXPIRY_S"]
@@ -60,7 +60,7 @@ def init_fleet(out_dir: str | os.PathLike[str], key_counts: Mapping[str, int], t
         private[role] = [key for key, _ in paths]
         public[role] = [load_public_key(pub) for _, pub in paths]
     signed = new_root(1, time.time() + expires_in_s, {r: (public[r], thresholds.get(r, 1)) for r in ROLES})
-    document = sign_root(signed, [load_private_key(p) for p in private["root"]])
+    document = sign_metadata(signed, [load_private_key(p) for p in private["root"]])
     root_path = out / "root.json"
     root_path.write_bytes(document)
     return root_path, private
@@ -74,7 +74,7 @@ def _roles(root: Root) -> dict[str, tuple[list[Ed25519PublicKey], int]]:
 def _next(old: Root, roles: Mapping[str, tuple[Sequence[Ed25519PublicKey], int]], signers: Iterable[Ed25519PrivateKey],
           expires_in_s: float) -> CeremonyResult:
     signed = new_root(old.version + 1, time.time() + expires_in_s, roles)
-    document = sign_root(signed, list(signers))
+    document = sign_metadata(signed, list(signers))
     new, signatures = parse_root(document)
     missing = []
     signed_by = {kid for kid, _ in signatures}

@@ -127,6 +127,8 @@ class Topics:
         return f"{PREFIX}/trust/root/{version}"
 
     ALL_ROOTS = f"{PREFIX}/trust/root/+"
+    #: Where the server keeps its newest signed timestamp metadata, retained (edgesdk.fleet.trust).
+    TIMESTAMP = f"{PREFIX}/trust/timestamp"
     ALL_STATES = f"{PREFIX}/devices/+/state"
     ALL_EVENTS = f"{PREFIX}/devices/+/events"
     ALL_NEEDS = f"{PREFIX}/devices/+/need"

@@ -23,6 +23,12 @@ sign nothing a device accepts. **Expiry**: a root past its ``expires`` is still 
 device knows; :meth:`Root.expired` tells the agent to report itself stale (no new root is
 reaching it), and the device keeps running its model.
 
+**Freshness** (:func:`new_timestamp`, :func:`parse_timestamp`): the server publishes timestamp
+metadata at an interval, signed by the ``timestamp`` role: a version that only grows, a short
+expiry, the root version it was made under, and a digest of each group's current target. A device
+that cannot tell "no update exists" from "updates are being withheld" (an indefinite freeze) now
+can: when its newest timestamp has expired, nobody is vouching for what it runs.
+
 :class:`TrustStore` keeps the trusted root on the device: ``root.json`` replaced atomically, and
 every earlier version kept beside it as ``root.<N>.json``.
 """
@@ -45,8 +51,9 @@ from edgesdk.errors import SignatureError, TrustError
 from edgesdk.files import write_atomic
 from edgesdk.runtime.signing import KeySet, key_id, public_from_raw, raw_public
 
-__all__ = ["ROLES", "Root", "RoleKeys", "canonical", "new_root", "sign_root", "add_signatures", "parse_root",
-           "trust_root", "update_root", "update_chain", "TrustStore"]
+__all__ = ["ROLES", "Root", "RoleKeys", "canonical", "new_root", "sign_metadata", "add_signatures", "parse_root",
+           "trust_root", "update_root", "update_chain", "TrustStore", "Timestamp", "new_timestamp",
+           "parse_timestamp", "targets_digest"]
 
 #: The roles a root names, each with its own keys and threshold.
 ROLES = ("root", "bundles", "commands", "timestamp")
@@ -125,8 +132,8 @@ def new_root(version: int, expires: float, roles: Mapping[str, tuple[Iterable[Ed
             "keys": keys, "roles": role_specs}
 
 
-def sign_root(signed: Mapping[str, Any], private_keys: Iterable[Ed25519PrivateKey]) -> bytes:
-    """The root document of ``signed``, signed by each of ``private_keys``."""
+def sign_metadata(signed: Mapping[str, Any], private_keys: Iterable[Ed25519PrivateKey]) -> bytes:
+    """The metadata document of ``signed`` (a root or a timestamp), signed by each of ``private_keys``."""
     data = canonical(signed)
     signatures = [{"keyid": key_id(k.public_key()), "sig": k.sign(data).hex()} for k in private_keys]
     return json.dumps({"signed": signed, "signatures": signatures}, indent=1, sort_keys=True).encode()
@@ -241,6 +248,65 @@ def update_chain(trusted: Root, documents: Iterable[bytes],
             on_step(trusted, new)
         trusted = new
     return trusted
+
+
+@dataclass(frozen=True)
+class Timestamp:
+    """Verified timestamp metadata."""
+
+    version: int
+    expires: float
+    #: The root version the server signed it under.
+    root_version: int
+    #: Group -> digest of the group's current target (:func:`targets_digest`).
+    targets: Mapping[str, str]
+    raw: bytes
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether ``expires`` has passed (at ``now``, default the current time)."""
+        return (time.time() if now is None else now) >= self.expires
+
+    @property
+    def expires_iso(self) -> str:
+        """``expires`` as written in the document (ISO 8601 UTC)."""
+        return _iso(self.expires)
+
+
+def targets_digest(target: Mapping[str, Any]) -> str:
+    """The SHA-256 (hex) of a group's target, e.g. ``{"model": "digits", "version": "1.2.0"}``, as canonical JSON."""
+    import hashlib
+
+    return hashlib.sha256(canonical(dict(target))).hexdigest()
+
+
+def new_timestamp(version: int, expires: float, root_version: int, targets: Mapping[str, str]) -> dict[str, Any]:
+    """The ``signed`` part of timestamp metadata (sign it with the ``timestamp`` role's keys)."""
+    return {"_type": "timestamp", "spec_version": SPEC_VERSION, "version": version, "expires": _iso(expires),
+            "root_version": root_version, "targets": dict(targets)}
+
+
+def parse_timestamp(document: bytes, root: Root) -> Timestamp:
+    """Timestamp metadata verified by ``root``'s ``timestamp`` role; TrustError when malformed, SignatureError when
+    short of that role's threshold (a timestamp key this root does not name, e.g. a revoked one)."""
+    envelope = _envelope(document)
+    signed = envelope["signed"]
+    try:
+        if signed.get("_type") != "timestamp" or signed.get("spec_version") != SPEC_VERSION:
+            raise ValueError(f"_type {signed.get('_type')!r} is not timestamp")
+        version, root_version = signed["version"], signed["root_version"]
+        for name, value in (("version", version), ("root_version", root_version)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} must be a whole number of 1 or more")
+        targets = signed["targets"]
+        if not isinstance(targets, dict) or not all(isinstance(k, str) and isinstance(v, str) and _HEX.match(v)
+                                                    for k, v in targets.items()):
+            raise ValueError("targets must map group names to hex digests")
+        expires = _seconds(signed["expires"])
+        signatures = [(s["keyid"], bytes.fromhex(s["sig"])) for s in envelope["signatures"] if _HEX.match(s["sig"])]
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise TrustError(f"timestamp metadata is malformed ({exc}); ignore it") from exc
+    root.keyset("timestamp").verify(canonical(signed), signatures, f"timestamp v{version}")
+    return Timestamp(version, expires, root_version, targets, document)
 
 
 class TrustStore:

@@ -13,7 +13,7 @@ from edgesdk.fleet import key_ceremony
 from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, sign_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
-from edgesdk.fleet.trust import ROLES, new_root, parse_root, sign_root
+from edgesdk.fleet.trust import ROLES, new_root, parse_root, sign_metadata
 from edgesdk.runtime.bundle import sign_bundle
 from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key
 from tests.ota.conftest import make_bundle, wait_for
@@ -90,7 +90,7 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
     # An attacker who controls the broker puts a root v1 of its own making (its own keys in every role) where
     # devices look: the device holds v2, refuses it, and keeps v2.
     attacker = [Ed25519PrivateKey.generate() for _ in range(2)]
-    forged_v1 = sign_root(new_root(1, time.time() + 86400, {
+    forged_v1 = sign_metadata(new_root(1, time.time() + 86400, {
         role: ([k.public_key() for k in attacker], 2 if role == "root" else 1) for role in ROLES}), attacker)
     assert parse_root(forged_v1)[0].version == 1
     _publish_retained(broker.url, Topics.root(1), forged_v1)
@@ -147,3 +147,39 @@ def test_bundles_need_the_bundles_role_threshold_and_a_revoked_key_no_longer_cou
     (target,) = server.status(back).targets
     assert target.status == "failed" and "1 valid signature of the 2 required" in target.reason, target
     assert agent.current_version() == ("digits", "3.0.0")
+
+
+def test_a_device_reports_stale_when_timestamps_stop_and_an_expired_one_replayed_changes_nothing(
+        tmp_path, broker, make_server, make_agent, bundles):
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
+    server = make_server(broker.url, signing_key=load_private_key(private["commands"][0]),
+                         root=root_path.read_bytes(), timestamp_key=load_private_key(private["timestamp"][0]),
+                         timestamp_every_s=0.2, timestamp_expires_s=1.5)
+    agent = make_agent("cam0", broker.url, server_key=None, root=root_path)
+    wait_for(lambda: agent.state()["trust"]["stale"] is False, what="a fresh timestamp")
+    wait_for(lambda: (server.db.device("cam0") or None) is not None, what="device")
+    first = agent.trust.timestamp
+    assert first is not None and first.root_version == 1
+
+    # The timestamps stop (the server is gone, or someone withholds them): the device goes stale by itself
+    # once its newest one expires, says so in its state and its log, and keeps running.
+    server.stop()
+    newest = agent.trust.timestamp
+    wait_for(lambda: agent.state()["trust"]["stale"] is True, timeout=1.5 + 0.2 + 10, what="stale")
+    # An expired timestamp replayed by whoever controls the broker does not make it fresh.
+    _publish_retained(broker.url, Topics.TIMESTAMP, first.raw)
+    time.sleep(0.5)
+    assert agent.trust.stale() and agent.trust.timestamp.version == newest.version
+    state = json.loads(_retained(broker.url, Topics.state("cam0")))
+    assert state["trust"]["stale"] is True and state["status"] == "online"
+
+
+def _retained(broker_url: str, topic: str) -> bytes:
+    got: list[bytes] = []
+    reader = MqttTransport(broker_url, client_id=f"reader-{time.monotonic_ns()}")
+    try:
+        reader.subscribe(topic, lambda t, payload: got.append(payload))
+        wait_for(lambda: got, what=f"retained {topic}")
+    finally:
+        reader.close()
+    return got[-1]

@@ -21,7 +21,7 @@ from edgesdk.fleet.trust import (
     add_signatures,
     new_root,
     parse_root,
-    sign_root,
+    sign_metadata,
     trust_root,
     update_chain,
     update_root,
@@ -45,7 +45,7 @@ def root_doc(fleet, version: int = 1, thresholds=None, signers=None, expires: fl
     thresholds = {"root": 2, "bundles": 2, "commands": 1, "timestamp": 1, **(thresholds or {})}
     signed = new_root(version, expires if expires is not None else time.time() + YEAR,
                       {role: ([k.public_key() for k in fleet[role]], thresholds[role]) for role in ROLES})
-    return sign_root(signed, fleet["root"] if signers is None else signers)
+    return sign_metadata(signed, fleet["root"] if signers is None else signers)
 
 
 # key sets ----------------------------------------------------------------------------------------------------
@@ -261,3 +261,70 @@ def test_the_keeper_applies_versions_arriving_out_of_order_and_reports_refusals(
     assert "1 valid signature of the 2 required" in keeper.receive(short)
     assert keeper.root.version == 3 and keeper.state()["root_version"] == 3
     assert TrustKeeper.open(tmp_path / "elsewhere", None, "cam1", refused.append, lambda: None) is None
+
+
+# freshness ---------------------------------------------------------------------------------------------------
+
+def _timestamp(fleet, version: int, expires: float, signer=None) -> bytes:
+    from edgesdk.fleet.trust import new_timestamp, targets_digest
+
+    signed = new_timestamp(version, expires, 1, {"cams": targets_digest({"model": "digits", "version": "1.0.0"})})
+    return sign_metadata(signed, [signer or fleet["timestamp"][0]])
+
+
+def test_a_timestamp_verifies_by_the_timestamp_role_only(fleet):
+    from edgesdk.fleet.trust import parse_timestamp
+
+    root = trust_root(root_doc(fleet))
+    stamp = parse_timestamp(_timestamp(fleet, 7, time.time() + 60), root)
+    assert stamp.version == 7 and stamp.root_version == 1 and not stamp.expired() and set(stamp.targets) == {"cams"}
+    with pytest.raises(SignatureError, match="timestamp v7: 0 valid signatures of the 1 required"):
+        parse_timestamp(_timestamp(fleet, 7, time.time() + 60, signer=fleet["commands"][0]), root)
+    with pytest.raises(TrustError, match="timestamp metadata is malformed"):
+        parse_timestamp(root_doc(fleet), root)
+
+
+def test_the_keeper_is_stale_without_a_timestamp_fresh_with_one_and_stale_again_when_it_expires(tmp_path, fleet):
+    from edgesdk.agent.trust_keeper import TrustKeeper
+
+    (tmp_path / "root.json").write_bytes(root_doc(fleet))
+    changes = []
+    keeper = TrustKeeper(tmp_path / "trust", tmp_path / "root.json", "cam0", lambda reason: None,
+                         lambda: changes.append("reported"))
+    now = time.time()
+    assert keeper.stale() and keeper.state()["stale"] is True
+    assert keeper.receive_timestamp(_timestamp(fleet, 10, now + 30)) is None
+    assert not keeper.stale(now) and keeper.state()["timestamp_version"] == 10 and len(changes) == 1
+    # An older timestamp (a replay) changes nothing, even one that would look fresher.
+    assert keeper.receive_timestamp(_timestamp(fleet, 9, now + 3600)) is None and keeper.timestamp.version == 10
+    assert len(changes) == 1  # nothing to report
+    keeper.check_freshness(now + 31)
+    assert keeper.stale(now + 31) and len(changes) == 2  # reported once, when it expired
+    keeper.check_freshness(now + 32)
+    assert len(changes) == 2
+    # A restarted agent keeps the newest timestamp it had.
+    again = TrustKeeper(tmp_path / "trust", None, "cam0")
+    assert again.timestamp is not None and again.timestamp.version == 10
+
+
+def test_the_server_publishes_growing_versions_with_each_groups_target(tmp_path, fleet):
+    from edgesdk.fleet.trust import parse_timestamp, targets_digest
+    from edgesdk.ota_server.fleet import FleetDB
+    from edgesdk.ota_server.freshness import TimestampPublisher
+
+    db = FleetDB(tmp_path / "fleet.db")
+    published = []
+    clock = [1000.0]
+    publisher = TimestampPublisher(db, lambda topic, doc, retain: published.append((topic, doc, retain)),
+                                   fleet["timestamp"][0], root_version=1, every_s=10, expires_s=30,
+                                   clock=lambda: clock[0])
+    assert publisher.tick() is not None and publisher.tick() is None  # not due again yet
+    clock[0] = 1000.0  # a clock that did not move cannot make the version repeat
+    publisher._due = 0
+    publisher.tick()
+    root = trust_root(root_doc(fleet))
+    stamps = [parse_timestamp(doc, root) for _, doc, _ in published]
+    assert [topic for topic, _, _ in published] == ["edgesdk/trust/timestamp"] * 2 and all(r for _, _, r in published)
+    assert stamps[1].version > stamps[0].version and stamps[0].expires == 1030.0
+    assert stamps[0].targets == {} and targets_digest({"model": "m", "version": "1"}) != targets_digest({"model": "m"})
+    db.close()
