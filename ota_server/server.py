@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.protocol import PREFIX, Topics, check_id
+from edgesdk.fleet.protocol import COMMAND_TTL_S, PREFIX, Topics, check_id
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.fleet.trust import parse_root
@@ -88,6 +88,8 @@ class ServerConfig:
     #: With a timestamp key: publish signed timestamp metadata this often, valid for ``timestamp_expires_s``.
     timestamp_every_s: float = 60.0
     timestamp_expires_s: float = 300.0
+    #: How long a signed command is valid; devices refuse it after that (stage commands are re-signed in time).
+    command_ttl_s: float = COMMAND_TTL_S
 
 
 class OTAServer:
@@ -117,7 +119,8 @@ class OTAServer:
                                               config.timestamp_every_s, config.timestamp_expires_s)
                            if timestamp_key is not None else None)
         self.sender = StageSender(db, repository, self.chunks, signing_key, self._publish, self.metrics,
-                                  lambda: self.ingest.pending, self._stop, config.offload_url, config.broadcast_wait_s)
+                                  lambda: self.ingest.pending, self._stop, config.offload_url, config.broadcast_wait_s,
+                                  config.command_ttl_s)
         self.engine = RolloutEngine(db, self.sender, resend_s=config.resend_s, holder=self.name, lease_s=config.lease_s)
 
     @property

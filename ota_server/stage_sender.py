@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edgesdk.fleet.protocol import ArchiveInfo, Topics, sign_command
+from edgesdk.fleet.protocol import COMMAND_TTL_S, ArchiveInfo, Topics, sign_command
 from edgesdk.fleet.records import RolloutRecord, TargetRecord, TargetStatus
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.fleet import FleetDB
@@ -32,7 +32,8 @@ class StageSender:
 
     def __init__(self, db: FleetDB, repository: ModelRepository, chunks: ChunkDistributor, signing_key: Any,
                  publish: Callable[[str, bytes], None], metrics: ServerMetrics, backlog: Callable[[], int],
-                 stopped: threading.Event, offload_url: str | None = None, broadcast_wait_s: float = 2.0) -> None:
+                 stopped: threading.Event, offload_url: str | None = None, broadcast_wait_s: float = 2.0,
+                 command_ttl_s: float = COMMAND_TTL_S, clock: Callable[[], float] = time.time) -> None:
         self.db, self.repo, self.chunks, self.key = db, repository, chunks, signing_key
         self._publish = publish
         self.metrics = metrics
@@ -40,30 +41,40 @@ class StageSender:
         self._stopped = stopped
         self.offload_url = offload_url
         self.broadcast_wait_s = broadcast_wait_s
-        #: Signed commands of the stages this server sent: (rollout, stage, with archive) -> envelope.
-        self._signed: dict[tuple[str, int, bool], bytes] = {}
+        self.command_ttl_s, self._clock = command_ttl_s, clock
+        #: Signed commands of the stages this server sent: (rollout, stage, with archive) -> (envelope, when
+        #: signed, what it was signed from). One older than half its validity is signed again before it is sent.
+        self._signed: dict[tuple[str, int, bool], tuple[bytes, float, tuple[Any, ...]]] = {}
 
     def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
                  archive: ArchiveInfo | None, broadcast: list[int] | None = None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
                             version=version, group=r.group, rollback=rollback, archive=archive,
-                            offload_url=self.offload_url, broadcast=broadcast if archive is not None else None)
+                            offload_url=self.offload_url, broadcast=broadcast if archive is not None else None,
+                            ttl_s=self.command_ttl_s)
 
     def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> bytes:
-        """The signed command of a stage: the same bytes for every device (re-signed after a take-over).
+        """The signed command of a stage: the same bytes for every device (re-signed after a take-over, and when
+        half its validity has passed, so a re-send never carries an expired command).
 
         Its broadcast plan is the chunks some of ``device_ids`` lacks, judged by the versions they hold.
         """
-        key = (r.id, stage, with_archive)
-        envelope = self._signed.get(key)
-        if envelope is None:
+        key, now = (r.id, stage, with_archive), self._clock()
+        held = self._signed.get(key)
+        if held is None:
             transfer_id, info, plan = f"{r.id}-w{stage}", None, None
             if with_archive:
                 info = self.chunks.open(transfer_id, r.model, r.version)
                 plan = self._lacking(info, device_ids)
                 self.chunks.plan(transfer_id, plan)
-            envelope = self._signed[key] = self._command(r, r.rollback, r.id, r.version, transfer_id, info, plan)
+            args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, plan)
+        elif now - held[1] > self.command_ttl_s / 2:
+            args = held[2]
+        else:
+            return held[0]
+        envelope = self._command(*args)
+        self._signed[key] = (envelope, now, args)
         return envelope
 
     def _lacking(self, info: ArchiveInfo, device_ids: list[str]) -> list[int]:

@@ -48,6 +48,7 @@ import tarfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,9 @@ from edgesdk.errors import BundleError, SignatureError, TransferError
 from edgesdk.fleet.chunking import cut_points, tar_boundaries
 from edgesdk.runtime.bundle import parse_version, safe_name
 
-__all__ = ["PREFIX", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command", "sign_measure_command",
-           "parse_command", "pack_bundle", "unpack_bundle", "MAX_ARCHIVE_BYTES", "MAX_MEASURE_RUNS", "MAX_CHUNK_BYTES",
-           "archive_info"]
+__all__ = ["PREFIX", "COMMAND_TTL_S", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command",
+           "sign_measure_command", "parse_command", "pack_bundle", "unpack_bundle", "MAX_ARCHIVE_BYTES",
+           "MAX_MEASURE_RUNS", "MAX_CHUNK_BYTES", "archive_info"]
 
 PREFIX = "edgesdk"
 #: Largest archive a device accepts (a manifest claiming more is refused before any write).
@@ -288,6 +289,11 @@ def _archive_dict(archive: ArchiveInfo | None) -> dict[str, Any] | None:
     return None if archive is None else archive.to_json()
 
 
+#: How long a signed command stays valid unless told otherwise: a device refuses it after that (a command
+#: withheld and replayed later cannot act on a fleet that moved on). Servers re-sign well before it runs out.
+COMMAND_TTL_S = 24 * 3600.0
+
+
 def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
     from edgesdk.runtime.signing import key_id, sign
 
@@ -299,16 +305,17 @@ def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
 
 def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
                  group: str, rollback: bool = False, archive: ArchiveInfo | None = None,
-                 offload_url: str | None = None, broadcast: Iterable[int] | None = None) -> bytes:
-    """The signed envelope of a deploy or rollback command, ready to publish.
+                 offload_url: str | None = None, broadcast: Iterable[int] | None = None,
+                 ttl_s: float = COMMAND_TTL_S) -> bytes:
+    """The signed envelope of a deploy or rollback command, ready to publish; devices refuse it after ``ttl_s``.
 
     ``offload_url`` is the KServe V2 endpoint devices may offload to; the command names it with
     this model and version, which the endpoint serves from the same repository. ``broadcast``
     lists the archive's chunks the server will broadcast (None: all).
     """
     body: dict[str, Any] = {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
-                            "version": version, "group": group, "rollback": rollback, "issued_at": time.time(),
-                            "archive": _archive_dict(archive)}
+                            "version": version, "group": group, "rollback": rollback, "issued_at": (now := time.time()),
+                            "expires_at": now + ttl_s, "archive": _archive_dict(archive)}
     if offload_url:
         body["offload"] = {"url": _offload_url(offload_url), "model": name, "version": version}
     if broadcast is not None:
@@ -332,13 +339,13 @@ def _parse_offload(data: Any, name: str, version: str) -> dict[str, str] | None:
 
 
 def sign_measure_command(private_key: Any, *, measurement_id: str, transfer_id: str, archive: ArchiveInfo,
-                         mode: str, runs: int) -> bytes:
+                         mode: str, runs: int, ttl_s: float = COMMAND_TTL_S) -> bytes:
     """The signed envelope of a measure command (see the module docstring); bad fields raise TransferError."""
     check_id(measurement_id, "measurement id")
     check_id(transfer_id, "transfer id")
     check_measure(mode, runs)
     return _seal(private_key, {"type": "measure", "measurement_id": measurement_id, "transfer_id": transfer_id,
-                               "mode": mode, "runs": runs, "issued_at": time.time(),
+                               "mode": mode, "runs": runs, "issued_at": (now := time.time()), "expires_at": now + ttl_s,
                                "archive": _archive_dict(archive)})
 
 
@@ -356,7 +363,7 @@ def _parse_archive(a: Any, max_size: int) -> ArchiveInfo | None:
 
 
 def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool = False,
-                  max_size: int = MAX_ARCHIVE_BYTES) -> Command | MeasureCommand:
+                  max_size: int = MAX_ARCHIVE_BYTES, now: float | None = None) -> Command | MeasureCommand:
     """Verify a command envelope's signature and fields and return the command it carries.
 
     ``public_key`` is the pinned server key, or the :class:`~edgesdk.runtime.signing.KeySet` of the
@@ -382,6 +389,7 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
                              "development flag to accept unsigned ones)")
     try:
         m = json.loads(body)
+        _check_expiry(m, time.time() if now is None else now)
         archive = _parse_archive(m["archive"], max_size)
         if m["type"] == "measure":
             if archive is None:
@@ -402,6 +410,23 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
     if command.type not in ("deploy", "rollback") or (command.type == "deploy" and archive is None):
         raise TransferError(f"unknown command type {command.type!r} or a deploy without an archive")
     return command
+
+
+def _check_expiry(manifest: dict[str, Any], now: float) -> None:
+    """Refuse a command past its ``expires_at`` (servers of earlier releases sent none: those are taken as before)."""
+    from edgesdk.errors import TrustError
+
+    expires = manifest.get("expires_at")
+    if expires is None:
+        return
+    if isinstance(expires, bool) or not isinstance(expires, (int, float)):
+        raise TransferError(f"command expires_at {expires!r} is not a time")
+    if now >= expires:
+        issued = datetime.fromtimestamp(float(manifest.get("issued_at", 0)), timezone.utc).isoformat(timespec="seconds")
+        raise TrustError(f"command {manifest.get('deployment_id') or manifest.get('measurement_id')} issued {issued} "
+                         f"expired {now - expires:.0f} s ago; an expired command is refused (was it withheld and "
+                         "replayed?). The server re-sends current ones; check this device's clock if every command "
+                         "is refused")
 
 
 def pack_bundle(bundle_dir: str | os.PathLike[str]) -> bytes:

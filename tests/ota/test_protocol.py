@@ -189,3 +189,47 @@ def test_measurement_archive_and_result_cap_on_both_sides(tmp_path):
     big = encode_result("m1", "done", figures={}, outputs=outputs)
     with pytest.raises(TransferError, match="over the 100-byte cap; ignored"):
         parse_result(big, max_size=100)
+
+
+def test_a_command_past_its_expiry_is_refused_and_one_from_an_earlier_server_without_one_is_taken(keys):
+    import time
+
+    from edgesdk.errors import TrustError
+
+    envelope = _command(keys, ttl_s=60)
+    issued = json.loads(base64.b64decode(json.loads(envelope)["manifest"]))
+    assert issued["expires_at"] == pytest.approx(issued["issued_at"] + 60)
+    assert parse_command(envelope, keys["server_pub"], now=issued["issued_at"] + 59).deployment_id == "d1"
+    with pytest.raises(TrustError, match=r"command d1 issued .* expired 1 s ago; an expired command is refused"):
+        parse_command(envelope, keys["server_pub"], now=issued["issued_at"] + 61)
+    measure = sign_measure_command(keys["server"], measurement_id="m1", transfer_id="m1", archive=INFO,
+                                   mode="latency", runs=3, ttl_s=5)
+    with pytest.raises(TrustError, match="command m1 .* expired"):
+        parse_command(measure, keys["server_pub"], now=time.time() + 10)
+    from edgesdk.fleet.protocol import _seal
+
+    older = _seal(keys["server"], {"type": "deploy", "deployment_id": "d0", "transfer_id": "t0", "name": "digits",
+                                   "version": "1.0.0", "group": "cams", "rollback": False, "issued_at": 0.0,
+                                   "archive": {"size": INFO.size, "sha256": INFO.sha256, "chunks": list(INFO.chunks),
+                                               "sizes": list(INFO.sizes)}})
+    assert parse_command(older, keys["server_pub"]).deployment_id == "d0"
+
+
+def test_a_stage_command_is_signed_again_once_half_its_validity_has_passed(keys):
+    import threading
+    from types import SimpleNamespace
+
+    from edgesdk.ota_server.stage_sender import StageSender
+
+    clock = [1000.0]
+    sender = StageSender(None, None, None, keys["server"], lambda *a, **k: None, None, lambda: 0,  # type: ignore[arg-type]
+                         threading.Event(), command_ttl_s=100, clock=lambda: clock[0])
+    rollout = SimpleNamespace(id="r1", rollback=True, model="digits", version="1.0.0", group="cams")
+    first = sender._stage_command(rollout, 0, False, [])  # type: ignore[arg-type]
+    clock[0] += 40
+    assert sender._stage_command(rollout, 0, False, []) == first  # type: ignore[arg-type]
+    clock[0] += 20
+    again = sender._stage_command(rollout, 0, False, [])  # type: ignore[arg-type]
+    assert again != first
+    manifest = json.loads(base64.b64decode(json.loads(again)["manifest"]))
+    assert manifest["deployment_id"] == "r1" and manifest["expires_at"] - manifest["issued_at"] == pytest.approx(100)
