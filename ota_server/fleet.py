@@ -65,6 +65,10 @@ class DeviceState:
     #: where its board has a power sensor (edgesdk.agent.energy_account); None: not in this report.
     energy_mj: float | None = None
     avg_watts: float | None = None
+    #: The root-of-trust version the device holds and whether it is stale (its newest timestamp expired), from
+    #: its last online report; None for a device without a root of trust (edgesdk.agent.trust_keeper).
+    root_version: int | None = None
+    stale: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -134,16 +138,20 @@ class FleetDB:
         Slots are taken only from ``online`` reports (a last will does not list them).
         """
         self.sql.execute_many(
-            """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts)
-               VALUES (?,?,?,?,?,?,?,?,?,?)
+            """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts,
+                                    root_version, stale)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
                chunk_slots=CASE WHEN excluded.status='online' THEN excluded.chunk_slots ELSE devices.chunk_slots END,
                last_seen=excluded.last_seen, energy_mj=COALESCE(excluded.energy_mj, devices.energy_mj),
-               avg_watts=COALESCE(excluded.avg_watts, devices.avg_watts)""",
+               avg_watts=COALESCE(excluded.avg_watts, devices.avg_watts),
+               root_version=CASE WHEN excluded.status='online' THEN excluded.root_version ELSE devices.root_version END,
+               stale=CASE WHEN excluded.status='online' THEN excluded.stale ELSE devices.stale END""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
-              json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts) for s in states])
+              json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
+              None if s.stale is None else int(s.stale)) for s in states])
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
                       slots: list[str]) -> None:
@@ -203,6 +211,12 @@ class FleetDB:
                AND (energy_mj IS NOT NULL OR avg_watts IS NOT NULL) GROUP BY model, version""")
         return [(r["model"], r["version"], int(r["n"]), None if r["energy"] is None else float(r["energy"]),
                  None if r["watts"] is None else float(r["watts"])) for r in rows]
+
+    def trust_counts(self) -> list[tuple[int, bool, int]]:
+        """(root version, stale, online devices) for the devices that report a root of trust, for metrics."""
+        rows = self.sql.rows("SELECT root_version, stale, COUNT(*) AS n FROM devices WHERE status='online' "
+                             "AND root_version IS NOT NULL GROUP BY root_version, stale")
+        return [(int(r["root_version"]), bool(r["stale"]), int(r["n"])) for r in rows]
 
     # rollouts ------------------------------------------------------------------------------
     def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: RolloutPolicy,

@@ -60,6 +60,10 @@ class FleetCounts(Protocol):
         """(model, version, devices reporting, mean energy per inference mJ, mean average W) of online devices."""
         ...
 
+    def trust_counts(self) -> list[tuple[int, bool, int]]:
+        """(root version, stale, online devices) of the devices on a root of trust."""
+        ...
+
 
 class ServerMetrics:
     """The OTA server's metrics; every method is safe to call from any thread.
@@ -136,11 +140,12 @@ class _FleetCollector:
 
     def collect(self) -> Iterator[Any]:
         """One query of device counts and one of rollout counts; a failing store reports ``scrape_ok 0``."""
-        devices, rollouts, ok, energy, reporting, watts = self._families()
+        devices, rollouts, ok, energy, reporting, watts, roots, stale = self._families()
         try:
             device_counts = self._db.device_counts()
             rollout_counts = self._db.rollout_counts()
             energy_rows = self._db.energy_by_version()
+            trust_rows = self._db.trust_counts()
         except Exception as exc:  # a scrape must not fail because the database blinked; say so in a series
             log.warning("metrics: the fleet store did not answer (%s: %s)", type(exc).__name__, exc)
             ok.add_metric([], 0)
@@ -156,11 +161,17 @@ class _FleetCollector:
                 energy.add_metric([model, version], energy_mj)
             if avg_watts is not None:
                 watts.add_metric([model, version], avg_watts)
+        by_root: dict[int, int] = {}
+        for root_version, _, count in trust_rows:
+            by_root[root_version] = by_root.get(root_version, 0) + count
+        for root_version, count in sorted(by_root.items()):
+            roots.add_metric([str(root_version)], count)
+        stale.add_metric([], sum(count for _, is_stale, count in trust_rows if is_stale))
         ok.add_metric([], 1)
-        yield from (devices, rollouts, ok, energy, reporting, watts)
+        yield from (devices, rollouts, ok, energy, reporting, watts, roots, stale)
 
     @staticmethod
-    def _families() -> tuple[Any, Any, Any, Any, Any, Any]:
+    def _families() -> tuple[Any, Any, Any, Any, Any, Any, Any, Any]:
         from prometheus_client.core import GaugeMetricFamily
 
         by_version = ("model", "version")
@@ -174,4 +185,8 @@ class _FleetCollector:
                 GaugeMetricFamily("edgesdk_ota_devices_reporting_energy", "Online devices reporting energy, by "
                                   "version.", labels=by_version),
                 GaugeMetricFamily("edgesdk_ota_device_average_watts", "Mean average board power over the devices' "
-                                  "last report window, by version.", labels=by_version))
+                                  "last report window, by version.", labels=by_version),
+                GaugeMetricFamily("edgesdk_ota_devices_by_root_version", "Online devices on a root of trust, by the "
+                                  "root version they hold.", labels=("root_version",)),
+                GaugeMetricFamily("edgesdk_ota_devices_stale", "Online devices whose newest signed timestamp expired "
+                                  "(updates withheld, or the server stopped publishing them)."))

@@ -204,11 +204,15 @@ class OTAServer:
             device = check_id(Topics.device_of(topic), "device id")
             state = json.loads(payload)
             energy = state.get("energy") if isinstance(state.get("energy"), dict) else {}
+            trust = state.get("trust") if isinstance(state.get("trust"), dict) else {}
+            root_version = trust.get("root_version")
             self.ingest.put(DeviceState(device, check_id(state.get("group", "default"), "group"), str(state["status"]),
                                         state.get("model"), state.get("version"), tuple(state.get("slots", [])),
                                         time.time(), tuple(map(str, state.get("chunk_slots", []))),
                                         _figure(energy.get("energy_per_inference_mj")),
-                                        _figure(energy.get("avg_watts"))))
+                                        _figure(energy.get("avg_watts")),
+                                        root_version if isinstance(root_version, int) and root_version > 0 else None,
+                                        trust["stale"] if isinstance(trust.get("stale"), bool) else None))
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 

@@ -65,6 +65,10 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "ALTER TABLE devices ADD COLUMN energy_mj {real}",
         "ALTER TABLE devices ADD COLUMN avg_watts {real}",
     )),
+    (5, "trust: the root version each device holds and whether its freshness metadata expired (stale)", (
+        "ALTER TABLE devices ADD COLUMN root_version INTEGER",
+        "ALTER TABLE devices ADD COLUMN stale INTEGER",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},

@@ -172,6 +172,10 @@ def test_a_device_reports_stale_when_timestamps_stop_and_an_expired_one_replayed
     assert agent.trust.stale() and agent.trust.timestamp.version == newest.version
     state = json.loads(_retained(broker.url, Topics.state("cam0")))
     assert state["trust"]["stale"] is True and state["status"] == "online"
+    # A server (here one that signs no timestamps) shows the stale device in its metrics.
+    watcher = make_server(broker.url, signing_key=load_private_key(private["commands"][0]))
+    wait_for(lambda: b"edgesdk_ota_devices_stale 1.0" in watcher.metrics.render()[0], what="the stale gauge")
+    assert b'edgesdk_ota_devices_by_root_version{root_version="1"} 1.0' in watcher.metrics.render()[0]
 
 
 def _retained(broker_url: str, topic: str) -> bytes:

@@ -191,3 +191,22 @@ def test_metrics_route_needs_the_admin_token(tmp_path):
     finally:
         with_metrics.stop()
         without.stop()
+
+
+def test_devices_on_a_root_of_trust_are_counted_by_root_version_and_the_stale_ones_apart(fleet):
+    from edgesdk.ota_server.fleet import DeviceState
+
+    fleet.upsert_devices([
+        DeviceState("a", "cams", "online", "digits", "1.0.0", (), 1.0, root_version=2, stale=False),
+        DeviceState("b", "cams", "online", "digits", "1.0.0", (), 1.0, root_version=2, stale=True),
+        DeviceState("c", "cams", "online", "digits", "1.0.0", (), 1.0, root_version=1, stale=True),
+        DeviceState("d", "cams", "online", "digits", "1.0.0", (), 1.0),  # no root of trust: counted in neither
+        DeviceState("e", "cams", "offline", None, None, (), 1.0, root_version=2, stale=True),  # offline: not counted
+    ])
+    found = samples(ServerMetrics(fleet))
+    assert series(found, "edgesdk_ota_devices_by_root_version", root_version="2") == 2
+    assert series(found, "edgesdk_ota_devices_by_root_version", root_version="1") == 1
+    assert series(found, "edgesdk_ota_devices_stale") == 2
+    # A device that goes offline is no longer counted.
+    fleet.upsert_devices([DeviceState("b", "cams", "offline", None, None, (), 2.0)])
+    assert series(samples(ServerMetrics(fleet)), "edgesdk_ota_devices_stale") == 1
