@@ -43,7 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fleet_sim_worker import COUNTERS, SimulationError, device_role, worker_main
+from benchmarks._sim_basics import COUNTERS, SimulationError, device_role
+from benchmarks.fleet_sim_worker import worker_main
 from edgesdk.errors import RolloutTimeoutError
 from edgesdk.fleet.protocol import check_id
 from edgesdk.runtime.bundle import parse_version
@@ -180,7 +181,7 @@ class SimulatedFleet:
                  version: str = "1.0.0", fetch: bool = True, fail_share: float = 0.0, silent_share: float = 0.0,
                  connect_rate: float | None = None, connect_concurrency: int = 128, keepalive: int = 60,
                  broadcast_wait_s: float = 2.0, retry_interval_s: float = 1.0, request_window: int = 32,
-                 max_runtime_s: float = 3600.0) -> None:
+                 max_runtime_s: float = 3600.0, root: str | os.PathLike[str] | None = None) -> None:
         from edgesdk.fleet.transport import parse_broker_url
 
         address = parse_broker_url(broker_url)
@@ -217,7 +218,8 @@ class SimulatedFleet:
                       "connect_timeout": 10.0, "connect_concurrency": connect_concurrency,
                       "connect_rate": connect_rate / processes if connect_rate else None,
                       "broadcast_wait_s": broadcast_wait_s, "retry_interval_s": retry_interval_s,
-                      "request_window": request_window, "max_runtime_s": max_runtime_s}
+                      "request_window": request_window, "max_runtime_s": max_runtime_s,
+                      "root": str(Path(root).resolve()) if root is not None else None}
         self._workers: list[_WorkerHandle] = []
         self._lock = threading.Lock()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None

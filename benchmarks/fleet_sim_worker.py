@@ -17,63 +17,28 @@ import resource
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from benchmarks._sim_basics import SimulationError, Transfer, device_role
 from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.chunk_codec import decode_chunk
 from edgesdk.fleet.measurement import encode_result
 from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, parse_command
 from edgesdk.fleet.records import AgentEvent
+from edgesdk.fleet.trust import Root, parse_root, trust_root, update_root
 from edgesdk.runtime.bundle import parse_version
 
-__all__ = ["COUNTERS", "SimulationError", "device_role", "worker_main"]
+__all__ = ["worker_main"]
 
-#: The per-device counters every worker keeps (summed over the fleet in FleetReport).
-COUNTERS = ("commands", "duplicate_commands", "rejected", "accepted", "downloaded", "committed", "repeated_commits",
-            "failed", "rolled_back", "chunk_bytes", "chunk_data_bytes", "chunks_rejected", "need_requests",
-            "measure_commands", "reconnects")
-
-
-class SimulationError(EdgeSDKError):
-    """The simulated fleet was set up wrong, or its workers could not start or answer."""
-
-
-def device_role(device_id: str, fail_share: float, silent_share: float) -> str:
-    """``"silent"``, ``"fail"`` or ``"ok"``, from a hash of the id: the same device plays the same part every run."""
-    fraction = int.from_bytes(hashlib.sha256(device_id.encode()).digest()[:8], "big") / 2**64
-    if fraction < silent_share:
-        return "silent"
-    if fraction < silent_share + fail_share:
-        return "fail"
-    return "ok"
-
-
-class _Transfer:
-    """One archive arriving in memory: chunks by index, checked against the signed hashes."""
-
-    __slots__ = ("command", "chunks", "started", "last_progress", "rejected")
-
-    def __init__(self, command: Command, now: float) -> None:
-        self.command = command
-        self.chunks: dict[int, bytes] = {}
-        self.started = self.last_progress = now
-        self.rejected = 0
-
-    def missing(self, exclude: frozenset[int] = frozenset()) -> list[int]:
-        assert self.command.archive is not None
-        return [i for i in range(len(self.command.archive.chunks)) if i not in self.chunks and i not in exclude]
-
-    @property
-    def complete(self) -> bool:
-        assert self.command.archive is not None
-        return len(self.chunks) == len(self.command.archive.chunks)
-
+#: Where root versions arrive (edgesdk.fleet.trust), retained.
+ROOT_TOPICS = Topics.ALL_ROOTS.removesuffix("+")
 
 class _Device:
     """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
 
     __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
-                 "installs", "transfers", "client", "state_topic", "events_topic", "cmd_topic")
+                 "installs", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
@@ -87,10 +52,12 @@ class _Device:
         self.committed: str | None = slot
         self.seen: set[str] = set()
         self.installs: Counter[str] = Counter()
-        self.transfers: dict[str, _Transfer] = {}
+        self.transfers: dict[str, Transfer] = {}
         self.client: Any = None
         self.state_topic, self.events_topic, self.cmd_topic = (Topics.state(device_id), Topics.events(device_id),
                                                                Topics.cmd(device_id))
+        #: The root of trust this device holds (with ``root`` in the config), verified as the real agent does.
+        self.root: Root | None = sim.root
 
     # connection ----------------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -104,6 +71,8 @@ class _Device:
         try:
             await client.connect(sim.host, sim.port, timeout=sim.connect_timeout)
             filters = [(self.cmd_topic, 1), (Topics.device_chunks(self.id, "+") + "/+", 1)]
+            if self.root is not None:
+                filters.append((Topics.ALL_ROOTS, 1))
             filters += [(Topics.group_chunks(t.command.group, tid) + "/+", 1) for tid, t in self.transfers.items()]
             subscribed = client.subscribe(filters)
             published = client.publish(self.state_topic, json.dumps(self.state()).encode(), qos=1, retain=True)
@@ -133,9 +102,12 @@ class _Device:
         return self.client.publish(topic, json.dumps(payload).encode(), qos=1, retain=retain)
 
     def state(self) -> dict[str, Any]:
-        return {"status": "online", "group": self.sim.group, "model": self.model, "version": self.version,
-                "previous": self.previous, "slots": sorted(self.slots),
-                "chunk_slots": sorted(self.chunk_slots), "updated": time.time()}
+        state = {"status": "online", "group": self.sim.group, "model": self.model, "version": self.version,
+                 "previous": self.previous, "slots": sorted(self.slots),
+                 "chunk_slots": sorted(self.chunk_slots), "updated": time.time()}
+        if self.root is not None:
+            state["trust"] = {"root_version": self.root.version}
+        return state
 
     def publish_state(self) -> Any:
         return self.publish(self.state_topic, self.state(), retain=True)
@@ -156,14 +128,33 @@ class _Device:
             self.sim.count("commands")
             if self.role != "silent":
                 self.on_command(payload)
+        elif topic.startswith(ROOT_TOPICS):
+            self.on_root(payload)
         elif self.role != "silent":
             self.on_chunk(topic, payload)
+
+    def on_root(self, document: bytes) -> None:
+        """The agent's TrustKeeper: take the next root version when the current root keys and its own signed it."""
+        if self.root is None:
+            return
+        try:
+            new, _ = parse_root(document)
+            if new.version <= self.root.version:
+                return  # a retained copy of a version this device went through
+            self.root = update_root(self.root, document)
+        except SignatureError as exc:  # TrustError included
+            self.sim.count("roots_refused")
+            self.event(None, AgentEvent.REJECTED, reason=str(exc))
+            return
+        self.sim.count("root_updates")
+        self.publish_state()
 
     def on_command(self, envelope: bytes) -> None:
         """The agent's ``_handle_command``: verify, refuse replays and downgrades, then fetch or install."""
         sim = self.sim
         try:
-            command = parse_command(envelope, sim.server_key)
+            keys = self.root.keyset("commands") if self.root is not None else sim.server_key
+            command = parse_command(envelope, keys)
         except (SignatureError, TransferError) as exc:
             self.event(None, AgentEvent.REJECTED, reason=str(exc))
             return
@@ -206,7 +197,7 @@ class _Device:
             self.slots.add(slot)
             self.install(command, slot, downloaded=True, rejected_chunks=0)
             return
-        transfer = self.transfers[command.transfer_id] = _Transfer(command, time.monotonic())
+        transfer = self.transfers[command.transfer_id] = Transfer(command, time.monotonic())
         local = sim.fill(self, transfer)
         if transfer.complete:
             self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, local_chunks=local, missing=0)
@@ -250,7 +241,7 @@ class _Device:
         if transfer.complete:
             self.complete(transfer)
 
-    def complete(self, transfer: _Transfer) -> None:
+    def complete(self, transfer: Transfer) -> None:
         """The agent's ``_complete``: check the whole archive, report downloaded, install."""
         command, archive = transfer.command, transfer.command.archive
         assert archive is not None
@@ -310,6 +301,7 @@ class _Worker:
         self.broadcast_wait_s, self.retry_interval_s = float(config["broadcast_wait_s"]), float(config["retry_interval_s"])
         self.request_window = int(config["request_window"])
         self.server_key = load_public_key(config["server_key"])
+        self.root = trust_root(Path(config["root"]).read_bytes()) if config.get("root") else None
         self.counters = LiteCounters()
         #: Chunks held by this worker's devices, by hash, and the chunk hashes of each slot they came in.
         self.chunk_store: dict[str, bytes] = {}
@@ -354,7 +346,7 @@ class _Worker:
         self.connect_s = time.monotonic() - started
 
     # chunk requests -----------------------------------------------------------------------------------
-    def fill(self, device: _Device, transfer: _Transfer) -> int:
+    def fill(self, device: _Device, transfer: Transfer) -> int:
         """The agent's local reuse: copy in the chunks of the slots this device holds chunks of (hashed again)."""
         archive = transfer.command.archive
         assert archive is not None
@@ -366,7 +358,7 @@ class _Worker:
                     transfer.chunks[index] = data
         return len(transfer.chunks)
 
-    def keep(self, device: _Device, slot: str, transfer: _Transfer) -> None:
+    def keep(self, device: _Device, slot: str, transfer: Transfer) -> None:
         """Hold a fetched archive's chunks for later reuse (once per worker: its devices hold the same bytes)."""
         archive = transfer.command.archive
         assert archive is not None
@@ -376,7 +368,7 @@ class _Worker:
                 self.chunk_store.setdefault(digest, transfer.chunks[index])
         device.chunk_slots.add(slot)
 
-    def request(self, device: _Device, transfer: _Transfer, exclude: frozenset[int] = frozenset()) -> None:
+    def request(self, device: _Device, transfer: Transfer, exclude: frozenset[int] = frozenset()) -> None:
         missing = transfer.missing(exclude)[: self.request_window]
         if missing:
             self.count("need_requests")

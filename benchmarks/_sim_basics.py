@@ -1,0 +1,53 @@
+"""What the simulated fleet's parent (benchmarks/fleet_sim.py) and its workers (fleet_sim_worker.py) share:
+the counters, the error, each device's role, and an archive arriving in memory."""
+
+from __future__ import annotations
+
+import hashlib
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet.protocol import Command
+
+__all__ = ["COUNTERS", "SimulationError", "device_role", "Transfer"]
+
+
+#: The per-device counters every worker keeps (summed over the fleet in FleetReport).
+COUNTERS = ("root_updates", "roots_refused", "commands", "duplicate_commands", "rejected", "accepted", "downloaded",
+            "committed", "repeated_commits",
+            "failed", "rolled_back", "chunk_bytes", "chunk_data_bytes", "chunks_rejected", "need_requests",
+            "measure_commands", "reconnects")
+
+
+class SimulationError(EdgeSDKError):
+    """The simulated fleet was set up wrong, or its workers could not start or answer."""
+
+
+def device_role(device_id: str, fail_share: float, silent_share: float) -> str:
+    """``"silent"``, ``"fail"`` or ``"ok"``, from a hash of the id: the same device plays the same part every run."""
+    fraction = int.from_bytes(hashlib.sha256(device_id.encode()).digest()[:8], "big") / 2**64
+    if fraction < silent_share:
+        return "silent"
+    if fraction < silent_share + fail_share:
+        return "fail"
+    return "ok"
+
+
+class Transfer:
+    """One archive arriving in memory: chunks by index, checked against the signed hashes."""
+
+    __slots__ = ("command", "chunks", "started", "last_progress", "rejected")
+
+    def __init__(self, command: Command, now: float) -> None:
+        self.command = command
+        self.chunks: dict[int, bytes] = {}
+        self.started = self.last_progress = now
+        self.rejected = 0
+
+    def missing(self, exclude: frozenset[int] = frozenset()) -> list[int]:
+        assert self.command.archive is not None
+        return [i for i in range(len(self.command.archive.chunks)) if i not in self.chunks and i not in exclude]
+
+    @property
+    def complete(self) -> bool:
+        assert self.command.archive is not None
+        return len(self.chunks) == len(self.command.archive.chunks)
