@@ -203,13 +203,18 @@ class ModelStore:
         return read_bundle(self.slots / slot, public_key=public_key, require_signature=public_key is not None)
 
     def add_slot(self, slot: str, fill: Callable[[Path], object], public_key: Any = None) -> Path:
-        """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified (hashes, and the
-        signatures when keys are given, as :meth:`verify_slot`), then renamed; a refused one never appears."""
+        """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified (hashes, the signatures
+        when keys are given as :meth:`verify_slot`, and that its manifest names this slot's model and version), then
+        renamed; a refused one never appears."""
         final = self.slots / slot
         if not final.exists():
             with atomic_dir(final) as staging:
                 fill(staging)
-                read_bundle(staging, public_key=public_key, require_signature=public_key is not None)
+                manifest = read_bundle(staging, public_key=public_key, require_signature=public_key is not None).manifest
+                if self.slot_name(manifest.name, manifest.version) != slot:
+                    # A validly signed bundle of another release under this one's name: mix-and-match.
+                    raise BundleError(f"the archive for {slot} holds {manifest.name} {manifest.version}: a bundle of "
+                                      "another release under this one's name is refused (mix-and-match)")
         self._record_installed(slot)  # also for a slot named before a crash could record it
         return final
 

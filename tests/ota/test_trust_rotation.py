@@ -10,10 +10,12 @@ import time
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgesdk.fleet import key_ceremony
-from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, sign_command
+from edgesdk.fleet.protocol import ArchiveInfo, Topics, archive_info, pack_bundle, sign_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.fleet.trust import ROLES, new_root, parse_root, sign_metadata
+from edgesdk.ota_server.chunks import ChunkDistributor
+from edgesdk.ota_server.server import OTAServer
 from edgesdk.runtime.bundle import sign_bundle
 from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key
 from tests.ota.conftest import make_bundle, wait_for
@@ -187,3 +189,38 @@ def _retained(broker_url: str, topic: str) -> bytes:
     finally:
         reader.close()
     return got[-1]
+
+
+class MixingServer(OTAServer):
+    """A compromised server: it holds the commands key (not the bundles keys) and serves a validly signed bundle of
+    release 1.0.0 as the archive of release 2.0.0, signing the command for it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chunks = self.sender.chunks = ChunkDistributor(self._mixed_archive, self._publish)
+
+    def _mixed_archive(self, name, version):
+        data, _ = self.repo.archive(name, "1.0.0" if version == "2.0.0" else version)
+        return data, archive_info(data)
+
+
+def test_a_compromised_server_mixing_one_release_into_another_is_refused(
+        tmp_path, broker, make_server, make_agent, bundles):
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
+    signer = load_private_key(private["bundles"][0])
+    commands_key = load_private_key(private["commands"][0])
+    honest = make_server(broker.url, signing_key=commands_key)
+    agent = make_agent("cam0", broker.url, server_key=None, root=root_path)
+    wait_for(lambda: honest.db.device("cam0"), what="device")
+    honest.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
+    honest.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", signer)))
+    assert _rollout(honest, "1.0.0").state == "completed"
+    honest.stop()
+
+    evil = make_server(broker.url, signing_key=commands_key, server_class=MixingServer)
+    mixed = _rollout(evil, "2.0.0")
+    assert mixed.state == "aborted"
+    (target,) = mixed.targets
+    assert "holds digits 1.0.0: a bundle of another release under this one's name is refused (mix-and-match)" in \
+        target.reason
+    assert not (agent.store.slots / "digits-2.0.0").exists() and agent.current_version() == ("digits", "1.0.0")
