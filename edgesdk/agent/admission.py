@@ -5,7 +5,8 @@ before is a replay: it is refused, unless its transfer is still running (the ser
 nothing to do) or it is the version this device committed (its first report may have been lost,
 so ``committed`` is reported again). A version at or below the installed one of the same model
 is a downgrade, refused unless the command is a signed rollback. Both refusals are remembered,
-so the same deployment is never weighed twice.
+so the same deployment is never weighed twice. A rollback brings no archive, so it needs the version in
+this device's store.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ class Admission:
 
 
 def admit(command: Command, state: StoreState, current: tuple[str, str] | None, current_slot: str | None,
-          in_flight: bool, resume: bool) -> Admission:
+          in_flight: bool, resume: bool, held: bool = False) -> Admission:
     """The verdict on ``command`` for a store in ``state`` whose ``current`` model (name, version) is in
-    ``current_slot``; ``in_flight``: its transfer is running; ``resume``: a restarted agent takes it up again."""
+    ``current_slot``; ``in_flight``: its transfer is running; ``resume``: a restarted agent takes it up again;
+    ``held``: the store holds the command's version (a rollback needs it: it brings no archive)."""
     if command.deployment_id in state.seen and not resume:
         slot = ModelStore.slot_name(command.name, command.version)
         if in_flight:
@@ -51,4 +53,8 @@ def admit(command: Command, state: StoreState, current: tuple[str, str] | None, 
         return Admission(False, AgentEvent.REJECTED, {
             "reason": f"refused downgrade: {command.name} {command.version} <= installed {current[1]}; only a signed "
                       "rollback may go back"}, remember=True)
+    if command.type == "rollback" and not held:
+        slot = ModelStore.slot_name(command.name, command.version)
+        return Admission(False, AgentEvent.FAILED, {"reason": f"rollback target {slot} is not in this device's store"},
+                         remember=True)
     return Admission(True, remember=True)

@@ -83,18 +83,14 @@ class DeviceAgent:
         #: The latest protocol events as published (oldest first), ``config.event_history`` at most.
         self.events = self.event_log.events
         #: Payload bytes this agent received as chunks and published (state, events, requests).
-        self.bytes_received = 0
-        self.bytes_published = 0
+        self.bytes_received = self.bytes_published = 0
         self.energy = runtime_energy(self.profile, runtime, config.sysfs_root)
         self._state_due = time.monotonic() + (config.state_interval_s or 0)
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> DeviceAgent:
-        """Connect, subscribe and publish this device's state; return once the broker accepted all of it.
-
-        Raises BrokerError when the broker refuses the credentials, a subscription or the state publish
-        (its ACL does not let this device use its own topics); a later refusal lands in :attr:`refusal`.
-        """
+        """Connect, subscribe and publish this device's state; return once the broker accepted all of it. Raises
+        BrokerError when it refuses the credentials, a subscription or the state (later ones land in :attr:`refusal`)."""
         cfg = self.config
         resume = self.installer.recover()  # before any command: the store must hold a working model
         if resume is not None:
@@ -178,6 +174,7 @@ class DeviceAgent:
                 kind, item = self._work.get(timeout=self.config.retry_interval_s / 2)
             except queue.Empty:
                 self.measurements.expire()
+                self._expire_transfers()
                 self.downloads.request_missing()
                 if self.trust is not None:
                     self.trust.check_freshness()
@@ -210,21 +207,19 @@ class DeviceAgent:
         if isinstance(command, MeasureCommand):
             self.measurements.accept(command)
             return
+        slot = self.store.slot_name(command.name, command.version)
         verdict = admit(command, self.store.load_state(), self.current_version(), self.store.pointer("current"),
-                        in_flight=self.downloads.get(command.transfer_id) is not None, resume=resume)
+                        in_flight=self.downloads.get(command.transfer_id) is not None, resume=resume,
+                        held=self.store.has_slot(slot))
         if verdict.remember:
             self.store.remember(command.deployment_id)
         if not verdict.proceed:
             if verdict.event is not None:
                 self._event(command, verdict.event, **verdict.details)
             return
-        slot = self.store.slot_name(command.name, command.version)
         # Written before the install, read by apps only once this slot is committed (edgesdk.agent.follow).
         self.store.save_offload_endpoint(slot, command.offload)
-        if command.type == "rollback" or self.store.has_slot(slot):
-            if not self.store.has_slot(slot):
-                self._event(command, AgentEvent.FAILED, reason=f"rollback target {slot} is not in this device's store")
-                return
+        if self.store.has_slot(slot):  # a rollback, or a version this device still holds: nothing to fetch
             self._install(command, slot, downloaded=False)
             return
         if not self._fits(command):
@@ -240,6 +235,11 @@ class DeviceAgent:
             self._work.put(("complete", command.transfer_id))
         else:
             self.downloads.request_first(transfer, resume)
+
+    def _expire_transfers(self) -> None:
+        for command in self.downloads.expire_deploys(timeout := self.config.transfer_timeout_s):
+            self._event(command, AgentEvent.FAILED, reason=f"the archive did not arrive within {timeout:g} s of its "
+                        "command (a trickle, or chunks withheld); refused")
 
     def _complete(self, transfer_id: str) -> None:
         transfer = self.downloads.get(transfer_id)

@@ -54,6 +54,9 @@ class AgentConfig:
     profile: str | os.PathLike[str] | DeviceProfile | None = None
     #: Longest a measure command may take here, once for its transfer and once for the measuring.
     measure_timeout_s: float = 600.0
+    #: Longest a deploy's archive may take to arrive after its command: a transfer still incomplete then fails
+    #: (a trickle of chunks, or chunks withheld), so a slow-retrieval attack cannot hold the device forever.
+    transfer_timeout_s: float = 1800.0
     #: How many of its latest protocol events the agent keeps in DeviceAgent.events (the server keeps them all).
     event_history: int = 256
     #: How many of the newest installed slots the agent keeps after a commit or rollback, besides the slots in

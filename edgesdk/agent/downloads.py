@@ -20,7 +20,7 @@ from pathlib import Path
 from edgesdk.agent.failpoints import failpoint
 from edgesdk.agent.local_chunks import LocalChunks
 from edgesdk.agent.transfer import IncomingTransfer
-from edgesdk.fleet.protocol import Command, MeasureCommand
+from edgesdk.fleet.protocol import Command
 
 __all__ = ["Downloads", "broadcast_plan"]
 
@@ -113,12 +113,22 @@ class Downloads:
             elif isinstance(transfer.command, Command) and transfer.command.broadcast is not None:
                 self.request(transfer, exclude=transfer.command.broadcast)  # the broadcast brings the others
 
-    def overdue_measurements(self, timeout_s: float) -> list[IncomingTransfer]:
-        """Measurement transfers started more than ``timeout_s`` ago."""
+    def overdue(self, kind: type, timeout_s: float) -> list[IncomingTransfer]:
+        """Transfers of ``kind`` commands (Command, MeasureCommand) started more than ``timeout_s`` ago."""
         now = time.monotonic()
         with self._lock:
-            return [t for tid, t in self._transfers.items() if isinstance(t.command, MeasureCommand)
+            return [t for tid, t in self._transfers.items() if isinstance(t.command, kind)
                     and now - self._started.get(tid, now) > timeout_s]
+
+    def expire_deploys(self, timeout_s: float) -> list[Command]:
+        """Give up the deploy transfers started more than ``timeout_s`` ago (their files are deleted); their commands."""
+        expired = []
+        for transfer in self.overdue(Command, timeout_s):
+            self.pop(transfer.command.transfer_id)
+            transfer.discard()
+            if isinstance(transfer.command, Command):
+                expired.append(transfer.command)
+        return expired
 
     def close(self) -> None:
         """Close every transfer's files (their progress stays on disk for a restarted agent)."""

@@ -89,7 +89,7 @@ class MeasurementService:
 
     def expire(self) -> None:
         """Fail the measurements whose archive did not arrive within the timeout."""
-        for transfer in self.downloads.overdue_measurements(self.timeout_s):
+        for transfer in self.downloads.overdue(MeasureCommand, self.timeout_s):
             assert isinstance(transfer.command, MeasureCommand)
             self._fail(transfer, transfer.command, TransferError(
                 f"the archive did not arrive within {self.timeout_s:g} s; is the server still serving it?"))

@@ -224,3 +224,49 @@ def test_a_compromised_server_mixing_one_release_into_another_is_refused(
     assert "holds digits 1.0.0: a bundle of another release under this one's name is refused (mix-and-match)" in \
         target.reason
     assert not (agent.store.slots / "digits-2.0.0").exists() and agent.current_version() == ("digits", "1.0.0")
+
+
+class WithholdingChunks(ChunkDistributor):
+    """Whoever sits between the server and the device lets one requested chunk through, then nothing (a slow
+    retrieval); nothing goes to the group."""
+
+    trickled = False
+
+    def serve(self, device, transfer_id, indices):
+        if not self.trickled and self.is_open(transfer_id):
+            self.trickled = True
+            return super().serve(device, transfer_id, indices[:1])
+        return self.is_open(transfer_id)  # answered, and nothing sent
+
+    def broadcast(self, group, transfer_id):
+        return None
+
+
+class TricklingServer(OTAServer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chunks = self.sender.chunks = WithholdingChunks(self.repo.archive, self._publish)
+
+
+def test_a_trickle_of_chunks_hits_the_transfer_deadline_and_the_device_stays_on_its_version(
+        tmp_path, broker, make_server, make_agent, bundles):
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
+    signer = load_private_key(private["bundles"][0])
+    commands_key = load_private_key(private["commands"][0])
+    honest = make_server(broker.url, signing_key=commands_key)
+    agent = make_agent("cam0", broker.url, server_key=None, root=root_path, transfer_timeout_s=2.0)
+    wait_for(lambda: honest.db.device("cam0"), what="device")
+    honest.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
+    honest.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", signer)))
+    assert _rollout(honest, "1.0.0").state == "completed"
+    honest.stop()
+
+    slow = make_server(broker.url, signing_key=commands_key, server_class=TricklingServer)
+    received_before = agent.bytes_received
+    trickled = _rollout(slow, "2.0.0")
+    assert slow.chunks.trickled and agent.bytes_received > received_before  # one chunk came, then nothing
+    assert trickled.state == "aborted"
+    (target,) = trickled.targets
+    assert "the archive did not arrive within 2 s of its command (a trickle, or chunks withheld)" in target.reason
+    assert not (agent.store.slots / "digits-2.0.0").exists() and agent.current_version() == ("digits", "1.0.0")
+    assert not list(agent.store.incoming.iterdir())  # the partial transfer's files are gone

@@ -87,8 +87,15 @@ def test_a_downgrade_is_refused_and_remembered_unless_it_is_a_signed_rollback(ke
     assert verdict.details["reason"] == (f"refused downgrade: digits 2.0.0 <= installed {installed}; only a signed "
                                          "rollback may go back")
     rollback = admit(deploy(keys, rollback=True), StoreState(), ("digits", installed), f"digits-{installed}",
-                     in_flight=False, resume=False)
+                     in_flight=False, resume=False, held=True)
     assert rollback.proceed
+
+
+def test_a_rollback_to_a_version_this_device_does_not_hold_fails_naming_it(keys):
+    verdict = admit(deploy(keys, rollback=True), StoreState(), ("digits", "3.0.0"), "digits-3.0.0", in_flight=False,
+                    resume=False, held=False)
+    assert not verdict.proceed and verdict.remember and verdict.event == AgentEvent.FAILED
+    assert verdict.details == {"reason": "rollback target digits-2.0.0 is not in this device's store"}
 
 
 def test_another_models_version_is_no_downgrade(keys):
