@@ -14,7 +14,7 @@ from edgesdk.agent import store as store_module
 from edgesdk.agent.config import AgentConfig
 from edgesdk.agent.storage_guard import Room, StorageGuard
 from edgesdk.agent.store import SLOT_SIDECARS, ModelStore, PendingInstall, StoreState, space_needed
-from edgesdk.errors import StorageError
+from edgesdk.errors import BundleError, StorageError
 from edgesdk.fleet.protocol import ArchiveInfo
 from edgesdk.runtime.bundle import BundleSpec
 from edgesdk.runtime.bundling import bundle_from_model
@@ -92,8 +92,12 @@ def test_a_pin_is_a_slot_name_or_a_bare_version(store):
 
 def test_a_bare_version_pin_matches_any_model_name(tmp_path, bundles):
     store = ModelStore(tmp_path / "store")
-    for slot, version in (("vibration-1.0.0", "1.0.0"), ("digits-1.0.0", "1.0.0"), ("digits-2.0.0", "2.0.0")):
-        store.add_slot(slot, lambda tmp, v=version: shutil.copytree(bundles[v], tmp, dirs_exist_ok=True))
+    model = write_mlp_onnx(random_mlp([8, 4, 2]), tmp_path / "vibration.onnx")
+    vibration = bundle_from_model(tmp_path / "vibration", model, BundleSpec("vibration", "1.0.0", "onnx-fp32",
+                                  "generic-x86_64", "latency"), {"input": np.zeros((1, 8), np.float32)}).path
+    sources = {"vibration-1.0.0": vibration, "digits-1.0.0": bundles["1.0.0"], "digits-2.0.0": bundles["2.0.0"]}
+    for slot, source in sources.items():
+        store.add_slot(slot, lambda tmp, src=source: shutil.copytree(src, tmp, dirs_exist_ok=True))
     assert store.prune(keep_newest=0, pinned=("1.0.0",)) == ["digits-2.0.0"]
     assert present(store) == ["digits-1.0.0", "vibration-1.0.0"]
 
@@ -304,3 +308,10 @@ def test_the_agent_reports_an_update_that_cannot_fit_with_the_figures_and_the_fi
         event["reason"]
     assert (event["needed_bytes"], event["free_bytes"], event["reserved_bytes"]) == (20_000, free, 200_000)
     assert not (store.root / "offload" / "digits-9.0.0.json").exists()
+
+
+def test_a_slot_refuses_a_bundle_of_another_model_or_version(tmp_path, bundles):
+    store = ModelStore(tmp_path / "store")
+    with pytest.raises(BundleError, match=r"the archive for digits-3.0.0 holds digits 1.0.0: .* \(mix-and-match\)"):
+        store.add_slot("digits-3.0.0", lambda tmp: shutil.copytree(bundles["1.0.0"], tmp, dirs_exist_ok=True))
+    assert not (store.slots / "digits-3.0.0").exists() and not list(store.slots.iterdir())
