@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, StorageError
 from edgesdk.fleet.protocol import PREFIX, check_id
+from edgesdk.fleet.transport import parse_broker_url
 from edgesdk.runtime.profiles import DeviceProfile, load_profile
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ class AgentConfig:
     username: str | None = None
     password: str | None = None
     ca_file: str | None = None
+    #: Refuse a plain ``mqtt://`` broker: commands, chunks and credentials then only travel encrypted
+    #: (``mqtts://``, the server's certificate checked against ``ca_file`` or the system's CAs).
+    require_tls: bool = False
     #: How many missing chunks one request asks for.
     request_window: int = 32
     #: Re-request missing chunks after this long without progress.
@@ -77,6 +81,9 @@ class AgentConfig:
     def __post_init__(self) -> None:
         check_id(self.device_id, "device id")
         check_id(self.group, "group")
+        if self.require_tls and not parse_broker_url(self.broker).tls:
+            raise BrokerError(f"broker {self.broker} is not TLS and this agent requires TLS (require_tls): use "
+                              "mqtts://HOST:8883 with --ca-file, or drop --require-tls on a trusted network")
         for name in ("keep_slots", "min_free_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -22,6 +22,7 @@ import click
 @click.option("--credentials", type=click.Path(exists=True, dir_okay=False),
               help="JSON with username/password (from `edgesdk server mosquitto-config`).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), help="CA certificate for mqtts://.")
+@click.option("--require-tls", is_flag=True, help="Refuse a plain mqtt:// broker (commands and credentials encrypted).")
 @click.option("--profile", default=None,
               help="Device profile name or YAML path; models are served and measured under it (default: detect).")
 @click.option("--keep-slots", type=click.IntRange(min=0), default=3, show_default=True, metavar="N",
@@ -36,7 +37,7 @@ import click
               help="Where sysfs is: the board's power sensor is read below it.")
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned commands.")
 def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, root: str | None,
-          credentials: str | None,
+          credentials: str | None, require_tls: bool,
           ca_file: str | None, profile: str | None, keep_slots: int, pins: tuple[str, ...], min_free: int,
           state_every: float | None, sysfs_root: str, allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
@@ -56,7 +57,7 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
     config = AgentConfig(device_id=device_id, group=group, broker=broker, store=Path(store),
                          server_key=load_public_key(server_key) if server_key else None, root=root,
                          allow_unsigned=allow_unsigned,
-                         username=username, password=password, ca_file=ca_file,
+                         username=username, password=password, ca_file=ca_file, require_tls=require_tls,
                          profile=profile, keep_slots=keep_slots, pinned=pins, min_free_bytes=min_free,
                          state_interval_s=state_every, sysfs_root=sysfs_root)
     runtime = ManagedRuntime(profile=profile)

@@ -71,3 +71,25 @@ def test_a_broker_certificate_from_another_ca_is_refused(tls_broker, tmp_path):
     other = _certificates(tmp_path / "other")
     with pytest.raises(TransferError, match="no connection"):
         MqttTransport(url, client_id="doubter", ca_file=str(other / "ca.pem"), connect_timeout=2)
+
+
+def test_an_agent_that_requires_tls_refuses_a_plain_broker_and_works_over_tls(tls_broker, make_server, make_agent,
+                                                                              tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from edgesdk.agent.config import AgentConfig
+    from edgesdk.errors import BrokerError
+
+    # Eavesdropping: a device told to require TLS never talks plain MQTT, whatever broker URL it is given.
+    with pytest.raises(BrokerError, match=r"broker mqtt://127.0.0.1:1883 is not TLS and this agent requires TLS"):
+        AgentConfig("cam9", "cams", "mqtt://127.0.0.1:1883", tmp_path / "store", require_tls=True)
+    cli = subprocess.run([str(Path(sys.executable).parent / "edgesdk"), "agent", "--device-id", "cam9", "--group",
+                          "cams", "--broker", "mqtt://127.0.0.1:1883", "--store", str(tmp_path / "store"),
+                          "--allow-unsigned", "--require-tls"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 21 and "requires TLS" in cli.stderr
+    url, ca = tls_broker
+    server = make_server(url, ca_file=ca)
+    make_agent("cam0", url, ca_file=ca, require_tls=True)
+    wait_for(lambda: server.db.device("cam0"), what="the device over TLS")
