@@ -13,7 +13,7 @@ from edgesdk.fleet import key_ceremony
 from edgesdk.fleet.protocol import ArchiveInfo, Topics, archive_info, pack_bundle, sign_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
-from edgesdk.fleet.trust import ROLES, new_root, parse_root, sign_metadata
+from edgesdk.fleet.trust import ROLES, new_root, new_timestamp, parse_root, sign_metadata
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.server import OTAServer
 from edgesdk.runtime.bundle import sign_bundle
@@ -270,3 +270,41 @@ def test_a_trickle_of_chunks_hits_the_transfer_deadline_and_the_device_stays_on_
     assert "the archive did not arrive within 2 s of its command (a trickle, or chunks withheld)" in target.reason
     assert not (agent.store.slots / "digits-2.0.0").exists() and agent.current_version() == ("digits", "1.0.0")
     assert not list(agent.store.incoming.iterdir())  # the partial transfer's files are gone
+
+
+def test_an_attackers_own_broker_gets_nothing_past_the_device(tmp_path, broker, make_server, make_agent, bundles):
+    """The device is pointed at a broker the attacker runs (a second mosquitto): the attacker can publish anything
+    there but holds no fleet key. Its command, its root and its timestamp are all refused; the model stays."""
+    from edgesdk.ota_server.broker import LocalMosquitto
+
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
+    signer = load_private_key(private["bundles"][0])
+    server = make_server(broker.url, signing_key=load_private_key(private["commands"][0]))
+    store = tmp_path / "devices" / "cam0"
+    agent = make_agent("cam0", broker.url, server_key=None, root=root_path)
+    wait_for(lambda: server.db.device("cam0"), what="device")
+    server.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
+    assert _rollout(server, "1.0.0").state == "completed"
+    agent.stop()
+
+    evil_broker = LocalMosquitto(tmp_path / "evil-broker")
+    try:
+        attacker = Ed25519PrivateKey.generate()
+        evil = make_agent("cam0", evil_broker.url, server_key=None, root=None)  # the same store: it holds the root
+        assert evil.store.root == store and evil.trust is not None and evil.trust.root.version == 1
+        forged_root = sign_metadata(new_root(2, time.time() + 86400, {
+            role: ([attacker.public_key()], 1) for role in ROLES}), [attacker])
+        forged_stamp = sign_metadata(new_timestamp(10**15, time.time() + 86400, 1, {}), [attacker])
+        command = sign_command(attacker, type="rollback", deployment_id="evil-2", transfer_id="evil-2", name="digits",
+                               version="1.0.0", group="cams", rollback=True)
+        _publish_retained(evil_broker.url, Topics.root(2), forged_root)
+        _publish_retained(evil_broker.url, Topics.TIMESTAMP, forged_stamp)
+        _publish_retained(evil_broker.url, Topics.cmd("cam0"), command)
+        wait_for(lambda: len(_rejections(evil)) >= 3, what="three refusals")
+        reasons = " | ".join(_rejections(evil))
+        assert "root metadata v2 (by the root keys of v1): 0 valid signatures" in reasons
+        assert "timestamp v1000000000000000: 0 valid signatures" in reasons
+        assert "OTA command: 0 valid signatures" in reasons
+        assert evil.trust.root.version == 1 and evil.trust.stale() and evil.current_version() == ("digits", "1.0.0")
+    finally:
+        evil_broker.stop()
