@@ -53,7 +53,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from edgesdk.errors import BundleError, SignatureError, TransferError
+from edgesdk.errors import BundleError, SignatureError, TransferError, TrustError
 from edgesdk.fleet.chunking import cut_points, tar_boundaries
 from edgesdk.runtime.bundle import parse_version, safe_name
 
@@ -414,8 +414,6 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
 
 def _check_expiry(manifest: dict[str, Any], now: float) -> None:
     """Refuse a command past its ``expires_at`` (servers of earlier releases sent none: those are taken as before)."""
-    from edgesdk.errors import TrustError
-
     expires = manifest.get("expires_at")
     if expires is None:
         return

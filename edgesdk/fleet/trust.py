@@ -167,6 +167,11 @@ def _envelope(document: bytes) -> dict[str, Any]:
     return envelope
 
 
+def _signatures(envelope: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """The (key id, signature) pairs of a checked envelope; an entry whose signature is not hex counts for nothing."""
+    return [(s["keyid"], bytes.fromhex(s["sig"])) for s in envelope["signatures"] if _HEX.match(s["sig"])]
+
+
 def parse_root(document: bytes) -> tuple[Root, list[tuple[str, bytes]]]:
     """The root in ``document`` and its signatures, checked for shape only (nothing is trusted here)."""
     envelope = _envelope(document)
@@ -196,7 +201,7 @@ def parse_root(document: bytes) -> tuple[Root, list[tuple[str, bytes]]]:
             KeySet({k: keys[k] for k in keyids}, threshold)  # threshold within 1..len(keyids)
             roles[role] = RoleKeys(keyids, threshold)
         expires = _seconds(signed["expires"])
-        signatures = [(s["keyid"], bytes.fromhex(s["sig"])) for s in envelope["signatures"] if _HEX.match(s["sig"])]
+        signatures = _signatures(envelope)
     except (KeyError, TypeError, AttributeError, ValueError, SignatureError) as exc:
         raise TrustError(f"root metadata is malformed ({exc}); use a root.json written by `edgesdk keys`") from exc
     return Root(version, expires, keys, roles, document), signatures
@@ -302,7 +307,7 @@ def parse_timestamp(document: bytes, root: Root) -> Timestamp:
                                                     for k, v in targets.items()):
             raise ValueError("targets must map group names to hex digests")
         expires = _seconds(signed["expires"])
-        signatures = [(s["keyid"], bytes.fromhex(s["sig"])) for s in envelope["signatures"] if _HEX.match(s["sig"])]
+        signatures = _signatures(envelope)
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise TrustError(f"timestamp metadata is malformed ({exc}); ignore it") from exc
     root.keyset("timestamp").verify(canonical(signed), signatures, f"timestamp v{version}")

@@ -204,18 +204,25 @@ class MixingServer(OTAServer):
         return data, archive_info(data)
 
 
-def test_a_compromised_server_mixing_one_release_into_another_is_refused(
-        tmp_path, broker, make_server, make_agent, bundles):
+def _on_release_1(tmp_path, broker, make_server, make_agent, bundles, **agent_config):
+    """A fleet root, a device on it running 1.0.0 (installed by an honest server, which then stops, leaving 2.0.0 in
+    the repository); the commands key and the agent."""
     root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
     signer = load_private_key(private["bundles"][0])
     commands_key = load_private_key(private["commands"][0])
     honest = make_server(broker.url, signing_key=commands_key)
-    agent = make_agent("cam0", broker.url, server_key=None, root=root_path)
+    agent = make_agent("cam0", broker.url, server_key=None, root=root_path, **agent_config)
     wait_for(lambda: honest.db.device("cam0"), what="device")
     honest.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
     honest.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", signer)))
     assert _rollout(honest, "1.0.0").state == "completed"
     honest.stop()
+    return commands_key, agent
+
+
+def test_a_compromised_server_mixing_one_release_into_another_is_refused(
+        tmp_path, broker, make_server, make_agent, bundles):
+    commands_key, agent = _on_release_1(tmp_path, broker, make_server, make_agent, bundles)
 
     evil = make_server(broker.url, signing_key=commands_key, server_class=MixingServer)
     mixed = _rollout(evil, "2.0.0")
@@ -250,16 +257,8 @@ class TricklingServer(OTAServer):
 
 def test_a_trickle_of_chunks_hits_the_transfer_deadline_and_the_device_stays_on_its_version(
         tmp_path, broker, make_server, make_agent, bundles):
-    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
-    signer = load_private_key(private["bundles"][0])
-    commands_key = load_private_key(private["commands"][0])
-    honest = make_server(broker.url, signing_key=commands_key)
-    agent = make_agent("cam0", broker.url, server_key=None, root=root_path, transfer_timeout_s=2.0)
-    wait_for(lambda: honest.db.device("cam0"), what="device")
-    honest.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
-    honest.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", signer)))
-    assert _rollout(honest, "1.0.0").state == "completed"
-    honest.stop()
+    commands_key, agent = _on_release_1(tmp_path, broker, make_server, make_agent, bundles,
+                                        transfer_timeout_s=2.0)
 
     slow = make_server(broker.url, signing_key=commands_key, server_class=TricklingServer)
     received_before = agent.bytes_received
@@ -277,15 +276,9 @@ def test_an_attackers_own_broker_gets_nothing_past_the_device(tmp_path, broker, 
     there but holds no fleet key. Its command, its root and its timestamp are all refused; the model stays."""
     from edgesdk.ota_server.broker import LocalMosquitto
 
-    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {}, {})
-    signer = load_private_key(private["bundles"][0])
-    server = make_server(broker.url, signing_key=load_private_key(private["commands"][0]))
-    store = tmp_path / "devices" / "cam0"
-    agent = make_agent("cam0", broker.url, server_key=None, root=root_path)
-    wait_for(lambda: server.db.device("cam0"), what="device")
-    server.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
-    assert _rollout(server, "1.0.0").state == "completed"
+    _, agent = _on_release_1(tmp_path, broker, make_server, make_agent, bundles)
     agent.stop()
+    store = agent.store.root
 
     evil_broker = LocalMosquitto(tmp_path / "evil-broker")
     try:
