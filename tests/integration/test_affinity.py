@@ -28,7 +28,7 @@ def _task_masks() -> dict[int, set[int]]:
     for status in Path("/proc/self/task").glob("*/status"):
         try:
             lines = status.read_text().splitlines()
-        except FileNotFoundError:  # a thread that just ended
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended between the listing and the read
             continue
         for line in lines:
             if line.startswith("Cpus_allowed_list:"):
