@@ -125,7 +125,16 @@ class Measurements:
 
     # MQTT --------------------------------------------------------------------------------
     def on_result(self, topic: str, payload: bytes) -> None:
-        """Handler for ``P/devices/+/measurements``."""
+        """Handler for ``P/devices/+/measurements``.
+
+        A message from a device with no measurement running here is dropped unparsed: results are the
+        largest device messages (up to 32 MiB), and a device must not make the server parse them at will.
+        """
+        with self._lock:
+            expected = any(m.device == Topics.device_of(topic) and m.status not in _FINISHED
+                           for m in self._items.values())
+        if not expected:
+            return
         try:
             device = check_id(Topics.device_of(topic), "device id")
             message = parse_result(payload, self.max_result_bytes)

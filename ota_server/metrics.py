@@ -6,6 +6,8 @@ This process's counters and latency histogram::
     edgesdk_ota_commands_resent_total                    commands published again (a device did not answer)
     edgesdk_ota_chunk_bytes_total{kind}                  archive bytes published; kind: broadcast | resend
     edgesdk_ota_event_handling_seconds{kind}             handling one device message; kind: state | event | need
+    edgesdk_ota_reports_refused_total{kind}              device messages over their device's limit: events and
+                                                         chunk requests dropped, waiting states replaced by newer
 
 and, read from the fleet store at scrape time (so every replica reports the whole fleet, not
 what it handled itself)::
@@ -87,6 +89,9 @@ class ServerMetrics:
         # Children made up front: every series shows from the first scrape, and a call skips the label lookup.
         self._chunk_bytes: dict[str, Any] = {kind: chunk_bytes.labels(kind) for kind in CHUNK_KINDS}
         self._handling: dict[str, Any] = {kind: handling.labels(kind) for kind in EVENT_KINDS}
+        refused = Counter("edgesdk_ota_reports_refused", "Device messages refused by their device's report limit.",
+                          ("kind",), registry=self.registry)
+        self._refused: dict[str, Any] = {kind: refused.labels(kind) for kind in EVENT_KINDS}
         self.registry.register(_FleetCollector(db))
 
     def command_sent(self, n: int = 1) -> None:
@@ -103,6 +108,13 @@ class ServerMetrics:
         if child is None:
             raise EdgeSDKError(f"chunk_bytes kind={kind!r} is not one of {', '.join(CHUNK_KINDS)}; pass one of those")
         child.inc(_count(n, "chunk_bytes"))
+
+    def report_refused(self, kind: str) -> None:
+        """Count one device message of ``kind`` (state, event or need) refused by its device's report limit."""
+        child = self._refused.get(kind)
+        if child is None:
+            raise EdgeSDKError(f"report_refused kind={kind!r} is not one of {', '.join(EVENT_KINDS)}; pass one of those")
+        child.inc()
 
     def observe_event(self, kind: str, seconds: float) -> None:
         """Record that handling one device message of ``kind`` (state, event or need) took ``seconds``."""

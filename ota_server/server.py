@@ -33,6 +33,7 @@ from edgesdk.ota_server.freshness import TimestampPublisher
 from edgesdk.ota_server.ingest import DeviceEvent, Ingest
 from edgesdk.ota_server.measurements import Measurements
 from edgesdk.ota_server.metrics import ServerMetrics
+from edgesdk.ota_server.report_guard import ReportGuard, ReportLimits
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.stage_sender import StageSender
 
@@ -90,6 +91,8 @@ class ServerConfig:
     timestamp_expires_s: float = 300.0
     #: How long a signed command is valid; devices refuse it after that (stage commands are re-signed in time).
     command_ttl_s: float = COMMAND_TTL_S
+    #: How many states, events and chunk requests a device may send (see :mod:`edgesdk.ota_server.report_guard`).
+    report_limits: ReportLimits = ReportLimits()
 
 
 class OTAServer:
@@ -113,6 +116,7 @@ class OTAServer:
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
         self.ingest = Ingest(db, observe=self.metrics.observe_event)
+        self.guard = ReportGuard(config.report_limits, on_refused=self.metrics.report_refused)
         #: The fleet's root of trust, published retained at start (devices take it as the next in their chain).
         self.root = parse_root(root)[0] if root is not None else None
         self.timestamps = (TimestampPublisher(db, self._publish, timestamp_key, self.root.version if self.root else 1,
@@ -185,6 +189,7 @@ class OTAServer:
             if self._stop.is_set():
                 return
             self.measurements.expire()
+            self._read_waiting_reports()
             self.engine.tick()
             if self.timestamps is not None:
                 self.timestamps.tick()
@@ -196,10 +201,25 @@ class OTAServer:
         if "/chunks/" in topic:
             self.metrics.chunk_bytes("broadcast" if topic.startswith(_GROUPS) else "resend", len(payload))
 
+    def _read_waiting_reports(self) -> None:
+        """Read the states a flooding device's limit held back, and log each flood as a ``flood`` event."""
+        for topic, payload in self.guard.due():
+            self._read_state(topic, payload)
+        for device, refused, span_s in self.guard.flood_reports():
+            counts = {kind: n for kind, n in refused.items() if n}
+            reason = (f"device {device} sent more reports than its limit allows; refused in {span_s:.0f} s: "
+                      + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+            log.warning("%s", reason)
+            self.ingest.put(DeviceEvent(EventRow("flood", {"event": "flood", "refused": counts, "reason": reason},
+                                                 device, None, time.time()), None))
+
     # MQTT handlers -------------------------------------------------------------------------
     def _on_state(self, topic: str, payload: bytes) -> None:
-        if _too_large(topic, payload):
+        if _too_large(topic, payload) or not self.guard.admit_state(Topics.device_of(topic), topic, payload):
             return
+        self._read_state(topic, payload)
+
+    def _read_state(self, topic: str, payload: bytes) -> None:
         try:
             device = check_id(Topics.device_of(topic), "device id")
             state = json.loads(payload)
@@ -217,7 +237,7 @@ class OTAServer:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 
     def _on_event(self, topic: str, payload: bytes) -> None:
-        if _too_large(topic, payload):
+        if _too_large(topic, payload) or not self.guard.admit(Topics.device_of(topic), "event"):
             return
         try:
             device = check_id(Topics.device_of(topic), "device id")
@@ -232,7 +252,7 @@ class OTAServer:
                                     self.engine.target_update(device, kind, deployment, event.get("reason"))))
 
     def _on_need(self, topic: str, payload: bytes) -> None:
-        if _too_large(topic, payload):
+        if _too_large(topic, payload) or not self.guard.admit(Topics.device_of(topic), "need"):
             return
         try:
             device = check_id(Topics.device_of(topic), "device id")

@@ -95,6 +95,8 @@ def test_counters_and_the_handling_histogram_move(tmp_path):
     metrics.chunk_bytes("resend", 24)
     metrics.observe_event("state", 0.0002)
     metrics.observe_event("need", 0.3)
+    metrics.report_refused("event")
+    metrics.report_refused("event")
     found = samples(metrics)
     assert series(found, "edgesdk_ota_commands_sent_total") == 5
     assert series(found, "edgesdk_ota_commands_resent_total") == 2
@@ -106,6 +108,8 @@ def test_counters_and_the_handling_histogram_move(tmp_path):
     assert series(found, bucket, kind="need", le="0.25") == 0
     assert series(found, bucket, kind="need", le="0.5") == 1
     assert series(found, "edgesdk_ota_event_handling_seconds_count", kind="event") == 0  # shown before the first
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="event") == 2
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="state") == 0
 
 
 def test_counting_from_many_threads_loses_nothing(tmp_path):
@@ -129,6 +133,7 @@ def test_counting_from_many_threads_loses_nothing(tmp_path):
 @pytest.mark.parametrize(("call", "message"), [
     (lambda m: m.chunk_bytes("multicast", 10), r"kind='multicast' is not one of broadcast, resend"),
     (lambda m: m.observe_event("heartbeat", 0.1), r"kind='heartbeat' is not one of state, event, need"),
+    (lambda m: m.report_refused("chunk"), r"kind='chunk' is not one of state, event, need"),
     (lambda m: m.observe_event("state", -0.5), r"seconds=-0.5 must be a duration >= 0"),
     (lambda m: m.observe_event("state", float("nan")), r"seconds=nan must be a duration >= 0"),
     (lambda m: m.command_sent(-1), r"command_sent\(n=-1\): n must be a whole number >= 0"),
