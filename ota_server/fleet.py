@@ -376,6 +376,11 @@ class FleetDB:
                               [(when, rollout_id, d) for d in device_ids])
 
     # leases: which server replica drives a rollout ------------------------------------------------
+    def now(self) -> float:
+        """The database's clock (epoch seconds): what replicas compare leases and deadlines by, so a replica
+        whose own clock is wrong neither steals a live lease nor keeps a dead one."""
+        return self.sql.now()
+
     def hold_lease(self, rollout_id: str, holder: str, now: float, lease_s: float) -> bool:
         """Take or renew the right to drive a running rollout for ``lease_s``; False while another holder's is valid."""
         return self.sql.execute(

@@ -125,7 +125,9 @@ class OTAServer:
         self.sender = StageSender(db, repository, self.chunks, signing_key, self._publish, self.metrics,
                                   lambda: self.ingest.pending, self._stop, config.offload_url, config.broadcast_wait_s,
                                   config.command_ttl_s)
-        self.engine = RolloutEngine(db, self.sender, resend_s=config.resend_s, holder=self.name, lease_s=config.lease_s)
+        # Leases, deadlines and re-sends go by the database's clock: replicas' own clocks may disagree.
+        self.engine = RolloutEngine(db, self.sender, db.now, resend_s=config.resend_s, holder=self.name,
+                                    lease_s=config.lease_s)
 
     @property
     def resent(self) -> dict[tuple[str, str], list[int]]:

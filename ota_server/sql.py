@@ -89,6 +89,8 @@ class Database(abc.ABC):
 
     #: "sqlite" or "postgresql".
     dialect: str
+    #: An SQL expression for the database server's clock in epoch seconds (see :meth:`now`).
+    clock_sql: str
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -112,6 +114,11 @@ class Database(abc.ABC):
         """The rows of a query, each a mapping of column name to value."""
         with self._lock:
             return list(self._run(sql, args).fetchall())
+
+    def now(self) -> float:
+        """The database's clock, in epoch seconds: one clock for every replica sharing the database, whatever
+        each host's own clock says."""
+        return float(self.rows(f"SELECT {self.clock_sql} AS now")[0]["now"])
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
         """Run one statement; how many rows it changed."""
@@ -185,6 +192,7 @@ class SQLiteDatabase(Database):
     """One SQLite file in WAL mode: a crash keeps every committed write, readers do not block the writer."""
 
     dialect = "sqlite"
+    clock_sql = "(julianday('now') - 2440587.5) * 86400.0"
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -235,6 +243,7 @@ class PostgresDatabase(Database):
     """A PostgreSQL database through psycopg 3 (the ``server`` extra); several servers may share it."""
 
     dialect = "postgresql"
+    clock_sql = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
 
     def __init__(self, url: str, connect_timeout_s: float = 10.0) -> None:
         super().__init__()

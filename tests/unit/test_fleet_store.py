@@ -169,3 +169,15 @@ def test_a_report_that_arrives_late_never_moves_a_target_back(db):
     statuses = {t.device_id: t.status for t in db.targets("r1")}
     assert statuses == {ids[0]: TargetStatus.COMMITTED, ids[1]: TargetStatus.COMMITTED}, \
         "a late device still counts once it answers"
+
+
+def test_the_database_clock_is_the_hosts_and_moves(db):
+    import time
+
+    before = time.time()
+    first = db.now()
+    time.sleep(0.05)
+    second = db.now()
+    after = time.time()
+    # Both databases run on this host here, so their clock is this host's (to the millisecond SQLite keeps).
+    assert before - 0.01 <= first < second <= after + 0.01
