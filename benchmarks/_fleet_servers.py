@@ -29,6 +29,29 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its children, the exited ones included (their time is added to the
+    parent's when it reaps them): for PostgreSQL's postmaster, every backend that served a connection."""
+    ticks = 0
+    own = _stat_fields(pid)
+    if own is None:
+        return 0.0
+    ticks += sum(int(own[i]) for i in (11, 12, 13, 14))  # utime, stime, and the reaped children's
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(pid):
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and fields[1] == str(pid):  # a live child
+                ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class ServerProcess:
     """One ``edgesdk server`` (a replica with ``replica=True``) on a free loopback port, its log in ``workdir``."""
 

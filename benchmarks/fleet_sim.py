@@ -74,7 +74,7 @@ class FleetReport:
     counts: dict[str, int]
     #: Deployment id -> installs (committed or rolled back) over the fleet.
     installs: dict[str, int]
-    #: Devices that installed one deployment more than once (the real agent's replay guard makes this 0).
+    #: Devices whose own install log shows one version committed twice by updates (whatever the deployment ids).
     updated_twice: int
     messages_in: int
     messages_out: int
@@ -83,6 +83,9 @@ class FleetReport:
     bytes_out: int
     #: Version -> devices on it when the fleet stopped.
     versions: dict[str, int]
+    #: Device -> its installs in order, ``[time, deployment id, version, outcome, rollback]`` (devices that
+    #: installed something).
+    install_log: dict[str, list[list[Any]]] = field(default_factory=dict)
     processes: tuple[ProcessReport, ...] = field(default=())
 
     @property
@@ -331,6 +334,7 @@ def _combine(devices: int, replies: list[dict[str, Any]]) -> FleetReport:
         messages_in=sum(r["messages_in"] for r in replies), messages_out=sum(r["messages_out"] for r in replies),
         bytes_in=sum(r["bytes_in"] for r in replies), bytes_out=sum(r["bytes_out"] for r in replies),
         versions=dict(versions),
+        install_log={device: log for r in replies for device, log in r["install_log"].items()},
         processes=tuple(ProcessReport(r["pid"], r["devices"], r["connect_s"], r["cpu_s"], r["rss_mb"]) for r in replies))
 
 

@@ -38,7 +38,7 @@ class _Device:
     """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
 
     __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
-                 "installs", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root")
+                 "install_log", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
@@ -51,7 +51,9 @@ class _Device:
         self.chunk_slots: set[str] = set()
         self.committed: str | None = slot
         self.seen: set[str] = set()
-        self.installs: Counter[str] = Counter()
+        #: What this device installed, in order: [time, deployment id, version, "committed" | "rolled_back",
+        #: rollback command?]; the device's own history, which the checkers of benchmarks/chaos.py read.
+        self.install_log: list[list[Any]] = []
         self.transfers: dict[str, Transfer] = {}
         self.client: Any = None
         self.state_topic, self.events_topic, self.cmd_topic = (Topics.state(device_id), Topics.events(device_id),
@@ -266,9 +268,11 @@ class _Device:
     def install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
         """The installer's switch and health check, without a runtime; a ``fail`` device fails every non-rollback."""
         started = time.perf_counter()
-        self.installs[command.deployment_id] += 1
         old = self.current_slot()
-        if self.role == "fail" and not command.rollback:
+        failing = self.role == "fail" and not command.rollback
+        self.install_log.append([time.time(), command.deployment_id, command.version,
+                                 "rolled_back" if failing else "committed", command.rollback])
+        if failing:
             self.previous = old
             self.event(command, AgentEvent.ROLLED_BACK, reason="HealthCheckError: simulated health check failure "
                                                                "(this device is in the fleet's fail_share)",
@@ -283,6 +287,14 @@ class _Device:
         self.publish_state()
 
 
+
+
+def updated_twice(install_log: list[list[Any]]) -> bool:
+    """True when a device's log shows one version committed twice by an update (a rollback back to a version
+    held before is a restore, not an update)."""
+    updates = Counter(version for _, _, version, outcome, rollback in install_log
+                      if outcome == "committed" and not rollback)
+    return any(n > 1 for n in updates.values())
 
 
 class _Worker:
@@ -398,12 +410,11 @@ class _Worker:
 
     def report(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        installs: Counter[str] = Counter()
-        for device in self.devices:
-            installs.update(device.installs)
+        installs: Counter[str] = Counter(entry[1] for d in self.devices for entry in d.install_log)
         c = self.counters
         return {**self.snapshot(), "installs": dict(installs), "pid": os.getpid(), "devices": len(self.devices),
-                "updated_twice": sum(1 for d in self.devices if any(n > 1 for n in d.installs.values())),
+                "updated_twice": sum(1 for d in self.devices if updated_twice(d.install_log)),
+                "install_log": {d.id: d.install_log for d in self.devices if d.install_log},
                 "messages_in": c.messages_in, "messages_out": c.messages_out, "bytes_in": c.bytes_in,
                 "bytes_out": c.bytes_out, "connect_s": self.connect_s, "cpu_s": usage.ru_utime + usage.ru_stime,
                 "rss_mb": usage.ru_maxrss / 1024}

@@ -134,3 +134,15 @@ def test_bad_settings_are_refused_with_the_value(keys, kwargs, named):
 def test_a_missing_key_file_is_named(tmp_path):
     with pytest.raises(SimulationError, match="nowhere.pub"):
         SimulatedFleet("mqtt://127.0.0.1:1", tmp_path / "nowhere.pub", 2)
+
+
+def test_updated_twice_reads_the_devices_own_log_whatever_the_deployment_ids():
+    from benchmarks.fleet_sim_worker import updated_twice
+
+    once = [[1.0, "r1", "2.0.0", "committed", False]]
+    assert not updated_twice(once)
+    # The same version again under another deployment id: the replay guard (by id) would not stop it.
+    assert updated_twice([*once, [2.0, "r2", "2.0.0", "committed", False]])
+    # Back to a version held before by a signed rollback is a restore; a failed install is no update.
+    assert not updated_twice([*once, [2.0, "r2", "3.0.0", "committed", False], [3.0, "r3", "2.0.0", "committed", True]])
+    assert not updated_twice([[1.0, "r1", "3.0.0", "rolled_back", False], [2.0, "r2", "3.0.0", "committed", False]])
