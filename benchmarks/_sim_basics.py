@@ -1,21 +1,24 @@
 """What the simulated fleet's parent (benchmarks/fleet_sim.py) and its workers (fleet_sim_worker.py) share:
-the counters, the error, each device's role, and an archive arriving in memory."""
+the counters, the error, each device's role, an archive arriving in memory, and what counts as updated twice."""
 
 from __future__ import annotations
 
 import hashlib
+import resource
+from collections import Counter
+from typing import Any
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import Command
 
-__all__ = ["COUNTERS", "SimulationError", "device_role", "Transfer"]
+__all__ = ["COUNTERS", "SimulationError", "device_role", "Transfer", "updated_twice", "raise_fd_limit"]
 
 
 #: The per-device counters every worker keeps (summed over the fleet in FleetReport).
 COUNTERS = ("root_updates", "roots_refused", "commands", "duplicate_commands", "rejected", "accepted", "downloaded",
             "committed", "repeated_commits",
             "failed", "rolled_back", "chunk_bytes", "chunk_data_bytes", "chunks_rejected", "need_requests",
-            "measure_commands", "reconnects")
+            "measure_commands", "reconnects", "crashes")
 
 
 class SimulationError(EdgeSDKError):
@@ -51,3 +54,18 @@ class Transfer:
     def complete(self) -> bool:
         assert self.command.archive is not None
         return len(self.chunks) == len(self.command.archive.chunks)
+
+
+def updated_twice(install_log: list[list[Any]]) -> bool:
+    """True when a device's log shows one version committed twice by an update (a rollback back to a version
+    held before is a restore, not an update)."""
+    updates = Counter(version for _, _, version, outcome, rollback in install_log
+                      if outcome == "committed" and not rollback)
+    return any(n > 1 for n in updates.values())
+
+
+def raise_fd_limit() -> None:
+    """Let this process open as many files (device sockets) as the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

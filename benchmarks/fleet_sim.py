@@ -86,6 +86,8 @@ class FleetReport:
     #: Device -> its installs in order, ``[time, deployment id, version, outcome, rollback]`` (devices that
     #: installed something).
     install_log: dict[str, list[list[Any]]] = field(default_factory=dict)
+    #: Device -> the version it ran when the fleet stopped.
+    final: dict[str, str | None] = field(default_factory=dict)
     processes: tuple[ProcessReport, ...] = field(default=())
 
     @property
@@ -272,6 +274,20 @@ class SimulatedFleet:
             counts.update(reply["counts"])
         return {"versions": dict(versions), "counts": dict(counts)}
 
+    def fault(self, kind: str, ids: list[str], **params: float) -> int:
+        """Put the devices ``ids`` under a fault (see benchmarks/_sim_faults.py: ``partition`` and ``crash`` take
+        ``seconds``, ``corrupt`` takes ``chunks``, ``slow`` takes ``seconds`` and ``delay_s``); how many it reached."""
+        from benchmarks._sim_faults import FAULT_COMMANDS
+
+        if kind not in FAULT_COMMANDS:
+            raise SimulationError(f"fault {kind!r} is not one of {', '.join(FAULT_COMMANDS)}")
+        with self._lock:
+            if not self._workers:
+                raise SimulationError("the simulated fleet is not running; call start() first")
+            for worker in self._workers:
+                worker.send({"cmd": kind, "ids": ids, **params})
+            return sum(worker.receive("fault", 30)["touched"] for worker in self._workers)
+
     def versions(self) -> dict[str, int]:
         """Version -> number of devices running it now."""
         return dict(self.snapshot()["versions"])
@@ -335,6 +351,7 @@ def _combine(devices: int, replies: list[dict[str, Any]]) -> FleetReport:
         bytes_in=sum(r["bytes_in"] for r in replies), bytes_out=sum(r["bytes_out"] for r in replies),
         versions=dict(versions),
         install_log={device: log for r in replies for device, log in r["install_log"].items()},
+        final={device: version for r in replies for device, version in r["final"].items()},
         processes=tuple(ProcessReport(r["pid"], r["devices"], r["connect_s"], r["cpu_s"], r["rss_mb"]) for r in replies))
 
 

@@ -20,7 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks._sim_basics import SimulationError, Transfer, device_role
+from benchmarks._sim_basics import SimulationError, Transfer, device_role, raise_fd_limit, updated_twice
+from benchmarks._sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut
 from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.chunk_codec import decode_chunk
 from edgesdk.fleet.measurement import encode_result
@@ -38,7 +39,7 @@ class _Device:
     """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
 
     __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
-                 "install_log", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root")
+                 "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
@@ -54,6 +55,7 @@ class _Device:
         #: What this device installed, in order: [time, deployment id, version, "committed" | "rolled_back",
         #: rollback command?]; the device's own history, which the checkers of benchmarks/chaos.py read.
         self.install_log: list[list[Any]] = []
+        self.faults = DeviceFaults()
         self.transfers: dict[str, Transfer] = {}
         self.client: Any = None
         self.state_topic, self.events_topic, self.cmd_topic = (Topics.state(device_id), Topics.events(device_id),
@@ -88,6 +90,10 @@ class _Device:
             raise
         # Only now: a connection lost while connecting is retried by connect_with_retry, not by on_lost.
         self.client = client
+        if self.faults.pending_install is not None:  # restarted after a crash mid-install: finish it
+            command, slot, downloaded, details = self.faults.pending_install
+            self.faults.pending_install = None
+            self.install(command, slot, downloaded, **details)
 
     def on_lost(self, client: Any) -> None:
         """The broker went away: connect again with backoff, as paho does for the real agent."""
@@ -129,7 +135,10 @@ class _Device:
         if topic == self.cmd_topic:
             self.sim.count("commands")
             if self.role != "silent":
-                self.on_command(payload)
+                if delay := self.faults.delay():
+                    asyncio.get_running_loop().call_later(delay, self.on_command, payload)
+                else:
+                    self.on_command(payload)
         elif topic.startswith(ROOT_TOPICS):
             self.on_root(payload)
         elif self.role != "silent":
@@ -233,6 +242,8 @@ class _Device:
             data = decode_chunk(archive, index, payload) if 0 <= index < len(archive.chunks) else b""
         except TransferError:
             data = b""
+        if data and self.faults.corrupts():
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
         if not data or hashlib.sha256(data).hexdigest() != archive.chunks[index]:
             transfer.rejected += 1
             sim.count("chunks_rejected")
@@ -267,6 +278,12 @@ class _Device:
 
     def install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
         """The installer's switch and health check, without a runtime; a ``fail`` device fails every non-rollback."""
+        if self.faults.crash_for_s is not None:  # dies mid-install: nothing reported, finished on restart
+            self.faults.pending_install = (command, slot, downloaded, details)
+            seconds, self.faults.crash_for_s = self.faults.crash_for_s, None
+            self.sim.count("crashes")
+            cut(self.sim, self, seconds)
+            return
         started = time.perf_counter()
         old = self.current_slot()
         failing = self.role == "fail" and not command.rollback
@@ -285,16 +302,6 @@ class _Device:
                        health={"max_abs_error": 0.0, "latency_ms": 0.0}, downloaded=downloaded,
                        **(details if downloaded else {}))
         self.publish_state()
-
-
-
-
-def updated_twice(install_log: list[list[Any]]) -> bool:
-    """True when a device's log shows one version committed twice by an update (a rollback back to a version
-    held before is a restore, not an update)."""
-    updates = Counter(version for _, _, version, outcome, rollback in install_log
-                      if outcome == "committed" and not rollback)
-    return any(n > 1 for n in updates.values())
 
 
 class _Worker:
@@ -332,6 +339,8 @@ class _Worker:
     # connecting ------------------------------------------------------------------------------------
     async def connect_with_retry(self, device: _Device, first: bool = True) -> None:
         """Connect one device, retrying with backoff (a full listen backlog refuses or resets) until the deadline."""
+        while (blocked := device.faults.blocked_until - time.monotonic()) > 0:  # partitioned or crashed
+            await asyncio.sleep(blocked)
         deadline = time.monotonic() + float(self.config["start_timeout"])
         delay = 0.05 if first else 1.0
         while not self.stopping:
@@ -415,6 +424,7 @@ class _Worker:
         return {**self.snapshot(), "installs": dict(installs), "pid": os.getpid(), "devices": len(self.devices),
                 "updated_twice": sum(1 for d in self.devices if updated_twice(d.install_log)),
                 "install_log": {d.id: d.install_log for d in self.devices if d.install_log},
+                "final": {d.id: d.version for d in self.devices},
                 "messages_in": c.messages_in, "messages_out": c.messages_out, "bytes_in": c.bytes_in,
                 "bytes_out": c.bytes_out, "connect_s": self.connect_s, "cpu_s": usage.ru_utime + usage.ru_stime,
                 "rss_mb": usage.ru_maxrss / 1024}
@@ -453,6 +463,8 @@ class _Worker:
             request = json.loads(line)
             if request["cmd"] == "snapshot":
                 _send({"type": "snapshot", **self.snapshot()})
+            elif request["cmd"] in FAULT_COMMANDS:
+                _send({"type": "fault", "touched": apply_fault(self, request)})
             elif request["cmd"] == "stop":
                 await self.disconnect_all()
                 _send({"type": "report", **self.report()})
@@ -469,16 +481,10 @@ def _send(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def worker_main() -> None:
     """Entry of a worker process: read its config (the first line on stdin), run its devices until the parent
     says stop or goes away."""
-    _raise_fd_limit()
+    raise_fd_limit()
     line = b""
     while not line.endswith(b"\n"):  # os.read, not sys.stdin: nothing may sit in a buffer the event loop won't see
         block = os.read(0, 1 << 16)

@@ -137,7 +137,7 @@ def test_a_missing_key_file_is_named(tmp_path):
 
 
 def test_updated_twice_reads_the_devices_own_log_whatever_the_deployment_ids():
-    from benchmarks.fleet_sim_worker import updated_twice
+    from benchmarks._sim_basics import updated_twice
 
     once = [[1.0, "r1", "2.0.0", "committed", False]]
     assert not updated_twice(once)
@@ -146,3 +146,29 @@ def test_updated_twice_reads_the_devices_own_log_whatever_the_deployment_ids():
     # Back to a version held before by a signed rollback is a restore; a failed install is no update.
     assert not updated_twice([*once, [2.0, "r2", "3.0.0", "committed", False], [3.0, "r3", "2.0.0", "committed", True]])
     assert not updated_twice([[1.0, "r1", "3.0.0", "rolled_back", False], [2.0, "r2", "3.0.0", "committed", False]])
+
+
+def test_device_faults_do_what_they_say_and_the_rollout_still_completes(broker, start_server, keys, bundles):
+    server = _server_with_bundles(start_server, broker, bundles)
+    with SimulatedFleet(broker.url, keys["dir"] / "server.pub", 24, processes=2, **PATIENCE) as fleet:
+        _online(server, 24)
+        crashing, corrupted, slow, cut_off = (fleet.device_ids[i::6] for i in range(4))
+        assert fleet.fault("crash", crashing, seconds=1.5) == len(crashing)
+        assert fleet.fault("corrupt", corrupted, chunks=1) == len(corrupted)
+        assert fleet.fault("slow", slow, seconds=30, delay_s=1.0) == len(slow)
+        with pytest.raises(SimulationError, match="fault 'reboot' is not one of"):
+            fleet.fault("reboot", crashing)
+        rollout = server.start_rollout("digits", "2.0.0", "sim", FAST)
+        # Cut off once targeted: the command or its chunks are lost with the link, the server sends again.
+        assert fleet.fault("partition", cut_off, seconds=2.0) == len(cut_off)
+        wait_for(lambda: server.db.device(cut_off[0]).status == "offline", timeout=10, what="the cut device's will")
+        r = _finished(server, rollout)
+        report = fleet.stop()
+    assert r.state == "completed" and r.count("committed") == 24, (r.reason, r.counts)
+    assert report.counts["crashes"] == len(crashing)  # each died in its install, and finished it on restart
+    assert report.counts["chunks_rejected"] >= len(corrupted)  # a flipped byte fails the signed hash
+    assert report.counts["reconnects"] == 0  # partitions and crashes reconnect on their own schedule, not on_lost
+    # Whatever happened, each device's own log holds exactly one install of 2.0.0.
+    assert {d: [(v, o) for _, _, v, o, _ in log] for d, log in report.install_log.items()} == {
+        d: [("2.0.0", "committed")] for d in fleet.device_ids}
+    assert set(report.final.values()) == {"2.0.0"}
