@@ -56,17 +56,20 @@ class ServerProcess:
     """One ``edgesdk server`` (a replica with ``replica=True``) on a free loopback port, its log in ``workdir``."""
 
     def __init__(self, workdir: Path, broker_url: str, db: str, keys: Path, name: str, *, replica: bool = False,
-                 lease: str = "10s", extra: tuple[str, ...] = (), timeout: float = 60.0) -> None:
+                 lease: str = "10s", extra: tuple[str, ...] = (), timeout: float = 60.0,
+                 program: tuple[str, ...] | None = None, env: dict[str, str] | None = None) -> None:
+        """``program`` replaces the ``edgesdk`` executable (the chaos run's planted bugs); ``env`` is added to
+        this process's environment (a skewed clock)."""
         self.name, self.port = name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
-        command = [str(Path(sys.executable).parent / "edgesdk"), "server", "--broker", broker_url,
+        command = [*(program or (str(Path(sys.executable).parent / "edgesdk"),)), "server", "--broker", broker_url,
                    "--repo", str(workdir / "repo"), "--db", db, "--key", str(keys / "server.key"),
                    "--bundle-key", str(keys / "converter.pub"), "--http", f"127.0.0.1:{self.port}",
                    "--token", TOKEN, "--name", name, "--lease", lease, *(["--replica"] if replica else []), *extra]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=log)
+            self.process = subprocess.Popen(command, stdout=log, stderr=log, env={**os.environ, **(env or {})})
         self.client = AdminClient(self.url, TOKEN)
         self._wait_up(timeout)
 

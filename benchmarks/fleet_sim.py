@@ -178,7 +178,8 @@ class SimulatedFleet:
     ``i % processes``. ``fail_share`` and ``silent_share`` pick devices by a hash of their id
     (:func:`device_role`; :attr:`failing` and :attr:`silent` list them). ``connect_rate`` paces
     connects (devices per second over the fleet; None: as fast as ``connect_concurrency`` in-flight
-    connects per worker allow, retrying refused ones with backoff).
+    connects per worker allow, retrying refused ones with backoff). Every device fails the health
+    check of the versions in ``bad_versions`` (a release that fails its canary).
     """
 
     def __init__(self, broker_url: str, server_public_key_path: str | os.PathLike[str], devices: int, *,
@@ -186,7 +187,8 @@ class SimulatedFleet:
                  version: str = "1.0.0", fetch: bool = True, fail_share: float = 0.0, silent_share: float = 0.0,
                  connect_rate: float | None = None, connect_concurrency: int = 128, keepalive: int = 60,
                  broadcast_wait_s: float = 2.0, retry_interval_s: float = 1.0, request_window: int = 32,
-                 max_runtime_s: float = 3600.0, root: str | os.PathLike[str] | None = None) -> None:
+                 max_runtime_s: float = 3600.0, root: str | os.PathLike[str] | None = None,
+                 bad_versions: tuple[str, ...] = ()) -> None:
         from edgesdk.fleet.transport import parse_broker_url
 
         address = parse_broker_url(broker_url)
@@ -224,7 +226,8 @@ class SimulatedFleet:
                       "connect_rate": connect_rate / processes if connect_rate else None,
                       "broadcast_wait_s": broadcast_wait_s, "retry_interval_s": retry_interval_s,
                       "request_window": request_window, "max_runtime_s": max_runtime_s,
-                      "root": str(Path(root).resolve()) if root is not None else None}
+                      "root": str(Path(root).resolve()) if root is not None else None,
+                      "bad_versions": list(bad_versions)}
         self._workers: list[_WorkerHandle] = []
         self._lock = threading.Lock()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None

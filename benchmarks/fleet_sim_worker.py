@@ -286,13 +286,13 @@ class _Device:
             return
         started = time.perf_counter()
         old = self.current_slot()
-        failing = self.role == "fail" and not command.rollback
+        failing = (self.role == "fail" or command.version in self.sim.bad_versions) and not command.rollback
         self.install_log.append([time.time(), command.deployment_id, command.version,
                                  "rolled_back" if failing else "committed", command.rollback])
         if failing:
             self.previous = old
             self.event(command, AgentEvent.ROLLED_BACK, reason="HealthCheckError: simulated health check failure "
-                                                               "(this device is in the fleet's fail_share)",
+                                                               "(a fail_share device, or one of the bad_versions)",
                        restored=old)
         else:
             if old and old != slot:
@@ -315,6 +315,7 @@ class _Worker:
         self.host, self.port = config["host"], int(config["port"])
         self.group, self.model, self.version = config["group"], config["model"], config["version"]
         self.fetch = bool(config["fetch"])
+        self.bad_versions = frozenset(config.get("bad_versions", ()))
         self.keepalive = int(config["keepalive"])
         self.connect_timeout = float(config["connect_timeout"])
         self.broadcast_wait_s, self.retry_interval_s = float(config["broadcast_wait_s"]), float(config["retry_interval_s"])

@@ -77,9 +77,8 @@ class RolloutEngine:
         self.resend_s, self.lease_s = resend_s, lease_s
         #: This engine's name in the rollouts' leases.
         self.holder = holder or f"engine-{uuid.uuid4().hex[:8]}"
-        #: Aborted rollouts -> when they were aborted, while their devices revert (their archives stay available)
-        #: and for ``resend_s`` after: a commit reported just before the abort may be written just after it.
-        self._reverting: dict[str, float] = {}
+        #: Aborted rollouts whose reverts this engine sent and whose archives it keeps open until they settle.
+        self._reverting: set[str] = set()
         #: Running rollouts this engine drove at its last tick (to log take-overs once).
         self._driving: set[str] = set()
         #: Rollout -> (its stage's unfinished targets, since when that count has not changed).
@@ -195,13 +194,34 @@ class RolloutEngine:
             except Exception:
                 log.exception("rollout %s: engine step failed", summary.id)
         self._driving = driving
-        for rollout_id, aborted in list(self._reverting.items()):
+        self._finish_reverts(now)
+
+    def _finish_reverts(self, now: float) -> None:
+        """Send the devices of aborted rollouts back: commits reported after the abort, and reverts a device has not
+        answered for ``resend_s`` (lost with a broker restart, a partition, or a dead replica). The work is read
+        from the store and shared by lease, so whichever replica is alive finishes it."""
+        unsettled = self.db.unsettled_aborts()
+        for rollout_id in unsettled:
+            if not self.db.hold_lease(rollout_id, self.holder, now, self.lease_s):
+                continue
             r = self.db.rollout(rollout_id, targets=False)
-            if r is not None:
-                self._revert_committed(r, r.reason or "rollout aborted")  # late reports of a commit
-            if r is None or (not r.count(TargetStatus.REVERTING) and now - aborted >= self.resend_s):
-                del self._reverting[rollout_id]
-                self.dispatcher.finish(rollout_id)
+            if r is None:
+                continue
+            self._reverting.add(rollout_id)
+            self._revert_committed(r, r.reason or "rollout aborted")
+            resent = []
+            for t in self.db.due_for_revert(rollout_id, now - self.resend_s):
+                try:
+                    self.dispatcher.send_revert(r, t)
+                    resent.append(t.device_id)
+                except EdgeSDKError as exc:  # e.g. the previous version left the repository meanwhile
+                    self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED, str(exc))
+            if resent:
+                self.db.mark_resent(rollout_id, resent, now)
+                log.info("rollout %s: revert sent again to %d devices", rollout_id, len(resent))
+        for rollout_id in self._reverting - set(unsettled):
+            self._reverting.discard(rollout_id)
+            self.dispatcher.finish(rollout_id)
 
     def _step(self, r: RolloutRecord) -> None:
         policy = r.policy
@@ -267,10 +287,11 @@ class RolloutEngine:
         self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r.id)
         log.warning("rollout %s aborted: %s", r.id, reason)
         self._revert_committed(r, reason)
-        self._reverting[r.id] = self.clock()
+        self._reverting.add(r.id)
 
     def _revert_committed(self, r: RolloutRecord, reason: str) -> None:
         """Send every committed target of an aborted rollout back to its previous version."""
+        sent = []
         for t in self.db.targets(r.id, status=TargetStatus.COMMITTED):
             if not t.previous_version:
                 continue
@@ -280,6 +301,9 @@ class RolloutEngine:
                 self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED, str(exc))
                 continue
             self.db.set_target(r.id, t.device_id, TargetStatus.REVERTING, reason)
+            sent.append(t.device_id)
+        if sent:
+            self.db.mark_resent(r.id, sent, self.clock())  # when a revert is due again (see _finish_reverts)
 
 
 def _targets(name: str, version: str, group: str, online: list[DeviceRecord], rollback: bool) -> list[DeviceRecord]:

@@ -370,6 +370,19 @@ class FleetDB:
             (rollout_id, stage, TargetStatus.SENT.value, sent_before, TargetStatus.DOWNLOADING.value,
              TargetStatus.INSTALLING.value, stalled_before))]
 
+    def unsettled_aborts(self) -> list[str]:
+        """Aborted rollouts with devices still to send back: a revert unanswered, or a commit reported late."""
+        return [r["id"] for r in self.sql.rows(
+            "SELECT id FROM rollouts WHERE state = ? AND EXISTS (SELECT 1 FROM targets WHERE rollout_id = rollouts.id "
+            "AND (status = ? OR (status = ? AND previous_version IS NOT NULL))) ORDER BY created",
+            (RolloutState.ABORTED.value, TargetStatus.REVERTING.value, TargetStatus.COMMITTED.value))]
+
+    def due_for_revert(self, rollout_id: str, before: float) -> list[TargetRecord]:
+        """Targets told to revert that have not answered since ``before`` (on the engine's clock)."""
+        return [_target(t) for t in self.sql.rows(
+            "SELECT * FROM targets WHERE rollout_id = ? AND status = ? AND last_sent < ? ORDER BY device_id",
+            (rollout_id, TargetStatus.REVERTING.value, before))]
+
     def mark_resent(self, rollout_id: str, device_ids: Sequence[str], when: float) -> None:
         """Record that the commands of ``device_ids`` went out again at ``when``."""
         self.sql.execute_many("UPDATE targets SET last_sent = ? WHERE rollout_id = ? AND device_id = ?",
@@ -382,11 +395,13 @@ class FleetDB:
         return self.sql.now()
 
     def hold_lease(self, rollout_id: str, holder: str, now: float, lease_s: float) -> bool:
-        """Take or renew the right to drive a running rollout for ``lease_s``; False while another holder's is valid."""
+        """Take or renew the right to drive a running rollout (or to finish an aborted one's reverts) for ``lease_s``;
+        False while another holder's is valid."""
         return self.sql.execute(
-            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE id = ? AND state = ? "
+            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE id = ? AND state IN (?, ?) "
             "AND (lease_holder IS NULL OR lease_holder = ? OR lease_expires < ?)",
-            (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, holder, now)) == 1
+            (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, RolloutState.ABORTED.value, holder,
+             now)) == 1
 
     # events --------------------------------------------------------------------------------
     def log_many(self, events: Sequence[EventRow]) -> None:

@@ -108,10 +108,33 @@ def test_failures_above_the_rate_abort_and_revert_what_was_updated(fleet):
     _report(engine, f"{rid}-rollback", [first])
     engine.tick()
     assert {t.device_id: t.status for t in engine.status(rid).targets}[first] == TargetStatus.REVERTED
-    assert recorder.finished == [], "kept for resend_s after the abort: a commit may be reported late"
-    clock.now += engine.resend_s
-    engine.tick()
     assert recorder.finished == [rid], "the archives are released once the reverts are done"
+
+
+def test_an_unanswered_revert_is_sent_again_by_whichever_replica_holds_the_lease(fleet):
+    """A revert lost with a broker restart or a partition would leave the device on the aborted version for good."""
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
+    engine.tick()
+    first, second = recorder.stages[0][1]
+    _report(engine, rid, [first])
+    _report(engine, rid, [second], "rolled_back", "health check failed")
+    engine.tick()
+    assert recorder.reverts == [first]
+    clock.now += engine.resend_s / 2
+    engine.tick()
+    assert recorder.reverts == [first], "not due yet"
+    # The engine that aborted dies; another replica's engine takes the lease over and sends the revert again.
+    other = RolloutEngine(db, recorder, clock, resend_s=engine.resend_s, holder="replica-b", lease_s=engine.lease_s)
+    clock.now += engine.lease_s + 1
+    other.tick()
+    assert recorder.reverts == [first, first]
+    _report(other, f"{rid}-rollback", [first])
+    other.tick()
+    assert {t.device_id: t.status for t in other.status(rid).targets}[first] == TargetStatus.REVERTED
+    clock.now += engine.resend_s * 3
+    other.tick()
+    assert recorder.reverts == [first, first], "a reverted device is not sent anything more"
 
 
 def test_a_commit_reported_after_the_abort_is_reverted_too(fleet):
