@@ -16,6 +16,9 @@ The invariants (the issue's list, made precise):
   a version held before is a restore), and none installs an aborted rollout's version after its
   revert of that rollout.
 - ``stuck``: every rollout started has ended within its deadline, and no target is still reverting.
+- ``not_reverted``: each device that committed an aborted rollout's version went back by that
+  rollout's revert (its own log shows it) unless a later rollout had already moved it on, and no
+  target of an aborted rollout is left committed.
 - ``server_view``: the server lists each device online, on the version the device runs.
 - ``went_backwards``: a committed target stays committed (or, in an aborted rollout, moves on to
   reverting and reverted), and no target's status moves back to an earlier one.
@@ -76,8 +79,8 @@ class History:
 
 def check(history: History) -> list[Violation]:
     """Every invariant the history breaks (empty: the run was correct)."""
-    return [*_final_versions(history), *_installed_twice(history), *_stuck(history), *_server_view(history),
-            *_went_backwards(history), *_database(history)]
+    return [*_final_versions(history), *_installed_twice(history), *_stuck(history), *_not_reverted(history),
+            *_server_view(history), *_went_backwards(history), *_database(history)]
 
 
 def expected_versions(history: History) -> dict[str, str | None]:
@@ -132,6 +135,26 @@ def _stuck(h: History) -> list[Violation]:
         if reverting:
             found.append(Violation("stuck", rollout_id, f"{len(reverting)} targets still reverting, e.g. "
                                                         f"{', '.join(reverting[:3])}"))
+    return found
+
+
+def _not_reverted(h: History) -> list[Violation]:
+    found = []
+    for rollout_id in h.started:
+        r = h.rollouts.get(rollout_id)
+        if r is None or r.state != RolloutState.ABORTED:
+            continue
+        left = [t.device_id for t in r.targets if t.status == TargetStatus.COMMITTED and t.previous_version]
+        if left:
+            found.append(Violation("not_reverted", rollout_id, f"{len(left)} targets left committed after the abort, "
+                                                               f"e.g. {', '.join(left[:3])}"))
+    aborted = {rid for rid in h.started if (r := h.rollouts.get(rid)) is not None and r.state == RolloutState.ABORTED}
+    for device, log in sorted(h.install_log.items()):
+        for i, (_, deployment, version, outcome, _) in enumerate(log):
+            if deployment not in aborted or outcome != "committed":
+                continue
+            if not log[i + 1:]:  # neither its revert nor a later rollout moved it
+                found.append(Violation("not_reverted", device, f"still on {version} of aborted rollout {deployment}"))
     return found
 
 

@@ -56,7 +56,8 @@ def main() -> None:
         else:
             log(f"seed {seed}: the checker passed ({result.wall_s:.0f} s)")
     goals = [goal(f"chaos, {devices} devices, {faults} faults over {len(SEQUENCE)} rollouts, seeds {seeds}: the "
-                  "checker passes on every seed", "every seed", [r["checker_passed"] for r in runs],
+                  "checker passes on every seed (seeds passed)", f"{len(runs)} of {len(runs)}",
+                  sum(r["checker_passed"] for r in runs),
                   all(r["checker_passed"] for r in runs) and faults >= 20 and len(SEQUENCE) >= 6),
              goal("each seed's run, s", "<= 600", max(r["wall_s"] for r in runs),
                   all(r["wall_s"] <= 600 for r in runs))]

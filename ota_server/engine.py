@@ -210,7 +210,7 @@ class RolloutEngine:
             self._reverting.add(rollout_id)
             self._revert_committed(r, r.reason or "rollout aborted")
             resent = []
-            for t in self.db.due_for_revert(rollout_id, now - self.resend_s):
+            for t in self._still_to_revert(r, self.db.due_for_revert(rollout_id, now - self.resend_s)):
                 try:
                     self.dispatcher.send_revert(r, t)
                     resent.append(t.device_id)
@@ -292,9 +292,8 @@ class RolloutEngine:
     def _revert_committed(self, r: RolloutRecord, reason: str) -> None:
         """Send every committed target of an aborted rollout back to its previous version."""
         sent = []
-        for t in self.db.targets(r.id, status=TargetStatus.COMMITTED):
-            if not t.previous_version:
-                continue
+        committed = [t for t in self.db.targets(r.id, status=TargetStatus.COMMITTED) if t.previous_version]
+        for t in self._still_to_revert(r, committed):
             try:
                 self.dispatcher.send_revert(r, t)
             except EdgeSDKError as exc:  # e.g. the previous version is no longer in the repository
@@ -304,6 +303,21 @@ class RolloutEngine:
             sent.append(t.device_id)
         if sent:
             self.db.mark_resent(r.id, sent, self.clock())  # when a revert is due again (see _finish_reverts)
+
+
+    def _still_to_revert(self, r: RolloutRecord, targets: list[TargetRecord]) -> list[TargetRecord]:
+        """``targets`` less those whose device a later rollout moved on to a third version: a revert now would take
+        it back past that rollout (they end ``revert_failed``, saying so)."""
+        running = self.db.running(t.device_id for t in targets)
+        keep = []
+        for t in targets:
+            model, version = running.get(t.device_id, (None, None))
+            if model == r.model and version not in (None, r.version, t.previous_version):
+                self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED,
+                                   f"not reverted: the device runs {version} now (a later rollout moved it on)")
+            else:
+                keep.append(t)
+        return keep
 
 
 def _targets(name: str, version: str, group: str, online: list[DeviceRecord], rollback: bool) -> list[DeviceRecord]:

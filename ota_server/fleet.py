@@ -178,6 +178,16 @@ class FleetDB:
         rows = self.sql.rows("SELECT * FROM devices WHERE id = ?", (device_id,))
         return _device(rows[0]) if rows else None
 
+    def running(self, device_ids: Iterable[str]) -> dict[str, tuple[str | None, str | None]]:
+        """The (model, version) each of ``device_ids`` that has reported runs (one query per 500 ids)."""
+        ids, found = list(device_ids), {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in self.sql.rows(f"SELECT id, model, version FROM devices WHERE id IN ({marks})", chunk):
+                found[r["id"]] = (r["model"], r["version"])
+        return found
+
     def slots(self, device_ids: Iterable[str], column: str = "slots") -> dict[str, tuple[str, ...]]:
         """The installed slots of each of ``device_ids`` that has reported (one query per 500 ids).
 

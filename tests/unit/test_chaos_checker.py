@@ -101,6 +101,17 @@ def test_a_rollout_still_running_past_its_deadline_or_reverting_is_stuck(good):
     assert _broken(good, reverting) == [("stuck", "r2")]
 
 
+def test_a_device_left_on_an_aborted_version_was_not_reverted(good):
+    def left(h):  # the abort sent a no revert: a's target stays committed, a stays on 3.0.0 (and the server knows)
+        r2 = h.rollouts["r2"]
+        h.rollouts["r2"] = replace(r2, targets=(replace(r2.targets[0], status=C), r2.targets[1]), counts={})
+        h.install_log["a"].pop()
+        h.target_statuses[("r2", "a")] = ["sent", "committed"]
+        h.final["a"], h.server_view["a"] = "3.0.0", ("online", "3.0.0")
+    broken = _broken(good, left)
+    assert ("not_reverted", "r2") in broken and ("not_reverted", "a") in broken and ("final_version", "a") in broken
+
+
 def test_a_committed_target_that_moves_back_went_backwards(good):
     def back(h):
         h.target_statuses[("r1", "b")] = ["sent", "committed", "sent"]

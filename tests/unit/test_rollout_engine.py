@@ -137,6 +137,24 @@ def test_an_unanswered_revert_is_sent_again_by_whichever_replica_holds_the_lease
     assert recorder.reverts == [first, first], "a reverted device is not sent anything more"
 
 
+def test_a_revert_is_not_sent_again_to_a_device_a_later_rollout_moved_on(fleet):
+    """Sent late, the revert would take the device back past the newer version."""
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
+    engine.tick()
+    first, second = recorder.stages[0][1]
+    _report(engine, rid, [first])
+    _report(engine, rid, [second], "rolled_back", "health check failed")
+    engine.tick()
+    assert recorder.reverts == [first]
+    db.upsert_device(first, "cams", "online", "digits", "3.0.0", ["digits-1.0.0", "digits-3.0.0"])
+    clock.now += engine.resend_s + 1
+    engine.tick()
+    assert recorder.reverts == [first], "nothing sent again"
+    target = {t.device_id: t for t in engine.status(rid).targets}[first]
+    assert target.status == TargetStatus.REVERT_FAILED and "runs 3.0.0 now" in target.reason
+
+
 def test_a_commit_reported_after_the_abort_is_reverted_too(fleet):
     """Reports are written in batches: a device's commit can land just after the abort that missed it."""
     db, clock, recorder, engine = fleet
