@@ -8,14 +8,14 @@ once its second stage is out, and 6.0.0 (good).
 The faults (:data:`FAULT_KINDS`), drawn by ``random.Random(seed)`` with their times and targets:
 kill -9 of a replica (restarted a moment later under the same name), a broker restart, a
 PostgreSQL restart, a share of the devices cut off, crashing mid-install, receiving corrupted
-chunks or handling commands late, and a replica restarted with its clock set wrong (libfaketime).
+chunks or handling commands late, and a replica restarted with its wall clock set wrong
+(benchmarks/_planted_server.py --skew).
 The schedule is a function of the seed alone: the same seed injects the same faults at the same
 offsets into the same devices.
 """
 
 from __future__ import annotations
 
-import glob
 import random
 import threading
 import time
@@ -112,29 +112,22 @@ def schedule(config: ChaosConfig, device_ids: list[str]) -> list[dict[str, Any]]
     return sorted(faults, key=lambda f: f["at_s"])
 
 
-def _faketime() -> str:
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    if not found:
-        raise EdgeSDKError("the clock_skew fault needs libfaketime (apt-get install faketime; scripts/setup.sh "
-                           "installs it)")
-    return found[0]
-
-
 class _Replicas:
     """The two server replicas: killed, restarted (the same name), and restarted with a skewed clock."""
 
     def __init__(self, work: Path, broker_url: str, db: str, lease_s: float, plant: str | None) -> None:
-        import sys
-
         self._args = (work, broker_url, db, work / "keys")
-        self._lease, self._lock = f"{lease_s}s", threading.Lock()
-        self._program = (sys.executable, "-m", "benchmarks._planted_server", plant) if plant else None
-        self._env: list[dict[str, str]] = [{}, {}]
+        self._lease, self._lock, self._plant = f"{lease_s}s", threading.Lock(), plant
+        self._skew = [0.0, 0.0]
         self.servers = [self._start(i) for i in range(2)]
 
     def _start(self, i: int) -> ServerProcess:
-        return ServerProcess(*self._args, f"chaos-r{i}", replica=True, lease=self._lease, program=self._program,
-                             env=self._env[i])
+        import sys
+
+        options = [*(["--bug", self._plant] if self._plant else []), *(["--skew", str(self._skew[i])]
+                                                                       if self._skew[i] else [])]
+        program = (sys.executable, str(Path(__file__).with_name("_planted_server.py")), *options) if options else None
+        return ServerProcess(*self._args, f"chaos-r{i}", replica=True, lease=self._lease, program=program)
 
     def restart(self, i: int, down_s: float, kill: bool = True, skew_s: float | None = None) -> None:
         with self._lock:
@@ -142,8 +135,7 @@ class _Replicas:
                 self.servers[i].kill()
             time.sleep(down_s)
             if skew_s is not None:  # its host's clock is wrong from now on, across restarts
-                # Monotonic time moves by the same offset (harmless); faking only the wall clock breaks sleep().
-                self._env[i] = {"LD_PRELOAD": _faketime(), "FAKETIME": f"{skew_s:+g}s"}
+                self._skew[i] = skew_s
             self.servers[i] = self._start(i)
 
     def client(self) -> Any:

@@ -57,9 +57,8 @@ class ServerProcess:
 
     def __init__(self, workdir: Path, broker_url: str, db: str, keys: Path, name: str, *, replica: bool = False,
                  lease: str = "10s", extra: tuple[str, ...] = (), timeout: float = 60.0,
-                 program: tuple[str, ...] | None = None, env: dict[str, str] | None = None) -> None:
-        """``program`` replaces the ``edgesdk`` executable (the chaos run's planted bugs); ``env`` is added to
-        this process's environment (a skewed clock)."""
+                 program: tuple[str, ...] | None = None) -> None:
+        """``program`` replaces the ``edgesdk`` executable (the chaos run's skewed clocks and planted bugs)."""
         self.name, self.port = name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +68,7 @@ class ServerProcess:
                    "--bundle-key", str(keys / "converter.pub"), "--http", f"127.0.0.1:{self.port}",
                    "--token", TOKEN, "--name", name, "--lease", lease, *(["--replica"] if replica else []), *extra]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=log, env={**os.environ, **(env or {})})
+            self.process = subprocess.Popen(command, stdout=log, stderr=log)
         self.client = AdminClient(self.url, TOKEN)
         self._wait_up(timeout)
 

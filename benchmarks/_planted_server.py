@@ -1,8 +1,13 @@
-"""``edgesdk`` with a bug planted on purpose, to show that the chaos run's checker catches it.
+"""``edgesdk`` with its host's clock set wrong, or with a bug planted on purpose, for the chaos run.
 
-    python -m benchmarks._planted_server BUG server ...     (the rest as for ``edgesdk``)
+    python benchmarks/_planted_server.py [--skew SECONDS] [--bug BUG] server ...   (the rest as for ``edgesdk``)
 
-Bugs:
+``--skew``: this process's wall clock (``time.time``) runs SECONDS ahead (or behind, when
+negative), as on a host whose clock is wrong; its monotonic clock, which only measures
+intervals, is left alone. (libfaketime would do this from outside, but it moves the monotonic
+clock too, and then every timed wait in the process waits too long or not at all.)
+
+Bugs, to show that the chaos run's checker catches them:
 
 - ``ignore-lease``: every replica drives every running rollout, whoever holds its lease.
 - ``no-revert``: an aborted rollout leaves its committed devices on the aborted version.
@@ -10,10 +15,19 @@ Bugs:
 
 from __future__ import annotations
 
+import argparse
 import sys
+import time
 from typing import Any
 
 BUGS = ("ignore-lease", "no-revert")
+
+
+def skew_clock(seconds: float) -> None:
+    """Make this process's wall clock read ``seconds`` off."""
+    real_time, real_time_ns = time.time, time.time_ns
+    time.time = lambda: real_time() + seconds  # type: ignore[assignment]
+    time.time_ns = lambda: real_time_ns() + int(seconds * 1e9)  # type: ignore[assignment]
 
 
 def plant(bug: str) -> None:
@@ -34,15 +48,20 @@ def plant(bug: str) -> None:
             return None
 
         RolloutEngine._revert_committed = revert_committed  # type: ignore[method-assign]
-    else:
-        raise SystemExit(f"unknown bug {bug!r}; one of {', '.join(BUGS)}")
 
 
 def main() -> None:
-    plant(sys.argv[1])
+    parser = argparse.ArgumentParser(prog="python benchmarks/_planted_server.py")
+    parser.add_argument("--skew", type=float, default=0.0)
+    parser.add_argument("--bug", choices=BUGS, default=None)
+    args, rest = parser.parse_known_args()
+    if args.skew:
+        skew_clock(args.skew)
+    if args.bug:
+        plant(args.bug)
     from edgesdk.cli import main as edgesdk
 
-    sys.argv = ["edgesdk", *sys.argv[2:]]
+    sys.argv = ["edgesdk", *rest]
     edgesdk()
 
 

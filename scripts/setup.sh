@@ -22,8 +22,6 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || apt_packag
 # PostgreSQL for the fleet-store tests and benchmarks (started by them in a temp dir on a free loopback
 # port). Debian keeps its binaries off PATH, in /usr/lib/postgresql/<major>/bin.
 command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || apt_packages+=(postgresql)
-# libfaketime: the chaos run (benchmarks/chaos.py, tests/ota/test_chaos.py) gives one server replica a wrong clock.
-compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || apt_packages+=(faketime)
 # The converter's board estimates run each variant with the board's aarch64 wheels under qemu-user
 # (the dynamic build: it loads the instruction-counting plugin). The userland is made from Debian's
 # arm64 packages, so apt must list them (see converters/userland.py).
