@@ -11,7 +11,8 @@ The invariants (the issue's list, made precise):
 - ``final_version``: each device ends on the version its last rollout left it on: the rollout's
   version if that rollout completed and the device committed, else the version it had before
   that rollout (an aborted rollout reverts its devices). A device no rollout targeted keeps the
-  version it started on.
+  version it started on. Every fault of the run passes, so a device that never answered a
+  rollout (its target timed out) was lost by the system, and counts too.
 - ``installed_twice``: no device commits one version twice by updates (a signed rollback back to
   a version held before is a restore), and none installs an aborted rollout's version after its
   revert of that rollout.
@@ -97,8 +98,15 @@ def expected_versions(history: History) -> dict[str, str | None]:
 
 
 def _final_versions(h: History) -> list[Violation]:
-    return [Violation("final_version", device, f"runs {h.final.get(device)!r}, its last rollout left it on {want!r}")
-            for device, want in sorted(expected_versions(h).items()) if h.final.get(device) != want]
+    found = [Violation("final_version", device, f"runs {h.final.get(device)!r}, its last rollout left it on {want!r}")
+             for device, want in sorted(expected_versions(h).items()) if h.final.get(device) != want]
+    for rollout_id in h.started:
+        r = h.rollouts.get(rollout_id)
+        for t in r.targets if r is not None else ():
+            if t.status == TargetStatus.TIMEOUT:
+                found.append(Violation("final_version", t.device_id, f"never answered rollout {rollout_id} "
+                                                                     f"({r.version}): its target timed out"))
+    return found
 
 
 def _installed_twice(h: History) -> list[Violation]:

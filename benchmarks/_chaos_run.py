@@ -76,6 +76,8 @@ class ChaosResult:
     rollouts: list[dict[str, Any]]
     violations: list[Violation]
     minimal: list[list[str]] = field(default_factory=list)
+    #: The whole history (not printed: look into it when a violation needs more than the minimal history).
+    history: History | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The run as the benchmark prints it (the first 20 violations, the minimal history of the first 5)."""
@@ -242,7 +244,7 @@ def run_chaos(config: ChaosConfig, work: Path) -> ChaosResult:
         pg.stop()
     violations = check(history)
     return ChaosResult(config.seed, config.devices, time.monotonic() - started, faults, rollouts, violations,
-                       [minimal_history(history, v) for v in violations[:5]])
+                       [minimal_history(history, v) for v in violations[:5]], history)
 
 
 def _run_step(step: tuple[str, str], replicas: _Replicas, history: History,
@@ -255,10 +257,12 @@ def _run_step(step: tuple[str, str], replicas: _Replicas, history: History,
     else:
         rollout_id = _retry(lambda: replicas.client().start_rollout(MODEL, version, GROUP, POLICY))
     history.started.append(rollout_id)
-    history.deadline_s[rollout_id] = 3 * (POLICY.deploy_timeout_s + POLICY.health_window_s) + 120
     aborted = False
     while True:
         r = _retry(lambda: replicas.client().rollout(rollout_id, limit=0))
+        # Each stage may take its deploy timeout and health window; 120 s more for the faults on top.
+        history.deadline_s.setdefault(rollout_id, r.stage_count * (r.policy.deploy_timeout_s
+                                                                   + r.policy.health_window_s) + 120)
         if what == "abort" and not aborted and r.state == RolloutState.RUNNING and r.stage >= 1:
             _retry(lambda: replicas.client().act(rollout_id, "abort"))
             aborted = True

@@ -21,6 +21,10 @@ Use it from a benchmark or a test::
         fleet.wait_versions("2.0.0", 1000, timeout=120)
     report = fleet.report          # FleetReport: counts, bytes, messages, per-process CPU and peak RSS
 
+Each device keeps its own install log (time, deployment, version, outcome), which the report
+carries with each device's final version; ``fleet.fault(...)`` puts devices under the chaos
+run's faults (benchmarks/_sim_faults.py).
+
 Workers are ``python -m benchmarks.fleet_sim worker CONFIG`` processes fed JSON lines on stdin;
 a worker ends by itself when its stdin closes (the parent died) or after ``max_runtime_s``.
 The manual checks (connect time of 10,000 devices, this client's CPU per message against paho's)

@@ -41,6 +41,9 @@ __all__ = ["OTAServer", "ServerConfig"]
 
 log = logging.getLogger(__name__)
 
+#: What a replica says on its liveness topic (Topics.server): online, or offline (on stop, and as its last will).
+_ONLINE, _OFFLINE = b'{"status": "online"}', b'{"status": "offline"}'
+
 #: Device state, event and chunk-request messages are small JSON; anything larger is refused unparsed.
 MAX_REPORT_BYTES = 64 * 1024
 
@@ -107,6 +110,8 @@ class OTAServer:
         #: Set to run the engine's next tick now (an operator's action should not wait for the tick).
         self._wake = threading.Event()
         self._engine_thread: threading.Thread | None = None
+        self._catching_up, self._catching_up_lock = False, threading.Lock()
+        self._catch_up_thread: threading.Thread | None = None
         #: Bytes published, for tests and benchmarks.
         self.bytes_published = 0
         #: This server's name among replicas (its MQTT client id and its rollout leases).
@@ -144,10 +149,13 @@ class OTAServer:
         """
         cfg = self.config
         self.transport = self._transport_factory(cfg.broker, client_id=self.name, username=cfg.username,
-                                                 password=cfg.password, ca_file=cfg.ca_file)
+                                                 password=cfg.password, ca_file=cfg.ca_file,
+                                                 will=(Topics.server(self.name), _OFFLINE))
         shared = f"$share/{cfg.share_group}/" if cfg.share_group else ""
         if shared:
             self._catch_up_states()
+            self.transport.subscribe(Topics.ALL_SERVERS, self._on_server)
+        self._publish(Topics.server(self.name), _ONLINE, retain=True)
         self.transport.subscribe(shared + Topics.ALL_STATES, self._on_state)
         self.transport.subscribe(shared + Topics.ALL_EVENTS, self._on_event)
         self.transport.subscribe(Topics.ALL_NEEDS, self._on_need)
@@ -157,6 +165,30 @@ class OTAServer:
         self._engine_thread = threading.Thread(target=self._run, name="rollout-engine", daemon=True)
         self._engine_thread.start()
         return self
+
+    def _on_server(self, topic: str, payload: bytes) -> None:
+        """A replica's liveness. One that died (its last will) may have taken device states with it: each device
+        state goes to one replica and is acknowledged on receipt, before it is written. The retained states on the
+        broker are the devices' newest word, so read them all again, in the background (also after a clean stop,
+        which costs only the re-read)."""
+        if payload != _OFFLINE or topic == Topics.server(self.name) or self._stop.is_set():
+            return
+        with self._catching_up_lock:
+            if self._catching_up:
+                return
+            self._catching_up = True
+        log.warning("replica %s went offline; reading the devices' retained states again", topic.rsplit("/", 1)[-1])
+        self._catch_up_thread = threading.Thread(target=self._catch_up_again, name="catch-up", daemon=True)
+        self._catch_up_thread.start()
+
+    def _catch_up_again(self) -> None:
+        try:
+            self._catch_up_states()
+        except Exception:  # the broker went away meanwhile: the next replica death (or restart) reads them
+            log.exception("reading the retained device states again failed")
+        finally:
+            with self._catching_up_lock:
+                self._catching_up = False
 
     def _catch_up_states(self) -> None:
         """Read the retained device states once (a shared subscription never delivers retained messages)."""
@@ -169,7 +201,8 @@ class OTAServer:
 
         self.transport.subscribe(Topics.ALL_STATES, on_retained)
         deadline = time.monotonic() + 60
-        while time.monotonic() - last[0] < self.config.catch_up_quiet_s and time.monotonic() < deadline:
+        while (time.monotonic() - last[0] < self.config.catch_up_quiet_s and time.monotonic() < deadline
+               and not self._stop.is_set()):
             time.sleep(0.05)
         self.transport.unsubscribe(Topics.ALL_STATES)
 
@@ -180,7 +213,10 @@ class OTAServer:
         self._wake.set()
         if self._engine_thread:
             self._engine_thread.join(timeout=5)
+        if self._catch_up_thread:
+            self._catch_up_thread.join(timeout=5)  # its unsubscribe must not follow the DISCONNECT
         if self.transport:
+            self._publish(Topics.server(self.name), _OFFLINE, retain=True)  # as its will would say
             self.transport.close()
         self.ingest.stop()
 

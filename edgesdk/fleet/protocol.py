@@ -128,6 +128,13 @@ class Topics:
         return f"{PREFIX}/trust/root/{version}"
 
     ALL_ROOTS = f"{PREFIX}/trust/root/+"
+
+    @staticmethod
+    def server(name: str) -> str:
+        """Where server replica ``name`` says it is online, retained, with its last will saying offline."""
+        return f"{PREFIX}/servers/{name}"
+
+    ALL_SERVERS = f"{PREFIX}/servers/+"
     #: Where the server keeps its newest signed timestamp metadata, retained (edgesdk.fleet.trust).
     TIMESTAMP = f"{PREFIX}/trust/timestamp"
     ALL_STATES = f"{PREFIX}/devices/+/state"

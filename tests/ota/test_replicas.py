@@ -5,6 +5,7 @@ mid-stage is taken over within its lease and one re-send, and completes with no 
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 
@@ -14,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks._fleet_servers import TOKEN, ServerProcess
 from benchmarks.fleet_sim import SimulatedFleet
 from edgesdk.cli import cli
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.protocol import Topics, pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto
 from tests.ota.conftest import wait_for
 
@@ -94,3 +96,43 @@ def test_replicas_need_a_shared_postgresql_database(tmp_path, keys):
                                       "--db", "postgresql://edgesdk@127.0.0.1:1/fleet", "--key",
                                       str(keys["dir"] / "server.key")])
     assert result.exit_code == 2 and "--token or --token-file" in result.output
+
+
+def test_when_a_replica_dies_the_others_read_the_devices_retained_states_again(tmp_path, keys, make_server,
+                                                                                postgres_url):
+    """Each device state reaches one replica, which acknowledges it on receipt and writes it a moment later: a
+    replica killed in between takes the device's newest state with it. Its last will tells the others."""
+    broker = LocalMosquitto(tmp_path / "broker", max_open_files=4096)
+    try:
+        survivor = make_server(broker.url, db=postgres_url, share_group="edgesdk", name="replica-a",
+                               catch_up_quiet_s=0.3)
+        doomed = ServerProcess(tmp_path, broker.url, postgres_url, keys["dir"], "replica-b", replica=True)
+        device = MqttTransport(broker.url, client_id="cam0")
+        device.publish(Topics.state("cam0"), json.dumps({"status": "online", "group": "cams", "model": "digits",
+                                                         "version": "2.0.0", "slots": ["digits-2.0.0"]}).encode(),
+                       retain=True)
+        wait_for(lambda: (survivor.db.device("cam0") or None) and survivor.db.device("cam0").version == "2.0.0",
+                 what="the state written by one replica or the other")
+        # The write the dead replica never made: the store still holds the device's previous state.
+        survivor.db.upsert_device("cam0", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+        doomed.kill()
+        wait_for(lambda: survivor.db.device("cam0").version == "2.0.0", timeout=30,
+                 what="the survivor to read the retained state again")
+        device.close()
+        assert json.loads(_retained(broker.url, Topics.server("replica-b"))) == {"status": "offline"}  # its will
+        assert json.loads(_retained(broker.url, Topics.server("replica-a"))) == {"status": "online"}
+        survivor.stop()
+        survivor.db.close()  # the fixture stops servers, and leaves their stores open
+    finally:
+        broker.stop()
+
+
+def _retained(broker_url: str, topic: str) -> bytes:
+    got: list[bytes] = []
+    reader = MqttTransport(broker_url, client_id=f"reader-{time.monotonic_ns()}")
+    try:
+        reader.subscribe(topic, lambda t, p: got.append(p))
+        wait_for(lambda: got, what=f"the retained message on {topic}")
+    finally:
+        reader.close()
+    return got[0]

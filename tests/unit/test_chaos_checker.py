@@ -64,6 +64,19 @@ def test_a_device_on_the_wrong_version_breaks_final_version_and_the_server_view_
     assert _broken(good, wrong) == [("final_version", "a")]
 
 
+def test_a_device_that_never_answered_a_rollout_was_lost(good):
+    def timed_out(h):  # b stayed on 1.0.0 and the server agrees: consistent, but the system lost it
+        r1 = h.rollouts["r1"]
+        h.rollouts["r1"] = replace(r1, targets=(r1.targets[0], replace(r1.targets[1], status=TargetStatus.TIMEOUT)),
+                                   counts={})
+        h.install_log.pop("b")
+        h.final["b"], h.server_view["b"] = "1.0.0", ("online", "1.0.0")
+        h.rollouts["r2"] = replace(h.rollouts["r2"], targets=h.rollouts["r2"].targets[:1], counts={})
+        h.planned_targets["r2"] = 1
+        del h.target_statuses[("r2", "b")]
+    assert _broken(good, timed_out) == [("final_version", "b")]
+
+
 def test_the_server_seeing_another_version_than_the_device_runs(good):
     def stale(h):
         h.server_view["b"] = ("online", "1.0.0")
