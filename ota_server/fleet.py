@@ -69,6 +69,8 @@ class DeviceState:
     #: its last online report; None for a device without a root of trust (edgesdk.agent.trust_keeper).
     root_version: int | None = None
     stale: bool | None = None
+    #: When the device says it sent the report (its ``updated``; None for a last will, which has no time).
+    reported: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,12 +137,15 @@ class FleetDB:
     def upsert_devices(self, states: Sequence[DeviceState]) -> None:
         """Record devices' reported states; model, version and slots keep their last known values when absent.
 
-        Slots are taken only from ``online`` reports (a last will does not list them).
+        Slots are taken only from ``online`` reports (a last will does not list them). A state the device sent
+        before the one stored (by its own ``reported`` time) is ignored: with several replicas, each report reaches
+        one of them, and one may write it after another wrote a newer one. A device whose clock went back is
+        believed again once the server has heard nothing newer from it for 10 minutes.
         """
         self.sql.execute_many(
             """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts,
-                                    root_version, stale)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?)
+                                    root_version, stale, reported)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
@@ -148,10 +153,13 @@ class FleetDB:
                last_seen=excluded.last_seen, energy_mj=COALESCE(excluded.energy_mj, devices.energy_mj),
                avg_watts=COALESCE(excluded.avg_watts, devices.avg_watts),
                root_version=CASE WHEN excluded.status='online' THEN excluded.root_version ELSE devices.root_version END,
-               stale=CASE WHEN excluded.status='online' THEN excluded.stale ELSE devices.stale END""",
+               stale=CASE WHEN excluded.status='online' THEN excluded.stale ELSE devices.stale END,
+               reported=COALESCE(excluded.reported, devices.reported)
+               WHERE excluded.reported IS NULL OR devices.reported IS NULL OR excluded.reported >= devices.reported
+                  OR excluded.last_seen - devices.last_seen > 600""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
-              None if s.stale is None else int(s.stale)) for s in states])
+              None if s.stale is None else int(s.stale), s.reported) for s in states])
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
                       slots: list[str]) -> None:

@@ -270,7 +270,8 @@ class OTAServer:
                                         _figure(energy.get("energy_per_inference_mj")),
                                         _figure(energy.get("avg_watts")),
                                         root_version if isinstance(root_version, int) and root_version > 0 else None,
-                                        trust["stale"] if isinstance(trust.get("stale"), bool) else None))
+                                        trust["stale"] if isinstance(trust.get("stale"), bool) else None,
+                                        _figure(state.get("updated"))))
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 

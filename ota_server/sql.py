@@ -69,6 +69,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "ALTER TABLE devices ADD COLUMN root_version INTEGER",
         "ALTER TABLE devices ADD COLUMN stale INTEGER",
     )),
+    (6, "order: the device's own time of its last state, so a report written late by another replica is ignored", (
+        "ALTER TABLE devices ADD COLUMN reported {real}",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},

@@ -181,3 +181,24 @@ def test_the_database_clock_is_the_hosts_and_moves(db):
     after = time.time()
     # Both databases run on this host here, so their clock is this host's (to the millisecond SQLite keeps).
     assert before - 0.01 <= first < second <= after + 0.01
+
+
+def test_a_state_the_device_sent_before_the_stored_one_is_ignored(db):
+    """Two replicas: the newer state written first, the older one after it (a late batch)."""
+    def state(version, reported, seen, status="online"):
+        return DeviceState("cam0", "cams", status, "digits", version, (f"digits-{version}",), seen,
+                           reported=reported)
+
+    db.upsert_devices([state("6.0.0", reported=200.0, seen=1000.0)])
+    db.upsert_devices([state("2.0.0", reported=100.0, seen=1001.0)])
+    assert db.device("cam0").version == "6.0.0"
+    # A last will carries no time of its own: it always counts, and keeps the device's last reported time.
+    db.upsert_devices([DeviceState("cam0", "cams", "offline", None, None, (), 1002.0)])
+    assert db.device("cam0").status == "offline"
+    db.upsert_devices([state("6.0.0", reported=150.0, seen=1003.0)])
+    assert db.device("cam0").status == "offline", "still older than the newest state the device sent"
+    db.upsert_devices([state("6.0.0", reported=201.0, seen=1004.0)])
+    assert (db.device("cam0").status, db.device("cam0").version) == ("online", "6.0.0")
+    # A device whose clock went back is believed again once nothing newer came from it for 10 minutes.
+    db.upsert_devices([state("7.0.0", reported=50.0, seen=1004.0 + 601)])
+    assert db.device("cam0").version == "7.0.0"
