@@ -2,7 +2,7 @@
 
 Each device speaks the real OTA protocol over its own MQTT connection (see the module doc of
 :mod:`benchmarks.fleet_sim` for what it shows the server). A worker reads its config as the
-first JSON line on stdin, then requests (``snapshot``, ``report``, ``stop``) one per line, and
+first JSON line on stdin, then requests (``snapshot``, a fault, ``stop``) one per line, and
 answers on stdout; it ends by itself when stdin closes or after ``max_runtime_s``.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 
 from benchmarks._sim_basics import SimulationError, Transfer, device_role, raise_fd_limit, updated_twice
 from benchmarks._sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut
+from edgesdk.agent.admission import not_newer
 from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.chunk_codec import decode_chunk
 from edgesdk.fleet.measurement import encode_result
 from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, parse_command
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.fleet.trust import Root, parse_root, trust_root, update_root
-from edgesdk.runtime.bundle import parse_version
 
 __all__ = ["worker_main"]
 
@@ -111,8 +111,8 @@ class _Device:
 
     def state(self) -> dict[str, Any]:
         state = {"status": "online", "group": self.sim.group, "model": self.model, "version": self.version,
-                 "previous": self.previous, "slots": sorted(self.slots),
-                 "chunk_slots": sorted(self.chunk_slots), "updated": time.time()}
+                 "previous": self.previous, "slots": sorted(self.slots), "chunk_slots": sorted(self.chunk_slots),
+                 "updated": time.time()}
         if self.root is not None:
             state["trust"] = {"root_version": self.root.version}
         return state
@@ -124,8 +124,7 @@ class _Device:
         payload: dict[str, Any] = {"event": event.value, "time": time.time(), **details}
         if command is not None:
             payload.update(deployment_id=command.deployment_id, name=command.name, version=command.version)
-        if event in (AgentEvent.REJECTED, AgentEvent.ACCEPTED, AgentEvent.DOWNLOADED, AgentEvent.COMMITTED,
-                     AgentEvent.FAILED, AgentEvent.ROLLED_BACK):
+        if event != AgentEvent.PROGRESS:
             self.sim.count(event.value)
         self.publish(self.events_topic, payload)
 
@@ -187,8 +186,7 @@ class _Device:
             self.event(command, AgentEvent.REJECTED,
                        reason=f"replayed command: deployment {command.deployment_id} was already handled")
             return
-        if (self.model == command.name and self.version is not None and not command.rollback
-                and parse_version(self.version) >= command.version_tuple):
+        if not_newer(command, self.running()):
             self.event(command, AgentEvent.REJECTED, reason=f"refused downgrade: {command.name} {command.version} <= "
                                                             f"installed {self.version}; only a signed rollback may go back")
             self.seen.add(command.deployment_id)
@@ -222,8 +220,11 @@ class _Device:
         if command.broadcast is not None:  # what the broadcast will not bring: ask at once, as the agent does
             sim.request(self, transfer, exclude=command.broadcast)
 
+    def running(self) -> tuple[str, str] | None:
+        return (self.model, self.version) if self.model and self.version else None
+
     def current_slot(self) -> str | None:
-        return f"{self.model}-{self.version}" if self.model and self.version else None
+        return "-".join(self.running() or ()) or None
 
     def on_chunk(self, topic: str, payload: bytes) -> None:
         """A chunk of a running transfer: kept if its hash matches the signed one; the archive checked when complete."""
@@ -269,6 +270,8 @@ class _Device:
         del self.transfers[command.transfer_id]
         if not self.transfers:
             self.sim.active.discard(self)
+        if not_newer(command, self.running()):
+            return self.event(command, AgentEvent.FAILED, reason="bundle rejected: superseded by a newer install")
         if self.client is not None and self.client.connected:
             self.client.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
         self.event(command, AgentEvent.DOWNLOADED, bytes=archive.size, rejected_chunks=transfer.rejected)
@@ -295,8 +298,7 @@ class _Device:
                                                                "(a fail_share device, or one of the bad_versions)",
                        restored=old)
         else:
-            if old and old != slot:
-                self.previous = old
+            self.previous = old if old and old != slot else self.previous
             self.model, self.version, self.committed = command.name, command.version, slot
             self.event(command, AgentEvent.COMMITTED, apply_ms=(time.perf_counter() - started) * 1e3,
                        health={"max_abs_error": 0.0, "latency_ms": 0.0}, downloaded=downloaded,

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesdk.agent.store import ModelStore, StoreState
+from edgesdk.errors import ConflictError
 from edgesdk.fleet.protocol import Command
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.runtime.bundle import parse_version
 
-__all__ = ["Admission", "admit"]
+__all__ = ["Admission", "admit", "not_newer", "check_still_newer"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,22 @@ class Admission:
     details: Mapping[str, Any] = field(default_factory=dict)
     #: Record the deployment as handled.
     remember: bool = False
+
+
+def not_newer(command: Command, current: tuple[str, str] | None) -> bool:
+    """True when ``command`` (not a rollback) would not move the ``current`` (name, version) forward. Checked when
+    the command arrives, and again when its download ends: another deployment may have installed meanwhile."""
+    return bool(current and current[0] == command.name and not command.rollback
+                and parse_version(current[1]) >= command.version_tuple)
+
+
+def check_still_newer(command: Command, current: tuple[str, str] | None) -> None:
+    """Raise ConflictError when a finished download would no longer move ``current`` forward: a newer deployment
+    installed while it downloaded (a straggler of an aborted rollout, say). A rollback is always let through."""
+    if not_newer(command, current):
+        assert current is not None
+        raise ConflictError(f"superseded: {command.name} {current[1]} was installed while {command.version} "
+                            "downloaded; not installing an older version")
 
 
 def admit(command: Command, state: StoreState, current: tuple[str, str] | None, current_slot: str | None,
@@ -48,8 +65,8 @@ def admit(command: Command, state: StoreState, current: tuple[str, str] | None, 
             return Admission(False, AgentEvent.COMMITTED, {"repeated": True})
         return Admission(False, AgentEvent.REJECTED,
                          {"reason": f"replayed command: deployment {command.deployment_id} was already handled"})
-    if (current and current[0] == command.name and not command.rollback
-            and parse_version(current[1]) >= command.version_tuple):
+    if not_newer(command, current):
+        assert current is not None
         return Admission(False, AgentEvent.REJECTED, {
             "reason": f"refused downgrade: {command.name} {command.version} <= installed {current[1]}; only a signed "
                       "rollback may go back"}, remember=True)

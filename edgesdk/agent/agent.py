@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edgesdk.agent.admission import admit
+from edgesdk.agent.admission import admit, check_still_newer
 from edgesdk.agent.config import AgentConfig, resolve_profile
 from edgesdk.agent.downloads import Downloads
 from edgesdk.agent.energy_account import runtime_energy
@@ -163,8 +163,7 @@ class DeviceAgent:
 
     def _on_chunk(self, topic: str, payload: bytes) -> None:
         self.bytes_received += len(payload)
-        completed = self.downloads.accept_chunk(topic, payload)
-        if completed is not None:
+        if (completed := self.downloads.accept_chunk(topic, payload)) is not None:
             self._work.put(("complete", completed))
 
     # worker ------------------------------------------------------------------------------
@@ -265,6 +264,7 @@ class DeviceAgent:
                     rejected_chunks=transfer.rejected)
         slot = self.store.slot_name(command.name, command.version)
         try:
+            check_still_newer(command, self.current_version())
             self.installer.unpack(slot, archive, command.archive)
         except EdgeSDKError as exc:
             self._event(command, AgentEvent.FAILED, reason=f"bundle rejected: {exc}")

@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.agent.admission import admit
+from edgesdk.agent.admission import admit, check_still_newer
 from edgesdk.agent.downloads import Downloads, broadcast_plan
 from edgesdk.agent.local_chunks import LocalChunks
 from edgesdk.agent.measurements import MeasurementService
 from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.store import ModelStore, StoreState
+from edgesdk.errors import ConflictError
 from edgesdk.fleet.measurement import pack_measurement
 from edgesdk.fleet.protocol import ArchiveInfo, Command, MeasureCommand, parse_command, sign_command, sign_measure_command
 from edgesdk.fleet.records import AgentEvent
@@ -255,3 +256,14 @@ def test_a_measurement_whose_archive_never_comes_expires_with_the_reason(tmp_pat
     assert message == {"measurement_id": "m1", "status": "failed", "error_type": "TransferError",
                        "error": "the archive did not arrive within 0.01 s; is the server still serving it?"}
     assert downloads.get("t-m1") is None and not (store.scratch / "m1").exists()
+
+
+def test_a_download_that_ends_after_a_newer_install_is_not_installed(keys):
+    """An aborted rollout's straggler: 5.0.0 was admitted over 4.0.0, then 6.0.0 installed while it downloaded."""
+    straggler = deploy(keys, version="5.0.0")
+    check_still_newer(straggler, ("digits", "4.0.0"))  # still newer: goes ahead
+    check_still_newer(straggler, ("other", "9.0.0"))  # another model
+    check_still_newer(straggler, None)  # nothing installed
+    with pytest.raises(ConflictError, match=r"superseded: digits 6.0.0 was installed while 5.0.0 downloaded"):
+        check_still_newer(straggler, ("digits", "6.0.0"))
+    check_still_newer(deploy(keys, version="5.0.0", rollback=True), ("digits", "6.0.0"))  # a rollback may go back
