@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,12 @@ SEQUENCE = (("deploy", "2.0.0"), ("deploy", BAD_VERSION), ("deploy", "4.0.0"), (
             ("abort", "5.0.0"), ("deploy", "6.0.0"))
 POLICY = RolloutPolicy(canary=0.05, waves=(0.3, 1.0), health_window_s=1.0, max_failure_rate=0.05,
                        deploy_timeout_s=30.0)
+
+
+def policy_for(devices: int) -> RolloutPolicy:
+    """:data:`POLICY`, with a deploy timeout that grows with the fleet: a stage of thousands of devices takes
+    this 2-core host longer to send, fetch and report than 30 s (12 ms per device, 30 s at least)."""
+    return replace(POLICY, deploy_timeout_s=max(POLICY.deploy_timeout_s, 0.012 * devices))
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,7 @@ def run_chaos(config: ChaosConfig, work: Path) -> ChaosResult:
         recorder.start()
         injector.start()
         for step in SEQUENCE:
-            rollouts.append(_run_step(step, replicas, history, rollouts))
+            rollouts.append(_run_step(step, replicas, history, rollouts, policy_for(config.devices)))
         injector.join(config.horizon_s + 60)
         _settle(db, fleet, config.settle_s)
         recorder.poll()
@@ -247,15 +253,15 @@ def run_chaos(config: ChaosConfig, work: Path) -> ChaosResult:
                        [minimal_history(history, v) for v in violations[:5]], history)
 
 
-def _run_step(step: tuple[str, str], replicas: _Replicas, history: History,
-              done: list[dict[str, Any]]) -> dict[str, Any]:
+def _run_step(step: tuple[str, str], replicas: _Replicas, history: History, done: list[dict[str, Any]],
+              policy: RolloutPolicy) -> dict[str, Any]:
     what, version = step
     began = time.monotonic()
     if what == "rollback":
-        last = next(r["id"] for r in reversed(done) if r["state"] == "completed")
+        last = next((r["id"] for r in reversed(done) if r["state"] == "completed"), done[-1]["id"])
         rollout_id = _retry(lambda: replicas.client().act(last, "rollback", version))
     else:
-        rollout_id = _retry(lambda: replicas.client().start_rollout(MODEL, version, GROUP, POLICY))
+        rollout_id = _retry(lambda: replicas.client().start_rollout(MODEL, version, GROUP, policy))
     history.started.append(rollout_id)
     aborted = False
     while True:
