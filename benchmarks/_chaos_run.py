@@ -90,7 +90,9 @@ class ChaosResult:
         return {"seed": self.seed, "devices": self.devices, "wall_s": round(self.wall_s, 1),
                 "faults": len(self.faults), "fault_kinds": sorted({f["kind"] for f in self.faults}),
                 "rollouts": self.rollouts, "checker_passed": not self.violations,
-                "violations": len(self.violations), "first_violations": [str(v) for v in self.violations[:20]],
+                "violations": len(self.violations),
+                "violations_by_invariant": dict(Counter(v.invariant for v in self.violations)),
+                "first_violations": [str(v) for v in self.violations[:20]],
                 "minimal_history": self.minimal[:5], "schedule": self.faults}
 
 
