@@ -138,3 +138,17 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
+
+
+def read_retained(broker_url: str, topic: str) -> bytes:
+    """The message kept retained on ``topic`` (waits for it)."""
+    from edgesdk.fleet.transport import MqttTransport
+
+    got: list[bytes] = []
+    reader = MqttTransport(broker_url, client_id=f"reader-{time.monotonic_ns()}")
+    try:
+        reader.subscribe(topic, lambda t, payload: got.append(payload))
+        wait_for(lambda: got, what=f"the retained message on {topic}")
+    finally:
+        reader.close()
+    return got[-1]

@@ -19,7 +19,7 @@ from edgesdk.fleet.protocol import Topics, pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto
-from tests.ota.conftest import wait_for
+from tests.ota.conftest import read_retained, wait_for
 
 DEVICES = 120
 LEASE_S, RESEND_S = 2.0, 3.0  # the replicas' --lease, and ServerConfig.resend_s's default
@@ -119,20 +119,9 @@ def test_when_a_replica_dies_the_others_read_the_devices_retained_states_again(t
         wait_for(lambda: survivor.db.device("cam0").version == "2.0.0", timeout=30,
                  what="the survivor to read the retained state again")
         device.close()
-        assert json.loads(_retained(broker.url, Topics.server("replica-b"))) == {"status": "offline"}  # its will
-        assert json.loads(_retained(broker.url, Topics.server("replica-a"))) == {"status": "online"}
+        assert json.loads(read_retained(broker.url, Topics.server("replica-b"))) == {"status": "offline"}  # its will
+        assert json.loads(read_retained(broker.url, Topics.server("replica-a"))) == {"status": "online"}
         survivor.stop()
         survivor.db.close()  # the fixture stops servers, and leaves their stores open
     finally:
         broker.stop()
-
-
-def _retained(broker_url: str, topic: str) -> bytes:
-    got: list[bytes] = []
-    reader = MqttTransport(broker_url, client_id=f"reader-{time.monotonic_ns()}")
-    try:
-        reader.subscribe(topic, lambda t, p: got.append(p))
-        wait_for(lambda: got, what=f"the retained message on {topic}")
-    finally:
-        reader.close()
-    return got[0]

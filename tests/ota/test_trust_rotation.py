@@ -18,7 +18,7 @@ from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.server import OTAServer
 from edgesdk.runtime.bundle import sign_bundle
 from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key
-from tests.ota.conftest import make_bundle, wait_for
+from tests.ota.conftest import make_bundle, read_retained, wait_for
 
 FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
 
@@ -172,23 +172,12 @@ def test_a_device_reports_stale_when_timestamps_stop_and_an_expired_one_replayed
     _publish_retained(broker.url, Topics.TIMESTAMP, first.raw)
     time.sleep(0.5)
     assert agent.trust.stale() and agent.trust.timestamp.version == newest.version
-    state = json.loads(_retained(broker.url, Topics.state("cam0")))
+    state = json.loads(read_retained(broker.url, Topics.state("cam0")))
     assert state["trust"]["stale"] is True and state["status"] == "online"
     # A server (here one that signs no timestamps) shows the stale device in its metrics.
     watcher = make_server(broker.url, signing_key=load_private_key(private["commands"][0]))
     wait_for(lambda: b"edgesdk_ota_devices_stale 1.0" in watcher.metrics.render()[0], what="the stale gauge")
     assert b'edgesdk_ota_devices_by_root_version{root_version="1"} 1.0' in watcher.metrics.render()[0]
-
-
-def _retained(broker_url: str, topic: str) -> bytes:
-    got: list[bytes] = []
-    reader = MqttTransport(broker_url, client_id=f"reader-{time.monotonic_ns()}")
-    try:
-        reader.subscribe(topic, lambda t, payload: got.append(payload))
-        wait_for(lambda: got, what=f"retained {topic}")
-    finally:
-        reader.close()
-    return got[-1]
 
 
 class MixingServer(OTAServer):

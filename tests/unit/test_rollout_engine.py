@@ -92,14 +92,20 @@ def test_stages_wait_for_every_report_and_the_health_window_then_complete(fleet)
     assert sorted(d for _, ds in recorder.stages for d in ds) == sorted(f"cam{i}" for i in range(10))
 
 
-def test_failures_above_the_rate_abort_and_revert_what_was_updated(fleet):
-    db, clock, recorder, engine = fleet
+def _aborted_with_one_commit(engine, recorder):
+    """A canary of two: the first commits, the second fails its health check, and the rollout aborts (40% allowed)."""
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
     engine.tick()
     first, second = recorder.stages[0][1]
     _report(engine, rid, [first])
     _report(engine, rid, [second], "rolled_back", "health check failed")
     engine.tick()
+    return rid, first, second
+
+
+def test_failures_above_the_rate_abort_and_revert_what_was_updated(fleet):
+    db, clock, recorder, engine = fleet
+    rid, first, second = _aborted_with_one_commit(engine, recorder)
     r = engine.status(rid)
     assert r.state == RolloutState.ABORTED and "1/2 devices failed" in r.reason and "health check failed" in r.reason
     assert recorder.reverts == [first] and recorder.finished == []
@@ -114,12 +120,7 @@ def test_failures_above_the_rate_abort_and_revert_what_was_updated(fleet):
 def test_an_unanswered_revert_is_sent_again_by_whichever_replica_holds_the_lease(fleet):
     """A revert lost with a broker restart or a partition would leave the device on the aborted version for good."""
     db, clock, recorder, engine = fleet
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
-    engine.tick()
-    first, second = recorder.stages[0][1]
-    _report(engine, rid, [first])
-    _report(engine, rid, [second], "rolled_back", "health check failed")
-    engine.tick()
+    rid, first, _ = _aborted_with_one_commit(engine, recorder)
     assert recorder.reverts == [first]
     clock.now += engine.resend_s / 2
     engine.tick()
@@ -140,12 +141,7 @@ def test_an_unanswered_revert_is_sent_again_by_whichever_replica_holds_the_lease
 def test_a_revert_is_not_sent_again_to_a_device_a_later_rollout_moved_on(fleet):
     """Sent late, the revert would take the device back past the newer version."""
     db, clock, recorder, engine = fleet
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
-    engine.tick()
-    first, second = recorder.stages[0][1]
-    _report(engine, rid, [first])
-    _report(engine, rid, [second], "rolled_back", "health check failed")
-    engine.tick()
+    rid, first, _ = _aborted_with_one_commit(engine, recorder)
     assert recorder.reverts == [first]
     db.upsert_device(first, "cams", "online", "digits", "3.0.0", ["digits-1.0.0", "digits-3.0.0"])
     clock.now += engine.resend_s + 1
