@@ -187,14 +187,8 @@ class FleetDB:
         return _device(rows[0]) if rows else None
 
     def running(self, device_ids: Iterable[str]) -> dict[str, tuple[str | None, str | None]]:
-        """The (model, version) each of ``device_ids`` that has reported runs (one query per 500 ids)."""
-        ids, found = list(device_ids), {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            for r in self.sql.rows(f"SELECT id, model, version FROM devices WHERE id IN ({marks})", chunk):
-                found[r["id"]] = (r["model"], r["version"])
-        return found
+        """The (model, version) each of ``device_ids`` that has reported runs."""
+        return {r["id"]: (r["model"], r["version"]) for r in self._device_rows(device_ids, "model, version")}
 
     def slots(self, device_ids: Iterable[str], column: str = "slots") -> dict[str, tuple[str, ...]]:
         """The installed slots of each of ``device_ids`` that has reported (one query per 500 ids).
@@ -203,13 +197,15 @@ class FleetDB:
         """
         if column not in ("slots", "chunk_slots"):
             raise ValueError(f"no slot column {column!r}")
-        ids, found = list(device_ids), {}
+        return {r["id"]: tuple(json.loads(r["s"])) for r in self._device_rows(device_ids, f"{column} AS s")}
+
+    def _device_rows(self, device_ids: Iterable[str], columns: str) -> Iterator[Mapping[str, Any]]:
+        """``id`` and ``columns`` of each of ``device_ids`` that has reported, one query per 500 ids."""
+        ids = list(device_ids)
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            for r in self.sql.rows(f"SELECT id, {column} AS s FROM devices WHERE id IN ({marks})", chunk):
-                found[r["id"]] = tuple(json.loads(r["s"]))
-        return found
+            yield from self.sql.rows(f"SELECT id, {columns} FROM devices WHERE id IN ({','.join('?' * len(chunk))})",
+                                     chunk)
 
     def versions_in_use(self) -> set[tuple[str, str]]:
         """Every (model, version) some device reports running."""

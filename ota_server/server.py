@@ -110,7 +110,6 @@ class OTAServer:
         #: Set to run the engine's next tick now (an operator's action should not wait for the tick).
         self._wake = threading.Event()
         self._engine_thread: threading.Thread | None = None
-        self._catching_up, self._catching_up_lock = False, threading.Lock()
         self._catch_up_thread: threading.Thread | None = None
         #: Bytes published, for tests and benchmarks.
         self.bytes_published = 0
@@ -173,10 +172,8 @@ class OTAServer:
         which costs only the re-read)."""
         if payload != _OFFLINE or topic == Topics.server(self.name) or self._stop.is_set():
             return
-        with self._catching_up_lock:
-            if self._catching_up:
-                return
-            self._catching_up = True
+        if self._catch_up_thread is not None and self._catch_up_thread.is_alive():
+            return  # one re-read at a time (MQTT handlers run on one thread, so no race here)
         log.warning("replica %s went offline; reading the devices' retained states again", topic.rsplit("/", 1)[-1])
         self._catch_up_thread = threading.Thread(target=self._catch_up_again, name="catch-up", daemon=True)
         self._catch_up_thread.start()
@@ -186,9 +183,6 @@ class OTAServer:
             self._catch_up_states()
         except Exception:  # the broker went away meanwhile: the next replica death (or restart) reads them
             log.exception("reading the retained device states again failed")
-        finally:
-            with self._catching_up_lock:
-                self._catching_up = False
 
     def _catch_up_states(self) -> None:
         """Read the retained device states once (a shared subscription never delivers retained messages)."""
