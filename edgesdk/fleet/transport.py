@@ -39,6 +39,22 @@ _MQTT5_SILENCE_S = 3.0
 #: ``$share/<name>/`` before a shared subscription's topic filter (MQTT 5): messages match the filter after it.
 _SHARED = re.compile(r"^\$share/[^/]+/")
 
+
+def _levels(topic_filter: str) -> tuple[str, ...]:
+    """A filter's levels as a subscriber matches them (a shared subscription's ``$share/GROUP/`` prefix removed)."""
+    return tuple(_SHARED.sub("", topic_filter).split("/"))
+
+
+def _matches(levels: tuple[str, ...], topic: list[str]) -> bool:
+    """Whether a topic (split on ``/``) matches a filter's levels, with MQTT's ``+`` and ``#``: the server runs
+    this for every message it receives, so it works on split strings instead of building a matcher per call."""
+    for i, level in enumerate(levels):
+        if level == "#":
+            return True
+        if i >= len(topic) or (level != "+" and level != topic[i]):
+            return False
+    return len(levels) == len(topic)
+
 #: Called as ``handler(topic, payload)`` on the transport's network thread; an exception it raises is logged.
 Handler = Callable[[str, bytes], None]
 
@@ -105,6 +121,12 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Disconnect (the broker does not publish the last will) and stop the network thread."""
 
+    @property
+    def unacknowledged(self) -> int:
+        """QoS 1 messages published and not yet acknowledged by the broker (queued here or in flight); 0 for
+        transports that cannot tell."""
+        return 0
+
     def confirm_access(self, timeout: float = 10.0) -> None:  # noqa: B027 (optional for transports)
         """Block until the broker answered every subscription and QoS 1 publish so far.
 
@@ -129,7 +151,7 @@ class MqttTransport(Transport):
         import paho.mqtt.client as mqtt
 
         self.address = parse_broker_url(url)
-        self._subscriptions: dict[str, tuple[Handler, int]] = {}
+        self._subscriptions: dict[str, tuple[Handler, int, tuple[str, ...]]] = {}
         self._on_connect_hook = on_connect
         self._on_refused_hook = on_refused
         self._lock = threading.Lock()
@@ -235,7 +257,7 @@ class MqttTransport(Transport):
         with self._lock:
             subscriptions = dict(self._subscriptions)
             self._pending_subs.clear()  # SUBSCRIBEs in flight died with the old connection; all are re-sent
-        for topic_filter, (_, qos) in subscriptions.items():
+        for topic_filter, (_, qos, _) in subscriptions.items():
             self._send_subscribe(topic_filter, qos)
         self.connects += 1
         self._connected.set()
@@ -293,11 +315,9 @@ class MqttTransport(Transport):
             log.error("%s", error)
 
     def _on_message(self, client, userdata, message):  # type: ignore[no-untyped-def]
-        import paho.mqtt.client as mqtt
-
+        topic = message.topic.split("/")
         with self._lock:
-            handlers = [h for f, (h, _) in self._subscriptions.items()
-                        if mqtt.topic_matches_sub(_SHARED.sub("", f), message.topic)]
+            handlers = [h for h, _, levels in self._subscriptions.values() if _matches(levels, topic)]
         for handler in handlers:
             try:
                 handler(message.topic, message.payload)
@@ -327,6 +347,13 @@ class MqttTransport(Transport):
             raise self.refusal
 
     @property
+    def unacknowledged(self) -> int:
+        """QoS 1 publishes the broker has not acknowledged yet: paho sends at most 64 at a time and queues the
+        rest, so a burst of thousands leaves the process over seconds."""
+        with self._lock:
+            return len(self._pending_pubs)
+
+    @property
     def connected(self) -> bool:
         """True while the client holds an accepted connection; False between a drop and the reconnect."""
         return self._connected.is_set()
@@ -347,7 +374,7 @@ class MqttTransport(Transport):
         filter again replaces its handler.
         """
         with self._lock:
-            self._subscriptions[topic_filter] = (handler, qos)
+            self._subscriptions[topic_filter] = (handler, qos, _levels(topic_filter))
         if self.connected:
             self._send_subscribe(topic_filter, qos)
 
