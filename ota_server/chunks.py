@@ -20,7 +20,11 @@ from dataclasses import dataclass
 from edgesdk.fleet.chunk_codec import DEFAULT_MIN_SAVING, compress_chunks
 from edgesdk.fleet.protocol import ArchiveInfo, Topics
 
-__all__ = ["ChunkDistributor"]
+__all__ = ["ChunkDistributor", "MAX_OUTBOX"]
+
+#: Queued messages above which chunk requests wait. Far below the 65,535 message ids one MQTT connection has:
+#: paho numbers queued messages too, and one past the wrap would replace a queued message of the same id.
+MAX_OUTBOX = 20_000
 
 #: Loads a model version's archive: (name, version) -> (tar bytes, chunk hashes).
 ArchiveLoader = Callable[[str, str], tuple[bytes, ArchiveInfo]]
@@ -44,8 +48,14 @@ class ChunkDistributor:
     """Serves the chunks of open transfers; thread-safe (MQTT handlers and the rollout engine call it)."""
 
     def __init__(self, load: ArchiveLoader, publish: Publisher, repeat_s: float = 1.0, rebroadcast_after: int = 32,
-                 min_saving: float | None = DEFAULT_MIN_SAVING) -> None:
+                 min_saving: float | None = DEFAULT_MIN_SAVING, outbox: Callable[[], int] = lambda: 0,
+                 max_outbox: int = MAX_OUTBOX) -> None:
         self._load, self._publish = load, publish
+        #: Messages published and not yet taken by the broker; above ``max_outbox`` a device's request is dropped
+        #: unanswered (it asks again): copies one by one must not bury the commands behind them.
+        self._outbox, self.max_outbox = outbox, max_outbox
+        #: Requests dropped because the outbox was full (for tests and benchmarks).
+        self.deferred = 0
         #: Compress a chunk when that saves more than this share of its bytes (None: never).
         self.min_saving = min_saving
         #: A device asking again within ``repeat_s`` of its last answer is not answered twice (the chunks are on
@@ -124,10 +134,15 @@ class ChunkDistributor:
             plan = self._plans.get(transfer_id)
         return 0 if archive is None else len(plan) if plan is not None else len(archive.info.chunks)
 
-    def plan(self, transfer_id: str, indices: list[int]) -> None:
-        """Limit ``transfer_id``'s broadcasts to the chunks ``indices`` (the ones some target lacks)."""
+    def plan(self, transfer_id: str, indices: list[int], group: str) -> None:
+        """Broadcast ``transfer_id`` to ``group``, limited to the chunks ``indices`` (the ones some target lacks).
+
+        From now on a crowd of requests for it gets a group broadcast, also before the first one went out (a
+        replica that took a rollout over never sent one).
+        """
         with self._lock:
             self._plans[transfer_id] = sorted(indices)
+            self._broadcasts.setdefault(transfer_id, (group, float("-inf")))
 
     def _chunks(self, transfer_id: str) -> _Archive | None:
         with self._lock:
@@ -139,13 +154,16 @@ class ChunkDistributor:
         archive = self._chunks(transfer_id)
         if archive is None:
             return False
+        if self._outbox() > self.max_outbox:
+            self.deferred += 1
+            return True
         now = time.monotonic()
         with self._lock:
             asked = self._asked[transfer_id]
             if now - asked.get(device, -self.repeat_s) < self.repeat_s:
                 return True
             asked[device] = now
-            group, last_broadcast = self._broadcasts.get(transfer_id, ("", now))
+            group, last_broadcast = self._broadcasts.get(transfer_id, ("", float("-inf")))
             if group and now - last_broadcast < self.repeat_s:
                 return True  # the whole archive went to the group a moment ago
             crowd = sum(1 for t in asked.values() if now - t < self.repeat_s)

@@ -55,6 +55,10 @@ class Dispatcher(Protocol):
     def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
         """Send the stage's command again to devices that have not acknowledged it; the devices it was sent to."""
 
+    def busy(self) -> bool:
+        """True while what was sent earlier, or the devices' answers to it, are still queued in this server: silence
+        then says nothing about the devices, and a re-send would only queue behind the first send."""
+
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version; an EdgeSDKError when it cannot be sent."""
 
@@ -201,6 +205,7 @@ class RolloutEngine:
         answered for ``resend_s`` (lost with a broker restart, a partition, or a dead replica). The work is read
         from the store and shared by lease, so whichever replica is alive finishes it."""
         unsettled = self.db.unsettled_aborts()
+        busy = self.dispatcher.busy()
         for rollout_id in unsettled:
             if not self.db.hold_lease(rollout_id, self.holder, now, self.lease_s):
                 continue
@@ -210,7 +215,8 @@ class RolloutEngine:
             self._reverting.add(rollout_id)
             self._revert_committed(r, r.reason or "rollout aborted")
             resent = []
-            for t in self._still_to_revert(r, self.db.due_for_revert(rollout_id, now - self.resend_s)):
+            unanswered = [] if busy else self.db.due_for_revert(rollout_id, now - self.resend_s)
+            for t in self._still_to_revert(r, unanswered):
                 try:
                     self.dispatcher.send_revert(r, t)
                     resent.append(t.device_id)
@@ -267,7 +273,9 @@ class RolloutEngine:
         and re-sending to them would only add to the queue."""
         unfinished = sum(n for (s, status), n in counts.items() if s == stage and not status.terminal)
         seen = self._progress.get(rollout_id)
-        if seen is None or seen[0] != unfinished:
+        # While commands wait in this server's outbox the devices have not even had them: silence starts once they
+        # are out (at 10,000 devices, re-sends piled behind the first send and fed on themselves).
+        if seen is None or seen[0] != unfinished or self.dispatcher.busy():
             self._progress[rollout_id] = (unfinished, now)
             return False
         return now - seen[1] >= self.resend_s

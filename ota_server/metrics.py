@@ -27,7 +27,7 @@ With several replicas, sum the counters over replicas and take any one replica's
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from edgesdk.errors import EdgeSDKError
@@ -93,6 +93,16 @@ class ServerMetrics:
                           ("kind",), registry=self.registry)
         self._refused: dict[str, Any] = {kind: refused.labels(kind) for kind in EVENT_KINDS}
         self.registry.register(_FleetCollector(db))
+
+    def watch_queues(self, outbox: Callable[[], int], ingest: Callable[[], int]) -> None:
+        """Report the server's two queues at every scrape: ``outbox``, messages published and not yet acknowledged
+        by the broker, and ``ingest``, device reports received and not yet written to the fleet store."""
+        from prometheus_client import Gauge
+
+        Gauge("edgesdk_ota_outbox_messages", "Messages this server published that the broker has not acknowledged "
+              "yet (queued or in flight).", registry=self.registry).set_function(outbox)
+        Gauge("edgesdk_ota_ingest_pending", "Device reports received and not yet written to the fleet store.",
+              registry=self.registry).set_function(ingest)
 
     def command_sent(self, n: int = 1) -> None:
         """Count ``n`` commands published to devices."""

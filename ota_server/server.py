@@ -117,21 +117,26 @@ class OTAServer:
         self.name = config.name or f"edgesdk-server-{uuid.uuid4().hex[:8]}"
         check_id(self.name, "server name")
         self.metrics = ServerMetrics(db)
-        self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving)
+        self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving,
+                                       outbox=self._outbox)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
         self.ingest = Ingest(db, observe=self.metrics.observe_event)
         self.guard = ReportGuard(config.report_limits, on_refused=self.metrics.report_refused)
+        self.metrics.watch_queues(self._outbox, lambda: self.ingest.pending)
         #: The fleet's root of trust, published retained at start (devices take it as the next in their chain).
         self.root = parse_root(root)[0] if root is not None else None
         self.timestamps = (TimestampPublisher(db, self._publish, timestamp_key, self.root.version if self.root else 1,
                                               config.timestamp_every_s, config.timestamp_expires_s)
                            if timestamp_key is not None else None)
         self.sender = StageSender(db, repository, self.chunks, signing_key, self._publish, self.metrics,
-                                  lambda: self.ingest.pending, self._stop, config.offload_url, config.broadcast_wait_s,
-                                  config.command_ttl_s)
+                                  lambda: self.ingest.pending, self._outbox, self._stop, config.offload_url,
+                                  config.broadcast_wait_s, config.command_ttl_s)
         # Leases, deadlines and re-sends go by the database's clock: replicas' own clocks may disagree.
         self.engine = RolloutEngine(db, self.sender, db.now, resend_s=config.resend_s, holder=self.name,
                                     lease_s=config.lease_s)
+
+    def _outbox(self) -> int:
+        return self.transport.unacknowledged if self.transport is not None else 0
 
     @property
     def resent(self) -> dict[tuple[str, str], list[int]]:
@@ -157,7 +162,9 @@ class OTAServer:
         self._publish(Topics.server(self.name), _ONLINE, retain=True)
         self.transport.subscribe(shared + Topics.ALL_STATES, self._on_state)
         self.transport.subscribe(shared + Topics.ALL_EVENTS, self._on_event)
-        self.transport.subscribe(Topics.ALL_NEEDS, self._on_need)
+        # At most once: a device asks again for what does not come, and thousands of devices asking at once should
+        # not each cost an acknowledgement on the thread that also sends the commands.
+        self.transport.subscribe(Topics.ALL_NEEDS, self._on_need, qos=0)
         self.transport.subscribe(Topics.ALL_MEASUREMENTS, self.measurements.on_result)
         if self.root is not None:
             self._publish(Topics.root(self.root.version), self.root.raw, retain=True)
@@ -309,7 +316,9 @@ class OTAServer:
         r = self.db.rollout(match["rollout"], targets=False)
         if r is None or r.state != RolloutState.RUNNING:
             return False
-        self.chunks.open(transfer_id, r.model, r.version)
+        info = self.chunks.open(transfer_id, r.model, r.version)
+        # The whole archive is the plan: which chunks the stage's devices lacked was the first driver's to know.
+        self.chunks.plan(transfer_id, list(range(len(info.chunks))), r.group)
         return True
 
     # the admin API's operations ------------------------------------------------------------------

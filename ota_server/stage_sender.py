@@ -25,6 +25,9 @@ __all__ = ["StageSender"]
 _MAX_BROADCAST_WAIT_S = 120.0
 #: Device reports queued for writing above which re-sends wait (the reports may be the answers).
 _RESEND_BACKLOG = 100
+#: Messages not yet acknowledged by the broker above which re-sends wait: a few times paho's in-flight window of 64,
+#: so chunk traffic in flight does not count, a queue of commands does.
+_RESEND_OUTBOX = 256
 
 
 class StageSender:
@@ -32,12 +35,14 @@ class StageSender:
 
     def __init__(self, db: FleetDB, repository: ModelRepository, chunks: ChunkDistributor, signing_key: Any,
                  publish: Callable[[str, bytes], None], metrics: ServerMetrics, backlog: Callable[[], int],
-                 stopped: threading.Event, offload_url: str | None = None, broadcast_wait_s: float = 2.0,
-                 command_ttl_s: float = COMMAND_TTL_S, clock: Callable[[], float] = time.time) -> None:
+                 outbox: Callable[[], int], stopped: threading.Event, offload_url: str | None = None,
+                 broadcast_wait_s: float = 2.0, command_ttl_s: float = COMMAND_TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
         self.db, self.repo, self.chunks, self.key = db, repository, chunks, signing_key
         self._publish = publish
         self.metrics = metrics
         self._backlog = backlog  # device reports waiting to be written
+        self._outbox = outbox  # messages published and not yet acknowledged by the broker
         self._stopped = stopped
         self.offload_url = offload_url
         self.broadcast_wait_s = broadcast_wait_s
@@ -67,7 +72,7 @@ class StageSender:
             if with_archive:
                 info = self.chunks.open(transfer_id, r.model, r.version)
                 plan = self._lacking(info, device_ids)
-                self.chunks.plan(transfer_id, plan)
+                self.chunks.plan(transfer_id, plan, r.group)
             args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, plan)
         elif now - held[1] > self.command_ttl_s / 2:
             args = held[2]
@@ -112,15 +117,17 @@ class StageSender:
 
     def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
         """Publish the stage's command again to devices that have not acknowledged it (or whose report was lost);
-        the devices sent to. None while device reports wait to be written: their answers may be among them."""
-        if self._backlog() > _RESEND_BACKLOG:
-            return []
+        the devices sent to."""
         needs = self._needs_archive(rollout, device_ids)
         fetching = [device for device, with_archive in needs.items() if with_archive]
         for device, with_archive in needs.items():
             self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive, fetching))
         self.metrics.command_resent(len(device_ids))
         return device_ids
+
+    def busy(self) -> bool:
+        """Device reports wait to be written (the answers may be among them), or commands wait to leave."""
+        return self._backlog() > _RESEND_BACKLOG or self._outbox() > _RESEND_OUTBOX
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version (with its archive when the device lacks it)."""

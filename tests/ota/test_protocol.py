@@ -222,7 +222,7 @@ def test_a_stage_command_is_signed_again_once_half_its_validity_has_passed(keys)
     from edgesdk.ota_server.stage_sender import StageSender
 
     clock = [1000.0]
-    sender = StageSender(None, None, None, keys["server"], lambda *a, **k: None, None, lambda: 0,  # type: ignore[arg-type]
+    sender = StageSender(None, None, None, keys["server"], lambda *a, **k: None, None, lambda: 0, lambda: 0,  # type: ignore[arg-type]
                          threading.Event(), command_ttl_s=100, clock=lambda: clock[0])
     rollout = SimpleNamespace(id="r1", rollback=True, model="digits", version="1.0.0", group="cams")
     first = sender._stage_command(rollout, 0, False, [])  # type: ignore[arg-type]

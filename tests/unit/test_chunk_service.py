@@ -4,7 +4,7 @@ the archive broadcast again instead of one copy each."""
 from __future__ import annotations
 
 from edgesdk.fleet.protocol import ArchiveInfo
-from edgesdk.ota_server.chunks import ChunkDistributor
+from edgesdk.ota_server.chunks import MAX_OUTBOX, ChunkDistributor
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes: 3 chunks of 4,096
 
@@ -35,3 +35,23 @@ def test_a_crowd_that_missed_the_broadcast_gets_it_again_once():
     to_group = [t for t in sent if t.startswith("edgesdk/groups/cams/chunks/r1-w0/")]
     assert len(per_device) == 6, "the first two devices are answered one by one, the fourth not right after a broadcast"
     assert len(to_group) == 3 and service.rebroadcasts == 1, "the third asking device triggers one group broadcast"
+
+
+def test_a_planned_transfer_gets_a_group_broadcast_for_a_crowd_before_any_broadcast_went_out():
+    """A replica that took a rollout over never broadcast its stage: a crowd of requests must not cost one copy per
+    device (at 10,000 devices that queued 65,535 messages)."""
+    service, sent = _service(repeat_s=60.0, rebroadcast_after=3)
+    service.plan("r1-w0", [0, 1, 2], "cams")
+    for device in ("cam0", "cam1", "cam2", "cam3"):
+        service.serve(device, "r1-w0", [0, 1, 2])
+    assert [t for t in sent if t.startswith("edgesdk/groups/cams/chunks/r1-w0/")] == [
+        f"edgesdk/groups/cams/chunks/r1-w0/{i}" for i in range(3)]
+    assert len([t for t in sent if "/devices/" in t]) == 6 and service.rebroadcasts == 1
+
+
+def test_requests_wait_unanswered_while_the_outbox_is_full():
+    queued = [MAX_OUTBOX + 1]
+    service, sent = _service(outbox=lambda: queued[0])
+    assert service.serve("cam0", "r1-w0", [0, 1]) and sent == [] and service.deferred == 1
+    queued[0] = 0
+    assert service.serve("cam0", "r1-w0", [0, 1]) and len(sent) == 2, "asked again once the outbox drained"

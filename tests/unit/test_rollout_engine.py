@@ -19,6 +19,7 @@ class Recorder:
         self.reverts: list[str] = []
         self.finished: list[str] = []
         self.unrevertable = unrevertable
+        self.queued = False  # the server's outbox still holds earlier sends
 
     def send_stage(self, rollout, stage, targets):
         self.stages.append((stage, [t.device_id for t in targets]))
@@ -26,6 +27,9 @@ class Recorder:
     def resend(self, rollout, stage, device_ids):
         self.resent.extend(device_ids)
         return device_ids
+
+    def busy(self):
+        return self.queued
 
     def send_revert(self, rollout, target):
         if target.device_id in self.unrevertable:
@@ -92,6 +96,26 @@ def test_stages_wait_for_every_report_and_the_health_window_then_complete(fleet)
     assert sorted(d for _, ds in recorder.stages for d in ds) == sorted(f"cam{i}" for i in range(10))
 
 
+def test_nothing_is_sent_again_while_the_first_send_is_still_queued(fleet):
+    """At 10,000 devices the first send of a stage took seconds to leave the server; re-sends queued behind it,
+    delayed it more and fed on themselves. Silence counts only from when the queue is empty."""
+    db, clock, recorder, engine = fleet
+    engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,)))
+    engine.tick()
+    recorder.queued = True
+    for _ in range(4):
+        clock.now += 3.5
+        engine.tick()
+    assert recorder.resent == [], "re-sent while the outbox still held the first command"
+    recorder.queued = False
+    clock.now += 1
+    engine.tick()
+    assert recorder.resent == [], "silence is counted from when the outbox emptied, not from the send"
+    clock.now += 3
+    engine.tick()
+    assert recorder.resent == recorder.stages[0][1]
+
+
 def _aborted_with_one_commit(engine, recorder):
     """A canary of two: the first commits, the second fails its health check, and the rollout aborts (40% allowed)."""
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
@@ -136,6 +160,18 @@ def test_an_unanswered_revert_is_sent_again_by_whichever_replica_holds_the_lease
     clock.now += engine.resend_s * 3
     other.tick()
     assert recorder.reverts == [first, first], "a reverted device is not sent anything more"
+
+
+def test_an_unanswered_revert_waits_while_the_outbox_is_full(fleet):
+    db, clock, recorder, engine = fleet
+    rid, first, _ = _aborted_with_one_commit(engine, recorder)
+    recorder.queued = True
+    clock.now += engine.resend_s * 2
+    engine.tick()
+    assert recorder.reverts == [first], "a revert was sent again behind the queued first one"
+    recorder.queued = False
+    engine.tick()
+    assert recorder.reverts == [first, first]
 
 
 def test_a_revert_is_not_sent_again_to_a_device_a_later_rollout_moved_on(fleet):
