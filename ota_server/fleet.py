@@ -159,7 +159,8 @@ class FleetDB:
                   OR excluded.last_seen - devices.last_seen > 600""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
-              None if s.stale is None else int(s.stale), s.reported) for s in states])
+              None if s.stale is None else int(s.stale), s.reported)
+             for s in sorted(states, key=lambda s: s.device_id)])  # one lock order across replicas (set_targets)
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
                       slots: list[str]) -> None:
@@ -349,19 +350,23 @@ class FleetDB:
 
     def set_targets(self, updates: Sequence[TargetUpdate]) -> None:
         """Targets' new statuses from device events, in one transaction; a move backwards (a report that arrived
-        after a later one) is ignored (:attr:`TargetStatus.follows`)."""
+        after a later one) is ignored (:attr:`TargetStatus.follows`).
+
+        Rows are updated in (rollout, device) order, a device's own reports in the order they came: replicas
+        writing overlapping batches then take the rows' locks in one order and cannot deadlock each other.
+        """
         now = time.time()
-        by_status: dict[TargetStatus, list[TargetUpdate]] = {}
-        for u in updates:
-            by_status.setdefault(u.status, []).append(u)
-        with self.transaction():
-            for status, moves in by_status.items():
-                sources = tuple(s.value for s in status.follows)
-                marks = ",".join("?" * len(sources))
-                self.sql.execute_many(
-                    f"UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=? "
-                    f"AND status IN ({marks})",
-                    [(u.status.value, u.reason, now, u.rollout_id, u.device_id, *sources) for u in moves])
+        width = len(TargetStatus)
+        marks = ",".join("?" * width)
+
+        def sources(status: TargetStatus) -> tuple[str, ...]:
+            allowed = sorted(s.value for s in status.follows)
+            return (*allowed, *allowed[-1:] * (width - len(allowed)))  # one statement: pad the list with a repeat
+
+        self.sql.execute_many(
+            f"UPDATE targets SET status=?, reason=?, updated=? WHERE rollout_id=? AND device_id=? AND status IN ({marks})",
+            [(u.status.value, u.reason, now, u.rollout_id, u.device_id, *sources(u.status))
+             for u in sorted(updates, key=lambda u: (u.rollout_id, u.device_id))])
 
     def set_target(self, rollout_id: str, device_id: str, status: TargetStatus, reason: str | None = None) -> None:
         """One target's new status."""
