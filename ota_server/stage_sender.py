@@ -23,6 +23,9 @@ __all__ = ["StageSender"]
 
 #: How long a stage's archive is broadcast again while devices keep accepting.
 _MAX_BROADCAST_WAIT_S = 120.0
+#: How often a stage's broadcast looks at its targets' counts: each look is a count over the rollout's targets
+#: (6 ms at 10,000 devices on PostgreSQL; at 20 looks a second it was the database's largest cost).
+_BROADCAST_POLL_S = 0.25
 #: Device reports queued for writing above which re-sends wait (the reports may be the answers).
 _RESEND_BACKLOG = 100
 #: Messages not yet acknowledged by the broker above which re-sends wait: a few times paho's in-flight window of 64,
@@ -154,7 +157,7 @@ class StageSender:
         ask one by one)."""
         transfer_id, started = f"{rollout_id}-w{stage}", time.monotonic()
         accepted_before, last = -1, started
-        while not self._stopped.wait(0.05) and self.chunks.is_open(transfer_id):
+        while not self._stopped.wait(_BROADCAST_POLL_S) and self.chunks.is_open(transfer_id):
             counts = self.db.target_counts(rollout_id)
             waiting = counts.get((stage, TargetStatus.SENT), 0) + counts.get((stage, TargetStatus.PENDING), 0)
             accepted = sum(n for (s, status), n in counts.items() if s == stage and status not in
