@@ -46,6 +46,10 @@ _EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
 }
 
 
+#: While reports keep coming, a re-send round still runs every this many ``resend_s``.
+_ROUND_EVERY = 10
+
+
 class Dispatcher(Protocol):
     """What the engine asks the outside world to do (the OTA server implements it over MQTT)."""
 
@@ -87,6 +91,8 @@ class RolloutEngine:
         self._driving: set[str] = set()
         #: Rollout -> (its stage's unfinished targets, since when that count has not changed).
         self._progress: dict[str, tuple[int, float]] = {}
+        #: Rollout -> when this engine last looked for devices to send its command again.
+        self._last_round: dict[str, float] = {}
 
     @property
     def driving(self) -> frozenset[str]:
@@ -239,6 +245,7 @@ class RolloutEngine:
                                              f"no report in {policy.deploy_timeout_s:g} s")
         counts = self.db.target_counts(r.id)
         if self._stalled(r.id, counts, r.stage, now):
+            self._last_round[r.id] = now
             # A device that is downloading ignores a repeated command and one that committed reports it again, so a
             # report lost with a dead replica's queue costs a re-send, not a timeout.
             silent = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s)
@@ -268,16 +275,22 @@ class RolloutEngine:
             self._send_stage(r, r.stage + 1)
 
     def _stalled(self, rollout_id: str, counts: dict[tuple[int, TargetStatus], int], stage: int, now: float) -> bool:
-        """True once the stage's reports have stopped coming for ``resend_s``. While they come, the silent devices'
-        answers are most likely among those still on their way (a big stage takes a while to send and to answer),
-        and re-sending to them would only add to the queue."""
+        """True once the stage's reports have stopped coming for ``resend_s``, or ``_ROUND_EVERY`` times that has
+        passed since the last re-send round. While reports come, the silent devices' answers are most likely among
+        those still on their way (a big stage takes a while to send and to answer), and re-sending to them would
+        only add to the queue; but at 10,000 devices under faults reports trickle in for minutes, and commands lost
+        in a broker restart must not wait for the deploy timeout."""
         unfinished = sum(n for (s, status), n in counts.items() if s == stage and not status.terminal)
         seen = self._progress.get(rollout_id)
+        last_round = self._last_round.setdefault(rollout_id, now)
         # While commands wait in this server's outbox the devices have not even had them: silence starts once they
         # are out (at 10,000 devices, re-sends piled behind the first send and fed on themselves).
-        if seen is None or seen[0] != unfinished or self.dispatcher.busy():
+        if self.dispatcher.busy():
             self._progress[rollout_id] = (unfinished, now)
             return False
+        if seen is None or seen[0] != unfinished:
+            self._progress[rollout_id] = (unfinished, now)
+            return now - last_round >= _ROUND_EVERY * self.resend_s
         return now - seen[1] >= self.resend_s
 
     def _send_stage(self, r: RolloutRecord, stage: int) -> None:

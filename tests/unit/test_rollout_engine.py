@@ -116,6 +116,31 @@ def test_nothing_is_sent_again_while_the_first_send_is_still_queued(fleet):
     assert recorder.resent == recorder.stages[0][1]
 
 
+def test_a_device_whose_command_was_lost_gets_it_again_while_others_keep_reporting(fleet):
+    """At 10,000 devices under faults, reports trickled in for minutes: a command lost in a broker restart waited
+    for the deploy timeout, because re-sends waited for the reports to stop."""
+    db, clock, recorder, engine = fleet
+    for i in range(10, 30):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,), deploy_timeout_s=600))
+    engine.tick()
+    (_, devices), = recorder.stages
+    lost, reporting = devices[0], devices[1:]
+    resent_at, answered_before = None, []
+    for device in reporting:  # a commit every 2 s: the stage never goes a full resend_s without progress
+        clock.now += 2
+        _report(engine, rid, [device])
+        engine.tick()
+        if resent_at is None and recorder.resent:
+            resent_at = clock.now - 1_000_000.0
+        if resent_at is None:
+            answered_before.append(device)
+    assert resent_at is not None and resent_at <= 10 * engine.resend_s + 2, \
+        f"the silent device waited {resent_at} s while the others trickled in"
+    assert lost in recorder.resent and not set(answered_before) & set(recorder.resent), \
+        "the round re-sends to the devices that have not answered, and only to them"
+
+
 def _aborted_with_one_commit(engine, recorder):
     """A canary of two: the first commits, the second fails its health check, and the rollout aborts (40% allowed)."""
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
