@@ -204,6 +204,9 @@ class RolloutEngine:
             except Exception:
                 log.exception("rollout %s: engine step failed", summary.id)
         self._driving = driving
+        for gone in (set(self._progress) | set(self._last_round)) - driving:  # finished, or driven elsewhere now
+            self._progress.pop(gone, None)
+            self._last_round.pop(gone, None)
         self._finish_reverts(now)
 
     def _finish_reverts(self, now: float) -> None:
