@@ -52,8 +52,7 @@ class _Device:
         self.chunk_slots: set[str] = set()
         self.committed: str | None = slot
         self.seen: set[str] = set()
-        #: What this device installed, in order: [time, deployment id, version, "committed" | "rolled_back",
-        #: rollback command?]; the device's own history, which the checkers of benchmarks/chaos.py read.
+        #: What this device installed, in order: [time, deployment, version, outcome, rollback?] (chaos.py reads it).
         self.install_log: list[list[Any]] = []
         self.faults = DeviceFaults()
         self.transfers: dict[str, Transfer] = {}
@@ -85,6 +84,8 @@ class _Device:
             if any(code == 0x80 for code in codes):
                 raise SimulationError(f"the broker refused the subscriptions of {self.id}; check its ACL")
             await asyncio.wait_for(published, sim.connect_timeout)
+            if not client.connected:  # lost after the acknowledgements (a second broker restart): on_lost ignored it
+                raise OSError(f"{self.id}: the connection closed while connecting")
         except BaseException:
             client.abort()
             raise
@@ -359,8 +360,7 @@ class _Worker:
 
     async def connect_all(self) -> None:
         """Connect every device, paced at ``connect_rate`` per second when set."""
-        started = time.monotonic()
-        rate = self.config["connect_rate"]
+        started, rate = time.monotonic(), self.config["connect_rate"]
         tasks = []
         for i, device in enumerate(self.devices):
             tasks.append(asyncio.ensure_future(self.connect_with_retry(device)))
