@@ -55,12 +55,12 @@ class StageSender:
         self._signed: dict[tuple[str, int, bool], tuple[bytes, float, tuple[Any, ...]]] = {}
 
     def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
-                 archive: ArchiveInfo | None, broadcast: list[int] | None = None) -> bytes:
+                 archive: ArchiveInfo | None, broadcast: list[int] | None = None, reverts: str | None = None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
                             version=version, group=r.group, rollback=rollback, archive=archive,
                             offload_url=self.offload_url, broadcast=broadcast if archive is not None else None,
-                            ttl_s=self.command_ttl_s)
+                            ttl_s=self.command_ttl_s, reverts=reverts)
 
     def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> bytes:
         """The signed command of a stage: the same bytes for every device (re-signed after a take-over, and when
@@ -140,7 +140,8 @@ class StageSender:
         if f"{r.model}-{previous}" not in self.db.slots([target.device_id]).get(target.device_id, ()):
             info = self.chunks.open(f"{r.id}-rb", r.model, previous)  # the device pulls the old version's chunks
         # Nothing is broadcast for a revert: the device asks at once for what it does not hold.
-        envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info, broadcast=[])
+        envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info, broadcast=[],
+                                 reverts=r.version)
         self._publish(Topics.cmd(target.device_id), envelope)
         self.metrics.command_sent(1)
 

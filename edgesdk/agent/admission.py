@@ -4,7 +4,9 @@ A signature says who sent a command, not that it is new. A deployment this devic
 before is a replay: it is refused, unless its transfer is still running (the server re-sent it:
 nothing to do) or it is the version this device committed (its first report may have been lost,
 so ``committed`` is reported again). A version at or below the installed one of the same model
-is a downgrade, refused unless the command is a signed rollback. Both refusals are remembered,
+is a downgrade, refused unless the command is a signed rollback. The revert of an aborted rollout applies only
+while the device runs the version it undoes: one that arrives after a later rollout moved the device on is
+refused, or it would take the device back two steps. The refusals are remembered,
 so the same deployment is never weighed twice. A rollback brings no archive, so it needs the version in
 this device's store.
 """
@@ -37,15 +39,20 @@ class Admission:
 
 
 def not_newer(command: Command, current: tuple[str, str] | None) -> bool:
-    """True when ``command`` (not a rollback) would not move the ``current`` (name, version) forward. Checked when
-    the command arrives, and again when its download ends: another deployment may have installed meanwhile."""
-    return bool(current and current[0] == command.name and not command.rollback
-                and parse_version(current[1]) >= command.version_tuple)
+    """True when ``command`` would not move the ``current`` (name, version) forward: a deploy at or below it, or
+    the revert of a version this device no longer runs. Checked when the command arrives, and again when its
+    download ends: another deployment may have installed meanwhile."""
+    if not current or current[0] != command.name:
+        return False
+    if command.reverts is not None:
+        return current[1] != command.reverts
+    return not command.rollback and parse_version(current[1]) >= command.version_tuple
 
 
 def check_still_newer(command: Command, current: tuple[str, str] | None) -> None:
     """Raise ConflictError when a finished download would no longer move ``current`` forward: a newer deployment
-    installed while it downloaded (a straggler of an aborted rollout, say). A rollback is always let through."""
+    installed while it downloaded (a straggler of an aborted rollout, say). A rollback is let through, unless it
+    reverts a version the device has left."""
     if not_newer(command, current):
         assert current is not None
         raise ConflictError(f"superseded: {command.name} {current[1]} was installed while {command.version} "
@@ -65,6 +72,11 @@ def admit(command: Command, state: StoreState, current: tuple[str, str] | None, 
             return Admission(False, AgentEvent.COMMITTED, {"repeated": True})
         return Admission(False, AgentEvent.REJECTED,
                          {"reason": f"replayed command: deployment {command.deployment_id} was already handled"})
+    if not_newer(command, current) and command.reverts is not None:
+        assert current is not None
+        return Admission(False, AgentEvent.REJECTED, {
+            "reason": f"superseded: this revert undoes {command.name} {command.reverts}, and the device runs "
+                      f"{current[1]} (a later rollout moved it on)"}, remember=True)
     if not_newer(command, current):
         assert current is not None
         return Admission(False, AgentEvent.REJECTED, {

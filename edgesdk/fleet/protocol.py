@@ -255,6 +255,9 @@ class Command:
     #: The chunks the server will broadcast to the group (the ones some target lacks); None: all of them.
     #: A device asks for any other chunk it misses at once, rather than wait for a broadcast.
     broadcast: frozenset[int] | None = None
+    #: An aborted rollout's revert names the version it undoes; a device that runs another one (a later rollout
+    #: moved it on while the revert was on its way) refuses it. None: not a revert.
+    reverts: str | None = None
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
@@ -313,12 +316,13 @@ def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
 def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
                  group: str, rollback: bool = False, archive: ArchiveInfo | None = None,
                  offload_url: str | None = None, broadcast: Iterable[int] | None = None,
-                 ttl_s: float = COMMAND_TTL_S) -> bytes:
+                 ttl_s: float = COMMAND_TTL_S, reverts: str | None = None) -> bytes:
     """The signed envelope of a deploy or rollback command, ready to publish; devices refuse it after ``ttl_s``.
 
     ``offload_url`` is the KServe V2 endpoint devices may offload to; the command names it with
     this model and version, which the endpoint serves from the same repository. ``broadcast``
-    lists the archive's chunks the server will broadcast (None: all).
+    lists the archive's chunks the server will broadcast (None: all). ``reverts`` is the version an aborted
+    rollout's revert undoes.
     """
     body: dict[str, Any] = {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
                             "version": version, "group": group, "rollback": rollback, "issued_at": (now := time.time()),
@@ -327,6 +331,8 @@ def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id
         body["offload"] = {"url": _offload_url(offload_url), "model": name, "version": version}
     if broadcast is not None:
         body["broadcast"] = sorted(broadcast)
+    if reverts is not None:
+        body["reverts"] = reverts
     return _seal(private_key, body)
 
 
@@ -410,8 +416,10 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
                           version=m["version"], group=check_id(m["group"], "group"), rollback=bool(m["rollback"]),
                           issued_at=float(m["issued_at"]), archive=archive, raw=envelope,
                           offload=_parse_offload(m.get("offload"), m["name"], m["version"]),
-                          broadcast=_parse_broadcast(m.get("broadcast"), archive))
+                          broadcast=_parse_broadcast(m.get("broadcast"), archive), reverts=m.get("reverts"))
         parse_version(command.version)
+        if command.reverts is not None:
+            parse_version(command.reverts)
     except (KeyError, TypeError, ValueError) as exc:
         raise TransferError(f"command manifest is malformed: {exc}") from exc
     if command.type not in ("deploy", "rollback") or (command.type == "deploy" and archive is None):

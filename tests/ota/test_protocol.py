@@ -233,3 +233,30 @@ def test_a_stage_command_is_signed_again_once_half_its_validity_has_passed(keys)
     assert again != first
     manifest = json.loads(base64.b64decode(json.loads(again)["manifest"]))
     assert manifest["deployment_id"] == "r1" and manifest["expires_at"] - manifest["issued_at"] == pytest.approx(100)
+
+
+def test_a_revert_names_the_version_it_undoes(keys):
+    """The device refuses a revert of a version it has left (tests/unit/test_agent_parts.py), so the server's revert
+    must say which version it undoes; a stage command of a rollback rollout says none."""
+    import threading
+    from types import SimpleNamespace
+
+    from edgesdk.fleet.protocol import Command
+    from edgesdk.ota_server.stage_sender import StageSender
+
+    sent: list[tuple[str, bytes]] = []
+    db = SimpleNamespace(slots=lambda ids: {d: ("digits-1.0.0", "digits-5.0.0") for d in ids})
+    metrics = SimpleNamespace(command_sent=lambda n=1: None)
+    sender = StageSender(db, None, None, keys["server"], lambda t, p: sent.append((t, p)), metrics,  # type: ignore[arg-type]
+                         lambda: 0, lambda: 0, threading.Event())
+    aborted = SimpleNamespace(id="r5", rollback=False, model="digits", version="5.0.0", group="cams")
+    target = SimpleNamespace(device_id="cam0", previous_version="1.0.0")
+    sender.send_revert(aborted, target)  # type: ignore[arg-type]
+    (topic, envelope), = sent
+    revert = parse_command(envelope, keys["server_pub"])
+    assert isinstance(revert, Command) and topic == "edgesdk/devices/cam0/cmd"
+    assert (revert.deployment_id, revert.version, revert.rollback, revert.reverts) == ("r5-rollback", "1.0.0", True,
+                                                                                       "5.0.0")
+    rollback_stage = sender._stage_command(SimpleNamespace(id="r6", rollback=True, model="digits", version="1.0.0",
+                                                           group="cams"), 0, False, [])  # type: ignore[arg-type]
+    assert parse_command(rollback_stage, keys["server_pub"]).reverts is None  # type: ignore[union-attr]

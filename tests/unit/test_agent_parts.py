@@ -38,11 +38,11 @@ def keys(tmp_path_factory):
 
 
 def deploy(keys, version: str = "2.0.0", deployment: str = "d2", rollback: bool = False, size: int = 10_000,
-           broadcast: frozenset[int] | None = None) -> Command:
+           broadcast: frozenset[int] | None = None, reverts: str | None = None) -> Command:
     archive = ArchiveInfo.of(os.urandom(size), chunk_size=4096)
     envelope = sign_command(keys[0], type="rollback" if rollback else "deploy", deployment_id=deployment,
                             transfer_id=f"t-{deployment}", name="digits", version=version, group="cams",
-                            rollback=rollback, archive=archive, broadcast=broadcast)
+                            rollback=rollback, archive=archive, broadcast=broadcast, reverts=reverts)
     command = parse_command(envelope, keys[1])
     assert isinstance(command, Command)
     return command
@@ -97,6 +97,33 @@ def test_a_rollback_to_a_version_this_device_does_not_hold_fails_naming_it(keys)
                     resume=False, held=False)
     assert not verdict.proceed and verdict.remember and verdict.event == AgentEvent.FAILED
     assert verdict.details == {"reason": "rollback target digits-2.0.0 is not in this device's store"}
+
+
+def test_a_revert_that_arrives_after_a_later_rollout_moved_the_device_on_is_refused(keys):
+    """Seen in the 10,000-device chaos run: 5.0.0's revert to 2.0.0 reached devices that had installed 6.0.0 since,
+    and took 1,442 of them back two versions."""
+    revert = deploy(keys, version="2.0.0", deployment="r5-rollback", rollback=True, reverts="5.0.0")
+    assert revert.reverts == "5.0.0"
+    applies = admit(revert, StoreState(), ("digits", "5.0.0"), "digits-5.0.0", in_flight=False, resume=False,
+                    held=True)
+    assert applies.proceed
+    moved_on = admit(revert, StoreState(), ("digits", "6.0.0"), "digits-6.0.0", in_flight=False, resume=False,
+                     held=True)
+    assert not moved_on.proceed and moved_on.remember and moved_on.event == AgentEvent.REJECTED
+    assert moved_on.details == {"reason": "superseded: this revert undoes digits 5.0.0, and the device runs 6.0.0 "
+                                          "(a later rollout moved it on)"}
+    with pytest.raises(ConflictError, match="superseded"):  # its archive finished downloading after the move
+        check_still_newer(revert, ("digits", "6.0.0"))
+    check_still_newer(revert, ("digits", "5.0.0"))
+
+
+def test_a_malformed_reverts_field_is_refused(keys):
+    from edgesdk.errors import BundleError
+
+    envelope = sign_command(keys[0], type="rollback", deployment_id="r5-rollback", transfer_id="t", name="digits",
+                            version="2.0.0", group="cams", rollback=True, reverts="five")
+    with pytest.raises(BundleError, match="'five' must be dotted integers"):  # as a malformed version is
+        parse_command(envelope, keys[1])
 
 
 def test_another_models_version_is_no_downgrade(keys):
