@@ -126,11 +126,17 @@ def test_a_variant_that_fails_on_held_out_samples_is_not_shipped(digits_onnx, di
     assert static.accuracy_drop <= 0.2 < static.holdout_drop, (static.accuracy_drop, static.holdout_drop)
     assert static.rejected == (f"held-out drop {static.holdout_drop:.3g} > bound 0.2 (selection drop "
                                f"{static.accuracy_drop:.3g})",) and not static.chosen
+    # The next fastest variant that holds on the held-out samples ships. Which one that is depends on the installed
+    # quantizer's numbers: INT8 dynamic held until 2026-11-23's installs; on a fresh install of 2026-11-24 it
+    # drops 0.86 on the ten-fold inputs too, and FP16 (within noise of FP32, and smaller) ships.
+    dynamic = next(c for c in report.plan.candidates if c.name == "onnx-int8-dynamic")
+    expected = "onnx-int8-dynamic" if dynamic.holdout_drop <= 0.2 else "onnx-fp16"
+    rejected_first = "onnx-int8-static-minmax" + ("" if dynamic.holdout_drop <= 0.2 else ", onnx-int8-dynamic")
     chosen = report.plan.chosen
-    assert chosen.name == "onnx-int8-dynamic" and chosen.holdout_drop <= 0.2
-    assert "onnx-int8-static-minmax chosen first and rejected: held-out drop over the bound" in report.plan.reason
+    assert chosen.name == expected and chosen.holdout_drop <= 0.2
+    assert f"{rejected_first} chosen first and rejected: held-out drop over the bound" in report.plan.reason
     manifest = read_bundle(report.bundle.path).manifest
-    assert manifest.variant == "onnx-int8-dynamic"
+    assert manifest.variant == expected
     assert manifest.measured["accuracy"]["holdout_drop"] == chosen.holdout_drop
 
 
