@@ -72,13 +72,12 @@ def admit(command: Command, state: StoreState, current: tuple[str, str] | None, 
             return Admission(False, AgentEvent.COMMITTED, {"repeated": True})
         return Admission(False, AgentEvent.REJECTED,
                          {"reason": f"replayed command: deployment {command.deployment_id} was already handled"})
-    if not_newer(command, current) and command.reverts is not None:
-        assert current is not None
-        return Admission(False, AgentEvent.REJECTED, {
-            "reason": f"superseded: this revert undoes {command.name} {command.reverts}, and the device runs "
-                      f"{current[1]} (a later rollout moved it on)"}, remember=True)
     if not_newer(command, current):
         assert current is not None
+        if command.reverts is not None:
+            return Admission(False, AgentEvent.REJECTED, {
+                "reason": f"superseded: this revert undoes {command.name} {command.reverts}, and the device runs "
+                          f"{current[1]} (a later rollout moved it on)"}, remember=True)
         return Admission(False, AgentEvent.REJECTED, {
             "reason": f"refused downgrade: {command.name} {command.version} <= installed {current[1]}; only a signed "
                       "rollback may go back"}, remember=True)
