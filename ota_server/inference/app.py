@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError, InputError, NotFoundError
+from edgesdk.errors import EdgeSDKError, InputError
 from edgesdk.offload.v2_codec import BINARY_EXTENSION, HEADER_LENGTH, decode_request, encode_response
 
-from .batcher import QueueFullError
-from .metrics import UNKNOWN_MODEL, InferenceMetrics
-from .models import ModelRegistry, failure_reason
+from .metrics import InferenceMetrics
+from .models import LoadedModel, ModelRegistry
+from .request_path import BodyTooLargeError, http_status, model_for, run_request
 
-__all__ = ["create_inference_app", "BodyTooLargeError", "SERVER_NAME"]
+__all__ = ["create_inference_app", "SERVER_NAME"]
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +35,6 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "edgesdk"
 #: Bodies up to this size are decoded on the event loop; larger ones in a worker thread.
 _INLINE_DECODE_BYTES = 64 * 1024
-
-
-class BodyTooLargeError(EdgeSDKError):
-    """A request body is over the endpoint's ``max_body_bytes``; answered with 413."""
-
-
-def _status(exc: BaseException) -> int:
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, BodyTooLargeError):
-        return 413
-    if isinstance(exc, QueueFullError):
-        return 503
-    if isinstance(exc, EdgeSDKError):
-        return 400
-    return 500
 
 
 def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> Any:
@@ -112,61 +95,52 @@ def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> 
             return error(503, f"the model repository {registry.repository.root} is not there")
         return JSONResponse({"ready": True})
 
-    async def model_for(request: Request) -> Any:
-        name, version = request.path_params["name"], request.path_params.get("version")
-        resolved = registry.resolve(name, version)
-        return registry.cached(name, resolved) or await asyncio.to_thread(registry.load, name, resolved)
+    async def named_model(request: Request) -> LoadedModel:
+        return await model_for(registry, request.path_params["name"], request.path_params.get("version"))
 
     async def model_metadata(request: Request) -> JSONResponse:
         try:
-            model = await model_for(request)
+            model = await named_model(request)
             return JSONResponse(model.metadata(registry.versions(model.name)))
         except EdgeSDKError as exc:
-            return error(_status(exc), str(exc))
+            return error(http_status(exc), str(exc))
 
     async def model_ready(request: Request) -> JSONResponse:
         try:
-            model = await model_for(request)
+            model = await named_model(request)
         except EdgeSDKError as exc:
-            return error(_status(exc), str(exc))
+            return error(http_status(exc), str(exc))
         return JSONResponse({"name": model.name, "version": model.version, "ready": True})
 
     async def infer(request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            model = await model_for(request)
-        except EdgeSDKError as exc:
-            metrics.requests.labels(UNKNOWN_MODEL, "").inc()
-            metrics.failures.labels(UNKNOWN_MODEL, "", failure_reason(exc)).inc()
-            return error(_status(exc), str(exc))
-        counted = model.metrics
-        counted.requests.inc()
-        try:
+        decoded: Any = None
+
+        async def decode(model: LoadedModel) -> tuple[dict[str, Any], list[str]]:
+            nonlocal decoded
             body = await read_body(request)
             length = header_length(request)
             if len(body) > _INLINE_DECODE_BYTES:
                 decoded = await asyncio.to_thread(decode_request, body, length)
             else:
                 decoded = decode_request(body, length)
-            outputs = await model.infer(decoded.inputs)
-            names = [o.name for o in decoded.outputs] or list(outputs)
-            unknown = [n for n in names if n not in outputs]
-            if unknown:
-                raise InputError(f"model {model.name} {model.version} has no outputs {unknown}; it has {list(outputs)}")
-            selected = {n: outputs[n] for n in names}
-            content, headers = encode_response(model.name, model.version, selected,
-                                               binary={n for n in names if decoded.wants_binary(n)},
+            return decoded.inputs, [o.name for o in decoded.outputs]
+
+        def respond(model: LoadedModel, outputs: dict[str, Any]) -> Response:
+            content, headers = encode_response(model.name, model.version, outputs,
+                                               binary={n for n in outputs if decoded.wants_binary(n)},
                                                request_id=decoded.id)
             return Response(content, headers=headers)
+
+        try:
+            response: Response = await run_request(registry, metrics, request.path_params["name"],
+                                                   request.path_params.get("version"), decode, respond)
+            return response
         except Exception as exc:
-            counted.failed(failure_reason(exc))
-            status = _status(exc)
+            status = http_status(exc)
             if status == 500:
-                log.exception("inference request to %s %s failed", model.name, model.version)
+                log.exception("inference request to %s failed", request.url.path)
                 return error(500, f"internal error: {type(exc).__name__}: {exc}")
             return error(status, str(exc))
-        finally:
-            counted.request_seconds.observe(time.perf_counter() - started)
 
     async def prometheus(request: Request) -> Response:
         content, content_type = metrics.exposition()

@@ -1,0 +1,81 @@
+"""One inference request, whatever carried it: resolve the model, decode, run, select outputs, count.
+
+The HTTP routes (:mod:`.app`) and the gRPC service share this path, so both answer from the
+same registry, batcher and metrics, and fail for the same reasons. A transport supplies two
+callables: ``decode(model)`` turns its request into inputs and the output names asked for (an
+empty list asks for all), and ``respond(model, outputs)`` builds its answer. Errors propagate
+after they are counted; the transport maps them to its own status (:func:`http_status`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError, InputError, NotFoundError
+
+from .batcher import QueueFullError
+from .metrics import UNKNOWN_MODEL, InferenceMetrics
+from .models import LoadedModel, ModelRegistry, failure_reason
+
+__all__ = ["BodyTooLargeError", "http_status", "model_for", "run_request"]
+
+T = TypeVar("T")
+Decoded = tuple[dict[str, np.ndarray], Sequence[str]]
+
+
+class BodyTooLargeError(EdgeSDKError):
+    """A request body is over the endpoint's ``max_body_bytes``; answered with 413 (gRPC: RESOURCE_EXHAUSTED)."""
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status of a failed request: 404 unknown model or version, 413, 503 queue full, 400, else 500."""
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, BodyTooLargeError):
+        return 413
+    if isinstance(exc, QueueFullError):
+        return 503
+    if isinstance(exc, EdgeSDKError):
+        return 400
+    return 500
+
+
+async def model_for(registry: ModelRegistry, name: str, version: str | None) -> LoadedModel:
+    """The loaded model a request names: a dictionary hit once its session is cached, else loaded off the loop."""
+    import asyncio
+
+    resolved = registry.resolve(name, version)
+    return registry.cached(name, resolved) or await asyncio.to_thread(registry.load, name, resolved)
+
+
+async def run_request(registry: ModelRegistry, metrics: InferenceMetrics, name: str, version: str | None,
+                      decode: Callable[[LoadedModel], Awaitable[Decoded]],
+                      respond: Callable[[LoadedModel, dict[str, np.ndarray]], T]) -> T:
+    """Serve one infer request through ``decode`` and ``respond``; every failure is counted, then raised."""
+    started = time.perf_counter()
+    try:
+        model = await model_for(registry, name, version)
+    except EdgeSDKError as exc:
+        metrics.requests.labels(UNKNOWN_MODEL, "").inc()
+        metrics.failures.labels(UNKNOWN_MODEL, "", failure_reason(exc)).inc()
+        raise
+    counted = model.metrics
+    counted.requests.inc()
+    try:
+        inputs, wanted = await decode(model)
+        outputs = await model.infer(inputs)
+        names = list(wanted) or list(outputs)
+        unknown = [n for n in names if n not in outputs]
+        if unknown:
+            raise InputError(f"model {model.name} {model.version} has no outputs {unknown}; it has {list(outputs)}")
+        return respond(model, {n: outputs[n] for n in names})
+    except Exception as exc:
+        counted.failed(failure_reason(exc))
+        raise
+    finally:
+        counted.request_seconds.observe(time.perf_counter() - started)
+
