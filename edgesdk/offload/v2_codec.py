@@ -210,8 +210,12 @@ def _shape(entry: dict[str, Any], name: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _tensors(entries: Any, rest: memoryview, what: str) -> dict[str, np.ndarray]:
-    """Decode a list of V2 tensor entries, taking binary data from ``rest`` in order."""
+def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str, np.ndarray]:
+    """Decode a list of V2 tensor entries, taking binary data from ``rest`` in order.
+
+    ``copy`` False leaves binary tensors as read-only views of the body (the server's requests:
+    no copy before ONNX Runtime); True gives the caller arrays of its own (the client's outputs).
+    """
     if not isinstance(entries, list):
         raise InputError(f"{what} must be a list of tensors, got {type(entries).__name__}")
     tensors: dict[str, np.ndarray] = {}
@@ -235,7 +239,8 @@ def _tensors(entries: Any, rest: memoryview, what: str) -> dict[str, np.ndarray]
             if offset + size > len(rest):
                 raise InputError(f"tensor {name!r}: the body ends {offset + size - len(rest)} bytes short of its "
                                  f"binary data ({size} bytes); the body was truncated")
-            tensors[name] = np.frombuffer(rest[offset:offset + size], dtype=dtype).reshape(shape).copy()
+            view = np.frombuffer(rest[offset:offset + size], dtype=dtype).reshape(shape)
+            tensors[name] = view.copy() if copy else view
             offset += size
             continue
         if "data" not in entry:
@@ -255,9 +260,12 @@ def _tensors(entries: Any, rest: memoryview, what: str) -> dict[str, np.ndarray]
 
 
 def decode_request(body: bytes, header_length: int | None) -> InferRequest:
-    """Decode an inference request body; ``header_length`` is the ``Inference-Header-Content-Length`` (or None)."""
+    """Decode an inference request body; ``header_length`` is the ``Inference-Header-Content-Length`` (or None).
+
+    Binary input tensors are read-only views of ``body``.
+    """
     header, rest = _split(body, header_length)
-    inputs = _tensors(header.get("inputs"), rest, "inputs")
+    inputs = _tensors(header.get("inputs"), rest, "inputs", copy=False)
     if not inputs:
         raise InputError("the request has no inputs; send at least one tensor in 'inputs'")
     params = header.get("parameters") or {}
@@ -279,7 +287,7 @@ def decode_response(body: bytes, header_length: int | None) -> InferResponse:
     header, rest = _split(body, header_length)
     if not isinstance(header.get("model_name"), str):
         raise InputError(f"the response has no model_name; not a KServe V2 inference response: {header!r:.200}")
-    outputs = _tensors(header.get("outputs"), rest, "outputs")
+    outputs = _tensors(header.get("outputs"), rest, "outputs", copy=True)
     version = header.get("model_version")
     response_id = header.get("id")
     return InferResponse(header["model_name"], None if version is None else str(version),

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: ``name`` in ``GET /v2``.
 SERVER_NAME = "edgesdk"
-#: Bodies up to this size are decoded on the event loop; larger ones in a worker thread.
+#: JSON parts up to this size are decoded on the event loop; larger ones in a worker thread.
 _INLINE_DECODE_BYTES = 64 * 1024
 
 
@@ -119,7 +119,8 @@ def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> 
             nonlocal decoded
             body = await read_body(request)
             length = header_length(request)
-            if len(body) > _INLINE_DECODE_BYTES:
+            # JSON over this size is decoded off the loop; binary tensors are views, so only their header counts.
+            if (length if length is not None else len(body)) > _INLINE_DECODE_BYTES:
                 decoded = await asyncio.to_thread(decode_request, body, length)
             else:
                 decoded = decode_request(body, length)

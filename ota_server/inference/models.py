@@ -9,6 +9,7 @@ without a restart). Sessions are kept per (name, version), the least recently us
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +24,7 @@ from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.runtime.tensors import TensorSpec
 
 from .batcher import Batcher, BatcherClosedError, QueueFullError
-from .config import BatchingConfig, InferenceConfig
+from .config import BatchingConfig, InferenceConfig, ServedModel
 from .metrics import InferenceMetrics, ModelMetrics
 
 __all__ = ["LoadedModel", "ModelRegistry", "PLATFORM"]
@@ -142,28 +143,53 @@ class ModelRegistry:
         self._loaded: OrderedDict[tuple[str, str], LoadedModel] = OrderedDict()
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
+        self._versions: dict[str, tuple[int, list[str]]] = {}
+        self._served: dict[str, ServedModel] = {}
 
     def names(self) -> list[str]:
         """The models this endpoint serves that have a stored version."""
-        return [n for n in self.repository.models() if self.config.served(n) is not None]
+        return [n for n in self.repository.models() if self.served(n) is not None]
 
     def versions(self, name: str) -> list[str]:
-        """The stored versions of a served model, oldest first; NotFoundError when it is not served or stored."""
-        served = self.config.served(name)
+        """The stored versions of a served model, oldest first; NotFoundError when it is not served or stored.
+
+        Listed again only when the model's folder changed (one ``stat``): a pushed version lands by
+        an atomic rename into that folder, which moves its mtime, so it is served on the next request.
+        """
+        served = self.served(name)
         if served is None:
             raise NotFoundError(f"model {name!r} is not served by this endpoint; served: {self.names()}")
         try:
-            versions = self.repository.versions(name)
-        except BundleError:
-            versions = []  # a name that could not be a directory is simply not there
+            changed = os.stat(self.repository.root / name).st_mtime_ns
+        except OSError:
+            changed = None
+        cached = self._versions.get(name)
+        if cached is not None and changed is not None and cached[0] == changed:
+            versions = cached[1]
+        else:
+            try:
+                versions = self.repository.versions(name)
+            except BundleError:
+                versions = []  # a name that could not be a directory is simply not there
+            if changed is not None:
+                self._versions[name] = (changed, versions)
         if not versions:
             raise NotFoundError(f"model {name!r} is not in the repository; served: {self.names()}")
         return versions
 
+    def served(self, name: str) -> ServedModel | None:
+        """The configuration of model ``name`` (:meth:`InferenceConfig.served`, kept per name)."""
+        served = self._served.get(name)
+        if served is None:
+            served = self.config.served(name)
+            if served is not None:  # unknown names are not kept: a client must not grow this dict
+                self._served[name] = served
+        return served
+
     def resolve(self, name: str, version: str | None) -> str:
         """The version a request runs: ``version`` if stored, else the configured pin, else the newest."""
         versions = self.versions(name)
-        served = self.config.served(name)
+        served = self.served(name)
         wanted = version if version is not None else served.version if served is not None else None
         if wanted is None:
             return versions[-1]
@@ -219,7 +245,7 @@ class ModelRegistry:
             session = ort.InferenceSession(content, options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime's own error types
             raise ModelFormatError(f"model {name} {version}: ONNX Runtime cannot load it ({exc})") from None
-        served = self.config.served(name)
+        served = self.served(name)
         batching = served.batching if served is not None else self.config.default_batching
         return LoadedModel(name, version, session, batching, self.metrics.model(name, version))
 
