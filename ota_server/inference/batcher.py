@@ -5,12 +5,20 @@ kind (same input names, dtypes and non-batch dims) until their rows add up to
 ``preferred_batch_size`` or the oldest has waited ``max_queue_delay_us``; it runs the
 concatenation once and hands each request its rows of every output. At most ``max_queue``
 requests wait; one more is refused at once with :class:`QueueFullError` (HTTP 503).
+
+With ``adaptive_queue_delay`` (the default) the batcher waits for more rows only while
+requests arrive faster than the batch in hand would finish: the average gap between arrivals
+(the median of the last few, so the pause while a batch runs does not count as a slow arrival)
+must be shorter than the average compute time of that many rows. A lone client, whose next
+request comes only after its answer, then never waits; a crowd fills the batch. Until both
+averages exist (the first requests) it waits as configured.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import statistics
 import threading
 import time
 from collections import deque
@@ -30,6 +38,12 @@ __all__ = ["Batcher", "QueueFullError", "BatcherClosedError"]
 Outputs = dict[str, np.ndarray]
 RunFn = Callable[[dict[str, np.ndarray]], Outputs]
 _solo = itertools.count()
+#: Weight of the newest sample in the average compute time per row.
+_EWMA = 0.2
+#: Arrival gaps kept for their median.
+_GAPS = 8
+#: An awaited arrival that has not come within this many average gaps ends the wait.
+_GAP_PATIENCE = 2.0
 
 
 class QueueFullError(EdgeSDKError):
@@ -69,6 +83,9 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._paused = 0
+        self._last_arrival: float | None = None
+        self._gaps: deque[float] = deque(maxlen=_GAPS)  # seconds between the latest submits
+        self._row_seconds: float | None = None  # compute seconds per row, averaged
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
 
@@ -93,7 +110,11 @@ class Batcher:
             if len(self._queue) >= self.config.max_queue:
                 raise QueueFullError(f"the queue holds {len(self._queue)} requests, its max_queue; retry later, or "
                                      "raise max_queue in the inference config")
-            self._queue.append(_Pending(inputs, rows, key, future, time.perf_counter()))
+            now = time.perf_counter()
+            if self._last_arrival is not None:
+                self._gaps.append(now - self._last_arrival)
+            self._last_arrival = now
+            self._queue.append(_Pending(inputs, rows, key, future, now))
             self._gauge()
             self._cond.notify_all()
         return future
@@ -137,14 +158,29 @@ class Batcher:
                 if item.key == first.key and (not batch or rows + item.rows <= self.config.preferred_batch_size):
                     batch.append(item)
                     rows += item.rows
-            remaining = deadline - time.perf_counter()
-            if rows >= self.config.preferred_batch_size or remaining <= 0 or self._closed:
+            now = time.perf_counter()
+            if rows >= self.config.preferred_batch_size or now >= deadline or self._closed:
                 break
-            self._cond.wait(remaining)
+            patience = self._patience(rows)
+            if patience is not None and patience <= 0:
+                break
+            queued = len(self._queue)
+            self._cond.wait(deadline - now if patience is None else min(deadline - now, patience))
+            if patience is not None and len(self._queue) == queued:
+                break  # the arrival we waited for did not come: the crowd has thinned
         for item in batch:
             self._queue.remove(item)
         self._gauge()
         return batch
+
+    def _patience(self, rows: int) -> float | None:
+        """How long to wait for the next arrival: None waits as configured, 0 or less runs the batch now."""
+        if not self.config.adaptive_queue_delay or not self._gaps or self._row_seconds is None:
+            return None
+        gap = statistics.median(self._gaps)
+        if gap >= self._row_seconds * rows:
+            return 0.0
+        return _GAP_PATIENCE * gap
 
     def _loop(self) -> None:
         while True:
@@ -166,8 +202,11 @@ class Batcher:
             else:
                 inputs = {name: np.concatenate([item.inputs[name] for item in batch]) for name in batch[0].inputs}
             outputs = self._run(inputs)
+            elapsed = time.perf_counter() - started
+            with self._cond:
+                self._row_seconds = _average(self._row_seconds, elapsed / rows)
             if self._metrics is not None:
-                self._metrics.compute_seconds.observe(time.perf_counter() - started)
+                self._metrics.compute_seconds.observe(elapsed)
                 self._metrics.batch_size.observe(rows)
             if len(batch) == 1:
                 batch[0].future.set_result(outputs)
@@ -184,3 +223,7 @@ class Batcher:
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(exc)
+
+
+def _average(mean: float | None, sample: float) -> float:
+    return sample if mean is None else mean + _EWMA * (sample - mean)

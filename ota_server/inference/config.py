@@ -8,6 +8,7 @@ Frozen dataclasses checked when built, and :func:`load_inference_config`, which 
         version: 1.2.0              # optional: pin this version (default: the newest, re-resolved per request)
         preferred_batch_size: 8     # optional batching settings, as BatchingConfig
         max_queue_delay_us: 500
+        adaptive_queue_delay: true  # wait only while requests arrive faster than a batch finishes
         max_queue: 64
         batching: true
 """
@@ -36,19 +37,23 @@ class BatchingConfig:
     The batcher runs one ONNX Runtime call once the queued requests add up to
     ``preferred_batch_size`` rows or the oldest has waited ``max_queue_delay_us``; at most
     ``max_queue`` requests wait (or, with batching off, run) at once, the next one gets 503.
+    ``adaptive_queue_delay`` waits only while requests arrive faster than the batch in hand
+    would finish (``max_queue_delay_us`` stays the cap), so a lone client is not delayed.
     """
 
     preferred_batch_size: int = 8
     max_queue_delay_us: int = 500
     max_queue: int = 64
     enabled: bool = True
+    adaptive_queue_delay: bool = True
 
     def __post_init__(self) -> None:
         _positive("BatchingConfig", "preferred_batch_size", self.preferred_batch_size)
         _positive("BatchingConfig", "max_queue_delay_us", self.max_queue_delay_us, minimum=0)
         _positive("BatchingConfig", "max_queue", self.max_queue)
-        if not isinstance(self.enabled, bool):
-            raise InputError(f"BatchingConfig.enabled is {self.enabled!r}; it must be true or false")
+        for flag in ("enabled", "adaptive_queue_delay"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InputError(f"BatchingConfig.{flag} is {getattr(self, flag)!r}; it must be true or false")
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ def load_inference_config(path: str | os.PathLike[str]) -> tuple[ServedModel, ..
         unknown = sorted(set(entry) - _MODEL_KEYS)
         if unknown:
             raise InputError(f"{where} has unknown keys {unknown}; use {sorted(_MODEL_KEYS)}")
-        batching = {k: entry[k] for k in ("preferred_batch_size", "max_queue_delay_us", "max_queue") if k in entry}
+        batching = {k: entry[k] for k in ("preferred_batch_size", "max_queue_delay_us", "max_queue",
+                                          "adaptive_queue_delay") if k in entry}
         if "batching" in entry:
             batching["enabled"] = entry["batching"]
         version = entry.get("version")

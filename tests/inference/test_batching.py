@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from edgesdk.errors import InputError
 from edgesdk.offload.v2_codec import HEADER_LENGTH, decode_response, encode_request
 from edgesdk.ota_server.inference import BatchingConfig, ServedModel
 from edgesdk.ota_server.inference.batcher import Batcher, QueueFullError
@@ -161,3 +162,71 @@ def test_metrics_parse_and_count_per_model_and_version(serve, repo, bundles):
     assert failures == {("mlp", "bad_request"): 1.0, ("_unknown", "not_found"): 1.0}
     assert sample(endpoint, "edgesdk_inference_request_seconds", "_count") == 2
     assert json.loads(request(f"{endpoint.url}/v2/health/ready")[2]) == {"ready": True}
+
+
+class SlowRecorder(Recorder):
+    """A Recorder whose every call takes ``seconds`` (a model with real compute time)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def __call__(self, inputs):
+        time.sleep(self.seconds)
+        return super().__call__(inputs)
+
+
+def test_adaptive_delay_does_not_hold_a_lone_clients_requests():
+    # The configured delay is 3 s. Only the first request, before any arrival gap or compute time
+    # is known, waits it; a lone client's later requests arrive one gap (> a batch's compute) apart,
+    # so each runs at once. The 1.5 s bound is the behaviour (no wait), not a performance figure.
+    recorder = SlowRecorder(0.002)
+    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=8, max_queue_delay_us=3_000_000))
+    try:
+        batcher.submit({"x": np.ones((1, 2), np.float32)}).result(timeout=10)
+        for _ in range(5):
+            started = time.perf_counter()
+            batcher.submit({"x": np.ones((1, 2), np.float32)}).result(timeout=10)
+            assert time.perf_counter() - started < 1.5, "a lone client's request waited for the queue delay"
+    finally:
+        batcher.close()
+    assert recorder.calls == [(1, 2)] * 6
+
+
+def test_adaptive_delay_still_fills_batches_for_a_crowd():
+    # Eight closed-loop clients against 20 ms of compute, client i sending i ms after its answer:
+    # each round's requests arrive 1 ms apart, far faster than a batch finishes, so the batcher
+    # waits for them. Running whatever is queued instead would alternate batches of 1 and 7
+    # (20 calls or more).
+    recorder = SlowRecorder(0.02)
+    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=8, max_queue_delay_us=200_000))
+
+    def client(i: int) -> None:
+        for _ in range(10):
+            time.sleep(0.001 * i)
+            batcher.submit({"x": np.ones((1, 2), np.float32)}).result(timeout=30)
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(client, range(8)))
+    finally:
+        batcher.close()
+    sizes = [shape[0] for shape in recorder.calls]
+    assert sum(sizes) == 80
+    assert len(sizes) <= 14, f"the crowd's 80 requests ran in {len(sizes)} calls: {sizes}"
+
+
+def test_adaptive_delay_is_a_setting_and_off_waits_as_configured():
+    assert BatchingConfig().adaptive_queue_delay is True
+    with pytest.raises(InputError, match="adaptive_queue_delay is 'yes'"):
+        BatchingConfig(adaptive_queue_delay="yes")  # type: ignore[arg-type]
+    recorder = SlowRecorder(0.0)
+    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=2, max_queue_delay_us=300_000,
+                                               adaptive_queue_delay=False))
+    try:
+        for _ in range(3):  # with averages known, off still waits the whole delay for a second row
+            started = time.perf_counter()
+            batcher.submit({"x": np.ones((1, 2), np.float32)}).result(timeout=10)
+            assert time.perf_counter() - started >= 0.3
+    finally:
+        batcher.close()
