@@ -229,9 +229,8 @@ def test_both_sides_full_is_refused_at_once_and_nothing_is_lost(local, cloud, fr
     _check([to_cloud, running, waiting], frames)
 
 
-def test_a_failed_cloud_request_runs_locally_ahead_of_the_waiting_ones_even_with_the_queue_full(local, cloud, frames,
-                                                                                               clock, dispatchers):
-    """The documented choice: a request admitted to the cloud is never refused later; its fallback may exceed the bound."""
+def test_a_failed_cloud_request_is_refused_when_the_local_queue_is_full(local, cloud, frames, clock, dispatchers):
+    """The local bound holds for fallbacks too: at the bound a failed cloud request ends in OverloadedError."""
     gated = GatedModel(local)
     dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=2, max_cloud_inflight=1), clock)
     cloud.mode = "kill"
@@ -241,6 +240,24 @@ def test_a_failed_cloud_request_runs_locally_ahead_of_the_waiting_ones_even_with
     assert gated.entered.acquire(timeout=30)
     waiting = dispatcher.submit(frames[0][2])  # the local queue is now at its bound (2/2)
     cloud.release.set()  # the cloud drops the held request: it comes back to the full local queue
+    with pytest.raises(OverloadedError, match=r"the cloud failed .* local queue is full \(2/2\)"):
+        to_cloud.result(timeout=30)
+    gated.gate.set()
+    _check([running, waiting], frames, indexes=[1, 2])
+    stats = dispatcher.snapshot(local.stats())
+    assert (stats.fallbacks, stats.refused, len(gated.calls)) == (0, 1, 2)
+
+
+def test_a_failed_cloud_request_runs_locally_ahead_of_the_waiting_ones(local, cloud, frames, clock, dispatchers):
+    gated = GatedModel(local)
+    dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=3, max_cloud_inflight=1), clock)
+    cloud.mode = "kill"
+    to_cloud = dispatcher.submit(frames[0][0])
+    cloud.wait_held(1)
+    running = dispatcher.submit(frames[0][1])
+    assert gated.entered.acquire(timeout=30)
+    waiting = dispatcher.submit(frames[0][2])  # 2/3: room for the fallback
+    cloud.release.set()
     wait_until(lambda: dispatcher.snapshot(local.stats()).fallbacks == 1, what="the fallback")
     gated.gate.set()
     _check([to_cloud, running, waiting], frames)
