@@ -197,14 +197,14 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
 
 
 # tritonclient ----------------------------------------------------------------------------------------
-def triton_infer(url: str, model: str, output: str) -> Callable[[np.ndarray, bool], Any]:
-    """A function sending one tensor to ``model`` with tritonclient (one client per caller)."""
+def triton_infer(url: str, model: str, output: str, input_name: str = "x") -> Callable[[np.ndarray, bool], Any]:
+    """A function sending one tensor (``input_name``) to ``model`` with tritonclient (one client per caller)."""
     import tritonclient.http as triton
 
     client = triton.InferenceServerClient(url.removeprefix("http://"), connection_timeout=30.0, network_timeout=30.0)
 
     def call(x: np.ndarray, binary: bool) -> Any:
-        tensor = triton.InferInput("x", list(x.shape), "FP32")
+        tensor = triton.InferInput(input_name, list(x.shape), "FP32")
         tensor.set_data_from_numpy(x, binary_data=binary)
         result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput(output, binary_data=binary)])
         return result.as_numpy(output)
@@ -213,7 +213,7 @@ def triton_infer(url: str, model: str, output: str) -> Callable[[np.ndarray, boo
 
 
 def triton_throughput(url: str, model: str, output: str, x: np.ndarray, clients: int, seconds: float,
-                      max_requests: int) -> dict[str, Any]:
+                      max_requests: int, input_name: str = "x") -> dict[str, Any]:
     """``clients`` threads, each a closed loop of binary requests, for ``seconds`` or ``max_requests`` in all.
 
     Each thread makes and warms up its own client (tritonclient's gevent-based HTTP client may not cross threads).
@@ -226,7 +226,7 @@ def triton_throughput(url: str, model: str, output: str, x: np.ndarray, clients:
     window: dict[str, float] = {}
 
     def loop(i: int) -> None:
-        call = triton_infer(url, model, output)
+        call = triton_infer(url, model, output, input_name)
         call(x, True)
         ready.wait()
         while time.perf_counter() < window["stop"] and done[i] < per_client:
@@ -242,10 +242,12 @@ def triton_throughput(url: str, model: str, output: str, x: np.ndarray, clients:
         t.start()
     window["stop"] = time.perf_counter() + 60 + seconds  # until every client is ready
     ready.wait(60)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     window["stop"] = started + seconds
     for t in threads:
         t.join(seconds + 60)
     elapsed = time.perf_counter() - started
+    # The clients' own CPU (this process) per second: near 1.0 on one CPU means the clients, not the server, set the pace.
+    client_cpu = (time.process_time() - cpu_started) / elapsed
     return {"requests": sum(done), "failed": sum(failed), "seconds": elapsed, "throughput_rps": sum(done) / elapsed,
-            "errors": sorted(set(errors))[:3]}
+            "client_cpu_per_s": round(client_cpu, 3), "errors": sorted(set(errors))[:3]}

