@@ -117,10 +117,10 @@ def k_fold_model(model_path: Path, k: int, out: Path) -> Path:
             constant = f"copy{copy}/{name}/nudge"
             extra.append(numpy_helper.from_array(np.array(1e-38 * (copy + 1), np.float32), constant))
             nodes.append(helper.make_node("Add", [name, constant], [rename(name)]))
-        for node in graph.node:
+        for number, node in enumerate(graph.node):
             clone = onnx.NodeProto()
             clone.CopyFrom(node)
-            clone.name = f"copy{copy}/{node.name}"
+            clone.name = f"copy{copy}/{number}/{node.name}"
             clone.input[:] = [rename(n) for n in node.input]
             clone.output[:] = [rename(n) for n in node.output]
             nodes.append(clone)
