@@ -90,8 +90,44 @@ def test_predictor_multiplies_service_time_by_the_queue_ahead_plus_what_is_left_
     assert predictor.predict_s(2) == pytest.approx(0.030 + 0.006)
     clock.now += 0.016  # overran its estimate: nothing left of it is counted
     assert predictor.predict_s(0) == pytest.approx(0.010)
-    predictor.end()  # 20 ms: the average moves halfway
-    assert predictor.service_s == pytest.approx(0.015)
+    predictor.end()  # 20 ms, back to back: the first sample of that kind; the one after idle stays apart
+    assert predictor.service_s == pytest.approx(0.020)
+    assert predictor.idle_service_s == pytest.approx(0.010)
+
+
+def run(predictor, clock, seconds: float, idle_before: float = 0.0) -> None:
+    clock.now += idle_before
+    predictor.begin()
+    clock.now += seconds
+    predictor.end()
+
+
+def test_queued_requests_are_predicted_at_the_back_to_back_time_not_the_slower_one_after_idle():
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.5, clock)
+    run(predictor, clock, 0.064, idle_before=1.0)  # cold: 64 ms
+    for _ in range(6):
+        run(predictor, clock, 0.049)  # back to back: 49 ms each, no spread
+    assert predictor.idle_service_s == pytest.approx(0.064)
+    assert predictor.service_s == pytest.approx(0.049, rel=0.02)
+    clock.now += 1.0  # the worker idles: a lone request will start cold
+    assert predictor.predict_s(0) == pytest.approx(0.064, rel=0.02)
+    # Three queued behind a cold first run: 64 + 3 x 49 (counting each at 64 would say 256 ms).
+    assert predictor.predict_s(3) == pytest.approx(0.064 + 3 * 0.049, rel=0.02)
+
+
+def test_the_margin_grows_with_the_spread_of_runs_and_the_runs_counted():
+    clock = FakeClock()
+    steady, spread = LatencyPredictor(0.5, clock), LatencyPredictor(0.5, clock)
+    for took in (0.050, 0.050, 0.050, 0.050):
+        steady.observe(took)
+    for took in (0.040, 0.060, 0.040, 0.060):
+        spread.observe(took)
+    assert steady.predict_s(3) == pytest.approx(4 * 0.050)
+    margin_1 = spread.predict_s(0) - spread.service_s
+    margin_4 = spread.predict_s(3) - 4 * spread.service_s
+    assert margin_1 > 0.01  # two deviations of about 15 ms
+    assert margin_4 == pytest.approx(2 * margin_1)  # sqrt(4) runs
 
 
 def test_predictor_ignores_failed_runs_and_takes_outside_samples():
