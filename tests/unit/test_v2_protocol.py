@@ -123,3 +123,21 @@ def test_unknown_dtypes_are_named():
 ])
 def test_error_messages_of_every_server_style(body, expected):
     assert error_message(body, 502) == expected
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "standard-library"])
+def test_json_tensors_decode_with_and_without_orjson_nan_included(monkeypatch, fast):
+    # The server has orjson (the [server] extra); a device has only the standard library. Both read the same
+    # bodies, including the NaN and Infinity tokens Python's json writes, which orjson alone would refuse.
+    import edgesdk.offload.v2_codec as codec
+
+    if not fast:
+        monkeypatch.setattr(codec, "_fast_loads", None)
+    else:
+        assert codec._fast_loads is not None, "orjson is part of the [server] extra and should be installed here"
+    x = np.array([[1.5, float("nan"), float("inf"), -2.0]], np.float32)
+    body, _ = encode_request({"x": x}, binary_inputs=False)
+    got = decode_request(body, None).inputs["x"]
+    np.testing.assert_array_equal(got, x)
+    plain = json.dumps({"inputs": [{"name": "y", "shape": [2], "datatype": "INT64", "data": [3, 4]}]}).encode()
+    assert decode_request(plain, None).inputs["y"].tolist() == [3, 4]
