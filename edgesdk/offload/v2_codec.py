@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from edgesdk.errors import InputError
 
+_fast_loads: Callable[[bytes], Any] | None
 try:  # the [server] extra installs orjson: several times faster on tensors sent as JSON; a device needs none
     from orjson import loads as _fast_loads
 except ImportError:

@@ -49,7 +49,8 @@ async def model_for(registry: ModelRegistry, name: str, version: str | None) -> 
     import asyncio
 
     resolved = registry.resolve(name, version)
-    return registry.cached(name, resolved) or await asyncio.to_thread(registry.load, name, resolved)
+    cached = registry.cached(name, resolved)
+    return cached if cached is not None else await asyncio.to_thread(registry.load, name, resolved)
 
 
 async def run_request(registry: ModelRegistry, metrics: InferenceMetrics, name: str, version: str | None,
