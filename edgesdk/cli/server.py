@@ -76,8 +76,8 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--inference", "inference_address", metavar="HOST:PORT",
               help="Also serve the repository's models over KServe V2 (cloud offload) on HOST:PORT; no auth.")
 @click.option("--inference-config", type=click.Path(exists=True, dir_okay=False),
-              help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, max_queue?, "
-                   "batching?}]} (default: every model, newest version, batching on).")
+              help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, adaptive_queue_delay?, "
+                   "max_queue?, batching?}]} (default: every model, newest version, batching on).")
 @click.option("--inference-threads", type=click.IntRange(min=1), metavar="N", help="ONNX Runtime threads per model session.")
 @click.option("--offload-url", metavar="URL",
               help="The KServe V2 endpoint as devices reach it, named (with the model and version) in every deploy "
@@ -184,8 +184,8 @@ def _wait_for_signal() -> None:
               help="Model repository directory (the OTA server's --repo).")
 @click.option("--listen", default="127.0.0.1:8081", show_default=True, metavar="HOST:PORT", help="Address to serve on.")
 @click.option("--inference-config", type=click.Path(exists=True, dir_okay=False),
-              help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, max_queue?, "
-                   "batching?}]} (default: every model, newest version, batching on).")
+              help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, adaptive_queue_delay?, "
+                   "max_queue?, batching?}]} (default: every model, newest version, batching on).")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N", help="ONNX Runtime threads per model session.")
 def inference(repo: str, listen: str, inference_config: str | None, threads: int | None) -> None:
     """Serve a repository's models over KServe V2 only (a box that takes offloaded work; no MQTT, no admin API)."""
