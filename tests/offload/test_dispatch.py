@@ -229,17 +229,25 @@ def test_both_sides_full_is_refused_at_once_and_nothing_is_lost(local, cloud, fr
     _check([to_cloud, running, waiting], frames)
 
 
-def test_a_failed_cloud_request_is_refused_when_the_local_queue_is_full(local, cloud, frames, clock, dispatchers):
-    """The local bound holds for fallbacks too: at the bound a failed cloud request ends in OverloadedError."""
+def _cloud_dies_with_two_local(local, cloud, frames, clock, dispatchers, max_local_queue):
+    """One request held by a dying cloud, one running locally (gated), one waiting; then the cloud drops its request."""
     gated = GatedModel(local)
-    dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=2, max_cloud_inflight=1), clock)
+    dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=max_local_queue, max_cloud_inflight=1), clock)
     cloud.mode = "kill"
     to_cloud = dispatcher.submit(frames[0][0])
     cloud.wait_held(1)
     running = dispatcher.submit(frames[0][1])
     assert gated.entered.acquire(timeout=30)
-    waiting = dispatcher.submit(frames[0][2])  # the local queue is now at its bound (2/2)
-    cloud.release.set()  # the cloud drops the held request: it comes back to the full local queue
+    waiting = dispatcher.submit(frames[0][2])
+    cloud.release.set()
+    return gated, dispatcher, (to_cloud, running, waiting)
+
+
+def test_a_failed_cloud_request_is_refused_when_the_local_queue_is_full(local, cloud, frames, clock, dispatchers):
+    """The local bound holds for fallbacks too: at the bound a failed cloud request ends in OverloadedError."""
+    # Two local requests against a bound of 2: the failed cloud request comes back to a full queue.
+    gated, dispatcher, (to_cloud, running, waiting) = _cloud_dies_with_two_local(local, cloud, frames, clock,
+                                                                                 dispatchers, max_local_queue=2)
     with pytest.raises(OverloadedError, match=r"the cloud failed .* local queue is full \(2/2\)"):
         to_cloud.result(timeout=30)
     gated.gate.set()
@@ -249,15 +257,9 @@ def test_a_failed_cloud_request_is_refused_when_the_local_queue_is_full(local, c
 
 
 def test_a_failed_cloud_request_runs_locally_ahead_of_the_waiting_ones(local, cloud, frames, clock, dispatchers):
-    gated = GatedModel(local)
-    dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=3, max_cloud_inflight=1), clock)
-    cloud.mode = "kill"
-    to_cloud = dispatcher.submit(frames[0][0])
-    cloud.wait_held(1)
-    running = dispatcher.submit(frames[0][1])
-    assert gated.entered.acquire(timeout=30)
-    waiting = dispatcher.submit(frames[0][2])  # 2/3: room for the fallback
-    cloud.release.set()
+    # Two local requests against a bound of 3: room for the fallback.
+    gated, dispatcher, (to_cloud, running, waiting) = _cloud_dies_with_two_local(local, cloud, frames, clock,
+                                                                                 dispatchers, max_local_queue=3)
     wait_until(lambda: dispatcher.snapshot(local.stats()).fallbacks == 1, what="the fallback")
     gated.gate.set()
     _check([to_cloud, running, waiting], frames)
