@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def request(url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
@@ -49,3 +52,21 @@ def raw(url: str, head: list[str], chunks: list[bytes]) -> tuple[int, bytes]:
         return response.status, response.read()
     finally:
         conn.close()
+
+
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    """Poll ``condition`` every 5 ms; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def sample(endpoint, metric: str, suffix: str, model: str = "mlp") -> float:
+    """The sum of ``metric + suffix`` samples for ``model`` in the endpoint's /metrics."""
+    text = request(f"{endpoint.url}/metrics")[2].decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == metric:
+            return sum(s.value for s in family.samples if s.name == metric + suffix and s.labels.get("model") == model)
+    raise AssertionError(f"{metric} not in /metrics")

@@ -16,28 +16,12 @@ from edgesdk.offload.v2_codec import HEADER_LENGTH, decode_response, encode_requ
 from edgesdk.ota_server.inference import BatchingConfig, ServedModel
 from edgesdk.ota_server.inference.batcher import Batcher, QueueFullError
 from tests.inference.conftest import WIDTH_IN, reference
-from tests.inference.http import error_of, request
-
-
-def wait_until(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+from tests.inference.http import error_of, request, sample, wait_until
 
 
 def post(endpoint, x: np.ndarray, model: str = "mlp"):
     body, headers = encode_request({"input": x}, binary_inputs=True, binary_outputs=True)
     return request(f"{endpoint.url}/v2/models/{model}/infer", body, headers)
-
-
-def sample(endpoint, metric: str, suffix: str, model: str = "mlp") -> float:
-    text = request(f"{endpoint.url}/metrics")[2].decode()
-    for family in text_string_to_metric_families(text):
-        if family.name == metric:
-            return sum(s.value for s in family.samples if s.name == metric + suffix and s.labels.get("model") == model)
-    raise AssertionError(f"{metric} not in /metrics")
 
 
 def test_concurrent_requests_run_as_one_batch_with_single_request_outputs(serve, bundles):
