@@ -1,4 +1,5 @@
-"""Run the inference endpoint: a registry over a repository, its app, uvicorn in a background thread."""
+"""Run the inference endpoint: a registry over a repository, its app, uvicorn in a background thread, and the
+gRPC service beside it when asked for."""
 
 from __future__ import annotations
 
@@ -15,27 +16,35 @@ from .config import InferenceConfig, ServedModel
 __all__ = ["InferenceServer", "serve_inference", "parse_listen"]
 
 
-def parse_listen(address: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` -> ``(host, port)``; InputError naming the value otherwise."""
+def parse_listen(address: str, allow_any_port: bool = False) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``; InputError naming the value otherwise (port 0 only if ``allow_any_port``)."""
     host, _, port = str(address).rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not port.isdigit() or not (0 if allow_any_port else 1) <= int(port) < 65536:
         raise InputError(f"listen address {address!r} must be HOST:PORT with a port 1-65535, e.g. 127.0.0.1:8081")
     return host or "127.0.0.1", int(port)
 
 
 class InferenceServer:
-    """A started endpoint: ``url`` (``http://HOST:PORT``), its ``registry`` and ``metrics``; :meth:`stop` ends it."""
+    """A started endpoint: ``url`` (``http://HOST:PORT``), ``grpc_address`` (``HOST:PORT`` or None), its
+    ``registry`` and ``metrics``; :meth:`stop` ends it."""
 
-    def __init__(self, registry: Any, metrics: Any, http: Any) -> None:
-        self.registry, self.metrics, self.http = registry, metrics, http
+    def __init__(self, registry: Any, metrics: Any, http: Any, grpc: Any = None) -> None:
+        self.registry, self.metrics, self.http, self.grpc = registry, metrics, http, grpc
 
     @property
     def url(self) -> str:
         """The endpoint's base URL (``/v2`` and ``/metrics`` are under it)."""
         return str(self.http.url)
 
+    @property
+    def grpc_address(self) -> str | None:
+        """``HOST:PORT`` of the KServe V2 gRPC service, or None when it was not asked for."""
+        return self.grpc.address if self.grpc is not None else None
+
     def stop(self) -> None:
         """Stop answering, then stop the batchers (requests already queued still run)."""
+        if self.grpc is not None:
+            self.grpc.stop()
         self.http.stop()
         self.registry.close()
 
@@ -48,12 +57,13 @@ class InferenceServer:
 
 def serve_inference(repo: str | os.PathLike[str] | ModelRepository, listen: str, *,
                     models: Sequence[ServedModel] | None = None, threads: int | None = None,
-                    config: InferenceConfig | None = None) -> InferenceServer:
+                    config: InferenceConfig | None = None, grpc_listen: str | None = None) -> InferenceServer:
     """Serve the models of ``repo`` (a repository directory or object) over KServe V2 on ``listen`` (HOST:PORT).
 
     ``models`` None serves every model in the repository at its newest version with default
     batching; ``threads`` is ONNX Runtime's intra-op thread count per session. A full
-    ``config`` overrides both.
+    ``config`` overrides both. ``grpc_listen`` (HOST:PORT; port 0 picks a free one) adds the V2
+    gRPC service on the same models, batchers and metrics (needs ``grpcio`` from the [server] extra).
     """
     from edgesdk.ota_server.http_api import HttpServer
 
@@ -71,6 +81,17 @@ def serve_inference(repo: str | os.PathLike[str] | ModelRepository, listen: str,
     host, port = parse_listen(listen)
     metrics = InferenceMetrics()
     registry = ModelRegistry(repo, config, metrics)
+    grpc = None
+    if grpc_listen is not None:
+        from .grpc_service import GrpcServer
+
+        grpc_host, grpc_port = parse_listen(grpc_listen, allow_any_port=True)
+        grpc = GrpcServer(registry, metrics, grpc_host, grpc_port).start()
     http = HttpServer(create_inference_app(registry, metrics), host, port)
-    http.start()
-    return InferenceServer(registry, metrics, http)
+    try:
+        http.start()
+    except BaseException:
+        if grpc is not None:
+            grpc.stop()
+        raise
+    return InferenceServer(registry, metrics, http, grpc)

@@ -1,0 +1,250 @@
+"""The KServe V2 gRPC service (``inference.GRPCInferenceService``) beside the REST endpoint.
+
+It serves the same :class:`~.models.ModelRegistry` (so the same sessions, batchers and
+``/metrics``) through the same :func:`~.request_path.run_request` as HTTP. Implemented methods:
+``ServerLive``, ``ServerReady``, ``ServerMetadata``, ``ModelReady``, ``ModelMetadata`` and
+``ModelInfer``; gRPC answers UNIMPLEMENTED for the others (streaming, model control, statistics).
+
+Tensors: input data comes either as ``raw_input_contents`` (one little-endian blob per input,
+all inputs or none, as tritonclient sends them) or in the typed ``contents`` lists; FP16 only
+raw, since the protocol has no FP16 list. Outputs always go back as ``raw_output_contents``.
+
+Failures map to gRPC status codes the way the REST routes map them to HTTP ones (through
+:func:`~.request_path.http_status`): unknown model or version NOT_FOUND, a bad request
+INVALID_ARGUMENT, a full queue UNAVAILABLE (retryable), a message over ``max_body_bytes``
+RESOURCE_EXHAUSTED, anything else INTERNAL. ``ModelReady`` of an unknown model answers
+``ready: false``, as Triton does, rather than failing.
+
+The server is ``grpc.aio`` on an event loop in a thread of its own; the batchers are threads
+and their futures are awaited from any loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError, InputError, NotFoundError
+from edgesdk.offload.v2_codec import datatype_of, dtype_of
+
+from . import edgesdk_v2_grpc_pb2 as pb
+from .metrics import InferenceMetrics
+from .models import LoadedModel, ModelRegistry
+from .request_path import http_status, model_for, run_request
+
+__all__ = ["SERVICE", "GrpcServer", "decode_inputs"]
+
+log = logging.getLogger(__name__)
+
+#: The service's full name, as the V2 protocol publishes it (method paths are ``/SERVICE/Method``).
+SERVICE = "inference.GRPCInferenceService"
+
+#: V2 datatype -> the ``InferTensorContents`` list that carries it (FP16 has none: send it raw).
+_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+             "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+             "FP64": "fp64_contents"}
+
+
+def _grpc_code(exc: BaseException) -> Any:
+    import grpc
+
+    return {404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+            503: grpc.StatusCode.UNAVAILABLE, 400: grpc.StatusCode.INVALID_ARGUMENT}.get(http_status(exc),
+                                                                                         grpc.StatusCode.INTERNAL)
+
+
+def _tensor(entry: Any, raw: bytes | None) -> np.ndarray:
+    """One input tensor from its proto entry and, when the request sends raw contents, its blob."""
+    name = entry.name
+    dtype = dtype_of(entry.datatype)
+    shape = tuple(entry.shape)
+    if any(d < 0 for d in shape):
+        raise InputError(f"input {name!r}: shape {list(shape)} has a negative dimension; send the actual sizes")
+    count = math.prod(shape)
+    if raw is not None:
+        expected = count * dtype.itemsize
+        if len(raw) != expected:
+            raise InputError(f"input {name!r}: raw_input_contents has {len(raw)} bytes but shape {list(shape)} of "
+                             f"{entry.datatype} takes {expected}")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    field = _CONTENTS.get(entry.datatype)
+    if field is None:
+        raise InputError(f"input {name!r}: {entry.datatype} has no typed contents list in the V2 protocol; send it in "
+                         "raw_input_contents")
+    values = getattr(entry.contents, field)
+    if len(values) != count:
+        raise InputError(f"input {name!r}: contents.{field} has {len(values)} values but shape {list(shape)} takes "
+                         f"{count}")
+    try:
+        return np.asarray(values, dtype=dtype).reshape(shape)
+    except OverflowError as exc:
+        raise InputError(f"input {name!r}: a value in contents.{field} does not fit {entry.datatype} ({exc})") from None
+
+
+def decode_inputs(request: Any) -> dict[str, np.ndarray]:
+    """The input tensors of a ``ModelInferRequest``; InputError naming the tensor and the misfit."""
+    entries = list(request.inputs)
+    raw = list(request.raw_input_contents)
+    if not entries:
+        raise InputError("the request has no inputs; send at least one tensor in 'inputs'")
+    if raw and len(raw) != len(entries):
+        raise InputError(f"raw_input_contents has {len(raw)} entries for {len(entries)} inputs; send every input's "
+                         "data raw, in the order of 'inputs', or none")
+    tensors: dict[str, np.ndarray] = {}
+    for i, entry in enumerate(entries):
+        if entry.name in tensors:
+            raise InputError(f"input {entry.name!r} appears twice in the request")
+        tensors[entry.name] = _tensor(entry, raw[i] if raw else None)
+    return tensors
+
+
+def _infer_response(model: LoadedModel, request_id: str, outputs: dict[str, np.ndarray]) -> Any:
+    response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request_id)
+    for name, value in outputs.items():
+        datatype = datatype_of(value.dtype)
+        response.outputs.add(name=name, datatype=datatype, shape=value.shape)
+        response.raw_output_contents.append(np.ascontiguousarray(value, dtype=dtype_of(datatype)).tobytes())
+    return response
+
+
+class _Servicer:
+    """The service's methods; each takes the request message and the aio context."""
+
+    def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics) -> None:
+        self.registry, self.metrics = registry, metrics
+
+    async def server_live(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.registry.repository.root.is_dir())
+
+    async def server_metadata(self, request: Any, context: Any) -> Any:
+        from edgesdk import __version__
+
+        from .app import SERVER_NAME
+
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__)
+
+    async def model_ready(self, request: Any, context: Any) -> Any:
+        try:
+            await model_for(self.registry, request.name, request.version or None)
+        except NotFoundError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def model_metadata(self, request: Any, context: Any) -> Any:
+        model = await model_for(self.registry, request.name, request.version or None)
+        meta = model.metadata(self.registry.versions(model.name))
+        response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+        for side in ("inputs", "outputs"):
+            for tensor in meta[side]:
+                getattr(response, side).add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
+        return response
+
+    async def model_infer(self, request: Any, context: Any) -> Any:
+        async def decode(model: LoadedModel) -> tuple[dict[str, np.ndarray], list[str]]:
+            return decode_inputs(request), [output.name for output in request.outputs]
+
+        return await run_request(self.registry, self.metrics, request.model_name, request.model_version or None,
+                                 decode, lambda model, outputs: _infer_response(model, request.id, outputs))
+
+
+def _guarded(method: Callable[[Any, Any], Awaitable[Any]], name: str) -> Callable[[Any, Any], Awaitable[Any]]:
+    """``method`` with every failure turned into its gRPC status (INTERNAL ones logged with their traceback)."""
+    async def call(request: Any, context: Any) -> Any:
+        try:
+            return await method(request, context)
+        except Exception as exc:
+            message = str(exc)
+            if not isinstance(exc, EdgeSDKError):
+                log.exception("gRPC %s failed", name)
+                message = f"internal error: {type(exc).__name__}: {exc}"
+            await context.abort(_grpc_code(exc), message)
+    return call
+
+
+def _handlers(servicer: _Servicer) -> Any:
+    import grpc
+
+    Method = Callable[[Any, Any], Awaitable[Any]]
+    methods: dict[str, tuple[Method, Any, Any]] = {
+        "ServerLive": (servicer.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+        "ServerReady": (servicer.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+        "ServerMetadata": (servicer.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+        "ModelReady": (servicer.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+        "ModelMetadata": (servicer.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+        "ModelInfer": (servicer.model_infer, pb.ModelInferRequest, pb.ModelInferResponse)}
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        name: grpc.unary_unary_rpc_method_handler(_guarded(method, name), request_deserializer=request.FromString,
+                                                  response_serializer=response.SerializeToString)
+        for name, (method, request, response) in methods.items()})
+
+
+class GrpcServer:
+    """``grpc.aio`` serving ``registry`` on ``host:port`` from a thread of its own; :meth:`start`, :meth:`stop`."""
+
+    def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics, host: str, port: int) -> None:
+        self.registry, self.metrics, self.host, self.port = registry, metrics, host, port
+        self._thread = threading.Thread(target=self._run, name="inference-grpc", daemon=True)
+        self._started = threading.Event()
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT``, what a gRPC client connects to."""
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> GrpcServer:
+        """Serve in the background; returns once the port is bound (EdgeSDKError naming the address otherwise)."""
+        self._thread.start()
+        if not self._started.wait(timeout) or self._failure is not None:
+            reason = f": {self._failure}" if self._failure is not None else f" within {timeout:.0f} s"
+            raise EdgeSDKError(f"the inference gRPC service did not start on {self.address}{reason}; "
+                               "pick a free port for --inference-grpc")
+        return self
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop taking calls, let running ones finish for up to ``grace_s``, and wait for the thread."""
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(grace_s + 5)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # reported to start(); a failure after start is logged by grpc itself
+            self._failure = exc
+            self._started.set()
+
+    async def _serve(self) -> None:
+        import grpc
+
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", self.registry.config.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            # grpc sets SO_REUSEPORT by default: a second server on a taken port would bind and split the calls.
+            ("grpc.so_reuseport", 0),
+        ])
+        server.add_generic_rpc_handlers((_handlers(_Servicer(self.registry, self.metrics)),))
+        try:
+            bound = server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # grpc raises when the address cannot be bound
+            raise EdgeSDKError(f"cannot bind {self.address} ({exc})") from None
+        if bound == 0:
+            raise EdgeSDKError(f"cannot bind {self.address}")
+        self.port = bound
+        await server.start()
+        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        self._started.set()
+        await self._stopping.wait()
+        await server.stop(grace=5.0)
