@@ -49,6 +49,8 @@ class ServerSetup:
     server_class: type[OTAServer] = OTAServer
     #: ``HOST:PORT`` of the KServe V2 inference endpoint (cloud offload), or None for none. No auth: data plane.
     inference: str | None = None
+    #: ``HOST:PORT`` of the KServe V2 gRPC service beside it (needs ``inference``), or None for HTTP only.
+    inference_grpc: str | None = None
     #: What the inference endpoint serves (None: every model, newest version, batching on; see
     #: :class:`edgesdk.ota_server.inference.InferenceConfig`).
     inference_config: Any = None
@@ -110,7 +112,8 @@ def build_server(setup: ServerSetup) -> RunningServer:
         if setup.inference is not None:
             from edgesdk.ota_server.inference import serve_inference
 
-            running.inference = serve_inference(repository, setup.inference, config=setup.inference_config)
+            running.inference = serve_inference(repository, setup.inference, config=setup.inference_config,
+                                                grpc_listen=setup.inference_grpc)
         if setup.http is not None:
             from edgesdk.ota_server.http_api import HttpServer, create_app
             from edgesdk.ota_server.inference import parse_listen

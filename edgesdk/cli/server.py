@@ -12,14 +12,14 @@ from typing import Any
 import click
 
 
-def _require_server_extra(embedded_broker: bool, inference: bool = False) -> None:
+def _require_server_extra(embedded_broker: bool, inference: bool = False, grpc: bool = False) -> None:
     """Fail with the install hint, before any work, when the ``[server]`` extra is missing."""
     import importlib
 
     from edgesdk.errors import EdgeSDKError
 
     modules = ["starlette", "uvicorn", *(["amqtt"] if embedded_broker else []),
-               *(["prometheus_client"] if inference else [])]
+               *(["prometheus_client"] if inference else []), *(["grpc"] if grpc else [])]
     missing = []
     for module in modules:
         try:
@@ -75,6 +75,9 @@ def _token(token: str | None, token_file: Path) -> str:
                    "(mqtt://127.0.0.1:PORT) or a free one (no mosquitto needed).")
 @click.option("--inference", "inference_address", metavar="HOST:PORT",
               help="Also serve the repository's models over KServe V2 (cloud offload) on HOST:PORT; no auth.")
+@click.option("--inference-grpc", "inference_grpc", metavar="HOST:PORT",
+              help="Also serve the KServe V2 gRPC service (inference.GRPCInferenceService) on HOST:PORT, on the same "
+                   "models, batchers and metrics as the HTTP endpoint.")
 @click.option("--inference-config", type=click.Path(exists=True, dir_okay=False),
               help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, adaptive_queue_delay?, "
                    "max_queue?, batching?}]} (default: every model, newest version, batching on).")
@@ -99,9 +102,9 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
            replica: bool, server_name: str | None, lease: str, credentials: str | None, ca_file: str | None,
            keep_latest: int, embedded_broker: bool,
-           inference_address: str | None, inference_config: str | None, inference_threads: int | None,
-           offload_url: str | None, compress_min_saving: float, no_compress: bool, root_file: str | None,
-           timestamp_key: str | None, timestamp_every: str, timestamp_expires: str) -> None:
+           inference_address: str | None, inference_grpc: str | None, inference_config: str | None,
+           inference_threads: int | None, offload_url: str | None, compress_min_saving: float, no_compress: bool,
+           root_file: str | None, timestamp_key: str | None, timestamp_every: str, timestamp_expires: str) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
     --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
@@ -123,11 +126,13 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     lease_s = parse_duration(lease)
     if lease_s <= 0:
         raise click.BadParameter(f"{lease!r} must be a positive duration, e.g. 10s", param_hint="--lease")
+    if inference_grpc and not inference_address:
+        raise click.UsageError("--inference-grpc serves beside the HTTP endpoint: give --inference HOST:PORT too")
     if offload_url is None and inference_address:
         offload_url = f"http://{inference_address}"
     if offload_url is not None and not offload_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"{offload_url!r} is not an http:// or https:// URL", param_hint="--offload-url")
-    _require_server_extra(embedded_broker, inference_address is not None)
+    _require_server_extra(embedded_broker, inference_address is not None, inference_grpc is not None)
     from edgesdk.logs import configure
 
     configure(info_loggers=("edgesdk.ota_server",))  # rollout transitions are the operator's record
@@ -154,12 +159,13 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address,
         token=_token(token, Path(token_file) if token_file else Path(db).parent / "admin.token"),
-        inference=inference_address,
+        inference=inference_address, inference_grpc=inference_grpc,
         inference_config=_inference_config(inference_config, inference_threads) if inference_address else None,
         root=Path(root_file).read_bytes() if root_file else None,
         timestamp_key=load_private_key(timestamp_key) if timestamp_key else None))
     click.echo(f"edgesdk server: broker {broker}, admin API {running.url}"
-               + (f", inference {running.inference_url}/v2" if running.inference_url else ""), err=True)
+               + (f", inference {running.inference_url}/v2" if running.inference_url else "")
+               + (f", inference gRPC {running.inference.grpc_address}" if inference_grpc else ""), err=True)
     _wait_for_signal()
     running.stop()
     if embedded is not None:
@@ -186,15 +192,18 @@ def _wait_for_signal() -> None:
 @click.option("--inference-config", type=click.Path(exists=True, dir_okay=False),
               help="YAML {models: [{name, version?, preferred_batch_size?, max_queue_delay_us?, adaptive_queue_delay?, "
                    "max_queue?, batching?}]} (default: every model, newest version, batching on).")
+@click.option("--grpc", "--inference-grpc", "grpc_listen", metavar="HOST:PORT",
+              help="Also serve the KServe V2 gRPC service (inference.GRPCInferenceService) on HOST:PORT.")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N", help="ONNX Runtime threads per model session.")
-def inference(repo: str, listen: str, inference_config: str | None, threads: int | None) -> None:
+def inference(repo: str, listen: str, inference_config: str | None, grpc_listen: str | None, threads: int | None) -> None:
     """Serve a repository's models over KServe V2 only (a box that takes offloaded work; no MQTT, no admin API)."""
-    _require_server_extra(False, inference=True)
+    _require_server_extra(False, inference=True, grpc=grpc_listen is not None)
     from edgesdk.ota_server.inference import serve_inference
 
     config = _inference_config(inference_config, threads)
-    running = serve_inference(repo, listen, config=config)
-    click.echo(f"edgesdk inference endpoint: {running.url}/v2 (metrics {running.url}/metrics)", err=True)
+    running = serve_inference(repo, listen, config=config, grpc_listen=grpc_listen)
+    click.echo(f"edgesdk inference endpoint: {running.url}/v2 (metrics {running.url}/metrics)"
+               + (f", gRPC {running.grpc_address}" if running.grpc_address else ""), err=True)
     _wait_for_signal()
     running.stop()
 

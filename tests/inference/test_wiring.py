@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 
 from edgesdk.ota_server.app import ServerSetup, build_server
@@ -30,7 +31,7 @@ def test_build_server_starts_the_inference_endpoint_over_its_repository(tmp_path
     generate_keypair(tmp_path / "keys", "server")
     setup = ServerSetup(ServerConfig(broker.url), repo=tmp_path / "repo", db=tmp_path / "fleet.db",
                         signing_key=load_private_key(tmp_path / "keys" / "server.key"), allow_unsigned=True,
-                        inference=f"127.0.0.1:{free_port()}",
+                        inference=f"127.0.0.1:{free_port()}", inference_grpc="127.0.0.1:0",
                         inference_config=InferenceConfig(models=(ServedModel("mlp"),), threads=1))
     try:
         with build_server(setup) as running:
@@ -44,6 +45,13 @@ def test_build_server_starts_the_inference_endpoint_over_its_repository(tmp_path
                 assert client.infer("mlp", [tensor]).as_numpy("probabilities").shape == (2, 4)
             finally:
                 client.close()
+            grpc_client = triton_grpc.InferenceServerClient(running.inference.grpc_address)
+            try:  # and the gRPC service beside it, on the same repository
+                tensor = triton_grpc.InferInput("input", [2, WIDTH_IN], "FP32")
+                tensor.set_data_from_numpy(np.ones((2, WIDTH_IN), np.float32))
+                assert grpc_client.infer("mlp", [tensor]).as_numpy("probabilities").shape == (2, 4)
+            finally:
+                grpc_client.close()
             url = running.inference_url
         with pytest.raises(OSError):
             request(f"{url}/v2")
@@ -54,10 +62,11 @@ def test_build_server_starts_the_inference_endpoint_over_its_repository(tmp_path
 def test_cli_serves_a_repository_until_sigterm(tmp_path, repo):
     config = tmp_path / "inference.yaml"
     config.write_text("models:\n  - {name: mlp, preferred_batch_size: 4, max_queue_delay_us: 200}\n")
-    address = f"127.0.0.1:{free_port()}"
+    address, grpc_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     process = subprocess.Popen([str(Path(sys.executable).with_name("edgesdk")), "server", "inference", "--repo", str(repo.root),
-                                "--listen", address, "--inference-config", str(config), "--threads", "1"],
+                                "--listen", address, "--inference-config", str(config), "--threads", "1",
+                                "--inference-grpc", grpc_address],
                                stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
@@ -73,11 +82,14 @@ def test_cli_serves_a_repository_until_sigterm(tmp_path, repo):
         assert status == 200 and "binary_tensor_data" in json.loads(body)["extensions"]
         assert request(f"http://{address}/v2/models/mlp")[0] == 200
         assert request(f"http://{address}/v2/models/fixed")[0] == 404  # the config lists mlp only
+        grpc_client = triton_grpc.InferenceServerClient(grpc_address)
+        assert grpc_client.is_model_ready("mlp") and not grpc_client.is_model_ready("fixed")
+        grpc_client.close()
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
-    assert f"http://{address}/v2" in stderr
+    assert f"http://{address}/v2" in stderr and f"gRPC {grpc_address}" in stderr
 
 
 def test_cli_bad_inference_config_is_a_clear_error(tmp_path, repo):
@@ -92,8 +104,8 @@ def test_cli_bad_inference_config_is_a_clear_error(tmp_path, repo):
     assert result.exit_code != 0 and "preferred_batch_size is 0" in result.output
 
 
-def test_importing_the_package_loads_no_web_framework_runtime_or_metrics_library():
+def test_importing_the_package_loads_no_web_framework_runtime_metrics_or_grpc_library():
     code = ("import sys, edgesdk.ota_server.inference, edgesdk.ota_server.app, edgesdk.cli.server; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'starlette', 'uvicorn', 'onnxruntime', "
-            "'prometheus_client', 'tritonclient'}))")
+            "'prometheus_client', 'tritonclient', 'grpc', 'google'}))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
