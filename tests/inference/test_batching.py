@@ -54,6 +54,29 @@ def test_full_queue_answers_503_at_once_and_queued_requests_still_run(serve):
     assert sample(endpoint, "edgesdk_inference_failures", "_total") == 1
 
 
+def test_unbatched_runs_shorter_than_a_thread_handoff_run_on_the_event_loop_and_longer_ones_in_a_worker(serve):
+    endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(enabled=False))])
+    model = endpoint.registry.get("mlp")
+    ran_on: list[str] = []
+    run = model.run
+
+    def recorded(inputs, delay_s: float = 0.0):
+        ran_on.append(threading.current_thread().name)
+        time.sleep(delay_s)
+        return run(inputs)
+
+    model.run = recorded
+    x = np.ones((1, WIDTH_IN), np.float32)
+    for _ in range(5):
+        assert post(endpoint, x)[0] == 200
+    # The first run has no estimate and goes to a worker; once the MLP is seen taking microseconds, the loop runs it.
+    assert ran_on[0] != "admin-http" and ran_on[-3:] == ["admin-http"] * 3, ran_on
+    model.run = lambda inputs: recorded(inputs, delay_s=0.005)  # now a model slower than the threshold
+    for _ in range(12):  # it shows once the fast runs have left the window of the last 8
+        assert post(endpoint, x)[0] == 200
+    assert "admin-http" not in ran_on[-3:], ran_on
+
+
 def test_batching_off_and_fixed_batch_models_run_each_request_alone(serve):
     endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(enabled=False)), ServedModel("fixed")])
     assert endpoint.registry.get("mlp").batcher is None and endpoint.registry.get("fixed").batcher is None
