@@ -31,11 +31,13 @@ def _edgesdk_command() -> list[str]:
 
 
 class Cloud:
-    """``edgesdk server inference`` in a subprocess pinned to ``cpu``, on a free loopback port."""
+    """``edgesdk server inference`` in a subprocess pinned to ``cpu``, on a free loopback port (and with ``grpc``,
+    its gRPC service on another)."""
 
-    def __init__(self, repo: Path, config: Path, cpu: int, log_path: Path) -> None:
+    def __init__(self, repo: Path, config: Path, cpu: int, log_path: Path, grpc: bool = False) -> None:
         self.repo, self.config, self.cpu, self.log_path = repo, config, cpu, log_path
         self.port = free_port()
+        self.grpc_address = f"127.0.0.1:{free_port()}" if grpc else None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -47,7 +49,8 @@ class Cloud:
         """Start it and wait for ``/v2/health/ready``."""
         cpu = self.cpu
         command = [*_edgesdk_command(), "server", "inference", "--repo", str(self.repo), "--listen",
-                   f"127.0.0.1:{self.port}", "--inference-config", str(self.config), "--threads", "1"]
+                   f"127.0.0.1:{self.port}", "--inference-config", str(self.config), "--threads", "1",
+                   *(["--grpc", self.grpc_address] if self.grpc_address else [])]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
