@@ -9,9 +9,10 @@ as JSON costs the client more than the server's decode; doing it per request wou
 client CPU, not the server, set every server's pace alike.
 
 The window opens for all clients at once, after each has sent a warm-up request; a client stops
-at the window's end or after its share of ``max_requests``. Figures: completed requests per
-second, latency percentiles over all clients, failures with their first messages, the clients'
-CPU per second of window (near 1.0 on one CPU: the clients set the pace) and the server's.
+at the window's end or after its share of ``max_requests`` (answered or failed). Figures:
+completed requests per second, latency percentiles over all clients, failures with their first
+messages, the clients' CPU per second of window (near 1.0 on one CPU: the clients set the pace)
+and the server's.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _client(request: Request, cpu: int | None, ready: Any, go: Any, start_at: An
     go.wait()
     stop = start_at.value + seconds
     cpu_before = time.process_time()
-    while time.monotonic() < stop and len(latencies) < limit:
+    while time.monotonic() < stop and len(latencies) + failed < limit:
         started = time.perf_counter()
         try:
             _call(connection, request)
@@ -143,7 +144,7 @@ def closed_loop(request: Request, clients: int, seconds: float, max_requests: in
     latencies = [t for g in gathered for t in g[0]]
     completed = len(latencies)
     return {"clients": clients, "requests": completed, "failed": sum(g[1] for g in gathered),
-            "seconds": round(elapsed, 3), "throughput_rps": completed / elapsed,
+            "seconds": elapsed, "throughput_rps": completed / elapsed,
             "latency_ms": percentiles(latencies) if latencies else None,
             "client_cpu_per_s": round(sum(g[3] for g in gathered) / elapsed, 3),
             "server_cpu_per_s": None if server_cpu is None else round(server_cpu / elapsed, 3),
