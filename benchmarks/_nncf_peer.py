@@ -10,12 +10,9 @@ openvino-telemetry; none of that belongs in edgesdk's environment, so :class:`Nn
 NNCF in ``$EDGESDK_NNCF_VENV``, by default ``~/.cache/edgesdk/venvs/nncf-<version>``, created on
 first use with the Python that runs edgesdk and ``pip install`` of :data:`REQUIREMENTS`: NNCF
 pinned, and onnx, onnxruntime and numpy pinned to the versions of edgesdk's development
-environment, so both sides run the same onnxruntime kernels. The install is built in a
-temporary sibling directory, checked (``import nncf, onnx, onnxruntime``), marked, then renamed
-into place, under a file lock: an interrupted install leaves only a ``.building-*`` directory
-(removed by the next install), never a half-made environment. Only ``<venv>/bin/python`` is used
-(the scripts in ``bin/`` keep the temporary path in their ``#!`` lines). A changed
-:data:`REQUIREMENTS` makes the next call rebuild it. It needs PyPI (or the pip index settings).
+environment, so both sides run the same onnxruntime kernels. It is a :class:`_peer_venv.PeerVenv`:
+built aside, checked (``import nncf, onnx, onnxruntime``), marked and renamed into place under a
+lock, rebuilt when :data:`REQUIREMENTS` change. It needs PyPI (or the pip index settings).
 
 **The worker.** ``_nncf_worker.py`` runs inside that environment as a subprocess (its own
 process group, killed on timeout), reads the inputs this module writes to a temporary
@@ -26,23 +23,25 @@ imported.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from edgesdk.converters.onnx2tf_tool import run_logged  # the onnx2tf tool's runner: log file, process group killed on timeout
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported as benchmarks._nncf_peer (the tests)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _peer_venv import VENVS, PeerVenv, clean_env, log_tail  # noqa: E402
 
 __all__ = ["NNCF_VERSION", "REQUIREMENTS", "NncfEnv", "NncfError", "NncfResult", "nncf_accuracy_control"]
 
@@ -51,7 +50,7 @@ NNCF_VERSION = "3.4.0"
 REQUIREMENTS = (f"nncf=={NNCF_VERSION}", "onnx==1.23.2", "onnxruntime==1.32.0", "numpy==2.4.6")
 VENV_ENV = "EDGESDK_NNCF_VENV"
 WORKER = Path(__file__).resolve().with_name("_nncf_worker.py")
-_TAIL = 4000
+_NNCF_ENV = {"NNCF_CI": "1"}  # one of NNCF's switches that turn its telemetry into a stub
 
 
 class NncfError(RuntimeError):
@@ -64,118 +63,23 @@ class NncfError(RuntimeError):
 
 
 def _default_location() -> Path:
-    return Path(os.environ.get(VENV_ENV) or Path.home() / ".cache" / "edgesdk" / "venvs" / f"nncf-{NNCF_VERSION}")
+    return Path(os.environ.get(VENV_ENV) or VENVS / f"nncf-{NNCF_VERSION}")
 
 
 def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment minus anything that would mix edgesdk's packages into the other Python."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
-    env["PYTHONNOUSERSITE"] = "1"
-    env["NNCF_CI"] = "1"  # one of NNCF's switches that turn its telemetry into a stub
-    env.update(extra or {})
-    return env
-
-
-def _tail(path: Path, limit: int = _TAIL) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return text if len(text) <= limit else "..." + text[-limit:]
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    """The worker's environment: no edgesdk packages mixed in, NNCF's telemetry a stub."""
+    return clean_env({**_NNCF_ENV, **(extra or {})})
 
 
 @dataclass(frozen=True)
-class NncfEnv:
-    """The virtualenv holding NNCF (see the module docstring)."""
+class NncfEnv(PeerVenv):
+    """The virtualenv holding NNCF (see the module docstring and :class:`PeerVenv`)."""
 
     location: Path = field(default_factory=_default_location)
     requirements: tuple[str, ...] = REQUIREMENTS
-
-    @property
-    def python(self) -> Path:
-        return self.location / "bin" / "python"
-
-    @property
-    def marker(self) -> Path:
-        """Written before the rename into place; holds the requirements, install time and size."""
-        return self.location / ".edgesdk-installed.json"
-
-    def info(self) -> dict[str, Any] | None:
-        """The marker's content (requirements, install_s, size_bytes, freeze), or None without a complete install."""
-        try:
-            info = json.loads(self.marker.read_text())
-        except (OSError, ValueError):
-            return None
-        return info if self.python.exists() and info.get("requirements") == list(self.requirements) else None
-
-    @property
-    def installed(self) -> bool:
-        return self.info() is not None
-
-    def ensure(self, timeout_s: float = 1800, announce: Callable[[str], None] | None = None) -> float | None:
-        """Install unless a complete environment exists; returns the install's seconds, or None if it was there.
-
-        Safe to call from several processes at once (a file lock; the loser finds the winner's install).
-        """
-        if self.installed:
-            return None
-        parent = self.location.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        with open(parent / f"{self.location.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.installed:
-                return None
-            (announce or (lambda m: print(m, file=sys.stderr, flush=True)))(
-                f"installing NNCF {NNCF_VERSION} ({' '.join(self.requirements)}) into {self.location} "
-                "(about 460 MB; 15 s here, more on a slow link)")
-            for stale in parent.glob(f".{self.location.name}.building-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            building = Path(tempfile.mkdtemp(prefix=f".{self.location.name}.building-", dir=parent))
-            building.chmod(0o755)
-            try:
-                seconds = self._build(building, timeout_s)
-                if self.location.exists():  # an older or broken install: move it aside, then swap
-                    old = building.with_name(building.name + ".old")
-                    os.rename(self.location, old)
-                    os.rename(building, self.location)
-                    shutil.rmtree(old, ignore_errors=True)
-                else:
-                    os.rename(building, self.location)
-            finally:
-                shutil.rmtree(building, ignore_errors=True)
-            return seconds
-
-    def _build(self, where: Path, timeout_s: float) -> float:
-        log_path = where.parent / f"{self.location.name}.install.log"
-        log_path.write_text("")
-        python = where / "bin" / "python"
-        started = time.perf_counter()
-        steps = [
-            [sys.executable, "-m", "venv", "--clear", str(where)],
-            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *self.requirements],
-            [str(python), "-c", "import nncf, onnx, onnxruntime, numpy"],
-        ]
-        for command in steps:
-            deadline = timeout_s - (time.perf_counter() - started)
-            try:
-                code = run_logged(command, where.parent, log_path, max(deadline, 1), _clean_env())
-            except subprocess.TimeoutExpired as exc:
-                raise NncfError(f"installing NNCF: `{' '.join(command)}` did not finish within {timeout_s:.0f} s; "
-                                f"log {log_path}:\n{_tail(log_path)}") from exc
-            if code != 0:
-                raise NncfError(f"installing NNCF: `{' '.join(command)}` failed (exit {code}); check that PyPI (or "
-                                f"your pip index) is reachable; log {log_path}:\n{_tail(log_path)}")
-        seconds = time.perf_counter() - started
-        freeze = subprocess.run([str(python), "-m", "pip", "freeze", "--all"], capture_output=True, text=True,
-                                env=_clean_env(), check=False).stdout.split()
-        info = {"requirements": list(self.requirements), "install_s": round(seconds, 1),
-                "size_bytes": _dir_bytes(where), "python": sys.version.split()[0], "freeze": freeze}
-        (where / self.marker.name).write_text(json.dumps(info, indent=1))
-        return seconds
+    check: str = "import nncf, onnx, onnxruntime, numpy"
+    extra_env: Mapping[str, str] = field(default_factory=lambda: dict(_NNCF_ENV))
+    error: ClassVar[type[Exception]] = NncfError
 
 
 @dataclass(frozen=True)
@@ -266,11 +170,11 @@ def nncf_accuracy_control(fp32_path: str | Path, calibration: Mapping[str, np.nd
         except subprocess.TimeoutExpired as exc:
             raise NncfError(f"NNCF accuracy control on {fp32_path} did not finish within {timeout_s:g} s (raise timeout_s, "
                             "or bound the restorer with nncf_options={'max_num_iterations': N}); worker output:",
-                            timed_out=True, log_tail=_tail(log_path)) from exc
+                            timed_out=True, log_tail=log_tail(log_path)) from exc
         wall_s = time.perf_counter() - started
         if code != 0 or not (folder / "result.json").exists():
             raise NncfError(f"NNCF accuracy control on {fp32_path} failed (exit {code}); worker output:",
-                            log_tail=_tail(log_path))
+                            log_tail=log_tail(log_path))
         raw = json.loads((folder / "result.json").read_text())
     raw["peer_wall_s"] = round(wall_s, 3)
     return NncfResult(path=out_path, wall_s=round(wall_s, 3), quantize_s=raw["quantize_s"],
