@@ -1,12 +1,14 @@
-"""Closed-loop KServe V2 HTTP load from client processes pinned to one CPU (for benchmarks/endpoint.py).
+"""Closed-loop KServe V2 load from client processes pinned to one CPU (for benchmarks/endpoint.py).
 
 Each client is a process of its own (no GIL shared between clients) holding one keep-alive
-``http.client`` connection. The request body is encoded once, before the window, by
-tritonclient's ``InferenceServerClient.generate_request_body`` (JSON or binary tensors, exactly
-what ``tritonclient.http`` would send), and every response is decoded by tritonclient's
-``parse_response_body`` and its output read with ``as_numpy``. Encoding a 1x3x224x224 tensor
-as JSON costs the client more than the server's decode; doing it per request would let the
-client CPU, not the server, set every server's pace alike.
+``http.client`` connection or one gRPC channel. The request is encoded once, before the window:
+for HTTP by tritonclient's ``InferenceServerClient.generate_request_body`` (JSON or binary
+tensors, exactly what ``tritonclient.http`` would send), for gRPC as the serialized
+``ModelInferRequest`` with raw tensor contents that ``tritonclient.grpc`` sends. Every HTTP
+response is decoded by tritonclient's ``parse_response_body`` and its output read with
+``as_numpy``; a gRPC response is parsed and its raw output viewed as an array. Encoding a
+1x3x224x224 tensor as JSON costs the client more than the server's decode; doing it per request
+would let the client CPU, not the server, set every server's pace alike.
 
 The window opens for all clients at once, after each has sent a warm-up request; a client stops
 at the window's end or after its share of ``max_requests`` (answered or failed). Figures:
@@ -26,25 +28,38 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Request", "encode_request", "closed_loop", "percentiles", "tree_cpu_s"]
+__all__ = ["ENCODINGS", "Request", "encode_request", "connect", "closed_loop", "percentiles", "tree_cpu_s"]
 
 
 @dataclass(frozen=True)
 class Request:
-    """One pre-encoded infer request: where it goes, its body and headers, the output to read back."""
+    """One pre-encoded infer request: where it goes (``http://`` or ``grpc://HOST:PORT``), its body and headers
+    (a serialized ``ModelInferRequest`` for gRPC), and the output to read back."""
 
-    host: str
-    port: int
-    path: str
+    target: str
+    model: str
     body: bytes
     headers: dict[str, str]
     output: str
 
 
-def encode_request(url: str, model: str, input_name: str, x: np.ndarray, output: str, binary: bool) -> Request:
-    """The request tritonclient.http would send for ``x`` (outputs asked back binary or JSON like the inputs)."""
+#: How a request's tensors travel: V2 REST with JSON or binary tensors, or V2 gRPC with raw contents.
+ENCODINGS = ("json", "binary", "grpc")
+
+
+def encode_request(target: str, model: str, input_name: str, x: np.ndarray, output: str, encoding: str) -> Request:
+    """The request tritonclient would send for ``x`` (HTTP outputs asked back as the inputs were sent)."""
+    if encoding == "grpc":
+        from tritonclient.grpc import service_pb2
+
+        message = service_pb2.ModelInferRequest(model_name=model)
+        message.inputs.add(name=input_name, datatype="FP32", shape=x.shape)
+        message.outputs.add(name=output)
+        message.raw_input_contents.append(np.ascontiguousarray(x, "<f4").tobytes())
+        return Request(target, model, message.SerializeToString(), {}, output)
     import tritonclient.http as triton
 
+    binary = encoding == "binary"
     tensor = triton.InferInput(input_name, list(x.shape), "FP32")
     tensor.set_data_from_numpy(x, binary_data=binary)
     body, json_size = triton.InferenceServerClient.generate_request_body(
@@ -52,21 +67,60 @@ def encode_request(url: str, model: str, input_name: str, x: np.ndarray, output:
     headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
     if json_size is not None:
         headers["Inference-Header-Content-Length"] = str(json_size)
-    host, _, port = url.removeprefix("http://").partition(":")
-    return Request(host, int(port), f"/v2/models/{model}/infer", body, headers, output)
+    return Request(target, model, body, headers, output)
 
 
-def _call(connection: http.client.HTTPConnection, request: Request) -> np.ndarray:
-    import tritonclient.http as triton
+class _Http:
+    """A keep-alive connection sending one pre-encoded request; responses decoded by tritonclient."""
 
-    connection.request("POST", request.path, request.body, request.headers)
-    response = connection.getresponse()
-    body = response.read()
-    if response.status != 200:
-        raise RuntimeError(f"HTTP {response.status}: {body[:200]!r}")
-    length = response.getheader("Inference-Header-Content-Length")
-    result = triton.InferenceServerClient.parse_response_body(body, header_length=None if length is None else int(length))
-    return result.as_numpy(request.output)
+    def __init__(self, request: Request) -> None:
+        host, _, port = request.target.removeprefix("http://").partition(":")
+        self.request, self.connection = request, http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def call(self) -> np.ndarray:
+        import tritonclient.http as triton
+
+        request = self.request
+        self.connection.request("POST", f"/v2/models/{request.model}/infer", request.body, request.headers)
+        response = self.connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {body[:200]!r}")
+        length = response.getheader("Inference-Header-Content-Length")
+        result = triton.InferenceServerClient.parse_response_body(
+            body, header_length=None if length is None else int(length))
+        return result.as_numpy(request.output)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class _Grpc:
+    """A channel sending one pre-serialized ``ModelInferRequest``; the raw output read back as an array."""
+
+    def __init__(self, request: Request) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        self.request = request
+        self.channel = grpc.insecure_channel(request.target.removeprefix("grpc://"))
+        self.infer = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                              response_deserializer=service_pb2.ModelInferResponse.FromString)
+
+    def call(self) -> np.ndarray:
+        response = self.infer(self.request.body, timeout=60)
+        for index, tensor in enumerate(response.outputs):
+            if tensor.name == self.request.output:
+                return np.frombuffer(response.raw_output_contents[index], "<f4").reshape(tuple(tensor.shape))
+        raise RuntimeError(f"the response has no output {self.request.output!r}")
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def connect(request: Request) -> _Http | _Grpc:
+    """A client for ``request``'s target: ``.call()`` sends it once and returns the output; ``.close()``."""
+    return _Grpc(request) if request.target.startswith("grpc://") else _Http(request)
 
 
 def _client(request: Request, cpu: int | None, ready: Any, go: Any, start_at: Any, seconds: float, limit: int,
@@ -76,9 +130,9 @@ def _client(request: Request, cpu: int | None, ready: Any, go: Any, start_at: An
     latencies: list[float] = []
     errors: list[str] = []
     failed = 0
-    connection = http.client.HTTPConnection(request.host, request.port, timeout=60)
+    connection = connect(request)
     try:
-        _call(connection, request)  # warm-up: connection open, first response decoded
+        connection.call()  # warm-up: connection open, first response decoded
     except Exception as exc:
         errors.append(f"warm-up: {type(exc).__name__}: {exc}"[:300])
     ready.wait()
@@ -88,13 +142,13 @@ def _client(request: Request, cpu: int | None, ready: Any, go: Any, start_at: An
     while time.monotonic() < stop and len(latencies) + failed < limit:
         started = time.perf_counter()
         try:
-            _call(connection, request)
+            connection.call()
             latencies.append(time.perf_counter() - started)
         except Exception as exc:  # counted; the figure is completed requests
             failed += 1
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
             connection.close()
-            connection = http.client.HTTPConnection(request.host, request.port, timeout=60)
+            connection = connect(request)
     results.put((latencies, failed, errors[:3], time.process_time() - cpu_before, time.monotonic()))
 
 
