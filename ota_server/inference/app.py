@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, InputError
@@ -48,6 +49,9 @@ def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> 
     from edgesdk import __version__
 
     max_body = registry.config.max_body_bytes
+    # Large JSON bodies are decoded off the loop, one at a time in arrival order: decoding holds the GIL, so
+    # more threads would only interleave the requests and stretch every one of them (the tail most).
+    decoder = ThreadPoolExecutor(1, thread_name_prefix="v2-json-decode")
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
@@ -121,7 +125,7 @@ def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> 
             length = header_length(request)
             # JSON over this size is decoded off the loop; binary tensors are views, so only their header counts.
             if (length if length is not None else len(body)) > _INLINE_DECODE_BYTES:
-                decoded = await asyncio.to_thread(decode_request, body, length)
+                decoded = await asyncio.get_running_loop().run_in_executor(decoder, decode_request, body, length)
             else:
                 decoded = decode_request(body, length)
             return decoded.inputs, [o.name for o in decoded.outputs]

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -56,7 +56,8 @@ def v2_shape(spec: TensorSpec) -> list[int]:
 class LoadedModel:
     """One model version in an ONNX Runtime session, with its batcher when batching applies."""
 
-    def __init__(self, name: str, version: str, session: Any, batching: BatchingConfig, metrics: ModelMetrics) -> None:
+    def __init__(self, name: str, version: str, session: Any, batching: BatchingConfig, metrics: ModelMetrics,
+                 instances: int = 1) -> None:
         where = f"model {name} {version}"
         self.name, self.version, self.session, self.metrics = name, version, session, metrics
         self.inputs = tuple(_spec(arg, where) for arg in session.get_inputs())
@@ -65,8 +66,11 @@ class LoadedModel:
         self.batching = batching
         self.batcher = Batcher(self.run, batching, metrics, f"{name}-{version}") if batching.enabled and dynamic \
             else None
-        # Unbatched models: the same bound on requests at once as a batcher's queue.
+        # Unbatched models: the same bound on requests at once as a batcher's queue, and ``instances`` runs at
+        # a time in first-come order (like Triton's instance count). Runs sharing one core in more threads than
+        # it has would all be slowed: at 8 clients on one core that put p99 at 111 ms against Triton's 88 ms.
         self._slots = threading.BoundedSemaphore(batching.max_queue)
+        self._runner = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{name}-{version}")
         # Compute seconds per row of the last unbatched runs. Their minimum is the model's cost: robust to
         # one slow run (the first after loading, a page fault) without hiding a model that is slow throughout.
         self._row_seconds: deque[float] = deque(maxlen=8)
@@ -126,7 +130,11 @@ class LoadedModel:
             rows = self._rows(inputs)
             if self._row_seconds and min(self._row_seconds) * rows < INLINE_RUN_S:
                 return self._run_measured(inputs, rows)
-            return await asyncio.to_thread(self._run_measured, inputs, rows)
+            try:
+                running = asyncio.get_running_loop().run_in_executor(self._runner, self._run_measured, inputs, rows)
+            except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it anyway
+                return await asyncio.to_thread(self._run_measured, inputs, rows)
+            return await running
         finally:
             self._slots.release()
 
@@ -145,9 +153,10 @@ class LoadedModel:
         return outputs
 
     def close(self) -> None:
-        """Stop the batcher (queued requests still run)."""
+        """Stop the batcher (queued requests still run) and the unbatched runner once its runs end."""
         if self.batcher is not None:
             self.batcher.close()
+        self._runner.shutdown(wait=False)
 
 
 class ModelRegistry:
@@ -262,7 +271,14 @@ class ModelRegistry:
             raise ModelFormatError(f"model {name} {version}: ONNX Runtime cannot load it ({exc})") from None
         served = self.served(name)
         batching = served.batching if served is not None else self.config.default_batching
-        return LoadedModel(name, version, session, batching, self.metrics.model(name, version))
+        return LoadedModel(name, version, session, batching, self.metrics.model(name, version), self._instances())
+
+    def _instances(self) -> int:
+        """Unbatched runs at a time: as many as fill this process's CPUs at ``threads`` each (one without a
+        thread count: ONNX Runtime's default already uses every core)."""
+        if self.config.threads is None:
+            return 1
+        return max(1, len(os.sched_getaffinity(0)) // self.config.threads)
 
     def close(self) -> None:
         """Stop every batcher and drop the sessions."""
