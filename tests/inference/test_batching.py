@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgesdk.errors import InputError
 from edgesdk.offload.v2_codec import HEADER_LENGTH, decode_response, encode_request
-from edgesdk.ota_server.inference import BatchingConfig, ServedModel
+from edgesdk.ota_server.inference import BatchingConfig, InferenceConfig, ServedModel
 from edgesdk.ota_server.inference.batcher import Batcher, QueueFullError
 from tests.inference.conftest import WIDTH_IN, reference
 from tests.inference.http import error_of, request, sample, wait_until
@@ -75,6 +76,31 @@ def test_unbatched_runs_shorter_than_a_thread_handoff_run_on_the_event_loop_and_
     for _ in range(12):  # it shows once the fast runs have left the window of the last 8
         assert post(endpoint, x)[0] == 200
     assert "admin-http" not in ran_on[-3:], ran_on
+
+
+def test_unbatched_runs_take_turns_on_as_many_threads_as_fill_the_cpus(serve):
+    cpus = len(os.sched_getaffinity(0))
+    endpoint = serve(config=InferenceConfig(models=(ServedModel("mlp", batching=BatchingConfig(enabled=False)),),
+                                            threads=cpus))  # one session fills the CPUs: one run at a time
+    model = endpoint.registry.get("mlp")
+    running, most = [0], [0]
+    lock = threading.Lock()
+    run = model.run
+
+    def counted(inputs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)  # slower than the inline threshold: these go to the runner
+        with lock:
+            running[0] -= 1
+        return run(inputs)
+
+    model.run = counted
+    with ThreadPoolExecutor(6) as pool:
+        statuses = list(pool.map(lambda _: post(endpoint, np.ones((1, WIDTH_IN), np.float32))[0], range(6)))
+    assert statuses == [200] * 6 and most[0] == 1
+    assert serve(config=InferenceConfig(threads=1)).registry.get("mlp")._runner._max_workers == cpus
 
 
 def test_batching_off_and_fixed_batch_models_run_each_request_alone(serve):
