@@ -12,20 +12,23 @@ import json
 import numpy as np
 import pytest
 
+from benchmarks._peer_venv import PeerVenv
 from edgesdk.offload import v2_codec as v2
-from tests.offload.third_party import KServeEnv, KServeServer, http
+from tests.offload.third_party import KServeServer, http, kserve_env
 
 pytestmark = pytest.mark.kserve
 
 
 @pytest.fixture(scope="module")
-def kserve_env() -> KServeEnv:
-    return KServeEnv().ensure()
+def kserve_venv() -> PeerVenv:
+    venv = kserve_env()
+    venv.ensure(timeout_s=900)
+    return venv
 
 
 @pytest.fixture(scope="module")
-def kserve_digits(kserve_env, digits_onnx, tmp_path_factory):
-    with KServeServer(kserve_env, "digits", digits_onnx, tmp_path_factory.mktemp("kserve")) as server:
+def kserve_digits(kserve_venv, digits_onnx, tmp_path_factory):
+    with KServeServer(kserve_venv, "digits", digits_onnx, tmp_path_factory.mktemp("kserve")) as server:
         yield server
 
 

@@ -3,12 +3,11 @@
 **Why a virtualenv of its own.** ``pip install kserve`` beside edgesdk's dev pins installs, but
 it downgrades protobuf (7.x -> 6.x, which onnx uses) and psutil (7.x -> 5.9) and pulls in the
 Kubernetes client, pandas, grpcio and FastAPI: far too much to ask of every developer for one
-test. So, like the onnx2tf tool environment of :mod:`edgesdk.converters.onnx2tf_tool`,
-:meth:`KServeEnv.ensure` creates a virtualenv under ``~/.cache/edgesdk/kserve-venv`` on first
-use (``$EDGESDK_KSERVE_VENV`` overrides the place) and pip-installs the pinned ``kserve`` with
-the same onnxruntime and numpy versions as this environment, so the server computes the same
-bits as a local :class:`edgesdk.Runtime` (about 50 s and 530 MB, once). A marker file is
-written only after a complete install.
+test. So :func:`kserve_env` is a cached virtualenv of its own (``benchmarks/_peer_venv.py``,
+under ``~/.cache/edgesdk/venvs/kserve-<version>``; ``$EDGESDK_KSERVE_VENV`` overrides the
+place) holding the pinned ``kserve`` with the same onnxruntime and numpy versions as this
+environment, so the server computes the same bits as a local :class:`edgesdk.Runtime` (about
+50 s and 530 MB, once; built aside and renamed into place when complete).
 
 **The server.** :class:`KServeServer` writes a small ``kserve.Model`` subclass (:data:`MODEL_SCRIPT`)
 that serves one ONNX file through onnxruntime, starts it with that environment's Python on a
@@ -39,22 +38,19 @@ free loopback port (REST only, no gRPC), waits for ``/v2/health/ready`` and stop
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
 
+from benchmarks._peer_venv import PeerVenv, clean_env
 from edgesdk.ota_server.broker import free_port
 
-__all__ = ["KSERVE_VERSION", "MODEL_SCRIPT", "KServeEnv", "KServeServer", "http"]
+__all__ = ["KSERVE_VERSION", "MODEL_SCRIPT", "kserve_env", "KServeServer", "http"]
 
 KSERVE_VERSION = "0.21.0"
 
@@ -117,71 +113,16 @@ if __name__ == "__main__":
 '''
 
 
-def _default_location() -> Path:
-    return Path(os.environ.get("EDGESDK_KSERVE_VENV") or Path.home() / ".cache" / "edgesdk" / "kserve-venv")
-
-
 def _requirements() -> tuple[str, ...]:
     """kserve pinned, with this environment's onnxruntime and numpy so both sides compute the same bits."""
     return (f"kserve=={KSERVE_VERSION}", f"onnxruntime=={metadata.version('onnxruntime')}",
             f"numpy=={metadata.version('numpy')}")
 
 
-def _clean_env() -> dict[str, str]:
-    """This process's environment without anything that would mix edgesdk's packages into the other Python."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["PYTHONNOUSERSITE"] = "1"
-    return env
-
-
-@dataclass(frozen=True)
-class KServeEnv:
-    """The virtualenv holding the pinned kserve (see the module docstring)."""
-
-    location: Path = field(default_factory=_default_location)
-
-    @property
-    def python(self) -> Path:
-        """The environment's Python interpreter."""
-        return self.location / "bin" / "python"
-
-    @property
-    def marker(self) -> Path:
-        """Written last by :meth:`ensure`, holding the requirements it installed."""
-        return self.location / ".edgesdk-installed"
-
-    @property
-    def installed(self) -> bool:
-        """True for a complete install of exactly :func:`_requirements` whose Python still exists."""
-        try:
-            return self.python.exists() and self.marker.read_text().split() == list(_requirements())
-        except OSError:
-            return False
-
-    def ensure(self, timeout_s: float = 900) -> KServeEnv:
-        """Create the environment unless a complete one exists; safe to call from several processes."""
-        if self.installed:
-            return self
-        print(f"installing kserve {KSERVE_VERSION} into {self.location} (about a minute, once)", file=sys.stderr)
-        self.location.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.location.with_name(self.location.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.installed:  # another process finished it while we waited
-                return self
-            if self.location.exists():
-                subprocess.run(["rm", "-rf", str(self.location)], check=True)
-            log_path = self.location.with_name(self.location.name + "-install.log")
-            with open(log_path, "wb") as log_file:
-                for command in ([sys.executable, "-m", "venv", str(self.location)],
-                                [str(self.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-                                 *_requirements()]):
-                    code = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=_clean_env(),
-                                          timeout=timeout_s).returncode
-                    if code != 0:
-                        raise RuntimeError(f"`{' '.join(command)}` failed (exit {code}); see {log_path}; check that "
-                                           "PyPI (or PIP_INDEX_URL) is reachable, then run the tests again")
-            self.marker.write_text("\n".join(_requirements()) + "\n")
-        return self
+def kserve_env() -> PeerVenv:
+    """The virtualenv holding the pinned kserve (see the module docstring); ``.ensure()`` installs it."""
+    return PeerVenv.named(f"kserve-{KSERVE_VERSION}", _requirements(), "import kserve, onnxruntime",
+                          "EDGESDK_KSERVE_VENV")
 
 
 def http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
@@ -203,7 +144,7 @@ class KServeServer:
     ``ready_timeout_s``), stopped on exit.
     """
 
-    def __init__(self, env: KServeEnv, name: str, model_path: Path, workdir: Path, ready_timeout_s: float = 60.0) -> None:
+    def __init__(self, env: PeerVenv, name: str, model_path: Path, workdir: Path, ready_timeout_s: float = 60.0) -> None:
         self.env, self.name, self.model_path, self.workdir = env, name, Path(model_path), Path(workdir)
         self.ready_timeout_s = ready_timeout_s
         self.port = 0
@@ -225,7 +166,7 @@ class KServeServer:
         script = self.workdir / "kserve_onnx_model.py"
         script.write_text(MODEL_SCRIPT)
         self.port = free_port()
-        env = {**_clean_env(), "EDGESDK_KSERVE_MODEL": self.name, "EDGESDK_KSERVE_PATH": str(self.model_path),
+        env = {**clean_env(), "EDGESDK_KSERVE_MODEL": self.name, "EDGESDK_KSERVE_PATH": str(self.model_path),
                "EDGESDK_KSERVE_PORT": str(self.port), "OMP_NUM_THREADS": "1"}
         with open(self.log_path, "wb") as log_file:
             self.process = subprocess.Popen([str(self.env.python), str(script)], cwd=self.workdir, env=env,
