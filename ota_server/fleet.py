@@ -30,7 +30,7 @@ from edgesdk.fleet.records import (
 )
 from edgesdk.ota_server.sql import Database, IntegrityError, open_database
 
-__all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow"]
+__all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", "DETAIL_KEYS"]
 
 _NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
 
@@ -45,6 +45,11 @@ class EventRecord:
     rollout_id: str | None
     type: str
     payload: dict[str, Any]
+
+
+#: The keys of a device's state report kept as its details: runtime statistics (latency, offload paths), disk,
+#: the previous version, energy, and the pins and slot retention it runs with.
+DETAIL_KEYS = ("runtime", "disk", "previous", "energy", "keep_slots", "pinned")
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class DeviceState:
     stale: bool | None = None
     #: When the device says it sent the report (its ``updated``; None for a last will, which has no time).
     reported: float | None = None
+    #: The report's details as JSON text: runtime statistics and offload paths, disk, previous version, energy
+    #: (what the console shows; :data:`DETAIL_KEYS`); None keeps the stored ones (a last will has none).
+    details: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,8 +152,8 @@ class FleetDB:
         """
         self.sql.execute_many(
             """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts,
-                                    root_version, stale, reported)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
+                                    root_version, stale, reported, details)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
@@ -154,12 +162,13 @@ class FleetDB:
                avg_watts=COALESCE(excluded.avg_watts, devices.avg_watts),
                root_version=CASE WHEN excluded.status='online' THEN excluded.root_version ELSE devices.root_version END,
                stale=CASE WHEN excluded.status='online' THEN excluded.stale ELSE devices.stale END,
-               reported=COALESCE(excluded.reported, devices.reported)
+               reported=COALESCE(excluded.reported, devices.reported),
+               details=COALESCE(excluded.details, devices.details)
                WHERE excluded.reported IS NULL OR devices.reported IS NULL OR excluded.reported >= devices.reported
                   OR excluded.last_seen - devices.last_seen > 600""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
-              None if s.stale is None else int(s.stale), s.reported)
+              None if s.stale is None else int(s.stale), s.reported, s.details)
              for s in sorted(states, key=lambda s: s.device_id)])  # one lock order across replicas (set_targets)
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
@@ -186,6 +195,10 @@ class FleetDB:
         """One device, or None if it never reported."""
         rows = self.sql.rows("SELECT * FROM devices WHERE id = ?", (device_id,))
         return _device(rows[0]) if rows else None
+
+    def details(self, device_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The last reported details (:attr:`DeviceState.details`) of each of ``device_ids`` that sent some."""
+        return {r["id"]: json.loads(r["details"]) for r in self._device_rows(device_ids, "details") if r["details"]}
 
     def running(self, device_ids: Iterable[str]) -> dict[str, tuple[str | None, str | None]]:
         """The (model, version) each of ``device_ids`` that has reported runs."""

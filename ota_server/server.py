@@ -28,7 +28,7 @@ from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.fleet.trust import parse_root
 from edgesdk.ota_server.chunks import ChunkDistributor
 from edgesdk.ota_server.engine import RolloutEngine
-from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB
+from edgesdk.ota_server.fleet import DETAIL_KEYS, DeviceState, EventRow, FleetDB
 from edgesdk.ota_server.freshness import TimestampPublisher
 from edgesdk.ota_server.ingest import DeviceEvent, Ingest
 from edgesdk.ota_server.measurements import Measurements
@@ -46,6 +46,12 @@ _ONLINE, _OFFLINE = b'{"status": "online"}', b'{"status": "offline"}'
 
 #: Device state, event and chunk-request messages are small JSON; anything larger is refused unparsed.
 MAX_REPORT_BYTES = 64 * 1024
+
+
+def _details(state: dict[str, Any]) -> str | None:
+    """The parts of an online state report the console shows, as JSON text (None: nothing to keep)."""
+    kept = {key: state[key] for key in DETAIL_KEYS if key in state}
+    return json.dumps(kept, separators=(",", ":")) if kept and state.get("status") == "online" else None
 
 
 def _too_large(topic: str, payload: bytes) -> bool:
@@ -272,7 +278,7 @@ class OTAServer:
                                         _figure(energy.get("avg_watts")),
                                         root_version if isinstance(root_version, int) and root_version > 0 else None,
                                         trust["stale"] if isinstance(trust.get("stale"), bool) else None,
-                                        _figure(state.get("updated"))))
+                                        _figure(state.get("updated")), _details(state)))
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 

@@ -72,6 +72,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (6, "order: the device's own time of its last state, so a report written late by another replica is ignored", (
         "ALTER TABLE devices ADD COLUMN reported {real}",
     )),
+    (7, "console: each device's last reported details (runtime statistics, offload paths, disk, previous version)", (
+        "ALTER TABLE devices ADD COLUMN details TEXT",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},

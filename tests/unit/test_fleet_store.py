@@ -97,6 +97,17 @@ def test_a_later_report_keeps_known_fields_and_a_last_will_keeps_the_slots(db):
     assert (device.status, device.version, device.slots, device.last_seen) == ("offline", "1.0.0", ("digits-1.0.0",), 2.0)
 
 
+def test_a_devices_details_are_kept_until_its_next_online_report(db):
+    details = '{"runtime":{"p99_ms":12.5,"paths":{"local":{"count":9},"cloud":{"count":1}}},"disk":{"free_bytes":7}}'
+    db.upsert_devices([DeviceState("cam1", "cams", "online", "digits", "1.0.0", (), 1.0, details=details)])
+    db.upsert_devices([DeviceState("cam1", "cams", "offline", None, None, (), 2.0)])  # a last will: no details
+    assert db.details(["cam1", "cam2"]) == {"cam1": {"runtime": {"p99_ms": 12.5, "paths": {"local": {"count": 9},
+                                                                                          "cloud": {"count": 1}}},
+                                                     "disk": {"free_bytes": 7}}}
+    db.upsert_devices([DeviceState("cam1", "cams", "online", "digits", "1.0.0", (), 3.0, details='{"disk":{}}')])
+    assert db.details(["cam1"]) == {"cam1": {"disk": {}}}
+
+
 def test_one_running_rollout_per_group_is_enforced_by_the_database(db):
     _devices(db, 2)
     db.add_rollout("r1", "digits", "2.0.0", "cams", POLICY, [[("cam00000", "1.0.0")], [("cam00001", "1.0.0")]])
