@@ -62,6 +62,14 @@ class FleetCounts(Protocol):
         """(model, version, devices reporting, mean energy per inference mJ, mean average W) of online devices."""
         ...
 
+    def rollouts(self, state: RolloutState | None = None) -> list[Any]:
+        """Rollout summaries (``id``, ``model``, ``version``, ``group``), of ``state`` if given."""
+        ...
+
+    def target_counts(self, rollout_id: str) -> dict[tuple[int, Any], int]:
+        """How many targets of each (stage, status) a rollout has."""
+        ...
+
     def trust_counts(self) -> list[tuple[int, bool, int]]:
         """(root version, stale, online devices) of the devices on a root of trust."""
         ...
@@ -162,10 +170,11 @@ class _FleetCollector:
 
     def collect(self) -> Iterator[Any]:
         """One query of device counts and one of rollout counts; a failing store reports ``scrape_ok 0``."""
-        devices, rollouts, ok, energy, reporting, watts, roots, stale = self._families()
+        devices, rollouts, ok, energy, reporting, watts, roots, stale, targets = self._families()
         try:
             device_counts = self._db.device_counts()
             rollout_counts = self._db.rollout_counts()
+            running = [(r, self._db.target_counts(r.id)) for r in self._db.rollouts(RolloutState.RUNNING)]
             energy_rows = self._db.energy_by_version()
             trust_rows = self._db.trust_counts()
         except Exception as exc:  # a scrape must not fail because the database blinked; say so in a series
@@ -189,11 +198,17 @@ class _FleetCollector:
         for root_version, count in sorted(by_root.items()):
             roots.add_metric([str(root_version)], count)
         stale.add_metric([], sum(count for _, is_stale, count in trust_rows if is_stale))
+        for summary, counts in running:
+            by_status: dict[str, int] = {}
+            for (_, status), count in counts.items():
+                by_status[str(status)] = by_status.get(str(status), 0) + count
+            for status, count in sorted(by_status.items()):
+                targets.add_metric([summary.id, summary.model, summary.version, summary.group, status], count)
         ok.add_metric([], 1)
-        yield from (devices, rollouts, ok, energy, reporting, watts, roots, stale)
+        yield from (devices, rollouts, ok, energy, reporting, watts, roots, stale, targets)
 
     @staticmethod
-    def _families() -> tuple[Any, Any, Any, Any, Any, Any, Any, Any]:
+    def _families() -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any]:
         from prometheus_client.core import GaugeMetricFamily
 
         by_version = ("model", "version")
@@ -211,4 +226,6 @@ class _FleetCollector:
                 GaugeMetricFamily("edgesdk_ota_devices_by_root_version", "Online devices on a root of trust, by the "
                                   "root version they hold.", labels=("root_version",)),
                 GaugeMetricFamily("edgesdk_ota_devices_stale", "Online devices whose newest signed timestamp expired "
-                                  "(updates withheld, or the server stopped publishing them)."))
+                                  "(updates withheld, or the server stopped publishing them)."),
+                GaugeMetricFamily("edgesdk_ota_rollout_targets", "Devices of each running rollout by status (its "
+                                  "progress).", labels=("rollout", "model", "version", "group", "status")))

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.records import RolloutPolicy, RolloutState
+from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.metrics import ServerMetrics
@@ -62,6 +62,20 @@ def test_rollouts_are_counted_by_state_with_zero_for_states_with_none(fleet):
     found = samples(metrics)
     assert {state: series(found, "edgesdk_ota_rollouts", state=state.value) for state in RolloutState} == {
         RolloutState.RUNNING: 1, RolloutState.COMPLETED: 1, RolloutState.ABORTED: 0}
+
+
+def test_a_running_rollouts_devices_are_counted_by_status_and_a_finished_one_drops_out(fleet):
+    for device in ("cam-1", "cam-2", "cam-3"):
+        fleet.upsert_device(device, "lab", "online", "digits", "1.0", [])
+    fleet.add_rollout("r1", "digits", "2.0", "lab", RolloutPolicy(), [[("cam-1", "1.0")], [("cam-2", "1.0"),
+                                                                                        ("cam-3", "1.0")]])
+    fleet.set_target("r1", "cam-1", TargetStatus.COMMITTED)
+    found = samples(ServerMetrics(fleet))
+    labels = {"rollout": "r1", "model": "digits", "version": "2.0", "group": "lab"}
+    assert series(found, "edgesdk_ota_rollout_targets", **labels, status="committed") == 1
+    assert series(found, "edgesdk_ota_rollout_targets", **labels, status="pending") == 2
+    fleet.end_rollout("r1", RolloutState.COMPLETED, "done")
+    assert not [k for k in samples(ServerMetrics(fleet)) if k[0] == "edgesdk_ota_rollout_targets"]
 
 
 def test_the_energy_devices_report_is_averaged_by_version(fleet):
