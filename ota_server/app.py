@@ -49,6 +49,8 @@ class ServerSetup:
     server_class: type[OTAServer] = OTAServer
     #: ``HOST:PORT`` of the KServe V2 inference endpoint (cloud offload), or None for none. No auth: data plane.
     inference: str | None = None
+    #: Serve the operator console at ``/ui`` on the admin API's address (needs ``http``).
+    console: bool = False
     #: ``HOST:PORT`` of the KServe V2 gRPC service beside it (needs ``inference``), or None for HTTP only.
     inference_grpc: str | None = None
     #: What the inference endpoint serves (None: every model, newest version, batching on; see
@@ -120,7 +122,8 @@ def build_server(setup: ServerSetup) -> RunningServer:
 
             assert setup.token
             host, port = parse_listen(setup.http)
-            running.http = HttpServer(create_app(ota, setup.token, metrics=ota.metrics), host, port).start()
+            running.http = HttpServer(create_app(ota, setup.token, metrics=ota.metrics, console=setup.console),
+                                      host, port).start()
     except BaseException:
         running.stop()
         raise

@@ -36,17 +36,18 @@ __all__ = ["create_app", "HttpServer"]
 
 
 def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3,
-               metrics: ServerMetrics | None = None) -> Any:
+               metrics: ServerMetrics | None = None, console: bool = False) -> Any:
     """The Starlette app of the admin API for ``server``, answering only requests that carry ``token``.
 
     ``metrics`` enables ``GET /metrics`` (same token: Prometheus sends it as ``authorization`` in
-    its scrape config); without it that route answers 404.
+    its scrape config); without it that route answers 404. ``console`` mounts the operator
+    console at ``/ui`` (:mod:`edgesdk.ota_server.console`; its login takes the same token).
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
+    from starlette.routing import Mount, Route
 
     def error(status: int, exc: Exception | str) -> JSONResponse:
         return JSONResponse({"error": str(exc), "type": type(exc).__name__ if isinstance(exc, Exception) else "Error"},
@@ -177,7 +178,13 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         body, content_type = await run_in_threadpool(metrics.render)
         return Response(body, media_type=content_type)
 
+    routes: list[Any] = []
+    if console:
+        from edgesdk.ota_server.console import PREFIX, create_console
+
+        routes.append(Mount(PREFIX, app=create_console(server, token)))
     return Starlette(routes=[
+        *routes,
         Route("/api/bundles", guarded(upload), methods=["POST"]),
         Route("/api/bundles", guarded(bundles), methods=["GET"]),
         Route("/api/bundles/{name}/{version}/pin", guarded(pin), methods=["POST"]),

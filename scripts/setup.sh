@@ -26,6 +26,17 @@ command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initd
 # (the dynamic build: it loads the instruction-counting plugin). The userland is made from Debian's
 # arm64 packages, so apt must list them (see converters/userland.py).
 command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
+# The operator console's browser tests drive Debian's chromium through its WebDriver (tests/ota/test_console_browser.py).
+command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || apt_packages+=(chromium-driver)
+# benchmarks/endpoint.py's PyTriton peer: Triton's Python backend stub links the system libpython3.11,
+# so its venv is made from the system python3.11 (benchmarks/_endpoint_peers.py).
+if [ -x /usr/bin/python3.11 ]; then
+  /usr/bin/python3.11 -c 'import venv, ensurepip' 2>/dev/null || apt_packages+=(python3.11-venv)
+else
+  apt_packages+=(python3.11 python3.11-venv)
+fi
+ldconfig -p 2>/dev/null | grep -q 'libpython3\.11\.so\.1\.0' || apt_packages+=(libpython3.11)
 need_arm64=0
 command -v dpkg >/dev/null 2>&1 && ! dpkg --print-foreign-architectures | grep -qx arm64 && need_arm64=1
 if ((need_arm64)) && [ "$(id -u)" = 0 ]; then

@@ -12,13 +12,14 @@ from typing import Any
 import click
 
 
-def _require_server_extra(embedded_broker: bool, inference: bool = False, grpc: bool = False) -> None:
+def _require_server_extra(embedded_broker: bool, inference: bool = False, grpc: bool = False,
+                          console: bool = False) -> None:
     """Fail with the install hint, before any work, when the ``[server]`` extra is missing."""
     import importlib
 
     from edgesdk.errors import EdgeSDKError
 
-    modules = ["starlette", "uvicorn", *(["amqtt"] if embedded_broker else []),
+    modules = ["starlette", "uvicorn", *(["jinja2"] if console else []), *(["amqtt"] if embedded_broker else []),
                *(["prometheus_client"] if inference else []), *(["grpc"] if grpc else [])]
     missing = []
     for module in modules:
@@ -56,6 +57,8 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned bundles.")
 @click.option("--http", "http_address", default="127.0.0.1:8080", show_default=True, help="Admin API HOST:PORT.")
 @click.option("--token", envvar="EDGESDK_TOKEN", help="Admin API token (default: read or create --token-file).")
+@click.option("--ui", "console", is_flag=True,
+              help="Serve the operator console at /ui on the --http address (log in with the admin token).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="Default: admin.token beside a SQLite --db (with PostgreSQL, give --token or --token-file).")
 @click.option("--replica", is_flag=True,
@@ -99,7 +102,8 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--timestamp-expires", default="5m", show_default=True, help="How long each timestamp is valid.")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
-           bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, token_file: str | None,
+           bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, console: bool,
+           token_file: str | None,
            replica: bool, server_name: str | None, lease: str, credentials: str | None, ca_file: str | None,
            keep_latest: int, embedded_broker: bool,
            inference_address: str | None, inference_grpc: str | None, inference_config: str | None,
@@ -132,7 +136,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         offload_url = f"http://{inference_address}"
     if offload_url is not None and not offload_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"{offload_url!r} is not an http:// or https:// URL", param_hint="--offload-url")
-    _require_server_extra(embedded_broker, inference_address is not None, inference_grpc is not None)
+    _require_server_extra(embedded_broker, inference_address is not None, inference_grpc is not None, console)
     from edgesdk.logs import configure
 
     configure(info_loggers=("edgesdk.ota_server",))  # rollout transitions are the operator's record
@@ -157,13 +161,14 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
                      timestamp_every_s=parse_duration(timestamp_every), timestamp_expires_s=parse_duration(timestamp_expires)),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
-        keep_latest=keep_latest, http=http_address,
+        keep_latest=keep_latest, http=http_address, console=console,
         token=_token(token, Path(token_file) if token_file else Path(db).parent / "admin.token"),
         inference=inference_address, inference_grpc=inference_grpc,
         inference_config=_inference_config(inference_config, inference_threads) if inference_address else None,
         root=Path(root_file).read_bytes() if root_file else None,
         timestamp_key=load_private_key(timestamp_key) if timestamp_key else None))
     click.echo(f"edgesdk server: broker {broker}, admin API {running.url}"
+               + (f", console {running.url}/ui/" if console else "")
                + (f", inference {running.inference_url}/v2" if running.inference_url else "")
                + (f", inference gRPC {running.inference.grpc_address}" if inference_grpc else ""), err=True)
     _wait_for_signal()

@@ -152,3 +152,24 @@ def read_retained(broker_url: str, topic: str) -> bytes:
     finally:
         reader.close()
     return got[-1]
+
+
+@pytest.fixture
+def console_fleet(broker, start_server, make_agent, bundles) -> tuple[RunningServer, list[DeviceAgent]]:
+    """A server with the console (admin token ``console_client.TOKEN``), agents cam0-cam2 in ``cams`` and ``door``
+    in ``lobby``, all running digits 1.0.0; bundles 1.0.0 and 2.0.0 stored."""
+    from edgesdk.fleet.protocol import pack_bundle
+    from edgesdk.fleet.records import RolloutPolicy
+    from tests.ota.console_client import TOKEN
+
+    running = start_server(broker.url, token=TOKEN, console=True)
+    server = running.ota
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(3)] + [make_agent("door", broker.url, group="lobby")]
+    wait_for(lambda: server.db.device_total(status="online") == 4, what="4 devices online")
+    server.upload(pack_bundle(bundles["1.0.0"]))
+    server.upload(pack_bundle(bundles["2.0.0"]))
+    for group in ("cams", "lobby"):
+        rollout = server.start_rollout("digits", "1.0.0", group, RolloutPolicy(canary=1.0, waves=(1.0,),
+                                                                                health_window_s=0))
+        wait_for(lambda r=rollout: server.status(r, targets=False).state != "running", timeout=60, what="1.0.0")
+    return running, agents

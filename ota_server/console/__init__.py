@@ -1,0 +1,10 @@
+"""The operator console: the fleet, rollouts, models and their health in a browser, at ``/ui`` on the admin address.
+
+Enabled with ``edgesdk server --ui`` (``ServerSetup(console=True)``); without it nothing here is
+imported. See :mod:`.app` for the pages and how each is protected, :mod:`.views` for what they
+read, and :mod:`.session` for the login cookie and CSRF tokens.
+"""
+
+from .app import PREFIX, create_console
+
+__all__ = ["PREFIX", "create_console"]

@@ -1,0 +1,193 @@
+"""The console's Starlette app, mounted at ``/ui`` on the admin address (``create_app(..., console=True)``).
+
+Server-rendered Jinja2 pages, a stylesheet and one small script (the live rollout view's
+``EventSource``), all served from the package: no CDN, no build step.
+
+    GET  /ui/login, POST /ui/login, POST /ui/logout     the admin token in, a session cookie out
+    GET  /ui/                                          fleet: groups, counts, a page of devices
+    GET  /ui/devices/{id}                              one device
+    GET  /ui/rollouts, /ui/rollouts/{id}               rollouts; one rollout's stages, failures, versions
+    GET  /ui/rollouts/{id}/live                        server-sent events: the rollout's progress as it changes
+    POST /ui/rollouts/{id}/{promote|abort|rollback}    a confirmation page, then the action (the API's code path)
+    GET  /ui/repository                                models, versions, sizes, signers, conversion figures
+
+Every page but the login needs the session cookie (a GET without one is sent to the login page,
+a POST or event stream gets 403); every POST needs the session's CSRF token (403 without it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
+from edgesdk.ota_server.server import OTAServer
+
+from . import views
+from .session import COOKIE, LOGIN_COOKIE, SESSION_S, Sessions
+
+__all__ = ["create_console", "PREFIX"]
+
+PREFIX = "/ui"
+_HERE = Path(__file__).resolve().parent
+#: How often the live view looks for a change, and how often it sends a keep-alive comment.
+POLL_S, KEEPALIVE_S = 0.5, 15.0
+#: Cap on one event stream (the page reconnects by itself).
+STREAM_S = 3600.0
+_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+            "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff"}
+
+
+def create_console(server: OTAServer, token: str) -> Any:
+    """The console app for ``server``, its sessions keyed by the admin ``token``."""
+    import secrets
+
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    sessions = Sessions(token)
+    templates = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(["html"]))
+    templates.filters["quote"] = lambda text: quote(str(text), safe="")
+
+    def render(template: str, code: int = 200, **context: Any) -> HTMLResponse:
+        html = templates.get_template(template).render(prefix=PREFIX, **context)
+        return HTMLResponse(html, status_code=code, headers=_HEADERS)
+
+    async def form(request: Request) -> dict[str, str]:
+        body = (await request.body())[:65536].decode("utf-8", "replace")
+        return {key: values[-1] for key, values in parse_qs(body).items()}
+
+    def session_of(request: Request) -> str | None:
+        return sessions.nonce(request.cookies.get(COOKIE))
+
+    def page(handler: Any) -> Any:
+        """A page behind the session (and, for a POST, its CSRF token); store errors become error pages."""
+        async def endpoint(request: Request) -> Response:
+            nonce = session_of(request)
+            if nonce is None:
+                if request.method == "GET" and not request.url.path.endswith("/live"):
+                    return RedirectResponse(f"{PREFIX}/login", status_code=303)
+                return render("error.html", 403, title="Not logged in", message="log in with the admin token first")
+            fields = await form(request) if request.method == "POST" else {}
+            if request.method == "POST" and not sessions.csrf_ok(nonce, fields.get("csrf")):
+                return render("error.html", 403, title="Refused", message="the form's CSRF token is missing or "
+                              "wrong; reload the page and submit it again")
+            request.state.csrf, request.state.fields = sessions.csrf(nonce), fields
+            try:
+                response: Response = await handler(request)
+                return response
+            except NotFoundError as exc:
+                return render("error.html", 404, title="Not found", message=str(exc), csrf=request.state.csrf)
+            except ConflictError as exc:
+                return render("error.html", 409, title="Not possible now", message=str(exc), csrf=request.state.csrf)
+            except EdgeSDKError as exc:
+                return render("error.html", 400, title="Refused", message=str(exc), csrf=request.state.csrf)
+        return endpoint
+
+    async def login_form(request: Request) -> Response:
+        login_token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
+        response = render("login.html", login_token=login_token, error=None)
+        response.set_cookie(LOGIN_COOKIE, login_token, httponly=True, samesite="strict", path=PREFIX)
+        return response
+
+    async def login(request: Request) -> Response:
+        fields = await form(request)
+        expected = request.cookies.get(LOGIN_COOKIE)
+        cookie = sessions.login(fields.get("token", "")) if expected and fields.get("login") == expected else None
+        if cookie is None:
+            return render("login.html", 401, login_token=expected or "", error="wrong or missing admin token "
+                          "(it is in admin.token beside the server's database, or what --token was given)")
+        response = RedirectResponse(f"{PREFIX}/", status_code=303)
+        response.set_cookie(COOKIE, cookie, max_age=int(SESSION_S), httponly=True, samesite="strict", path=PREFIX)
+        return response
+
+    async def logout(request: Request) -> Response:
+        nonce = session_of(request)
+        if nonce is not None:
+            sessions.logout(nonce)
+        response = RedirectResponse(f"{PREFIX}/login", status_code=303)
+        response.delete_cookie(COOKIE, path=PREFIX)
+        return response
+
+    async def fleet(request: Request) -> Response:
+        q = request.query_params
+        data = await run_in_threadpool(views.fleet, server, q.get("group"), q.get("status"), q.get("after"))
+        return render("fleet.html", csrf=request.state.csrf, **data)
+
+    async def device(request: Request) -> Response:
+        data = await run_in_threadpool(views.device, server, request.path_params["id"])
+        if data is None:
+            raise NotFoundError(f"no device {request.path_params['id']!r} has reported")
+        return render("device.html", csrf=request.state.csrf, **data)
+
+    async def rollouts(request: Request) -> Response:
+        return render("rollouts.html", csrf=request.state.csrf, rollouts=await run_in_threadpool(views.rollouts, server))
+
+    async def rollout(request: Request) -> Response:
+        data = await run_in_threadpool(views.rollout, server, request.path_params["id"])
+        return render("rollout.html", csrf=request.state.csrf, **data)
+
+    async def live(request: Request) -> Response:
+        rollout_id = request.path_params["id"]
+        first = await run_in_threadpool(views.progress, server, rollout_id)  # NotFoundError before the stream
+
+        async def events() -> Any:
+            last, quiet, loop = None, 0.0, asyncio.get_running_loop()
+            started = loop.time()
+            current = first
+            while loop.time() - started < STREAM_S and not await request.is_disconnected():
+                if current != last:
+                    yield f"event: progress\ndata: {json.dumps(current)}\n\n"
+                    last, quiet = current, 0.0
+                elif quiet >= KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    quiet = 0.0
+                await asyncio.sleep(POLL_S)
+                quiet += POLL_S
+                current = await run_in_threadpool(views.progress, server, rollout_id)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def action(request: Request) -> Response:
+        rollout_id, verb = request.path_params["id"], request.path_params["action"]
+        if verb not in ("promote", "abort", "rollback"):
+            raise NotFoundError(f"unknown action {verb!r}; use promote, abort or rollback")
+        fields = request.state.fields
+        if fields.get("confirm") != "yes":
+            summary = await run_in_threadpool(server.status, rollout_id, targets=False)
+            return render("confirm.html", csrf=request.state.csrf, verb=verb, rollout=summary.to_json())
+        if verb == "promote":
+            await run_in_threadpool(server.promote, rollout_id)
+        elif verb == "abort":
+            await run_in_threadpool(server.abort, rollout_id, "aborted from the console")
+        else:
+            rollout_id = await run_in_threadpool(server.rollback, rollout_id, fields.get("to") or None)
+        return RedirectResponse(f"{PREFIX}/rollouts/{quote(rollout_id, safe='')}", status_code=303)
+
+    async def repository(request: Request) -> Response:
+        return render("repository.html", csrf=request.state.csrf,
+                      models=await run_in_threadpool(views.repository, server))
+
+    return Starlette(routes=[
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", page(logout), methods=["POST"]),
+        Route("/", page(fleet), methods=["GET"]),
+        Route("/devices/{id}", page(device), methods=["GET"]),
+        Route("/rollouts", page(rollouts), methods=["GET"]),
+        Route("/rollouts/{id}", page(rollout), methods=["GET"]),
+        Route("/rollouts/{id}/live", page(live), methods=["GET"]),
+        Route("/rollouts/{id}/{action}", page(action), methods=["POST"]),
+        Route("/repository", page(repository), methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
+    ])

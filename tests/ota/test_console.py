@@ -1,0 +1,140 @@
+"""The operator console over HTTP: login, pages from a real server with real agents, CSRF, actions, live progress."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.ota_server.console.session import COOKIE, Sessions
+from tests.ota.conftest import wait_for
+from tests.ota.console_client import TOKEN, ConsoleClient
+
+
+def logged_in(running) -> ConsoleClient:
+    client = ConsoleClient(running.url)
+    assert client.login(TOKEN).url.endswith("/ui/")
+    return client
+
+
+def test_a_wrong_token_is_refused_and_every_page_needs_the_session(console_fleet):
+    running, _ = console_fleet
+    client = ConsoleClient(running.url)
+    assert client.get("/ui/").url.endswith("/ui/login")  # sent to the login page
+    refused = client.login("not-the-token")
+    assert refused.status == 401 and "wrong or missing admin token" in refused.html and client.cookie(COOKIE) is None
+    assert client.get("/ui/rollouts/x/live").status == 403
+    # The login form's double-submit token: a login posted from elsewhere (no cookie) is refused even with the token.
+    assert ConsoleClient(running.url).post("/ui/login", {"login": "guess", "token": TOKEN}).status == 401
+    client.login(TOKEN)
+    cookie = client.cookie(COOKIE)
+    assert cookie is not None and cookie.has_nonstandard_attr("HttpOnly") and cookie.path == "/ui"
+    raw = urllib.request.urlopen(urllib.request.Request(f"{running.url}/ui/login"))
+    assert "frame-ancestors 'none'" in raw.headers["Content-Security-Policy"]
+
+
+def test_the_session_cookie_is_signed_expires_and_is_revoked_at_logout():
+    clock = [1000.0]
+    sessions = Sessions("tok", lifetime_s=60, clock=lambda: clock[0])
+    assert sessions.login("wrong") is None
+    cookie = sessions.login("tok")
+    nonce = sessions.nonce(cookie)
+    assert nonce and sessions.csrf_ok(nonce, sessions.csrf(nonce)) and not sessions.csrf_ok(nonce, "x" * 64)
+    expires, rest = cookie.split(".", 1)
+    assert sessions.nonce(f"{int(expires) + 3600}.{rest}") is None  # a lengthened expiry breaks the signature
+    assert Sessions("other-token").nonce(cookie) is None  # a new admin token ends every session
+    clock[0] += 61
+    assert sessions.nonce(cookie) is None
+    clock[0] -= 61
+    sessions.logout(nonce)
+    assert sessions.nonce(cookie) is None
+
+
+def test_fleet_device_rollout_and_repository_pages_show_the_real_fleet(console_fleet):
+    running, _ = console_fleet
+    client = logged_in(running)
+    home = client.get("/ui/")
+    assert home.status == 200 and "cams" in home.html and "lobby" in home.html
+    assert "digits 1.0.0: 3" in home.html and "online 3" in home.html and "Devices (4)" in home.html
+    lobby = client.get("/ui/?group=lobby")
+    assert "door" in lobby.html and "cam0" not in lobby.html.split("Devices in lobby")[1]
+    device = client.get("/ui/devices/cam1")
+    assert device.status == 200 and "digits 1.0.0" in device.html and "committed" in device.html
+    assert "MB free" in device.html  # the disk figures of its state report, kept as its details
+    assert client.get("/ui/devices/nobody").status == 404
+    rollouts = client.get("/ui/rollouts")
+    assert rollouts.html.count("completed") >= 2
+    repository = client.get("/ui/repository")
+    assert "2.0.0" in repository.html and "1.0.0" in repository.html and "onnx-fp32" in repository.html
+    assert "unsigned" not in repository.html  # the bundles carry the converter's signature
+
+
+def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(console_fleet):
+    running, _ = console_fleet
+    server = running.ota
+    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
+                                                                          health_window_s=3600))
+    client = logged_in(running)
+    forged = client.post(f"/ui/rollouts/{rollout}/abort", {"confirm": "yes"})
+    assert forged.status == 403 and "CSRF" in forged.html
+    wrong = client.post(f"/ui/rollouts/{rollout}/abort", {"confirm": "yes", "csrf": "0" * 64})
+    assert wrong.status == 403
+    assert server.status(rollout, targets=False).state == "running"
+
+
+def test_abort_from_the_console_asks_first_then_takes_the_apis_path_and_devices_roll_back(console_fleet):
+    running, agents = console_fleet
+    server = running.ota
+    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
+                                                                          health_window_s=3600))
+    wait_for(lambda: sum(a.current_version() == ("digits", "2.0.0") for a in agents) == 1, timeout=60,
+             what="the canary on 2.0.0")
+    client = logged_in(running)
+    page = client.get(f"/ui/rollouts/{rollout}")
+    assert "canary" in page.html and "running" in page.html
+    action = f"/ui/rollouts/{rollout}/abort"
+    confirm = client.post(action, {"csrf": page.field("csrf", action)})
+    assert confirm.status == 200 and "Yes, abort" in confirm.html
+    assert server.status(rollout, targets=False).state == "running"  # nothing happens before the confirmation
+    done = client.post(action, {"csrf": confirm.field("csrf", action), "confirm": "yes"})
+    assert done.status == 200 and done.url.endswith(f"/ui/rollouts/{rollout}")
+    assert server.status(rollout, targets=False).state == "aborted"
+    wait_for(lambda: all(a.current_version() == ("digits", "1.0.0") for a in agents[:3]), timeout=60,
+             what="the canary back on 1.0.0")
+    assert "aborted from the console" in client.get(f"/ui/rollouts/{rollout}").html
+
+
+def test_the_live_view_streams_a_stage_change_as_it_happens(console_fleet):
+    running, agents = console_fleet
+    server = running.ota
+    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
+                                                                          health_window_s=3600))
+    client = logged_in(running)
+    cookie = client.cookie(COOKIE)
+    request = urllib.request.Request(f"{running.url}/ui/rollouts/{rollout}/live",
+                                     headers={"Cookie": f"{COOKIE}={cookie.value}"})
+    with urllib.request.urlopen(request, timeout=30) as stream:
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+
+        def next_progress() -> dict:
+            for raw in stream:
+                line = raw.decode().strip()
+                if line.startswith("data: "):
+                    return json.loads(line[len("data: "):])
+            raise AssertionError("the stream ended")
+
+        first = next_progress()
+        assert first["state"] == "running"
+        server.promote(rollout)  # the second stage goes out: the stream says so without being asked again
+        seen = first
+        while not (seen["stage"] == 1 and seen["stages"][1]["sent"]):
+            seen = next_progress()
+    assert seen["stages"][0]["size"] == 1 and seen["stages"][1]["size"] == 2
+
+
+def test_the_console_is_not_imported_unless_it_is_enabled():
+    code = ("import sys, edgesdk.ota_server.app, edgesdk.ota_server.http_api, edgesdk.cli.server; "
+            "print(sorted(m for m in sys.modules if m.startswith('edgesdk.ota_server.console') or m == 'jinja2'))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
