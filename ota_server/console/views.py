@@ -63,8 +63,8 @@ def device(server: OTAServer, device_id: str, now: float | None = None) -> dict[
     if record is None:
         return None
     details = server.db.details([device_id]).get(device_id, {})
-    runtime = details.get("runtime") or {}
-    paths = runtime.get("paths") or {}
+    runtime = _figures(details.get("runtime"))
+    paths = {name: _figures(path) for name, path in (runtime.get("paths") or {}).items()}
     events = server.db.events(device_id=device_id)[-20:]
     return {"device": {**record.to_json(), "age": _age(record.last_seen, now),
                        "stale": record.status != "online" or now - record.last_seen > STALE_AFTER_S},
@@ -72,6 +72,12 @@ def device(server: OTAServer, device_id: str, now: float | None = None) -> dict[
             "energy": details.get("energy") or {}, "disk": details.get("disk") or {},
             "events": [{"type": e.type, "rollout": e.rollout_id, "age": _age(e.ts, now),
                         "detail": e.payload.get("reason") or e.payload.get("event") or ""} for e in reversed(events)]}
+
+
+def _figures(reported: Any) -> dict[str, Any]:
+    """A reported statistics object with every figure the pages show present (None when the device left it out)."""
+    reported = reported if isinstance(reported, dict) else {}
+    return {key: None for key in ("count", "errors", "p50_ms", "p99_ms", "refused", "fallbacks", "breaker")} | reported
 
 
 def rollouts(server: OTAServer) -> list[dict[str, Any]]:

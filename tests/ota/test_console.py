@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.console.session import COOKIE, Sessions
+from edgesdk.ota_server.fleet import DeviceState
 from tests.ota.conftest import wait_for
 from tests.ota.console_client import TOKEN, ConsoleClient
 
@@ -69,6 +71,18 @@ def test_fleet_device_rollout_and_repository_pages_show_the_real_fleet(console_f
     repository = client.get("/ui/repository")
     assert "2.0.0" in repository.html and "1.0.0" in repository.html and "onnx-fp32" in repository.html
     assert "unsigned" not in repository.html  # the bundles carry the converter's signature
+
+
+def test_a_devices_runtime_figures_and_offload_paths_are_shown_even_when_some_are_missing(console_fleet):
+    running, _ = console_fleet
+    details = {"runtime": {"count": 120, "errors": 1, "p50_ms": 21.5, "p99_ms": 48.25,
+                           "paths": {"local": {"count": 100, "errors": 0, "p99_ms": 47.0}, "cloud": {"count": 20}},
+                           "refused": 2, "fallbacks": 1, "breaker": "closed"}}
+    running.ota.db.upsert_devices([DeviceState("cam9", "cams", "online", "digits", "1.0.0", (), time.time(),
+                                               details=json.dumps(details))])
+    page = logged_in(running).get("/ui/devices/cam9")
+    assert page.status == 200 and "48.25" in page.html and "47.0" in page.html and "breaker closed" in page.html
+    assert "Refused 2, cloud fallbacks 1" in page.html
 
 
 def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(console_fleet):
