@@ -30,7 +30,7 @@ def test_a_changed_requirement_list_rebuilds_in_place(tmp_path):
     env = venv(tmp_path)
     env.ensure(timeout_s=120, announce=lambda message: None)
     (env.location / "stale-file").write_text("from the old build")
-    changed = PeerVenv(env.location, ("pip",), env.check)  # pip is in every venv: no download
+    changed = PeerVenv(env.location, ("pip",), env.check)  # ensurepip brings it: no download
     assert not changed.installed
     assert changed.ensure(timeout_s=300, announce=lambda message: None) is not None
     assert changed.installed and not (env.location / "stale-file").exists() and not env.installed
