@@ -152,3 +152,35 @@ def test_the_console_is_not_imported_unless_it_is_enabled():
     code = ("import sys, edgesdk.ota_server.app, edgesdk.ota_server.http_api, edgesdk.cli.server; "
             "print(sorted(m for m in sys.modules if m.startswith('edgesdk.ota_server.console') or m == 'jinja2'))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_edgesdk_server_with_ui_serves_the_console_from_the_command_line(tmp_path, keys):
+    import os
+    import signal
+    from pathlib import Path
+
+    from edgesdk.ota_server.broker import free_port
+
+    port = free_port()
+    with open(tmp_path / "server.log", "ab") as log:
+        process = subprocess.Popen([str(Path(sys.executable).parent / "edgesdk"), "server", "--embedded-broker",
+                                    "--repo", str(tmp_path / "repo"), "--db", str(tmp_path / "fleet.db"),
+                                    "--key", str(keys["dir"] / "server.key"), "--allow-unsigned",
+                                    "--http", f"127.0.0.1:{port}", "--token", TOKEN, "--ui"],
+                                   stdout=log, stderr=log, env={k: v for k, v in os.environ.items()
+                                                                if k != "PYTHONWARNINGS"})
+    try:
+        client = ConsoleClient(f"http://127.0.0.1:{port}")
+
+        def answering() -> bool:
+            try:
+                return client.get("/ui/login").status == 200
+            except OSError:
+                return False
+
+        wait_for(answering, timeout=30, what="the console of `edgesdk server --ui`")
+        assert client.login(TOKEN).url.endswith("/ui/") and "No device has reported yet" in client.get("/ui/").html
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    assert f"console http://127.0.0.1:{port}/ui/" in (tmp_path / "server.log").read_text()
