@@ -36,7 +36,7 @@ if [ -x /usr/bin/python3.11 ]; then
 else
   apt_packages+=(python3.11 python3.11-venv)
 fi
-ldconfig -p 2>/dev/null | grep -q 'libpython3\.11\.so\.1\.0' || apt_packages+=(libpython3.11)
+compgen -G '/usr/lib/*/libpython3.11.so.1.0' >/dev/null || apt_packages+=(libpython3.11)
 need_arm64=0
 command -v dpkg >/dev/null 2>&1 && ! dpkg --print-foreign-architectures | grep -qx arm64 && need_arm64=1
 if ((need_arm64)) && [ "$(id -u)" = 0 ]; then
