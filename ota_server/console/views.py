@@ -6,9 +6,9 @@ page costs the same at 10 devices or 10,000.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,16 +120,16 @@ class VersionFigures:
                 "offload_share": self.cloud / ran if ran else None}
 
 
-def _by_version(server: OTAServer, device_ids: Iterable[str]) -> list[dict[str, Any]]:
-    ids = list(device_ids)
-    running = server.db.running(ids)
-    details = server.db.details(ids)
+def _by_version(server: OTAServer, rollout_id: str) -> list[dict[str, Any]]:
+    """Per version now running on the rollout's devices: how many, and their reported p99 and offload share."""
+    rows = server.db.sql.rows("SELECT d.version AS version, d.details AS details FROM targets t JOIN devices d "
+                              "ON d.id = t.device_id WHERE t.rollout_id = ?", (rollout_id,))
     figures: dict[str, VersionFigures] = {}
-    for device_id in ids:
-        version = (running.get(device_id) or (None, None))[1] or "unknown"
+    for row in rows:
+        version = row["version"] or "unknown"
         entry = figures.setdefault(version, VersionFigures(version))
         entry.devices += 1
-        runtime = (details.get(device_id) or {}).get("runtime") or {}
+        runtime = (json.loads(row["details"]) if row["details"] else {}).get("runtime") or {}
         if isinstance(runtime.get("p99_ms"), (int, float)):
             entry.p99_ms.append(float(runtime["p99_ms"]))
         paths = runtime.get("paths") or {}
@@ -141,10 +141,9 @@ def _by_version(server: OTAServer, device_ids: Iterable[str]) -> list[dict[str, 
 def rollout(server: OTAServer, rollout_id: str) -> dict[str, Any]:
     """A rollout's progress, its failures with reasons, and latency p99 and offload share per version on its devices."""
     record = server.status(rollout_id, targets=False)
-    targets = server.db.targets(rollout_id)
     failures = [t.to_json() for t in server.db.failed_targets(rollout_id, 50)]
     return {"rollout": record.to_json(), "progress": progress(server, rollout_id), "failures": failures,
-            "versions": _by_version(server, (t.device_id for t in targets)),
+            "versions": _by_version(server, rollout_id),
             "actions": ("promote", "abort") if record.state.value == "running" else ("rollback",)}
 
 

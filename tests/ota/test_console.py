@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -83,6 +85,30 @@ def test_a_devices_runtime_figures_and_offload_paths_are_shown_even_when_some_ar
     page = logged_in(running).get("/ui/devices/cam9")
     assert page.status == 200 and "48.25" in page.html and "47.0" in page.html and "breaker closed" in page.html
     assert "Refused 2, cloud fallbacks 1" in page.html
+
+
+def test_a_rollout_page_compares_latency_and_offload_share_per_version_on_its_devices(console_fleet):
+    running, _ = console_fleet
+    server = running.ota
+    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
+                                                                          health_window_s=3600))
+    wait_for(lambda: server.db.device("cam0").version and len({d.version for d in server.db.devices("cams")}) == 2,
+             timeout=60, what="the canary on 2.0.0 and the others on 1.0.0")
+    figures = {"1.0.0": (40.0, 90, 10), "2.0.0": (30.0, 75, 25)}  # p99 ms, local and cloud requests
+    states = [DeviceState(d.id, "cams", "online", "digits", d.version, (), time.time(), details=json.dumps(
+        {"runtime": {"p99_ms": figures[d.version][0] + i, "paths": {"local": {"count": figures[d.version][1]},
+                                                                    "cloud": {"count": figures[d.version][2]}}}}))
+              for i, d in enumerate(server.db.devices("cams"))]
+    server.db.upsert_devices(states)
+    table = logged_in(running).get(f"/ui/rollouts/{rollout}").html.split('id="versions-heading"')[1]
+    rows = {cells[0]: cells[1:] for cells in (re.findall(r"<td>([^<]*)</td>", row)
+                                              for row in re.findall(r"<tr><td>.*?</tr>", table))}
+    old_p99 = statistics.median(s.details and json.loads(s.details)["runtime"]["p99_ms"] for s in states
+                                if s.version == "1.0.0")
+    new_p99 = next(json.loads(s.details)["runtime"]["p99_ms"] for s in states if s.version == "2.0.0")
+    # version: devices, reporting, median p99, offload share (cloud / all requests of its devices)
+    assert rows["1.0.0"] == ["2", "2", f"{round(old_p99, 2)}", "10%"]
+    assert rows["2.0.0"] == ["1", "1", f"{round(new_p99, 2)}", "25%"]
 
 
 def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(console_fleet):
