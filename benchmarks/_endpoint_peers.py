@@ -155,8 +155,8 @@ class PeerUnavailable(RuntimeError):
 class PeerServer:
     """A peer's server process: ``with PeerServer(...) as server: server.url`` (ready on entry, stopped on exit)."""
 
-    def __init__(self, label: str, command: list[str], env: dict[str, str], name: str, workdir: Path, cpu: int,
-                 http_port: int, grpc_port: int, ready_timeout_s: float = 120.0) -> None:
+    def __init__(self, label: str, command: list[str], env: dict[str, str], name: str, workdir: Path,
+                 cpu: int | None, http_port: int, grpc_port: int | None, ready_timeout_s: float = 120.0) -> None:
         self.label, self.command, self.env, self.name, self.workdir = label, command, env, name, workdir
         self.cpu, self.http_port, self.grpc_port, self.ready_timeout_s = cpu, http_port, grpc_port, ready_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
@@ -167,9 +167,9 @@ class PeerServer:
         return f"http://127.0.0.1:{self.http_port}"
 
     @property
-    def grpc_address(self) -> str:
-        """``127.0.0.1:PORT`` of its V2 gRPC service."""
-        return f"127.0.0.1:{self.grpc_port}"
+    def grpc_address(self) -> str | None:
+        """``127.0.0.1:PORT`` of its V2 gRPC service (None for a server without one)."""
+        return f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
 
     @property
     def pid(self) -> int | None:
@@ -194,7 +194,7 @@ class PeerServer:
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(self.command, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
                                             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+                                            preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}))
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

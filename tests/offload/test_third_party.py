@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks._peer_venv import PeerVenv
 from edgesdk.offload import v2_codec as v2
-from tests.offload.third_party import KServeServer, http, kserve_env
+from tests.offload.third_party import http, kserve_env, kserve_server
 
 pytestmark = pytest.mark.kserve
 
@@ -28,7 +28,7 @@ def kserve_venv() -> PeerVenv:
 
 @pytest.fixture(scope="module")
 def kserve_digits(kserve_venv, digits_onnx, tmp_path_factory):
-    with KServeServer(kserve_venv, "digits", digits_onnx, tmp_path_factory.mktemp("kserve")) as server:
+    with kserve_server(kserve_venv, "digits", digits_onnx, tmp_path_factory.mktemp("kserve")) as server:
         yield server
 
 
@@ -43,7 +43,9 @@ def test_kserve_speaks_v2_its_own_way(kserve_digits, sample):
     assert status == 200
     assert v2.BINARY_EXTENSION not in json.loads(body)["extensions"]
 
-    meta = kserve_digits.metadata()
+    status, _, body = http("GET", f"{kserve_digits.url}/v2/models/digits")
+    assert status == 200
+    meta = json.loads(body)
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
 
     body, headers = v2.encode_request({"input": sample}, binary_inputs=True, binary_outputs=True)

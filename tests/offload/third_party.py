@@ -9,7 +9,7 @@ place) holding the pinned ``kserve`` with the same onnxruntime and numpy version
 environment, so the server computes the same bits as a local :class:`edgesdk.Runtime` (about
 50 s and 530 MB, once; built aside and renamed into place when complete).
 
-**The server.** :class:`KServeServer` writes a small ``kserve.Model`` subclass (:data:`MODEL_SCRIPT`)
+**The server.** :func:`kserve_server` writes a small ``kserve.Model`` subclass (:data:`MODEL_SCRIPT`)
 that serves one ONNX file through onnxruntime, starts it with that environment's Python on a
 free loopback port (REST only, no gRPC), waits for ``/v2/health/ready`` and stops it.
 
@@ -37,20 +37,16 @@ free loopback port (REST only, no gRPC), waits for ``/v2/health/ready`` and stop
 
 from __future__ import annotations
 
-import contextlib
-import json
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from importlib import metadata
 from pathlib import Path
-from types import TracebackType
 
+from benchmarks._endpoint_peers import PeerServer
 from benchmarks._peer_venv import PeerVenv, clean_env
 from edgesdk.ota_server.broker import free_port
 
-__all__ = ["KSERVE_VERSION", "MODEL_SCRIPT", "kserve_env", "KServeServer", "http"]
+__all__ = ["KSERVE_VERSION", "MODEL_SCRIPT", "kserve_env", "kserve_server", "http"]
 
 KSERVE_VERSION = "0.21.0"
 
@@ -136,82 +132,18 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict[str, st
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
-class KServeServer:
-    """A kserve ModelServer in a subprocess serving ``model_path`` as ``name`` on 127.0.0.1.
+def kserve_server(env: PeerVenv, name: str, model_path: Path, workdir: Path, ready_timeout_s: float = 60.0) -> PeerServer:
+    """A kserve ModelServer serving ``model_path`` as ``name`` on 127.0.0.1 (REST only), not yet started.
 
-    ``with KServeServer(env, "digits", path, workdir) as server: server.url`` -- started and ready
-    on entry (:class:`RuntimeError` with the server's log when it does not get ready in
-    ``ready_timeout_s``), stopped on exit.
+    ``with kserve_server(env, "digits", path, workdir) as server: server.url`` -- started and ready on
+    entry (:class:`PeerUnavailable` with the server's log when it is not ready in ``ready_timeout_s``),
+    its process group stopped on exit.
     """
-
-    def __init__(self, env: PeerVenv, name: str, model_path: Path, workdir: Path, ready_timeout_s: float = 60.0) -> None:
-        self.env, self.name, self.model_path, self.workdir = env, name, Path(model_path), Path(workdir)
-        self.ready_timeout_s = ready_timeout_s
-        self.port = 0
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """The server's base URL, e.g. ``http://127.0.0.1:41234``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        """Where the server's stdout and stderr go."""
-        return self.workdir / "kserve.log"
-
-    def start(self) -> KServeServer:
-        """Start the subprocess and wait until ``/v2/health/ready`` answers 200."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        script = self.workdir / "kserve_onnx_model.py"
-        script.write_text(MODEL_SCRIPT)
-        self.port = free_port()
-        env = {**clean_env(), "EDGESDK_KSERVE_MODEL": self.name, "EDGESDK_KSERVE_PATH": str(self.model_path),
-               "EDGESDK_KSERVE_PORT": str(self.port), "OMP_NUM_THREADS": "1"}
-        with open(self.log_path, "wb") as log_file:
-            self.process = subprocess.Popen([str(self.env.python), str(script)], cwd=self.workdir, env=env,
-                                            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"kserve exited with {self.process.returncode} before it was ready:\n{self.log()}")
-            with contextlib.suppress(OSError):
-                if http("GET", f"{self.url}/v2/health/ready", timeout=2.0)[0] == 200:
-                    return self
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"kserve was not ready after {self.ready_timeout_s:.0f} s:\n{self.log()}")
-
-    def log(self) -> str:
-        """The last 4000 characters of the server's log."""
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        """Terminate the server (SIGTERM, then SIGKILL after 10 s). Safe to call twice."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def metadata(self) -> dict[str, object]:
-        """``GET /v2/models/{name}`` as a dict."""
-        status, _, body = http("GET", f"{self.url}/v2/models/{self.name}")
-        if status != 200:
-            raise RuntimeError(f"model metadata: HTTP {status}: {body[:300]!r}")
-        parsed: dict[str, object] = json.loads(body)
-        return parsed
-
-    def __enter__(self) -> KServeServer:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = workdir / "kserve_onnx_model.py"
+    script.write_text(MODEL_SCRIPT)
+    port = free_port()
+    variables = {**clean_env(), "EDGESDK_KSERVE_MODEL": name, "EDGESDK_KSERVE_PATH": str(model_path),
+                 "EDGESDK_KSERVE_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    return PeerServer("kserve", [str(env.python), str(script)], variables, name, workdir, None, port, None,
+                      ready_timeout_s)

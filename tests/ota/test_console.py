@@ -17,6 +17,11 @@ from tests.ota.conftest import wait_for
 from tests.ota.console_client import TOKEN, ConsoleClient
 
 
+def canary_rollout(server) -> str:
+    """digits 2.0.0 to one of the three ``cams`` devices, held there (an hour's health window): its id."""
+    return server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,), health_window_s=3600))
+
+
 def logged_in(running) -> ConsoleClient:
     client = ConsoleClient(running.url)
     assert client.login(TOKEN).url.endswith("/ui/")
@@ -90,8 +95,7 @@ def test_a_devices_runtime_figures_and_offload_paths_are_shown_even_when_some_ar
 def test_a_rollout_page_compares_latency_and_offload_share_per_version_on_its_devices(console_fleet):
     running, _ = console_fleet
     server = running.ota
-    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
-                                                                          health_window_s=3600))
+    rollout = canary_rollout(server)
     wait_for(lambda: server.db.device("cam0").version and len({d.version for d in server.db.devices("cams")}) == 2,
              timeout=60, what="the canary on 2.0.0 and the others on 1.0.0")
     figures = {"1.0.0": (40.0, 90, 10), "2.0.0": (30.0, 75, 25)}  # p99 ms, local and cloud requests
@@ -114,8 +118,7 @@ def test_a_rollout_page_compares_latency_and_offload_share_per_version_on_its_de
 def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(console_fleet):
     running, _ = console_fleet
     server = running.ota
-    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
-                                                                          health_window_s=3600))
+    rollout = canary_rollout(server)
     client = logged_in(running)
     forged = client.post(f"/ui/rollouts/{rollout}/abort", {"confirm": "yes"})
     assert forged.status == 403 and "CSRF" in forged.html
@@ -127,8 +130,7 @@ def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(con
 def test_abort_from_the_console_asks_first_then_takes_the_apis_path_and_devices_roll_back(console_fleet):
     running, agents = console_fleet
     server = running.ota
-    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
-                                                                          health_window_s=3600))
+    rollout = canary_rollout(server)
     wait_for(lambda: sum(a.current_version() == ("digits", "2.0.0") for a in agents) == 1, timeout=60,
              what="the canary on 2.0.0")
     client = logged_in(running)
@@ -149,8 +151,7 @@ def test_abort_from_the_console_asks_first_then_takes_the_apis_path_and_devices_
 def test_the_live_view_streams_a_stage_change_as_it_happens(console_fleet):
     running, agents = console_fleet
     server = running.ota
-    rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
-                                                                          health_window_s=3600))
+    rollout = canary_rollout(server)
     client = logged_in(running)
     cookie = client.cookie(COOKIE)
     request = urllib.request.Request(f"{running.url}/ui/rollouts/{rollout}/live",
