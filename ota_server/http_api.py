@@ -35,6 +35,15 @@ from edgesdk.ota_server.server import OTAServer
 __all__ = ["create_app", "HttpServer"]
 
 
+def error_status(exc: EdgeSDKError) -> int:
+    """The status an admin request that failed with ``exc`` gets: 404 unknown, 409 not possible now, else 400."""
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, ConflictError):
+        return 409
+    return 400
+
+
 def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3,
                metrics: ServerMetrics | None = None, console: bool = False) -> Any:
     """The Starlette app of the admin API for ``server``, answering only requests that carry ``token``.
@@ -60,12 +69,8 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
                 return error(401, "missing or wrong token; pass --token or set EDGESDK_TOKEN")
             try:
                 return await handler(request)
-            except NotFoundError as exc:
-                return error(404, exc)
-            except ConflictError as exc:
-                return error(409, exc)
             except EdgeSDKError as exc:
-                return error(400, exc)
+                return error(error_status(exc), exc)
             except (ValueError, KeyError, TypeError) as exc:
                 return error(400, f"malformed request: {exc}")
         return endpoint

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
+from edgesdk.errors import EdgeSDKError, NotFoundError
+from edgesdk.ota_server.http_api import error_status
 from edgesdk.ota_server.server import OTAServer
 
 from . import views
@@ -37,6 +38,8 @@ _HERE = Path(__file__).resolve().parent
 POLL_S, KEEPALIVE_S = 0.5, 15.0
 #: Cap on one event stream (the page reconnects by itself).
 STREAM_S = 3600.0
+#: The error page's heading by status (the admin API's statuses: ``http_api.error_status``).
+_TITLES = {404: "Not found", 409: "Not possible now", 400: "Refused"}
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
             "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
             "X-Content-Type-Options": "nosniff"}
@@ -85,12 +88,9 @@ def create_console(server: OTAServer, token: str) -> Any:
             try:
                 response: Response = await handler(request)
                 return response
-            except NotFoundError as exc:
-                return render("error.html", 404, title="Not found", message=str(exc), csrf=request.state.csrf)
-            except ConflictError as exc:
-                return render("error.html", 409, title="Not possible now", message=str(exc), csrf=request.state.csrf)
             except EdgeSDKError as exc:
-                return render("error.html", 400, title="Refused", message=str(exc), csrf=request.state.csrf)
+                code = error_status(exc)
+                return render("error.html", code, title=_TITLES[code], message=str(exc), csrf=request.state.csrf)
         return endpoint
 
     async def login_form(request: Request) -> Response:
