@@ -27,21 +27,13 @@ import hmac
 import threading
 from typing import Any
 
-from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, TransferError
+from edgesdk.errors import EdgeSDKError, TransferError
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus
+from edgesdk.ota_server.admin_errors import error_status
 from edgesdk.ota_server.metrics import ServerMetrics
 from edgesdk.ota_server.server import OTAServer
 
 __all__ = ["create_app", "HttpServer"]
-
-
-def error_status(exc: EdgeSDKError) -> int:
-    """The status an admin request that failed with ``exc`` gets: 404 unknown, 409 not possible now, else 400."""
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, ConflictError):
-        return 409
-    return 400
 
 
 def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3,

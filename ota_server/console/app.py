@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from edgesdk.errors import EdgeSDKError, NotFoundError
-from edgesdk.ota_server.http_api import error_status
+from edgesdk.ota_server.admin_errors import error_status
 from edgesdk.ota_server.server import OTAServer
 
 from . import views
@@ -38,7 +38,7 @@ _HERE = Path(__file__).resolve().parent
 POLL_S, KEEPALIVE_S = 0.5, 15.0
 #: Cap on one event stream (the page reconnects by itself).
 STREAM_S = 3600.0
-#: The error page's heading by status (the admin API's statuses: ``http_api.error_status``).
+#: The error page's heading by status (the admin API's statuses: ``admin_errors.error_status``).
 _TITLES = {404: "Not found", 409: "Not possible now", 400: "Refused"}
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
             "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
