@@ -32,8 +32,8 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, RolloutState
 from edgesdk.ota_server.broker import LocalMosquitto
-from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.postgres import LocalPostgres
+from edgesdk.ota_server.store.fleet_db import FleetDB
 from edgesdk.runtime.signing import generate_keypair
 
 __all__ = ["ChaosConfig", "ChaosResult", "FAULT_KINDS", "run_chaos", "schedule"]

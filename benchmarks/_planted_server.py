@@ -32,8 +32,8 @@ def skew_clock(seconds: float) -> None:
 
 def plant(bug: str) -> None:
     """Patch the server's code in this process with ``bug``."""
-    from edgesdk.ota_server.engine import RolloutEngine
-    from edgesdk.ota_server.fleet import FleetDB
+    from edgesdk.ota_server.rollouts.engine import RolloutEngine
+    from edgesdk.ota_server.store.fleet_db import FleetDB
 
     if bug == "ignore-lease":
         real = FleetDB.hold_lease

@@ -39,8 +39,8 @@ from edgesdk.fleet.records import RolloutPolicy, TargetStatus  # noqa: E402
 from edgesdk.ota_server.app import ServerSetup, build_server  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto, free_port  # noqa: E402
 from edgesdk.ota_server.console.session import COOKIE  # noqa: E402
-from edgesdk.ota_server.fleet import DeviceState  # noqa: E402
 from edgesdk.ota_server.server import ServerConfig  # noqa: E402
+from edgesdk.ota_server.store.fleet_db import DeviceState  # noqa: E402
 from edgesdk.runtime.signing import generate_keypair, load_private_key  # noqa: E402
 from tests.ota.conftest import make_bundle  # noqa: E402
 from tests.ota.console_client import ConsoleClient  # noqa: E402

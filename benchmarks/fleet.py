@@ -32,8 +32,8 @@ from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
 from edgesdk.fleet.protocol import pack_bundle  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
-from edgesdk.ota_server.fleet import FleetDB  # noqa: E402
 from edgesdk.ota_server.postgres import LocalPostgres  # noqa: E402
+from edgesdk.ota_server.store.fleet_db import FleetDB  # noqa: E402
 from edgesdk.runtime.bundle import BundleSpec, HealthCheck  # noqa: E402
 from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
 from edgesdk.runtime.signing import generate_keypair, load_private_key  # noqa: E402

@@ -8,7 +8,7 @@ raise their own loggers to INFO because their log is the operator's record.
 ``edgesdk --log-format json COMMAND`` (or ``EDGESDK_LOG_FORMAT=json``) writes one JSON object
 per line instead, for log collectors (Loki, Elasticsearch, CloudWatch)::
 
-    {"ts": "2026-11-23T12:00:00.123Z", "level": "INFO", "logger": "edgesdk.ota_server.engine",
+    {"ts": "2026-11-23T12:00:00.123Z", "level": "INFO", "logger": "edgesdk.ota_server.rollouts.engine",
      "message": "rollout r1: stage 1 sent", "rollout": "r1"}
 
 with ``exc`` holding the traceback when there is one, and every JSON-serialisable field a

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.ota_server.fleet import FleetDB
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.server import OTAServer, ServerConfig
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 __all__ = ["ServerSetup", "RunningServer", "build_server"]
 
@@ -117,7 +117,7 @@ def build_server(setup: ServerSetup) -> RunningServer:
             running.inference = serve_inference(repository, setup.inference, config=setup.inference_config,
                                                 grpc_listen=setup.inference_grpc)
         if setup.http is not None:
-            from edgesdk.ota_server.http_api import HttpServer, create_app
+            from edgesdk.ota_server.admin.http_api import HttpServer, create_app
             from edgesdk.ota_server.inference import parse_listen
 
             assert setup.token

@@ -1,11 +1,11 @@
 """The OTA server: MQTT ingest and dispatch around the rollout engine, the chunk service and measurements.
 
 Devices announce themselves on their retained state topic; their events move their
-targets (:mod:`edgesdk.ota_server.engine` decides what happens next); chunk requests are
-answered by the chunk service (:mod:`edgesdk.ota_server.chunks`) on the requesting
-device's own topic. The engine's dispatcher (:mod:`edgesdk.ota_server.stage_sender`) signs
+targets (:mod:`edgesdk.ota_server.rollouts.engine` decides what happens next); chunk requests are
+answered by the chunk service (:mod:`edgesdk.ota_server.devices.chunks`) on the requesting
+device's own topic. The engine's dispatcher (:mod:`edgesdk.ota_server.rollouts.stage_sender`) signs
 each command, publishes it, re-sends it while unacknowledged, and broadcasts a stage's
-archive once to the group. A measurement (:mod:`edgesdk.ota_server.measurements`) sends a candidate model
+archive once to the group. A measurement (:mod:`edgesdk.ota_server.devices.measurements`) sends a candidate model
 to one device to be measured there and never installed.
 """
 
@@ -23,19 +23,20 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import COMMAND_TTL_S, PREFIX, Topics, check_id
-from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState
+from edgesdk.fleet.records import GroupRelease, RolloutPolicy, RolloutRecord, RolloutState
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.fleet.trust import parse_root
-from edgesdk.ota_server.chunks import ChunkDistributor
-from edgesdk.ota_server.engine import RolloutEngine
-from edgesdk.ota_server.fleet import DETAIL_KEYS, DeviceState, EventRow, FleetDB
-from edgesdk.ota_server.freshness import TimestampPublisher
-from edgesdk.ota_server.ingest import DeviceEvent, Ingest
-from edgesdk.ota_server.measurements import Measurements
-from edgesdk.ota_server.metrics import ServerMetrics
-from edgesdk.ota_server.report_guard import ReportGuard, ReportLimits
+from edgesdk.ota_server.admin.metrics import ServerMetrics
+from edgesdk.ota_server.devices.chunks import ChunkDistributor
+from edgesdk.ota_server.devices.freshness import TimestampPublisher
+from edgesdk.ota_server.devices.ingest import DeviceEvent, Ingest
+from edgesdk.ota_server.devices.measurements import Measurements
+from edgesdk.ota_server.devices.provisioning import GroupGuard
+from edgesdk.ota_server.devices.report_guard import ReportGuard, ReportLimits
 from edgesdk.ota_server.repository import ModelRepository
-from edgesdk.ota_server.stage_sender import StageSender
+from edgesdk.ota_server.rollouts.engine import RolloutEngine
+from edgesdk.ota_server.rollouts.stage_sender import StageSender
+from edgesdk.ota_server.store.fleet_db import DETAIL_KEYS, DeviceState, EventRow, FleetDB
 
 __all__ = ["OTAServer", "ServerConfig"]
 
@@ -100,8 +101,15 @@ class ServerConfig:
     timestamp_expires_s: float = 300.0
     #: How long a signed command is valid; devices refuse it after that (stage commands are re-signed in time).
     command_ttl_s: float = COMMAND_TTL_S
-    #: How many states, events and chunk requests a device may send (see :mod:`edgesdk.ota_server.report_guard`).
+    #: How many states, events and chunk requests a device may send (see :mod:`edgesdk.ota_server.devices.report_guard`).
     report_limits: ReportLimits = ReportLimits()
+    #: Late targets (devices back from offline, or new to their group) downloading at once, across the fleet: a
+    #: reconnect storm queues in the store beyond this, not in the broker (:mod:`edgesdk.ota_server.rollouts.reconciler`).
+    max_catch_up: int = 500
+    #: How often the groups with no running rollout are reconciled to their release.
+    reconcile_s: float = 1.0
+    #: Refuse the states of devices nobody provisioned (else a device's first report fixes its group).
+    require_provisioning: bool = False
 
 
 class OTAServer:
@@ -126,7 +134,8 @@ class OTAServer:
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving,
                                        outbox=self._outbox)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
-        self.ingest = Ingest(db, observe=self.metrics.observe_event)
+        self.groups = GroupGuard(db, config.require_provisioning, on_refused=self.metrics.group_refused)
+        self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups)
         self.guard = ReportGuard(config.report_limits, on_refused=self.metrics.report_refused)
         self.metrics.watch_queues(self._outbox, lambda: self.ingest.pending)
         #: The fleet's root of trust, published retained at start (devices take it as the next in their chain).
@@ -139,7 +148,9 @@ class OTAServer:
                                   config.broadcast_wait_s, config.command_ttl_s)
         # Leases, deadlines and re-sends go by the database's clock: replicas' own clocks may disagree.
         self.engine = RolloutEngine(db, self.sender, db.now, resend_s=config.resend_s, holder=self.name,
-                                    lease_s=config.lease_s)
+                                    lease_s=config.lease_s, max_catch_up=config.max_catch_up,
+                                    reconcile_s=config.reconcile_s)
+        self.metrics.watch_catch_up(config.max_catch_up, db.late_in_flight)
 
     def _outbox(self) -> int:
         return self.transport.unacknowledged if self.transport is not None else 0
@@ -320,9 +331,12 @@ class OTAServer:
         if match is None or match["rollout"] not in self.engine.driving:
             return False
         r = self.db.rollout(match["rollout"], targets=False)
-        if r is None or r.state != RolloutState.RUNNING:
+        if r is None or r.state == RolloutState.ABORTED:  # running, or the release its group is reconciled to
             return False
         info = self.chunks.open(transfer_id, r.model, r.version)
+        if r.state == RolloutState.COMPLETED:  # a late device resuming the download it began before it went away
+            self.engine.serving(r.id)
+            return True
         # The whole archive is the plan: which chunks the stage's devices lacked was the first driver's to know.
         self.chunks.plan(transfer_id, list(range(len(info.chunks))), r.group)
         return True
@@ -362,6 +376,23 @@ class OTAServer:
         rollout_id = self.engine.rollback(rollout_id, to_version)
         self._wake.set()
         return rollout_id
+
+    def provision(self, devices: dict[str, str], source: str = "admin api") -> list[str]:
+        """Put devices in groups (device id -> group); the devices that moved, which are reconciled to their new
+        group's release once they report it (their agent must name the new group: ``--group``)."""
+        for device, group in devices.items():
+            check_id(device, "device id")
+            check_id(group, "group")
+        moved = self.db.provision(devices, source)
+        if moved:
+            self.db.log("devices_moved", {"devices": {d: devices[d] for d in moved}, "source": source})
+            log.info("moved %d devices to other groups (%s)", len(moved), source)
+        self._wake.set()
+        return moved
+
+    def groups_status(self) -> list[GroupRelease]:
+        """Each group's release (desired state) and how far its devices are from it."""
+        return self.db.group_releases()
 
     def status(self, rollout_id: str, **page: Any) -> RolloutRecord:
         """A rollout with its counts and targets (``page``: see :meth:`FleetDB.rollout`); NotFoundError if unknown."""

@@ -49,6 +49,7 @@ __all__ = [
     "TargetRecord",
     "RolloutSummary",
     "RolloutRecord",
+    "GroupRelease",
     "parse_percent",
     "parse_duration",
     "iso_time",
@@ -68,6 +69,9 @@ class TargetStatus(StrEnum):
     ROLLED_BACK = "rolled_back"
     REJECTED = "rejected"
     TIMEOUT = "timeout"
+    #: The device was offline when its stage was sent (or went offline before it answered): not a failure, and it
+    #: holds no stage back; it gets the release when it reports again (a *late* target then).
+    DEFERRED = "deferred"
     #: After an abort: the device was told to go back to its previous version ...
     REVERTING = "reverting"
     #: ... and did, or could not.
@@ -78,6 +82,16 @@ class TargetStatus(StrEnum):
     def terminal(self) -> bool:
         """True once the device is done with the deployment (updated, failed, refused or silent too long)."""
         return self in _TERMINAL
+
+    @property
+    def settled(self) -> bool:
+        """True when the target no longer holds its stage back: done with the deployment, or deferred (offline)."""
+        return self in _TERMINAL or self is TargetStatus.DEFERRED
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a command is out and the device has not finished with it (sent, downloading, installing)."""
+        return self in (TargetStatus.SENT, TargetStatus.DOWNLOADING, TargetStatus.INSTALLING)
 
     @property
     def failed(self) -> bool:
@@ -94,9 +108,13 @@ class TargetStatus(StrEnum):
 
 _FAILED = frozenset({TargetStatus.FAILED, TargetStatus.ROLLED_BACK, TargetStatus.REJECTED, TargetStatus.TIMEOUT})
 _TERMINAL = _FAILED | {TargetStatus.COMMITTED}
-_WAITING = frozenset({TargetStatus.PENDING, TargetStatus.SENT, TargetStatus.TIMEOUT})
+_WAITING = frozenset({TargetStatus.PENDING, TargetStatus.SENT, TargetStatus.TIMEOUT, TargetStatus.DEFERRED})
 _IN_FLIGHT = _WAITING | {TargetStatus.DOWNLOADING, TargetStatus.INSTALLING}
 _FOLLOWS: dict[TargetStatus, frozenset[TargetStatus]] = {
+    # Sent again to a device that returned; deferred when it went offline before answering.
+    TargetStatus.SENT: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED}),
+    TargetStatus.DEFERRED: frozenset({TargetStatus.PENDING, TargetStatus.SENT, TargetStatus.DOWNLOADING,
+                                      TargetStatus.INSTALLING}),
     TargetStatus.DOWNLOADING: _WAITING,
     TargetStatus.INSTALLING: _WAITING | {TargetStatus.DOWNLOADING},
     **dict.fromkeys((TargetStatus.COMMITTED, TargetStatus.FAILED, TargetStatus.ROLLED_BACK, TargetStatus.REJECTED),
@@ -195,6 +213,10 @@ class RolloutPolicy:
     deploy_timeout_s: float = 300.0
     #: Promote to the next stage by itself once the health window passes (else wait for `promote`).
     auto_promote: bool = True
+    #: Flag the release (console, metrics, ``rollout status``) when more than this fraction of its late targets
+    #: (devices that installed it after their stage, on their return) failed, and at least 3 did. A flag never
+    #: reverts the group: each failed device already rolled back on its own.
+    max_late_failure_rate: float = 0.2
 
     def __post_init__(self) -> None:
         fractions = (self.canary, *self.waves)
@@ -207,6 +229,8 @@ class RolloutPolicy:
                                "write e.g. --canary 10% --waves 50,100")
         if not 0 <= self.max_failure_rate < 1 or self.health_window_s < 0 or self.deploy_timeout_s <= 0:
             raise EdgeSDKError("max failure rate must be in [0, 100%), health window >= 0 and timeout > 0")
+        if not 0 <= self.max_late_failure_rate <= 1:
+            raise EdgeSDKError(f"max late failure rate must be in [0, 100%], got {self.max_late_failure_rate:.0%}")
 
     @property
     def stages(self) -> tuple[float, ...]:
@@ -263,19 +287,21 @@ class TargetRecord:
     #: When the command was sent, ``None`` before.
     sent: float | None
     updated: float
+    #: Sent after its stage: the device was offline then (deferred), or joined the group later.
+    late: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for a target (inside a rollout's ``targets``)."""
         return {"rollout_id": self.rollout_id, "device_id": self.device_id, "stage": self.stage,
                 "status": self.status.value, "reason": self.reason, "previous_version": self.previous_version,
-                "sent": _iso_or_none(self.sent), "updated": iso_time(self.updated)}
+                "sent": _iso_or_none(self.sent), "updated": iso_time(self.updated), "late": self.late}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TargetRecord:
         """A target from :meth:`to_json`'s JSON."""
         return cls(str(data["rollout_id"]), str(data["device_id"]), int(data["stage"]), TargetStatus(data["status"]),
                    data.get("reason"), data.get("previous_version"), _time_or_none(data.get("sent")),
-                   parse_time(data["updated"]))
+                   parse_time(data["updated"]), bool(data.get("late", False)))
 
 
 @dataclass(frozen=True)
@@ -335,6 +361,10 @@ class RolloutRecord:
     targets_total: int | None = None
     #: The server (replica) that drives the rollout now, or drove it last; None before the first.
     driver: str | None = None
+    #: How many late targets (see :attr:`TargetRecord.late`) are in each status.
+    late_counts: dict[TargetStatus, int] = field(default_factory=dict)
+    #: Why the release is flagged (too many late targets failed), or None.
+    flagged: str | None = None
 
     def __post_init__(self) -> None:
         if not self.counts and self.targets:
@@ -356,6 +386,16 @@ class RolloutRecord:
         """How many targets are in any of ``statuses``."""
         return sum(self.counts.get(s, 0) for s in statuses)
 
+    @property
+    def deferred(self) -> int:
+        """Targets waiting for their device to come back online."""
+        return self.counts.get(TargetStatus.DEFERRED, 0)
+
+    @property
+    def reachable_done(self) -> bool:
+        """True once every target is settled (done, or deferred while its device is offline)."""
+        return all(status.settled for status, n in self.counts.items() if n)
+
     def in_stage(self, stage: int) -> list[TargetRecord]:
         """The targets (of those held in ``targets``) that stage ``stage`` (0-based) sends to."""
         return [t for t in self.targets if t.stage == stage]
@@ -368,7 +408,8 @@ class RolloutRecord:
                 "reason": self.reason, "created": iso_time(self.created), "updated": iso_time(self.updated),
                 "rollback": self.rollback, "stages": list(self.stage_sizes),
                 "counts": {status.value: n for status, n in self.counts.items()},
-                "targets_total": self.targets_total, "driver": self.driver,
+                "targets_total": self.targets_total, "driver": self.driver, "deferred": self.deferred,
+                "late": {status.value: n for status, n in self.late_counts.items()}, "flagged": self.flagged,
                 "targets": [t.to_json() for t in self.targets]}
 
     @classmethod
@@ -381,4 +422,42 @@ class RolloutRecord:
                    bool(data["rollback"]), tuple(TargetRecord.from_json(t) for t in data.get("targets", ())),
                    tuple(int(n) for n in data.get("stages", ())),
                    {TargetStatus(k): int(v) for k, v in (data.get("counts") or {}).items()},
-                   data.get("targets_total"), data.get("driver"))
+                   data.get("targets_total"), data.get("driver"),
+                   {TargetStatus(k): int(v) for k, v in (data.get("late") or {}).items()}, data.get("flagged"))
+
+
+@dataclass(frozen=True)
+class GroupRelease:
+    """A group's desired state: the release every device of the group should run, the rollout that set it, and
+    how far the group is from it. A completed rollout sets it; an aborted one leaves it where it was."""
+
+    group: str
+    #: The release (None: nothing was ever completed for the group).
+    model: str | None
+    version: str | None
+    rollout_id: str | None
+    since: float | None
+    #: Devices of the group; how many run the release; how many do not, online and offline.
+    devices: int = 0
+    converged: int = 0
+    behind_online: int = 0
+    behind_offline: int = 0
+    #: A rollout of the group that is running now (it sets the next release when it completes).
+    running: str | None = None
+    #: Why the release is flagged (too many late installs failed), or None.
+    flagged: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON for one entry of ``GET /api/groups``."""
+        return {"group": self.group, "model": self.model, "version": self.version, "rollout_id": self.rollout_id,
+                "since": _iso_or_none(self.since), "devices": self.devices, "converged": self.converged,
+                "behind_online": self.behind_online, "behind_offline": self.behind_offline, "running": self.running,
+                "flagged": self.flagged}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GroupRelease:
+        """A group's release from :meth:`to_json`'s JSON."""
+        return cls(str(data["group"]), data.get("model"), data.get("version"), data.get("rollout_id"),
+                   _time_or_none(data.get("since")), int(data.get("devices", 0)), int(data.get("converged", 0)),
+                   int(data.get("behind_online", 0)), int(data.get("behind_offline", 0)), data.get("running"),
+                   data.get("flagged"))

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from edgesdk.errors import EdgeSDKError, NotFoundError
-from edgesdk.ota_server.admin_errors import error_status
+from edgesdk.ota_server.admin.errors import error_status
 from edgesdk.ota_server.server import OTAServer
 
 from . import views

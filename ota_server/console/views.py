@@ -6,7 +6,6 @@ page costs the same at 10 devices or 10,000.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -36,15 +35,12 @@ def fleet(server: OTAServer, group: str | None, status: str | None, after: str |
           now: float | None = None) -> dict[str, Any]:
     """Devices by group with counts by status, model and version, and one page of devices (stale marked)."""
     now = time.time() if now is None else now
-    rows = server.db.sql.rows("SELECT grp, status, model, version, COUNT(*) AS n FROM devices "
-                              "GROUP BY grp, status, model, version ORDER BY grp, status, model, version")
     groups: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        entry = groups.setdefault(r["grp"], {"total": 0, "status": {}, "versions": {}})
-        n = int(r["n"])
+    for grp, state, model, version, n in server.db.group_counts():
+        entry = groups.setdefault(grp, {"total": 0, "status": {}, "versions": {}})
         entry["total"] += n
-        entry["status"][r["status"]] = entry["status"].get(r["status"], 0) + n
-        running = f"{r['model']} {r['version']}" if r["model"] else "nothing installed"
+        entry["status"][state] = entry["status"].get(state, 0) + n
+        running = f"{model} {version}" if model else "nothing installed"
         entry["versions"][running] = entry["versions"].get(running, 0) + n
     found = server.db.devices(group or None, status=status or None, after=after or None, limit=PAGE + 1)
     more = len(found) > PAGE
@@ -122,14 +118,12 @@ class VersionFigures:
 
 def _by_version(server: OTAServer, rollout_id: str) -> list[dict[str, Any]]:
     """Per version now running on the rollout's devices: how many, and their reported p99 and offload share."""
-    rows = server.db.sql.rows("SELECT d.version AS version, d.details AS details FROM targets t JOIN devices d "
-                              "ON d.id = t.device_id WHERE t.rollout_id = ?", (rollout_id,))
     figures: dict[str, VersionFigures] = {}
-    for row in rows:
-        version = row["version"] or "unknown"
+    for running_version, details in server.db.target_devices(rollout_id):
+        version = running_version or "unknown"
         entry = figures.setdefault(version, VersionFigures(version))
         entry.devices += 1
-        runtime = (json.loads(row["details"]) if row["details"] else {}).get("runtime") or {}
+        runtime = details.get("runtime") or {}
         if isinstance(runtime.get("p99_ms"), (int, float)):
             entry.p99_ms.append(float(runtime["p99_ms"]))
         paths = runtime.get("paths") or {}

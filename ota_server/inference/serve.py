@@ -65,7 +65,7 @@ def serve_inference(repo: str | os.PathLike[str] | ModelRepository, listen: str,
     ``config`` overrides both. ``grpc_listen`` (HOST:PORT; port 0 picks a free one) adds the V2
     gRPC service on the same models, batchers and metrics (needs ``grpcio`` from the [server] extra).
     """
-    from edgesdk.ota_server.http_api import HttpServer
+    from edgesdk.ota_server.admin.http_api import HttpServer
 
     from .app import create_inference_app
     from .metrics import InferenceMetrics

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 from edgesdk.fleet.records import RolloutPolicy
-from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.inference.metrics import InferenceMetrics
-from edgesdk.ota_server.metrics import ServerMetrics
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "examples" / "grafana" / "edgesdk.json"
 #: The sample names each kind of metric family is exposed under.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from edgesdk.fleet.protocol import ArchiveInfo, Topics
-from edgesdk.ota_server.chunks import ChunkDistributor
+from edgesdk.ota_server.devices.chunks import ChunkDistributor
 
 
 def _service():

@@ -12,7 +12,7 @@ import urllib.request
 
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.console.session import COOKIE, Sessions
-from edgesdk.ota_server.fleet import DeviceState
+from edgesdk.ota_server.store.fleet_db import DeviceState
 from tests.ota.conftest import wait_for
 from tests.ota.console_client import TOKEN, ConsoleClient
 
@@ -176,7 +176,7 @@ def test_the_live_view_streams_a_stage_change_as_it_happens(console_fleet):
 
 
 def test_the_console_is_not_imported_unless_it_is_enabled():
-    code = ("import sys, edgesdk.ota_server.app, edgesdk.ota_server.http_api, edgesdk.cli.server; "
+    code = ("import sys, edgesdk.ota_server.app, edgesdk.ota_server.admin.http_api, edgesdk.cli.server; "
             "print(sorted(m for m in sys.modules if m.startswith('edgesdk.ota_server.console') or m == 'jinja2'))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 

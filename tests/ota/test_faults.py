@@ -19,7 +19,7 @@ from edgesdk.errors import BrokerError
 from edgesdk.fleet.protocol import Topics, archive_info, pack_bundle, sign_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
-from edgesdk.ota_server.chunks import ChunkDistributor
+from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.server import OTAServer
 from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.signing import generate_keypair, load_private_key

@@ -219,7 +219,7 @@ def test_a_stage_command_is_signed_again_once_half_its_validity_has_passed(keys)
     import threading
     from types import SimpleNamespace
 
-    from edgesdk.ota_server.stage_sender import StageSender
+    from edgesdk.ota_server.rollouts.stage_sender import StageSender
 
     clock = [1000.0]
     sender = StageSender(None, None, None, keys["server"], lambda *a, **k: None, None, lambda: 0, lambda: 0,  # type: ignore[arg-type]
@@ -242,7 +242,7 @@ def test_a_revert_names_the_version_it_undoes(keys):
     from types import SimpleNamespace
 
     from edgesdk.fleet.protocol import Command
-    from edgesdk.ota_server.stage_sender import StageSender
+    from edgesdk.ota_server.rollouts.stage_sender import StageSender
 
     sent: list[tuple[str, bytes]] = []
     db = SimpleNamespace(slots=lambda ids: {d: ("digits-1.0.0", "digits-5.0.0") for d in ids})

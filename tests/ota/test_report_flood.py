@@ -14,8 +14,8 @@ from edgesdk.fleet.protocol import Topics, pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
+from edgesdk.ota_server.devices.report_guard import ReportLimits
 from edgesdk.ota_server.mosquitto import write_mosquitto_config
-from edgesdk.ota_server.report_guard import ReportLimits
 from tests.ota.conftest import wait_for
 
 FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)

@@ -14,7 +14,7 @@ from edgesdk.fleet.protocol import ArchiveInfo, Topics, archive_info, pack_bundl
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.fleet.trust import ROLES, new_root, new_timestamp, parse_root, sign_metadata
-from edgesdk.ota_server.chunks import ChunkDistributor
+from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.server import OTAServer
 from edgesdk.runtime.bundle import sign_bundle
 from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key

@@ -4,7 +4,7 @@ the archive broadcast again instead of one copy each."""
 from __future__ import annotations
 
 from edgesdk.fleet.protocol import ArchiveInfo
-from edgesdk.ota_server.chunks import MAX_OUTBOX, ChunkDistributor
+from edgesdk.ota_server.devices.chunks import MAX_OUTBOX, ChunkDistributor
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes: 3 chunks of 4,096
 

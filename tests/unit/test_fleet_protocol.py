@@ -24,7 +24,7 @@ from edgesdk.fleet.records import (
     parse_percent,
     parse_time,
 )
-from edgesdk.ota_server.fleet import EventRecord, FleetDB
+from edgesdk.ota_server.store.fleet_db import EventRecord, FleetDB
 
 ROOT = Path(__file__).resolve().parents[2]
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
@@ -32,7 +32,7 @@ ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 def test_enum_values_are_the_strings_on_the_wire_in_the_database_and_in_json():
     assert [s.value for s in TargetStatus] == ["pending", "sent", "downloading", "installing", "committed", "failed",
-                                               "rolled_back", "rejected", "timeout", "reverting", "reverted",
+                                               "rolled_back", "rejected", "timeout", "deferred", "reverting", "reverted",
                                                "revert_failed"]
     assert [s.value for s in RolloutState] == ["running", "completed", "aborted"]
     assert {e.value for e in AgentEvent} == {"accepted", "progress", "downloaded", "committed", "failed", "rolled_back",
@@ -86,11 +86,11 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location
     shown = r.to_json()
     assert set(shown) == {"id", "model", "version", "group", "policy", "state", "stage", "stage_started",
                           "stage_settled", "reason", "created", "updated", "rollback", "stages", "counts",
-                          "targets_total", "driver", "targets"}
+                          "targets_total", "driver", "deferred", "late", "flagged", "targets"}
     assert shown["state"] == "running" and shown["rollback"] is False and shown["stage_settled"] == iso_time(1.0)
     assert shown["targets"][0] | {"sent": None, "updated": None} == {
         "rollout_id": "r1", "device_id": "cam0", "stage": 0, "status": "committed", "reason": None,
-        "previous_version": "1.0.0", "sent": None, "updated": None}
+        "previous_version": "1.0.0", "sent": None, "updated": None, "late": False}
     assert RolloutRecord.from_json(shown).to_json() == shown
     db.end_rollout("r1", RolloutState.ABORTED, "aborted by operator")
     assert db.rollouts(RolloutState.RUNNING) == [] and db.rollout("r1").state == RolloutState.ABORTED

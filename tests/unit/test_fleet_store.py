@@ -8,8 +8,8 @@ import pytest
 
 from edgesdk.errors import ConflictError, EdgeSDKError
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
-from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB, TargetUpdate
-from edgesdk.ota_server.sql import MIGRATIONS, open_database
+from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB, TargetUpdate
+from edgesdk.ota_server.store.sql import MIGRATIONS, open_database
 
 POLICY = RolloutPolicy(canary=0.1, waves=(1.0,))
 
@@ -69,7 +69,7 @@ def test_bad_locations_are_refused_with_the_fix(tmp_path):
     with pytest.raises(EdgeSDKError, match="neither a file path"):
         open_database("mysql://u:secret@127.0.0.1/fleet")
     with pytest.raises(EdgeSDKError, match=r"cannot reach PostgreSQL at postgresql://u:\*\*\*@127.0.0.1:9/x"):
-        from edgesdk.ota_server.sql import PostgresDatabase
+        from edgesdk.ota_server.store.sql import PostgresDatabase
 
         PostgresDatabase("postgresql://u:secret@127.0.0.1:9/x", connect_timeout_s=0.5)
     corrupt = tmp_path / "corrupt.db"
@@ -154,7 +154,11 @@ def test_exactly_one_holder_drives_a_rollout_until_its_lease_expires(db):
     assert db.hold_lease("r1", "replica-b", now=118.5, lease_s=10), "taken over once the renewal is overdue"
     assert db.rollout("r1", targets=False).driver == "replica-b" and not db.hold_lease("r1", "replica-a", now=119.0, lease_s=10)
     db.end_rollout("r1", RolloutState.COMPLETED, "done")
-    assert not db.hold_lease("r1", "replica-b", now=120.0, lease_s=10), "nobody drives a finished rollout"
+    assert db.release("cams").rollout_id == "r1"
+    assert db.hold_lease("r1", "replica-b", now=120.0, lease_s=10), "a completed rollout is leased as its group's release"
+    db.add_rollout("r2", "digits", "3.0.0", "cams", POLICY, [[(ids[0], "2.0.0")]])
+    db.end_rollout("r2", RolloutState.COMPLETED, "done")
+    assert not db.hold_lease("r1", "replica-b", now=121.0, lease_s=10), "nobody drives a superseded release"
 
 
 def test_a_failed_batch_leaves_nothing_behind(db):

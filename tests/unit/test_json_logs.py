@@ -90,7 +90,7 @@ import logging
 from edgesdk.logs import configure
 configure(False, log_format="json")
 configure(info_loggers=("edgesdk.ota_server",))
-logging.getLogger("edgesdk.ota_server.engine").info("rollout %s started", "r1", extra={"rollout": "r1"})
+logging.getLogger("edgesdk.ota_server.rollouts.engine").info("rollout %s started", "r1", extra={"rollout": "r1"})
 try:
     1 / 0
 except ZeroDivisionError:

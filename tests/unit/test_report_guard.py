@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.ota_server.report_guard import ReportGuard, ReportLimits
+from edgesdk.ota_server.devices.report_guard import ReportGuard, ReportLimits
 
 
 class Clock:
@@ -93,8 +93,8 @@ def test_a_measurement_result_from_a_device_with_none_running_is_not_parsed(tmp_
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from edgesdk.fleet.protocol import Topics
-    from edgesdk.ota_server.fleet import DeviceState, FleetDB
-    from edgesdk.ota_server.measurements import Measurements
+    from edgesdk.ota_server.devices.measurements import Measurements
+    from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
 
     db = FleetDB(tmp_path / "fleet.db")
     db.upsert_devices([DeviceState("cam0", "cams", "online", "digits", "1.0.0", (), 1.0)])

@@ -6,8 +6,8 @@ import pytest
 
 from edgesdk.errors import ConflictError, EdgeSDKError
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
-from edgesdk.ota_server.engine import RolloutEngine
-from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.rollouts.engine import RolloutEngine
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 
 class Recorder:
@@ -18,6 +18,7 @@ class Recorder:
         self.resent: list[str] = []
         self.reverts: list[str] = []
         self.finished: list[str] = []
+        self.late: list[tuple[str, int]] = []  # (device, stage) of each late send
         self.unrevertable = unrevertable
         self.queued = False  # the server's outbox still holds earlier sends
 
@@ -38,6 +39,9 @@ class Recorder:
 
     def finish(self, rollout_id):
         self.finished.append(rollout_id)
+
+    def send_late(self, rollout, targets):
+        self.late.extend((t.device_id, t.stage) for t in targets)
 
 
 class Clock:
@@ -258,8 +262,8 @@ def test_refusals_up_front(fleet):
     engine.start("digits", "2.0.0", "cams")
     with pytest.raises(ConflictError, match="already has rollout"):
         engine.start("digits", "3.0.0", "cams")
-    with pytest.raises(ConflictError, match="no online device"):
-        engine.start("digits", "2.0.0", "lobby")
+    with pytest.raises(ConflictError, match="group 'nowhere' has no device; provision its devices"):
+        engine.start("digits", "2.0.0", "nowhere")
 
 
 def test_a_manual_rollout_waits_for_promote(fleet):

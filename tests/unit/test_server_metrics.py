@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.broker import free_port
-from edgesdk.ota_server.fleet import FleetDB
-from edgesdk.ota_server.metrics import ServerMetrics
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -79,7 +79,7 @@ def test_a_running_rollouts_devices_are_counted_by_status_and_a_finished_one_dro
 
 
 def test_the_energy_devices_report_is_averaged_by_version(fleet):
-    from edgesdk.ota_server.fleet import DeviceState
+    from edgesdk.ota_server.store.fleet_db import DeviceState
 
     fleet.upsert_devices([
         DeviceState("cam-1", "lab", "online", "digits", "1.0", (), 1.0, energy_mj=40.0, avg_watts=1.5),
@@ -181,7 +181,7 @@ def _get(url: str, token: str | None) -> tuple[int, str, str]:
 
 
 def test_metrics_route_needs_the_admin_token(tmp_path):
-    from edgesdk.ota_server.http_api import HttpServer, create_app
+    from edgesdk.ota_server.admin.http_api import HttpServer, create_app
     from edgesdk.ota_server.repository import ModelRepository
     from edgesdk.ota_server.server import OTAServer, ServerConfig
     from edgesdk.runtime.signing import generate_keypair, load_private_key
@@ -213,7 +213,7 @@ def test_metrics_route_needs_the_admin_token(tmp_path):
 
 
 def test_devices_on_a_root_of_trust_are_counted_by_root_version_and_the_stale_ones_apart(fleet):
-    from edgesdk.ota_server.fleet import DeviceState
+    from edgesdk.ota_server.store.fleet_db import DeviceState
 
     fleet.upsert_devices([
         DeviceState("a", "cams", "online", "digits", "1.0.0", (), 1.0, root_version=2, stale=False),

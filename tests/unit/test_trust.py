@@ -309,8 +309,8 @@ def test_the_keeper_is_stale_without_a_timestamp_fresh_with_one_and_stale_again_
 
 def test_the_server_publishes_growing_versions_with_each_groups_target(tmp_path, fleet):
     from edgesdk.fleet.trust import parse_timestamp, targets_digest
-    from edgesdk.ota_server.fleet import FleetDB
-    from edgesdk.ota_server.freshness import TimestampPublisher
+    from edgesdk.ota_server.devices.freshness import TimestampPublisher
+    from edgesdk.ota_server.store.fleet_db import FleetDB
 
     db = FleetDB(tmp_path / "fleet.db")
     published = []

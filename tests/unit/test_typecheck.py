@@ -33,13 +33,13 @@ def test_a_type_error_planted_in_each_wing_on_its_own_type_is_caught_where_it_wa
         shutil.copytree(cache, copy / "build" / "mypy-cache")
     converters = _plant(copy / "converters" / "power.py",
                         "def _planted(budget: PowerBudget) -> int:\n    return budget\n")
-    server = _plant(copy / "ota_server" / "fleet.py", "def _planted(state: DeviceState) -> int:\n    return state\n")
+    server = _plant(copy / "ota_server" / "store" / "fleet_db.py", "def _planted(state: DeviceState) -> int:\n    return state\n")
     result = subprocess.run([sys.executable, str(copy / "scripts" / "typecheck.py")], capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 1, result.stdout
     assert (f'converters/power.py:{converters}: error: Incompatible return value type (got "PowerBudget", expected '
             '"int")') in result.stdout, result.stdout
-    assert (f'ota_server/fleet.py:{server}: error: Incompatible return value type (got "DeviceState", expected '
+    assert (f'ota_server/store/fleet_db.py:{server}: error: Incompatible return value type (got "DeviceState", expected '
             '"int")') in result.stdout, result.stdout
     assert "Found 2 errors in 2 files" in result.stdout, result.stdout
 

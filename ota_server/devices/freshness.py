@@ -18,7 +18,7 @@ from typing import Any
 from edgesdk.fleet.protocol import Topics
 from edgesdk.fleet.records import RolloutState
 from edgesdk.fleet.trust import new_timestamp, sign_metadata, targets_digest
-from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 __all__ = ["TimestampPublisher"]
 

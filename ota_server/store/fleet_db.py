@@ -15,7 +15,6 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.errors import ConflictError
@@ -28,99 +27,29 @@ from edgesdk.fleet.records import (
     TargetRecord,
     TargetStatus,
 )
-from edgesdk.ota_server.sql import Database, IntegrityError, open_database
+from edgesdk.ota_server.store.desired_state import DesiredStateStore
+from edgesdk.ota_server.store.rows import (
+    DETAIL_KEYS,
+    IN_FLIGHT,
+    NOT_TERMINAL,
+    ONLINE_DEVICE,
+    DeviceState,
+    EventRecord,
+    EventRow,
+    Provisioning,
+    Release,
+    TargetUpdate,
+    device_record,
+    id_chunks,
+    target_record,
+    where_clause,
+)
+from edgesdk.ota_server.store.sql import Database, IntegrityError, open_database
 
-__all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", "DETAIL_KEYS"]
+__all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", "DETAIL_KEYS", "Release",
+           "Provisioning"]
 
-_NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    """One entry of the event log: a device's event message or a rollout's or measurement's milestone."""
-
-    id: int
-    ts: float
-    device_id: str | None
-    rollout_id: str | None
-    type: str
-    payload: dict[str, Any]
-
-
-#: The keys of a device's state report kept as its details: runtime statistics (latency, offload paths), disk,
-#: the previous version, energy, and the pins and slot retention it runs with.
-DETAIL_KEYS = ("runtime", "disk", "previous", "energy", "keep_slots", "pinned")
-
-
-@dataclass(frozen=True)
-class DeviceState:
-    """A device's reported state, as the server writes it (model, version and slots may be unknown)."""
-
-    device_id: str
-    group: str
-    status: str
-    model: str | None
-    version: str | None
-    slots: tuple[str, ...]
-    #: When the server received the report.
-    seen: float
-    #: The slots whose archives' chunks the device can copy instead of fetching (edgesdk.agent.local_chunks).
-    chunk_slots: tuple[str, ...] = ()
-    #: Its runtime's energy per inference above idle (mJ) and average power (W) over its last report window,
-    #: where its board has a power sensor (edgesdk.agent.energy_account); None: not in this report.
-    energy_mj: float | None = None
-    avg_watts: float | None = None
-    #: The root-of-trust version the device holds and whether it is stale (its newest timestamp expired), from
-    #: its last online report; None for a device without a root of trust (edgesdk.agent.trust_keeper).
-    root_version: int | None = None
-    stale: bool | None = None
-    #: When the device says it sent the report (its ``updated``; None for a last will, which has no time).
-    reported: float | None = None
-    #: The report's details as JSON text: runtime statistics and offload paths, disk, previous version, energy
-    #: (what the console shows; :data:`DETAIL_KEYS`); None keeps the stored ones (a last will has none).
-    details: str | None = None
-
-
-@dataclass(frozen=True)
-class TargetUpdate:
-    """A target's new status (and why), from a device's event."""
-
-    rollout_id: str
-    device_id: str
-    status: TargetStatus
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class EventRow:
-    """An event log entry to write."""
-
-    type: str
-    payload: dict[str, Any]
-    device_id: str | None = None
-    rollout_id: str | None = None
-    ts: float | None = None
-
-
-def _device(row: Mapping[str, Any]) -> DeviceRecord:
-    return DeviceRecord(row["id"], row["grp"], row["status"], row["model"], row["version"],
-                        tuple(json.loads(row["slots"])), row["last_seen"])
-
-
-def _target(row: Mapping[str, Any]) -> TargetRecord:
-    return TargetRecord(row["rollout_id"], row["device_id"], row["wave"], TargetStatus(row["status"]), row["reason"],
-                        row["previous_version"], row["sent"], row["updated"])
-
-
-def _where(conditions: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
-    """``WHERE a = ? AND b = ?`` for the conditions that are not None (PostgreSQL cannot type ``? IS NULL``)."""
-    given = {column: value for column, value in conditions.items() if value is not None}
-    if not given:
-        return "", ()
-    return " WHERE " + " AND ".join(f"{column} = ?" for column in given), tuple(given.values())
-
-
-class FleetDB:
+class FleetDB(DesiredStateStore):
     """The fleet's devices, rollouts, targets and event log (safe across threads).
 
     ``location`` is a SQLite file path (the embedded default), ``sqlite:///PATH`` or
@@ -145,15 +74,16 @@ class FleetDB:
     def upsert_devices(self, states: Sequence[DeviceState]) -> None:
         """Record devices' reported states; model, version and slots keep their last known values when absent.
 
-        Slots are taken only from ``online`` reports (a last will does not list them). A state the device sent
+        Slots are taken only from ``online`` reports (a last will does not list them). An online report puts the
+        device in the reconciler's queue (:meth:`to_reconcile`): it may have come back, or be new. A state the device sent
         before the one stored (by its own ``reported`` time) is ignored: with several replicas, each report reaches
         one of them, and one may write it after another wrote a newer one. A device whose clock went back is
         believed again once the server has heard nothing newer from it for 10 minutes.
         """
         self.sql.execute_many(
             """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts,
-                                    root_version, stale, reported, details)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                                    root_version, stale, reported, details, reconcile)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
@@ -163,12 +93,12 @@ class FleetDB:
                root_version=CASE WHEN excluded.status='online' THEN excluded.root_version ELSE devices.root_version END,
                stale=CASE WHEN excluded.status='online' THEN excluded.stale ELSE devices.stale END,
                reported=COALESCE(excluded.reported, devices.reported),
-               details=COALESCE(excluded.details, devices.details)
+               details=COALESCE(excluded.details, devices.details), reconcile=excluded.reconcile
                WHERE excluded.reported IS NULL OR devices.reported IS NULL OR excluded.reported >= devices.reported
                   OR excluded.last_seen - devices.last_seen > 600""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
-              None if s.stale is None else int(s.stale), s.reported, s.details)
+              None if s.stale is None else int(s.stale), s.reported, s.details, int(s.status == "online"))
              for s in sorted(states, key=lambda s: s.device_id)])  # one lock order across replicas (set_targets)
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
@@ -179,22 +109,22 @@ class FleetDB:
     def devices(self, group: str | None = None, *, status: str | None = None, after: str | None = None,
                 limit: int | None = None) -> list[DeviceRecord]:
         """Devices by id (of ``group``, in ``status``, if given); a page of ``limit`` starting after id ``after``."""
-        where, args = _where({"grp": group, "status": status})
+        where, args = where_clause({"grp": group, "status": status})
         if after is not None:
             where += (" AND" if where else " WHERE") + " id > ?"
             args += (after,)
         page = f" LIMIT {int(limit)}" if limit is not None else ""
-        return [_device(r) for r in self.sql.rows(f"SELECT * FROM devices{where} ORDER BY id{page}", args)]
+        return [device_record(r) for r in self.sql.rows(f"SELECT * FROM devices{where} ORDER BY id{page}", args)]
 
     def device_total(self, group: str | None = None, status: str | None = None) -> int:
         """How many devices (of ``group``, in ``status``) have reported."""
-        where, args = _where({"grp": group, "status": status})
+        where, args = where_clause({"grp": group, "status": status})
         return int(self.sql.rows(f"SELECT COUNT(*) AS n FROM devices{where}", args)[0]["n"])
 
     def device(self, device_id: str) -> DeviceRecord | None:
         """One device, or None if it never reported."""
         rows = self.sql.rows("SELECT * FROM devices WHERE id = ?", (device_id,))
-        return _device(rows[0]) if rows else None
+        return device_record(rows[0]) if rows else None
 
     def details(self, device_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The last reported details (:attr:`DeviceState.details`) of each of ``device_ids`` that sent some."""
@@ -216,8 +146,7 @@ class FleetDB:
     def _device_rows(self, device_ids: Iterable[str], columns: str) -> Iterator[Mapping[str, Any]]:
         """``id`` and ``columns`` of each of ``device_ids`` that has reported, one query per 500 ids."""
         ids = list(device_ids)
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
+        for chunk in id_chunks(ids):
             yield from self.sql.rows(f"SELECT id, {columns} FROM devices WHERE id IN ({','.join('?' * len(chunk))})",
                                      chunk)
 
@@ -301,18 +230,19 @@ class FleetDB:
         return RolloutRecord(r["id"], r["model"], r["version"], r["grp"], RolloutPolicy.from_dict(json.loads(r["policy"])),
                              RolloutState(r["state"]), r["wave"], r["wave_started"], r["wave_settled"], r["reason"],
                              r["created"], r["updated"], bool(r["rollback"]), found,
-                             tuple(json.loads(r["stages"] or "[]")), overall, sum(overall.values()), r["lease_holder"])
+                             tuple(json.loads(r["stages"] or "[]")), overall, sum(overall.values()), r["lease_holder"],
+                             self.late_counts(rollout_id), r["flagged"])
 
     def targets(self, rollout_id: str, *, stage: int | None = None, status: TargetStatus | None = None,
                 after: str | None = None, limit: int | None = None) -> list[TargetRecord]:
         """A rollout's targets by stage then device (of ``stage``, in ``status``), paged like :meth:`devices`."""
-        where, args = _where({"rollout_id": rollout_id, "wave": stage, "status": status and status.value})
+        where, args = where_clause({"rollout_id": rollout_id, "wave": stage, "status": status and status.value})
         if after is not None:
             where += " AND device_id > ?"
             args += (after,)
         page = f" LIMIT {int(limit)}" if limit is not None else ""
         order = " ORDER BY device_id" if stage is not None else " ORDER BY wave, device_id"
-        return [_target(t) for t in self.sql.rows(f"SELECT * FROM targets{where}{order}{page}", args)]
+        return [target_record(t) for t in self.sql.rows(f"SELECT * FROM targets{where}{order}{page}", args)]
 
     def target_counts(self, rollout_id: str) -> dict[tuple[int, TargetStatus], int]:
         """How many targets of each stage are in each status (from the index, without reading the targets)."""
@@ -324,13 +254,13 @@ class FleetDB:
         """Up to ``limit`` failed targets of sent stages, to name in an abort reason."""
         failed = tuple(s.value for s in TargetStatus if s.failed)
         marks = ",".join("?" * len(failed))
-        return [_target(t) for t in self.sql.rows(
+        return [target_record(t) for t in self.sql.rows(
             f"SELECT * FROM targets WHERE rollout_id = ? AND status IN ({marks}) ORDER BY updated LIMIT {int(limit)}",
             (rollout_id, *failed))]
 
     def rollouts(self, state: RolloutState | None = None) -> list[RolloutSummary]:
         """Every rollout (in ``state``, if given), oldest first."""
-        where, args = _where({"state": state and state.value})
+        where, args = where_clause({"state": state and state.value})
         rows = self.sql.rows(f"SELECT id, model, version, grp, state, wave, reason, created FROM rollouts{where} "
                              "ORDER BY created", args)
         return [RolloutSummary(r["id"], r["model"], r["version"], r["grp"], RolloutState(r["state"]), r["wave"],
@@ -341,25 +271,70 @@ class FleetDB:
         rows = self.sql.rows("SELECT state, COUNT(*) AS n FROM rollouts GROUP BY state")
         return {RolloutState(r["state"]): int(r["n"]) for r in rows}
 
-    def start_stage(self, rollout_id: str, stage: int, sent_at: float) -> None:
-        """Mark ``stage`` (0-based) and its targets as sent at ``sent_at`` (the engine's clock)."""
+    def start_stage(self, rollout_id: str, stage: int, sent_at: float, holder: str | None = None,
+                    lease_now: float | None = None) -> bool:
+        """Move a running rollout from stage ``stage - 1`` to ``stage`` (0-based), sent at ``sent_at``; False (and
+        nothing changed) when the rollout is no longer running at ``stage - 1``, or, with ``holder``, when that
+        holder's lease has lapsed at ``lease_now``: a compare-and-set, so a stale driver cannot move a stage.
+
+        The stage's targets whose device is offline become ``deferred``; the others ``sent``.
+        """
         now = time.time()
+        fence, args = self._fence(stage - 1, holder, lease_now)
         with self.transaction():
-            self.sql.execute("UPDATE rollouts SET wave = ?, wave_started = ?, wave_settled = NULL, updated = ? "
-                             "WHERE id = ?", (stage, now, now, rollout_id))
+            moved = self.sql.execute("UPDATE rollouts SET wave = ?, wave_started = ?, wave_settled = NULL, updated = ? "
+                                     f"WHERE id = ?{fence}", (stage, now, now, rollout_id, *args))
+            if moved != 1:
+                return False
+            self.sql.execute(f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND wave = ? "
+                             f"AND status = ? AND NOT {ONLINE_DEVICE}",
+                             (TargetStatus.DEFERRED.value, "offline when its stage was sent", now, rollout_id, stage,
+                              TargetStatus.PENDING.value))
             self.sql.execute("UPDATE targets SET status = ?, sent = ?, last_sent = ?, updated = ? "
                              "WHERE rollout_id = ? AND wave = ? AND status = ?",
                              (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, stage,
                               TargetStatus.PENDING.value))
+        return True
+
+    @staticmethod
+    def _fence(stage: int | None, holder: str | None, lease_now: float | None) -> tuple[str, tuple[Any, ...]]:
+        """The conditions of a rollout transition: still running (at ``stage``), and ``holder``'s lease valid."""
+        sql = " AND state = ?"
+        args: list[Any] = [RolloutState.RUNNING.value]
+        if stage is not None:
+            sql += " AND wave = ?"
+            args.append(stage)
+        if holder is not None:
+            sql += " AND lease_holder = ? AND lease_expires >= ?"
+            args += [holder, lease_now]
+        return sql, tuple(args)
 
     def settle_stage(self, rollout_id: str, when: float) -> None:
         """Every device of the current stage reported at ``when``: the health window starts."""
         self.sql.execute("UPDATE rollouts SET wave_settled = ?, updated = ? WHERE id = ?", (when, time.time(), rollout_id))
 
-    def end_rollout(self, rollout_id: str, state: RolloutState, reason: str) -> None:
-        """Leave ``running`` for ``completed`` or ``aborted``, saying why (its last driver stays on record)."""
-        self.sql.execute("UPDATE rollouts SET state = ?, reason = ?, updated = ? WHERE id = ?",
-                         (state.value, reason, time.time(), rollout_id))
+    def end_rollout(self, rollout_id: str, state: RolloutState, reason: str, *, stage: int | None = None,
+                    holder: str | None = None, lease_now: float | None = None) -> bool:
+        """Leave ``running`` for ``completed`` or ``aborted``, saying why (its last driver stays on record); False
+        when it was not running (at ``stage``, by ``holder``'s valid lease: see :meth:`start_stage`).
+
+        A completed rollout becomes its group's release (:meth:`release`), in the same transaction.
+        """
+        now = time.time()
+        fence, args = self._fence(stage, holder, lease_now)
+        with self.transaction():
+            if self.sql.execute(f"UPDATE rollouts SET state = ?, reason = ?, updated = ? WHERE id = ?{fence}",
+                                (state.value, reason, now, rollout_id, *args)) != 1:
+                return False
+            if state == RolloutState.COMPLETED:
+                row = self._summary_row(rollout_id)
+                assert row is not None
+                self.sql.execute(
+                    """INSERT INTO group_releases (grp, model, version, rollout_id, updated) VALUES (?,?,?,?,?)
+                       ON CONFLICT(grp) DO UPDATE SET model=excluded.model, version=excluded.version,
+                       rollout_id=excluded.rollout_id, updated=excluded.updated""",
+                    (row["grp"], row["model"], row["version"], rollout_id, now))
+        return True
 
     def set_targets(self, updates: Sequence[TargetUpdate]) -> None:
         """Targets' new statuses from device events, in one transaction; a move backwards (a report that arrived
@@ -386,18 +361,32 @@ class FleetDB:
         self.set_targets([TargetUpdate(rollout_id, device_id, status, reason)])
 
     def time_out_targets(self, rollout_id: str, stage: int, sent_before: float, reason: str) -> int:
-        """Fail the stage's unfinished targets whose command went out before ``sent_before``; how many."""
-        marks = ",".join("?" * len(_NOT_TERMINAL))
+        """Fail the unfinished targets of stages up to ``stage`` whose command went out before ``sent_before`` and
+        whose device is online (silent while reachable); how many. An offline device's target is deferred instead
+        (:meth:`defer_offline`)."""
+        marks = ",".join("?" * len(NOT_TERMINAL))
         return self.sql.execute(
-            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND wave = ? "
-            f"AND status IN ({marks}) AND sent IS NOT NULL AND sent < ?",
-            (TargetStatus.TIMEOUT.value, reason, time.time(), rollout_id, stage, *_NOT_TERMINAL, sent_before))
+            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND wave <= ? "
+            f"AND status IN ({marks}) AND status != ? AND sent IS NOT NULL AND sent < ? AND {ONLINE_DEVICE}",
+            (TargetStatus.TIMEOUT.value, reason, time.time(), rollout_id, stage, *NOT_TERMINAL,
+             TargetStatus.DEFERRED.value, sent_before))
+
+    def defer_offline(self, rollout_id: str, stage: int) -> int:
+        """Defer the in-flight targets (of stages up to ``stage``) whose device went offline; how many. Their device
+        gets the release again when it reports (a duty-cycled device goes to sleep mid-download, a phone loses
+        coverage): losing the connection is not a failure."""
+        marks = ",".join("?" * len(IN_FLIGHT))
+        return self.sql.execute(
+            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND wave <= ? "
+            f"AND status IN ({marks}) AND NOT {ONLINE_DEVICE}",
+            (TargetStatus.DEFERRED.value, "went offline before it answered", time.time(), rollout_id, stage,
+             *IN_FLIGHT))
 
     def due_for_resend(self, rollout_id: str, stage: int, sent_before: float, stalled_before: float) -> list[str]:
-        """Devices of the stage to send the command again: not acknowledged since ``sent_before``, or stuck in a
-        download or install (a lost report) since ``stalled_before`` (both on the engine's clock)."""
+        """Devices of stages up to ``stage`` to send the command again: not acknowledged since ``sent_before``, or
+        stuck in a download or install (a lost report) since ``stalled_before`` (both on the engine's clock)."""
         return [r["device_id"] for r in self.sql.rows(
-            "SELECT device_id FROM targets WHERE rollout_id = ? AND wave = ? AND "
+            "SELECT device_id FROM targets WHERE rollout_id = ? AND wave <= ? AND "
             "((status = ? AND last_sent < ?) OR (status IN (?, ?) AND last_sent < ?)) ORDER BY device_id",
             (rollout_id, stage, TargetStatus.SENT.value, sent_before, TargetStatus.DOWNLOADING.value,
              TargetStatus.INSTALLING.value, stalled_before))]
@@ -411,7 +400,7 @@ class FleetDB:
 
     def due_for_revert(self, rollout_id: str, before: float) -> list[TargetRecord]:
         """Targets told to revert that have not answered since ``before`` (on the engine's clock)."""
-        return [_target(t) for t in self.sql.rows(
+        return [target_record(t) for t in self.sql.rows(
             "SELECT * FROM targets WHERE rollout_id = ? AND status = ? AND last_sent < ? ORDER BY device_id",
             (rollout_id, TargetStatus.REVERTING.value, before))]
 
@@ -427,13 +416,14 @@ class FleetDB:
         return self.sql.now()
 
     def hold_lease(self, rollout_id: str, holder: str, now: float, lease_s: float) -> bool:
-        """Take or renew the right to drive a running rollout (or to finish an aborted one's reverts) for ``lease_s``;
-        False while another holder's is valid."""
+        """Take or renew the right to drive a running rollout (to finish an aborted one's reverts, or to reconcile a
+        completed one that is its group's release to it) for ``lease_s``; False while another holder's is valid."""
         return self.sql.execute(
-            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE id = ? AND state IN (?, ?) "
+            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE id = ? AND (state IN (?, ?) OR (state = ? "
+            "AND id IN (SELECT rollout_id FROM group_releases))) "
             "AND (lease_holder IS NULL OR lease_holder = ? OR lease_expires < ?)",
-            (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, RolloutState.ABORTED.value, holder,
-             now)) == 1
+            (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, RolloutState.ABORTED.value,
+             RolloutState.COMPLETED.value, holder, now)) == 1
 
     # events --------------------------------------------------------------------------------
     def log_many(self, events: Sequence[EventRow]) -> None:
@@ -449,7 +439,7 @@ class FleetDB:
 
     def events(self, rollout_id: str | None = None, device_id: str | None = None) -> list[EventRecord]:
         """The event log (of one rollout and/or device, if given), oldest first."""
-        where, args = _where({"rollout_id": rollout_id, "device_id": device_id})
+        where, args = where_clause({"rollout_id": rollout_id, "device_id": device_id})
         rows = self.sql.rows(f"SELECT * FROM events{where} ORDER BY id", args)
         return [EventRecord(r["id"], r["ts"], r["device_id"], r["rollout_id"], r["type"], json.loads(r["payload"]))
                 for r in rows]

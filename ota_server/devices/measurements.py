@@ -33,7 +33,7 @@ from edgesdk.fleet.protocol import (
     check_measure,
     sign_measure_command,
 )
-from edgesdk.ota_server.fleet import FleetDB
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 __all__ = ["Measurements", "MeasurementNotFound"]
 

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: The ``kind`` labels of ``edgesdk_ota_chunk_bytes_total``.
 CHUNK_KINDS = ("broadcast", "resend")
+#: The ``reason`` labels of ``edgesdk_ota_states_refused_group_total``.
+GROUP_REFUSALS = ("wrong_group", "unprovisioned")
 #: The ``kind`` labels of ``edgesdk_ota_event_handling_seconds`` (the device topics the server reads).
 EVENT_KINDS = ("state", "event", "need")
 
@@ -74,6 +76,10 @@ class FleetCounts(Protocol):
         """(root version, stale, online devices) of the devices on a root of trust."""
         ...
 
+    def group_releases(self) -> list[Any]:
+        """Each group's release and how many of its devices run it (``GroupRelease``)."""
+        ...
+
 
 class ServerMetrics:
     """The OTA server's metrics; every method is safe to call from any thread.
@@ -100,6 +106,9 @@ class ServerMetrics:
         refused = Counter("edgesdk_ota_reports_refused", "Device messages refused by their device's report limit.",
                           ("kind",), registry=self.registry)
         self._refused: dict[str, Any] = {kind: refused.labels(kind) for kind in EVENT_KINDS}
+        group_refused = Counter("edgesdk_ota_states_refused_group", "Device states refused because the device is not "
+                                "provisioned in the group it names.", ("reason",), registry=self.registry)
+        self._group_refused: dict[str, Any] = {reason: group_refused.labels(reason) for reason in GROUP_REFUSALS}
         self.registry.register(_FleetCollector(db))
 
     def watch_queues(self, outbox: Callable[[], int], ingest: Callable[[], int]) -> None:
@@ -126,6 +135,22 @@ class ServerMetrics:
         if child is None:
             raise EdgeSDKError(f"chunk_bytes kind={kind!r} is not one of {', '.join(CHUNK_KINDS)}; pass one of those")
         child.inc(_count(n, "chunk_bytes"))
+
+    def watch_catch_up(self, limit: int, in_flight: Callable[[], int]) -> None:
+        """Report the reconciler's cap on catch-up transfers at once, and how many run (read at every scrape)."""
+        from prometheus_client import Gauge
+
+        Gauge("edgesdk_ota_catch_up_limit", "Late targets (devices back from offline or new to their group) that "
+              "may download at once across the fleet.", registry=self.registry).set(limit)
+        Gauge("edgesdk_ota_catch_up_in_flight", "Late targets whose command is out and unanswered.",
+              registry=self.registry).set_function(in_flight)
+
+    def group_refused(self, reason: str) -> None:
+        """Count one device state refused for its group: ``wrong_group`` or ``unprovisioned``."""
+        child = self._group_refused.get(reason)
+        if child is None:
+            raise EdgeSDKError(f"group_refused reason={reason!r} is not one of {', '.join(GROUP_REFUSALS)}")
+        child.inc()
 
     def report_refused(self, kind: str) -> None:
         """Count one device message of ``kind`` (state, event or need) refused by its device's report limit."""
@@ -170,13 +195,14 @@ class _FleetCollector:
 
     def collect(self) -> Iterator[Any]:
         """One query of device counts and one of rollout counts; a failing store reports ``scrape_ok 0``."""
-        devices, rollouts, ok, energy, reporting, watts, roots, stale, targets = self._families()
+        devices, rollouts, ok, energy, reporting, watts, roots, stale, targets, groups, flagged = self._families()
         try:
             device_counts = self._db.device_counts()
             rollout_counts = self._db.rollout_counts()
             running = [(r, self._db.target_counts(r.id)) for r in self._db.rollouts(RolloutState.RUNNING)]
             energy_rows = self._db.energy_by_version()
             trust_rows = self._db.trust_counts()
+            releases = self._db.group_releases()
         except Exception as exc:  # a scrape must not fail because the database blinked; say so in a series
             log.warning("metrics: the fleet store did not answer (%s: %s)", type(exc).__name__, exc)
             ok.add_metric([], 0)
@@ -204,11 +230,17 @@ class _FleetCollector:
                 by_status[str(status)] = by_status.get(str(status), 0) + count
             for status, count in sorted(by_status.items()):
                 targets.add_metric([summary.id, summary.model, summary.version, summary.group, status], count)
+        for g in releases:
+            for standing, count in (("converged", g.converged), ("behind_online", g.behind_online),
+                                 ("behind_offline", g.behind_offline)):
+                groups.add_metric([g.group, g.model or "", g.version or "", standing], count)
+            if g.rollout_id:
+                flagged.add_metric([g.group, g.rollout_id], 1 if g.flagged else 0)
         ok.add_metric([], 1)
-        yield from (devices, rollouts, ok, energy, reporting, watts, roots, stale, targets)
+        yield from (devices, rollouts, ok, energy, reporting, watts, roots, stale, targets, groups, flagged)
 
     @staticmethod
-    def _families() -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any]:
+    def _families() -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]:
         from prometheus_client.core import GaugeMetricFamily
 
         by_version = ("model", "version")
@@ -228,4 +260,9 @@ class _FleetCollector:
                 GaugeMetricFamily("edgesdk_ota_devices_stale", "Online devices whose newest signed timestamp expired "
                                   "(updates withheld, or the server stopped publishing them)."),
                 GaugeMetricFamily("edgesdk_ota_rollout_targets", "Devices of each running rollout by status (its "
-                                  "progress).", labels=("rollout", "model", "version", "group", "status")))
+                                  "progress).", labels=("rollout", "model", "version", "group", "status")),
+                GaugeMetricFamily("edgesdk_ota_group_devices", "Devices of each group by how they stand to the group's "
+                                  "release: on it, behind and online (catching up), behind and offline (deferred).",
+                                  labels=("group", "model", "version", "state")),
+                GaugeMetricFamily("edgesdk_ota_release_flagged", "1 when a group's release is flagged: more late "
+                                  "installs failed than its policy allows.", labels=("group", "rollout")))

@@ -27,8 +27,9 @@ from edgesdk.fleet.records import (
     TargetRecord,
     TargetStatus,
 )
-from edgesdk.ota_server.fleet import FleetDB, TargetUpdate
-from edgesdk.ota_server.rollout import canary_order, stage_sizes
+from edgesdk.ota_server.rollouts.reconciler import Reconciler
+from edgesdk.ota_server.rollouts.stages import canary_order, stage_sizes
+from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
 from edgesdk.runtime.bundle import parse_version
 
 __all__ = ["RolloutEngine", "Dispatcher"]
@@ -45,6 +46,9 @@ _EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
     AgentEvent.REJECTED: (TargetStatus.REJECTED, TargetStatus.REVERT_FAILED),
 }
 
+
+#: Statuses of targets whose command is not out: offline at their stage, or late and waiting for the catch-up cap.
+_NOT_SENT = frozenset({TargetStatus.DEFERRED, TargetStatus.PENDING})
 
 #: While reports keep coming, a re-send round still runs every this many ``resend_s``.
 _ROUND_EVERY = 10
@@ -69,6 +73,9 @@ class Dispatcher(Protocol):
     def finish(self, rollout_id: str) -> None:
         """The rollout needs nothing sent any more: release what was kept for it (archives)."""
 
+    def send_late(self, rollout: RolloutRecord, targets: list[TargetRecord]) -> None:
+        """Send the rollout's command to late targets (devices back from offline, or new to the group)."""
+
 
 class RolloutEngine:
     """Starts, steps, promotes, aborts and rolls back rollouts; state lives in the fleet store, time in ``clock``.
@@ -76,13 +83,23 @@ class RolloutEngine:
     Several engines (one per server replica) may share a store: each running rollout is driven
     by the one engine that holds its lease (``holder``, renewed every tick for ``lease_s``); when
     that engine stops ticking, another takes the rollout over once the lease expires and re-sends
-    what was not acknowledged.
+    what was not acknowledged. Every stage move and rollout end is a compare-and-set on the
+    rollout's state and stage and on the lease, so a driver whose lease lapsed moves nothing.
+    A group's release (its last completed rollout) is leased the same way by whichever engine
+    reconciles the group to it every ``reconcile_s`` (:class:`Reconciler`).
     """
 
     def __init__(self, db: FleetDB, dispatcher: Dispatcher, clock: Callable[[], float] = time.time, *,
-                 resend_s: float = 3.0, holder: str | None = None, lease_s: float = 10.0) -> None:
+                 resend_s: float = 3.0, holder: str | None = None, lease_s: float = 10.0,
+                 max_catch_up: int = 500, reconcile_s: float = 1.0) -> None:
         self.db, self.dispatcher, self.clock = db, dispatcher, clock
-        self.resend_s, self.lease_s = resend_s, lease_s
+        self.resend_s, self.lease_s, self.reconcile_s = resend_s, lease_s, reconcile_s
+        self.reconciler = Reconciler(db, dispatcher, clock, max_catch_up=max_catch_up, resend_s=resend_s)
+        #: Releases (completed rollouts) this engine reconciled at its last pass, and when that pass was.
+        self._releases: set[str] = set()
+        self._last_reconcile = float("-inf")
+        #: Releases whose archive this engine opened for late targets (released once none is in flight).
+        self._serving: set[str] = set()
         #: This engine's name in the rollouts' leases.
         self.holder = holder or f"engine-{uuid.uuid4().hex[:8]}"
         #: Aborted rollouts whose reverts this engine sent and whose archives it keeps open until they settle.
@@ -96,54 +113,71 @@ class RolloutEngine:
 
     @property
     def driving(self) -> frozenset[str]:
-        """The running rollouts this engine held the lease of at its last tick."""
-        return frozenset(self._driving)
+        """The running rollouts this engine held the lease of at its last tick, and the releases it reconciles."""
+        return frozenset(self._driving | self._releases)
+
+    def serving(self, rollout_id: str) -> None:
+        """Note that this engine opened ``rollout_id``'s archive for a release's late targets (a chunk request of a
+        transfer resumed after sleep); it is released once no late target of it is in flight."""
+        if rollout_id in self._releases:
+            self._serving.add(rollout_id)
 
     # operator actions ------------------------------------------------------------------------
     def start(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
               rollback: bool = False) -> str:
-        """Plan a rollout of ``name`` ``version`` to the online devices of ``group`` that need it; its id.
+        """Plan a rollout of ``name`` ``version`` to every device of ``group`` that needs it; its id.
 
-        Raises ConflictError when the group has no online device, a rollout running,
-        every device at that version already, or (unless ``rollback``) a newer version.
-        The first stage is sent by the next :meth:`tick`.
+        Online devices come first in the stage order, so the canary runs on devices that can answer
+        now; offline ones are deferred when their stage is sent and get the release when they report
+        again (:mod:`edgesdk.ota_server.rollouts.reconciler`). Raises ConflictError when the group has
+        no device, a rollout running, every device at that version already, or (unless ``rollback``) a
+        newer version. The first stage is sent by the next :meth:`tick`.
         """
         check_id(group, "group")
-        online = self.db.devices(group, status="online")
-        if not online:
-            raise ConflictError(f"group {group!r} has no online device; start the agents first (see `edgesdk devices`)")
+        devices = self.db.devices(group)
+        if not devices:
+            raise ConflictError(f"group {group!r} has no device; provision its devices (`edgesdk devices provision "
+                                "ID GROUP`) or start their agents (see `edgesdk devices`)")
         running = [r for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group]
         if running:
             raise ConflictError(f"group {group!r} already has rollout {running[0].id} running; abort or wait for it")
-        devices = _targets(name, version, group, online, rollback)
+        targets = _targets(name, version, group, devices, rollback)
         policy = policy or RolloutPolicy()
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S', time.gmtime(self.clock()))}-{uuid.uuid4().hex[:6]}"
-        order = canary_order(group, [d.id for d in devices])
+        online = [d.id for d in targets if d.status == "online"]
+        offline = [d.id for d in targets if d.status != "online"]
+        order = canary_order(group, online) + canary_order(group, offline)
         sizes = stage_sizes(len(order), policy)
-        version_of = {d.id: d.version for d in devices}
+        version_of = {d.id: d.version if d.model == name else None for d in targets}
         stages = [[(d, version_of[d]) for d in order[begin:end]] for begin, end in zip([0, *sizes], sizes)]
         self.db.add_rollout(rollout_id, name, version, group, policy, stages, rollback)
-        self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback},
-                    rollout_id=rollout_id)
-        log.info("rollout %s started: %s %s to %d devices of group %s in stages %s%s", rollout_id, name, version,
-                 len(order), group, sizes, " (rollback)" if rollback else "")
+        self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback,
+                                        "offline": len(offline)}, rollout_id=rollout_id)
+        log.info("rollout %s started: %s %s to %d devices of group %s in stages %s (%d offline: deferred until they "
+                 "report)%s", rollout_id, name, version, len(order), group, sizes, len(offline),
+                 " (rollback)" if rollback else "")
         return rollout_id
 
     def promote(self, rollout_id: str) -> None:
         """Send the next stage now, without waiting for the health window."""
         r = self._running(rollout_id)
+        if r.stage + 1 >= r.stage_count:
+            raise ConflictError(f"rollout {r.id} has no stage {r.stage + 2}: its last stage was sent already")
         log.info("rollout %s promoted by operator to stage %d", rollout_id, r.stage + 2)
-        self._send_stage(r, r.stage + 1)
+        if not self._send_stage(r, r.stage + 1, fenced=False):
+            raise ConflictError(f"rollout {r.id} moved on while promoting (its stage or state changed); see "
+                                "`edgesdk rollout status`")
 
     def abort(self, rollout_id: str, reason: str = "aborted by operator") -> None:
         """Stop a running rollout and send its updated devices back to their previous version."""
-        self._abort(self._running(rollout_id), reason)
+        if not self._abort(self._running(rollout_id), reason, fenced=False):
+            raise ConflictError(f"rollout {rollout_id} ended while aborting it; see `edgesdk rollout status`")
 
     def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
         """Roll a rollout's group back with a signed rollback, as a new rollout (aborting it first if running)."""
         r = self.status(rollout_id)
         if r.state == RolloutState.RUNNING:
-            self._abort(r, "rolled back by operator")
+            self._abort(r, "rolled back by operator", fenced=False)
         if to_version is None:
             previous = [t.previous_version for t in r.targets if t.previous_version]
             if not previous:
@@ -188,9 +222,11 @@ class RolloutEngine:
 
     # the clock -------------------------------------------------------------------------------
     def tick(self) -> None:
-        """One step of every running rollout this engine holds the lease of (and release of finished reverts)."""
+        """One step of every running rollout this engine holds the lease of, a reconciliation pass over their groups
+        (and, every ``reconcile_s``, over the groups whose release it leases), and the release of finished reverts."""
         now = self.clock()
         driving = set()
+        room = self.reconciler.room()
         for summary in self.db.rollouts(RolloutState.RUNNING):
             if not self.db.hold_lease(summary.id, self.holder, now, self.lease_s):
                 continue
@@ -199,6 +235,9 @@ class RolloutEngine:
                 log.info("rollout %s: driven by %s from stage %d", summary.id, self.holder, summary.stage + 1)
             try:
                 self._step(self.status(summary.id, targets=False))
+                r = self.status(summary.id, targets=False)
+                if r.state == RolloutState.RUNNING and r.stage >= 0:
+                    room -= self.reconciler.run(r, room)
             except EdgeSDKError as exc:  # e.g. a bundle changed on disk after upload
                 self._abort(self.status(summary.id, targets=False), f"server error: {exc}")
             except Exception:
@@ -207,7 +246,41 @@ class RolloutEngine:
         for gone in (set(self._progress) | set(self._last_round)) - driving:  # finished, or driven elsewhere now
             self._progress.pop(gone, None)
             self._last_round.pop(gone, None)
+        if now - self._last_reconcile >= self.reconcile_s:
+            self._last_reconcile = now
+            self._reconcile_releases(now, room)
         self._finish_reverts(now)
+
+    def _reconcile_releases(self, now: float, room: int) -> None:
+        """Bring the devices of groups with no running rollout to their release (each release leased like a
+        rollout); let go of the archives of releases with nothing in flight."""
+        self.db.drop_unreleased_from_queue()
+        busy_groups = {r.group for r in self.db.rollouts(RolloutState.RUNNING)}
+        releases = set()
+        for release in self.db.releases():
+            if release.group in busy_groups or not self.db.hold_lease(release.rollout_id, self.holder, now,
+                                                                       self.lease_s):
+                continue
+            r = self.db.rollout(release.rollout_id, targets=False)
+            if r is None or r.state != RolloutState.COMPLETED:
+                continue
+            releases.add(r.id)
+            try:
+                sent = self.reconciler.run(r, room)
+            except EdgeSDKError as exc:  # e.g. the release's bundle left the repository: say so, keep the others
+                log.error("group %s: cannot bring devices to release %s %s (%s): %s", r.group, r.model, r.version,
+                          r.id, exc)
+                continue
+            room -= sent
+            if sent:
+                self._serving.add(r.id)
+            elif r.id in self._serving and not self.db.late_in_flight(r.id):
+                self._serving.discard(r.id)
+                self.dispatcher.finish(r.id)  # its archive is reopened by the next late send or chunk request
+        for gone in self._serving - releases:  # superseded, or reconciled by another replica now
+            self._serving.discard(gone)
+            self.dispatcher.finish(gone)
+        self._releases = releases
 
     def _finish_reverts(self, now: float) -> None:
         """Send the devices of aborted rollouts back: commits reported after the abort, and reverts a device has not
@@ -244,6 +317,7 @@ class RolloutEngine:
             self._send_stage(r, 0)
             return
         now = self.clock()
+        self.db.defer_offline(r.id, r.stage)
         timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s,
                                              f"no report in {policy.deploy_timeout_s:g} s")
         counts = self.db.target_counts(r.id)
@@ -256,13 +330,16 @@ class RolloutEngine:
                 self.db.mark_resent(r.id, self.dispatcher.resend(r, r.stage, silent), now)
         if timed_out:
             log.warning("rollout %s: %d devices of stage %d timed out", r.id, timed_out, r.stage + 1)
-        sent = sum(n for (stage, _), n in counts.items() if stage <= r.stage)
+        # Deferred targets (offline) and late ones not sent yet neither count nor hold a stage back.
+        sent = sum(n for (stage, status), n in counts.items() if stage <= r.stage and status not in _NOT_SENT)
         failed = sum(n for (stage, status), n in counts.items() if stage <= r.stage and status.failed)
+        deferred = sum(n for (_, status), n in counts.items() if status == TargetStatus.DEFERRED)
         if sent and failed / sent > policy.max_failure_rate:
             reasons = "; ".join(f"{t.device_id}: {t.reason}" for t in self.db.failed_targets(r.id, 3))
             self._abort(r, f"{failed}/{sent} devices failed (> {policy.max_failure_rate:.0%}): {reasons}")
             return
-        if any(not status.terminal for (stage, status), n in counts.items() if stage == r.stage and n):
+        if any(not status.settled and status not in _NOT_SENT for (stage, status), n in counts.items()
+               if stage == r.stage and n):
             return
         if r.stage_settled is None:
             self.db.settle_stage(r.id, now)
@@ -270,9 +347,15 @@ class RolloutEngine:
         if now - r.stage_settled < policy.health_window_s:
             return
         if r.stage >= r.stage_count - 1:
-            self.db.end_rollout(r.id, RolloutState.COMPLETED, f"{sent - failed}/{sent} updated")
-            self.db.log("rollout_completed", {"failed": failed}, rollout_id=r.id)
-            log.info("rollout %s completed: %d/%d devices updated", r.id, sent - failed, sent)
+            summary = f"{sent - failed}/{sent} updated" + (f", {deferred} deferred (offline)" if deferred else "")
+            if not self.db.end_rollout(r.id, RolloutState.COMPLETED, summary, stage=r.stage, holder=self.holder,
+                                       lease_now=self.clock()):
+                log.warning("rollout %s: not completed by %s: its lease lapsed or another server moved it on", r.id,
+                            self.holder)
+                return
+            self.db.log("rollout_completed", {"failed": failed, "deferred": deferred, "holder": self.holder},
+                        rollout_id=r.id)
+            log.info("rollout %s completed: %s; it is group %s's release now", r.id, summary, r.group)
             self.dispatcher.finish(r.id)
         elif policy.auto_promote:
             self._send_stage(r, r.stage + 1)
@@ -296,22 +379,36 @@ class RolloutEngine:
             return now - last_round >= _ROUND_EVERY * self.resend_s
         return now - seen[1] >= self.resend_s
 
-    def _send_stage(self, r: RolloutRecord, stage: int) -> None:
-        targets = self.db.targets(r.id, stage=stage)
-        if not targets:
-            raise ConflictError(f"rollout {r.id} has no stage {stage + 1}: its last stage was sent already")
+    def _send_stage(self, r: RolloutRecord, stage: int, fenced: bool = True) -> bool:
+        """Move ``r`` to ``stage`` and send it; False when the move was refused (compare-and-set on the rollout's
+        state and stage, and with ``fenced`` on this engine's lease: a driver whose lease lapsed moves nothing)."""
+        now = self.clock()
         # Marked sent before the commands go out: a device's answer may arrive before the publish loop ends.
-        self.db.start_stage(r.id, stage, self.clock())
-        self.dispatcher.send_stage(r, stage, targets)
-        self.db.log("stage_sent", {"stage": stage, "devices": len(targets)}, rollout_id=r.id)
-        log.info("rollout %s: stage %d sent to %d devices", r.id, stage + 1, len(targets))
+        if not self.db.start_stage(r.id, stage, now, *((self.holder, now) if fenced else (None, None))):
+            log.warning("rollout %s: stage %d not sent by %s: its lease lapsed or the rollout moved on", r.id,
+                        stage + 1, self.holder)
+            return False
+        targets = self.db.targets(r.id, stage=stage, status=TargetStatus.SENT)
+        if targets:
+            self.dispatcher.send_stage(r, stage, targets)
+        deferred = len(self.db.targets(r.id, stage=stage, status=TargetStatus.DEFERRED))
+        self.db.log("stage_sent", {"stage": stage, "devices": len(targets), "deferred": deferred,
+                                   "holder": self.holder if fenced else "operator"}, rollout_id=r.id)
+        log.info("rollout %s: stage %d sent to %d devices (%d offline, deferred)", r.id, stage + 1, len(targets),
+                 deferred)
+        return True
 
-    def _abort(self, r: RolloutRecord, reason: str) -> None:
-        self.db.end_rollout(r.id, RolloutState.ABORTED, reason)
-        self.db.log("rollout_aborted", {"reason": reason}, rollout_id=r.id)
+    def _abort(self, r: RolloutRecord, reason: str, fenced: bool = True) -> bool:
+        """End ``r`` as aborted and revert its committed devices; False when it was no longer running (or, with
+        ``fenced``, this engine's lease lapsed)."""
+        holder, now = (self.holder, self.clock()) if fenced else (None, None)
+        if not self.db.end_rollout(r.id, RolloutState.ABORTED, reason, holder=holder, lease_now=now):
+            return False
+        self.db.log("rollout_aborted", {"reason": reason, "holder": holder or "operator"}, rollout_id=r.id)
         log.warning("rollout %s aborted: %s", r.id, reason)
         self._revert_committed(r, reason)
         self._reverting.add(r.id)
+        return True
 
     def _revert_committed(self, r: RolloutRecord, reason: str) -> None:
         """Send every committed target of an aborted rollout back to its previous version."""
@@ -344,12 +441,12 @@ class RolloutEngine:
         return keep
 
 
-def _targets(name: str, version: str, group: str, online: list[DeviceRecord], rollback: bool) -> list[DeviceRecord]:
-    """The online devices that need ``version``; refuses a version the group runs already, or a downgrade."""
+def _targets(name: str, version: str, group: str, devices: list[DeviceRecord], rollback: bool) -> list[DeviceRecord]:
+    """The devices that need ``version``; refuses a version the group runs already, or a downgrade."""
     wanted = parse_version(version)
-    targets = [d for d in online if not (d.model == name and d.version == version)]
+    targets = [d for d in devices if not (d.model == name and d.version == version)]
     if not targets:
-        raise ConflictError(f"{name} {version} is already installed on all {len(online)} online devices of group "
+        raise ConflictError(f"{name} {version} is already installed on all {len(devices)} devices of group "
                             f"{group!r}; nothing to send")
     newer = sorted({d.version for d in targets if d.model == name and d.version
                     and parse_version(d.version) > wanted}, key=parse_version)

@@ -14,10 +14,10 @@ from typing import Any
 
 from edgesdk.fleet.protocol import COMMAND_TTL_S, ArchiveInfo, Topics, sign_command
 from edgesdk.fleet.records import RolloutRecord, TargetRecord, TargetStatus
-from edgesdk.ota_server.chunks import ChunkDistributor
-from edgesdk.ota_server.fleet import FleetDB
-from edgesdk.ota_server.metrics import ServerMetrics
+from edgesdk.ota_server.admin.metrics import ServerMetrics
+from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.repository import ModelRepository
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 __all__ = ["StageSender"]
 
@@ -34,7 +34,7 @@ _RESEND_OUTBOX = 256
 
 
 class StageSender:
-    """Implements :class:`edgesdk.ota_server.engine.Dispatcher` over the chunk service and ``publish``."""
+    """Implements :class:`edgesdk.ota_server.rollouts.engine.Dispatcher` over the chunk service and ``publish``."""
 
     def __init__(self, db: FleetDB, repository: ModelRepository, chunks: ChunkDistributor, signing_key: Any,
                  publish: Callable[[str, bytes], None], metrics: ServerMetrics, backlog: Callable[[], int],
@@ -50,9 +50,9 @@ class StageSender:
         self.offload_url = offload_url
         self.broadcast_wait_s = broadcast_wait_s
         self.command_ttl_s, self._clock = command_ttl_s, clock
-        #: Signed commands of the stages this server sent: (rollout, stage, with archive) -> (envelope, when
-        #: signed, what it was signed from). One older than half its validity is signed again before it is sent.
-        self._signed: dict[tuple[str, int, bool], tuple[bytes, float, tuple[Any, ...]]] = {}
+        #: Signed commands of the stages this server sent: (rollout, stage, with archive[, "late"]) -> (envelope,
+        #: when signed, what it was signed from). One older than half its validity is signed again before it is sent.
+        self._signed: dict[tuple[Any, ...], tuple[bytes, float, tuple[Any, ...]]] = {}
 
     def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
                  archive: ArchiveInfo | None, broadcast: list[int] | None = None, reverts: str | None = None) -> bytes:
@@ -127,6 +127,27 @@ class StageSender:
             self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive, fetching))
         self.metrics.command_resent(len(device_ids))
         return device_ids
+
+    def send_late(self, rollout: RolloutRecord, targets: list[TargetRecord]) -> None:
+        """Send late targets their stage's command with no broadcast plan: each device asks at once, on its own
+        topic, for the chunks it cannot copy from its slots (a transfer it had begun before going offline resumes
+        under the same id, so the chunks it holds are kept)."""
+        r = rollout
+        needs = self._needs_archive(r, [t.device_id for t in targets])
+        for t in targets:
+            with_archive = needs[t.device_id]
+            key, now = (r.id, t.stage, with_archive, "late"), self._clock()
+            held = self._signed.get(key)
+            if held is None or now - held[1] > self.command_ttl_s / 2:
+                transfer_id = f"{r.id}-w{t.stage}"
+                info = self.chunks.open(transfer_id, r.model, r.version) if with_archive else None
+                args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, [])
+                held = (self._command(*args), now, args)
+                self._signed[key] = held
+            elif with_archive:
+                self.chunks.open(f"{r.id}-w{t.stage}", r.model, r.version)  # reopen after finish(); no-op if open
+            self._publish(Topics.cmd(t.device_id), held[0])
+        self.metrics.command_sent(len(targets))
 
     def busy(self) -> bool:
         """Device reports wait to be written (the answers may be among them), or commands wait to leave."""

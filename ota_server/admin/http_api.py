@@ -18,7 +18,7 @@ rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before th
     POST /api/measurements?device=D&mode=M&runs=N[&timeout=S]
                                                body: measurement tar (edgesdk.fleet.measurement.pack_measurement) -> {"id"}
     GET  /api/measurements/{id}                status; figures and outputs (base64 .npy) once done
-    GET  /metrics                              Prometheus text (edgesdk.ota_server.metrics); 404 if not enabled
+    GET  /metrics                              Prometheus text (edgesdk.ota_server.admin.metrics); 404 if not enabled
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError, TransferError
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus
-from edgesdk.ota_server.admin_errors import error_status
-from edgesdk.ota_server.metrics import ServerMetrics
+from edgesdk.ota_server.admin.errors import error_status
+from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.server import OTAServer
 
 __all__ = ["create_app", "HttpServer"]

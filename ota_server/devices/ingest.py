@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edgesdk.ota_server.fleet import DeviceState, EventRow, FleetDB, TargetUpdate
+from edgesdk.ota_server.devices.provisioning import GroupGuard
+from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB, TargetUpdate
 
 __all__ = ["Ingest", "DeviceEvent"]
 
@@ -39,8 +40,10 @@ class Ingest:
     """Queues device states and events and writes them in batches (thread-safe)."""
 
     def __init__(self, db: FleetDB, observe: Observer | None = None, max_batch: int = 2000,
-                 retry_s: float = 1.0) -> None:
+                 retry_s: float = 1.0, groups: GroupGuard | None = None) -> None:
         self.db, self._observe, self.max_batch, self.retry_s = db, observe, max_batch, retry_s
+        #: Refuses states naming a group other than the device's provisioned one (None: every state is written).
+        self.groups = groups
         self._queue: queue.Queue[tuple[float, DeviceState | DeviceEvent] | None] = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0  # queued or being written
@@ -117,6 +120,6 @@ class Ingest:
                 if report.update is not None:
                     updates.append(report.update)
         with self.db.transaction():
-            self.db.upsert_devices(states)
+            self.db.upsert_devices(self.groups.admit(states) if self.groups is not None else states)
             self.db.log_many(rows)
             self.db.set_targets(updates)

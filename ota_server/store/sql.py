@@ -75,6 +75,21 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (7, "console: each device's last reported details (runtime statistics, offload paths, disk, previous version)", (
         "ALTER TABLE devices ADD COLUMN details TEXT",
     )),
+    (8, "desired state: each group's release, the group each device is provisioned in, late targets, flagged "
+        "releases, and the devices to reconcile", (
+        """CREATE TABLE IF NOT EXISTS group_releases (
+            grp TEXT PRIMARY KEY, model TEXT NOT NULL, version TEXT NOT NULL, rollout_id TEXT NOT NULL,
+            updated {real} NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS provisioned (
+            device_id TEXT PRIMARY KEY, grp TEXT NOT NULL, source TEXT NOT NULL, updated {real} NOT NULL)""",
+        "ALTER TABLE targets ADD COLUMN late INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rollouts ADD COLUMN flagged TEXT",
+        # Set by every online state report, cleared once the reconciler has compared the device with its release:
+        # the queue of devices to look at lives in the store, so any replica can work it.
+        "ALTER TABLE devices ADD COLUMN reconcile INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX IF NOT EXISTS devices_to_reconcile ON devices (grp, id) WHERE reconcile = 1",
+        "CREATE INDEX IF NOT EXISTS late_targets ON targets (rollout_id, status) WHERE late = 1",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},

@@ -1,0 +1,1 @@
+"""The operator's side: the admin HTTP API, its error mapping, and the server's Prometheus metrics."""

@@ -1,0 +1,144 @@
+"""The reconciler: every device of a group converges to the group's release, whenever it is online.
+
+A group's *desired state* is the release its last completed rollout set (``FleetDB.release``),
+or, while a rollout runs, that rollout. Every online state report puts its device in a queue kept
+in the store (``devices.reconcile``); each pass of :meth:`Reconciler.run` takes the group's
+queued devices and compares each with the rollout:
+
+- a device with no target in it (it joined the group after the rollout started) becomes a *late*
+  target of the rollout's last stage: sent now if that stage is out (or the rollout completed),
+  else with the stage;
+- a *deferred* target (its device was offline when its stage went out, or went offline before
+  answering) is sent again, late;
+- anything else (on the release already, or done with the rollout: committed, failed, refused)
+  needs nothing.
+
+Sends are capped by ``max_catch_up`` late targets in flight across the whole fleet, so a
+reconnect storm after a broker restart queues in the store instead of in the broker or the
+outbox; devices over the cap stay queued for the next pass. Late targets that fail flag the
+release past the policy's ``max_late_failure_rate``: each device has already rolled back on its
+own, and the group is never reverted behind the operator's back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.ota_server.store.fleet_db import FleetDB
+
+__all__ = ["Reconciler", "LateSender", "MIN_LATE_FAILURES"]
+
+log = logging.getLogger("edgesdk.ota_server.server")  # operators grep one logger for rollout transitions
+
+#: Targets the reconciler sends to once their stage is out: deferred ones, and late ones added while the cap was full.
+_SENDABLE = (TargetStatus.DEFERRED, TargetStatus.PENDING)
+
+#: A release is flagged only once at least this many late targets failed (one of one says little).
+MIN_LATE_FAILURES = 3
+
+
+class LateSender(Protocol):
+    """What the reconciler asks the dispatcher to do."""
+
+    def send_late(self, rollout: RolloutRecord, targets: list[TargetRecord]) -> None:
+        """Send the rollout's command to late targets, each with its stage's transfer (no broadcast)."""
+
+    def busy(self) -> bool:
+        """True while earlier sends, or the devices' answers, are still queued in this server."""
+
+
+class Reconciler:
+    """Brings the queued devices of a group to the group's release, at most ``max_catch_up`` at a time."""
+
+    def __init__(self, db: FleetDB, sender: LateSender, clock: Callable[[], float], *,
+                 max_catch_up: int = 500, resend_s: float = 3.0) -> None:
+        self.db, self.sender, self.clock = db, sender, clock
+        self.max_catch_up, self.resend_s = max_catch_up, resend_s
+        #: Late targets sent by this reconciler so far, and devices it found already on their release.
+        self.sent = 0
+
+    def room(self) -> int:
+        """How many more catch-ups may start now (the cap less those in flight across the fleet)."""
+        return max(0, self.max_catch_up - self.db.late_in_flight())
+
+    def run(self, r: RolloutRecord, room: int) -> int:
+        """One pass over ``r``'s group (``r`` runs, or is the group's release); how many late targets it sent
+        (at most ``room``)."""
+        now = self.clock()
+        running = r.state == RolloutState.RUNNING
+        last = r.stage_count - 1
+        reach = r.stage if running else last  # stages whose deferred targets may be sent now
+        self.db.defer_offline(r.id, reach)
+        if not running:
+            self._chase(r, last, now)
+        sent = 0
+        queued = self.db.to_reconcile(r.group, max(room, 0) + 200)
+        if not queued:
+            self._flag(r)
+            return 0
+        targets = self.db.targets_of(r.id, [d.id for d in queued])
+        new: list[tuple[str, str | None]] = []
+        send: list[str] = []
+        done: list[str] = []
+        for device in queued:
+            target = targets.get(device.id)
+            on_release = device.model == r.model and device.version == r.version
+            if device.status != "online" or on_release:
+                done.append(device.id)
+            elif target is None:
+                new.append((device.id, device.version if device.model == r.model else None))
+                if running and r.stage < last:
+                    done.append(device.id)  # it goes with the last stage
+                elif len(send) < room:
+                    send.append(device.id)
+            elif target.status in _SENDABLE and target.stage <= reach:
+                if len(send) < room:  # else it stays queued for the next pass
+                    send.append(device.id)
+            else:
+                done.append(device.id)
+        if new:
+            self.db.add_late_targets(r.id, last, new)
+        if send:
+            marked = self.db.send_late(r.id, send, now)
+            if marked:
+                late = self.db.targets_of(r.id, marked)
+                self.sender.send_late(r, [late[d] for d in marked])
+                sent = len(marked)
+                self.sent += sent
+                log.info("rollout %s: sent to %d devices of group %s that came back or joined late", r.id, sent,
+                         r.group)
+            done += send
+        self.db.reconciled(done)
+        self._flag(r)
+        return sent
+
+    def _chase(self, r: RolloutRecord, last: int, now: float) -> None:
+        """For a completed release: time out late targets silent while online, send again those not answering."""
+        policy = r.policy
+        self.db.time_out_targets(r.id, last, now - policy.deploy_timeout_s,
+                                 f"no report in {policy.deploy_timeout_s:g} s (late)")
+        if self.sender.busy():
+            return
+        silent = self.db.due_for_resend(r.id, last, now - self.resend_s, now - 4 * self.resend_s)
+        if silent:
+            found = self.db.targets_of(r.id, silent)
+            self.sender.send_late(r, [found[d] for d in silent if d in found])
+            self.db.mark_resent(r.id, silent, now)
+
+    def _flag(self, r: RolloutRecord) -> None:
+        """Flag the release when too many of its late targets failed (once; never a revert)."""
+        if r.flagged:
+            return
+        late = self.db.late_counts(r.id)
+        failed = sum(n for status, n in late.items() if status.failed)
+        answered = sum(n for status, n in late.items() if status.terminal)
+        if failed < MIN_LATE_FAILURES or failed <= r.policy.max_late_failure_rate * answered:
+            return
+        reason = (f"{failed} of {answered} late installs failed (> {r.policy.max_late_failure_rate:.0%}); each "
+                  "device rolled back on its own: look at the failures before the next push")
+        if self.db.flag_release(r.id, reason):
+            self.db.log("release_flagged", {"reason": reason, "failed": failed, "answered": answered}, rollout_id=r.id)
+            log.warning("rollout %s flagged: %s", r.id, reason)

@@ -1,0 +1,183 @@
+"""Desired state in the fleet store: each group's release, the devices still to reconcile with it, late targets,
+and the group each device is provisioned in (:mod:`edgesdk.ota_server.rollouts.reconciler` works these)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from edgesdk.fleet.records import DeviceRecord, GroupRelease, RolloutState, TargetRecord, TargetStatus
+from edgesdk.ota_server.store.rows import (
+    IN_FLIGHT,
+    Provisioning,
+    Release,
+    device_record,
+    id_chunks,
+    release_record,
+    target_record,
+    where_clause,
+)
+from edgesdk.ota_server.store.sql import Database
+
+__all__ = ["DesiredStateStore"]
+
+
+class DesiredStateStore:
+    """The desired-state tables of :class:`edgesdk.ota_server.store.fleet_db.FleetDB` (mixed into it)."""
+
+    sql: Database
+
+    # desired state: each group's release, and the devices still to compare with it -----------------------
+    def release(self, group: str) -> Release | None:
+        """The release ``group``'s devices should run (set by its last completed rollout), or None."""
+        rows = self.sql.rows("SELECT * FROM group_releases WHERE grp = ?", (group,))
+        return release_record(rows[0]) if rows else None
+
+    def releases(self) -> list[Release]:
+        """Every group's release, by group."""
+        return [release_record(r) for r in self.sql.rows("SELECT * FROM group_releases ORDER BY grp")]
+
+    def group_releases(self) -> list[GroupRelease]:
+        """Every group that has devices, a release or a running rollout: its release and how far its devices are
+        from it (one query over the devices, one over the releases and running rollouts)."""
+        rows = self.sql.rows(
+            """SELECT d.grp AS grp, COUNT(*) AS n,
+                      SUM(CASE WHEN d.model = g.model AND d.version = g.version THEN 1 ELSE 0 END) AS converged,
+                      SUM(CASE WHEN (d.model = g.model AND d.version = g.version) OR g.grp IS NULL THEN 0
+                               WHEN d.status = 'online' THEN 1 ELSE 0 END) AS behind_online
+               FROM devices d LEFT JOIN group_releases g ON g.grp = d.grp GROUP BY d.grp""")
+        counts = {r["grp"]: (int(r["n"]), int(r["converged"] or 0), int(r["behind_online"] or 0)) for r in rows}
+        releases = {r.group: r for r in self.releases()}
+        running = {r["grp"]: r["id"] for r in self.sql.rows("SELECT id, grp FROM rollouts WHERE state = ?",
+                                                            (RolloutState.RUNNING.value,))}
+        flagged = {r["id"]: r["flagged"] for r in self.sql.rows(
+            "SELECT r.id, r.flagged FROM rollouts r JOIN group_releases g ON g.rollout_id = r.id")}
+        out = []
+        for group in sorted(set(counts) | set(releases) | set(running)):
+            n, converged, behind_online = counts.get(group, (0, 0, 0))
+            release = releases.get(group)
+            if release is None:
+                out.append(GroupRelease(group, None, None, None, None, n, converged, behind_online, 0,
+                                        running.get(group)))
+            else:
+                out.append(GroupRelease(group, release.model, release.version, release.rollout_id, release.since, n,
+                                        converged, behind_online, n - converged - behind_online, running.get(group),
+                                        flagged.get(release.rollout_id)))
+        return out
+
+    def to_reconcile(self, group: str, limit: int) -> list[DeviceRecord]:
+        """Up to ``limit`` devices of ``group`` that reported online since the reconciler last compared them with
+        the group's release (by id; from a partial index, so the cost follows the queue, not the fleet)."""
+        return [device_record(r) for r in self.sql.rows(
+            f"SELECT * FROM devices WHERE grp = ? AND reconcile = 1 ORDER BY id LIMIT {int(limit)}", (group,))]
+
+    def reconciled(self, device_ids: Sequence[str]) -> None:
+        """Take ``device_ids`` out of the reconciler's queue."""
+        ids = list(device_ids)
+        for chunk in id_chunks(ids):
+            self.sql.execute(f"UPDATE devices SET reconcile = 0 WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+
+    def drop_unreleased_from_queue(self) -> int:
+        """Empty the reconciler's queue of groups that have neither a release nor a running rollout; how many."""
+        return self.sql.execute(
+            "UPDATE devices SET reconcile = 0 WHERE reconcile = 1 AND grp NOT IN (SELECT grp FROM group_releases) "
+            "AND grp NOT IN (SELECT grp FROM rollouts WHERE state = ?)", (RolloutState.RUNNING.value,))
+
+    def targets_of(self, rollout_id: str, device_ids: Sequence[str]) -> dict[str, TargetRecord]:
+        """The targets of ``rollout_id`` that ``device_ids`` have, by device."""
+        found: dict[str, TargetRecord] = {}
+        ids = list(device_ids)
+        for chunk in id_chunks(ids):
+            for row in self.sql.rows(f"SELECT * FROM targets WHERE rollout_id = ? AND device_id IN "
+                                     f"({','.join('?' * len(chunk))})", (rollout_id, *chunk)):
+                found[row["device_id"]] = target_record(row)
+        return found
+
+    def add_late_targets(self, rollout_id: str, stage: int, devices: Sequence[tuple[str, str | None]]) -> None:
+        """Add devices that joined ``rollout_id``'s group after it started, as late ``pending`` targets of ``stage``
+        (each with the version it runs now)."""
+        now = time.time()
+        self.sql.execute_many(
+            """INSERT INTO targets (rollout_id, device_id, wave, status, previous_version, updated, late)
+               VALUES (?,?,?,?,?,?,1) ON CONFLICT DO NOTHING""",
+            [(rollout_id, device, stage, TargetStatus.PENDING.value, previous, now) for device, previous in devices])
+
+    def send_late(self, rollout_id: str, device_ids: Sequence[str], sent_at: float) -> list[str]:
+        """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the devices marked."""
+        now = time.time()
+        marked = []
+        with self.sql.transaction():
+            for device in device_ids:
+                if self.sql.execute(
+                        "UPDATE targets SET status = ?, late = 1, reason = NULL, sent = ?, last_sent = ?, updated = ? "
+                        "WHERE rollout_id = ? AND device_id = ? AND status IN (?, ?)",
+                        (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, device,
+                         TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)) == 1:
+                    marked.append(device)
+        return marked
+
+    def late_in_flight(self, rollout_id: str | None = None) -> int:
+        """Late targets (of one rollout, or all) whose command is out and unanswered: the catch-ups running."""
+        marks = ",".join("?" * len(IN_FLIGHT))
+        where, args = ("rollout_id = ? AND ", (rollout_id,)) if rollout_id else ("", ())
+        return int(self.sql.rows(f"SELECT COUNT(*) AS n FROM targets WHERE {where}late = 1 AND status IN ({marks})",
+                                 (*args, *IN_FLIGHT))[0]["n"])
+
+    def late_counts(self, rollout_id: str) -> dict[TargetStatus, int]:
+        """How many late targets of ``rollout_id`` are in each status."""
+        rows = self.sql.rows("SELECT status, COUNT(*) AS n FROM targets WHERE rollout_id = ? AND late = 1 "
+                             "GROUP BY status", (rollout_id,))
+        return {TargetStatus(r["status"]): int(r["n"]) for r in rows}
+
+    def flag_release(self, rollout_id: str, reason: str) -> bool:
+        """Flag a rollout's release (once); False when it was flagged already."""
+        return self.sql.execute("UPDATE rollouts SET flagged = ? WHERE id = ? AND flagged IS NULL",
+                                (reason, rollout_id)) == 1
+
+    # provisioning: the group an operator put each device in ----------------------------------------------
+    def provision(self, devices: Mapping[str, str], source: str) -> list[str]:
+        """Put devices in groups (device id -> group); the devices whose group changed (their reported state moves
+        with them, and they go into the reconciler's queue)."""
+        now = time.time()
+        have = self.provisioned_groups(list(devices))
+        moved = [d for d, group in devices.items() if d in have and have[d] != group]
+        with self.sql.transaction():
+            self.sql.execute_many(
+                """INSERT INTO provisioned (device_id, grp, source, updated) VALUES (?,?,?,?)
+                   ON CONFLICT(device_id) DO UPDATE SET grp=excluded.grp, source=excluded.source,
+                   updated=excluded.updated""",
+                [(d, group, source, now) for d, group in sorted(devices.items()) if have.get(d) != group])
+            self.sql.execute_many("UPDATE devices SET grp = ?, reconcile = 1 WHERE id = ?",
+                                  [(devices[d], d) for d in moved])
+        return moved
+
+    def provisioned_groups(self, device_ids: Iterable[str]) -> dict[str, str]:
+        """The provisioned group of each of ``device_ids`` that has one."""
+        found: dict[str, str] = {}
+        ids = list(dict.fromkeys(device_ids))
+        for chunk in id_chunks(ids):
+            for row in self.sql.rows(f"SELECT device_id, grp FROM provisioned WHERE device_id IN "
+                                     f"({','.join('?' * len(chunk))})", chunk):
+                found[row["device_id"]] = row["grp"]
+        return found
+
+    def provisioning(self, group: str | None = None) -> list[Provisioning]:
+        """Every provisioned device (of ``group``), by id."""
+        where, args = where_clause({"grp": group})
+        return [Provisioning(r["device_id"], r["grp"], r["source"], r["updated"])
+                for r in self.sql.rows(f"SELECT * FROM provisioned{where} ORDER BY device_id", args)]
+
+    # what the console shows -----------------------------------------------------------------------------------
+    def group_counts(self) -> list[tuple[str, str, str | None, str | None, int]]:
+        """How many devices of each group are in each (status, model, version)."""
+        rows = self.sql.rows("SELECT grp, status, model, version, COUNT(*) AS n FROM devices "
+                             "GROUP BY grp, status, model, version ORDER BY grp, status, model, version")
+        return [(r["grp"], r["status"], r["model"], r["version"], int(r["n"])) for r in rows]
+
+    def target_devices(self, rollout_id: str) -> list[tuple[str | None, dict[str, Any]]]:
+        """For each target of ``rollout_id``: the version its device runs now and its last reported details."""
+        rows = self.sql.rows("SELECT d.version AS version, d.details AS details FROM targets t JOIN devices d "
+                             "ON d.id = t.device_id WHERE t.rollout_id = ?", (rollout_id,))
+        return [(r["version"], json.loads(r["details"]) if r["details"] else {}) for r in rows]

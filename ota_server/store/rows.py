@@ -1,0 +1,143 @@
+"""The fleet store's rows: what is written (device states, events, target moves) and how rows become records.
+
+SQL names stay in :mod:`edgesdk.ota_server.store`: ``grp`` is a record's ``group`` (GROUP is an
+SQL keyword) and the ``wave`` columns are a record's ``stage``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from edgesdk.fleet.records import DeviceRecord, TargetRecord, TargetStatus
+
+__all__ = ["EventRecord", "DeviceState", "TargetUpdate", "EventRow", "Release", "Provisioning", "DETAIL_KEYS",
+           "device_record", "target_record", "release_record", "where_clause", "NOT_TERMINAL", "IN_FLIGHT", "ONLINE_DEVICE",
+           "id_chunks"]
+
+NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
+#: A command is out and the device has not finished with it.
+IN_FLIGHT = tuple(s.value for s in TargetStatus if s.in_flight)
+#: Devices that are not known to be offline (an unfinished target of one times out; an offline one's is deferred).
+ONLINE_DEVICE = "device_id IN (SELECT id FROM devices WHERE status = 'online')"
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One entry of the event log: a device's event message or a rollout's or measurement's milestone."""
+
+    id: int
+    ts: float
+    device_id: str | None
+    rollout_id: str | None
+    type: str
+    payload: dict[str, Any]
+
+
+#: The keys of a device's state report kept as its details: runtime statistics (latency, offload paths), disk,
+#: the previous version, energy, and the pins and slot retention it runs with.
+DETAIL_KEYS = ("runtime", "disk", "previous", "energy", "keep_slots", "pinned")
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """A device's reported state, as the server writes it (model, version and slots may be unknown)."""
+
+    device_id: str
+    group: str
+    status: str
+    model: str | None
+    version: str | None
+    slots: tuple[str, ...]
+    #: When the server received the report.
+    seen: float
+    #: The slots whose archives' chunks the device can copy instead of fetching (edgesdk.agent.local_chunks).
+    chunk_slots: tuple[str, ...] = ()
+    #: Its runtime's energy per inference above idle (mJ) and average power (W) over its last report window,
+    #: where its board has a power sensor (edgesdk.agent.energy_account); None: not in this report.
+    energy_mj: float | None = None
+    avg_watts: float | None = None
+    #: The root-of-trust version the device holds and whether it is stale (its newest timestamp expired), from
+    #: its last online report; None for a device without a root of trust (edgesdk.agent.trust_keeper).
+    root_version: int | None = None
+    stale: bool | None = None
+    #: When the device says it sent the report (its ``updated``; None for a last will, which has no time).
+    reported: float | None = None
+    #: The report's details as JSON text: runtime statistics and offload paths, disk, previous version, energy
+    #: (what the console shows; :data:`DETAIL_KEYS`); None keeps the stored ones (a last will has none).
+    details: str | None = None
+
+
+@dataclass(frozen=True)
+class TargetUpdate:
+    """A target's new status (and why), from a device's event."""
+
+    rollout_id: str
+    device_id: str
+    status: TargetStatus
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """An event log entry to write."""
+
+    type: str
+    payload: dict[str, Any]
+    device_id: str | None = None
+    rollout_id: str | None = None
+    ts: float | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    """A group's desired release as stored: the model version its devices should run and the rollout that set it."""
+
+    group: str
+    model: str
+    version: str
+    rollout_id: str
+    since: float
+
+
+@dataclass(frozen=True)
+class Provisioning:
+    """The group an operator put a device in (``source``: ``devices file``, ``admin api``, ``first report``)."""
+
+    device_id: str
+    group: str
+    source: str
+    updated: float
+
+
+def release_record(row: Mapping[str, Any]) -> Release:
+    """A ``group_releases`` row as a :class:`Release`."""
+    return Release(row["grp"], row["model"], row["version"], row["rollout_id"], row["updated"])
+
+
+def device_record(row: Mapping[str, Any]) -> DeviceRecord:
+    """A ``devices`` row as a :class:`DeviceRecord`."""
+    return DeviceRecord(row["id"], row["grp"], row["status"], row["model"], row["version"],
+                        tuple(json.loads(row["slots"])), row["last_seen"])
+
+
+def target_record(row: Mapping[str, Any]) -> TargetRecord:
+    """A ``targets`` row as a :class:`TargetRecord`."""
+    return TargetRecord(row["rollout_id"], row["device_id"], row["wave"], TargetStatus(row["status"]), row["reason"],
+                        row["previous_version"], row["sent"], row["updated"], bool(row["late"]))
+
+
+def where_clause(conditions: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """``WHERE a = ? AND b = ?`` for the conditions that are not None (PostgreSQL cannot type ``? IS NULL``)."""
+    given = {column: value for column, value in conditions.items() if value is not None}
+    if not given:
+        return "", ()
+    return " WHERE " + " AND ".join(f"{column} = ?" for column in given), tuple(given.values())
+
+
+
+def id_chunks(ids: list[str], size: int = 500) -> list[list[str]]:
+    """``ids`` in chunks of at most ``size`` (one ``IN (...)`` query each)."""
+    return [ids[start:start + size] for start in range(0, len(ids), size)]

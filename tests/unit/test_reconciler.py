@@ -1,0 +1,238 @@
+"""Desired state and reconciliation on their own: a real fleet store (SQLite and PostgreSQL), a fake clock and a
+dispatcher that records; no broker. The real-broker, real-agent versions are in tests/ota/test_convergence.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.errors import ConflictError
+from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.ota_server.devices.provisioning import GroupGuard
+from edgesdk.ota_server.rollouts.engine import RolloutEngine
+from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
+from tests.unit.test_rollout_engine import Clock, Recorder
+
+#: All stages at once after a one-device canary, no health window: each test steps it by hand.
+FAST = RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0, deploy_timeout_s=60)
+
+
+@pytest.fixture
+def fleet(fleet_location):
+    db = FleetDB(fleet_location)
+    for i in range(10):
+        db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
+    clock, recorder = Clock(), Recorder()
+    yield db, clock, recorder, RolloutEngine(db, recorder, clock, resend_s=3.0)
+    db.close()
+
+
+def _commit(engine, rollout_id, devices, event="committed", reason=None):
+    for device in devices:
+        engine.on_event(device, event, rollout_id, reason)
+
+
+def _settle(engine, clock, rounds=4):
+    for _ in range(rounds):
+        clock.now += 1.5
+        engine.tick()
+
+
+def _complete(db, clock, recorder, engine, version="2.0.0", policy=FAST):
+    """Push ``version`` and commit every device it reaches until the rollout completes; its id."""
+    rid = engine.start("digits", version, "cams", policy)
+    for _ in range(10):
+        engine.tick()
+        _commit(engine, rid, [d for _, devices in recorder.stages for d in devices])
+        clock.now += 1.5
+        if engine.status(rid).state != RolloutState.RUNNING:
+            break
+    assert engine.status(rid).state == RolloutState.COMPLETED, engine.status(rid)
+    return rid
+
+
+def test_offline_devices_are_deferred_not_failed_and_the_canary_runs_online(fleet):
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", FAST)
+    engine.tick()
+    (stage, canary), = recorder.stages
+    assert stage == 0 and canary[0] in {f"cam{i}" for i in range(7)}, "the canary is drawn from online devices"
+    _commit(engine, rid, canary)
+    _settle(engine, clock)
+    _commit(engine, rid, recorder.stages[-1][1])
+    _settle(engine, clock)
+    r = engine.status(rid)
+    assert r.state == RolloutState.COMPLETED, r
+    assert {t.device_id for t in r.targets if t.status == TargetStatus.DEFERRED} == {"cam7", "cam8", "cam9"}
+    assert r.deferred == 3 and "3 deferred" in r.reason
+    assert sorted(d for _, devices in recorder.stages for d in devices) == [f"cam{i}" for i in range(7)], \
+        "nothing is sent to an offline device"
+    release = db.release("cams")
+    assert (release.model, release.version, release.rollout_id) == ("digits", "2.0.0", rid)
+
+
+def test_a_device_back_online_gets_the_release_as_a_late_target_of_the_rollout_that_set_it(fleet):
+    db, clock, recorder, engine = fleet
+    rid = _complete(db, clock, recorder, engine)
+    assert recorder.late == []
+    db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # it reports: it is back
+    _settle(engine, clock, 1)
+    assert recorder.late == [("cam8", 1)]
+    (target,) = [t for t in engine.status(rid).targets if t.device_id == "cam8"]
+    assert target.status == TargetStatus.SENT and target.late
+    _commit(engine, rid, ["cam8"])
+    r = engine.status(rid)
+    assert r.late_counts == {TargetStatus.COMMITTED: 1} and r.state == RolloutState.COMPLETED
+    _settle(engine, clock, 2)
+    assert recorder.late == [("cam8", 1)], "a device that reported its commit is not sent the release again"
+
+
+def test_a_device_provisioned_after_the_push_gets_the_release_on_first_report(fleet):
+    db, clock, recorder, engine = fleet
+    rid = _complete(db, clock, recorder, engine)
+    db.upsert_device("cam10", "cams", "online", None, None, [])
+    _settle(engine, clock, 1)
+    assert recorder.late == [("cam10", 1)]
+    (target,) = [t for t in engine.status(rid).targets if t.device_id == "cam10"]
+    assert target.late and target.previous_version is None and target.stage == 1
+
+
+def test_a_device_that_joins_during_a_rollout_goes_with_its_last_stage(fleet):
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0,
+                                                                 auto_promote=False))
+    engine.tick()
+    db.upsert_device("cam10", "cams", "online", None, None, [])
+    _settle(engine, clock, 2)
+    assert recorder.late == [], "nothing is sent before the device's stage"
+    engine.promote(rid)
+    assert "cam10" in recorder.stages[-1][1], "the joined device is in the last stage's send"
+
+
+def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_devices_arrive(fleet_location):
+    db = FleetDB(fleet_location)
+    for i in range(3):
+        db.upsert_device(f"cam{i}", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])
+    clock, recorder = Clock(), Recorder()
+    engine = RolloutEngine(db, recorder, clock)
+    rid = engine.start("digits", "2.0.0", "cams", FAST)
+    _settle(engine, clock, 6)
+    r = engine.status(rid)
+    assert r.state == RolloutState.COMPLETED and r.deferred == 3 and recorder.stages == [], "nothing sent to nobody"
+    for i in range(3):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    _settle(engine, clock, 1)
+    assert sorted(d for d, _ in recorder.late) == ["cam0", "cam1", "cam2"]
+    db.close()
+
+
+def test_a_timeout_while_offline_defers_and_while_online_fails(fleet):
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0,
+                                                                 deploy_timeout_s=60, max_failure_rate=0.5))
+    engine.tick()
+    (_, canary), = recorder.stages
+    gone, silent, *answering = canary
+    _commit(engine, rid, answering)
+    db.upsert_device(gone, "cams", "offline", None, None, [])  # its last will: out of coverage mid-download
+    clock.now += 61
+    engine.tick()
+    statuses = {t.device_id: t.status for t in engine.status(rid).targets}
+    assert statuses[gone] == TargetStatus.DEFERRED, "losing the connection is not a failure"
+    assert statuses[silent] == TargetStatus.TIMEOUT, "silent while reachable is"
+
+
+def test_a_reconnect_storm_is_capped_at_max_catch_up_and_the_rest_stay_queued(fleet_location):
+    db = FleetDB(fleet_location)
+    db.upsert_device("cam0", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    for i in range(1, 8):
+        db.upsert_device(f"cam{i}", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])
+    clock, recorder = Clock(), Recorder()
+    engine = RolloutEngine(db, recorder, clock, max_catch_up=3)
+    rid = _complete(db, clock, recorder, engine, policy=RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
+    for i in range(1, 8):  # the broker restarted: all seven report at once
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    _settle(engine, clock, 2)
+    assert len(recorder.late) == 3 and db.late_in_flight() == 3
+    _commit(engine, rid, [d for d, _ in recorder.late])
+    _settle(engine, clock, 1)
+    assert len(recorder.late) == 6, "the next three start once the first three are done"
+    _commit(engine, rid, [d for d, _ in recorder.late[3:]])
+    _settle(engine, clock, 1)
+    assert sorted(d for d, _ in recorder.late) == [f"cam{i}" for i in range(1, 8)]
+    db.close()
+
+
+def test_late_failures_flag_the_release_and_never_revert_the_group(fleet):
+    db, clock, recorder, engine = fleet
+    rid = _complete(db, clock, recorder, engine)
+    for i in (7, 8, 9):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    _settle(engine, clock, 1)
+    _commit(engine, rid, ["cam7", "cam8", "cam9"], "rolled_back", "health check failed")
+    _settle(engine, clock, 1)
+    r = engine.status(rid)
+    assert r.flagged and "3 of 3 late installs failed" in r.flagged
+    assert r.state == RolloutState.COMPLETED and recorder.reverts == [] and db.release("cams").rollout_id == rid
+    assert [e.type for e in db.events(rid)].count("release_flagged") == 1
+    for i in range(7):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "2.0.0", ["digits-1.0.0", "digits-2.0.0"])
+    (group,) = db.group_releases()
+    assert group.flagged == r.flagged and group.converged == 7 and group.behind_online == 3
+
+
+def test_an_abort_leaves_the_release_and_a_completed_rollback_sets_it_back(fleet):
+    db, clock, recorder, engine = fleet
+    first = _complete(db, clock, recorder, engine)
+    for i in range(7):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "2.0.0", ["digits-1.0.0", "digits-2.0.0"])
+    aborted = engine.start("digits", "3.0.0", "cams", FAST)
+    engine.tick()
+    engine.abort(aborted)
+    assert db.release("cams").rollout_id == first, "an abort does not move the release"
+    back = engine.rollback(first, to_version="1.0.0")
+    for _ in range(6):
+        engine.tick()
+        _commit(engine, back, [d for _, devices in recorder.stages for d in devices])
+        clock.now += 1.5
+    assert engine.status(back).state == RolloutState.COMPLETED
+    assert (db.release("cams").version, db.release("cams").rollout_id) == ("1.0.0", back)
+
+
+def test_a_driver_whose_lease_lapsed_cannot_move_a_stage_or_end_the_rollout(fleet):
+    db, clock, recorder, engine = fleet
+    other = RolloutEngine(db, Recorder(), clock, holder="replica-b", lease_s=10)
+    rid = engine.start("digits", "2.0.0", "cams", FAST)
+    engine.tick()  # engine holds the lease, sends the canary
+    r = engine.status(rid, targets=False)
+    clock.now += 11  # engine stalls past its lease; replica-b takes the rollout over
+    assert db.hold_lease(rid, "replica-b", clock(), 10)
+    assert not engine._send_stage(r, 1), "a stale driver's stage move is refused"
+    assert not db.end_rollout(rid, RolloutState.COMPLETED, "stale", stage=r.stage, holder=engine.holder,
+                              lease_now=clock())
+    assert not engine._abort(r, "stale abort")
+    after = engine.status(rid)
+    assert after.state == RolloutState.RUNNING and after.stage == 0 and [s for s, _ in recorder.stages] == [0]
+    assert other._send_stage(r, 1), "the holder moves it"
+    sent = [e.payload for e in db.events(rid) if e.type == "stage_sent"]
+    assert [(p["stage"], p["holder"]) for p in sent] == [(0, engine.holder), (1, "replica-b")]
+    with pytest.raises(ConflictError, match="no stage 3"):
+        engine.promote(rid)
+
+
+def test_a_state_naming_another_group_is_refused_and_a_move_queues_the_device(fleet_location):
+    db = FleetDB(fleet_location)
+    refused = []
+    guard = GroupGuard(db, on_refused=refused.append)
+    state = DeviceState("cam1", "cams", "online", "digits", "1.0.0", (), 1.0)
+    assert guard.admit([state]) == [state], "first report: provisioned in the group it names"
+    assert db.provisioned_groups(["cam1"]) == {"cam1": "cams"}
+    intruder = DeviceState("cam1", "canary", "online", "digits", "1.0.0", (), 2.0)
+    assert guard.admit([intruder]) == [] and refused == ["wrong_group"]
+    db.upsert_devices([state])
+    db.reconciled(["cam1"])
+    assert db.provision({"cam1": "lobby"}, "admin api") == ["cam1"]
+    assert db.device("cam1").group == "lobby" and [d.id for d in db.to_reconcile("lobby", 10)] == ["cam1"]
+    strict = GroupGuard(db, require_provisioning=True, on_refused=refused.append)
+    assert strict.admit([DeviceState("cam2", "cams", "online", None, None, (), 1.0)]) == []
+    assert refused[-1] == "unprovisioned" and db.provisioned_groups(["cam2"]) == {}
+    db.close()
