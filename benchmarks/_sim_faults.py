@@ -8,6 +8,10 @@
 - ``corrupt``: the next ``chunks`` chunks the device receives arrive with a flipped byte (it must
   refuse each by its signed hash and ask again).
 - ``slow``: for ``seconds``, each command reaches the device's handling ``delay_s`` late.
+- ``duty``: the device sleeps on a duty cycle: awake (connected) for ``awake_s``, then cut off for ``sleep_s``,
+  ``cycles`` times (a transfer it began survives each sleep, as the agent's chunk store does).
+- ``claim_group``: from now on the device's state reports (and its will) name ``group`` instead of its own: a
+  device that tries to put itself into another group's rollout.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from typing import Any
 
 __all__ = ["DeviceFaults", "FAULT_COMMANDS", "apply_fault", "cut"]
 
-FAULT_COMMANDS = ("partition", "crash", "corrupt", "slow")
+FAULT_COMMANDS = ("partition", "crash", "corrupt", "slow", "duty", "claim_group")
 
 
 class DeviceFaults:
     """The faults one simulated device is under."""
 
-    __slots__ = ("blocked_until", "crash_for_s", "pending_install", "corrupt_left", "slow_until", "slow_delay_s")
+    __slots__ = ("blocked_until", "crash_for_s", "pending_install", "corrupt_left", "slow_until", "slow_delay_s",
+                 "claimed_group", "sleeps")
 
     def __init__(self) -> None:
         #: No reconnect before this time.monotonic().
@@ -36,6 +41,10 @@ class DeviceFaults:
         self.corrupt_left = 0
         self.slow_until = 0.0
         self.slow_delay_s = 0.0
+        #: The group its reports name instead of its own (None: its own).
+        self.claimed_group: str | None = None
+        #: Sleeps of its duty cycle so far.
+        self.sleeps = 0
 
     def corrupts(self) -> bool:
         """True when the chunk just received is to be corrupted (one of the ``corrupt`` budget used)."""
@@ -61,6 +70,16 @@ def cut(worker: Any, device: Any, seconds: float) -> None:
     asyncio.get_running_loop().create_task(worker.connect_with_retry(device, first=False))
 
 
+async def _duty_cycle(worker: Any, device: Any, awake_s: float, sleep_s: float, cycles: int) -> None:
+    for _ in range(cycles):
+        await asyncio.sleep(awake_s)
+        if worker.stopping:
+            return
+        device.faults.sleeps += 1
+        cut(worker, device, sleep_s)
+        await asyncio.sleep(sleep_s)
+
+
 def apply_fault(worker: Any, request: dict[str, Any]) -> int:
     """Apply the fault ``request`` names to those of its ``ids`` this worker runs; how many that was."""
     ids = set(request["ids"])
@@ -80,6 +99,12 @@ def apply_fault(worker: Any, request: dict[str, Any]) -> int:
         elif kind == "slow":
             faults.slow_until = time.monotonic() + float(request["seconds"])
             faults.slow_delay_s = float(request["delay_s"])
+        elif kind == "duty":
+            asyncio.get_running_loop().create_task(_duty_cycle(worker, device, float(request["awake_s"]),
+                                                               float(request["sleep_s"]), int(request["cycles"])))
+        elif kind == "claim_group":
+            faults.claimed_group = str(request["group"])
+            device.publish_state()
         else:
             raise ValueError(f"unknown fault {kind!r}; one of {', '.join(FAULT_COMMANDS)}")
     return touched

@@ -281,9 +281,10 @@ class SimulatedFleet:
             counts.update(reply["counts"])
         return {"versions": dict(versions), "counts": dict(counts)}
 
-    def fault(self, kind: str, ids: list[str], **params: float) -> int:
+    def fault(self, kind: str, ids: list[str], **params: Any) -> int:
         """Put the devices ``ids`` under a fault (see benchmarks/_sim_faults.py: ``partition`` and ``crash`` take
-        ``seconds``, ``corrupt`` takes ``chunks``, ``slow`` takes ``seconds`` and ``delay_s``); how many it reached."""
+        ``seconds``, ``corrupt`` takes ``chunks``, ``slow`` takes ``seconds`` and ``delay_s``, ``duty`` takes
+        ``awake_s``, ``sleep_s`` and ``cycles``, ``claim_group`` takes ``group``); how many it reached."""
         from benchmarks._sim_faults import FAULT_COMMANDS
 
         if kind not in FAULT_COMMANDS:

@@ -68,7 +68,7 @@ class _Device:
         from benchmarks._mqtt_lite import LiteClient
 
         sim = self.sim
-        will = (self.state_topic, json.dumps({"status": "offline", "group": sim.group}).encode())
+        will = (self.state_topic, json.dumps({"status": "offline", "group": self.group}).encode())
         client: LiteClient = LiteClient(f"edgesdk-agent-{self.id}", self.on_message, keepalive=sim.keepalive, will=will,
                             counters=sim.counters, on_lost=lambda: self.on_lost(client))
         try:
@@ -105,13 +105,18 @@ class _Device:
             self.sim.count("reconnects")
             asyncio.get_running_loop().create_task(self.sim.connect_with_retry(self, first=False))
 
+    @property
+    def group(self) -> str:
+        """The group this device's reports name (its fleet's, unless a ``claim_group`` fault says otherwise)."""
+        return self.faults.claimed_group or self.sim.group
+
     def publish(self, topic: str, payload: dict[str, Any], retain: bool = False) -> Any:
         if self.client is None or not self.client.connected:
             return None  # lost with the connection, as paho drops what it could not send (max_queued 0)
         return self.client.publish(topic, json.dumps(payload).encode(), qos=1, retain=retain)
 
     def state(self) -> dict[str, Any]:
-        state = {"status": "online", "group": self.sim.group, "model": self.model, "version": self.version,
+        state = {"status": "online", "group": self.group, "model": self.model, "version": self.version,
                  "previous": self.previous, "slots": sorted(self.slots), "chunk_slots": sorted(self.chunk_slots),
                  "updated": time.time()}
         if self.root is not None:
@@ -435,7 +440,7 @@ class _Worker:
     async def disconnect_all(self) -> None:
         """Publish each device offline (retained) and disconnect, as the agent's stop() does."""
         self.stopping = True
-        acks = [d.publish(d.state_topic, {"status": "offline", "group": self.group}, retain=True) for d in self.devices]
+        acks = [d.publish(d.state_topic, {"status": "offline", "group": d.group}, retain=True) for d in self.devices]
         pending = [a for a in acks if a is not None]
         if pending:
             await asyncio.wait(pending, timeout=10)
