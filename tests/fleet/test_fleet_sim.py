@@ -163,6 +163,10 @@ def test_device_faults_do_what_they_say_and_the_rollout_still_completes(broker, 
         assert fleet.fault("partition", cut_off, seconds=2.0) == len(cut_off)
         wait_for(lambda: server.db.device(cut_off[0]).status == "offline", timeout=10, what="the cut device's will")
         r = _finished(server, rollout)
+        # A device cut off when its stage went out is deferred, and commits as a late target once back.
+        wait_for(lambda: server.status(rollout, targets=False).count("committed") == 24, timeout=60,
+                 what="the cut-off devices' late commits")
+        r = server.status(rollout, targets=False)
         report = fleet.stop()
     assert r.state == "completed" and r.count("committed") == 24, (r.reason, r.counts)
     assert report.counts["crashes"] == len(crashing)  # each died in its install, and finished it on restart

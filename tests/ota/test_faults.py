@@ -43,6 +43,11 @@ def _setup(broker, make_server, make_agent, bundles, n=1, versions=("1.0.0",)):
     return server, agents
 
 
+def _target(server, rollout_id, device):
+    (target,) = [t for t in server.status(rollout_id).targets if t.device_id == device]
+    return target
+
+
 def _agent_process(tmp_path, broker, keys, device, failpoint=None):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if failpoint:
@@ -83,8 +88,10 @@ def test_agent_killed_mid_transfer_resumes_without_refetching_finished_chunks(tm
     server.resent.clear()
     second = _agent_process(tmp_path, broker, keys, "cam0")
     try:
-        wait_for(lambda: server.status(rollout).state != "running", timeout=60, what="rollout")
-        assert server.status(rollout).state == "completed"
+        # Killed mid-transfer, the device went offline: its target was deferred and the rollout went on without it;
+        # back, it finishes the download it began and commits as a late target of that rollout.
+        wait_for(lambda: _target(server, rollout, "cam0").status == "committed", timeout=60, what="late commit")
+        assert server.status(rollout).state == "completed" and _target(server, rollout, "cam0").late
         refetched = {i for (device, _), chunks in server.resent.items() if device == "cam0" for i in chunks}
         assert refetched, "the restarted agent fetched nothing (the test did not interrupt the transfer)"
         assert not refetched & had, f"chunks finished before the kill were fetched again: {sorted(refetched & had)}"
@@ -260,7 +267,7 @@ def test_agent_killed_between_write_and_switch_restarts_consistent(tmp_path, bro
     store.verify_slot("digits-2.0.0")
     restarted = _agent_process(tmp_path, broker, keys, "cam0")
     try:
-        wait_for(lambda: server.status(rollout).state != "running", timeout=60, what="rollout")
+        wait_for(lambda: _target(server, rollout, "cam0").status == "committed", timeout=60, what="late commit")
         assert server.status(rollout).state == "completed"
         assert store.pointer("current") == "digits-2.0.0" and store.load_state().pending is None
     finally:
