@@ -61,7 +61,9 @@ class IncomingTransfer:
                     self.resumed_chunks += 1
                 else:
                     self._mark(index, 0)
-        if fresh:
+        # A newer signing of the same transfer (the server sent it again after this device slept past the old one's
+        # expiry) replaces the kept command, so a restart resumes with one that is still valid.
+        if fresh or self.cmd_path.read_bytes() != command.raw:
             tmp = self.cmd_path.with_suffix(".cmd.tmp")
             tmp.write_bytes(command.raw)
             os.replace(tmp, self.cmd_path)

@@ -61,12 +61,16 @@ def _agent_process(tmp_path, broker, keys, device, failpoint=None):
             env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 
+def _big_bundles_in(folder, keys):
+    """Bundles large enough (a few MB, tens of chunks) to interrupt mid-transfer."""
+    return {"1.0.0": make_bundle(folder / "v1", "1.0.0", keys, seed=1, width=16384),
+            "2.0.0": make_bundle(folder / "v2", "2.0.0", keys, seed=2, width=16384)}
+
+
 @pytest.fixture
 def big_bundles(tmp_path_factory, keys):
     """Bundles large enough (a few MB, tens of chunks) to interrupt mid-transfer."""
-    folder = tmp_path_factory.mktemp("big")
-    return {"1.0.0": make_bundle(folder / "v1", "1.0.0", keys, seed=1, width=16384),
-            "2.0.0": make_bundle(folder / "v2", "2.0.0", keys, seed=2, width=16384)}
+    return _big_bundles_in(tmp_path_factory.mktemp("big"), keys)
 
 
 def test_agent_killed_mid_transfer_resumes_without_refetching_finished_chunks(tmp_path, broker, make_server, keys,

@@ -1,0 +1,129 @@
+"""A fleet that converges, against a real mosquitto with real agents: devices offline at the push, provisioned
+later, asleep past their command's expiry, or claiming another group."""
+
+from __future__ import annotations
+
+import time
+
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.records import RolloutPolicy, TargetStatus
+from tests.ota.conftest import wait_for
+from tests.ota.test_faults import _agent_process, _target
+
+#: Canary first, then the rest; no health window.
+STAGED = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+
+
+def _server(make_server, broker, bundles, versions=("1.0.0", "2.0.0"), **config):
+    server = make_server(broker.url, **config)
+    for version in versions:
+        server.upload(pack_bundle(bundles[version]))
+    return server
+
+
+def _online(server, n, group="cams"):
+    wait_for(lambda: len(server.db.devices(group, status="online")) == n, what=f"{n} devices online")
+
+
+def _on(agent, version):
+    return agent.current_version() == ("digits", version)
+
+
+def test_an_agent_stopped_during_a_push_converges_when_it_starts_again(broker, make_server, make_agent, bundles):
+    server = _server(make_server, broker, bundles)
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(3)]
+    _online(server, 3)
+    first = server.start_rollout("digits", "1.0.0", "cams", STAGED)
+    wait_for(lambda: all(_on(a, "1.0.0") for a in agents), timeout=60, what="1.0.0 everywhere")
+    agents[2].stop()  # off for the next push: out of coverage, rebooting, asleep
+    wait_for(lambda: server.db.device("cam2").status == "offline", what="cam2's offline state")
+    wait_for(lambda: server.status(first).state == "completed", what="first rollout")
+    push = server.start_rollout("digits", "2.0.0", "cams", STAGED)
+    wait_for(lambda: server.status(push).state == "completed", timeout=60, what="the push")
+    r = server.status(push)
+    assert r.deferred == 1 and _target(server, push, "cam2").status == TargetStatus.DEFERRED
+    assert "1 deferred" in r.reason and r.count(TargetStatus.TIMEOUT, TargetStatus.FAILED) == 0
+    assert (server.db.release("cams").version, server.db.release("cams").rollout_id) == ("2.0.0", push)
+
+    back = make_agent("cam2", broker.url)  # the same store: it comes back on 1.0.0
+    wait_for(lambda: _on(back, "2.0.0"), timeout=60, what="cam2 converging")
+    wait_for(lambda: _target(server, push, "cam2").status == TargetStatus.COMMITTED, what="cam2's late commit")
+    assert _target(server, push, "cam2").late
+    (group,) = [g for g in server.groups_status() if g.group == "cams"]
+    wait_for(lambda: [g for g in server.groups_status() if g.group == "cams"][0].converged == 3, what="counts")
+
+
+def test_a_device_provisioned_after_the_push_converges_on_first_connect(broker, make_server, make_agent, bundles):
+    server = _server(make_server, broker, bundles, versions=("1.0.0",))
+    make_agent("cam0", broker.url)
+    _online(server, 1)
+    push = server.start_rollout("digits", "1.0.0", "cams", STAGED)
+    wait_for(lambda: server.status(push).state == "completed", timeout=60, what="the push")
+    newcomer = make_agent("cam9", broker.url)  # provisioned and switched on after the push
+    wait_for(lambda: _on(newcomer, "1.0.0"), timeout=60, what="the newcomer converging")
+    target = _target(server, push, "cam9")
+    wait_for(lambda: _target(server, push, "cam9").status == TargetStatus.COMMITTED, what="its late commit")
+    assert target.late and target.previous_version is None
+
+
+def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_devices_arrive(
+        broker, make_server, make_agent, bundles):
+    server = _server(make_server, broker, bundles, versions=("1.0.0",))
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+    _online(server, 2)
+    for agent in agents:
+        agent.stop()
+    wait_for(lambda: not server.db.devices("cams", status="online"), what="every device offline")
+    push = server.start_rollout("digits", "1.0.0", "cams", STAGED)  # accepted: nobody is online
+    wait_for(lambda: server.status(push).state == "completed", timeout=30, what="the push")
+    assert server.status(push).deferred == 2
+    returned = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+    wait_for(lambda: all(_on(a, "1.0.0") for a in returned), timeout=60, what="both converging")
+
+
+def test_a_device_claiming_another_group_is_refused(broker, make_server, make_agent, bundles):
+    server = _server(make_server, broker, bundles, versions=("1.0.0",))
+    server.provision({"cam0": "cams", "cam1": "cams"}, "devices file")
+    make_agent("cam0", broker.url)
+    _online(server, 1)
+    intruder = make_agent("cam1", broker.url, group="canary")  # its own report names the canary group
+    time.sleep(1.0)
+    assert server.db.device("cam1") is None, "the report naming another group was written"
+    assert server.groups.refused >= 1 and server.db.devices("canary") == []
+    push = server.start_rollout("digits", "1.0.0", "cams", STAGED)
+    wait_for(lambda: server.status(push).state == "completed", timeout=60, what="the push")
+    assert [t.device_id for t in server.status(push).targets] == ["cam0"]
+    assert intruder.current_version() is None
+
+
+def test_a_transfer_begun_before_a_long_sleep_resumes_under_a_newly_signed_command(
+        tmp_path, broker, make_server, keys):
+    """The device slept past its command's expiry mid-download: the kept command is refused as expired, and the
+    server's new signing of the same transfer is taken up from the chunks on disk, not refused as a replay."""
+    from tests.ota.test_faults import _big_bundles_in
+
+    big = _big_bundles_in(tmp_path / "big", keys)
+    server = make_server(broker.url, broadcast_wait_s=0.3, command_ttl_s=4.0, resend_s=1.0)
+    server.upload(pack_bundle(big["1.0.0"]))
+    first = _agent_process(tmp_path, broker, keys, "cam0", failpoint="after_chunks:5")
+    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
+    push = server.start_rollout("digits", "1.0.0", "cams", STAGED)
+    try:
+        assert first.wait(timeout=60) == 70, "the agent did not stop at its failpoint"
+    finally:
+        first.kill()
+    wait_for(lambda: _target(server, push, "cam0").status == TargetStatus.DEFERRED, what="deferred")
+    time.sleep(4.5)  # asleep past the kept command's expiry
+    server.resent.clear()
+    second = _agent_process(tmp_path, broker, keys, "cam0")
+    try:
+        wait_for(lambda: _target(server, push, "cam0").status == TargetStatus.COMMITTED, timeout=60,
+                 what="the late commit")
+        events = [e for e in server.db.events(device_id="cam0") if e.type in ("accepted", "rejected")]
+        assert any(e.type == "rejected" and "expired" in str(e.payload.get("reason")) for e in events), events
+        accepted = [e for e in events if e.type == "accepted"]
+        assert accepted[-1].payload["resumed_chunks"] >= 5, "the chunks held before the sleep were fetched again"
+        assert _target(server, push, "cam0").late
+    finally:
+        second.terminate()
+        second.wait(timeout=20)
