@@ -20,8 +20,9 @@ __all__ = ["EventRecord", "DeviceState", "TargetUpdate", "EventRow", "Release", 
 NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
 #: A command is out and the device has not finished with it.
 IN_FLIGHT = tuple(s.value for s in TargetStatus if s.in_flight)
-#: Devices that are not known to be offline (an unfinished target of one times out; an offline one's is deferred).
-ONLINE_DEVICE = "device_id IN (SELECT id FROM devices WHERE status = 'online')"
+#: The target's device is online: an unfinished target of one times out, an offline one's is deferred. A primary-key
+#: lookup per candidate row, so the cost follows the targets in question, not the fleet.
+ONLINE_DEVICE = "EXISTS (SELECT 1 FROM devices d WHERE d.id = targets.device_id AND d.status = 'online')"
 
 
 @dataclass(frozen=True)
