@@ -127,3 +127,25 @@ def test_a_transfer_begun_before_a_long_sleep_resumes_under_a_newly_signed_comma
     finally:
         second.terminate()
         second.wait(timeout=20)
+
+
+def test_moving_a_device_is_an_admin_action_that_brings_it_to_its_new_group_release(
+        broker, make_server, make_agent, bundles):
+    server = _server(make_server, broker, bundles)
+    mover = make_agent("cam0", broker.url)
+    make_agent("lobby0", broker.url, group="lobby")
+    _online(server, 1)
+    _online(server, 1, group="lobby")
+    to_cams = server.start_rollout("digits", "1.0.0", "cams", STAGED)
+    to_lobby = server.start_rollout("digits", "2.0.0", "lobby", STAGED)
+    wait_for(lambda: {server.status(r).state for r in (to_cams, to_lobby)} == {"completed"}, timeout=60,
+             what="both groups' releases")
+    assert _on(mover, "1.0.0")
+    assert server.provision({"cam0": "lobby"}) == ["cam0"]
+    wait_for(lambda: _on(mover, "2.0.0"), timeout=60, what="the moved device on lobby's release")
+    wait_for(lambda: _target(server, to_lobby, "cam0").status == TargetStatus.COMMITTED, what="its late commit")
+    assert server.db.device("cam0").group == "lobby"
+    refused = server.groups.refused
+    mover.stop()  # its own --group still says cams: its reports are refused until its agent is told
+    wait_for(lambda: server.groups.refused > refused, what="the old group's report refused")
+    assert server.db.device("cam0").group == "lobby"
