@@ -100,6 +100,8 @@ class RolloutEngine:
         self._last_reconcile = float("-inf")
         #: Releases whose archive this engine opened for late targets (released once none is in flight).
         self._serving: set[str] = set()
+        #: Rollout -> when this engine last deferred its targets whose device went offline.
+        self._deferred_at: dict[str, float] = {}
         #: This engine's name in the rollouts' leases.
         self.holder = holder or f"engine-{uuid.uuid4().hex[:8]}"
         #: Aborted rollouts whose reverts this engine sent and whose archives it keeps open until they settle.
@@ -243,9 +245,10 @@ class RolloutEngine:
             except Exception:
                 log.exception("rollout %s: engine step failed", summary.id)
         self._driving = driving
-        for gone in (set(self._progress) | set(self._last_round)) - driving:  # finished, or driven elsewhere now
-            self._progress.pop(gone, None)
+        for gone in (set(self._progress) | set(self._last_round) | set(self._deferred_at)) - driving:
+            self._progress.pop(gone, None)  # finished, or driven elsewhere now
             self._last_round.pop(gone, None)
+            self._deferred_at.pop(gone, None)
         if now - self._last_reconcile >= self.reconcile_s:
             self._last_reconcile = now
             self._reconcile_releases(now, room)
@@ -317,7 +320,9 @@ class RolloutEngine:
             self._send_stage(r, 0)
             return
         now = self.clock()
-        self.db.defer_offline(r.id, r.stage)
+        if now - self._deferred_at.get(r.id, float("-inf")) >= self.reconcile_s:
+            self._deferred_at[r.id] = now  # a look per in-flight target: once a second, not every tick
+            self.db.defer_offline(r.id, r.stage)
         timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s,
                                              f"no report in {policy.deploy_timeout_s:g} s")
         counts = self.db.target_counts(r.id)

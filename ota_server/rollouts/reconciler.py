@@ -71,8 +71,8 @@ class Reconciler:
         running = r.state == RolloutState.RUNNING
         last = r.stage_count - 1
         reach = r.stage if running else last  # stages whose deferred targets may be sent now
-        self.db.defer_offline(r.id, reach)
-        if not running:
+        if not running:  # a running rollout's engine step defers and chases its own targets
+            self.db.defer_offline(r.id, reach)
             self._chase(r, last, now)
         sent = 0
         queued = self.db.to_reconcile(r.group, max(room, 0) + 200)
