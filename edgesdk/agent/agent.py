@@ -208,11 +208,9 @@ class DeviceAgent:
             return
         slot = self.store.slot_name(command.name, command.version)
         in_flight = self.downloads.get(command.transfer_id) is not None
-        # A transfer this device began and still holds on disk is taken up again, not refused as a replay: its kept
-        # command may have expired while the device slept, and the server signed it anew.
-        resume = resume or (not in_flight and (self.store.incoming / f"{command.transfer_id}.cmd").exists())
         verdict = admit(command, self.store.load_state(), self.current_version(), self.store.pointer("current"),
-                        in_flight=in_flight, resume=resume, held=self.store.has_slot(slot))
+                        in_flight=in_flight, resume=resume or (not in_flight and self.store.holds_transfer(
+                            command.transfer_id)), held=self.store.has_slot(slot))
         if verdict.remember:
             self.store.remember(command.deployment_id)
         if not verdict.proceed:

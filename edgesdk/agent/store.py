@@ -193,6 +193,11 @@ class ModelStore:
         """The slot directory name of a model version, e.g. ``digits-1.2.0``."""
         return f"{name}-{version}"
 
+    def holds_transfer(self, transfer_id: str) -> bool:
+        """Whether an unfinished transfer's command is kept in ``incoming``: one this device began and will take up
+        again, even under a newer signing of it (the kept one may have expired while the device slept)."""
+        return (self.incoming / f"{transfer_id}.cmd").is_file()
+
     def has_slot(self, slot: str) -> bool:
         """Whether ``slots/<slot>`` exists as a named (hence complete and once verified) bundle."""
         return (self.slots / slot / "manifest.json").is_file()
