@@ -11,7 +11,7 @@ from typing import Any
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import Command
 
-__all__ = ["COUNTERS", "SimulationError", "device_role", "Transfer", "updated_twice", "raise_fd_limit"]
+__all__ = ["COUNTERS", "SimulationError", "device_role", "Transfer", "ChunkStore", "updated_twice", "raise_fd_limit"]
 
 
 #: The per-device counters every worker keeps (summed over the fleet in FleetReport).
@@ -54,6 +54,37 @@ class Transfer:
     def complete(self) -> bool:
         assert self.command.archive is not None
         return len(self.chunks) == len(self.command.archive.chunks)
+
+
+class ChunkStore:
+    """Chunks held by one worker's devices, by hash, and the chunk hashes of each slot they came in (once per
+    worker: its devices hold the same bytes)."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[str, bytes] = {}
+        self.slots: dict[str, tuple[str, ...]] = {}
+
+    def fill(self, chunk_slots: set[str], transfer: Transfer) -> int:
+        """The agent's local reuse: copy in the chunks of the slots a device holds chunks of (hashed again); how
+        many chunks the transfer has now."""
+        archive = transfer.command.archive
+        assert archive is not None
+        held = {digest for slot in chunk_slots for digest in self.slots.get(slot, ())}
+        for index, digest in enumerate(archive.chunks):
+            if digest in held and digest in self.chunks:
+                data = self.chunks[digest]
+                if hashlib.sha256(data).hexdigest() == digest:
+                    transfer.chunks[index] = data
+        return len(transfer.chunks)
+
+    def keep(self, slot: str, transfer: Transfer) -> None:
+        """Hold a fetched archive's chunks for later reuse."""
+        archive = transfer.command.archive
+        assert archive is not None
+        if slot not in self.slots:
+            self.slots[slot] = archive.chunks
+            for index, digest in enumerate(archive.chunks):
+                self.chunks.setdefault(digest, transfer.chunks[index])
 
 
 def updated_twice(install_log: list[list[Any]]) -> bool:

@@ -12,24 +12,31 @@
   ``cycles`` times (a transfer it began survives each sleep, as the agent's chunk store does).
 - ``claim_group``: from now on the device's state reports (and its will) name ``group`` instead of its own: a
   device that tries to put itself into another group's rollout.
+- ``heal``: a cut-off device (partitioned, crashed, asleep) may reconnect ``seconds`` from now, sooner than its
+  fault said (never later): a long partition ended at a chosen moment, e.g. just after a broker restart.
+
+A numeric parameter may be one number for every device or a dict ``{device id: number}`` (each device its
+own partition length, or its own ``offset_s``: the duty cycle begins with a sleep that long, so the fleet's
+devices wake out of step).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
-__all__ = ["DeviceFaults", "FAULT_COMMANDS", "apply_fault", "cut"]
+__all__ = ["DeviceFaults", "FAULT_COMMANDS", "apply_fault", "cut", "wait_unblocked"]
 
-FAULT_COMMANDS = ("partition", "crash", "corrupt", "slow", "duty", "claim_group")
+FAULT_COMMANDS = ("partition", "crash", "corrupt", "slow", "duty", "claim_group", "heal")
 
 
 class DeviceFaults:
     """The faults one simulated device is under."""
 
     __slots__ = ("blocked_until", "crash_for_s", "pending_install", "corrupt_left", "slow_until", "slow_delay_s",
-                 "claimed_group", "sleeps")
+                 "claimed_group", "sleeps", "wake")
 
     def __init__(self) -> None:
         #: No reconnect before this time.monotonic().
@@ -45,6 +52,8 @@ class DeviceFaults:
         self.claimed_group: str | None = None
         #: Sleeps of its duty cycle so far.
         self.sleeps = 0
+        #: Set by a ``heal`` while the device waits out ``blocked_until`` (see :func:`wait_unblocked`).
+        self.wake: asyncio.Event | None = None
 
     def corrupts(self) -> bool:
         """True when the chunk just received is to be corrupted (one of the ``corrupt`` budget used)."""
@@ -70,7 +79,32 @@ def cut(worker: Any, device: Any, seconds: float) -> None:
     asyncio.get_running_loop().create_task(worker.connect_with_retry(device, first=False))
 
 
-async def _duty_cycle(worker: Any, device: Any, awake_s: float, sleep_s: float, cycles: int) -> None:
+async def wait_unblocked(device: Any) -> None:
+    """Sleep while ``device`` may not reconnect (a ``heal`` wakes it early)."""
+    faults = device.faults
+    while (blocked := faults.blocked_until - time.monotonic()) > 0:
+        faults.wake = asyncio.Event()
+        try:
+            await asyncio.wait_for(faults.wake.wait(), blocked)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            faults.wake = None
+
+
+def _heal(device: Any, seconds: float) -> None:
+    faults = device.faults
+    faults.blocked_until = min(faults.blocked_until, time.monotonic() + seconds)
+    if faults.wake is not None:
+        faults.wake.set()
+
+
+async def _duty_cycle(worker: Any, device: Any, awake_s: float, sleep_s: float, cycles: int,
+                      offset_s: float) -> None:
+    if offset_s > 0:  # asleep first, so devices given different offsets wake out of step
+        device.faults.sleeps += 1
+        cut(worker, device, offset_s)
+        await asyncio.sleep(offset_s)
     for _ in range(cycles):
         await asyncio.sleep(awake_s)
         if worker.stopping:
@@ -78,6 +112,12 @@ async def _duty_cycle(worker: Any, device: Any, awake_s: float, sleep_s: float, 
         device.faults.sleeps += 1
         cut(worker, device, sleep_s)
         await asyncio.sleep(sleep_s)
+
+
+def _param(request: dict[str, Any], device_id: str, name: str, default: Any = None) -> Any:
+    """The request's ``name`` for one device: one value for all, or the device's own from a dict."""
+    given = request.get(name, default)
+    return given[device_id] if isinstance(given, dict) else given
 
 
 def apply_fault(worker: Any, request: dict[str, Any]) -> int:
@@ -90,18 +130,22 @@ def apply_fault(worker: Any, request: dict[str, Any]) -> int:
             continue
         touched += 1
         faults = device.faults
+        value = functools.partial(_param, request, device.id)
         if kind == "partition":
-            cut(worker, device, float(request["seconds"]))
+            cut(worker, device, float(value("seconds")))
         elif kind == "crash":
-            faults.crash_for_s = float(request["seconds"])
+            faults.crash_for_s = float(value("seconds"))
         elif kind == "corrupt":
-            faults.corrupt_left += int(request["chunks"])
+            faults.corrupt_left += int(value("chunks"))
         elif kind == "slow":
-            faults.slow_until = time.monotonic() + float(request["seconds"])
-            faults.slow_delay_s = float(request["delay_s"])
+            faults.slow_until = time.monotonic() + float(value("seconds"))
+            faults.slow_delay_s = float(value("delay_s"))
         elif kind == "duty":
-            asyncio.get_running_loop().create_task(_duty_cycle(worker, device, float(request["awake_s"]),
-                                                               float(request["sleep_s"]), int(request["cycles"])))
+            asyncio.get_running_loop().create_task(_duty_cycle(
+                worker, device, float(value("awake_s")), float(value("sleep_s")), int(value("cycles")),
+                float(value("offset_s", 0.0))))
+        elif kind == "heal":
+            _heal(device, float(value("seconds")))
         elif kind == "claim_group":
             faults.claimed_group = str(request["group"])
             device.publish_state()

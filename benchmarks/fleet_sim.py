@@ -21,9 +21,10 @@ Use it from a benchmark or a test::
         fleet.wait_versions("2.0.0", 1000, timeout=120)
     report = fleet.report          # FleetReport: counts, bytes, messages, per-process CPU and peak RSS
 
-Each device keeps its own install log (time, deployment, version, outcome), which the report
-carries with each device's final version; ``fleet.fault(...)`` puts devices under the chaos
-run's faults (benchmarks/_sim_faults.py).
+Each device keeps its own install log (time, deployment, version, outcome) and the times its
+connections were accepted, which the report carries with each device's final version and chunk
+bytes received; ``fleet.fault(...)`` puts devices under the chaos run's faults
+(benchmarks/_sim_faults.py).
 
 Workers are ``python -m benchmarks.fleet_sim worker CONFIG`` processes fed JSON lines on stdin;
 a worker ends by itself when its stdin closes (the parent died) or after ``max_runtime_s``.
@@ -92,6 +93,11 @@ class FleetReport:
     install_log: dict[str, list[list[Any]]] = field(default_factory=dict)
     #: Device -> the version it ran when the fleet stopped.
     final: dict[str, str | None] = field(default_factory=dict)
+    #: Device -> when (time.time()) the broker accepted each of its connections: its first connect, and each return
+    #: from a partition, a crash or a sleep.
+    connect_log: dict[str, list[float]] = field(default_factory=dict)
+    #: Device -> the chunk payload bytes it received (broadcasts and its own requests; devices that received any).
+    device_chunk_bytes: dict[str, int] = field(default_factory=dict)
     processes: tuple[ProcessReport, ...] = field(default=())
 
     @property
@@ -284,7 +290,8 @@ class SimulatedFleet:
     def fault(self, kind: str, ids: list[str], **params: Any) -> int:
         """Put the devices ``ids`` under a fault (see benchmarks/_sim_faults.py: ``partition`` and ``crash`` take
         ``seconds``, ``corrupt`` takes ``chunks``, ``slow`` takes ``seconds`` and ``delay_s``, ``duty`` takes
-        ``awake_s``, ``sleep_s`` and ``cycles``, ``claim_group`` takes ``group``); how many it reached."""
+        ``awake_s``, ``sleep_s``, ``cycles`` and optionally ``offset_s``, ``claim_group`` takes ``group``, ``heal``
+        takes ``seconds``); how many it reached. A numeric parameter may be a dict ``{device id: value}``."""
         from benchmarks._sim_faults import FAULT_COMMANDS
 
         if kind not in FAULT_COMMANDS:
@@ -360,6 +367,8 @@ def _combine(devices: int, replies: list[dict[str, Any]]) -> FleetReport:
         versions=dict(versions),
         install_log={device: log for r in replies for device, log in r["install_log"].items()},
         final={device: version for r in replies for device, version in r["final"].items()},
+        connect_log={device: times for r in replies for device, times in r["connect_log"].items()},
+        device_chunk_bytes={device: n for r in replies for device, n in r["device_chunk_bytes"].items()},
         processes=tuple(ProcessReport(r["pid"], r["devices"], r["connect_s"], r["cpu_s"], r["rss_mb"]) for r in replies))
 
 

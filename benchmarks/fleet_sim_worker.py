@@ -20,8 +20,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks._sim_basics import SimulationError, Transfer, device_role, raise_fd_limit, updated_twice
-from benchmarks._sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut
+from benchmarks._sim_basics import (
+    ChunkStore,
+    SimulationError,
+    Transfer,
+    device_role,
+    raise_fd_limit,
+    updated_twice,
+)
+from benchmarks._sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut, wait_unblocked
 from edgesdk.agent.admission import not_newer
 from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.chunk_codec import decode_chunk
@@ -39,7 +46,8 @@ class _Device:
     """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
 
     __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
-                 "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root")
+                 "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root",
+                 "connects", "chunk_bytes")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
@@ -54,6 +62,9 @@ class _Device:
         self.seen: set[str] = set()
         #: What this device installed, in order: [time, deployment, version, outcome, rollback?] (chaos.py reads it).
         self.install_log: list[list[Any]] = []
+        #: When (time.time()) each of its connections was accepted by the broker; chunk payload bytes it received.
+        self.connects: list[float] = []
+        self.chunk_bytes = 0
         self.faults = DeviceFaults()
         self.transfers: dict[str, Transfer] = {}
         self.client: Any = None
@@ -73,6 +84,7 @@ class _Device:
                             counters=sim.counters, on_lost=lambda: self.on_lost(client))
         try:
             await client.connect(sim.host, sim.port, timeout=sim.connect_timeout)
+            accepted = time.time()
             filters = [(self.cmd_topic, 1), (Topics.device_chunks(self.id, "+") + "/+", 1)]
             if self.root is not None:
                 filters.append((Topics.ALL_ROOTS, 1))
@@ -91,6 +103,7 @@ class _Device:
             raise
         # Only now: a connection lost while connecting is retried by connect_with_retry, not by on_lost.
         self.client = client
+        self.connects.append(accepted)
         if self.faults.pending_install is not None:  # restarted after a crash mid-install: finish it
             command, slot, downloaded, details = self.faults.pending_install
             self.faults.pending_install = None
@@ -213,7 +226,7 @@ class _Device:
             self.install(command, slot, downloaded=True, rejected_chunks=0)
             return
         transfer = self.transfers[command.transfer_id] = Transfer(command, time.monotonic())
-        local = sim.fill(self, transfer)
+        local = sim.store.fill(self.chunk_slots, transfer)
         if transfer.complete:
             self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, local_chunks=local, missing=0)
             self.complete(transfer)
@@ -236,6 +249,7 @@ class _Device:
         """A chunk of a running transfer: kept if its hash matches the signed one; the archive checked when complete."""
         sim = self.sim
         sim.count("chunk_bytes", len(payload))
+        self.chunk_bytes += len(payload)
         parts = topic.split("/")
         transfer = self.transfers.get(parts[-2])
         if transfer is None or not parts[-1].isdigit():
@@ -282,7 +296,8 @@ class _Device:
             self.client.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
         self.event(command, AgentEvent.DOWNLOADED, bytes=archive.size, rejected_chunks=transfer.rejected)
         self.slots.add(f"{command.name}-{command.version}")
-        self.sim.keep(self, f"{command.name}-{command.version}", transfer)
+        self.sim.store.keep(f"{command.name}-{command.version}", transfer)
+        self.chunk_slots.add(f"{command.name}-{command.version}")
         self.install(command, f"{command.name}-{command.version}", downloaded=True, rejected_chunks=transfer.rejected)
 
     def install(self, command: Command, slot: str, downloaded: bool, **details: Any) -> None:
@@ -331,9 +346,7 @@ class _Worker:
         self.server_key = load_public_key(config["server_key"])
         self.root = trust_root(Path(config["root"]).read_bytes()) if config.get("root") else None
         self.counters = LiteCounters()
-        #: Chunks held by this worker's devices, by hash, and the chunk hashes of each slot they came in.
-        self.chunk_store: dict[str, bytes] = {}
-        self.slot_chunks: dict[str, tuple[str, ...]] = {}
+        self.store = ChunkStore()
         self.counts: Counter[str] = Counter()
         self.stopping = False
         self.active: set[_Device] = set()
@@ -348,8 +361,7 @@ class _Worker:
     # connecting ------------------------------------------------------------------------------------
     async def connect_with_retry(self, device: _Device, first: bool = True) -> None:
         """Connect one device, retrying with backoff (a full listen backlog refuses or resets) until the deadline."""
-        while (blocked := device.faults.blocked_until - time.monotonic()) > 0:  # partitioned or crashed
-            await asyncio.sleep(blocked)
+        await wait_unblocked(device)  # partitioned, crashed or asleep
         deadline = time.monotonic() + float(self.config["start_timeout"])
         delay = 0.05 if first else 1.0
         while not self.stopping:
@@ -375,28 +387,6 @@ class _Worker:
         self.connect_s = time.monotonic() - started
 
     # chunk requests -----------------------------------------------------------------------------------
-    def fill(self, device: _Device, transfer: Transfer) -> int:
-        """The agent's local reuse: copy in the chunks of the slots this device holds chunks of (hashed again)."""
-        archive = transfer.command.archive
-        assert archive is not None
-        held = {digest for slot in device.chunk_slots for digest in self.slot_chunks.get(slot, ())}
-        for index, digest in enumerate(archive.chunks):
-            if digest in held and digest in self.chunk_store:
-                data = self.chunk_store[digest]
-                if hashlib.sha256(data).hexdigest() == digest:
-                    transfer.chunks[index] = data
-        return len(transfer.chunks)
-
-    def keep(self, device: _Device, slot: str, transfer: Transfer) -> None:
-        """Hold a fetched archive's chunks for later reuse (once per worker: its devices hold the same bytes)."""
-        archive = transfer.command.archive
-        assert archive is not None
-        if slot not in self.slot_chunks:
-            self.slot_chunks[slot] = archive.chunks
-            for index, digest in enumerate(archive.chunks):
-                self.chunk_store.setdefault(digest, transfer.chunks[index])
-        device.chunk_slots.add(slot)
-
     def request(self, device: _Device, transfer: Transfer, exclude: frozenset[int] = frozenset()) -> None:
         missing = transfer.missing(exclude)[: self.request_window]
         if missing:
@@ -432,6 +422,8 @@ class _Worker:
         return {**self.snapshot(), "installs": dict(installs), "pid": os.getpid(), "devices": len(self.devices),
                 "updated_twice": sum(1 for d in self.devices if updated_twice(d.install_log)),
                 "install_log": {d.id: d.install_log for d in self.devices if d.install_log},
+                "connect_log": {d.id: d.connects for d in self.devices},
+                "device_chunk_bytes": {d.id: d.chunk_bytes for d in self.devices if d.chunk_bytes},
                 "final": {d.id: d.version for d in self.devices},
                 "messages_in": c.messages_in, "messages_out": c.messages_out, "bytes_in": c.bytes_in,
                 "bytes_out": c.bytes_out, "connect_s": self.connect_s, "cpu_s": usage.ru_utime + usage.ru_stime,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -176,3 +177,17 @@ def test_device_faults_do_what_they_say_and_the_rollout_still_completes(broker, 
     assert {d: [(v, o) for _, _, v, o, _ in log] for d, log in report.install_log.items()} == {
         d: [("2.0.0", "committed")] for d in fleet.device_ids}
     assert set(report.final.values()) == {"2.0.0"}
+
+
+def test_heal_ends_a_partition_early_per_device_and_connects_are_logged(broker, keys):
+    with SimulatedFleet(broker.url, keys["dir"] / "server.pub", 3, processes=1, fetch=False) as fleet:
+        healed, held, untouched = fleet.device_ids
+        assert fleet.fault("partition", [healed, held], seconds={healed: 3600.0, held: 3600.0}) == 2
+        cut_at = time.time()
+        assert fleet.fault("heal", [healed, held], seconds={healed: 0.2, held: 7200.0}) == 2  # never later
+        time.sleep(1.5)
+        report = fleet.stop()
+    assert len(report.connect_log[untouched]) == 1 and len(report.connect_log[held]) == 1
+    first, again = report.connect_log[healed]
+    assert first < cut_at < again < cut_at + 1.5
+    assert report.device_chunk_bytes == {}  # fetch=False: no chunk was received
