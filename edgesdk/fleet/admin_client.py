@@ -15,9 +15,9 @@ from typing import Any
 
 from edgesdk import errors
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.records import DeviceRecord, RolloutPolicy, RolloutRecord, RolloutSummary
+from edgesdk.fleet.records import DeviceRecord, GroupRelease, RolloutPolicy, RolloutRecord, RolloutSummary, parse_time
 
-__all__ = ["AdminClient", "DevicePage"]
+__all__ = ["AdminClient", "DevicePage", "Provisioned"]
 
 
 #: The class for an HTTP status when the server's ``type`` is not in edgesdk.errors (a server-side subclass).
@@ -40,6 +40,22 @@ class DevicePage:
     total: int
     #: Pass as ``after`` for the next page; None on the last page.
     next: str | None
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """The group a device is provisioned in (``GET /api/provisioning``): who put it there, and when."""
+
+    device_id: str
+    group: str
+    #: ``devices file``, ``admin api`` or ``first report`` (the device named its group and nobody had placed it).
+    source: str
+    updated: float
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Provisioned:
+        """One entry of the API's answer."""
+        return cls(str(data["device_id"]), str(data["group"]), str(data["source"]), parse_time(data["updated"]))
 
 
 def _query(**params: Any) -> str:
@@ -127,6 +143,24 @@ class AdminClient:
             if page.next is None:
                 return found
             after = page.next
+
+    def groups(self) -> list[GroupRelease]:
+        """Each group's release (desired state) and how many of its devices run it, by group."""
+        return [GroupRelease.from_json(g) for g in self._json("GET", "/api/groups")]
+
+    def provision(self, devices: dict[str, str], source: str = "admin api") -> list[str]:
+        """Put devices in groups (device id -> group), saying where the groups come from (``source``); the
+        devices that moved from another group. A device's agent must then name that group (``--group``)."""
+        return list(self._json("POST", "/api/provisioning", {"devices": devices, "source": source})["moved"])
+
+    def set_group(self, device_id: str, group: str) -> bool:
+        """Put one device in ``group``; True if it moved there from another group."""
+        path = f"/api/devices/{urllib.parse.quote(device_id, safe='')}/group"
+        return bool(self._json("PUT", path, {"group": group})["moved"])
+
+    def provisioning(self, group: str | None = None) -> list[Provisioned]:
+        """Every provisioned device (of ``group``), by id."""
+        return [Provisioned.from_json(p) for p in self._json("GET", f"/api/provisioning{_query(group=group)}")]
 
     def request_measurement(self, device: str, archive: bytes, mode: str, runs: int,
                             timeout_s: float | None = None) -> str:

@@ -15,6 +15,12 @@ rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before th
     GET  /api/rollouts/{id}                    rollout with per-device targets
     POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
     GET  /api/devices?group=G                  devices and their state
+    PUT  /api/devices/{id}/group               body: {"group": G} -> {"moved": [ids whose group changed]}
+    GET  /api/groups                           each group's release (desired state) and how far its devices are
+                                               from it: [GroupRelease JSON]
+    GET  /api/provisioning?group=G             [{"device_id", "group", "source", "updated"}] by device id
+    POST /api/provisioning                     body: {"devices": {id: group, ...}, "source": "devices file"}
+                                               -> {"moved": [...], "provisioned": n}
     POST /api/measurements?device=D&mode=M&runs=N[&timeout=S]
                                                body: measurement tar (edgesdk.fleet.measurement.pack_measurement) -> {"id"}
     GET  /api/measurements/{id}                status; figures and outputs (base64 .npy) once done
@@ -28,7 +34,7 @@ import threading
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, TransferError
-from edgesdk.fleet.records import RolloutPolicy, TargetStatus
+from edgesdk.fleet.records import RolloutPolicy, TargetStatus, iso_time
 from edgesdk.ota_server.admin.errors import error_status
 from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.server import OTAServer
@@ -169,6 +175,28 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
 
         return JSONResponse(await run_in_threadpool(read))
 
+    async def groups(request: Request) -> JSONResponse:
+        return JSONResponse([g.to_json() for g in await run_in_threadpool(server.groups_status)])
+
+    async def provisioning(request: Request) -> JSONResponse:
+        found = await run_in_threadpool(server.db.provisioning, request.query_params.get("group") or None)
+        return JSONResponse([{"device_id": p.device_id, "group": p.group, "source": p.source,
+                              "updated": iso_time(p.updated)} for p in found])
+
+    async def provision(request: Request) -> JSONResponse:
+        data = await request.json()
+        devices, source = _provisioning_request(data)
+        moved = await run_in_threadpool(server.provision, devices, source)
+        return JSONResponse({"moved": moved, "provisioned": len(devices)})
+
+    async def set_group(request: Request) -> JSONResponse:
+        data = await request.json()
+        group = data.get("group") if isinstance(data, dict) else None
+        if not isinstance(group, str):
+            raise EdgeSDKError(f'the body must be {{"group": GROUP}}, got {str(data)[:200]}')
+        moved = await run_in_threadpool(server.provision, {request.path_params["id"]: group})
+        return JSONResponse({"moved": moved, "provisioned": 1})
+
     async def prometheus(request: Request) -> Response:
         if metrics is None:
             return error(404, "metrics are not enabled on this server; pass metrics=ServerMetrics(db) to create_app")
@@ -190,11 +218,35 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         Route("/api/rollouts/{id}", guarded(rollout), methods=["GET"]),
         Route("/api/rollouts/{id}/{action}", guarded(action), methods=["POST"]),
         Route("/api/devices", guarded(devices), methods=["GET"]),
+        Route("/api/devices/{id}/group", guarded(set_group), methods=["PUT"]),
+        Route("/api/groups", guarded(groups), methods=["GET"]),
+        Route("/api/provisioning", guarded(provisioning), methods=["GET"]),
+        Route("/api/provisioning", guarded(provision), methods=["POST"]),
         Route("/api/measurements", guarded(request_measurement), methods=["POST"]),
         Route("/api/measurements/{id}", guarded(measurement), methods=["GET"]),
         Route("/metrics", guarded(prometheus), methods=["GET"]),
     ])
 
+
+def _provisioning_request(data: Any) -> tuple[dict[str, str], str]:
+    """The devices (id -> group) and source of a ``POST /api/provisioning`` body, or EdgeSDKError (400) saying
+    what is wrong with it; the ids themselves are checked by :meth:`OTAServer.provision`."""
+    devices = data.get("devices") if isinstance(data, dict) else None
+    source = data.get("source", "admin api") if isinstance(data, dict) else None
+    if not isinstance(devices, dict) or not devices:
+        raise EdgeSDKError('the body must be {"devices": {DEVICE_ID: GROUP, ...}, "source": TEXT} with at least one '
+                           f"device, got {str(data)[:200]}")
+    wrong = [f"{k!r}: {v!r}" for k, v in devices.items() if not isinstance(v, str)]
+    if wrong:
+        raise EdgeSDKError(f"each device's group must be a string, got {', '.join(wrong[:5])}")
+    if not isinstance(source, str) or not 0 < len(source) <= _MAX_SOURCE:
+        raise EdgeSDKError(f"source must be a text of 1-{_MAX_SOURCE} characters saying where the groups come from "
+                           f"(e.g. \"devices file\"), got {str(source)[:100]!r}")
+    return devices, source
+
+
+#: The longest ``source`` a provisioning request may give (it is shown beside every device it placed).
+_MAX_SOURCE = 64
 
 #: Devices or targets in one answer unless ``?limit=`` asks otherwise, and the most one answer holds.
 _PAGE, _MAX_PAGE = 1000, 10_000

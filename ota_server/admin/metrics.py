@@ -8,6 +8,12 @@ This process's counters and latency histogram::
     edgesdk_ota_event_handling_seconds{kind}             handling one device message; kind: state | event | need
     edgesdk_ota_reports_refused_total{kind}              device messages over their device's limit: events and
                                                          chunk requests dropped, waiting states replaced by newer
+    edgesdk_ota_states_refused_group_total{reason}       device states refused for their group; reason:
+                                                         wrong_group | unprovisioned
+    edgesdk_ota_outbox_messages, edgesdk_ota_ingest_pending   this replica's queues (published unacknowledged;
+                                                         reports not yet written)
+    edgesdk_ota_catch_up_limit                           late targets that may have a command out at once
+    edgesdk_ota_catch_up_in_flight                       late targets with a command out (fleet-wide)
 
 and, read from the fleet store at scrape time (so every replica reports the whole fleet, not
 what it handled itself)::
@@ -19,6 +25,11 @@ what it handled itself)::
     edgesdk_ota_device_average_watts{model,version}      mean of their average power over their last window
     edgesdk_ota_rollouts{state}                          rollouts in each state (0 for states with none)
     edgesdk_ota_fleet_scrape_ok                          1 when the fleet store answered this scrape, else 0
+    edgesdk_ota_rollout_targets{rollout,model,version,group,status}   each running rollout's targets by status
+    edgesdk_ota_group_devices{group,model,version,state} each group's devices against its release; state:
+                                                         converged | behind_online | behind_offline
+    edgesdk_ota_release_flagged{group,rollout}           1 when the group's release is flagged (late installs
+                                                         failed past its policy), else 0
 
 With several replicas, sum the counters over replicas and take any one replica's fleet gauges
 (``max by (status, model, version)``): each replica reports the same database.
