@@ -12,7 +12,9 @@ here, so a new part (a different fleet store, an offload endpoint) is wired once
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from edgesdk.ota_server.server import OTAServer, ServerConfig
 from edgesdk.ota_server.store.fleet_db import FleetDB
 
 __all__ = ["ServerSetup", "RunningServer", "build_server"]
+
+log = logging.getLogger("edgesdk.ota_server.server")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,9 @@ class ServerSetup:
     root: bytes | None = None
     #: The ``timestamp`` role's private key: with it the server publishes signed timestamps (freshness).
     timestamp_key: Any = None
+    #: Devices to provision before the server takes any report (device id -> group; ``edgesdk server --devices``),
+    #: recorded with the source ``devices file``. None: only what the store holds already.
+    devices: Mapping[str, str] | None = None
 
 
 class RunningServer:
@@ -108,7 +115,16 @@ def build_server(setup: ServerSetup) -> RunningServer:
         raise EdgeSDKError(f"replicas share their fleet state through PostgreSQL, not the SQLite file {setup.db}: "
                            "pass --db postgresql://USER:PASSWORD@HOST:PORT/DATABASE to every replica")
     ota = setup.server_class(setup.server, repository, db, setup.signing_key, root=setup.root,
-                             timestamp_key=setup.timestamp_key).start()
+                             timestamp_key=setup.timestamp_key)
+    if setup.devices:
+        try:
+            moved = ota.provision(dict(setup.devices), "devices file")
+        except BaseException:
+            db.close()
+            raise
+        log.info("provisioned %d devices from the devices file (%d moved to another group)", len(setup.devices),
+                 len(moved))
+    ota.start()
     running = RunningServer(ota, repository)
     try:
         if setup.inference is not None:

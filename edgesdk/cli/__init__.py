@@ -28,7 +28,8 @@ _COMMANDS = {
     "server": ("edgesdk.cli.server", "server", "Run the OTA server; write a mosquitto ACL config."),
     "push": ("edgesdk.cli.fleet", "push", "Upload a bundle and start a canary rollout to a group."),
     "rollout": ("edgesdk.cli.fleet", "rollout", "Show, promote, abort or roll back rollouts."),
-    "devices": ("edgesdk.cli.fleet", "devices", "List devices and their versions."),
+    "devices": ("edgesdk.cli.devices", "devices", "List devices and their versions; put devices in groups."),
+    "groups": ("edgesdk.cli.devices", "groups", "Show each group's release and how many devices run it."),
     "emulator": ("edgesdk.cli.emulator", "emulator", "Set up and use the emulated board cores variants are costed on."),
 }
 

@@ -1,4 +1,5 @@
-"""``edgesdk push``, ``edgesdk rollout ...``, ``edgesdk devices``: the admin API from the shell."""
+"""``edgesdk push`` and ``edgesdk rollout ...``: the admin API from the shell (``edgesdk devices`` and ``groups`` are
+in :mod:`edgesdk.cli.devices`)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ from edgesdk.fleet.records import (
 if TYPE_CHECKING:
     from edgesdk.fleet.admin_client import AdminClient
 
-_server = click.option("--server", "server_url", envvar="EDGESDK_SERVER", default="http://127.0.0.1:8080",
-                       show_default=True, help="Admin API URL (env EDGESDK_SERVER).")
-_token = click.option("--token", envvar="EDGESDK_TOKEN", help="Admin token (env EDGESDK_TOKEN).")
-_token_file = click.option("--token-file", envvar="EDGESDK_TOKEN_FILE", type=click.Path(exists=True, dir_okay=False),
-                           help="File with the token: `edgesdk server` writes admin.token beside its --db "
-                                "(env EDGESDK_TOKEN_FILE).")
-_json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-_WAIT_OUTCOME = ("Wait up to this many seconds, showing progress; exit 0 only if every device updated "
-                 "(17: aborted or failed, 18: still running).")
+server_option = click.option("--server", "server_url", envvar="EDGESDK_SERVER", default="http://127.0.0.1:8080",
+                             show_default=True, help="Admin API URL (env EDGESDK_SERVER).")
+token_option = click.option("--token", envvar="EDGESDK_TOKEN", help="Admin token (env EDGESDK_TOKEN).")
+token_file_option = click.option("--token-file", envvar="EDGESDK_TOKEN_FILE",
+                                 type=click.Path(exists=True, dir_okay=False),
+                                 help="File with the token: `edgesdk server` writes admin.token beside its --db "
+                                      "(env EDGESDK_TOKEN_FILE).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+_WAIT_OUTCOME = ("Wait up to this many seconds, showing progress; exit 0 only if every reachable device updated "
+                 "(devices offline are deferred: see --wait-deferred; 17: aborted or failed, 18: still running).")
 
 
 def admin_client(server_url: str, token: str | None, token_file: str | None) -> AdminClient:
@@ -43,7 +45,7 @@ def admin_client(server_url: str, token: str | None, token_file: str | None) -> 
     return AdminClient(server_url, token or "")
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     """Left-aligned columns under ``header``."""
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in (header, *rows))
@@ -52,6 +54,18 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 def _counts(r: RolloutRecord) -> str:
     """``committed 3, failed 1``: how many targets are in each status, in the order a device passes through them."""
     return ", ".join(f"{status} {r.counts[status]}" for status in TargetStatus if r.counts.get(status))
+
+
+def _late(r: RolloutRecord) -> str:
+    """``sent 1, committed 2``: the late targets (sent after their stage) by status, or empty."""
+    return ", ".join(f"{status} {r.late_counts[status]}" for status in TargetStatus if r.late_counts.get(status))
+
+
+def _catching_up(r: RolloutRecord) -> tuple[int, int]:
+    """Targets still to update after the rollout: deferred (their device is offline), and late ones queued or with
+    a command out (pending, sent, downloading, installing)."""
+    late = sum(n for status, n in r.late_counts.items() if status.in_flight or status is TargetStatus.PENDING)
+    return r.deferred, late
 
 
 def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
@@ -64,26 +78,44 @@ def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
     if r.reason:
         click.echo(f"  reason: {r.reason}")
     click.echo(f"  devices: {_counts(r)}")
+    if r.deferred:
+        click.echo(f"  deferred: {r.deferred} (offline when their stage went out; each gets {r.version} when it "
+                   "reports again)")
+    if r.late_counts:
+        click.echo(f"  late: {_late(r)}")
+    if r.flagged:
+        click.echo(f"  FLAGGED: {r.flagged}")
     if not r.targets:
         return
-    click.echo(_table(("device", "stage", "status", "from", "reason"),
-                      [(t.device_id, str(t.stage + 1), t.status, t.previous_version or "none", t.reason or "")
-                       for t in r.targets]))
+    click.echo(table(("device", "stage", "status", "from", "reason"),
+                     [(t.device_id, str(t.stage + 1), t.status + (" (late)" if t.late else ""),
+                       t.previous_version or "none", t.reason or "") for t in r.targets]))
     if r.targets_total and r.targets_total > len(r.targets):
         click.echo(f"  showing {len(r.targets)} of {r.targets_total} devices; the next page: --after "
                    f"{r.targets[-1].device_id} (or --status STATUS, --json)")
 
 
-def _outcome(r: RolloutRecord) -> None:
-    """Raise unless the rollout completed with every device updated (the exit code scripts rely on)."""
+def _outcome(r: RolloutRecord, wait_deferred: float | None = None) -> None:
+    """Raise unless the rollout completed with every reachable device updated (the exit code scripts rely on), and,
+    with ``wait_deferred`` (s), every deferred and late device too; say on stderr how many are still to come."""
     from edgesdk.errors import RolloutError, RolloutTimeoutError
 
     if r.state == RolloutState.RUNNING:
         raise RolloutTimeoutError(f"rollout {r.id} is still running (stage {r.stage + 1} of {r.stage_count}: "
                                   f"{_counts(r)}); follow it with `edgesdk rollout status {r.id} --follow`")
+    deferred, late = _catching_up(r)
     updated = r.count(TargetStatus.COMMITTED, TargetStatus.REVERTED)
-    if r.state != RolloutState.COMPLETED or updated != r.targets_total:
+    if r.state != RolloutState.COMPLETED or updated + deferred + late != r.targets_total:
         raise RolloutError(f"rollout {r.id} {r.state}: {r.reason or _counts(r)}")
+    if not deferred and not late:
+        return
+    still = f"{deferred} deferred (offline)" + (f" and {late} catching up (late)" if late else "")
+    if wait_deferred is not None:
+        raise RolloutTimeoutError(f"rollout {r.id} completed, but after {wait_deferred:g} s {still} have not "
+                                  f"updated yet; they get {r.version} when they report: follow them with `edgesdk "
+                                  f"rollout status {r.id} --follow --wait-deferred DURATION` or `edgesdk groups`")
+    click.echo(f"rollout {r.id} completed: every reachable device updated; {still} get {r.version} when they "
+               "report (--wait-deferred DURATION waits for them)", err=True)
 
 
 def _reverts_outcome(r: RolloutRecord) -> None:
@@ -104,30 +136,54 @@ def _settled(r: RolloutRecord) -> bool:
     return r.state != RolloutState.RUNNING and not r.count(TargetStatus.REVERTING)
 
 
-def _follow(client: AdminClient, rollout_id: str, timeout: float | None) -> RolloutRecord:
+def _follow(client: AdminClient, rollout_id: str, timeout: float | None,
+            wait_deferred: float | None = None) -> RolloutRecord:
     """Poll the counts until the rollout is over (or ``timeout`` s pass), printing progress lines to stderr when they
-    change; the final state comes with the first page of targets."""
+    change; with ``wait_deferred`` a completed rollout is followed on until no device is deferred or catching up,
+    or that many seconds (from the start) passed. The final state comes with the first page of targets."""
     started = time.monotonic()
     last = ""
     while True:
         r = client.rollout(rollout_id, limit=0)
         line = f"{r.state} stage {max(r.stage, 0) + 1} of {r.stage_count}: {_counts(r)}"
+        line += f"; late: {_late(r)}" if r.late_counts else ""
         if line != last:
             click.echo(f"[{time.monotonic() - started:6.1f}s] {line}", err=True)
             last = line
-        if _settled(r) or (timeout is not None and time.monotonic() - started >= timeout):
+        elapsed = time.monotonic() - started
+        if _settled(r):
+            if wait_deferred is None or r.state != RolloutState.COMPLETED or not any(_catching_up(r)) \
+                    or elapsed >= wait_deferred:
+                return client.rollout(rollout_id)
+        elif timeout is not None and elapsed >= timeout:
             return client.rollout(rollout_id)
         time.sleep(0.5)
 
 
-def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json: bool, aborted_on_purpose: bool = False) -> None:
+def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json: bool, aborted_on_purpose: bool = False,
+            wait_deferred: float | None = None) -> None:
     """Follow a rollout, print its final state (JSON on stdout with ``as_json``), then raise unless it succeeded."""
-    r = _follow(client, rollout_id, timeout)
+    r = _follow(client, rollout_id, timeout if timeout is not None or aborted_on_purpose else wait_deferred,
+                None if aborted_on_purpose else wait_deferred)
     _print_rollout(r, as_json)
     if aborted_on_purpose:
         _reverts_outcome(r)
     else:
-        _outcome(r)
+        _outcome(r, wait_deferred)
+
+
+def _seconds(text: str | None, option: str) -> float | None:
+    """A duration option (``90s``, ``10m``, ``2h``) in seconds, or None when not given."""
+    if text is None:
+        return None
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise click.BadParameter(f"{text!r} must be a positive duration, e.g. 10m", param_hint=option)
+    return seconds
+
+
+_WAIT_DEFERRED = ("Once the rollout completed, also wait for the devices that were offline (deferred) or joined "
+                  "late to update, up to this long from the start (e.g. 10m); 18 if some still have not.")
 
 
 @click.command()
@@ -141,34 +197,41 @@ def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json
 @click.option("--max-failure-rate", default="5%", show_default=True, help="Abort and roll back above this.")
 @click.option("--deploy-timeout", default="300s", show_default=True, help="A silent device counts as failed after it.")
 @click.option("--manual", is_flag=True, help="Wait for `edgesdk rollout promote` between stages.")
+@click.option("--max-late-failure-rate", default="20%", show_default=True,
+              help="Flag the release when more of the devices it reaches late (back from offline, or new to the "
+                   "group) fail to install it.")
 @click.option("--wait", "wait_s", type=float, default=None, help=_WAIT_OUTCOME)
-@_server
-@_token
-@_token_file
-@_json
+@click.option("--wait-deferred", metavar="DURATION", default=None, help=_WAIT_DEFERRED)
+@server_option
+@token_option
+@token_file_option
+@json_option
 def push(bundle: str, group: str, canary: str, waves: str | None, health_window: str, max_failure_rate: str,
-         deploy_timeout: str, manual: bool, wait_s: float | None, server_url: str, token: str | None,
-         token_file: str | None, as_json: bool) -> None:
-    """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to GROUP."""
+         deploy_timeout: str, manual: bool, max_late_failure_rate: str, wait_s: float | None, wait_deferred: str | None,
+         server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
+    """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to every device of GROUP;
+    devices offline then are deferred and get it when they report again."""
     from edgesdk.fleet.protocol import pack_bundle
     from edgesdk.runtime.bundle import read_bundle
 
+    deferred_s = _seconds(wait_deferred, "--wait-deferred")
     first = parse_percent(canary)
     stages = tuple(parse_percent(w) for w in waves.split(",")) if waves else tuple(w for w in (0.5, 1.0) if w > first)
     policy = RolloutPolicy(canary=first, waves=stages,
                            health_window_s=parse_duration(health_window),
                            max_failure_rate=parse_percent(max_failure_rate),
-                           deploy_timeout_s=parse_duration(deploy_timeout), auto_promote=not manual)
+                           deploy_timeout_s=parse_duration(deploy_timeout), auto_promote=not manual,
+                           max_late_failure_rate=parse_percent(max_late_failure_rate))
     manifest = read_bundle(bundle).manifest
     client = admin_client(server_url, token, token_file)
     stored = client.upload(pack_bundle(bundle))["stored"]
     click.echo(f"{'uploaded' if stored else 'already stored:'} {manifest.name} {manifest.version}", err=True)
     rollout_id = client.start_rollout(manifest.name, manifest.version, group, policy)
-    if wait_s is None:
+    if wait_s is None and deferred_s is None:
         click.echo(json.dumps({"id": rollout_id}) if as_json else f"started rollout {rollout_id}")
         return
     click.echo(f"started rollout {rollout_id}", err=True)
-    _finish(client, rollout_id, wait_s, as_json)
+    _finish(client, rollout_id, wait_s, as_json, wait_deferred=deferred_s)
 
 
 @click.group()
@@ -178,49 +241,67 @@ def rollout() -> None:
 
 @rollout.command("status")
 @click.argument("rollout_id", required=False)
+@click.option("--group", default=None,
+              help="Without ROLLOUT_ID: list this group's rollouts, or with --follow follow its newest one.")
 @click.option("--follow", is_flag=True, help="Show progress until the rollout ends; exit as `push --wait` does.")
+@click.option("--wait-deferred", metavar="DURATION", default=None,
+              help="With --follow: " + _WAIT_DEFERRED[0].lower() + _WAIT_DEFERRED[1:])
 @click.option("--limit", type=click.IntRange(min=0), default=None,
               help="Devices to show (a page; the server's default page without it, 0 for the counts alone).")
 @click.option("--after", metavar="DEVICE", default=None, help="Show the devices after this id (the next page).")
 @click.option("--status", "target_status", type=click.Choice([s.value for s in TargetStatus]), default=None,
               help="Show only the devices in this status.")
-@_server
-@_token
-@_token_file
-@_json
-def status(rollout_id: str | None, follow: bool, limit: int | None, after: str | None, target_status: str | None,
-           server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
+@server_option
+@token_option
+@token_file_option
+@json_option
+def status(rollout_id: str | None, group: str | None, follow: bool, wait_deferred: str | None, limit: int | None,
+           after: str | None, target_status: str | None, server_url: str, token: str | None, token_file: str | None,
+           as_json: bool) -> None:
     """Show one rollout with its counts and devices (a page at a time), or list all rollouts."""
+    deferred_s = _seconds(wait_deferred, "--wait-deferred")
+    if deferred_s is not None and not follow:
+        raise click.UsageError("--wait-deferred goes with --follow")
+    if rollout_id and group:
+        raise click.UsageError("give a ROLLOUT_ID or --group, not both")
+    if follow and not rollout_id and not group:
+        raise click.UsageError("--follow needs a rollout ID (or --group GROUP for the group's newest rollout)")
     client = admin_client(server_url, token, token_file)
+    rows = client.rollouts() if not rollout_id else []
+    if group:
+        rows = [r for r in rows if r.group == group]
+    if follow and not rollout_id:
+        if not rows:
+            from edgesdk.errors import NotFoundError
+
+            raise NotFoundError(f"group {group} has no rollout yet; `edgesdk rollout status` lists them")
+        rollout_id = rows[-1].id
     if rollout_id and follow:
-        _finish(client, rollout_id, None, as_json)
+        _finish(client, rollout_id, None, as_json, wait_deferred=deferred_s)
         return
     if rollout_id:
         _print_rollout(client.rollout(rollout_id, limit=limit, after=after, status=target_status), as_json)
         return
-    if follow:
-        raise click.UsageError("--follow needs a rollout ID")
-    rows = client.rollouts()
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
         return
     if not rows:
-        click.echo("no rollouts yet")
+        click.echo("no rollouts yet" + (f" in group {group}" if group else ""))
         return
-    click.echo(_table(("rollout", "model", "version", "group", "state", "started", "reason"),
-                      [(r.id, r.model, r.version, r.group, r.state, iso_time(r.created), r.reason or "")
-                       for r in rows]))
+    click.echo(table(("rollout", "model", "version", "group", "state", "started", "reason"),
+                     [(r.id, r.model, r.version, r.group, r.state, iso_time(r.created), r.reason or "")
+                      for r in rows]))
 
 
 def _action(verb: str, wait_help: str) -> Callable[..., None]:
     """The command body of ``rollout promote|abort|rollback`` (click decorators are applied by the caller)."""
 
     @click.argument("rollout_id")
-    @_server
-    @_token
-    @_token_file
+    @server_option
+    @token_option
+    @token_file_option
     @click.option("--wait", "wait_s", type=float, default=None, help=wait_help)
-    @_json
+    @json_option
     def command(rollout_id: str, server_url: str, token: str | None, token_file: str | None, wait_s: float | None,
                 as_json: bool, to: str | None = None) -> None:
         client = admin_client(server_url, token, token_file)
@@ -242,32 +323,3 @@ rollout.command("abort", help="Stop a rollout and roll its updated devices back.
              "(17: a revert failed, 18: still reverting)."))
 rollout.command("rollback", help="Roll the group back (to --to VERSION or each device's previous one).")(
     click.option("--to", default=None, help="Version to return to.")(_action("rollback", _WAIT_OUTCOME)))
-
-
-@click.command()
-@click.option("--group", default=None)
-@click.option("--status", "device_status", type=click.Choice(["online", "offline"]), default=None,
-              help="Only devices in this status.")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="Devices per page.")
-@click.option("--after", metavar="DEVICE", default=None, help="Start after this device id (the next page).")
-@_server
-@_token
-@_token_file
-@_json
-def devices(group: str | None, device_status: str | None, limit: int, after: str | None, server_url: str,
-            token: str | None, token_file: str | None, as_json: bool) -> None:
-    """List devices with their status and installed version, a page at a time (by id)."""
-    page = admin_client(server_url, token, token_file).device_page(group, status=device_status, after=after, limit=limit)
-    if as_json:
-        click.echo(json.dumps({"devices": [d.to_json() for d in page.devices], "total": page.total, "next": page.next},
-                              indent=2))
-        return
-    if not page.devices:
-        click.echo("no devices" + (f" in group {group}" if group else "") + " have reported yet"
-                   + (f" after {after}" if after else ""))
-        return
-    click.echo(_table(("device", "group", "status", "model", "version", "last seen"),
-                      [(d.id, d.group, d.status, d.model or "none", d.version or "none", iso_time(d.last_seen))
-                       for d in page.devices]))
-    if page.next is not None:
-        click.echo(f"showing {len(page.devices)} of {page.total} devices; the next page: --after {page.next}")

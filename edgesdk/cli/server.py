@@ -100,6 +100,15 @@ def _token(token: str | None, token_file: Path) -> str:
                    "when it stops).")
 @click.option("--timestamp-every", default="60s", show_default=True, help="How often a timestamp is published.")
 @click.option("--timestamp-expires", default="5m", show_default=True, help="How long each timestamp is valid.")
+@click.option("--devices", "devices_file", type=click.Path(exists=True, dir_okay=False),
+              help="Provision these devices at start: one 'DEVICE_ID GROUP' per line (the file mosquitto-config "
+                   "reads). A device's reports must name the group it is provisioned in.")
+@click.option("--require-provisioning", is_flag=True,
+              help="Refuse the reports of devices nobody provisioned (--devices, `edgesdk devices provision`); "
+                   "without it a device's first report puts it in the group it names.")
+@click.option("--max-catch-up", default=500, show_default=True, type=click.IntRange(min=1), metavar="N",
+              help="Devices catching up at once (back from offline, or new to their group) across the fleet; the "
+                   "rest wait their turn in the store.")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, console: bool,
@@ -108,7 +117,8 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
            keep_latest: int, embedded_broker: bool,
            inference_address: str | None, inference_grpc: str | None, inference_config: str | None,
            inference_threads: int | None, offload_url: str | None, compress_min_saving: float, no_compress: bool,
-           root_file: str | None, timestamp_key: str | None, timestamp_every: str, timestamp_expires: str) -> None:
+           root_file: str | None, timestamp_key: str | None, timestamp_every: str, timestamp_expires: str,
+           devices_file: str | None, require_provisioning: bool, max_catch_up: int) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
     --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
@@ -137,6 +147,9 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     if offload_url is not None and not offload_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"{offload_url!r} is not an http:// or https:// URL", param_hint="--offload-url")
     _require_server_extra(embedded_broker, inference_address is not None, inference_grpc is not None, console)
+    from edgesdk.cli.devices import read_devices_file
+
+    devices = read_devices_file(devices_file) if devices_file else None
     from edgesdk.logs import configure
 
     configure(info_loggers=("edgesdk.ota_server",))  # rollout transitions are the operator's record
@@ -158,7 +171,8 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         ServerConfig(broker, username=username, password=password, ca_file=ca_file,
                      offload_url=offload_url, share_group="edgesdk" if replica else None, lease_s=lease_s,
                      name=server_name, compress_min_saving=None if no_compress else compress_min_saving,
-                     timestamp_every_s=parse_duration(timestamp_every), timestamp_expires_s=parse_duration(timestamp_expires)),
+                     timestamp_every_s=parse_duration(timestamp_every), timestamp_expires_s=parse_duration(timestamp_expires),
+                     max_catch_up=max_catch_up, require_provisioning=require_provisioning),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address, console=console,
@@ -166,7 +180,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         inference=inference_address, inference_grpc=inference_grpc,
         inference_config=_inference_config(inference_config, inference_threads) if inference_address else None,
         root=Path(root_file).read_bytes() if root_file else None,
-        timestamp_key=load_private_key(timestamp_key) if timestamp_key else None))
+        timestamp_key=load_private_key(timestamp_key) if timestamp_key else None, devices=devices))
     click.echo(f"edgesdk server: broker {broker}, admin API {running.url}"
                + (f", console {running.url}/ui/" if console else "")
                + (f", inference {running.inference_url}/v2" if running.inference_url else "")
@@ -224,15 +238,10 @@ def inference(repo: str, listen: str, inference_config: str | None, grpc_listen:
 def mosquitto_config(devices_file: str, out_dir: str, port: int, bind: str, certfile: str | None,
                      keyfile: str | None) -> None:
     """Write a password file, an ACL and a mosquitto.conf so each device sees only its own topics."""
+    from edgesdk.cli.devices import read_devices_file
     from edgesdk.ota_server.mosquitto import write_mosquitto_config
 
-    devices = {}
-    for number, line in enumerate(Path(devices_file).read_text().splitlines(), 1):
-        if line.strip() and not line.lstrip().startswith("#"):
-            parts = line.split()
-            if len(parts) != 2:
-                raise click.BadParameter(f"{devices_file}:{number}: expected 'DEVICE_ID GROUP', got {line!r}")
-            devices[parts[0]] = parts[1]
+    devices = read_devices_file(devices_file)
     config = write_mosquitto_config(out_dir, devices, port=port, bind=bind, certfile=certfile, keyfile=keyfile)
     click.echo(f"wrote {config.conf}, {config.password_file}, {config.acl_file} and {len(devices)} device credentials "
                f"in {config.conf.parent / 'credentials'}")

@@ -21,18 +21,22 @@ from tests.ota.conftest import wait_for
 N_AGENTS = 20
 
 
-@pytest.fixture
-def server_process(tmp_path, broker, keys):
+def start_server_process(tmp_path: Path, broker, keys, *options: str) -> tuple[str, subprocess.Popen]:
+    """`edgesdk server` in its own process (admin token ``s3cret``, extra ``options``), once its admin API answers:
+    its URL and process."""
     port = free_port()
     with open(tmp_path / "server.log", "ab") as log:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "edgesdk"), "server", "--broker", broker.url, "--repo",
              str(tmp_path / "repo"), "--db", str(tmp_path / "fleet.db"), "--key", str(keys["dir"] / "server.key"),
-             "--bundle-key", str(keys["dir"] / "converter.pub"), "--http", f"127.0.0.1:{port}", "--token", "s3cret"],
+             "--bundle-key", str(keys["dir"] / "converter.pub"), "--http", f"127.0.0.1:{port}", "--token", "s3cret",
+             *options],
             stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"edgesdk server exited {process.returncode}: {(tmp_path / 'server.log').read_text()}")
         try:
             urllib.request.urlopen(f"{url}/api/devices", timeout=1)
         except urllib.error.HTTPError as exc:
@@ -42,6 +46,12 @@ def server_process(tmp_path, broker, keys):
         return False
 
     wait_for(up, timeout=30, what="edgesdk server")
+    return url, process
+
+
+@pytest.fixture
+def server_process(tmp_path, broker, keys):
+    url, process = start_server_process(tmp_path, broker, keys)
     yield url
     process.terminate()
     process.wait(timeout=20)
@@ -139,6 +149,12 @@ def test_mosquitto_config_command_writes_passwords_acl_and_credentials(tmp_path)
     bad = CliRunner().invoke(cli, ["server", "mosquitto-config", "--devices", str(tmp_path / "acl.txt"),
                                    "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0
+    # The devices file is read as `devices provision --file` and `server --devices` read it: one parser.
+    (tmp_path / "twice.txt").write_text("cam-a cams  # bench\ncam-a lobby\n")
+    twice = CliRunner().invoke(cli, ["server", "mosquitto-config", "--devices", str(tmp_path / "twice.txt"),
+                                     "--out", str(tmp_path / "y")])
+    assert twice.exit_code == 2 and "twice.txt:2: device cam-a is in group cams" in twice.output, twice.output
+    assert not (tmp_path / "y").exists()
 
 
 def test_versions_are_immutable_and_what_a_group_runs_is_not_pushed_again(server_process, broker, make_agent,
@@ -188,3 +204,153 @@ def test_tables_json_words_iso_times_and_follow(server_process, broker, make_age
     assert "stage 1 of 1" in result.stderr and "committed 1" in result.stderr
     listing = _cli("rollout", "status", *auth).splitlines()
     assert listing[0].split()[:5] == ["rollout", "model", "version", "group", "state"]
+
+
+def _rollout_id(stderr: str) -> str:
+    return re.search(r"started rollout (\S+)", stderr).group(1)
+
+
+def test_a_push_completes_without_an_offline_device_which_converges_when_it_returns(server_process, broker, make_agent,
+                                                                                     bundles):
+    from edgesdk.errors import RolloutTimeoutError
+
+    auth = ["--server", server_process, "--token", "s3cret"]
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+    wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
+    agents[1].stop()  # asleep, out of coverage: it misses the push
+    wait_for(lambda: json.loads(_cli("devices", "--status", "offline", "--json", *auth))["total"] == 1,
+             what="cam1 offline")
+    once = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%",
+                                    "--health-window", "0s", "--max-late-failure-rate", "10%", "--wait", "60", *auth])
+    assert once.exit_code == 0, once.output  # every reachable device updated: done, the offline one deferred
+    assert "completed" in once.stdout and "devices: committed 1, deferred 1" in once.stdout
+    assert "deferred: 1 (offline when their stage went out; each gets 1.0.0 when it reports again)" in once.stdout
+    assert "1 deferred (offline) get 1.0.0 when they report" in once.stderr
+    first = json.loads(_cli("rollout", "status", _rollout_id(once.stderr), "--json", *auth))
+    assert first["deferred"] == 1 and first["policy"]["max_late_failure_rate"] == 0.1 and first["flagged"] is None
+    (cams,) = json.loads(_cli("groups", "--json", *auth))
+    assert (cams["group"], cams["version"], cams["devices"], cams["converged"], cams["behind_offline"]) == (
+        "cams", "1.0.0", 2, 1, 1) and cams["rollout_id"] == first["id"] and cams["running"] is None
+    table = _cli("groups", *auth).splitlines()
+    assert table[0].split()[:4] == ["group", "release", "devices", "converged"]
+    assert table[1].split()[:7] == ["cams", "digits", "1.0.0", "2", "1", "0", "1"]
+
+    # Waiting for the deferred device too: it stays away, so the wait runs out (the "still running" exit code).
+    waited = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "100%",
+                                      "--health-window", "0s", "--wait", "60", "--wait-deferred", "2s", "--json",
+                                      *auth])
+    assert waited.exit_code == RolloutTimeoutError.exit_code, waited.output
+    assert json.loads(waited.stdout)["state"] == "completed" and json.loads(waited.stdout)["deferred"] == 1
+    assert "1 deferred (offline) have not updated yet" in waited.stderr
+    second = _rollout_id(waited.stderr)
+
+    make_agent("cam1", broker.url)  # back, on 1.0.0 or nothing: the group's release reaches it late
+    followed = CliRunner().invoke(cli, ["rollout", "status", "--group", "cams", "--follow", "--wait-deferred", "60s",
+                                        "--json", *auth])
+    assert followed.exit_code == 0, followed.output
+    final = json.loads(followed.stdout)
+    assert final["id"] == second and final["deferred"] == 0 and final["late"] == {"committed": 1}
+    assert [t["late"] for t in final["targets"] if t["device_id"] == "cam1"] == [True]
+    assert "late: committed 1" in _cli("rollout", "status", second, *auth)
+    assert "committed (late)" in _cli("rollout", "status", second, *auth)
+    (cams,) = json.loads(_cli("groups", "--json", *auth))
+    assert (cams["version"], cams["converged"], cams["behind_online"], cams["behind_offline"]) == ("2.0.0", 2, 0, 0)
+    assert [r["id"] for r in json.loads(_cli("rollout", "status", "--group", "cams", "--json", *auth))] == [
+        first["id"], second]
+    assert "no rollouts yet in group lobby" in _cli("rollout", "status", "--group", "lobby", *auth)
+
+
+def test_devices_are_provisioned_from_the_command_line_and_the_api_checks_what_it_is_given(server_process, tmp_path):
+    from edgesdk.errors import TransferError
+
+    auth = ["--server", server_process, "--token", "s3cret"]
+    devices = tmp_path / "devices.txt"
+    devices.write_text("# id group\ncam-a cams\n\ncam-b lobby   # the door camera\n")
+    assert _cli("devices", "provision", "--file", str(devices), *auth).strip() == "provisioned 2 devices"
+    moved = CliRunner().invoke(cli, ["devices", "provision", "cam-b", "cams", *auth])
+    assert moved.exit_code == 0 and "provisioned 1 device; moved to another group: cam-b -> cams" in moved.stdout
+    assert "restart each moved device's agent with its new --group" in moved.stderr
+    listing = json.loads(_cli("devices", "provisioned", "--json", *auth))
+    assert [(p["device_id"], p["group"], p["source"]) for p in listing] == [("cam-a", "cams", "devices file"),
+                                                                             ("cam-b", "cams", "admin api")]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", p["updated"]) for p in listing)
+    assert "no device is provisioned in group lobby yet" in _cli("devices", "provisioned", "--group", "lobby", *auth)
+    assert _cli("devices", "provisioned", "--group", "cams", *auth).splitlines()[1].split()[:3] == [
+        "cam-a", "cams", "devices"]
+    again = json.loads(_cli("devices", "provision", "--file", str(devices), "--json", *auth))
+    assert again == {"provisioned": 2, "moved": ["cam-b"]}, "the file puts cam-b back in lobby"
+
+    # Refused before any request: a line that is not 'DEVICE_ID GROUP', a device in two groups, an unsafe id.
+    for text, says in (("cam-a\n", "devices.txt:1: expected 'DEVICE_ID GROUP'"),
+                       ("cam-a cams\ncam-a lobby\n", "devices.txt:2: device cam-a is in group cams"),
+                       ("cam/a cams\n", "devices.txt:1: device id 'cam/a' must be")):
+        devices.write_text(text)
+        bad = CliRunner().invoke(cli, ["devices", "provision", "--file", str(devices), *auth])
+        assert bad.exit_code == 2 and says in bad.output, bad.output
+    refused = CliRunner().invoke(cli, ["devices", "provision", "cam.c", "no/such", *auth])
+    assert refused.exit_code == TransferError.exit_code and "400" in refused.output and "group 'no/such'" in refused.output
+    assert CliRunner().invoke(cli, ["devices", "provision", "cam-a", *auth]).exit_code == 2
+
+    def call(method: str, path: str, body: object = None, token: str = "s3cret") -> tuple[int, object]:
+        request = urllib.request.Request(f"{server_process}{path}", method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    assert call("PUT", "/api/devices/cam-a/group", {"group": "lobby"}) == (200, {"moved": ["cam-a"], "provisioned": 1})
+    assert call("GET", "/api/provisioning?group=lobby")[1][0]["device_id"] == "cam-a"
+    assert call("POST", "/api/provisioning", {"devices": {"cam-z": "yard"}, "source": "inventory sync"}) == (
+        200, {"moved": [], "provisioned": 1})
+    assert call("GET", "/api/provisioning?group=yard")[1][0]["source"] == "inventory sync"
+    for body in ({"devices": {}}, {"devices": ["cam-a"]}, {"devices": {"cam-a": 3}}, {"devices": {"cam-a": "x"},
+                                                                                      "source": ""}, [1]):
+        status, answer = call("POST", "/api/provisioning", body)
+        assert status == 400 and answer["type"] == "EdgeSDKError", (body, answer)
+    assert call("PUT", "/api/devices/cam-a/group", {"grp": "lobby"})[0] == 400
+    assert call("PUT", "/api/devices/a..b/group", {"group": "lobby"}) == (400, {
+        "error": "device id 'a..b' must be 1-64 of letters, digits, '.', '_', '-'", "type": "TransferError"})
+    assert call("GET", "/api/groups", token="wrong")[0] == 401
+    assert call("POST", "/api/provisioning", {"devices": {"cam-y": "yard"}}, token="wrong")[0] == 401
+    assert call("GET", "/api/provisioning?group=yard")[1][0]["device_id"] == "cam-z", "a refused request wrote nothing"
+
+
+def test_edgesdk_server_provisions_a_devices_file_and_can_refuse_the_unprovisioned(tmp_path, broker, keys,
+                                                                                   make_agent):
+    (tmp_path / "devices.txt").write_text("cam0 cams\n")
+    url, process = start_server_process(tmp_path, broker, keys, "--devices", str(tmp_path / "devices.txt"),
+                                        "--require-provisioning", "--max-catch-up", "7")
+    try:
+        auth = ["--server", url, "--token", "s3cret"]
+        assert [(p["device_id"], p["group"], p["source"]) for p in json.loads(
+            _cli("devices", "provisioned", "--json", *auth))] == [("cam0", "cams", "devices file")]
+        make_agent("stranger", broker.url)  # nobody provisioned it: its reports are refused
+        make_agent("cam0", broker.url)
+        wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 1, what="cam0 registered")
+        request = urllib.request.Request(f"{url}/metrics", headers={"Authorization": "Bearer s3cret"})
+        def refused() -> float:
+            metrics = urllib.request.urlopen(request, timeout=10).read().decode()
+            assert "edgesdk_ota_catch_up_limit 7.0" in metrics
+            return float(re.search(r'edgesdk_ota_states_refused_group_total\{reason="unprovisioned"\} (\S+)',
+                                   metrics).group(1))
+
+        wait_for(lambda: refused() >= 1, what="the stranger's refusal")
+        assert [d["id"] for d in json.loads(_cli("devices", "--json", *auth))["devices"]] == ["cam0"]
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    assert "provisioned 1 devices from the devices file" in (tmp_path / "server.log").read_text()
+
+
+def test_wait_and_follow_options_are_checked_before_any_request(bundles):
+    nowhere = ["--server", "http://127.0.0.1:9", "--token", "t"]  # answers nothing: a request would exit 1
+    for args, says in ((["rollout", "status", "--follow"], "--follow needs a rollout ID (or --group GROUP"),
+                       (["rollout", "status", "--wait-deferred", "1m"], "--wait-deferred goes with --follow"),
+                       (["rollout", "status", "r1", "--group", "cams"], "a ROLLOUT_ID or --group, not both"),
+                       (["push", str(bundles["1.0.0"]), "--group", "cams", "--wait-deferred", "0s"],
+                        "'0s' must be a positive duration")):
+        out = CliRunner().invoke(cli, [*args, *nowhere])
+        assert out.exit_code == 2 and says in out.output, (args, out.output)
