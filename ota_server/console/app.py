@@ -5,6 +5,7 @@ Server-rendered Jinja2 pages, a stylesheet and one small script (the live rollou
 
     GET  /ui/login, POST /ui/login, POST /ui/logout     the admin token in, a session cookie out
     GET  /ui/                                          fleet: groups, counts, a page of devices
+    GET  /ui/groups                                    each group's release, devices converged and behind, flagged
     GET  /ui/devices/{id}                              one device
     GET  /ui/rollouts, /ui/rollouts/{id}               rollouts; one rollout's stages, failures, versions
     GET  /ui/rollouts/{id}/live                        server-sent events: the rollout's progress as it changes
@@ -123,6 +124,9 @@ def create_console(server: OTAServer, token: str) -> Any:
         data = await run_in_threadpool(views.fleet, server, q.get("group"), q.get("status"), q.get("after"))
         return render("fleet.html", csrf=request.state.csrf, **data)
 
+    async def groups(request: Request) -> Response:
+        return render("groups.html", csrf=request.state.csrf, groups=await run_in_threadpool(views.groups, server))
+
     async def device(request: Request) -> Response:
         data = await run_in_threadpool(views.device, server, request.path_params["id"])
         if data is None:
@@ -183,6 +187,7 @@ def create_console(server: OTAServer, token: str) -> Any:
         Route("/login", login, methods=["POST"]),
         Route("/logout", page(logout), methods=["POST"]),
         Route("/", page(fleet), methods=["GET"]),
+        Route("/groups", page(groups), methods=["GET"]),
         Route("/devices/{id}", page(device), methods=["GET"]),
         Route("/rollouts", page(rollouts), methods=["GET"]),
         Route("/rollouts/{id}", page(rollout), methods=["GET"]),

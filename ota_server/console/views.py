@@ -14,7 +14,7 @@ from typing import Any
 from edgesdk.fleet.records import TargetStatus
 from edgesdk.ota_server.server import OTAServer
 
-__all__ = ["STALE_AFTER_S", "PAGE", "fleet", "device", "rollouts", "rollout", "progress", "repository",
+__all__ = ["STALE_AFTER_S", "PAGE", "fleet", "groups", "device", "rollouts", "rollout", "progress", "repository",
            "VersionFigures"]
 
 #: A device silent for longer than this is shown as stale (its agent reports state every 30 s by default).
@@ -50,6 +50,17 @@ def fleet(server: OTAServer, group: str | None, status: str | None, after: str |
     return {"groups": groups, "devices": devices, "next": found[-1].id if more and found else None,
             "total": server.db.device_total(group or None, status or None), "group": group or "",
             "status": status or "", "statuses": ("online", "offline")}
+
+
+def groups(server: OTAServer) -> list[dict[str, Any]]:
+    """Each group's release (desired state), how many of its devices run it and how many are behind, online or
+    offline, the rollout running now and why the release is flagged."""
+    out = []
+    for g in server.groups_status():
+        entry = g.to_json()
+        entry["converged_share"] = g.converged / g.devices if g.devices else None
+        out.append(entry)
+    return out
 
 
 def device(server: OTAServer, device_id: str, now: float | None = None) -> dict[str, Any] | None:
@@ -95,7 +106,9 @@ def progress(server: OTAServer, rollout_id: str) -> dict[str, Any]:
         stages.append({"index": index, "name": "canary" if index == 0 else f"stage {index}", "size": size,
                        "by_status": by_status, "done": done, "sent": index <= record.stage})
     return {"id": record.id, "state": record.state.value, "stage": record.stage, "reason": record.reason,
-            "stages": stages, "counts": {s.value: n for s, n in record.counts.items()}}
+            "stages": stages, "counts": {s.value: n for s, n in record.counts.items()}, "deferred": record.deferred,
+            "late": {s.value: n for s in TargetStatus if (n := record.late_counts.get(s, 0))},
+            "flagged": record.flagged}
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import statistics
@@ -10,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.records import RolloutPolicy, TargetStatus
 from edgesdk.ota_server.console.session import COOKIE, Sessions
 from edgesdk.ota_server.store.fleet_db import DeviceState
 from tests.ota.conftest import wait_for
@@ -115,6 +116,59 @@ def test_a_rollout_page_compares_latency_and_offload_share_per_version_on_its_de
     assert rows["2.0.0"] == ["1", "1", f"{round(new_p99, 2)}", "25%"]
 
 
+def _row(html: str, marker: str) -> list[str]:
+    """The text of each cell of the table row that carries ``marker`` (tags dropped, spaces squeezed)."""
+    row = re.search(rf"<tr {re.escape(marker)}.*?</tr>", html, flags=re.S).group(0)
+    return [" ".join(re.sub(r"<[^>]+>", " ", cell).split()) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+
+
+def _live_progress(running, client: ConsoleClient, rollout: str) -> dict:
+    request = urllib.request.Request(f"{running.url}/ui/rollouts/{rollout}/live",
+                                     headers={"Cookie": f"{COOKIE}={client.cookie(COOKIE).value}"})
+    with urllib.request.urlopen(request, timeout=30) as stream:
+        for raw in stream:
+            if raw.startswith(b"data: "):
+                return json.loads(raw[len(b"data: "):])
+    raise AssertionError("the stream ended")
+
+
+def test_the_groups_view_and_a_rollout_page_show_deferred_late_and_flagged_releases(console_fleet, make_agent, broker):
+    running, agents = console_fleet
+    server = running.ota
+    client = logged_in(running)
+    groups = client.get("/ui/groups")
+    assert groups.status == 200 and 'href="/ui/groups"' in groups.html
+    # group, release, devices, converged, behind online, behind offline, running now, since
+    assert _row(groups.html, 'data-group="cams"')[:7] == ["cams", "digits 1.0.0", "3", "3", "0", "0", ""]
+    assert _row(groups.html, 'data-group="lobby"')[:4] == ["lobby", "digits 1.0.0", "1", "1"]
+    assert "flagged" not in groups.html.split("<h1>")[1].split("<table")[0]
+
+    agents[2].stop()  # cam2 is away for the push: deferred, not failed
+    wait_for(lambda: server.db.device("cam2").status == "offline", what="cam2 offline")
+    push = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
+    wait_for(lambda: server.status(push, targets=False).state == "completed", timeout=60, what="the push")
+    groups = client.get("/ui/groups")
+    assert _row(groups.html, 'data-group="cams"')[:6] == ["cams", "digits 2.0.0", "3", "2", "0", "1"]
+    page = client.get(f"/ui/rollouts/{push}")
+    assert re.search(r'<dd id="deferred"[^>]*>1</dd>', page.html) and '<dd id="late">none</dd>' in page.html
+    assert re.search(r'id="flagged" hidden', page.html), "no banner for a release nobody flagged"
+    live = _live_progress(running, client, push)
+    assert live["deferred"] == 1 and live["late"] == {} and live["flagged"] is None
+
+    make_agent("cam2", broker.url)  # back: it gets the release late
+    wait_for(lambda: server.status(push, targets=False).late_counts.get(TargetStatus.COMMITTED) == 1, timeout=60,
+             what="cam2's late commit")
+    reason = "3 of 4 late installs failed (> 20%); each device rolled back on its own"
+    assert server.db.flag_release(push, reason)  # as the reconciler flags a release
+    page = client.get(f"/ui/rollouts/{push}")
+    assert re.search(r'<dd id="deferred"[^>]*>0</dd>', page.html) and "committed 1" in page.html.split('id="late"')[1]
+    assert not re.search(r'id="flagged" hidden', page.html) and html.escape(reason) in page.html
+    assert _live_progress(running, client, push)["flagged"] == reason
+    groups = client.get("/ui/groups")
+    assert _row(groups.html, 'data-group="cams"')[:6] == ["cams", "digits 2.0.0 flagged", "3", "3", "0", "0"]
+    assert "cams: release digits 2.0.0 flagged." in groups.html and html.escape(reason) in groups.html
+
+
 def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(console_fleet):
     running, _ = console_fleet
     server = running.ota
@@ -207,6 +261,7 @@ def test_edgesdk_server_with_ui_serves_the_console_from_the_command_line(tmp_pat
 
         wait_for(answering, timeout=30, what="the console of `edgesdk server --ui`")
         assert client.login(TOKEN).url.endswith("/ui/") and "No device has reported yet" in client.get("/ui/").html
+        assert "No group yet" in client.get("/ui/groups").html
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)

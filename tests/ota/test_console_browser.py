@@ -122,6 +122,8 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
              timeout=10, what="stage 1 shown as sent")
     print(f"stage change shown {time.monotonic() - promoted:.2f} s after the promote command returned")
     assert browser.execute_script("return window.notReloaded === true;"), "the page reloaded"
+    wait_for(lambda: "updated" in text_of(browser, "#live-note"), timeout=10, what="the live view's render to finish")
+    assert text_of(browser, "#deferred") == "0" and text_of(browser, "#late") == "none"
     accessible(browser, "rollout")
     shots("rollout-live")
 
@@ -149,12 +151,17 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     browser.get(f"{base}/ui/repository")
     accessible(browser, "repository")
     shots("repository")
+    browser.find_element(By.LINK_TEXT, "Groups").click()
+    wait_for(lambda: "Groups" in text_of(browser, "h1"), timeout=10, what="the groups page")
+    assert "digits 1.0.0" in text_of(browser, "tr[data-group='lobby']")
+    accessible(browser, "groups")
+    shots("groups")
 
     # At 375 px wide no page scrolls sideways.
     browser.set_window_size(375, 800)
-    for page in ("/ui/", "/ui/devices/cam1", f"/ui/rollouts/{rollout}", "/ui/rollouts", "/ui/repository"):
+    for page in ("/ui/", "/ui/devices/cam1", f"/ui/rollouts/{rollout}", "/ui/rollouts", "/ui/repository", "/ui/groups"):
         browser.get(base + page)
         assert browser.execute_script(OVERFLOW) <= 0, f"{page} is wider than 375 px"
     browser.get(f"{base}/ui/")
     shots("fleet-375px")
-    assert len(shots.taken) == 8
+    assert len(shots.taken) == 9

@@ -45,6 +45,17 @@
       [name, size, done, statuses].forEach(function (cell) { row.appendChild(cell); });
       body.appendChild(row);
     });
+    document.getElementById("deferred").textContent = progress.deferred;
+    var late = document.getElementById("late");
+    late.textContent = "";
+    Object.keys(progress.late).forEach(function (key) {
+      late.appendChild(pill(key + " " + progress.late[key], key));
+      late.appendChild(document.createTextNode(" "));
+    });
+    if (!late.firstChild) { late.textContent = "none"; }
+    var flagged = document.getElementById("flagged");
+    flagged.hidden = !progress.flagged;
+    document.getElementById("flagged-reason").textContent = progress.flagged || "";
     note.textContent = "Live: updated " + new Date().toLocaleTimeString() + ".";
   }
 
