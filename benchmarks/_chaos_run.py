@@ -3,42 +3,46 @@ rollouts, and faults on a seeded schedule; the history it records goes to the ch
 
 The rollouts, in order: 2.0.0 (good), 3.0.0 (every device fails its health check: the canary
 aborts it), 4.0.0 (good), a signed rollback of the group to 2.0.0, 5.0.0 aborted by the operator
-once its second stage is out, and 6.0.0 (good).
+once its second stage is out, and 6.0.0 (good). The run records each step, and how its rollout
+ended, by its own clock: the checker derives the group's release from that.
 
-The faults (:data:`FAULT_KINDS`), drawn by ``random.Random(seed)`` with their times and targets:
-kill -9 of a replica (restarted a moment later under the same name), a broker restart, a
-PostgreSQL restart, a share of the devices cut off, crashing mid-install, receiving corrupted
-chunks or handling commands late, and a replica restarted with its wall clock set wrong
-(benchmarks/_planted_server.py --skew).
-The schedule is a function of the seed alone: the same seed injects the same faults at the same
-offsets into the same devices.
+The faults (benchmarks/_chaos_faults.py, :data:`FAULT_KINDS`), drawn by ``random.Random(seed)``
+with their times, steps and targets: replica kills (of the lease holder of a running rollout), a
+broker restart, a PostgreSQL restart, devices cut off, crashing mid-install, receiving corrupted
+chunks, handling commands late, sleeping on a duty cycle, offline at a push, provisioned during
+the run, or naming another group, and a replica restarted with its wall clock set wrong
+(benchmarks/_planted_server.py --skew). The schedule is a function of the seed alone.
+
+After the last step the run waits until every device has been online ``converge_s`` seconds since
+it last came back (or the fleet has converged), then stops the fleets and hands the history over.
 """
 
 from __future__ import annotations
 
-import random
+import signal
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._chaos_checker import History, Violation, check, minimal_history
+from benchmarks._chaos_checker import History, Violation, check, fault_effects, minimal_history, releases
+from benchmarks._chaos_faults import FAULT_KINDS, RECONNECT_S, Injector, schedule
 from benchmarks._common import log
 from benchmarks._fleet_servers import ServerProcess
 from benchmarks.fleet_sim import SimulatedFleet
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import pack_bundle
-from edgesdk.fleet.records import RolloutPolicy, RolloutState
+from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.ota_server.broker import LocalMosquitto
 from edgesdk.ota_server.postgres import LocalPostgres
 from edgesdk.ota_server.store.fleet_db import FleetDB
 from edgesdk.runtime.signing import generate_keypair
 
-__all__ = ["ChaosConfig", "ChaosResult", "FAULT_KINDS", "run_chaos", "schedule"]
+__all__ = ["ChaosConfig", "ChaosResult", "FAULT_KINDS", "Replicas", "run_chaos", "schedule"]
 
-FAULT_KINDS = ("kill_replica", "broker_restart", "pg_restart", "partition", "crash", "corrupt", "slow", "clock_skew")
 MODEL, GROUP, INITIAL = "chaos", "chaos", "1.0.0"
 BAD_VERSION = "3.0.0"
 #: (what, version): ``deploy`` a version, ``rollback`` the group to one, ``abort`` one once its second stage is out.
@@ -61,14 +65,25 @@ class ChaosConfig:
     devices: int = 1000
     seed: int = 1
     faults: int = 24
-    #: The faults fall within this many seconds of the first rollout's start.
+    #: The timed faults fall within this many seconds of the first rollout's start.
     horizon_s: float = 60.0
     lease_s: float = 3.0
     processes: int = 2
     #: A bug planted in both replicas (benchmarks/_planted_server.py), or None.
     plant: str | None = None
-    #: After the last rollout: how long to wait for the server's view to settle on the devices'.
+    #: After the last rollout: how long to wait, beyond the convergence time, for the server's view to settle.
     settle_s: float = 60.0
+    #: A device online this long after the group's release changed must run it (the checker's ``convergence``).
+    converge_s: float = 30.0
+    #: Devices a ``join`` fault provisions into the group during the run (0: a tenth of ``devices``).
+    join_devices: int = 0
+    #: The fault kinds to draw from (None: all of FAULT_KINDS).
+    kinds: tuple[str, ...] | None = None
+
+    @property
+    def join(self) -> int:
+        """How many devices a ``join`` fault provisions."""
+        return self.join_devices or max(5, self.devices // 10)
 
 
 @dataclass
@@ -82,54 +97,48 @@ class ChaosResult:
     rollouts: list[dict[str, Any]]
     violations: list[Violation]
     minimal: list[list[str]] = field(default_factory=list)
+    #: Whether each fault took effect (benchmarks/_chaos_checker.fault_effects).
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    #: Stage moves and rollout ends the servers' compare-and-set refused (a second driver's, or a stale one's).
+    refused_moves: int = 0
+    plant: str | None = None
+    #: Seconds of the run's phases: setup (servers, fleet, uploads), the steps, the wait for the fleet to settle.
+    phases: dict[str, float] = field(default_factory=dict)
     #: The whole history (not printed: look into it when a violation needs more than the minimal history).
     history: History | None = None
 
+    @property
+    def ineffective(self) -> list[dict[str, Any]]:
+        """The faults that were scheduled and had no effect."""
+        return [e for e in self.effects if not e["effective"]]
+
     def to_json(self) -> dict[str, Any]:
         """The run as the benchmark prints it (the first 20 violations, the minimal history of the first 5)."""
-        return {"seed": self.seed, "devices": self.devices, "wall_s": round(self.wall_s, 1),
-                "faults": len(self.faults), "fault_kinds": sorted({f["kind"] for f in self.faults}),
+        devices = len(self.history.final) if self.history is not None else self.devices
+        return {"seed": self.seed, "devices": self.devices, "devices_at_end": devices, "plant": self.plant,
+                "wall_s": round(self.wall_s, 1), "phases": self.phases, "faults": len(self.faults),
+                "fault_kinds": sorted({f["kind"] for f in self.faults}),
+                "faults_effective": sum(e["effective"] for e in self.effects),
+                "faults_ineffective": self.ineffective, "refused_moves": self.refused_moves,
                 "rollouts": self.rollouts, "checker_passed": not self.violations,
                 "violations": len(self.violations),
                 "violations_by_invariant": dict(Counter(v.invariant for v in self.violations)),
                 "first_violations": [str(v) for v in self.violations[:20]],
-                "minimal_history": self.minimal[:5], "schedule": self.faults}
+                "stages_sent_twice": sum("sent more than once" in v.detail for v in self.violations),
+                "minimal_history": self.minimal[:5], "effects": self.effects, "schedule": self.faults}
 
 
-def schedule(config: ChaosConfig, device_ids: list[str]) -> list[dict[str, Any]]:
-    """The seeded fault schedule: every kind once (when there are enough), the rest drawn; sorted by time."""
-    rng = random.Random(config.seed)
-    kinds = list(FAULT_KINDS[:config.faults]) + [rng.choice(FAULT_KINDS) for _ in range(config.faults - len(FAULT_KINDS))]
-    faults = []
-    for kind in kinds:
-        fault: dict[str, Any] = {"kind": kind, "at_s": round(rng.uniform(1.0, config.horizon_s), 2)}
-        if kind in ("kill_replica", "clock_skew"):
-            fault["replica"] = rng.randrange(2)
-            fault["down_s"] = round(rng.uniform(0.5, 2.0), 2)
-            if kind == "clock_skew":
-                fault["skew_s"] = round(rng.choice((-1, 1)) * rng.uniform(2, 5) * config.lease_s, 1)
-        elif kind in ("broker_restart", "pg_restart"):
-            fault["down_s"] = round(rng.uniform(0.5, 2.0), 2)
-        else:
-            share = rng.uniform(0.02, 0.06)
-            fault["ids"] = sorted(rng.sample(device_ids, max(1, int(share * len(device_ids)))))
-            fault["params"] = {"partition": lambda: {"seconds": round(rng.uniform(2, 8), 1)},
-                               "crash": lambda: {"seconds": round(rng.uniform(1, 4), 1)},
-                               "corrupt": lambda: {"chunks": rng.randint(1, 3)},
-                               "slow": lambda: {"seconds": round(rng.uniform(5, 15), 1),
-                                                "delay_s": round(rng.uniform(0.5, 2), 1)}}[kind]()
-        faults.append(fault)
-    return sorted(faults, key=lambda f: f["at_s"])
-
-
-class _Replicas:
+class Replicas:
     """The two server replicas: killed, restarted (the same name), and restarted with a skewed clock."""
 
     def __init__(self, work: Path, broker_url: str, db: str, lease_s: float, plant: str | None) -> None:
         self._args = (work, broker_url, db, work / "keys")
-        self._lease, self._lock, self._plant = f"{lease_s}s", threading.Lock(), plant
+        self._lease, self._plant = f"{lease_s}s", plant
+        #: One restart of a replica at a time (a timed kill and a step's kill may fall together).
+        self._locks = [threading.Lock(), threading.Lock()]
         self._skew = [0.0, 0.0]
-        self.servers = [self._start(i) for i in range(2)]
+        with ThreadPoolExecutor(2) as pool:  # each start waits for its server to answer: side by side
+            self.servers = list(pool.map(self._start, range(2)))
 
     def _start(self, i: int) -> ServerProcess:
         import sys
@@ -140,7 +149,9 @@ class _Replicas:
         return ServerProcess(*self._args, f"chaos-r{i}", replica=True, lease=self._lease, program=program)
 
     def restart(self, i: int, down_s: float, kill: bool = True, skew_s: float | None = None) -> None:
-        with self._lock:
+        """Kill replica ``i`` (unless ``kill`` is False), and start it again after ``down_s`` (with its clock
+        ``skew_s`` off from then on, if given)."""
+        with self._locks[i]:
             if kill:
                 self.servers[i].kill()
             time.sleep(down_s)
@@ -149,16 +160,37 @@ class _Replicas:
             self.servers[i] = self._start(i)
 
     def client(self) -> Any:
-        """The admin API of a replica that is up."""
-        with self._lock:
-            for server in self.servers:
-                if server.process.poll() is None:
-                    return server.client
+        """The admin API of a replica that is up (the other one's, while one restarts)."""
+        for server in list(self.servers):
+            if server.process.poll() is None:
+                return server.client
         raise EdgeSDKError("no replica is up")
 
     def stop(self) -> None:
+        """Stop both replicas."""
         for server in self.servers:
             server.stop()
+
+    def counter(self, name: str) -> float:
+        """A Prometheus counter summed over the replicas that are up (each counts since its last start)."""
+        total = 0.0
+        for server in self.servers:
+            try:
+                total += sum(v for k, v in server.counters().items() if k.split("{")[0] == name)
+            except OSError:
+                pass
+        return total
+
+    def refused_moves(self) -> int:
+        """Stage moves and rollout ends the compare-and-set refused, over both replicas' whole logs."""
+        found = 0
+        for server in self.servers:
+            try:
+                text = server.log_path.read_text(errors="replace")
+            except OSError:
+                continue
+            found += text.count("lease lapsed or the rollout moved on") + text.count("another server moved it on")
+        return found
 
 
 class _Recorder(threading.Thread):
@@ -209,62 +241,94 @@ def _bundles(work: Path) -> dict[str, bytes]:
 
 def run_chaos(config: ChaosConfig, work: Path) -> ChaosResult:
     """Run the sequence under the seed's faults in ``work``; the history checked."""
+    started = time.monotonic()
     generate_keypair(work / "keys", "server")
     generate_keypair(work / "keys", "converter")
-    archives = _bundles(work)
-    pg = LocalPostgres(work / "postgres", durable=True, settings={"max_connections": "100"})
-    broker = LocalMosquitto(work / "broker", max_open_files=config.devices + 4096)
-    db_url = pg.create_database("fleet")
-    replicas = _Replicas(work, broker.url, db_url, config.lease_s, config.plant)
+    broker = LocalMosquitto(work / "broker", max_open_files=config.devices + config.join + 4096)
+
+    def servers() -> tuple[LocalPostgres, str, Replicas]:
+        pg = LocalPostgres(work / "postgres", durable=True, settings={"max_connections": "100"})
+        db_url = pg.create_database("fleet")
+        return pg, db_url, Replicas(work, broker.url, db_url, config.lease_s, config.plant)
+
     fleet = SimulatedFleet(broker.url, work / "keys" / "server.pub", config.devices, group=GROUP, id_prefix="c",
                            processes=config.processes, model=MODEL, version=INITIAL, broadcast_wait_s=1.0,
                            retry_interval_s=1.0, bad_versions=(BAD_VERSION,))
-    history = History(initial_version=INITIAL)
-    faults = schedule(config, fleet.device_ids)
+    with ThreadPoolExecutor(1) as pool:  # the database and the servers start while the bundles build
+        up = pool.submit(servers)
+        try:
+            archives = _bundles(work)
+            fleet.start(timeout=120)
+            pg, db_url, replicas = up.result()
+        except BaseException:
+            fleet.stop()
+            broker.stop()
+            raise
+    fleet_args = {"broker_url": broker.url, "key": work / "keys" / "server.pub", "group": GROUP, "model": MODEL,
+                  "version": INITIAL, "broadcast_wait_s": 1.0, "retry_interval_s": 1.0,
+                  "bad_versions": (BAD_VERSION,), "sequence": SEQUENCE}
+    history = History(initial_version=INITIAL, converge_s=config.converge_s, group=GROUP)
+    faults = schedule(config, fleet.device_ids, SEQUENCE, BAD_VERSION)
     history.faults = faults
     db = FleetDB(db_url)
     recorder = _Recorder(db, history)
+    injector = Injector(config, faults, history, replicas, broker, pg, fleet, db, work, fleet_args)
     rollouts: list[dict[str, Any]] = []
-    started = time.monotonic()
+    refused, phases = 0, {}
     try:
-        fleet.start(timeout=120)
         _wait(lambda: replicas.client().device_page(GROUP, status="online", limit=1).total == config.devices, 120,
               "every device online")
         for version, archive in archives.items():
             if version != INITIAL:
                 replicas.client().upload(archive)
-        injector = threading.Thread(target=_inject, args=(faults, replicas, broker, pg, fleet), daemon=True,
-                                    name="chaos-faults")
+        history.began = time.time()
+        phases["setup_s"] = round(time.monotonic() - started, 1)
         recorder.start()
         injector.start()
-        for step in SEQUENCE:
-            rollouts.append(_run_step(step, replicas, history, rollouts, policy_for(config.devices)))
-        injector.join(config.horizon_s + 60)
-        _settle(db, fleet, config.settle_s)
+        history.actions = rollouts
+        for i, step in enumerate(SEQUENCE):
+            injector.before(i)
+            rollouts.append(_run_step(step, replicas, history, rollouts, policy_for(config.devices),
+                                      lambda rid, i=i: injector.pushed(i, rid)))
+            injector.ended(i)
+        injector.join(config.horizon_s + 120)
+        phases["steps_s"] = round(time.monotonic() - started - phases["setup_s"], 1)
+        _settle(db, [fleet, *injector.joined], history, config)
+        phases["settle_s"] = round(time.monotonic() - started - phases["setup_s"] - phases["steps_s"], 1)
         recorder.poll()
-        _collect(db, history, fleet)
+        refused = replicas.refused_moves()
+        for fault in faults:
+            if fault["kind"] == "claim_group":
+                fault["refused_states"] = replicas.counter("states_refused_group_total")
+        _collect(db, history, [fleet, *injector.joined])
     finally:
         recorder.done.set()
-        fleet.stop()
-        replicas.stop()
+        with ThreadPoolExecutor(4) as pool:  # each waits on processes to end
+            list(pool.map(lambda stop: stop(), [replicas.stop, *(sim.stop for sim in [fleet, *injector.joined])]))
         broker.stop()
         db.close()
+        if pg.process is not None:  # its data goes with the run: an immediate shutdown, not a checkpoint
+            pg.process.send_signal(signal.SIGQUIT)
+            pg.process.wait(timeout=30)
         pg.stop()
+    _crash_windows(history)
     violations = check(history)
     return ChaosResult(config.seed, config.devices, time.monotonic() - started, faults, rollouts, violations,
-                       [minimal_history(history, v) for v in violations[:5]], history)
+                       [minimal_history(history, v) for v in violations[:5]], fault_effects(history), refused,
+                       config.plant, phases, history)
 
 
-def _run_step(step: tuple[str, str], replicas: _Replicas, history: History, done: list[dict[str, Any]],
-              policy: RolloutPolicy) -> dict[str, Any]:
+def _run_step(step: tuple[str, str], replicas: Replicas, history: History, done: list[dict[str, Any]],
+              policy: RolloutPolicy, pushed: Any) -> dict[str, Any]:
     what, version = step
-    began = time.monotonic()
+    began, started_at = time.monotonic(), time.time()
     if what == "rollback":
         last = next((r["id"] for r in reversed(done) if r["state"] == "completed"), done[-1]["id"])
         rollout_id = _retry(lambda: replicas.client().act(last, "rollback", version))
     else:
         rollout_id = _retry(lambda: replicas.client().start_rollout(MODEL, version, GROUP, policy))
     history.started.append(rollout_id)
+    pushed(rollout_id)
     aborted = False
     while True:
         r = _retry(lambda: replicas.client().rollout(rollout_id, limit=0))
@@ -282,59 +346,68 @@ def _run_step(step: tuple[str, str], replicas: _Replicas, history: History, done
     log(f"  {what} {version}: {rollout_id} {r.state.value} in {time.monotonic() - began:.1f} s "
         f"{ {k.value: v for k, v in r.counts.items()} }")
     return {"id": rollout_id, "what": what, "version": version, "state": r.state.value,
-            "seconds": round(time.monotonic() - began, 1), "counts": {k.value: v for k, v in r.counts.items()}}
+            "seconds": round(time.monotonic() - began, 1), "counts": {k.value: v for k, v in r.counts.items()},
+            "started_at": started_at, "ended_at": time.time()}
 
 
-def _inject(faults: list[dict[str, Any]], replicas: _Replicas, broker: LocalMosquitto, pg: LocalPostgres,
-            fleet: SimulatedFleet) -> None:
-    start = time.monotonic()
-    for fault in faults:
-        time.sleep(max(0.0, start + fault["at_s"] - time.monotonic()))
-        kind = fault["kind"]
+def _settle(db: FleetDB, fleets: list[SimulatedFleet], history: History, config: ChaosConfig) -> None:
+    """Wait until every device has been back ``converge_s`` since the release changed and since its last offline
+    window (or every device runs the release already and no revert is out), and the server lists as many devices
+    online on each version as the devices say they run (the devices claiming another group aside: the server
+    refuses their reports)."""
+    since, release = releases(history)[-1]
+    ends = [end for windows in history.offline.values() for _, end in windows]
+    judge_at = max([since, *ends, *history.joined.values()]) + config.converge_s + 1.0
+    deadline = judge_at + config.settle_s
+    total, exempt = sum(len(f.device_ids) for f in fleets), len(history.claims)
+    while time.time() < deadline:
         try:
-            if kind == "kill_replica":
-                replicas.restart(fault["replica"], fault["down_s"])
-            elif kind == "clock_skew":
-                replicas.restart(fault["replica"], fault["down_s"], skew_s=fault["skew_s"])
-            elif kind == "broker_restart":
-                broker.restart(down_s=fault["down_s"])
-            elif kind == "pg_restart":
-                pg.restart(down_s=fault["down_s"])
-            else:
-                fault["reached"] = fleet.fault(kind, fault["ids"], **fault["params"])
-            fault["done_s"] = round(time.monotonic() - start, 2)
-        except Exception as exc:  # a fault that could not be applied is reported, and the run goes on
-            fault["error"] = f"{type(exc).__name__}: {exc}"
-        log(f"  fault at {fault['at_s']:.1f} s: {kind} {fault.get('error', '')}")
-
-
-def _settle(db: FleetDB, fleet: SimulatedFleet, timeout: float) -> None:
-    """Wait until the server lists as many devices online on each version as the devices say they run."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            listed = Counter(d.version for d in db.devices(GROUP, status="online"))
-            if listed == Counter({v: n for v, n in fleet.versions().items() if n}):
+            running: Counter[str] = Counter()
+            for fleet in fleets:
+                running.update({v: n for v, n in fleet.versions().items() if n})
+            listed = Counter(d.version for d in db.devices(GROUP, status="online") if d.id not in history.claims)
+            agree = sum(abs(listed[v] - running[v]) for v in set(listed) | set(running)) <= exempt
+            reverting = any(db.targets(rid, status=TargetStatus.REVERTING) for rid in history.started)
+            if agree and ((running[release] >= total - exempt and not reverting) or time.time() >= judge_at):
                 return
         except Exception:  # the database restarting
             pass
         time.sleep(1.0)
 
 
-def _collect(db: FleetDB, history: History, fleet: SimulatedFleet) -> None:
-    """The database's rollouts, events and devices, and the devices' own logs (the fleet stops here)."""
+def _collect(db: FleetDB, history: History, fleets: list[SimulatedFleet]) -> None:
+    """The database's rollouts, events and devices, and the devices' own logs (the fleets stop here)."""
     for rollout_id in history.started:
         r = _retry(lambda rid=rollout_id: db.rollout(rid))
         if r is not None:
             history.rollouts[rollout_id] = r
     history.events = [{"ts": e.ts, "type": e.type, "rollout_id": e.rollout_id, "device_id": e.device_id,
                        "payload": e.payload} for e in db.events()]
-    history.server_view = {d.id: (d.status, d.version) for d in db.devices(GROUP)}
-    report = fleet.stop()
-    history.install_log, history.final = report.install_log, report.final
+    devices = db.devices()
+    history.server_view = {d.id: (d.status, d.version) for d in devices}
+    history.server_groups = {d.id: d.group for d in devices}
+    history.ended = time.time()
+    counts: Counter[str] = Counter()
+    for fleet in fleets:
+        report = fleet.stop()
+        history.install_log.update(report.install_log)
+        history.final.update(report.final)
+        counts.update(report.counts)
+    history.sim_counts = dict(counts)
     for r in history.rollouts.values():  # targets never polled (a rollout that ended between polls)
         for t in r.targets:
             history.target_statuses.setdefault((r.id, t.device_id), [t.status.value])
+
+
+def _crash_windows(history: History) -> None:
+    """A crashed device was down from when its crash was armed until it finished the install on its restart."""
+    for fault in history.faults:
+        if fault["kind"] != "crash" or "applied_at" not in fault:
+            continue
+        for device in fault["ids"]:
+            after = [entry[0] for entry in history.install_log.get(device, ()) if entry[0] > fault["applied_at"]]
+            if after:
+                history.offline.setdefault(device, []).append((fault["applied_at"], after[0] + RECONNECT_S))
 
 
 def _retry(call: Any, attempts: int = 60) -> Any:
