@@ -72,6 +72,33 @@ def _other_device(tmp_path: Path) -> str:
     return _message(lambda: load_credentials(tmp_path / "cam02.json", "cam01")).replace(f"{tmp_path}/", "")
 
 
+def _refused_group(tmp_path: Path, provisioned: bool) -> str:
+    """What the server logs when cam01's report names group lobby and cam01 is in cams (or in no group at all,
+    under --require-provisioning)."""
+    import logging
+    import time
+
+    from edgesdk.ota_server.devices.provisioning import GroupGuard
+    from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
+
+    db = FleetDB(tmp_path / "fleet.db")
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("edgesdk.ota_server.server")
+    logger.addHandler(handler)
+    try:
+        if provisioned:
+            db.provision({"cam01": "cams"}, "devices file")
+        guard = GroupGuard(db, require_provisioning=not provisioned)
+        assert guard.admit([DeviceState("cam01", "lobby", "online", None, None, (), time.time())]) == []
+    finally:
+        logger.removeHandler(handler)
+        db.close()
+    (message,) = messages
+    return message
+
+
 def _fallback(model: Path) -> str:
     with Runtime(model, profile="raspberry-pi-5", accelerator="npu") as runtime:
         return runtime.info.fallbacks[-1]
@@ -87,6 +114,8 @@ CASES = {
     "broker-refused": lambda model, tmp: _broker_refused(tmp),
     "credentials-of-another-device": lambda model, tmp: _other_device(tmp),
     "no-delegate": lambda model, tmp: _fallback(model),
+    "wrong-group": lambda model, tmp: _refused_group(tmp, provisioned=True),
+    "unprovisioned": lambda model, tmp: _refused_group(tmp, provisioned=False),
     "unknown-accelerator": lambda model, tmp: _message(lambda: Runtime(model, profile="raspberry-pi-5",
                                                                        accelerator="hailo")),
 }
