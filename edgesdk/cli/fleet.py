@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from edgesdk.fleet.records import (
+    GroupRelease,
     RolloutPolicy,
     RolloutRecord,
     RolloutState,
@@ -95,9 +96,16 @@ def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
                    f"{r.targets[-1].device_id} (or --status STATUS, --json)")
 
 
-def _outcome(r: RolloutRecord, wait_deferred: float | None = None) -> None:
+def _superseded(client: AdminClient, r: RolloutRecord) -> GroupRelease | None:
+    """The group's release when a later rollout set it: ``r``'s deferred devices get that one instead (the server
+    no longer sends ``r``), so waiting for them on ``r`` is pointless. None while ``r`` is the release."""
+    return next((g for g in client.groups() if g.group == r.group and g.rollout_id not in (None, r.id)), None)
+
+
+def _outcome(r: RolloutRecord, wait_deferred: float | None = None, superseded: GroupRelease | None = None) -> None:
     """Raise unless the rollout completed with every reachable device updated (the exit code scripts rely on), and,
-    with ``wait_deferred`` (s), every deferred and late device too; say on stderr how many are still to come."""
+    with ``wait_deferred`` (s), every deferred and late device too, unless a later release ``superseded`` it; say on
+    stderr how many are still to come."""
     from edgesdk.errors import RolloutError, RolloutTimeoutError
 
     if r.state == RolloutState.RUNNING:
@@ -110,6 +118,11 @@ def _outcome(r: RolloutRecord, wait_deferred: float | None = None) -> None:
     if not deferred and not late:
         return
     still = f"{deferred} deferred (offline)" + (f" and {late} catching up (late)" if late else "")
+    if superseded is not None:
+        click.echo(f"rollout {r.id} completed and was superseded: group {r.group}'s release is {superseded.model} "
+                   f"{superseded.version} (rollout {superseded.rollout_id}); its {still} get that one instead "
+                   f"(`edgesdk groups`)", err=True)
+        return
     if wait_deferred is not None:
         raise RolloutTimeoutError(f"rollout {r.id} completed, but after {wait_deferred:g} s {still} have not "
                                   f"updated yet; they get {r.version} when they report: follow them with `edgesdk "
@@ -153,7 +166,7 @@ def _follow(client: AdminClient, rollout_id: str, timeout: float | None,
         elapsed = time.monotonic() - started
         if _settled(r):
             if wait_deferred is None or r.state != RolloutState.COMPLETED or not any(_catching_up(r)) \
-                    or elapsed >= wait_deferred:
+                    or elapsed >= wait_deferred or _superseded(client, r):
                 return client.rollout(rollout_id)
         elif timeout is not None and elapsed >= timeout:
             return client.rollout(rollout_id)
@@ -168,8 +181,9 @@ def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json
     _print_rollout(r, as_json)
     if aborted_on_purpose:
         _reverts_outcome(r)
-    else:
-        _outcome(r, wait_deferred)
+        return
+    waiting = r.state == RolloutState.COMPLETED and any(_catching_up(r))
+    _outcome(r, wait_deferred, _superseded(client, r) if waiting else None)
 
 
 def _seconds(text: str | None, option: str) -> float | None:

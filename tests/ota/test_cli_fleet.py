@@ -252,6 +252,13 @@ def test_a_push_completes_without_an_offline_device_which_converges_when_it_retu
     assert final["id"] == second and final["deferred"] == 0 and final["late"] == {"committed": 1}
     assert [t["late"] for t in final["targets"] if t["device_id"] == "cam1"] == [True]
     assert "late: committed 1" in _cli("rollout", "status", second, *auth)
+    # The first rollout's deferred target stays deferred (the second one's release reached cam1): waiting on it
+    # ends at once, saying so, instead of running out.
+    superseded = CliRunner().invoke(cli, ["rollout", "status", first["id"], "--follow", "--wait-deferred", "60s",
+                                          *auth])
+    assert superseded.exit_code == 0, superseded.output
+    assert f"group cams's release is digits 2.0.0 (rollout {second}); its 1 deferred (offline) get that one" in \
+        superseded.stderr
     assert "committed (late)" in _cli("rollout", "status", second, *auth)
     (cams,) = json.loads(_cli("groups", "--json", *auth))
     assert (cams["version"], cams["converged"], cams["behind_online"], cams["behind_offline"]) == ("2.0.0", 2, 0, 0)
