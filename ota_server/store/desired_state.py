@@ -40,8 +40,8 @@ class DesiredStateStore:
         return [release_record(r) for r in self.sql.rows("SELECT * FROM group_releases ORDER BY grp")]
 
     def group_releases(self) -> list[GroupRelease]:
-        """Every group that has devices, a release or a running rollout: its release and how far its devices are
-        from it (one query over the devices, one over the releases and running rollouts)."""
+        """Every group that has devices (reported or only provisioned), a release or a running rollout: its release
+        and how far its devices are from it; a provisioned device that never reported counts as offline."""
         rows = self.sql.rows(
             """SELECT d.grp AS grp, COUNT(*) AS n,
                       SUM(CASE WHEN d.model = g.model AND d.version = g.version THEN 1 ELSE 0 END) AS converged,
@@ -49,6 +49,11 @@ class DesiredStateStore:
                                WHEN d.status = 'online' THEN 1 ELSE 0 END) AS behind_online
                FROM devices d LEFT JOIN group_releases g ON g.grp = d.grp GROUP BY d.grp""")
         counts = {r["grp"]: (int(r["n"]), int(r["converged"] or 0), int(r["behind_online"] or 0)) for r in rows}
+        # Provisioned devices that never reported: in their group, offline, and (with a release) behind it.
+        for r in self.sql.rows("SELECT p.grp AS grp, COUNT(*) AS n FROM provisioned p WHERE NOT EXISTS "
+                               "(SELECT 1 FROM devices d WHERE d.id = p.device_id) GROUP BY p.grp"):
+            n, converged, behind_online = counts.get(r["grp"], (0, 0, 0))
+            counts[r["grp"]] = (n + int(r["n"]), converged, behind_online)
         releases = {r.group: r for r in self.releases()}
         running = {r["grp"]: r["id"] for r in self.sql.rows("SELECT id, grp FROM rollouts WHERE state = ?",
                                                             (RolloutState.RUNNING.value,))}

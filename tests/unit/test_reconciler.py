@@ -176,8 +176,11 @@ def test_late_failures_flag_the_release_and_never_revert_the_group(fleet):
     assert [e.type for e in db.events(rid)].count("release_flagged") == 1
     for i in range(7):
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "2.0.0", ["digits-1.0.0", "digits-2.0.0"])
-    (group,) = db.group_releases()
+    db.provision({"cam99": "cams", "gate0": "gates"}, "devices file")  # provisioned, never reported
+    group, gates = db.group_releases()
     assert group.flagged == r.flagged and group.converged == 7 and group.behind_online == 3
+    assert group.devices == 11 and group.behind_offline == 1, "the provisioned device that never reported is behind"
+    assert (gates.group, gates.devices, gates.version, gates.behind_offline) == ("gates", 1, None, 0)
 
 
 def test_an_abort_leaves_the_release_and_a_completed_rollback_sets_it_back(fleet):
