@@ -17,7 +17,8 @@ The invariants (the issue's list, made precise):
   joined) ends on the release, by its own account. A device offline when the last push started,
   or provisioned after it, is no exception: the server must bring it to the release.
 - ``lost``: no target times out: a device only times out while the server sees it online, and
-  every fault of the run passes, so a device that never answered was lost by the system.
+  every fault of the run passes, so a device that never answered was lost by the system (its
+  own log tells whether the command or its report was lost).
 - ``group``: a device that reports another group than its provisioned one stays in its own group
   on the server, and no rollout of another group targets it.
 - ``installed_twice``: no device commits one version twice by updates (a signed rollback back to
@@ -160,10 +161,15 @@ def _lost(h: History) -> list[Violation]:
     found = []
     for rollout_id in h.started:
         r = h.rollouts.get(rollout_id)
-        for t in r.targets if r is not None else ():
+        if r is None:
+            continue
+        for t in r.targets:
             if t.status == TargetStatus.TIMEOUT and t.device_id not in h.claims:
-                found.append(Violation("lost", t.device_id, f"never answered rollout {rollout_id} ({r.version}) "
-                                                            f"while online: its target timed out"))
+                done = [f"{outcome} at +{at - h.began:.1f} s" for at, deployment, _, outcome, _ in
+                        h.install_log.get(t.device_id, ()) if deployment == rollout_id]
+                found.append(Violation("lost", t.device_id, f"its target in rollout {rollout_id} ({r.version}) timed "
+                                                            "out while the server saw it online; its own log: "
+                                                            + (", ".join(done) or "nothing installed")))
     return found
 
 
@@ -386,7 +392,7 @@ def _effect(h: History, f: dict[str, Any]) -> dict[str, Any]:
         return {"effective": reached and bool(hit),
                 "evidence": f"{len(hit)} of {len(ids)} deferred or sent late by rollout {f.get('rollout_id')}"}
     if kind == "join":
-        return {"effective": f.get("joined", 0) == f.get("devices") > 0,
+        return {"effective": f.get("joined", 0) == f.get("devices", 0) > 0,
                 "evidence": f"{f.get('joined', 0)} of {f.get('devices')} new devices came online"}
     if kind == "claim_group":
         refused = f.get("refused_states", 0)

@@ -365,7 +365,7 @@ def _settle(db: FleetDB, fleets: list[SimulatedFleet], history: History, config:
             running: Counter[str] = Counter()
             for fleet in fleets:
                 running.update({v: n for v, n in fleet.versions().items() if n})
-            listed = Counter(d.version for d in db.devices(GROUP, status="online") if d.id not in history.claims)
+            listed = Counter(d.version or "" for d in db.devices(GROUP, status="online") if d.id not in history.claims)
             agree = sum(abs(listed[v] - running[v]) for v in set(listed) | set(running)) <= exempt
             reverting = any(db.targets(rid, status=TargetStatus.REVERTING) for rid in history.started)
             if agree and ((running[release] >= total - exempt and not reverting) or time.time() >= judge_at):

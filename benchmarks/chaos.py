@@ -17,12 +17,14 @@ compare-and-set); and ``ignore-lease``, which the compare-and-set makes harmless
 passes, and the replicas' logs count the moves it refused).
 
     python benchmarks/chaos.py [--quick] [--devices 1000] [--seeds 1 2 3] [--faults 24] [--plants BUG ...]
-                               [--plant BUG]
+                               [--plant BUG] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import shutil
 import sys
 import tempfile
@@ -39,14 +41,20 @@ from benchmarks._planted_server import BUGS  # noqa: E402
 PLANTS = ("no-reconcile", "no-fence", "ignore-lease")
 
 
-def _run(config: ChaosConfig) -> ChaosResult:
-    work = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
+def _run(config: ChaosConfig, keep: Path | None = None) -> ChaosResult:
+    name = f"seed-{config.seed}" + (f"-{config.plant}" if config.plant else "")
+    work = keep / name if keep is not None else Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
+    work.mkdir(parents=True, exist_ok=keep is None)
     log(f"chaos seed {config.seed}: {config.devices} devices, {config.faults} faults over {config.horizon_s:g} s"
         + (f", planted bug {config.plant}" if config.plant else ""))
     try:
         result = run_chaos(config, work)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    if keep is not None and result.history is not None:  # the servers' logs stay beside it
+        (work / "history.json").write_text(json.dumps(_plain(result.history), indent=1))
+        log(f"seed {config.seed}: the run's servers' logs and history.json are in {work}")
     if result.violations:
         log(f"seed {config.seed}: the checker found {len(result.violations)} violations "
             f"{result.to_json()['violations_by_invariant']}; rerun with --seeds {config.seed}")
@@ -57,6 +65,17 @@ def _run(config: ChaosConfig) -> ChaosResult:
     for effect in result.ineffective:
         log(f"seed {config.seed}: fault {effect['kind']} ({effect['when']}) had no effect: {effect['evidence']}")
     return result
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data (records as dicts, tuple keys joined with a slash)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {"/".join(k) if isinstance(k, tuple) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
 def _plant_goals(plants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,6 +111,8 @@ def main() -> None:
     parser.add_argument("--plants", choices=BUGS, nargs="*", default=None,
                         help=f"planted bugs to check after the seeds, on the first seed (default {' '.join(PLANTS)}; "
                              "none with --quick)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each run's directory (servers' logs) here, with its whole history as history.json")
     parser.add_argument("--plant", choices=BUGS, default=None,
                         help="run every seed with this bug planted (the checker must fail)")
     args = parser.parse_args()
@@ -103,8 +124,8 @@ def main() -> None:
     plants = args.plants if args.plants is not None else ([] if args.quick else list(PLANTS))
     base = ChaosConfig(devices=devices, faults=faults, horizon_s=horizon, converge_s=converge,
                        settle_s=30.0 if args.quick else 60.0, plant=args.plant)
-    runs = [_run(replace(base, seed=seed)).to_json() for seed in seeds]
-    planted = {bug: _run(replace(base, seed=seeds[0], plant=bug)).to_json() for bug in plants}
+    runs = [_run(replace(base, seed=seed), args.keep).to_json() for seed in seeds]
+    planted = {bug: _run(replace(base, seed=seeds[0], plant=bug), args.keep).to_json() for bug in plants}
     kinds = set().union(*(r["fault_kinds"] for r in runs))
     ineffective = sum(len(r["faults_ineffective"]) for r in runs)
     goals = [goal(f"chaos, {devices} devices, {faults} faults ({len(kinds)} kinds) over {len(SEQUENCE)} rollouts, "
