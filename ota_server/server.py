@@ -378,8 +378,8 @@ class OTAServer:
         return rollout_id
 
     def provision(self, devices: dict[str, str], source: str = "admin api") -> list[str]:
-        """Put devices in groups (device id -> group); the devices that moved, which are reconciled to their new
-        group's release once they report it (their agent must name the new group: ``--group``)."""
+        """Put devices in groups (device id -> group); the devices that moved. A moved device is queued for its new
+        group's release at once; its agent's reports are refused until they name the new group (``--group``)."""
         for device, group in devices.items():
             check_id(device, "device id")
             check_id(group, "group")
