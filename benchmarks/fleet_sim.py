@@ -122,6 +122,8 @@ class _WorkerHandle:
     def __init__(self, config: dict[str, Any], log_path: Path) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.log_path = log_path
+        #: The devices this worker runs.
+        self.ids = frozenset(config["ids"])
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.fleet_sim", "worker"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=REPO,
@@ -299,8 +301,11 @@ class SimulatedFleet:
         with self._lock:
             if not self._workers:
                 raise SimulationError("the simulated fleet is not running; call start() first")
-            for worker in self._workers:
-                worker.send({"cmd": kind, "ids": ids, **params})
+            for worker in self._workers:  # each its own devices only: a request is one line on its stdin
+                mine = [d for d in ids if d in worker.ids]
+                worker.send({"cmd": kind, "ids": mine, **{name: {d: value[d] for d in mine if d in value}
+                                                          if isinstance(value, dict) else value
+                                                          for name, value in params.items()}})
             return sum(worker.receive("fault", 30)["touched"] for worker in self._workers)
 
     def versions(self) -> dict[str, int]:

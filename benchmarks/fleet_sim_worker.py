@@ -442,7 +442,7 @@ class _Worker:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
+        reader = asyncio.StreamReader(limit=1 << 24)  # a fault may name thousands of devices in one line
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
         loop.call_later(float(self.config["max_runtime_s"]), self._expire)
         try:
