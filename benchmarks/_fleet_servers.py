@@ -1,5 +1,6 @@
 """`edgesdk server` processes for the fleet benchmark and the replica tests: started as an operator would,
-measured from /proc (CPU seconds, peak RSS), stopped or killed."""
+measured from /proc (CPU seconds, peak RSS), stopped or killed; and a :class:`FleetStack` (a broker, one server,
+simulated fleets) for the late-device scenarios."""
 
 from __future__ import annotations
 
@@ -11,11 +12,19 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+from benchmarks._common import log
+from benchmarks.fleet_sim import FleetReport, SimulatedFleet
 from edgesdk.fleet.admin_client import AdminClient
-from edgesdk.ota_server.broker import free_port
+from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetStatus
+from edgesdk.ota_server.broker import LocalMosquitto, free_port
+from edgesdk.ota_server.postgres import LocalPostgres
 
 TOKEN = "fleet-bench-token"
+#: A FleetStack's waits stop once nothing moved for this long (the result says so; the goals are missed).
+STALL_S = 180.0
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -89,6 +98,11 @@ class ServerProcess:
 
     def counters(self) -> dict[str, float]:
         """The server's own Prometheus counters (commands sent and re-sent, chunk bytes by kind)."""
+        return {name: value for name, value in self.scrape().items() if name.split("{")[0].endswith("_total")}
+
+    def scrape(self) -> dict[str, float]:
+        """Every ``edgesdk_ota_`` sample of the server's /metrics, named without the prefix, labels in braces
+        (``outbox_messages``, ``chunk_bytes_total{kind=resend}``, ...)."""
         from prometheus_client.parser import text_string_to_metric_families
 
         request = urllib.request.Request(f"{self.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"})
@@ -96,7 +110,7 @@ class ServerProcess:
         found = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.endswith("_total") and sample.name.startswith("edgesdk_ota_"):
+                if sample.name.startswith("edgesdk_ota_"):
                     label = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
                     found[sample.name.removeprefix("edgesdk_ota_") + (f"{{{label}}}" if label else "")] = sample.value
         return found
@@ -130,3 +144,100 @@ class ServerProcess:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+class FleetStack:
+    """A broker, one ``edgesdk server`` on ``db`` (its CPU and, with ``pg``, PostgreSQL's), and simulated fleets."""
+
+    def __init__(self, work: Path, name: str, devices: int, db: str, keys: Path, pg: LocalPostgres | None) -> None:
+        self.keys, self.db, self.pg = keys, db, pg
+        self.broker = LocalMosquitto(work / name / "broker", max_open_files=devices + 4096)
+        try:
+            self.server = ServerProcess(work / name, self.broker.url, db, keys, name)
+        except BaseException:
+            self.broker.stop()
+            raise
+        self.client = self.server.client
+        self.fleets: list[SimulatedFleet] = []
+
+    def fleet(self, devices: int, group: str, id_prefix: str, model: str, **options: Any) -> SimulatedFleet:
+        fleet = SimulatedFleet(self.broker.url, self.keys / "server.pub", devices, group=group, id_prefix=id_prefix,
+                               model=model, version="1.0.0", fetch=True, **options)
+        self.fleets.append(fleet)
+        return fleet
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds so far of the server, and of PostgreSQL (every backend; 0 for SQLite, inside the server)."""
+        db = tree_cpu_seconds(self.pg.process.pid) if self.pg is not None and self.pg.process is not None else 0.0
+        return self.server.cpu_seconds(), db
+
+    def idle_rate(self, seconds: float) -> tuple[float, float]:
+        """CPU seconds per second of the server and of the database while nobody asks anything of them."""
+        before = self.cpu()
+        time.sleep(seconds)
+        return tuple((b - a) / seconds for a, b in zip(before, self.cpu()))  # type: ignore[return-value]
+
+    def wait_devices(self, group: str, status: str, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (n := self.client.device_page(group, status=status, limit=1).total) != count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server lists {n} devices {status} in {group}, not {count}, after "
+                                   f"{timeout:g} s: {self.server.log_tail(5)}")
+            time.sleep(0.2)
+
+    def upload(self, bundle: Path) -> str:
+        return str(self.client.upload(pack_bundle(bundle))["version"])
+
+    def wait_rollout(self, rollout_id: str, timeout: float, interval: float = 0.5,
+                     stall_s: float = STALL_S) -> RolloutRecord:
+        """The rollout once it ended, ``timeout`` passed, or its target counts stood still for ``stall_s``."""
+        deadline = time.monotonic() + timeout
+        counts, since = None, time.monotonic()
+        while True:
+            r = self.client.rollout(rollout_id, limit=0)
+            if r.counts != counts:
+                counts, since = r.counts, time.monotonic()
+            if r.state != RolloutState.RUNNING or time.monotonic() > deadline:
+                return r
+            if time.monotonic() - since > stall_s:
+                log(f"  rollout {rollout_id}: no target moved in {stall_s:g} s ({r.counts}); giving up on it: "
+                    f"{self.gauges()}")
+                return r
+            time.sleep(interval)
+
+    def gauges(self) -> dict[str, float]:
+        """The server's queues and catch-ups now (what a stall is diagnosed from)."""
+        try:
+            found = self.server.scrape()
+        except OSError as exc:
+            return {"error": str(exc)[:100]}  # type: ignore[dict-item]
+        return {k: v for k, v in found.items() if k.split("{")[0] in (
+            "outbox_messages", "ingest_pending", "catch_up_in_flight", "commands_sent_total",
+            "commands_resent_total", "chunk_bytes_total")}
+
+    def wait_late_committed(self, rollout_id: str, count: int, timeout: float) -> RolloutRecord:
+        """The rollout once ``count`` of its late targets committed (or ``timeout`` passed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.client.rollout(rollout_id, limit=0)
+            if r.late_counts.get(TargetStatus.COMMITTED, 0) >= count or time.monotonic() > deadline:
+                return r
+            time.sleep(1.0)
+
+    def warnings(self) -> list[str]:
+        """The server log's WARNING and ERROR lines (the last 10)."""
+        try:
+            lines = self.server.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [line[:300] for line in lines if " WARNING " in line or " ERROR " in line][-10:]
+
+    def close(self) -> list[FleetReport]:
+        reports = []
+        try:
+            for fleet in self.fleets:
+                reports.append(fleet.stop())
+        finally:
+            self.server.stop()
+            self.broker.stop()
+        return reports

@@ -10,12 +10,19 @@ database (PostgreSQL's postmaster and every backend, exited ones included; SQLit
 server) and their sum per device, the database's size, the server's peak RSS, and what the devices
 saw: committed, and updated twice by their own install logs (one version committed twice).
 
-    python benchmarks/fleet.py [--quick]
+Then the late devices (benchmarks/_fleet_late.py): 30% of 10,000 devices offline at the push and
+back at random over 10 minutes, with 500 more joining the group then (return to commit, CPU per
+late device against one online at the push); 100 duty-cycled devices awake 30 s every 5 minutes
+and a 20 MB bundle (wakes to converge, bytes per device); and 10,000 devices back within 10 s of a
+broker restart while a release is pending (nothing lost, the outbox, time to converge).
+
+    python benchmarks/fleet.py [--quick] [--part all|scale|late]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -27,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import emit, goal, log  # noqa: E402
+from benchmarks._fleet_late import big_bundle, duty_cycled, late_devices, late_goals, reconnect_storm  # noqa: E402
 from benchmarks._fleet_servers import ServerProcess, tree_cpu_seconds  # noqa: E402
 from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
 from edgesdk.fleet.protocol import pack_bundle  # noqa: E402
@@ -202,39 +210,38 @@ def failover(work: Path, devices: int, db: str, bundle: Path, lease_s: float = 3
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="CI smoke size (100 and 1,000 devices: a per-device cost that grows with the fleet shows)")
-    args = parser.parse_args()
-    sizes = [100, 1000] if args.quick else [100, 1000, 10000]
-    replica_devices = 300 if args.quick else 10000
-    failover_devices = 200 if args.quick else 10000
-    work = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-    results: dict[str, Any] = {"sqlite": [], "postgresql": []}
-    try:
-        generate_keypair(work / "keys", "server")
-        generate_keypair(work / "keys", "converter")
-        bundles = make_bundles(work)
-        with LocalPostgres(work / "postgres", durable=True, settings={"max_connections": "100"}) as pg:
-            for n in sizes:
-                results["sqlite"].append(measure(work, f"sqlite-{n}", n, str(work / f"sqlite-{n}.db"),
-                                                 bundles["2.0.0"]))
-                results["postgresql"].append(measure(work, f"pg-{n}", n, pg.create_database(f"fleet_{n}"),
-                                                     bundles["2.0.0"], pg=pg))
-            two = measure(work, f"pg-2r-{replica_devices}", replica_devices,
-                          pg.create_database(f"fleet_2r_{replica_devices}"), bundles["2.0.0"], replicas=2, pg=pg)
-            one = next(r for r in results["postgresql"] if r["devices"] == replica_devices) \
-                if replica_devices in sizes else measure(work, f"pg-1r-{replica_devices}", replica_devices,
-                                                         pg.create_database("fleet_1r"), bundles["2.0.0"], pg=pg)
-            results["replicas"] = {"one": one, "two": two,
-                                   "wall_two_over_one": round(two["wall_s"] / one["wall_s"], 3),
-                                   "cpu_two_over_one": round(two["server_cpu_s"] / one["server_cpu_s"], 3)}
-            results["failover"] = failover(work, failover_devices, pg.create_database("fleet_failover"),
-                                           bundles["2.0.0"])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+LATE_SCENARIOS = ("late", "duty", "storm")
+#: The late-device scenarios' sizes: the issue's, and --quick's (the duty cycle shortened 15x, its bundle 10x).
+LATE_SIZES = {
+    "full": {"late": {"devices": 10000, "new_devices": 500, "window_s": 600.0, "idle_s": 30.0},
+             "duty": {"devices": 100, "awake_s": 30.0, "sleep_s": 270.0, "bundle_bytes": 20_000_000},
+             "storm": {"devices": 10000, "spread_s": 10.0}},
+    "quick": {"late": {"devices": 200, "new_devices": 20, "window_s": 8.0, "idle_s": 2.0},
+              "duty": {"devices": 20, "awake_s": 2.0, "sleep_s": 18.0, "bundle_bytes": 2_000_000},
+              "storm": {"devices": 300, "spread_s": 3.0, "idle_s": 1.0}},
+}
 
+
+def scale_runs(work: Path, pg: LocalPostgres, bundles: dict[str, Path], sizes: list[int], replica_devices: int,
+               failover_devices: int) -> dict[str, Any]:
+    """Rollouts at each size on SQLite and PostgreSQL, two replicas against one, and the fail-over."""
+    results: dict[str, Any] = {"sqlite": [], "postgresql": []}
+    for n in sizes:
+        results["sqlite"].append(measure(work, f"sqlite-{n}", n, str(work / f"sqlite-{n}.db"), bundles["2.0.0"]))
+        results["postgresql"].append(measure(work, f"pg-{n}", n, pg.create_database(f"fleet_{n}"), bundles["2.0.0"],
+                                             pg=pg))
+    two = measure(work, f"pg-2r-{replica_devices}", replica_devices,
+                  pg.create_database(f"fleet_2r_{replica_devices}"), bundles["2.0.0"], replicas=2, pg=pg)
+    one = next(r for r in results["postgresql"] if r["devices"] == replica_devices) \
+        if replica_devices in sizes else measure(work, f"pg-1r-{replica_devices}", replica_devices,
+                                                 pg.create_database("fleet_1r"), bundles["2.0.0"], pg=pg)
+    results["replicas"] = {"one": one, "two": two, "wall_two_over_one": round(two["wall_s"] / one["wall_s"], 3),
+                           "cpu_two_over_one": round(two["server_cpu_s"] / one["server_cpu_s"], 3)}
+    results["failover"] = failover(work, failover_devices, pg.create_database("fleet_failover"), bundles["2.0.0"])
+    return results
+
+
+def scale_goals(results: dict[str, Any], sizes: list[int], failover_devices: int) -> list[dict[str, Any]]:
     biggest = max(sizes)
     goals = []
     for backend in ("sqlite", "postgresql"):
@@ -259,8 +266,61 @@ def main() -> None:
                       and fo["takeover_s"] <= fo["takeover_bound_s"]))
     goals.append(goal("devices whose own install log shows one version installed twice", "0", fo["updated_twice"],
                       fo["killed_mid_stage"] and fo["updated_twice"] == 0))
-    emit("fleet", {"sizes": sizes, "policy": POLICY.to_dict(), "replica_devices": replica_devices,
-                   "failover_devices": failover_devices, "sim_processes": 2}, results, goals)
+    return goals
+
+
+def late_runs(work: Path, pg: LocalPostgres, bundle: Path, sizes: dict[str, dict[str, Any]],
+              scenarios: tuple[str, ...] = LATE_SCENARIOS) -> dict[str, Any]:
+    """The late-device scenarios on PostgreSQL (benchmarks/_fleet_late.py)."""
+    keys = work / "keys"
+    results = {}
+    if "late" in scenarios:
+        results["late"] = late_devices(work, pg.create_database("fleet_late"), keys, bundle, MODEL, pg=pg,
+                                       **sizes["late"])
+    if "duty" in scenarios:
+        duty = dict(sizes["duty"])
+        big = big_bundle(work, keys, "fleetbig", "2.0.0", duty.pop("bundle_bytes"))
+        results["duty"] = duty_cycled(work, pg.create_database("fleet_duty"), keys, big, "fleetbig", pg=pg, **duty)
+    if "storm" in scenarios:
+        results["storm"] = reconnect_storm(work, pg.create_database("fleet_storm"), keys, bundle, MODEL, pg=pg,
+                                           **sizes["storm"])
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="CI smoke size (100 and 1,000 devices: a per-device cost that grows with the fleet shows; "
+                             "the late-device scenarios at a few hundred devices, the duty cycle shortened)")
+    parser.add_argument("--part", choices=("all", "scale", "late", *LATE_SCENARIOS), default="all",
+                        help="scale: the rollouts by size, replicas and fail-over; late: the three late-device "
+                             "scenarios; late, duty or storm alone: that one")
+    args = parser.parse_args()
+    sizes = [100, 1000] if args.quick else [100, 1000, 10000]
+    replica_devices = 300 if args.quick else 10000
+    failover_devices = 200 if args.quick else 10000
+    late_sizes = LATE_SIZES["quick" if args.quick else "full"]
+    work = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    results: dict[str, Any] = {}
+    goals: list[dict[str, Any]] = []
+    try:
+        generate_keypair(work / "keys", "server")
+        generate_keypair(work / "keys", "converter")
+        bundles = make_bundles(work)
+        with LocalPostgres(work / "postgres", durable=True, settings={"max_connections": "100"}) as pg:
+            if args.part in ("all", "scale"):
+                results.update(scale_runs(work, pg, bundles, sizes, replica_devices, failover_devices))
+                goals += scale_goals(results, sizes, failover_devices)
+            if args.part not in ("scale",):
+                scenarios = LATE_SCENARIOS if args.part in ("all", "late") else (args.part,)
+                results["late_devices"] = late_runs(work, pg, bundles["2.0.0"], late_sizes, scenarios)
+                goals += late_goals(**results["late_devices"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    emit("fleet", {"part": args.part, "load_average_at_end": os.getloadavg(),
+                   "sizes": sizes, "policy": POLICY.to_dict(), "replica_devices": replica_devices,
+                   "failover_devices": failover_devices, "sim_processes": 2, "late_devices": late_sizes,
+                   "late_database": "postgresql", "max_catch_up": "500 (the server's default)"}, results, goals)
 
 
 if __name__ == "__main__":
