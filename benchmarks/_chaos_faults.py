@@ -12,8 +12,9 @@ sequence (``step``: ``before`` its push, or ``during`` it, ``delay_s`` after the
 - ``duty``: devices sleeping on a duty cycle from before a push, across the rollouts after it.
 - ``crash``, ``corrupt``: armed on devices just before a push, so the push's install crashes them
   and its chunks reach them corrupted.
-- ``offline_at_push``: devices cut off just before a push (the first: the last push) and kept
-  off until its rollout has ended, back ``back_s`` later: only the reconciler brings them the release.
+- ``offline_at_push``: devices cut off just before a push (the first: the last push; the others: a
+  push whose rollout sends every stage) and kept off until its rollout has ended, back ``back_s``
+  later: they are deferred, and only the reconciler brings them the release.
 - ``join``: a second simulated fleet provisioned into the group during the last push.
 - ``claim_group``: a device that reports another group from before the first push; the run then
   asks for a push to that group, which the server must refuse (the group has no device).
@@ -61,6 +62,9 @@ def schedule(config: ChaosConfig, device_ids: list[str], sequence: tuple[tuple[s
     chosen = kinds[:config.faults] + [rng.choice([k for k in kinds if k in REPEATABLE] or kinds)
                                       for _ in range(config.faults - len(kinds))]
     good = [i for i, (what, version) in enumerate(sequence) if what == "deploy" and version != bad_version]
+    #: Steps whose rollouts send every stage (the devices offline at a push are ordered last, into the last stage).
+    complete = [i for i, (what, version) in enumerate(sequence) if what in ("deploy", "rollback")
+                and version != bad_version]
     last = len(sequence) - 1
     claimant = rng.choice(device_ids)
     pool = [d for d in device_ids if d != claimant]
@@ -80,7 +84,7 @@ def schedule(config: ChaosConfig, device_ids: list[str], sequence: tuple[tuple[s
         elif kind in ("crash", "corrupt"):
             fault.update(step=rng.choice(good), when="before")
         elif kind == "offline_at_push":
-            fault.update(step=last if first else rng.randrange(len(sequence)), when="before")
+            fault.update(step=last if first else rng.choice(complete), when="before")
         elif kind == "duty":  # asleep and awake across the rollouts after it
             fault.update(step=rng.randrange(len(sequence) - 1), when="before")
         elif kind == "join":
