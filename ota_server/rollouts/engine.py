@@ -323,7 +323,9 @@ class RolloutEngine:
         if now - self._deferred_at.get(r.id, float("-inf")) >= self.reconcile_s:
             self._deferred_at[r.id] = now  # a look per in-flight target: once a second, not every tick
             self.db.defer_offline(r.id, r.stage)
-        timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s,
+        # At the deadline a target never sent again gets a last try, answered within two re-send intervals or failed.
+        self._send_again(r, self.db.overdue_untried(r.id, r.stage, now - policy.deploy_timeout_s), now)
+        timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s - 2 * self.resend_s,
                                              f"no report in {policy.deploy_timeout_s:g} s")
         counts = self.db.target_counts(r.id)
         if self._stalled(r.id, counts, r.stage, now):
@@ -333,6 +335,8 @@ class RolloutEngine:
             silent = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s)
             if silent:
                 self.db.mark_resent(r.id, self.dispatcher.resend(r, r.stage, silent), now)
+            late = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s, late=True)
+            self._send_again(r, list(self.db.targets_of(r.id, late).values()), now)
         if timed_out:
             log.warning("rollout %s: %d devices of stage %d timed out", r.id, timed_out, r.stage + 1)
         # Deferred targets (offline) and late ones not sent yet neither count nor hold a stage back.
@@ -364,6 +368,17 @@ class RolloutEngine:
             self.dispatcher.finish(r.id)
         elif policy.auto_promote:
             self._send_stage(r, r.stage + 1)
+
+    def _send_again(self, r: RolloutRecord, targets: list[TargetRecord], now: float) -> None:
+        """Send targets their command again: a late one its own stage's (no broadcast), the others the stage's."""
+        if not targets:
+            return
+        late = [t for t in targets if t.late]
+        self.dispatcher.send_late(r, late)
+        sent = [t.device_id for t in late]
+        if len(late) < len(targets):
+            sent += self.dispatcher.resend(r, r.stage, [t.device_id for t in targets if not t.late])
+        self.db.mark_resent(r.id, sent, now)
 
     def _stalled(self, rollout_id: str, counts: dict[tuple[int, TargetStatus], int], stage: int, now: float) -> bool:
         """True once the stage's reports have stopped coming for ``resend_s``, or ``_ROUND_EVERY`` times that has

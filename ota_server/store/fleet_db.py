@@ -382,14 +382,26 @@ class FleetDB(DesiredStateStore):
             (TargetStatus.DEFERRED.value, "went offline before it answered", time.time(), rollout_id, stage,
              *IN_FLIGHT))
 
-    def due_for_resend(self, rollout_id: str, stage: int, sent_before: float, stalled_before: float) -> list[str]:
+    def due_for_resend(self, rollout_id: str, stage: int, sent_before: float, stalled_before: float,
+                       late: bool = False) -> list[str]:
         """Devices of stages up to ``stage`` to send the command again: not acknowledged since ``sent_before``, or
-        stuck in a download or install (a lost report) since ``stalled_before`` (both on the engine's clock)."""
+        stuck in a download or install (a lost report) since ``stalled_before`` (both on the engine's clock); of the
+        late targets with ``late`` (each is sent its own stage's command), else of the others."""
         return [r["device_id"] for r in self.sql.rows(
-            "SELECT device_id FROM targets WHERE rollout_id = ? AND wave <= ? AND "
+            "SELECT device_id FROM targets WHERE rollout_id = ? AND wave <= ? AND late = ? AND "
             "((status = ? AND last_sent < ?) OR (status IN (?, ?) AND last_sent < ?)) ORDER BY device_id",
-            (rollout_id, stage, TargetStatus.SENT.value, sent_before, TargetStatus.DOWNLOADING.value,
+            (rollout_id, stage, int(late), TargetStatus.SENT.value, sent_before, TargetStatus.DOWNLOADING.value,
              TargetStatus.INSTALLING.value, stalled_before))]
+
+    def overdue_untried(self, rollout_id: str, stage: int, sent_before: float) -> list[TargetRecord]:
+        """In-flight targets (of stages up to ``stage``, on online devices) sent before ``sent_before`` and never sent
+        again since: before silence counts as a failure, each gets one more try (the first send, or the device's
+        answer, may have died with a broker restart or a replica)."""
+        marks = ",".join("?" * len(IN_FLIGHT))
+        return [target_record(r) for r in self.sql.rows(
+            f"SELECT * FROM targets WHERE rollout_id = ? AND wave <= ? AND status IN ({marks}) AND sent < ? "
+            f"AND last_sent <= sent AND {ONLINE_DEVICE} ORDER BY device_id",
+            (rollout_id, stage, *IN_FLIGHT, sent_before))]
 
     def unsettled_aborts(self) -> list[str]:
         """Aborted rollouts with devices still to send back: a revert unanswered, or a commit reported late."""

@@ -135,6 +135,8 @@ def test_a_timeout_while_offline_defers_and_while_online_fails(fleet):
     _commit(engine, rid, answering)
     db.upsert_device(gone, "cams", "offline", None, None, [])  # its last will: out of coverage mid-download
     clock.now += 61
+    engine.tick()  # the silent one gets its last try
+    clock.now += 2 * engine.resend_s + 0.5
     engine.tick()
     statuses = {t.device_id: t.status for t in engine.status(rid).targets}
     assert statuses[gone] == TargetStatus.DEFERRED, "losing the connection is not a failure"

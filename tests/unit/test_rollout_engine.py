@@ -231,6 +231,27 @@ def test_a_commit_reported_after_the_abort_is_reverted_too(fleet):
     assert {t.device_id: t.status for t in engine.status(rid).targets}[first] == TargetStatus.REVERTING
 
 
+def test_a_target_never_sent_again_gets_one_more_try_before_it_times_out(fleet):
+    """A command lost with a broker restart, or a commit lost with a dead replica's queue, costs a re-send, not a
+    failure: while reports keep coming no re-send round runs, so the timeout itself tries once more first."""
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), deploy_timeout_s=30,
+                                                                 max_failure_rate=0.9))
+    engine.tick()
+    first, second = recorder.stages[0][1]
+    clock.now += 31
+    engine._progress[rid] = (2, clock.now)  # reports keep coming: no re-send round
+    engine._last_round[rid] = clock.now
+    engine.tick()
+    assert sorted(recorder.resent) == sorted([first, second]), "each gets a last try before it would time out"
+    assert engine.status(rid).count(TargetStatus.TIMEOUT) == 0
+    _report(engine, rid, [first])  # the last try reached it
+    clock.now += 2 * engine.resend_s + 0.5
+    engine.tick()
+    statuses = {t.device_id: t.status for t in engine.status(rid).targets}
+    assert statuses[first] == TargetStatus.COMMITTED and statuses[second] == TargetStatus.TIMEOUT
+
+
 def test_a_silent_device_times_out_and_an_unrevertable_one_is_marked(fleet):
     db, clock, _, engine = fleet
     engine.dispatcher = recorder = Recorder(unrevertable={"cam0", "cam1", "cam2", "cam3", "cam4", "cam5", "cam6",
@@ -244,6 +265,9 @@ def test_a_silent_device_times_out_and_an_unrevertable_one_is_marked(fleet):
     engine.tick()
     assert engine.status(rid).state == RolloutState.RUNNING
     clock.now += 2
+    engine.tick()
+    assert engine.status(rid).state == RolloutState.RUNNING, "timed out without a try since its last send"
+    clock.now += 2 * engine.resend_s  # the last try (a re-send) goes unanswered too
     engine.tick()
     r = engine.status(rid)
     statuses = {t.device_id: (t.status, t.reason) for t in r.targets}
