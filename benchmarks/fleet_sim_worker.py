@@ -20,14 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks._sim_basics import (
-    ChunkStore,
-    SimulationError,
-    Transfer,
-    device_role,
-    raise_fd_limit,
-    updated_twice,
-)
+from benchmarks._sim_basics import ChunkStore, SimulationError, Transfer, device_role, raise_fd_limit, updated_twice
 from benchmarks._sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut, wait_unblocked
 from edgesdk.agent.admission import not_newer
 from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
@@ -47,10 +40,11 @@ class _Device:
 
     __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
                  "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root",
-                 "connects", "chunk_bytes")
+                 "connects", "chunk_bytes", "session")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
+        self.session = 0.0  # set at each connect
         self.model: str | None = sim.model
         self.version: str | None = sim.version
         slot = f"{sim.model}-{sim.version}"
@@ -79,7 +73,8 @@ class _Device:
         from benchmarks._mqtt_lite import LiteClient
 
         sim = self.sim
-        will = (self.state_topic, json.dumps({"status": "offline", "group": self.group}).encode())
+        self.session = time.time()  # this connection's: its will and its states carry it, as the agent's run does
+        will = (self.state_topic, json.dumps(self.offline()).encode())
         client: LiteClient = LiteClient(f"edgesdk-agent-{self.id}", self.on_message, keepalive=sim.keepalive, will=will,
                             counters=sim.counters, on_lost=lambda: self.on_lost(client))
         try:
@@ -131,10 +126,13 @@ class _Device:
     def state(self) -> dict[str, Any]:
         state = {"status": "online", "group": self.group, "model": self.model, "version": self.version,
                  "previous": self.previous, "slots": sorted(self.slots), "chunk_slots": sorted(self.chunk_slots),
-                 "updated": time.time()}
+                 "updated": time.time(), "session": self.session}
         if self.root is not None:
             state["trust"] = {"root_version": self.root.version}
         return state
+
+    def offline(self) -> dict[str, Any]:
+        return {"status": "offline", "group": self.group, "session": self.session}
 
     def publish_state(self) -> Any:
         return self.publish(self.state_topic, self.state(), retain=True)
@@ -432,7 +430,7 @@ class _Worker:
     async def disconnect_all(self) -> None:
         """Publish each device offline (retained) and disconnect, as the agent's stop() does."""
         self.stopping = True
-        acks = [d.publish(d.state_topic, {"status": "offline", "group": d.group}, retain=True) for d in self.devices]
+        acks = [d.publish(d.state_topic, d.offline(), retain=True) for d in self.devices]
         pending = [a for a in acks if a is not None]
         if pending:
             await asyncio.wait(pending, timeout=10)

@@ -289,7 +289,7 @@ class OTAServer:
                                         _figure(energy.get("avg_watts")),
                                         root_version if isinstance(root_version, int) and root_version > 0 else None,
                                         trust["stale"] if isinstance(trust.get("stale"), bool) else None,
-                                        _figure(state.get("updated")), _details(state)))
+                                        _figure(state.get("updated")), _figure(state.get("session")), _details(state)))
         except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed state on %s: %s", topic, exc)
 

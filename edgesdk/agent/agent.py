@@ -86,6 +86,7 @@ class DeviceAgent:
         self.bytes_received = self.bytes_published = 0
         self.energy = runtime_energy(self.profile, runtime, config.sysfs_root)
         self._state_due = time.monotonic() + (config.state_interval_s or 0)
+        self.session = time.time()  # when this run began: its states and its will carry it (AgentConfig.offline_state)
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> DeviceAgent:
@@ -95,7 +96,7 @@ class DeviceAgent:
         resume = self.installer.recover()  # before any command: the store must hold a working model
         if resume is not None:
             self._work.put(("activate", resume))
-        self.transport = cfg.connect(self._transport_factory, self._publish_state, self._on_refused)
+        self.transport = cfg.connect(self._transport_factory, self._publish_state, self._on_refused, self.session)
         self.transport.subscribe(Topics.cmd(cfg.device_id), lambda topic, payload: self._work.put(("command", payload)))
         self.transport.subscribe(Topics.device_chunks(cfg.device_id, "+") + "/+", self._on_chunk)
         if self.trust is not None:
@@ -120,7 +121,7 @@ class DeviceAgent:
         if self._worker:
             self._worker.join(timeout=10)
         if self.transport:
-            self.transport.publish(Topics.state(self.config.device_id), self.config.offline_state(), retain=True)
+            self.transport.publish(Topics.state(self.config.device_id), self.config.offline_state(self.session), retain=True)
             time.sleep(0.05)
             self.transport.close()
         self.measurements.stop()
@@ -140,7 +141,7 @@ class DeviceAgent:
 
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
-        return device_state(self.config, self.store, self.runtime, self.energy, self.trust)
+        return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session)
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""
@@ -290,8 +291,7 @@ class DeviceAgent:
         self._publish_state()
 
     def _fits(self, command: Command) -> bool:
-        """Whether the command's archive fits on disk (:class:`StorageGuard`); if not, a FAILED event whose
-        ``error_type`` is StorageError says the bytes needed and free and the fix."""
+        """Whether the command's archive fits on disk (:class:`StorageGuard`); else a FAILED StorageError event."""
         room = self.guard.make_room(command.archive, f"{command.name} {command.version}", command.transfer_id)
         if room.pruned or not room.fits:
             self._publish_state()  # the server plans what to send from the slots a device reports

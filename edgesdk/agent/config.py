@@ -99,17 +99,21 @@ class AgentConfig:
                                  "with a root, the commands role names the server's keys")
 
 
-    def offline_state(self) -> bytes:
-        """The retained state of this device while it is gone (its last will, and what it says on stopping)."""
-        return json.dumps({"status": "offline", "group": self.group}).encode()
+    def offline_state(self, session: float | None = None) -> bytes:
+        """The retained state of this device while it is gone (its last will, and what it says on stopping);
+        ``session`` is when this run of the agent began, which its online states carry too: the server never lets
+        an earlier run's will overwrite a later run's report, whichever replica writes first."""
+        state = {"status": "offline", "group": self.group, **({"session": session} if session is not None else {})}
+        return json.dumps(state).encode()
 
     def connect(self, factory: Callable[..., Transport], on_connect: Callable[[], None],
-                on_refused: Callable[[BrokerError], None]) -> Transport:
+                on_refused: Callable[[BrokerError], None], session: float | None = None) -> Transport:
         """A connection to the broker as this device (``factory``: :class:`~edgesdk.fleet.transport.MqttTransport`
-        or a stand-in), with the retained "offline" state as its last will; ``on_connect`` runs on every
-        (re)connect, since a restarted broker forgets retained messages."""
+        or a stand-in), with the retained "offline" state (of run ``session``) as its last will; ``on_connect``
+        runs on every (re)connect, since a restarted broker forgets retained messages."""
         return factory(self.broker, client_id=f"edgesdk-agent-{self.device_id}", username=self.username,
-                       password=self.password, will=(f"{PREFIX}/devices/{self.device_id}/state", self.offline_state()),
+                       password=self.password, will=(f"{PREFIX}/devices/{self.device_id}/state",
+                                                     self.offline_state(session)),
                        ca_file=self.ca_file, on_connect=on_connect, on_refused=on_refused)
 
 

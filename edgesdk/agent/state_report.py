@@ -16,12 +16,13 @@ __all__ = ["device_state"]
 
 
 def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime | None,
-                 energy: EnergyAccount | NoEnergy, trust: TrustKeeper | None = None) -> dict[str, Any]:
+                 energy: EnergyAccount | NoEnergy, trust: TrustKeeper | None = None,
+                 session: float | None = None) -> dict[str, Any]:
     """The state document: model and version, slots (and which have a chunk layout), disk and retention, and,
     with a ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran:
     local, cloud, refused) and its energy per inference since the last report where the board has a power
     sensor (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``); with a root of trust,
-    its version and expiry (``trust``)."""
+    its version and expiry (``trust``); ``session``: when this run of the agent began (its last will says it too)."""
     current = store.current_model()
     slots = sorted(p.name for p in store.slots.iterdir() if not p.name.startswith("."))
     state: dict[str, Any] = {
@@ -29,7 +30,7 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
         "version": current[1] if current else None, "previous": store.pointer("previous"), "slots": slots,
         "chunk_slots": [slot for slot in slots if (store.root / LAYOUTS / f"{slot}.json").is_file()],
         "disk": store.disk_usage(), "keep_slots": config.keep_slots, "pinned": list(config.pinned),
-        "updated": time.time()}
+        "updated": time.time(), **({"session": session} if session is not None else {})}
     if trust is not None:
         state["trust"] = trust.state()
     if runtime is not None:

@@ -78,12 +78,14 @@ class FleetDB(DesiredStateStore):
         device in the reconciler's queue (:meth:`to_reconcile`): it may have come back, or be new. A state the device sent
         before the one stored (by its own ``reported`` time) is ignored: with several replicas, each report reaches
         one of them, and one may write it after another wrote a newer one. A device whose clock went back is
-        believed again once the server has heard nothing newer from it for 10 minutes.
+        believed again once the server has heard nothing newer from it for 10 minutes. An offline state (a last
+        will has no time of its own) from an earlier run of the agent than the stored state's (:attr:`DeviceState.session`)
+        is ignored too: written late by another replica, it would list a device that came back as gone.
         """
         self.sql.execute_many(
             """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts,
-                                    root_version, stale, reported, details, reconcile)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                                    root_version, stale, reported, details, reconcile, session)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
@@ -93,12 +95,16 @@ class FleetDB(DesiredStateStore):
                root_version=CASE WHEN excluded.status='online' THEN excluded.root_version ELSE devices.root_version END,
                stale=CASE WHEN excluded.status='online' THEN excluded.stale ELSE devices.stale END,
                reported=COALESCE(excluded.reported, devices.reported),
-               details=COALESCE(excluded.details, devices.details), reconcile=excluded.reconcile
-               WHERE excluded.reported IS NULL OR devices.reported IS NULL OR excluded.reported >= devices.reported
-                  OR excluded.last_seen - devices.last_seen > 600""",
+               details=COALESCE(excluded.details, devices.details), reconcile=excluded.reconcile,
+               session=CASE WHEN excluded.status='online' THEN COALESCE(excluded.session, devices.session)
+                            ELSE devices.session END
+               WHERE (excluded.reported IS NULL OR devices.reported IS NULL OR excluded.reported >= devices.reported
+                      OR excluded.last_seen - devices.last_seen > 600)
+                 AND NOT (excluded.status != 'online' AND excluded.session IS NOT NULL AND devices.session IS NOT NULL
+                          AND excluded.session < devices.session)""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
-              None if s.stale is None else int(s.stale), s.reported, s.details, int(s.status == "online"))
+              None if s.stale is None else int(s.stale), s.reported, s.details, int(s.status == "online"), s.session)
              for s in sorted(states, key=lambda s: s.device_id)])  # one lock order across replicas (set_targets)
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,

@@ -66,6 +66,8 @@ class DeviceState:
     stale: bool | None = None
     #: When the device says it sent the report (its ``updated``; None for a last will, which has no time).
     reported: float | None = None
+    #: When the run of the agent that sent it began (its online states and its will carry it; None: not said).
+    session: float | None = None
     #: The report's details as JSON text: runtime statistics and offload paths, disk, previous version, energy
     #: (what the console shows; :data:`DETAIL_KEYS`); None keeps the stored ones (a last will has none).
     details: str | None = None

@@ -87,6 +87,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         # Set by every online state report, cleared once the reconciler has compared the device with its release:
         # the queue of devices to look at lives in the store, so any replica can work it.
         "ALTER TABLE devices ADD COLUMN reconcile INTEGER NOT NULL DEFAULT 0",
+        # When the run of the agent that sent the stored state began: an earlier run's last will never overwrites it.
+        "ALTER TABLE devices ADD COLUMN session {real}",
         "CREATE INDEX IF NOT EXISTS devices_to_reconcile ON devices (grp, id) WHERE reconcile = 1",
         "CREATE INDEX IF NOT EXISTS late_targets ON targets (rollout_id, status) WHERE late = 1",
     )),

@@ -95,7 +95,7 @@ def test_agent_killed_mid_transfer_resumes_without_refetching_finished_chunks(tm
         # Killed mid-transfer, the device went offline: its target may have been deferred and the rollout gone on
         # without it; back, it finishes the download it began and commits (late, if it was deferred).
         wait_for(lambda: _target(server, rollout, "cam0").status == "committed", timeout=60, what="commit")
-        assert server.status(rollout).state == "completed"
+        wait_for(lambda: server.status(rollout).state == "completed", what="the rollout's end")
         refetched = {i for (device, _), chunks in server.resent.items() if device == "cam0" for i in chunks}
         assert refetched, "the restarted agent fetched nothing (the test did not interrupt the transfer)"
         assert not refetched & had, f"chunks finished before the kill were fetched again: {sorted(refetched & had)}"
@@ -272,7 +272,7 @@ def test_agent_killed_between_write_and_switch_restarts_consistent(tmp_path, bro
     restarted = _agent_process(tmp_path, broker, keys, "cam0")
     try:
         wait_for(lambda: _target(server, rollout, "cam0").status == "committed", timeout=60, what="commit")
-        assert server.status(rollout).state == "completed"
+        wait_for(lambda: server.status(rollout).state == "completed", what="the rollout's end")
         assert store.pointer("current") == "digits-2.0.0" and store.load_state().pending is None
     finally:
         restarted.send_signal(signal.SIGTERM)

@@ -217,3 +217,19 @@ def test_a_state_the_device_sent_before_the_stored_one_is_ignored(db):
     # A device whose clock went back is believed again once nothing newer came from it for 10 minutes.
     db.upsert_devices([state("7.0.0", reported=50.0, seen=1004.0 + 601)])
     assert db.device("cam0").version == "7.0.0"
+
+
+def test_an_earlier_runs_last_will_written_late_never_lists_a_device_that_came_back_as_offline(db):
+    """Two replicas: the device's new run reported online, and the will of its previous run (its connection cut, or
+    the agent killed) is written after it. Without a session the will would win: it has no time of its own."""
+    def state(status, session, seen, reported=None):
+        return DeviceState("cam0", "cams", status, "digits", "1.0.0", (), seen, reported=reported, session=session)
+
+    db.upsert_devices([state("online", 100.0, 1000.0, reported=150.0)])
+    db.upsert_devices([state("offline", 50.0, 1001.0)])  # the previous run's will, written late
+    assert db.device("cam0").status == "online"
+    db.upsert_devices([state("offline", 100.0, 1002.0)])  # this run's own will
+    assert db.device("cam0").status == "offline"
+    db.upsert_devices([state("online", 200.0, 1003.0, reported=250.0)])
+    db.upsert_devices([state("offline", None, 1004.0)])  # an agent of an earlier release: no session, counts as before
+    assert db.device("cam0").status == "offline"
