@@ -209,7 +209,8 @@ class RolloutPolicy:
     health_window_s: float = 60.0
     #: Abort (and roll the stage's devices back) when more than this fraction of targets failed.
     max_failure_rate: float = 0.05
-    #: A device that has not reported this long after its command counts as failed.
+    #: A device online and silent this long after its command is sent it once more (if it was not already), and
+    #: counts as failed two re-send intervals later; an offline one's target is deferred instead.
     deploy_timeout_s: float = 300.0
     #: Promote to the next stage by itself once the health window passes (else wait for `promote`).
     auto_promote: bool = True
