@@ -399,11 +399,12 @@ def _goal(name: str, target: str, measured: float | None, met: bool) -> dict[str
             "met": bool(met) and measured is not None}
 
 
-def late_goals(late: dict[str, Any] | None = None, duty: dict[str, Any] | None = None,
+def late_goals(returning: dict[str, Any] | None = None, duty: dict[str, Any] | None = None,
                storm: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The late-device goals (issue 35's targets, unchanged) of the scenarios that ran."""
     goals = []
-    if late is not None:
+    if returning is not None:
+        late = returning
         everyone = late["devices"] + late["joined_later"]
         goals.append(_goal(f"late devices: share of {everyone} devices ({late['offline_at_push']} offline at the push, "
                            f"{late['joined_later']} joined later) on the new release, %", "100",
@@ -417,7 +418,7 @@ def late_goals(late: dict[str, Any] | None = None, duty: dict[str, Any] | None =
                            complete and spread.get("p99", 1e9) <= 60))
         ratio = late["cpu"]["late_over_online"]
         goals.append(_goal("late devices: server + database CPU per late device / per device online at the push "
-                           "(idle rate subtracted; see results.late_devices.late.cpu.how)", "<= 1.5", ratio,
+                           "(idle rate subtracted; see results.late_devices.returning.cpu.how)", "<= 1.5", ratio,
                            ratio is not None and ratio <= 1.5))
     if duty is not None:
         most = duty["max_wakes"]

@@ -16,7 +16,7 @@ late device against one online at the push); 100 duty-cycled devices awake 30 s 
 and a 20 MB bundle (wakes to converge, bytes per device); and 10,000 devices back within 10 s of a
 broker restart while a release is pending (nothing lost, the outbox, time to converge).
 
-    python benchmarks/fleet.py [--quick] [--part all|scale|late]
+    python benchmarks/fleet.py [--quick] [--part all|scale|late|returning|duty|storm]
 """
 
 from __future__ import annotations
@@ -210,13 +210,13 @@ def failover(work: Path, devices: int, db: str, bundle: Path, lease_s: float = 3
     return result
 
 
-LATE_SCENARIOS = ("late", "duty", "storm")
+LATE_SCENARIOS = ("returning", "duty", "storm")
 #: The late-device scenarios' sizes: the issue's, and --quick's (the duty cycle shortened 15x, its bundle 10x).
 LATE_SIZES = {
-    "full": {"late": {"devices": 10000, "new_devices": 500, "window_s": 600.0, "idle_s": 30.0},
+    "full": {"returning": {"devices": 10000, "new_devices": 500, "window_s": 600.0, "idle_s": 30.0},
              "duty": {"devices": 100, "awake_s": 30.0, "sleep_s": 270.0, "bundle_bytes": 20_000_000},
              "storm": {"devices": 10000, "spread_s": 10.0}},
-    "quick": {"late": {"devices": 200, "new_devices": 20, "window_s": 8.0, "idle_s": 2.0},
+    "quick": {"returning": {"devices": 200, "new_devices": 20, "window_s": 8.0, "idle_s": 2.0},
               "duty": {"devices": 20, "awake_s": 2.0, "sleep_s": 18.0, "bundle_bytes": 2_000_000},
               "storm": {"devices": 300, "spread_s": 3.0, "idle_s": 1.0}},
 }
@@ -274,9 +274,9 @@ def late_runs(work: Path, pg: LocalPostgres, bundle: Path, sizes: dict[str, dict
     """The late-device scenarios on PostgreSQL (benchmarks/_fleet_late.py)."""
     keys = work / "keys"
     results = {}
-    if "late" in scenarios:
-        results["late"] = late_devices(work, pg.create_database("fleet_late"), keys, bundle, MODEL, pg=pg,
-                                       **sizes["late"])
+    if "returning" in scenarios:
+        results["returning"] = late_devices(work, pg.create_database("fleet_late"), keys, bundle, MODEL, pg=pg,
+                                            **sizes["returning"])
     if "duty" in scenarios:
         duty = dict(sizes["duty"])
         big = big_bundle(work, keys, "fleetbig", "2.0.0", duty.pop("bundle_bytes"))
@@ -294,7 +294,7 @@ def main() -> None:
                              "the late-device scenarios at a few hundred devices, the duty cycle shortened)")
     parser.add_argument("--part", choices=("all", "scale", "late", *LATE_SCENARIOS), default="all",
                         help="scale: the rollouts by size, replicas and fail-over; late: the three late-device "
-                             "scenarios; late, duty or storm alone: that one")
+                             "scenarios; returning (offline at the push, or joining later), duty or storm: that one")
     args = parser.parse_args()
     sizes = [100, 1000] if args.quick else [100, 1000, 10000]
     replica_devices = 300 if args.quick else 10000
