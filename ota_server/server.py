@@ -127,6 +127,8 @@ class OTAServer:
         self._catch_up_thread: threading.Thread | None = None
         #: Bytes published, for tests and benchmarks.
         self.bytes_published = 0
+        #: When the broker connection last came up (time.monotonic()).
+        self._link_up_at = float("-inf")
         #: This server's name among replicas (its MQTT client id and its rollout leases).
         self.name = config.name or f"edgesdk-server-{uuid.uuid4().hex[:8]}"
         check_id(self.name, "server name")
@@ -145,7 +147,7 @@ class OTAServer:
                            if timestamp_key is not None else None)
         self.sender = StageSender(db, repository, self.chunks, signing_key, self._publish, self.metrics,
                                   lambda: self.ingest.pending, self._outbox, self._stop, config.offload_url,
-                                  config.broadcast_wait_s, config.command_ttl_s)
+                                  config.broadcast_wait_s, config.command_ttl_s, link_settled=self._link_settled)
         # Leases, deadlines and re-sends go by the database's clock: replicas' own clocks may disagree.
         self.engine = RolloutEngine(db, self.sender, db.now, resend_s=config.resend_s, holder=self.name,
                                     lease_s=config.lease_s, max_catch_up=config.max_catch_up,
@@ -154,6 +156,15 @@ class OTAServer:
 
     def _outbox(self) -> int:
         return self.transport.unacknowledged if self.transport is not None else 0
+
+    def _on_link_up(self) -> None:
+        self._link_up_at = time.monotonic()
+
+    def _link_settled(self) -> bool:
+        """The broker connection has been up for two re-send intervals: silence means something again (after a
+        broker restart the devices reconnect over seconds, and what was sent meanwhile is still arriving)."""
+        up = getattr(self.transport, "connected", True)
+        return bool(up) and time.monotonic() - self._link_up_at >= 2 * self.config.resend_s
 
     @property
     def resent(self) -> dict[tuple[str, str], list[int]]:
@@ -171,7 +182,7 @@ class OTAServer:
         cfg = self.config
         self.transport = self._transport_factory(cfg.broker, client_id=self.name, username=cfg.username,
                                                  password=cfg.password, ca_file=cfg.ca_file,
-                                                 will=(Topics.server(self.name), _OFFLINE))
+                                                 will=(Topics.server(self.name), _OFFLINE), on_connect=self._on_link_up)
         shared = f"$share/{cfg.share_group}/" if cfg.share_group else ""
         if shared:
             self._catch_up_states()

@@ -323,10 +323,12 @@ class RolloutEngine:
         if now - self._deferred_at.get(r.id, float("-inf")) >= self.reconcile_s:
             self._deferred_at[r.id] = now  # a look per in-flight target: once a second, not every tick
             self.db.defer_offline(r.id, r.stage)
-        # At the deadline a target never sent again gets a last try, answered within two re-send intervals or failed.
-        self._send_again(r, self.db.overdue_untried(r.id, r.stage, now - policy.deploy_timeout_s), now)
-        timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s - 2 * self.resend_s,
-                                             f"no report in {policy.deploy_timeout_s:g} s")
+        timed_out = 0
+        if not self.dispatcher.busy():  # silence says nothing while answers queue here, or the broker link is new
+            # At the deadline a target never sent again gets a last try, answered in two re-send intervals or failed.
+            self._send_again(r, self.db.overdue_untried(r.id, r.stage, now - policy.deploy_timeout_s), now)
+            timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s - 2 * self.resend_s,
+                                                 f"no report in {policy.deploy_timeout_s:g} s")
         counts = self.db.target_counts(r.id)
         if self._stalled(r.id, counts, r.stage, now):
             self._last_round[r.id] = now

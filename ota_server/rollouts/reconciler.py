@@ -118,14 +118,14 @@ class Reconciler:
     def _chase(self, r: RolloutRecord, last: int, now: float) -> None:
         """For a completed release: time out late targets silent while online, send again those not answering."""
         policy = r.policy
+        if self.sender.busy():  # silence says nothing while answers queue here, or the broker link is new
+            return
         last_try = [t for t in self.db.overdue_untried(r.id, last, now - policy.deploy_timeout_s) if t.late]
         if last_try:  # one more try before silence counts as a failure (as the engine does)
             self.sender.send_late(r, last_try)
             self.db.mark_resent(r.id, [t.device_id for t in last_try], now)
         self.db.time_out_targets(r.id, last, now - policy.deploy_timeout_s - 2 * self.resend_s,
                                  f"no report in {policy.deploy_timeout_s:g} s (late)")
-        if self.sender.busy():
-            return
         silent = self.db.due_for_resend(r.id, last, now - self.resend_s, now - 4 * self.resend_s, late=True)
         if silent:
             found = self.db.targets_of(r.id, silent)

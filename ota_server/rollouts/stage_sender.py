@@ -40,12 +40,13 @@ class StageSender:
                  publish: Callable[[str, bytes], None], metrics: ServerMetrics, backlog: Callable[[], int],
                  outbox: Callable[[], int], stopped: threading.Event, offload_url: str | None = None,
                  broadcast_wait_s: float = 2.0, command_ttl_s: float = COMMAND_TTL_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, link_settled: Callable[[], bool] = lambda: True) -> None:
         self.db, self.repo, self.chunks, self.key = db, repository, chunks, signing_key
         self._publish = publish
         self.metrics = metrics
         self._backlog = backlog  # device reports waiting to be written
         self._outbox = outbox  # messages published and not yet acknowledged by the broker
+        self._link_settled = link_settled  # this server's broker connection has been up a while
         self._stopped = stopped
         self.offload_url = offload_url
         self.broadcast_wait_s = broadcast_wait_s
@@ -150,8 +151,10 @@ class StageSender:
         self.metrics.command_sent(len(targets))
 
     def busy(self) -> bool:
-        """Device reports wait to be written (the answers may be among them), or commands wait to leave."""
-        return self._backlog() > _RESEND_BACKLOG or self._outbox() > _RESEND_OUTBOX
+        """Device reports wait to be written (the answers may be among them), commands wait to leave, or this
+        server's broker connection is down or just back (the devices are reconnecting too)."""
+        return (self._backlog() > _RESEND_BACKLOG or self._outbox() > _RESEND_OUTBOX
+                or not self._link_settled())
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version (with its archive when the device lacks it)."""
