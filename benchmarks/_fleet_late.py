@@ -164,6 +164,7 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         pushed = _mark(stack, [fleet])
         rollout_id = stack.client.start_rollout(model, version, "late", LATE_POLICY)
         r = stack.wait_rollout(rollout_id, 900)
+        quiet_s = stack.wait_quiet()  # the phase's tail (re-sends still queued, their answers) is the online devices'
         online_done = _mark(stack, [fleet])
         online_committed = r.count(TargetStatus.COMMITTED)
         log(f"  online devices done in {online_done['t'] - pushed['t']:.1f} s ({r.state.value}: {r.reason}); the "
@@ -190,6 +191,7 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         if errors:
             raise RuntimeError(f"the devices joining later did not connect: {errors[0]}")
         final = stack.wait_late_committed(rollout_id, n_off + new_devices, 60)
+        stack.wait_quiet()
         late_done = _mark(stack, [fleet, newcomers])
         idle_after = stack.idle_rate(idle_s)
         warnings, gauges = stack.warnings(), stack.gauges()
@@ -230,11 +232,12 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         "cpu": {"how": "server + PostgreSQL CPU (from /proc) less the idle rate measured over "
                        f"{idle_s:g} s with nobody asking (before the push for the online phase; after every device "
                        "converged, a release set, for the late phase) times the phase's wall time; the online phase "
-                       "(push to rollout completed, planning the deferred targets included) divided by the devices "
-                       "online at the push that committed, the late phase (the first return to every late target "
-                       "committed on the server) by the late devices (returned and joined). Messages: what the "
+                       "(push to rollout completed and the server quiet: outbox and report queue empty; planning the "
+                       "deferred targets included) divided by the devices online at the push that committed, the late "
+                       "phase (the first return to every late target committed on the server, and quiet) by the late "
+                       "devices (returned and joined). Messages: what the "
                        "simulated devices sent (the server hears each) and received, per device of the phase",
-                "online": online_phase, "late": late_phase,
+                "online": {**online_phase, "quiet_after_completion_s": round(quiet_s, 2)}, "late": late_phase,
                 "late_over_online": round(late_per / online_per, 3) if online_per > 0 else None},
         "server_gauges_at_end": gauges, "server_warnings": warnings}
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}

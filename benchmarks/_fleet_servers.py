@@ -205,6 +205,17 @@ class FleetStack:
                 return r
             time.sleep(interval)
 
+    def wait_quiet(self, timeout: float = 60.0) -> float:
+        """Wait until the server's outbox and its queue of reports to write are empty at two reads 0.5 s apart (what it
+        sent has left, and what came back is written); the seconds that took."""
+        started = time.monotonic()
+        quiet = 0
+        while quiet < 2 and time.monotonic() - started < timeout:
+            gauges = self.gauges()
+            quiet = quiet + 1 if gauges.get("outbox_messages") == 0 and gauges.get("ingest_pending") == 0 else 0
+            time.sleep(0.5)
+        return time.monotonic() - started
+
     def gauges(self) -> dict[str, float]:
         """The server's queues and catch-ups now (what a stall is diagnosed from)."""
         try:
