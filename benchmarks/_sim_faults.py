@@ -74,7 +74,7 @@ def cut(worker: Any, device: Any, seconds: float) -> None:
     client = device.client
     if client is None:
         return  # already reconnecting: that loop waits for blocked_until
-    device.client = None
+    device.client = device.link = None
     client.abort()
     asyncio.get_running_loop().create_task(worker.connect_with_retry(device, first=False))
 

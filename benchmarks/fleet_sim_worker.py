@@ -40,7 +40,7 @@ class _Device:
 
     __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
                  "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root",
-                 "connects", "chunk_bytes", "session")
+                 "connects", "chunk_bytes", "session", "link")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
@@ -61,7 +61,10 @@ class _Device:
         self.chunk_bytes = 0
         self.faults = DeviceFaults()
         self.transfers: dict[str, Transfer] = {}
+        #: The connection once set up (``link``: once the broker accepted it, so the device answers a command that
+        #: arrives while it still waits for its subscriptions to be acknowledged, as the agent does).
         self.client: Any = None
+        self.link: Any = None
         self.state_topic, self.events_topic, self.cmd_topic = (Topics.state(device_id), Topics.events(device_id),
                                                                Topics.cmd(device_id))
         #: The root of trust this device holds (with ``root`` in the config), verified as the real agent does.
@@ -79,7 +82,7 @@ class _Device:
                             counters=sim.counters, on_lost=lambda: self.on_lost(client))
         try:
             await client.connect(sim.host, sim.port, timeout=sim.connect_timeout)
-            accepted = time.time()
+            accepted, self.link = time.time(), client
             filters = [(self.cmd_topic, 1), (Topics.device_chunks(self.id, "+") + "/+", 1)]
             if self.root is not None:
                 filters.append((Topics.ALL_ROOTS, 1))
@@ -95,6 +98,7 @@ class _Device:
                 raise OSError(f"{self.id}: the connection closed while connecting")
         except BaseException:
             client.abort()
+            self.link = None if self.link is client else self.link
             raise
         # Only now: a connection lost while connecting is retried by connect_with_retry, not by on_lost.
         self.client = client
@@ -108,7 +112,7 @@ class _Device:
         """The broker went away: connect again with backoff, as paho does for the real agent."""
         if client is not self.client:
             return
-        self.client = None
+        self.client = self.link = None
         if not self.sim.stopping:
             self.sim.count("reconnects")
             asyncio.get_running_loop().create_task(self.sim.connect_with_retry(self, first=False))
@@ -119,9 +123,9 @@ class _Device:
         return self.faults.claimed_group or self.sim.group
 
     def publish(self, topic: str, payload: dict[str, Any], retain: bool = False) -> Any:
-        if self.client is None or not self.client.connected:
+        if self.link is None or not self.link.connected:
             return None  # lost with the connection, as paho drops what it could not send (max_queued 0)
-        return self.client.publish(topic, json.dumps(payload).encode(), qos=1, retain=retain)
+        return self.link.publish(topic, json.dumps(payload).encode(), qos=1, retain=retain)
 
     def state(self) -> dict[str, Any]:
         state = {"status": "online", "group": self.group, "model": self.model, "version": self.version,
@@ -230,8 +234,8 @@ class _Device:
             self.complete(transfer)
             return
         sim.active.add(self)
-        if self.client is not None and self.client.connected:  # SUBSCRIBE goes out before the event, as paho's
-            self.client.subscribe([(Topics.group_chunks(command.group, command.transfer_id) + "/+", 1)])
+        if self.link is not None and self.link.connected:  # SUBSCRIBE goes out before the event, as paho's
+            self.link.subscribe([(Topics.group_chunks(command.group, command.transfer_id) + "/+", 1)])
         self.event(command, AgentEvent.ACCEPTED, chunks=chunks, resumed_chunks=0, local_chunks=local,
                    missing=len(transfer.missing()))
         if command.broadcast is not None:  # what the broadcast will not bring: ask at once, as the agent does
@@ -290,8 +294,8 @@ class _Device:
             self.sim.active.discard(self)
         if not_newer(command, self.running()):
             return self.event(command, AgentEvent.FAILED, reason="bundle rejected: superseded by a newer install")
-        if self.client is not None and self.client.connected:
-            self.client.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
+        if self.link is not None and self.link.connected:
+            self.link.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
         self.event(command, AgentEvent.DOWNLOADED, bytes=archive.size, rejected_chunks=transfer.rejected)
         self.slots.add(f"{command.name}-{command.version}")
         self.sim.store.keep(f"{command.name}-{command.version}", transfer)
