@@ -105,6 +105,22 @@ def _target_statuses(db: str, rollout_id: str) -> dict[str, TargetStatus]:
         store.close()
 
 
+def _traces(db: str, rollout_id: str, returned: dict[str, float]) -> dict[str, Any]:
+    """For a few devices: when (s after its return) the server sent its late command and logged its events."""
+    store = FleetDB(db)
+    try:
+        targets = store.targets_of(rollout_id, list(returned))
+        found = {}
+        for device, back in returned.items():
+            t = targets.get(device)
+            found[device] = {"status": t.status.value if t else None,
+                             "sent_s": round(t.sent - back, 2) if t is not None and t.sent else None,
+                             "events": [(round(e.ts - back, 2), e.type) for e in store.events(device_id=device)][-6:]}
+        return found
+    finally:
+        store.close()
+
+
 def _release(db: str, group: str) -> Any:
     store = FleetDB(db)
     try:
@@ -228,6 +244,8 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         "return_to_commit_s_joined": _spread([v for d, v in latency.items() if d not in returns]),
         "partition_end_to_commit_s": _spread(scheduled),
         "slowest": sorted(((round(v, 2), d) for d, v in latency.items()), reverse=True)[:5],
+        "slowest_traces": _traces(db, rollout_id, {d: returned[d] for d in
+                                                   sorted(latency, key=latency.__getitem__, reverse=True)[:3]}),
         "updated_twice": old.updated_twice + (new.updated_twice if new else 0),
         "cpu": {"how": "server + PostgreSQL CPU (from /proc) less the idle rate measured over "
                        f"{idle_s:g} s with nobody asking (before the push for the online phase; after every device "
