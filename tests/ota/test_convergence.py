@@ -100,18 +100,12 @@ def test_a_transfer_begun_before_a_long_sleep_resumes_under_a_newly_signed_comma
         tmp_path, broker, make_server, keys):
     """The device slept past its command's expiry mid-download: the kept command is refused as expired, and the
     server's new signing of the same transfer is taken up from the chunks on disk, not refused as a replay."""
-    from tests.ota.test_faults import _big_bundles_in
+    from tests.ota.test_faults import _big_bundles_in, _push_and_kill_mid_transfer
 
     big = _big_bundles_in(tmp_path / "big", keys)
     server = make_server(broker.url, broadcast_wait_s=0.3, command_ttl_s=4.0, resend_s=1.0)
     server.upload(pack_bundle(big["1.0.0"]))
-    first = _agent_process(tmp_path, broker, keys, "cam0", failpoint="after_chunks:5")
-    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
-    push = server.start_rollout("digits", "1.0.0", "cams", STAGED)
-    try:
-        assert first.wait(timeout=60) == 70, "the agent did not stop at its failpoint"
-    finally:
-        first.kill()
+    push = _push_and_kill_mid_transfer(tmp_path, broker, keys, server, STAGED)
     wait_for(lambda: _target(server, push, "cam0").status == TargetStatus.DEFERRED, what="deferred")
     time.sleep(4.5)  # asleep past the kept command's expiry
     server.resent.clear()

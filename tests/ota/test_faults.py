@@ -48,6 +48,18 @@ def _target(server, rollout_id, device):
     return target
 
 
+def _push_and_kill_mid_transfer(tmp_path, broker, keys, server, policy):
+    """Start cam0's agent in its own process, push digits 1.0.0, and see it die after 5 chunks; the rollout id."""
+    first = _agent_process(tmp_path, broker, keys, "cam0", failpoint="after_chunks:5")
+    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
+    rollout = server.start_rollout("digits", "1.0.0", "cams", policy)
+    try:
+        assert first.wait(timeout=60) == 70, "the agent did not stop at its failpoint"
+    finally:
+        first.kill()
+    return rollout
+
+
 def _agent_process(tmp_path, broker, keys, device, failpoint=None):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if failpoint:
@@ -77,13 +89,7 @@ def test_agent_killed_mid_transfer_resumes_without_refetching_finished_chunks(tm
                                                                               big_bundles):
     server = make_server(broker.url, broadcast_wait_s=0.3)
     server.upload(pack_bundle(big_bundles["1.0.0"]))
-    first = _agent_process(tmp_path, broker, keys, "cam0", failpoint="after_chunks:5")
-    wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
-    rollout = server.start_rollout("digits", "1.0.0", "cams", FAST)
-    try:
-        assert first.wait(timeout=60) == 70, "the agent did not stop at its failpoint"
-    finally:
-        first.kill()
+    rollout = _push_and_kill_mid_transfer(tmp_path, broker, keys, server, FAST)
     incoming = tmp_path / "devices" / "cam0" / "incoming"
     (have_file,) = incoming.glob("*.have")
     had = {i for i, b in enumerate(have_file.read_bytes()) if b}
