@@ -71,7 +71,7 @@ class DeviceAgent:
                                    config.retry_interval_s, config.broadcast_wait_s, label=me)
         self.measurements = MeasurementService(
             self.downloads, self.guard, self.profile, lambda payload: self._publish(Topics.measurements(me), payload),
-            self._publish_state, config.measure_timeout_s, EnergyRequest(config.sysfs_root), label=me)
+            self._publish_state, config.measure_timeout_s, EnergyRequest(config.sysfs_root), me, self.installer.bundle_keys)
         self._work: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None

@@ -287,9 +287,14 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     if not isinstance(params, dict):
         raise InputError(f"request parameters must be an object, got {params!r:.200}")
     outputs = []
-    for entry in header.get("outputs") or []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise InputError(f"every requested output must be an object with a string 'name', got {entry!r:.200}")
+    requested = header.get("outputs") or []
+    if not isinstance(requested, list):
+        raise InputError(f"'outputs' must be a list of objects, got {requested!r:.200}")
+    for entry in requested:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) \
+                or not isinstance(entry.get("parameters") or {}, dict):
+            raise InputError(f"every requested output must be an object with a string 'name' (and an object "
+                             f"'parameters'), got {entry!r:.200}")
         binary = (entry.get("parameters") or {}).get("binary_data")
         outputs.append(RequestedOutput(entry["name"], None if binary is None else bool(binary)))
     request_id = header.get("id")

@@ -60,13 +60,19 @@ def _grpc_code(exc: BaseException) -> Any:
                                                                                          grpc.StatusCode.INTERNAL)
 
 
+#: Largest dimension an input may name: a shape of huge dimensions (with a zero among them) names no data, but
+#: numpy cannot even describe the empty array.
+_MAX_DIM = 2**31
+
+
 def _tensor(entry: Any, raw: bytes | None) -> np.ndarray:
     """One input tensor from its proto entry and, when the request sends raw contents, its blob."""
     name = entry.name
     dtype = dtype_of(entry.datatype)
     shape = tuple(entry.shape)
-    if any(d < 0 for d in shape):
-        raise InputError(f"input {name!r}: shape {list(shape)} has a negative dimension; send the actual sizes")
+    if any(not 0 <= d <= _MAX_DIM for d in shape):
+        raise InputError(f"input {name!r}: shape {list(shape)} has a negative dimension or one over {_MAX_DIM}; send "
+                         "the actual sizes")
     count = math.prod(shape)
     if raw is not None:
         expected = count * dtype.itemsize
