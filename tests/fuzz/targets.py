@@ -1,0 +1,255 @@
+"""Every parser that takes network input, as a fuzz target: what it parses, from what strategy, and the property.
+
+The property is the same for all: an input is accepted as a typed record or refused with an
+:class:`~edgesdk.errors.EdgeSDKError` subclass; nothing else is raised. :func:`exercise` checks it
+for one target and one input. ``tests/fuzz/test_parsers.py`` runs each target under the CI
+profile; ``benchmarks/security.py --part fuzz`` runs them long and counts what it tried.
+
+Signed inputs (commands, roots, timestamps) are signed here with real keys over mutated
+contents, so the fuzzer reaches the code behind the signature check, as a holder of a stolen
+key would.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import strategies as st
+
+from edgesdk.errors import EdgeSDKError
+from tests.fuzz.hostile import damaged, encode, json_messages, json_values, mutated
+
+
+class Keys:
+    """Fresh Ed25519 keys for each role, and the root they make (built once per process)."""
+
+    @cached_property
+    def commands(self) -> Ed25519PrivateKey:
+        return Ed25519PrivateKey.generate()
+
+    @cached_property
+    def root_keys(self) -> list[Ed25519PrivateKey]:
+        return [Ed25519PrivateKey.generate() for _ in range(2)]
+
+    @cached_property
+    def timestamp(self) -> Ed25519PrivateKey:
+        return Ed25519PrivateKey.generate()
+
+    def root_signed(self, version: int) -> dict[str, Any]:
+        from edgesdk.fleet.trust import new_root
+
+        pub = [k.public_key() for k in self.root_keys]
+        return new_root(version, time.time() + 86400, {"root": (pub, 2), "bundles": (pub[:1], 1),
+                                                       "commands": ([self.commands.public_key()], 1),
+                                                       "timestamp": ([self.timestamp.public_key()], 1)})
+
+    @cached_property
+    def root(self) -> Any:
+        from edgesdk.fleet.trust import sign_metadata, trust_root
+
+        return trust_root(sign_metadata(self.root_signed(1), self.root_keys))
+
+
+KEYS = Keys()
+
+
+@dataclass(frozen=True)
+class Target:
+    """One parser under fuzz: ``inputs()`` builds its strategy, ``parse(value)`` runs it (raising on refusal)."""
+
+    name: str
+    inputs: Callable[[], st.SearchStrategy[Any]]
+    parse: Callable[[Any], Any]
+
+
+def exercise(target: Target, value: Any) -> bool:
+    """Run ``target`` on ``value``: True when accepted, False when refused with an EdgeSDKError; anything else
+    raised propagates (the property fails)."""
+    try:
+        target.parse(value)
+    except EdgeSDKError:
+        return False
+    return True
+
+
+# -- messages a server sends a device ---------------------------------------------------------------------------
+def _command_manifest() -> dict[str, Any]:
+    now = time.time()
+    return {"type": "deploy", "deployment_id": "r1", "transfer_id": "r1-w0", "name": "digits", "version": "1.2.0",
+            "group": "cams", "rollback": False, "issued_at": now, "expires_at": now + 3600,
+            "archive": {"sha256": "a" * 64, "size": 10, "chunks": ["b" * 64, "c" * 64], "sizes": [4, 6], "zstd": [1]},
+            "broadcast": [0, 1], "offload": {"url": "http://127.0.0.1:8000", "model": "digits", "version": "1.2.0"}}
+
+
+def _seal(manifest: Any) -> bytes:
+    from edgesdk.runtime.signing import key_id, sign
+
+    body = json.dumps(manifest).encode()
+    return json.dumps({"manifest": base64.b64encode(body).decode(),
+                       "signature": base64.b64encode(sign(KEYS.commands, body)).decode(),
+                       "key_id": key_id(KEYS.commands.public_key())}).encode()
+
+
+def _commands() -> st.SearchStrategy[bytes]:
+    valid = _command_manifest()
+    measure = {"type": "measure", "measurement_id": "m1", "transfer_id": "m1", "mode": "latency", "runs": 5,
+               "issued_at": time.time(), "expires_at": time.time() + 3600, "archive": valid["archive"]}
+    return st.one_of(mutated(valid).map(_seal), mutated(measure).map(_seal), json_values.map(_seal),
+                     damaged(_seal(valid)), st.binary(max_size=200))
+
+
+def _parse_command(envelope: bytes) -> Any:
+    from edgesdk.fleet.protocol import parse_command
+
+    return parse_command(envelope, KEYS.root.keyset("commands"))
+
+
+def _chunks() -> st.SearchStrategy[tuple[Any, int, bytes]]:
+    import zstandard
+
+    from edgesdk.fleet.protocol import ArchiveInfo
+
+    raw = b"edgesdk chunk " * 40
+    frame = zstandard.ZstdCompressor().compress(raw)
+    info = ArchiveInfo("a" * 64, len(raw) + 4, ("b" * 64, "c" * 64), (len(raw), 4), frozenset({0}))
+    return st.tuples(st.just(info), st.sampled_from([0, 1]),
+                     st.one_of(damaged(frame), st.binary(max_size=300), st.just(frame)))
+
+
+def _decode_chunk(value: tuple[Any, int, bytes]) -> bytes:
+    from edgesdk.fleet.chunk_codec import decode_chunk
+
+    return decode_chunk(*value)
+
+
+def _roots() -> st.SearchStrategy[bytes]:
+    from edgesdk.fleet.trust import sign_metadata
+
+    valid = KEYS.root_signed(2)
+    return st.one_of(mutated(valid).map(lambda signed: sign_metadata(signed, KEYS.root_keys)),
+                     damaged(sign_metadata(valid, KEYS.root_keys)), json_messages({"signed": valid, "signatures": []}))
+
+
+def _update_root(document: bytes) -> Any:
+    from edgesdk.fleet.trust import update_root
+
+    return update_root(KEYS.root, document)
+
+
+def _timestamps() -> st.SearchStrategy[bytes]:
+    from edgesdk.fleet.trust import new_timestamp, sign_metadata
+
+    valid = new_timestamp(7, time.time() + 300, 1, {"cams": "d" * 64})
+    return st.one_of(mutated(valid).map(lambda signed: sign_metadata(signed, [KEYS.timestamp])),
+                     damaged(sign_metadata(valid, [KEYS.timestamp])), json_messages({"signed": valid}))
+
+
+def _parse_timestamp(document: bytes) -> Any:
+    from edgesdk.fleet.trust import parse_timestamp
+
+    return parse_timestamp(document, KEYS.root)
+
+
+# -- messages a device sends the server --------------------------------------------------------------------------
+def _measurement_results() -> st.SearchStrategy[bytes]:
+    from edgesdk.fleet.measurement import encode_array
+
+    done = {"measurement_id": "m1", "status": "done", "figures": {"p50_ms": 1.5, "runs": 5},
+            "outputs": {"y": encode_array(np.ones((2, 3), np.float32))}}
+    failed = {"measurement_id": "m1", "status": "failed", "error": "no", "error_type": "ConversionError"}
+    return st.one_of(json_messages(done), json_messages(failed))
+
+
+def _parse_result(payload: bytes) -> Any:
+    from edgesdk.fleet.measurement import decode_array, parse_result
+
+    message = parse_result(payload)
+    for text in (message.get("outputs") or {}).values():
+        decode_array(text)  # the server decodes the outputs it hands on
+    return message
+
+
+# -- the V2 inference endpoint -----------------------------------------------------------------------------------
+_V2_JSON = {"id": "1", "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}], "parameters": {"binary_data_output": False}}
+
+
+def _v2_binary() -> st.SearchStrategy[tuple[bytes, int | None]]:
+    from edgesdk.offload.v2_codec import HEADER_LENGTH, encode_request
+
+    body, headers = encode_request({"input": np.arange(8, dtype=np.float32).reshape(2, 4)}, binary_inputs=True)
+    length = int(headers[HEADER_LENGTH])
+    header = json.loads(body[:length])
+    rebuilt = st.tuples(mutated(header).map(encode), st.binary(max_size=64)).map(lambda p: (p[0] + p[1], len(p[0])))
+    return st.one_of(rebuilt, st.tuples(damaged(body), st.one_of(st.just(length), st.integers(-5, 2**40), st.none())))
+
+
+def _decode_v2(value: tuple[bytes, int | None] | bytes) -> Any:
+    from edgesdk.offload.v2_codec import decode_request
+
+    body, length = value if isinstance(value, tuple) else (value, None)
+    return decode_request(body, length)
+
+
+_DATATYPES = ["FP32", "FP16", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+              "BOOL", "BYTES", "", "fp32", "FP128"]
+
+
+@st.composite
+def _grpc_requests(draw: Any) -> bytes:
+    from edgesdk.ota_server.inference import edgesdk_v2_grpc_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=draw(st.text(max_size=8)), id=draw(st.text(max_size=8)))
+    for _ in range(draw(st.integers(0, 3))):
+        entry = request.inputs.add(name=draw(st.sampled_from(["input", "x", ""])),
+                                   datatype=draw(st.sampled_from(_DATATYPES)))
+        entry.shape.extend(draw(st.lists(st.integers(-2**63, 2**63 - 1) | st.integers(-2, 8), max_size=4)))
+        field = draw(st.sampled_from(["fp32_contents", "int_contents", "int64_contents", "bool_contents",
+                                      "uint_contents", "fp64_contents", "uint64_contents"]))
+        values = {"fp32_contents": st.floats(width=32), "fp64_contents": st.floats(),
+                  "int_contents": st.integers(-2**31, 2**31 - 1), "int64_contents": st.integers(-2**63, 2**63 - 1),
+                  "uint_contents": st.integers(0, 2**32 - 1), "uint64_contents": st.integers(0, 2**64 - 1),
+                  "bool_contents": st.booleans()}[field]
+        getattr(entry.contents, field).extend(draw(st.lists(values, max_size=16)))
+    for _ in range(draw(st.integers(0, 3))):
+        request.raw_input_contents.append(draw(st.binary(max_size=64)))
+    data = request.SerializeToString()
+    valid = pb.ModelInferRequest(model_name="m")
+    valid.inputs.add(name="input", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1.0, 2.0])
+    good = valid.SerializeToString()
+    return draw(st.one_of(st.just(data), damaged(data) if data else st.just(data), st.just(good), damaged(good)))
+
+
+def _decode_grpc(data: bytes) -> Any:
+    """As grpcio does it: a body that is no ModelInferRequest is refused by the framework before the servicer."""
+    from google.protobuf.message import DecodeError
+
+    from edgesdk.errors import InputError
+    from edgesdk.ota_server.inference import edgesdk_v2_grpc_pb2 as pb
+    from edgesdk.ota_server.inference.grpc_service import decode_inputs
+
+    try:
+        request = pb.ModelInferRequest.FromString(data)
+    except DecodeError as exc:
+        raise InputError(f"not a ModelInferRequest ({exc})") from exc
+    return decode_inputs(request)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in [
+    Target("command", _commands, _parse_command),
+    Target("chunk", _chunks, _decode_chunk),
+    Target("root", _roots, _update_root),
+    Target("timestamp", _timestamps, _parse_timestamp),
+    Target("measurement_result", _measurement_results, _parse_result),
+    Target("v2_json", lambda: json_messages(_V2_JSON), _decode_v2),
+    Target("v2_binary", _v2_binary, _decode_v2),
+    Target("v2_grpc", _grpc_requests, _decode_grpc),
+]}
