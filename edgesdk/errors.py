@@ -16,6 +16,8 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     │   └── TrustError               exit 27  root-of-trust metadata refused: malformed, a rollback to an older
     │                                         version, expired, or not signed by the keys its role needs
     ├── TransferError                exit 10  an OTA transfer failed or was truncated
+    │   └── ReportError              exit 29  a device's report (state, event, chunk request, measurement
+    │                                         result) refused: a field of the wrong type, range or length
     ├── OffloadError                 exit 11  the cloud offload endpoint could not serve a request
     ├── ConversionError              exit 12  a model could not be loaded, exported, quantized or converted
     │   └── UnsupportedOpError       exit 13  a converter has no kernel for an op (the op is named)
@@ -137,6 +139,20 @@ class TransferError(EdgeSDKError):
     """An over-the-air transfer failed, was truncated, or a chunk did not verify."""
 
     exit_code = 10
+
+
+class ReportError(TransferError):
+    """A message a device sent (state, event, chunk request, measurement result) was refused unread.
+
+    ``reason`` is a short machine word (``json``, ``type``, ``range``, ``length``, ``id``, ``missing``) and ``field``
+    the report field at fault (``""``: the message as a whole); servers count refusals by ``reason``.
+    """
+
+    exit_code = 29
+
+    def __init__(self, message: str, *, reason: str, field: str = "") -> None:
+        super().__init__(message)
+        self.reason, self.field = reason, field
 
 
 class OffloadError(EdgeSDKError):

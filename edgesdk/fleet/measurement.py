@@ -30,8 +30,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from edgesdk.errors import DataError, TransferError
-from edgesdk.fleet.protocol import check_id
+from edgesdk.errors import DataError, ReportError, TransferError
+from edgesdk.fleet.reports import MAX_ITEMS, cut_text, loads, plain, report_id
 from edgesdk.runtime.bundle import safe_name
 
 __all__ = ["pack_measurement", "measurement_files", "encode_result", "parse_result", "encode_array", "decode_array",
@@ -115,21 +115,55 @@ def encode_result(measurement_id: str, status: str, *, error: Exception | None =
 
 
 def parse_result(payload: bytes, max_size: int = MAX_RESULT_BYTES) -> dict[str, Any]:
-    """Check a measurement message (size first, then fields) and return it as a dict."""
+    """Check a measurement message (size first, then every field) and return it as a dict.
+
+    Anything malformed raises :class:`~edgesdk.errors.ReportError` (a TransferError) with its ``reason`` and
+    ``field``: not JSON, a field missing or of the wrong type, figures out of the bounds of
+    :func:`edgesdk.fleet.reports.plain`, more than ``MAX_ITEMS`` outputs. ``error`` is cut to
+    ``MAX_REASON_CHARS`` characters rather than refused (a failure must still be reported).
+    """
     if len(payload) > max_size:
-        raise TransferError(f"measurement result of {len(payload)} bytes is over the {max_size}-byte cap; ignored")
-    try:
-        message = json.loads(payload)
-        check_id(message["measurement_id"], "measurement id")
-        status = message["status"]
-        if status not in ("accepted", "done", "failed"):
-            raise TransferError(f"measurement status {status!r} is not accepted, done or failed")
-        if status == "failed":
-            message["error"], message["error_type"] = str(message["error"]), str(message.get("error_type", ""))
-        if status == "done":
-            if not isinstance(message["figures"], dict) or not isinstance(message["outputs"], dict) or not all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in message["outputs"].items()):
-                raise TransferError("a done measurement needs a figures object and string outputs")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise TransferError(f"measurement result is malformed: {exc}") from exc
-    return dict(message)
+        raise ReportError(f"measurement result of {len(payload)} bytes is over the {max_size}-byte cap; ignored",
+                          reason="length")
+    message = loads(payload, "measurement result", max_size)
+    if not isinstance(message, dict):
+        raise ReportError(f"the measurement result {str(message)[:80]!r} must be a JSON object", reason="type")
+    for key in ("measurement_id", "status"):
+        if key not in message:
+            raise ReportError(f"the measurement result has no {key}; the device sent a malformed result",
+                              reason="missing", field=key)
+    checked: dict[str, Any] = {"measurement_id": report_id(message["measurement_id"], "measurement_id")}
+    status = checked["status"] = message["status"]
+    if status not in ("accepted", "done", "failed"):
+        raise ReportError(f"measurement status {str(status)[:80]!r} is not accepted, done or failed",
+                          reason="range" if isinstance(status, str) else "type", field="status")
+    if status == "failed":
+        if "error" not in message:
+            raise ReportError("a failed measurement result has no error", reason="missing", field="error")
+        checked["error"] = cut_text(message["error"], "error") or ""
+        error_type = message.get("error_type") or ""
+        checked["error_type"] = report_id(error_type, "error_type") if error_type else ""
+    if status == "done":
+        checked["figures"], checked["outputs"] = _figures(message.get("figures")), _outputs(message.get("outputs"))
+    return checked
+
+
+def _figures(figures: Any) -> dict[str, Any]:
+    if not isinstance(figures, dict):
+        raise ReportError(f"a done measurement needs a figures object, not {str(figures)[:80]!r}", reason="type",
+                          field="figures")
+    return dict(plain(figures, "figures"))
+
+
+def _outputs(outputs: Any) -> dict[str, str]:
+    if not isinstance(outputs, dict):
+        raise ReportError(f"a done measurement needs an outputs object, not {str(outputs)[:80]!r}", reason="type",
+                          field="outputs")
+    if len(outputs) > MAX_ITEMS:
+        raise ReportError(f"a measurement result names {len(outputs)} outputs; at most {MAX_ITEMS} are read",
+                          reason="length", field="outputs")
+    for name, text in outputs.items():
+        if len(name) > 256 or not isinstance(text, str):
+            raise ReportError(f"output {name[:80]!r} must have a name of at most 256 characters and base64 .npy text",
+                              reason="length" if len(name) > 256 else "type", field="outputs")
+    return dict(outputs)
