@@ -178,13 +178,17 @@ def show(root: str) -> None:
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--key", required=True, type=click.Path(exists=True, dir_okay=False), help="Ed25519 private key (PEM).")
-def sign(bundle: str, key: str) -> None:
+@click.option("--rollback-floor", metavar="VERSION", default=None,
+              help="Write this floor into the manifest first: devices that install this release refuse versions of "
+                   "the model below it afterwards. Set it with the first signature.")
+def sign(bundle: str, key: str, rollback_floor: str | None) -> None:
     """Check BUNDLE's hashes and add a signature of its manifest (beside the signatures already there)."""
     from edgesdk.runtime.bundle import sign_bundle, signers
     from edgesdk.runtime.signing import load_private_key
 
-    signed = sign_bundle(bundle, load_private_key(key))
-    click.echo(f"signed {signed.path} ({signed.manifest.name} {signed.manifest.version}) with key "
+    signed = sign_bundle(bundle, load_private_key(key), rollback_floor=rollback_floor)
+    floor = f", rollback floor {signed.manifest.rollback_floor}" if signed.manifest.rollback_floor else ""
+    click.echo(f"signed {signed.path} ({signed.manifest.name} {signed.manifest.version}{floor}) with key "
                f"{', '.join(signed.signed_by)}; signed by: {', '.join(signers(signed.path))}")
 
 

@@ -16,7 +16,10 @@ variant, or null), ``target`` (``profile``, ``power_mode``: the runtime mode, an
 (name, shape with null for dynamic dims, dtype), ``preprocessing`` (free-form notes),
 ``measured`` (figures from the converter; estimates are labelled as such),
 ``health_check`` (``file``, ``atol``, ``rtol``, ``max_latency_ms``), ``tool``
-(``edgesdk`` version) and ``created_at`` (UTC, ISO 8601).
+(``edgesdk`` version), ``created_at`` (UTC, ISO 8601) and, optionally, ``rollback_floor``
+(a version at or below ``version``: a device that installs this release refuses any version of
+this model below the floor afterwards; set it as the bundle is signed, ``edgesdk sign BUNDLE
+--key K --rollback-floor 1.2.0``, so the ``bundles`` role's signatures cover it).
 
 Because the manifest carries every file's hash, signing the manifest bytes signs the
 whole bundle. Bundles are written to a temporary sibling directory and renamed into
@@ -106,6 +109,12 @@ def _spec(data: Any, where: str) -> TensorSpec:
         raise BundleError(f"manifest {where}: expected {{name, shape, dtype}}, got {data!r} ({exc})") from exc
 
 
+def _floor(floor: Any, version: str) -> None:
+    if floor is not None and (not isinstance(floor, str) or parse_version(floor) > parse_version(version)):
+        raise BundleError(f"rollback_floor {floor!r} must be a version at or below the bundle's own {version!r} "
+                          "(a device could never run it otherwise); pass e.g. --rollback-floor " + version)
+
+
 def _threads(value: Any) -> int | None:
     if value is None:
         return None
@@ -138,10 +147,13 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     #: The thread count the converter planned the model for (None: the runtime mode's own).
     threads: int | None = None
+    #: The lowest version of this model a device that installed this release may run afterwards (None: no floor).
+    rollback_floor: str | None = None
 
     def __post_init__(self) -> None:
         safe_name(self.name, "bundle name")
         parse_version(self.version)
+        _floor(self.rollback_floor, self.version)
         for file_name in self.files:
             safe_name(file_name, "bundle file name")
         if self.model_file not in self.files:
@@ -175,6 +187,7 @@ class Manifest:
             "health_check": dataclasses.asdict(self.health_check) if self.health_check else None,
             "tool": {"name": "edgesdk", "version": self.tool_version},
             "created_at": self.created_at,
+            **({"rollback_floor": self.rollback_floor} if self.rollback_floor is not None else {}),
         }
 
     def to_bytes(self) -> bytes:
@@ -203,7 +216,7 @@ class Manifest:
                 quantization=data.get("quantization"), preprocessing=data.get("preprocessing") or {},
                 measured=data.get("measured") or {}, health_check=health,
                 tool_version=data.get("tool", {}).get("version", ""), created_at=data.get("created_at", ""),
-                threads=_threads(data["target"].get("threads")),
+                threads=_threads(data["target"].get("threads")), rollback_floor=data.get("rollback_floor"),
             )
         except KeyError as exc:
             raise BundleError(f"manifest is missing field {exc.args[0]!r}") from None
@@ -277,18 +290,21 @@ class BundleSpec:
     measured: Mapping[str, Any] = field(default_factory=dict)
     #: The thread count planned for the board (None: the runtime mode's own).
     threads: int | None = None
+    #: Devices that install this release refuse versions of the model below this one afterwards (None: no floor).
+    rollback_floor: str | None = None
 
     def __post_init__(self) -> None:
         safe_name(self.name, "bundle name")
         parse_version(self.version)
         _threads(self.threads)
+        _floor(self.rollback_floor, self.version)
 
     @classmethod
     def of(cls, manifest: Manifest) -> BundleSpec:
         """The spec a bundle was written from, e.g. to re-release its model as ``replace(spec, version=...)``."""
         return cls(manifest.name, manifest.version, manifest.variant, manifest.target_profile, manifest.power_mode,
                    manifest.source_model_sha256, manifest.health_check or HealthCheck(), manifest.quantization,
-                   manifest.preprocessing, manifest.measured, manifest.threads)
+                   manifest.preprocessing, manifest.measured, manifest.threads, manifest.rollback_floor)
 
 
 @dataclass(frozen=True)
@@ -333,6 +349,7 @@ def write_bundle(out_dir: str | os.PathLike[str], model: ModelFile, spec: Bundle
             target_profile=spec.target_profile, power_mode=spec.power_mode, inputs=sample.input_specs,
             outputs=sample.output_specs, quantization=spec.quantization, preprocessing=spec.preprocessing,
             measured=spec.measured, health_check=health, tool_version=__version__, threads=spec.threads,
+            rollback_floor=spec.rollback_floor,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         _write_file(staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode())
@@ -377,13 +394,33 @@ def _write_signature(directory: Path, private_key: Any) -> None:
     write_atomic(directory / SIGNATURE, json.dumps({"signatures": entries}, indent=2).encode())
 
 
-def sign_bundle(path: str | os.PathLike[str], private_key: Any) -> Bundle:
+def sign_bundle(path: str | os.PathLike[str], private_key: Any, rollback_floor: str | None = None) -> Bundle:
     """Add a signature of an existing bundle's manifest (after checking its hashes), beside the signatures of other
     keys already there (a threshold of the root's ``bundles`` role, e.g. CI and a release manager); a second
-    signature by the same key replaces the first."""
+    signature by the same key replaces the first. ``rollback_floor`` first writes that floor into the manifest
+    (see the module doc): refused (BundleError) when other keys signed the manifest's current bytes."""
     bundle = read_bundle(path)
+    if rollback_floor is not None and rollback_floor != bundle.manifest.rollback_floor:
+        _set_floor(bundle, rollback_floor, private_key)
     _write_signature(bundle.path, private_key)
     return read_bundle(path, public_key=private_key.public_key(), require_signature=True)
+
+
+def _set_floor(bundle: Bundle, floor: str, private_key: Any) -> None:
+    """Write ``floor`` into the manifest, unless keys other than ``private_key`` signed its present bytes."""
+    from edgesdk.runtime.signing import key_id
+
+    m = bundle.manifest
+    others = [k for k in signers(bundle.path) if k != key_id(private_key.public_key())]
+    if others:
+        raise BundleError(f"{m.name} {m.version} is already signed by {', '.join(others)} over a manifest "
+                          f"with rollback_floor {m.rollback_floor!r}; setting {floor!r} changes those bytes and "
+                          "voids their signatures: set --rollback-floor with the first signature, then have the "
+                          "others sign")
+    data = json.loads((bundle.path / MANIFEST).read_bytes())
+    data["rollback_floor"] = floor
+    Manifest.from_dict(data)  # the floor is a version at or below the bundle's own
+    write_atomic(bundle.path / MANIFEST, json.dumps(data, indent=2, sort_keys=True).encode())
 
 
 def read_bundle(path: str | os.PathLike[str], public_key: Any = None, require_signature: bool = False,
