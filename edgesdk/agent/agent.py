@@ -211,7 +211,7 @@ class DeviceAgent:
         in_flight = self.downloads.get(command.transfer_id) is not None
         verdict = admit(command, self.store.load_state(), self.current_version(), self.store.pointer("current"),
                         in_flight=in_flight, resume=resume or (not in_flight and self.store.holds_transfer(
-                            command.transfer_id)), held=self.store.has_slot(slot))
+                            command.transfer_id)), held=self.store.has_slot(slot), store=self.store, trust=self.trust)
         if verdict.remember:
             self.store.remember(command.deployment_id)
         if not verdict.proceed:
@@ -266,7 +266,7 @@ class DeviceAgent:
                     rejected_chunks=transfer.rejected)
         slot = self.store.slot_name(command.name, command.version)
         try:
-            check_still_newer(command, self.current_version())
+            check_still_newer(command, self.current_version(), self.store)
             self.installer.unpack(slot, archive, command.archive)
         except EdgeSDKError as exc:
             self._event(command, AgentEvent.FAILED, reason=f"bundle rejected: {exc}")

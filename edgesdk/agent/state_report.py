@@ -9,8 +9,10 @@ from edgesdk.agent.config import AgentConfig
 from edgesdk.agent.energy_account import EnergyAccount, NoEnergy
 from edgesdk.agent.local_chunks import LAYOUTS
 from edgesdk.agent.managed import ManagedRuntime
+from edgesdk.agent.rollback_floor import RollbackFloors
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.trust_keeper import TrustKeeper
+from edgesdk.errors import BundleError
 
 __all__ = ["device_state"]
 
@@ -22,7 +24,10 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
     with a ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran:
     local, cloud, refused) and its energy per inference since the last report where the board has a power
     sensor (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``); with a root of trust,
-    its version and expiry (``trust``); ``session``: when this run of the agent began (its last will says it too)."""
+    its version and expiry (``trust``: ``stale`` when its newest timestamp expired, ``root_expired`` when the root
+    did, and then ``accepts_deploys`` is false); each model's rollback floor and the release that set it
+    (``rollback_floors``, taken from the committed slot as the state is made); ``session``: when this run of the
+    agent began (its last will says it too)."""
     current = store.current_model()
     slots = sorted(p.name for p in store.slots.iterdir() if not p.name.startswith("."))
     state: dict[str, Any] = {
@@ -33,6 +38,12 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
         "updated": time.time(), **({"session": session} if session is not None else {})}
     if trust is not None:
         state["trust"] = trust.state()
+    try:
+        floors = RollbackFloors(store)
+        floors.observe()
+        state["rollback_floors"] = floors.report()
+    except BundleError as exc:
+        state["rollback_floors"] = {"error": str(exc)}
     if runtime is not None:
         stats = runtime.stats()
         state["runtime"] = stats.as_dict()
