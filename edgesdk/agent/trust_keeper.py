@@ -4,15 +4,23 @@ The agent is provisioned with the fleet's ``root.json`` (``AgentConfig.root``); 
 store's ``trust/`` holds the newest root it has verified (:class:`~edgesdk.fleet.trust.TrustStore`).
 Root versions arrive retained on ``edgesdk/trust/root/<N>`` in any order: each is kept until the
 versions before it have come, then the chain is applied (:func:`~edgesdk.fleet.trust.update_chain`).
+Waiting versions are bounded (in memory only): at most ``MAX_PENDING_ROOTS`` of them, none more than
+``MAX_ROOTS_AHEAD`` versions beyond the held root or over ``MAX_PENDING_ROOT_BYTES``, each signed by its
+own root threshold; the nearest ones are kept (they are applied first) and the rest refused with the
+reason. A refused later version comes again when the agent next subscribes (a reconnect or a restart).
 A root signed without the thresholds, malformed, or a different document under a version this
 device already passed (a rollback or a forgery) is refused with the reason, and the trusted root
 stays. Commands are verified with the trusted root's ``commands`` role from the moment it is stored.
 
 Freshness: the newest timestamp metadata the server published (``edgesdk/trust/timestamp``,
 signed by the root's ``timestamp`` role) is kept in ``trust/timestamp.json``; an older version is
-ignored, so a replayed one cannot make an expired view look fresh.
+ignored, so a replayed one cannot make an expired view look fresh. A new root that rotates the
+``timestamp`` role's keys drops the held timestamp (TUF 5.3.11), so one pushed to a huge version
+with a stolen key stops shadowing the honest ones signed after the rotation.
 A device whose newest timestamp has expired, or that has none, is **stale**: it says so in its
-state and its log, and keeps running its model.
+state and its log, and keeps running its model. A device whose root expired says so too
+(``root_expired``, ``accepts_deploys: false``, a log line) and refuses new deploys
+(:mod:`edgesdk.agent.admission`) until the next root version arrives.
 """
 
 from __future__ import annotations
@@ -25,7 +33,18 @@ from typing import Any
 
 from edgesdk.errors import SignatureError, TrustError
 from edgesdk.files import write_atomic
-from edgesdk.fleet.trust import Root, Timestamp, TrustStore, parse_root, parse_timestamp
+from edgesdk.fleet.trust import (
+    MAX_PENDING_ROOT_BYTES,
+    MAX_PENDING_ROOTS,
+    MAX_ROOTS_AHEAD,
+    Root,
+    Timestamp,
+    TrustStore,
+    parse_root,
+    parse_timestamp,
+    role_changed,
+    trust_root,
+)
 from edgesdk.runtime.signing import KeySet
 
 __all__ = ["TrustKeeper"]
@@ -50,6 +69,7 @@ class TrustKeeper:
         self._timestamp_path = self.store.directory / "timestamp.json"
         self.timestamp: Timestamp | None = self._stored_timestamp()
         self._reported_stale: bool | None = None
+        self._reported_expired: bool | None = None
 
     @classmethod
     def open(cls, directory: Path, provision: str | os.PathLike[str] | None, label: str,
@@ -71,16 +91,28 @@ class TrustKeeper:
     def receive(self, document: bytes) -> str | None:
         """Take a root document off the wire; the reason it was refused (also given to ``on_refused``), or None
         (applied, then ``on_changed``; kept for later; or a copy of a version already held)."""
-        before = self.root.version
+        before = self.root
         refusal = self._take(document)
+        if self.root.version != before.version:
+            log.info("%s: root of trust v%d -> v%d (expires %s)", self._label, before.version, self.root.version,
+                     self.root.expires_iso)
+            if role_changed(before, self.root, "timestamp"):
+                self._drop_timestamp(before.version)
         if refusal is not None:
             log.warning("%s: %s", self._label, refusal)
             self._on_refused(refusal)
-        elif self.root.version != before:
-            log.info("%s: root of trust v%d -> v%d (expires %s)", self._label, before, self.root.version,
-                     self.root.expires_iso)
+        if self.root.version != before.version:
             self._on_changed()
         return refusal
+
+    def _drop_timestamp(self, before: int) -> None:
+        """The timestamp role's keys changed: forget the timestamp signed under the old ones (TUF 5.3.11)."""
+        if self.timestamp is not None:
+            log.warning("%s: root v%d -> v%d rotated the timestamp keys: dropping timestamp v%d, the next one signed "
+                        "by the new keys is taken whatever its version", self._label, before, self.root.version,
+                        self.timestamp.version)
+        self._timestamp_path.unlink(missing_ok=True)
+        self.timestamp = None
 
     def _take(self, document: bytes) -> str | None:
         try:
@@ -92,6 +124,11 @@ class TrustKeeper:
                 return None  # the retained copy of a version this device went through
             return (f"root metadata v{root.version} differs from the v{root.version} this device went through and is "
                     f"not newer than its v{self.root.version}: a rollback or forgery of the root of trust is refused")
+        if root.version > self.root.version + 1:
+            try:
+                self._make_room(root, document)
+            except SignatureError as exc:  # TrustError included
+                return str(exc)
         self._pending[root.version] = document
         run, version = [], self.root.version + 1
         while version in self._pending:  # the versions that follow the trusted one without a gap
@@ -108,6 +145,27 @@ class TrustKeeper:
             return str(exc)
         self._pending = {v: d for v, d in self._pending.items() if v > self.root.version}
         return None
+
+    def _make_room(self, root: Root, document: bytes) -> None:
+        """Make room for a version that waits for earlier ones, dropping the farthest waiting version when a nearer
+        one comes; TrustError (SignatureError when it lacks its own root threshold) when it is not held."""
+        held, ahead = self.root.version, root.version - self.root.version
+        if ahead > MAX_ROOTS_AHEAD:
+            raise TrustError(f"root metadata v{root.version} is {ahead} versions ahead of the v{held} this device holds "
+                             f"(at most {MAX_ROOTS_AHEAD} may wait for the versions between): refused; publish every "
+                             "version between, it comes again when the device next subscribes")
+        if len(document) > MAX_PENDING_ROOT_BYTES:
+            raise TrustError(f"root metadata v{root.version} of {len(document)} bytes is over the "
+                             f"{MAX_PENDING_ROOT_BYTES}-byte limit for a version waiting for earlier ones: refused; "
+                             f"publish v{held + 1} first")
+        trust_root(document)  # its own root threshold signed it: junk is not held
+        if root.version not in self._pending and len(self._pending) >= MAX_PENDING_ROOTS:
+            farthest = max(self._pending)
+            if root.version > farthest:
+                raise TrustError(f"root metadata v{root.version}: {len(self._pending)} later versions (the most a "
+                                 f"device holds) already wait for v{held + 1}: refused; it comes again when the "
+                                 "device next subscribes")
+            del self._pending[farthest]
 
     def receive_timestamp(self, document: bytes) -> str | None:
         """Take timestamp metadata off the wire; the reason it was refused (also to ``on_refused``), or None."""
@@ -133,7 +191,16 @@ class TrustKeeper:
         return self.timestamp is None or self.timestamp.expired(now)
 
     def check_freshness(self, now: float | None = None) -> None:
-        """Log and report (``on_changed``) when the device becomes stale or fresh again."""
+        """Log and report (``on_changed``) when the device becomes stale or fresh again, or its root expires."""
+        expired = self.root.expired(now)
+        if expired != self._reported_expired:
+            if expired:
+                log.warning("%s: root metadata v%d expired at %s: the model keeps running, new deploys are refused "
+                            "until the fleet publishes the next root version", self._label, self.root.version,
+                            self.root.expires_iso)
+            self._reported_expired = expired
+            if expired:
+                self._on_changed()
         stale = self.stale(now)
         if stale == self._reported_stale:
             return
@@ -160,7 +227,8 @@ class TrustKeeper:
         """What the device reports of its trust: the root version and expiry, whether it is stale, its newest
         timestamp."""
         timestamp = self.timestamp
+        expired = self.root.expired()
         return {"root_version": self.root.version, "root_expires": self.root.expires_iso,
-                "root_expired": self.root.expired(), "stale": self.stale(),
+                "root_expired": expired, "accepts_deploys": not expired, "stale": self.stale(),
                 "timestamp_version": timestamp.version if timestamp else None,
                 "timestamp_expires": timestamp.expires_iso if timestamp else None}

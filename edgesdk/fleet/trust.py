@@ -20,14 +20,22 @@ the very next version: an older or equal version is a rollback, a skipped one mu
 through its predecessors (:func:`update_chain`). So a stolen key of any role is revoked by
 publishing the next root without it, and a stolen root key alone (below the threshold) can
 sign nothing a device accepts. **Expiry**: a root past its ``expires`` is still the newest a
-device knows; :meth:`Root.expired` tells the agent to report itself stale (no new root is
-reaching it), and the device keeps running its model.
+device knows, but it can no longer tell whether a key was revoked since: :meth:`Root.expired`
+tells the agent to report it (``root_expired`` in its state) and refuse new deploys until the
+next version arrives, while it keeps running its model. **Waiting versions** are bounded: a
+device holds at most :data:`MAX_PENDING_ROOTS` later versions (each at most
+:data:`MAX_PENDING_ROOT_BYTES`, signed by its own root threshold, as :func:`trust_root` checks)
+and none more than :data:`MAX_ROOTS_AHEAD` beyond its own, so a flood of made-up versions costs
+it a few hundred KiB at most.
 
 **Freshness** (:func:`new_timestamp`, :func:`parse_timestamp`): the server publishes timestamp
 metadata at an interval, signed by the ``timestamp`` role: a version that only grows, a short
 expiry, the root version it was made under, and a digest of each group's current target. A device
 that cannot tell "no update exists" from "updates are being withheld" (an indefinite freeze) now
-can: when its newest timestamp has expired, nobody is vouching for what it runs.
+can: when its newest timestamp has expired, nobody is vouching for what it runs. When a new root
+changes the ``timestamp`` role's keys (:func:`role_changed`), the device drops the timestamp it
+holds (TUF 5.3.11): a version pushed sky-high with a stolen timestamp key would otherwise make it
+ignore every honest timestamp after the rotation.
 
 :class:`TrustStore` keeps the trusted root on the device: ``root.json`` replaced atomically, and
 every earlier version kept beside it as ``root.<N>.json``.
@@ -53,13 +61,20 @@ from edgesdk.runtime.signing import KeySet, key_id, public_from_raw, raw_public
 
 __all__ = ["ROLES", "Root", "RoleKeys", "canonical", "new_root", "sign_metadata", "add_signatures", "parse_root",
            "trust_root", "update_root", "update_chain", "TrustStore", "Timestamp", "new_timestamp",
-           "parse_timestamp", "targets_digest"]
+           "parse_timestamp", "targets_digest", "role_changed", "MAX_PENDING_ROOTS",
+           "MAX_ROOTS_AHEAD", "MAX_PENDING_ROOT_BYTES"]
 
 #: The roles a root names, each with its own keys and threshold.
 ROLES = ("root", "bundles", "commands", "timestamp")
 SPEC_VERSION = 1
 #: The largest root document either side reads (a hostile one must not make a device allocate more).
 MAX_ROOT_BYTES = 256 * 1024
+#: A device keeps at most this many root versions waiting for the ones before them...
+MAX_PENDING_ROOTS = 8
+#: ... none more than this many versions ahead of the root it holds ...
+MAX_ROOTS_AHEAD = 16
+#: ... and none larger than this (a root naming a few dozen keys is a few KiB).
+MAX_PENDING_ROOT_BYTES = 64 * 1024
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 
@@ -218,6 +233,12 @@ def trust_root(document: bytes) -> Root:
     root, signatures = parse_root(document)
     root.keyset("root").verify(_signed_data(document), signatures, f"root metadata v{root.version}")
     return root
+
+
+def role_changed(old: Root, new: Root, role: str) -> bool:
+    """Whether ``role``'s keys or threshold differ between two roots (a rotation of that role)."""
+    a, b = old.roles[role], new.roles[role]
+    return set(a.keyids) != set(b.keyids) or a.threshold != b.threshold
 
 
 def update_root(trusted: Root, document: bytes) -> Root:
