@@ -27,6 +27,7 @@ from edgesdk.fleet.records import (
     TargetRecord,
     TargetStatus,
 )
+from edgesdk.ota_server.store.counters import CounterStore
 from edgesdk.ota_server.store.desired_state import DesiredStateStore
 from edgesdk.ota_server.store.rows import (
     DETAIL_KEYS,
@@ -49,7 +50,7 @@ from edgesdk.ota_server.store.sql import Database, IntegrityError, open_database
 __all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", "DETAIL_KEYS", "Release",
            "Provisioning"]
 
-class FleetDB(DesiredStateStore):
+class FleetDB(DesiredStateStore, CounterStore):
     """The fleet's devices, rollouts, targets and event log (safe across threads).
 
     ``location`` is a SQLite file path (the embedded default), ``sqlite:///PATH`` or

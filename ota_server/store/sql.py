@@ -92,10 +92,17 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "CREATE INDEX IF NOT EXISTS devices_to_reconcile ON devices (grp, id) WHERE reconcile = 1",
         "CREATE INDEX IF NOT EXISTS late_targets ON targets (rollout_id, status) WHERE late = 1",
     )),
+    (9, "counters shared by replicas: the timestamp metadata version, one more per publication", (
+        "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+        # Earlier servers used their clock's milliseconds as the version: start above what a right clock sent.
+        "INSERT INTO counters (name, value) VALUES ('timestamp_version', {now_ms})",
+    )),
 )
 
-_TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},
-          "postgresql": {"real": "DOUBLE PRECISION", "serial": "BIGSERIAL PRIMARY KEY"}}
+_TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+                     "now_ms": "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"},
+          "postgresql": {"real": "DOUBLE PRECISION", "serial": "BIGSERIAL PRIMARY KEY",
+                         "now_ms": "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"}}
 
 
 class IntegrityError(EdgeSDKError):
