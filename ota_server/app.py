@@ -55,6 +55,9 @@ class ServerSetup:
     inference: str | None = None
     #: Serve the operator console at ``/ui`` on the admin API's address (needs ``http``).
     console: bool = False
+    #: The reverse proxies in front of the console (IPs or networks, comma-separated, or ``*``; ``edgesdk server
+    #: --behind-proxy``): only their ``X-Forwarded-Proto``/``-For`` are believed. None: no proxy is trusted.
+    behind_proxy: str | None = None
     #: ``HOST:PORT`` of the KServe V2 gRPC service beside it (needs ``inference``), or None for HTTP only.
     inference_grpc: str | None = None
     #: What the inference endpoint serves (None: every model, newest version, batching on; see
@@ -138,8 +141,13 @@ def build_server(setup: ServerSetup) -> RunningServer:
 
             assert setup.token
             host, port = parse_listen(setup.http)
-            running.http = HttpServer(create_app(ota, setup.token, metrics=ota.metrics, console=setup.console),
-                                      host, port).start()
+            app = create_app(ota, setup.token, metrics=ota.metrics)
+            if setup.console:
+                from edgesdk.ota_server.console import PREFIX, create_console
+                from edgesdk.ota_server.console.guard import Proxies
+
+                app.mount(PREFIX, create_console(ota, setup.token, proxies=Proxies(setup.behind_proxy or "")))
+            running.http = HttpServer(app, host, port).start()
     except BaseException:
         running.stop()
         raise

@@ -59,6 +59,11 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--token", envvar="EDGESDK_TOKEN", help="Admin API token (default: read or create --token-file).")
 @click.option("--ui", "console", is_flag=True,
               help="Serve the operator console at /ui on the --http address (log in with the admin token).")
+@click.option("--behind-proxy", metavar="ADDRESSES",
+              help="With --ui: the reverse proxies in front of the server (IPs or networks, comma-separated; * for "
+                   "any peer). Their X-Forwarded-Proto: https makes the console's cookies Secure and their "
+                   "X-Forwarded-For names the client that wrong-token lockouts count; from anyone else both are "
+                   "ignored.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="Default: admin.token beside a SQLite --db (with PostgreSQL, give --token or --token-file).")
 @click.option("--replica", is_flag=True,
@@ -112,7 +117,7 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, console: bool,
-           token_file: str | None,
+           behind_proxy: str | None, token_file: str | None,
            replica: bool, server_name: str | None, lease: str, credentials: str | None, ca_file: str | None,
            keep_latest: int, embedded_broker: bool,
            inference_address: str | None, inference_grpc: str | None, inference_config: str | None,
@@ -140,6 +145,8 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     lease_s = parse_duration(lease)
     if lease_s <= 0:
         raise click.BadParameter(f"{lease!r} must be a positive duration, e.g. 10s", param_hint="--lease")
+    if behind_proxy is not None:
+        _check_proxies(behind_proxy, console)
     if inference_grpc and not inference_address:
         raise click.UsageError("--inference-grpc serves beside the HTTP endpoint: give --inference HOST:PORT too")
     if offload_url is None and inference_address:
@@ -175,7 +182,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
                      max_catch_up=max_catch_up, require_provisioning=require_provisioning),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
-        keep_latest=keep_latest, http=http_address, console=console,
+        keep_latest=keep_latest, http=http_address, console=console, behind_proxy=behind_proxy,
         token=_token(token, Path(token_file) if token_file else Path(db).parent / "admin.token"),
         inference=inference_address, inference_grpc=inference_grpc,
         inference_config=_inference_config(inference_config, inference_threads) if inference_address else None,
@@ -189,6 +196,19 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     running.stop()
     if embedded is not None:
         embedded.stop()
+
+
+def _check_proxies(behind_proxy: str, console: bool) -> None:
+    """--behind-proxy names addresses and comes with --ui (it is the console's setting)."""
+    if not console:
+        raise click.UsageError("--behind-proxy sets whom the console believes: give --ui too")
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.ota_server.console.guard import Proxies
+
+    try:
+        Proxies(behind_proxy)
+    except EdgeSDKError as exc:
+        raise click.BadParameter(str(exc), param_hint="--behind-proxy") from None
 
 
 def _inference_config(path: str | None, threads: int | None) -> Any:

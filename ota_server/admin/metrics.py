@@ -10,6 +10,8 @@ This process's counters and latency histogram::
                                                          chunk requests dropped, waiting states replaced by newer
     edgesdk_ota_states_refused_group_total{reason}       device states refused for their group; reason:
                                                          wrong_group | unprovisioned
+    edgesdk_ota_console_logins_refused_total{reason}     console logins refused; reason: wrong_token |
+                                                         locked_out (a client past its wrong-token allowance)
     edgesdk_ota_outbox_messages, edgesdk_ota_ingest_pending   this replica's queues (published unacknowledged;
                                                          reports not yet written)
     edgesdk_ota_catch_up_limit                           late targets that may have a command out at once
@@ -52,6 +54,8 @@ log = logging.getLogger(__name__)
 CHUNK_KINDS = ("broadcast", "resend")
 #: The ``reason`` labels of ``edgesdk_ota_states_refused_group_total``.
 GROUP_REFUSALS = ("wrong_group", "unprovisioned")
+#: The ``reason`` labels of ``edgesdk_ota_console_logins_refused_total``.
+LOGIN_REFUSALS = ("wrong_token", "locked_out")
 #: The ``kind`` labels of ``edgesdk_ota_event_handling_seconds`` (the device topics the server reads).
 EVENT_KINDS = ("state", "event", "need")
 
@@ -120,6 +124,9 @@ class ServerMetrics:
         group_refused = Counter("edgesdk_ota_states_refused_group", "Device states refused because the device is not "
                                 "provisioned in the group it names.", ("reason",), registry=self.registry)
         self._group_refused: dict[str, Any] = {reason: group_refused.labels(reason) for reason in GROUP_REFUSALS}
+        logins = Counter("edgesdk_ota_console_logins_refused", "Console logins refused: a wrong token, or a client "
+                         "locked out after too many.", ("reason",), registry=self.registry)
+        self._logins_refused: dict[str, Any] = {reason: logins.labels(reason) for reason in LOGIN_REFUSALS}
         self.registry.register(_FleetCollector(db))
 
     def watch_queues(self, outbox: Callable[[], int], ingest: Callable[[], int]) -> None:
@@ -161,6 +168,13 @@ class ServerMetrics:
         child = self._group_refused.get(reason)
         if child is None:
             raise EdgeSDKError(f"group_refused reason={reason!r} is not one of {', '.join(GROUP_REFUSALS)}")
+        child.inc()
+
+    def console_login_refused(self, reason: str) -> None:
+        """Count one console login refused: ``wrong_token``, or ``locked_out`` (refused unread during a lockout)."""
+        child = self._logins_refused.get(reason)
+        if child is None:
+            raise EdgeSDKError(f"console_login_refused reason={reason!r} is not one of {', '.join(LOGIN_REFUSALS)}")
         child.inc()
 
     def report_refused(self, kind: str) -> None:

@@ -14,21 +14,27 @@ Server-rendered Jinja2 pages, a stylesheet and one small script (the live rollou
 
 Every page but the login needs the session cookie (a GET without one is sent to the login page,
 a POST or event stream gets 403); every POST needs the session's CSRF token (403 without it).
+Cookies are ``Secure`` when the client came over HTTPS (itself, or said by a proxy the operator trusts);
+wrong tokens lock a client out for a growing time (429); form bodies over 4 KiB get 413, unread
+(:mod:`.guard`). A device's malformed details show as "—" and a note, never an error (:mod:`.details`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 from edgesdk.errors import EdgeSDKError, NotFoundError
 from edgesdk.ota_server.admin.errors import error_status
 from edgesdk.ota_server.server import OTAServer
 
 from . import views
+from .guard import FORM_MAX_BYTES, LoginLimiter, Proxies, read_form
 from .session import COOKIE, LOGIN_COOKIE, SESSION_S, Sessions
 
 __all__ = ["create_console", "PREFIX"]
@@ -46,8 +52,25 @@ _HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'non
             "X-Content-Type-Options": "nosniff"}
 
 
-def create_console(server: OTAServer, token: str) -> Any:
-    """The console app for ``server``, its sessions keyed by the admin ``token``."""
+def _dash(value: Any) -> Any:
+    return "—" if value is None else value
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else str(round(value, 2))
+
+
+def _mb(value: int | None) -> str:
+    return "—" if value is None else f"{value / 1048576:.1f}"
+
+
+def create_console(server: OTAServer, token: str, proxies: Proxies | None = None,
+                   limiter: LoginLimiter | None = None) -> Any:
+    """The console app for ``server``, its sessions keyed by the admin ``token``.
+
+    ``proxies``: the reverse proxies whose ``X-Forwarded-Proto``/``-For`` are believed (default none);
+    ``limiter``: wrong-token lockouts per client (default :class:`~.guard.LoginLimiter`'s 5 free, then 30 s doubling).
+    """
     import secrets
 
     from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -59,16 +82,23 @@ def create_console(server: OTAServer, token: str) -> Any:
     from starlette.staticfiles import StaticFiles
 
     sessions = Sessions(token)
+    proxies = proxies or Proxies()
+    limiter = limiter or LoginLimiter()
+    metrics = getattr(server, "metrics", None)
     templates = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(["html"]))
-    templates.filters["quote"] = lambda text: quote(str(text), safe="")
+    templates.filters.update(quote=lambda text: quote(str(text), safe=""), dash=_dash, ms=_ms, mb=_mb)
 
-    def render(template: str, code: int = 200, **context: Any) -> HTMLResponse:
+    def render(template: str, code: int = 200, headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
         html = templates.get_template(template).render(prefix=PREFIX, **context)
-        return HTMLResponse(html, status_code=code, headers=_HEADERS)
+        return HTMLResponse(html, status_code=code, headers={**_HEADERS, **(headers or {})})
 
-    async def form(request: Request) -> dict[str, str]:
-        body = (await request.body())[:65536].decode("utf-8", "replace")
-        return {key: values[-1] for key, values in parse_qs(body).items()}
+    def too_large() -> HTMLResponse:
+        return render("error.html", 413, title="Too large", message=f"a console form is at most {FORM_MAX_BYTES} "
+                      "bytes; this one is larger and was not read")
+
+    def refused_login(reason: str) -> None:
+        if metrics is not None and hasattr(metrics, "console_login_refused"):
+            metrics.console_login_refused(reason)
 
     def session_of(request: Request) -> str | None:
         return sessions.nonce(request.cookies.get(COOKIE))
@@ -81,7 +111,9 @@ def create_console(server: OTAServer, token: str) -> Any:
                 if request.method == "GET" and not request.url.path.endswith("/live"):
                     return RedirectResponse(f"{PREFIX}/login", status_code=303)
                 return render("error.html", 403, title="Not logged in", message="log in with the admin token first")
-            fields = await form(request) if request.method == "POST" else {}
+            fields = await read_form(request) if request.method == "POST" else {}
+            if fields is None:
+                return too_large()
             if request.method == "POST" and not sessions.csrf_ok(nonce, fields.get("csrf")):
                 return render("error.html", 403, title="Refused", message="the form's CSRF token is missing or "
                               "wrong; reload the page and submit it again")
@@ -97,18 +129,36 @@ def create_console(server: OTAServer, token: str) -> Any:
     async def login_form(request: Request) -> Response:
         login_token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
         response = render("login.html", login_token=login_token, error=None)
-        response.set_cookie(LOGIN_COOKIE, login_token, httponly=True, samesite="strict", path=PREFIX)
+        response.set_cookie(LOGIN_COOKIE, login_token, httponly=True, samesite="strict", path=PREFIX,
+                            secure=proxies.https(request))
         return response
 
+    def locked_out(login_token: str, seconds: float) -> HTMLResponse:
+        wait = max(1, math.ceil(seconds))
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + wait))
+        return render("login.html", 429, headers={"Retry-After": str(wait)}, login_token=login_token,
+                      error=f"too many wrong admin tokens from your address: try again in {wait} s (at {when})")
+
     async def login(request: Request) -> Response:
-        fields = await form(request)
-        expected = request.cookies.get(LOGIN_COOKIE)
+        client = proxies.client(request)
+        expected = request.cookies.get(LOGIN_COOKIE) or ""
+        if (wait := limiter.retry_after(client)) > 0:  # refused unread: a locked-out client learns nothing
+            refused_login("locked_out")
+            return locked_out(expected, wait)
+        fields = await read_form(request)
+        if fields is None:
+            return too_large()
         cookie = sessions.login(fields.get("token", "")) if expected and fields.get("login") == expected else None
         if cookie is None:
-            return render("login.html", 401, login_token=expected or "", error="wrong or missing admin token "
+            refused_login("wrong_token")
+            if (wait := limiter.failed(client)) > 0:
+                return locked_out(expected, wait)
+            return render("login.html", 401, login_token=expected, error="wrong or missing admin token "
                           "(it is in admin.token beside the server's database, or what --token was given)")
+        limiter.succeeded(client)
         response = RedirectResponse(f"{PREFIX}/", status_code=303)
-        response.set_cookie(COOKIE, cookie, max_age=int(SESSION_S), httponly=True, samesite="strict", path=PREFIX)
+        response.set_cookie(COOKIE, cookie, max_age=int(SESSION_S), httponly=True, samesite="strict", path=PREFIX,
+                            secure=proxies.https(request))
         return response
 
     async def logout(request: Request) -> Response:
@@ -116,7 +166,7 @@ def create_console(server: OTAServer, token: str) -> Any:
         if nonce is not None:
             sessions.logout(nonce)
         response = RedirectResponse(f"{PREFIX}/login", status_code=303)
-        response.delete_cookie(COOKIE, path=PREFIX)
+        response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict", secure=proxies.https(request))
         return response
 
     async def fleet(request: Request) -> Response:

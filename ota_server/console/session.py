@@ -64,7 +64,8 @@ class Sessions:
 
     def csrf_ok(self, nonce: str, supplied: str | None) -> bool:
         """Whether a form's ``csrf`` field is the session's token."""
-        return bool(supplied) and hmac.compare_digest(str(supplied), self.csrf(nonce))
+        # As bytes: compare_digest refuses str with non-ASCII characters (a form can carry any).
+        return bool(supplied) and hmac.compare_digest(str(supplied).encode("utf-8", "replace"), self.csrf(nonce).encode())
 
     def logout(self, nonce: str) -> None:
         """Revoke a session in this process."""

@@ -6,6 +6,7 @@ page costs the same at 10 devices or 10,000.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from typing import Any
 
 from edgesdk.fleet.records import TargetStatus
 from edgesdk.ota_server.server import OTAServer
+
+from .details import TEXT_MAX, DeviceDetails, Figures, parse_details
 
 __all__ = ["STALE_AFTER_S", "PAGE", "fleet", "groups", "device", "rollouts", "rollout", "progress", "repository",
            "VersionFigures"]
@@ -64,27 +67,32 @@ def groups(server: OTAServer) -> list[dict[str, Any]]:
 
 
 def device(server: OTAServer, device_id: str, now: float | None = None) -> dict[str, Any] | None:
-    """One device: its record, its last reported details and its last events; None if it never reported."""
+    """One device: its record, its last reported details (typed: :func:`parse_details`) and its last events; None if
+    it never reported."""
     now = time.time() if now is None else now
     record = server.db.device(device_id)
     if record is None:
         return None
-    details = server.db.details([device_id]).get(device_id, {})
-    runtime = _figures(details.get("runtime"))
-    paths = {name: _figures(path) for name, path in (runtime.get("paths") or {}).items()}
+    try:
+        details = parse_details(server.db.details([device_id]).get(device_id))
+    except ValueError:  # the stored text is not JSON at all (not written by this server)
+        details = DeviceDetails(malformed=("details",))
     events = server.db.events(device_id=device_id)[-20:]
     return {"device": {**record.to_json(), "age": _age(record.last_seen, now),
                        "stale": record.status != "online" or now - record.last_seen > STALE_AFTER_S},
-            "details": details, "runtime": runtime, "paths": paths,
-            "energy": details.get("energy") or {}, "disk": details.get("disk") or {},
+            "details": details, "runtime": details.runtime, "paths": details.paths,
+            "energy": details.energy, "disk": details.disk,
             "events": [{"type": e.type, "rollout": e.rollout_id, "age": _age(e.ts, now),
-                        "detail": e.payload.get("reason") or e.payload.get("event") or ""} for e in reversed(events)]}
+                        "detail": _event_detail(e.payload)} for e in reversed(events)]}
 
 
-def _figures(reported: Any) -> dict[str, Any]:
-    """A reported statistics object with every figure the pages show present (None when the device left it out)."""
-    reported = reported if isinstance(reported, dict) else {}
-    return {key: None for key in ("count", "errors", "p50_ms", "p99_ms", "refused", "fallbacks", "breaker")} | reported
+def _event_detail(payload: Any) -> str:
+    """What an event's line says: its reason or event name, as short text."""
+    if not isinstance(payload, dict):
+        return ""
+    value = payload.get("reason") or payload.get("event") or ""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)[:TEXT_MAX]
+    return text if len(text) <= 4 * TEXT_MAX else text[:4 * TEXT_MAX - 1] + "…"
 
 
 def rollouts(server: OTAServer) -> list[dict[str, Any]]:
@@ -129,20 +137,28 @@ class VersionFigures:
                 "offload_share": self.cloud / ran if ran else None}
 
 
-def _by_version(server: OTAServer, rollout_id: str) -> list[dict[str, Any]]:
-    """Per version now running on the rollout's devices: how many, and their reported p99 and offload share."""
+def _by_version(server: OTAServer, rollout_id: str) -> list[dict[str, Any]] | None:
+    """Per version now running on the rollout's devices: how many, and their reported p99 and offload share (None when
+    the store's details cannot be read; a device's malformed figures are left out of the medians and shares)."""
     figures: dict[str, VersionFigures] = {}
-    for running_version, details in server.db.target_devices(rollout_id):
+    try:
+        targets = server.db.target_devices(rollout_id)
+    except ValueError:  # a device's stored details are not JSON at all (not written by this server)
+        return None
+    for running_version, raw in targets:
         version = running_version or "unknown"
         entry = figures.setdefault(version, VersionFigures(version))
         entry.devices += 1
-        runtime = details.get("runtime") or {}
-        if isinstance(runtime.get("p99_ms"), (int, float)):
-            entry.p99_ms.append(float(runtime["p99_ms"]))
-        paths = runtime.get("paths") or {}
-        entry.local += int((paths.get("local") or {}).get("count", 0))
-        entry.cloud += int((paths.get("cloud") or {}).get("count", 0))
+        details = parse_details(raw)
+        if details.runtime.p99_ms is not None:
+            entry.p99_ms.append(details.runtime.p99_ms)
+        entry.local += _count_of(details.paths.get("local"))
+        entry.cloud += _count_of(details.paths.get("cloud"))
     return [figures[v].to_json() for v in sorted(figures)]
+
+
+def _count_of(path: Figures | None) -> int:
+    return path.count or 0 if path is not None else 0
 
 
 def rollout(server: OTAServer, rollout_id: str) -> dict[str, Any]:
