@@ -34,7 +34,7 @@ from benchmarks._common import log
 from benchmarks._fleet_servers import ServerProcess
 from benchmarks.fleet_sim import SimulatedFleet
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.ota_server.broker import LocalMosquitto
 from edgesdk.ota_server.postgres import LocalPostgres

@@ -31,7 +31,7 @@ import numpy as np
 from benchmarks._common import log
 from benchmarks._fleet_servers import STALL_S, FleetStack
 from benchmarks.fleet_sim import FleetReport, SimulatedFleet
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus
 from edgesdk.ota_server.devices.chunks import MAX_OUTBOX
 from edgesdk.ota_server.postgres import LocalPostgres

@@ -17,7 +17,7 @@ from typing import Any
 from benchmarks._common import log
 from benchmarks.fleet_sim import FleetReport, SimulatedFleet
 from edgesdk.fleet.admin_client import AdminClient
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetStatus
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
 from edgesdk.ota_server.postgres import LocalPostgres

@@ -135,7 +135,7 @@ def main() -> None:
         try:
             server, base = running.ota, running.url
             keys = {"converter": load_private_key(work / "keys" / "converter.key")}
-            from edgesdk.fleet.protocol import pack_bundle
+            from edgesdk.fleet.archive import pack_bundle
 
             for version, seed in (("1.0.0", 1), ("2.0.0", 2)):
                 server.upload(pack_bundle(make_bundle(work / f"bundle-{version}", version, keys, seed=seed)))

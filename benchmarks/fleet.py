@@ -37,7 +37,7 @@ from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks._fleet_late import big_bundle, duty_cycled, late_devices, late_goals, reconnect_storm  # noqa: E402
 from benchmarks._fleet_servers import ServerProcess, tree_cpu_seconds  # noqa: E402
 from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
-from edgesdk.fleet.protocol import pack_bundle  # noqa: E402
+from edgesdk.fleet.archive import pack_bundle  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
 from edgesdk.ota_server.postgres import LocalPostgres  # noqa: E402

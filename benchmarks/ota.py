@@ -42,7 +42,8 @@ from _fanout_procs import AgentProcesses, raw_verifying_fanout  # noqa: E402
 from edgesdk.agent.agent import DeviceAgent  # noqa: E402
 from edgesdk.agent.config import AgentConfig  # noqa: E402
 from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
-from edgesdk.fleet.protocol import Topics, pack_bundle  # noqa: E402
+from edgesdk.fleet.archive import pack_bundle  # noqa: E402
+from edgesdk.fleet.protocol import Topics  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy  # noqa: E402
 from edgesdk.fleet.transport import MqttTransport  # noqa: E402
 from edgesdk.ota_server.app import ServerSetup, build_server  # noqa: E402

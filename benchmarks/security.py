@@ -32,7 +32,8 @@ from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
 from edgesdk.agent.agent import DeviceAgent  # noqa: E402
 from edgesdk.agent.config import AgentConfig  # noqa: E402
 from edgesdk.fleet import key_ceremony  # noqa: E402
-from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, parse_command, sign_command  # noqa: E402
+from edgesdk.fleet.archive import pack_bundle  # noqa: E402
+from edgesdk.fleet.protocol import ArchiveInfo, Topics, parse_command, sign_command  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy  # noqa: E402
 from edgesdk.fleet.transport import MqttTransport  # noqa: E402
 from edgesdk.fleet.trust import new_timestamp, parse_timestamp, sign_metadata, trust_root, update_root  # noqa: E402

@@ -1,20 +1,21 @@
 """Measuring a model variant on a real board of the fleet, through the OTA server.
 
 :func:`measure_on_device` packs the model and the evaluation inputs
-(:func:`edgesdk.fleet.measurement.pack_measurement`), asks the server's admin API to have one device
-measure them (the signed OTA ``measure`` command: the device fetches the archive into a
+(:func:`edgesdk.fleet.measurement.pack_measurement`, signed with the keys of the fleet root's ``bundles``
+role: a device with a root of trust measures only what their threshold signed, as it installs), asks the
+server's admin API to have one device measure them (the signed OTA ``measure`` command: the device fetches the archive into a
 scratch directory, measures it in a child process under its own profile, and never
 installs it), and polls until the figures and outputs come back.
 
 >>> client = AdminClient("http://127.0.0.1:8080", token)                 # doctest: +SKIP
->>> m = measure_on_device(client, "cam01", Path("variant.onnx"), {"input": x}, "latency")
+>>> m = measure_on_device(client, "cam01", Path("variant.onnx"), {"input": x}, "latency", sign_keys=[ci_key])
 >>> m.latency_p50_ms, m.peak_rss_mb, m.outputs["probabilities"].shape
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,17 +75,21 @@ class RemoteMeasurement:
 
 
 def measure_on_device(client: AdminClient, device: str, model: Path, evaluation: Mapping[str, np.ndarray],
-                      mode: str, runs: int = 50, timeout_s: float = 600, poll_s: float = 0.5) -> RemoteMeasurement:
+                      mode: str, runs: int = 50, timeout_s: float = 600, poll_s: float = 0.5,
+                      sign_keys: Sequence[Any] = ()) -> RemoteMeasurement:
     """Have ``device`` measure ``model`` (.onnx/.tflite) on ``evaluation`` in power mode ``mode``.
 
     ``runs`` timed single-sample predictions follow a warm-up; ``evaluation`` maps each
-    input name to a batch-first array. The server fails the measurement if the device has
+    input name to a batch-first array. ``sign_keys`` (Ed25519 private keys of the root's
+    ``bundles`` role, as many as its threshold) sign the archive's manifest: a device with a
+    root of trust refuses an archive without them (a ``TransferError`` naming the signatures),
+    before it writes or runs anything. The server fails the measurement if the device has
     not answered within ``timeout_s``. Raises :class:`TransferError` when the server or
     device cannot be reached, the device is unknown or offline, the archive did not arrive
     intact, or time ran out; :class:`ConversionError` when the model did not run there.
     """
     model = Path(model)
-    archive = pack_measurement(model, evaluation)
+    archive = pack_measurement(model, evaluation, sign_keys)
     where = f"measuring {model.name} on {device!r}"
     deadline = time.monotonic() + timeout_s
     try:
@@ -122,12 +127,13 @@ def _result(device: str, status: Mapping[str, Any]) -> RemoteMeasurement:
                             "older than the server's?") from exc
 
 
-def board_measure(client: AdminClient, device: str, mode: str, runs: int = 50,
-                  timeout_s: float = 600) -> Callable[[Path, Mapping[str, np.ndarray]], RemoteMeasurement]:
+def board_measure(client: AdminClient, device: str, mode: str, runs: int = 50, timeout_s: float = 600,
+                  sign_keys: Sequence[Any] = ()) -> Callable[[Path, Mapping[str, np.ndarray]], RemoteMeasurement]:
     """A ``measure_on`` for :func:`~edgesdk.converters.pipeline.convert`: each variant goes to ``device`` via the OTA server.
 
     The device runs it with :class:`edgesdk.Runtime` under ``mode`` (a signed measurement
     command; the variant is never installed) and returns latency, memory and outputs.
+    ``sign_keys`` sign each variant's archive (see :func:`measure_on_device`).
     """
     # Checked now, not after the first variant's minutes of work.
     row = next((d for d in client.devices() if d.id == device), None)
@@ -135,4 +141,6 @@ def board_measure(client: AdminClient, device: str, mode: str, runs: int = 50,
         state = "is not in the fleet" if row is None else "is offline"
         raise TransferError(f"--measure-on {device}: the device {state} on {client.url}; start its agent "
                             "(edgesdk agent ...) or pick an online device from `edgesdk devices`")
-    return lambda model, evaluation: measure_on_device(client, device, model, evaluation, mode, runs, timeout_s)
+    keys = tuple(sign_keys)
+    return lambda model, evaluation: measure_on_device(client, device, model, evaluation, mode, runs, timeout_s,
+                                                       sign_keys=keys)

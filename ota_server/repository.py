@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import BundleError, ConflictError, EdgeSDKError, NotFoundError, SignatureError
-from edgesdk.fleet.protocol import ArchiveInfo, archive_info, pack_bundle, unpack_bundle
+from edgesdk.fleet.archive import pack_bundle, unpack_bundle
+from edgesdk.fleet.protocol import ArchiveInfo, archive_info
 from edgesdk.runtime.bundle import Manifest, parse_version, read_bundle, safe_name
 
 __all__ = ["ModelRepository"]

@@ -34,7 +34,7 @@ from edgesdk.agent.local_chunks import record_layout
 from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
 from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.protocol import ArchiveInfo, unpack_bundle
+from edgesdk.fleet.protocol import ArchiveInfo
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.runtime import Runtime
@@ -79,11 +79,13 @@ class Installer:
     def unpack(self, slot: str, archive: Path, info: ArchiveInfo) -> None:
         """Unpack a downloaded, hash-checked ``archive`` into a new verified slot, and record its chunk layout.
 
+        The manifest is verified first (the bundles keys' threshold, when the device has them), then only the files
+        it lists are written (:meth:`ModelStore.unpack_slot`).
         Raises :class:`EdgeSDKError` when the bundle inside is refused (nothing is left behind). A layout that
         cannot be recorded is only logged: without it the next version fetches every chunk, but this install
         does not need it.
         """
-        self.store.add_slot(slot, lambda tmp: unpack_bundle(archive, tmp), self.bundle_keys())
+        self.store.unpack_slot(slot, archive, self.bundle_keys())
         try:
             record_layout(self.store.root, slot, archive, info)
         except (OSError, tarfile.TarError) as exc:

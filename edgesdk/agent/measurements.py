@@ -4,8 +4,10 @@ A verified ``measure`` command (:class:`~edgesdk.fleet.protocol.MeasureCommand`)
 per measurement id. Its archive comes through the agent's :class:`~edgesdk.agent.downloads.Downloads`
 into ``store/scratch/<measurement>/`` (never a slot), after the storage guard made room; once
 it hashes right, the model is measured in a child process under this device's profile
-(:func:`run_measurement`: unpacked into the scratch directory, checked to hold one
-model and ``evaluation.npz``, measured by :mod:`edgesdk.runtime.measure_worker`), one measurement at a time, in a thread of its
+(:func:`run_measurement`: its manifest verified first, with the bundles keys' threshold when the device has a
+root of trust, as for an install, so the server's commands key alone never runs a model; then unpacked into the
+scratch directory, only the one model and ``evaluation.npz`` the manifest lists, at their signed sizes and hashes;
+measured by :mod:`edgesdk.runtime.measure_worker`), one measurement at a time, in a thread of its
 own so the agent keeps serving. Every outcome (accepted, the figures, or failed with the
 reason) goes out through ``publish``; the scratch directory is always removed. Slots,
 pointers, state and the ManagedRuntime are never touched.
@@ -24,10 +26,11 @@ from edgesdk.agent.downloads import Downloads
 from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.transfer import IncomingTransfer
 from edgesdk.errors import EdgeSDKError, TransferError
-from edgesdk.fleet.measurement import encode_result, measurement_files
-from edgesdk.fleet.protocol import MeasureCommand, unpack_bundle
+from edgesdk.fleet.measurement import encode_result, unpack_measurement
+from edgesdk.fleet.protocol import MeasureCommand
 from edgesdk.runtime.measure_worker import EnergyRequest, measure_model
 from edgesdk.runtime.profiles import DeviceProfile
+from edgesdk.runtime.signing import KeySet
 
 __all__ = ["MeasurementService", "run_measurement"]
 
@@ -35,12 +38,19 @@ log = logging.getLogger(__name__)
 
 
 class MeasurementService:
-    """Takes measure commands for one device and publishes their results."""
+    """Takes measure commands for one device and publishes their results.
+
+    ``bundle_keys`` gives the keys a measurement archive's manifest must be signed with, asked at each measurement
+    (the root's bundles role, as for installs); None: the signed command's archive hash is the only check (a
+    device pinning one server key, or a development one).
+    """
 
     def __init__(self, downloads: Downloads, guard: StorageGuard, profile: DeviceProfile,
                  publish: Callable[[bytes], None], on_pruned: Callable[[], None], timeout_s: float = 600.0,
-                 energy: EnergyRequest | None = None, label: str = "agent") -> None:
+                 energy: EnergyRequest | None = None, label: str = "agent",
+                 bundle_keys: Callable[[], KeySet | None] = lambda: None) -> None:
         self.downloads = downloads
+        self.bundle_keys = bundle_keys
         self.guard = guard
         self.profile = profile
         self.timeout_s = timeout_s
@@ -112,7 +122,8 @@ class MeasurementService:
         scratch = self.scratch / command.measurement_id
         try:
             with self._measuring:
-                payload = run_measurement(command, archive, scratch, self.profile, self.timeout_s, self.energy)
+                payload = run_measurement(command, archive, scratch, self.profile, self.timeout_s, self.energy,
+                                          self.bundle_keys())
         except Exception as exc:  # e.g. a full disk: report it rather than leave the server waiting
             log.exception("%s: measurement %s failed", self._label, command.measurement_id)
             payload = encode_result(command.measurement_id, "failed", error=exc)
@@ -123,17 +134,17 @@ class MeasurementService:
 
 
 def run_measurement(command: MeasureCommand, archive: Path, scratch: Path, profile: DeviceProfile,
-                    timeout_s: float, energy: EnergyRequest | None = None) -> bytes:
+                    timeout_s: float, energy: EnergyRequest | None = None, keys: KeySet | None = None) -> bytes:
     """Measure the model in ``archive`` and return the result message, ``done`` or ``failed``.
 
     ``scratch`` is an empty directory the caller removes afterwards; ``energy`` says where the
     board's power sensor is (the figures then carry the energy per inference where it has one).
+    ``keys`` (the bundles role) must have signed the archive's manifest, checked before anything is
+    unpacked or run: else the result is ``failed`` with the SignatureError.
     """
     try:
-        files = scratch / "files"
-        unpack_bundle(archive, files)
+        model, evaluation = unpack_measurement(archive, scratch / "files", keys)
         archive.unlink()
-        model, evaluation = measurement_files(files)
         figures, outputs = measure_model(model, evaluation, profile, command.mode, command.runs, timeout_s=timeout_s,
                                          energy=energy)
     except EdgeSDKError as exc:

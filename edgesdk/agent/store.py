@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import BundleError, StorageError
 from edgesdk.files import atomic_dir, fsync_dir, write_atomic
-from edgesdk.runtime.bundle import Bundle, read_bundle
+from edgesdk.fleet.archive import unpack_bundle
+from edgesdk.runtime.bundle import Bundle, Manifest, read_bundle
 
 if TYPE_CHECKING:
     from edgesdk.fleet.protocol import ArchiveInfo
@@ -54,7 +55,12 @@ SLOT_SIDECARS: tuple[str, ...] = ("offload", "layouts")
 
 def space_needed(archive: ArchiveInfo) -> int:
     """Bytes of disk an update with this archive takes while it installs: the archive as it arrives plus the
-    slot it is unpacked into."""
+    slot it is unpacked into.
+
+    A bound, not a guess: a slot holds only the files the archive's signed manifest lists, each written at its
+    signed size, and those sizes add up to less than the archive (:func:`edgesdk.fleet.archive.unpack_signed`
+    refuses sparse members, and any member larger than its signed size, before writing).
+    """
     return 2 * archive.size
 
 
@@ -211,11 +217,26 @@ class ModelStore:
         """Create ``slots/<slot>`` atomically: ``fill(tmp_dir)`` writes it, it is verified (hashes, the signatures
         when keys are given as :meth:`verify_slot`, and that its manifest names this slot's model and version), then
         renamed; a refused one never appears."""
+        def check(staging: Path) -> Manifest:
+            fill(staging)
+            return read_bundle(staging, public_key=public_key, require_signature=public_key is not None).manifest
+
+        return self._new_slot(slot, check)
+
+    def unpack_slot(self, slot: str, archive: Path, public_key: Any = None) -> Path:
+        """Create ``slots/<slot>`` from a bundle archive: verify, then unpack (:func:`edgesdk.fleet.archive.unpack_bundle`).
+
+        The manifest's signatures (when keys are given: a public key or a KeySet's threshold) are checked before a
+        byte of the bundle is written, then only the files it lists, each at its signed size and hash; the slot is
+        renamed into place only if its manifest names this slot's model and version.
+        """
+        return self._new_slot(slot, lambda staging: unpack_bundle(archive, staging, public_key))
+
+    def _new_slot(self, slot: str, fill: Callable[[Path], Manifest]) -> Path:
         final = self.slots / slot
         if not final.exists():
             with atomic_dir(final) as staging:
-                fill(staging)
-                manifest = read_bundle(staging, public_key=public_key, require_signature=public_key is not None).manifest
+                manifest = fill(staging)
                 if self.slot_name(manifest.name, manifest.version) != slot:
                     # A validly signed bundle of another release under this one's name: mix-and-match.
                     raise BundleError(f"the archive for {slot} holds {manifest.name} {manifest.version}: a bundle of "

@@ -226,6 +226,10 @@ def _fps(value: float) -> float | None:
 @click.option("--token", envvar="EDGESDK_TOKEN", help="Admin token for --measure-on (env EDGESDK_TOKEN).")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="File with the admin token.")
 @click.option("--sign", "key", type=click.Path(exists=True, dir_okay=False), help="Ed25519 private key to sign with.")
+@click.option("--measure-sign-key", "measure_keys", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="For --measure-on: a private key of the fleet root's bundles role to sign each measurement archive "
+                   "with (repeat up to its threshold; default: the --sign key). A device with a root of trust measures "
+                   "only archives its bundles threshold signed.")
 @click.option("--color", type=click.Choice(["RGB", "BGR", "GRAY"]), default="RGB", show_default=True,
               help="Image folders: channel order.")
 @click.option("--scale", type=float, default=1 / 255, show_default=True, help="Image folders: pixel scale.")
@@ -254,8 +258,8 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
              power_budget: float | None, energy_budget: float | None, wake_every: float | None,
              frames_per_wake: int | None, board_figures: tuple[str, ...], emulate: bool | None,
              measure_on: str | None, server_url: str, token: str | None,
-             token_file: str | None, key: str | None, color: str, scale: float, mean: tuple[float, ...],
-             std: tuple[float, ...], as_json: bool) -> None:
+             token_file: str | None, key: str | None, measure_keys: tuple[str, ...], color: str, scale: float,
+             mean: tuple[float, ...], std: tuple[float, ...], as_json: bool) -> None:
     from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target
     from edgesdk.converters import convert as run_convert
     from edgesdk.converters.arguments import check_name
@@ -275,11 +279,12 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
             name = check_name(Path(model).stem.replace(" ", "_"))
         except EdgeSDKError as exc:
             raise click.BadParameter(f"{exc} (the default is the model file's name)", param_hint="'--name'") from None
-    private_key = None
-    if key:
+    private_key, measure_signers = None, []
+    if key or measure_keys:
         from edgesdk.runtime.signing import load_private_key
 
-        private_key = load_private_key(key)
+        private_key = load_private_key(key) if key else None
+        measure_signers = [load_private_key(k) for k in measure_keys] or ([private_key] if private_key else [])
     is_image_folder = Path(evaluation).is_dir()
     try:
         output = Output(out_dir, name=name, version=bundle_version, force=force, private_key=private_key,
@@ -303,7 +308,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         from edgesdk.converters.remote import board_measure as remote
 
         target = replace(target, measure_on=remote(admin_client(server_url, token, token_file), measure_on,
-                                                   target.mode))
+                                                   target.mode, sign_keys=measure_signers))
     read_model(model)  # a wrong extension or corrupt header fails here, before any work
     with held_output("loading the model"), Runtime(model, profile=target.board, mode=target.mode) as rt:
         specs = model_inputs(rt.inputs, input_shapes)  # -1/0 dims are dynamic; --input-shape fixes them

@@ -225,7 +225,7 @@ def push(bundle: str, group: str, canary: str, waves: str | None, health_window:
          server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
     """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to every device of GROUP;
     devices offline then are deferred and get it when they report again."""
-    from edgesdk.fleet.protocol import pack_bundle
+    from edgesdk.fleet.archive import pack_bundle
     from edgesdk.runtime.bundle import read_bundle
 
     deferred_s = _seconds(wait_deferred, "--wait-deferred")

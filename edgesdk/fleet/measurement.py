@@ -2,8 +2,10 @@
 
 A measure command (:func:`edgesdk.fleet.protocol.sign_measure_command`) carries an archive
 (:func:`pack_measurement`): an uncompressed tar of exactly one model file (``*.onnx`` or
-``*.tflite``) and ``evaluation.npz`` (input name -> batch-first array). The device checks it
-(:func:`measurement_files`), measures in a child process, and answers on ``P/devices/D/measurements``::
+``*.tflite``), ``evaluation.npz`` (input name -> batch-first array) and a manifest listing both with
+their sha256 and size, signed by the bundles role's keys (``signature.json``). The device verifies the
+manifest before it writes a byte (:func:`unpack_measurement`: a device with a root of trust needs the
+bundles threshold), measures in a child process, and answers on ``P/devices/D/measurements``::
 
     {"measurement_id", "status": "accepted"}                       the command verified
     {"measurement_id", "status": "failed", "error", "error_type"}   anything went wrong
@@ -23,19 +25,19 @@ import base64
 import io
 import json
 import os
-import tarfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from edgesdk.errors import DataError, ReportError, TransferError
+from edgesdk.fleet.archive import pack_signed, parse_signed_manifest, unpack_signed
 from edgesdk.fleet.reports import MAX_ITEMS, cut_text, loads, plain, report_id
-from edgesdk.runtime.bundle import safe_name
+from edgesdk.runtime.bundle import FileEntry, safe_name
 
-__all__ = ["pack_measurement", "measurement_files", "encode_result", "parse_result", "encode_array", "decode_array",
-           "MAX_RESULT_BYTES", "EVALUATION_FILE"]
+__all__ = ["pack_measurement", "unpack_measurement", "measurement_files", "encode_result", "parse_result", "encode_array",
+           "decode_array", "MAX_RESULT_BYTES", "EVALUATION_FILE"]
 
 #: Largest measurement result message (JSON, outputs included) either side accepts.
 MAX_RESULT_BYTES = 32 * 1024**2
@@ -44,15 +46,16 @@ EVALUATION_FILE = "evaluation.npz"
 _MODEL_SUFFIXES = (".onnx", ".tflite")
 
 
-def _add_member(tar: tarfile.TarFile, name: str, size: int, data: BinaryIO) -> None:
-    """A regular file without owner or time, so equal content packs to equal bytes."""
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = size, 0o644
-    tar.addfile(info, data)
+def pack_measurement(model: str | os.PathLike[str], evaluation: Mapping[str, np.ndarray],
+                     sign_keys: Iterable[Any] = ()) -> bytes:
+    """The archive of a measure command: ``model`` (.onnx/.tflite), ``evaluation.npz`` and a manifest listing both
+    with their sha256 and size (``"type": "measurement"``), signed by each of ``sign_keys``.
 
-
-def pack_measurement(model: str | os.PathLike[str], evaluation: Mapping[str, np.ndarray]) -> bytes:
-    """The archive of a measure command: ``model`` (.onnx/.tflite) and ``evaluation.npz`` as a tar."""
+    ``sign_keys`` are Ed25519 private keys of the fleet root's ``bundles`` role: a device with a root of trust
+    measures only an archive a threshold of them signed, as it installs only such bundles (the server's
+    commands key alone never runs a model there). Without keys the archive is unsigned, which only a device
+    pinning a single server key (whose signed command names the archive's hash) or a development one takes.
+    """
     model = Path(model)
     if model.suffix not in _MODEL_SUFFIXES or not model.is_file():
         raise TransferError(f"{model}: a measurement needs an existing .onnx or .tflite model file")
@@ -62,12 +65,31 @@ def pack_measurement(model: str | os.PathLike[str], evaluation: Mapping[str, np.
                         "batch-first array, all with the same number of samples")
     npz = io.BytesIO()
     np.savez(npz, **{name: np.asarray(array) for name, array in evaluation.items()})  # type: ignore[arg-type]
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        with open(model, "rb") as f:
-            _add_member(tar, safe_name(model.name, "model file"), model.stat().st_size, f)
-        _add_member(tar, EVALUATION_FILE, npz.tell(), io.BytesIO(npz.getvalue()))
-    return buffer.getvalue()
+    name = safe_name(model.name, "model file")
+    return pack_signed("measurement", {name: model, EVALUATION_FILE: npz.getvalue()}, sign_keys, model_file=name)
+
+
+def _measurement_manifest(data: bytes) -> tuple[dict[str, FileEntry], str]:
+    """The files of a measurement manifest, checked to be one model and ``evaluation.npz`` before any is written."""
+    _, files = parse_signed_manifest(data, "measurement")
+    names = sorted(files)
+    models = [n for n in names if Path(n).suffix in _MODEL_SUFFIXES]
+    if len(models) != 1 or sorted([*models, EVALUATION_FILE]) != names:
+        raise TransferError(f"measurement manifest lists {names}; it must list exactly one .onnx or .tflite model "
+                            f"and {EVALUATION_FILE} (pack it with edgesdk.fleet.measurement.pack_measurement)")
+    return files, f"the measurement archive of {models[0]}"
+
+
+def unpack_measurement(archive: str | os.PathLike[str], target: str | os.PathLike[str],
+                       keys: Any = None) -> tuple[Path, Path]:
+    """Verify a measurement archive's manifest (with ``keys``, e.g. the root's bundles role: their threshold of
+    signatures), then unpack its model and evaluation file into ``target``; returns their paths.
+
+    Verify, then unpack, as for bundles (:func:`edgesdk.fleet.archive.unpack_signed`): an archive below the
+    threshold, with a member its manifest does not list, or a link or sparse member, writes nothing.
+    """
+    unpack_signed(archive, target, _measurement_manifest, keys, keep_meta=False)
+    return measurement_files(target)
 
 
 def measurement_files(directory: str | os.PathLike[str]) -> tuple[Path, Path]:

@@ -39,26 +39,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import itertools
 import json
-import os
 import re
-import tarfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from edgesdk.errors import BundleError, SignatureError, TransferError, TrustError
+from edgesdk.errors import SignatureError, TransferError, TrustError
 from edgesdk.fleet.chunking import cut_points, tar_boundaries
 from edgesdk.runtime.bundle import parse_version, safe_name
 
 __all__ = ["PREFIX", "COMMAND_TTL_S", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command",
-           "sign_measure_command", "parse_command", "pack_bundle", "unpack_bundle", "MAX_ARCHIVE_BYTES",
+           "sign_measure_command", "parse_command", "MAX_ARCHIVE_BYTES",
            "MAX_MEASURE_RUNS", "MAX_CHUNK_BYTES", "archive_info"]
 
 PREFIX = "edgesdk"
@@ -440,42 +436,3 @@ def _check_expiry(manifest: dict[str, Any], now: float) -> None:
                          f"expired {now - expires:.0f} s ago; an expired command is refused (was it withheld and "
                          "replayed?). The server re-sends current ones; check this device's clock if every command "
                          "is refused")
-
-
-def pack_bundle(bundle_dir: str | os.PathLike[str]) -> bytes:
-    """A bundle directory as an uncompressed tar (models are already dense); sorted, no owners or times."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(Path(bundle_dir).iterdir()):
-            if not path.is_file():
-                raise BundleError(f"{path}: bundles contain only files")
-            info = tar.gettarinfo(str(path), arcname=safe_name(path.name, "bundle file"))
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            with open(path, "rb") as f:
-                tar.addfile(info, f)
-    return buffer.getvalue()
-
-
-def unpack_bundle(archive: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
-    """Extract a bundle archive into an empty directory: regular files with safe names only, each fsynced."""
-    target = Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    try:
-        with tarfile.open(archive, mode="r:") as tar:
-            for member in tar.getmembers():
-                if not member.isfile():
-                    raise BundleError(f"archive member {member.name!r} is not a regular file; refusing it")
-                name = safe_name(member.name, "archive member")
-                source = tar.extractfile(member)
-                assert source is not None
-                with open(target / name, "wb") as out:
-                    while block := source.read(1 << 20):
-                        out.write(block)
-                    out.flush()
-                    os.fsync(out.fileno())
-    except tarfile.TarError as exc:
-        raise BundleError(f"{Path(archive).name} is not a complete uncompressed tar ({exc}); pack it again "
-                          "(edgesdk.fleet.protocol.pack_bundle / edgesdk.fleet.measurement.pack_measurement) and "
-                          "resend it") from exc

@@ -9,7 +9,8 @@ import pytest
 
 from benchmarks.fleet_sim import SimulatedFleet, SimulationError, device_role
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, sign_command
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import ArchiveInfo, Topics, sign_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from tests.ota.conftest import wait_for

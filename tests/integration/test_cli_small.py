@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from edgesdk.cli import cli
 from edgesdk.errors import TransferError
 from edgesdk.fleet.admin_client import AdminClient
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import embedded_broker_for, free_port
 from edgesdk.runtime.signing import generate_keypair

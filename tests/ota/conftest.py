@@ -158,7 +158,7 @@ def read_retained(broker_url: str, topic: str) -> bytes:
 def console_fleet(broker, start_server, make_agent, bundles) -> tuple[RunningServer, list[DeviceAgent]]:
     """A server with the console (admin token ``console_client.TOKEN``), agents cam0-cam2 in ``cams`` and ``door``
     in ``lobby``, all running digits 1.0.0; bundles 1.0.0 and 2.0.0 stored."""
-    from edgesdk.fleet.protocol import pack_bundle
+    from edgesdk.fleet.archive import pack_bundle
     from edgesdk.fleet.records import RolloutPolicy
     from tests.ota.console_client import TOKEN
 

@@ -18,7 +18,8 @@ import pytest
 from edgesdk.agent.agent import DeviceAgent
 from edgesdk.agent.config import AgentConfig
 from edgesdk.errors import BrokerError
-from edgesdk.fleet.protocol import Topics, pack_bundle
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import Topics
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import load_credentials
 from edgesdk.ota_server.broker import LocalMosquitto, free_port

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus
 from tests.ota.conftest import wait_for
 from tests.ota.test_faults import _agent_process, _target

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.testing import MLPWeights, random_mlp
 from tests.ota.conftest import make_bundle, wait_for

@@ -11,7 +11,8 @@ import paho.mqtt.client as mqtt
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgesdk.agent.managed import ManagedRuntime
-from edgesdk.fleet.protocol import Topics, pack_bundle
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import Topics
 from edgesdk.fleet.records import RolloutPolicy
 from tests.ota.conftest import wait_for
 

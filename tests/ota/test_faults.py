@@ -16,7 +16,8 @@ import pytest
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.store import ModelStore
 from edgesdk.errors import BrokerError
-from edgesdk.fleet.protocol import Topics, archive_info, pack_bundle, sign_command
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import Topics, archive_info, sign_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.devices.chunks import ChunkDistributor

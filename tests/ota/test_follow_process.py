@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
 
 from .conftest import wait_for

@@ -12,7 +12,8 @@ import numpy as np
 from edgesdk.agent.local_chunks import LAYOUTS, LocalChunks, record_layout
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.transfer import IncomingTransfer
-from edgesdk.fleet.protocol import archive_info, pack_bundle, parse_command, sign_command, unpack_bundle
+from edgesdk.fleet.archive import pack_bundle, unpack_bundle
+from edgesdk.fleet.protocol import archive_info, parse_command, sign_command
 from tests.ota.conftest import make_bundle
 
 

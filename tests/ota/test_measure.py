@@ -17,8 +17,9 @@ from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.converters.remote import measure_on_device
 from edgesdk.errors import TransferError
 from edgesdk.fleet.admin_client import AdminClient
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.measurement import pack_measurement, parse_result
-from edgesdk.fleet.protocol import ArchiveInfo, Topics, pack_bundle, sign_measure_command
+from edgesdk.fleet.protocol import ArchiveInfo, Topics, sign_measure_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.app import ServerSetup, build_server

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgesdk.agent.store import offload_endpoint
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
 
 from .conftest import wait_for

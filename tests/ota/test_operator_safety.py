@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from edgesdk.cli import cli
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError, SignatureError
 from edgesdk.fleet.admin_client import AdminClient
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.server import MAX_REPORT_BYTES
 from tests.ota.conftest import wait_for

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import BundleError, DataError, SignatureError, TransferError
-from edgesdk.fleet.measurement import decode_array, encode_result, measurement_files, pack_measurement, parse_result
-from edgesdk.fleet.protocol import (
-    ArchiveInfo,
-    MeasureCommand,
-    pack_bundle,
-    parse_command,
-    sign_command,
-    sign_measure_command,
-    unpack_bundle,
+from edgesdk.fleet.archive import pack_bundle, unpack_bundle
+from edgesdk.fleet.measurement import (
+    decode_array,
+    encode_result,
+    measurement_files,
+    pack_measurement,
+    parse_result,
+    unpack_measurement,
 )
+from edgesdk.fleet.protocol import ArchiveInfo, MeasureCommand, parse_command, sign_command, sign_measure_command
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.testing import random_mlp, write_mlp_onnx
 from tests.ota.conftest import make_bundle
@@ -173,12 +173,16 @@ def test_measure_command_fields_are_checked(keys, changes, pattern):
         parse_command(_measure_envelope(keys, **changes), keys["server_pub"])
 
 
-def test_measurement_archive_and_result_cap_on_both_sides(tmp_path):
+def test_measurement_archive_and_result_cap_on_both_sides(tmp_path, keys):
     model = write_mlp_onnx(random_mlp([4, 3]), tmp_path / "m.onnx")
-    archive = pack_measurement(model, {"input": np.ones((2, 4), np.float32)})
+    archive = pack_measurement(model, {"input": np.ones((2, 4), np.float32)}, [keys["converter"]])
     (tmp_path / "a.tar").write_bytes(archive)
-    unpack_bundle(tmp_path / "a.tar", tmp_path / "out")
-    assert measurement_files(tmp_path / "out") == (tmp_path / "out" / "m.onnx", tmp_path / "out" / "evaluation.npz")
+    found = unpack_measurement(tmp_path / "a.tar", tmp_path / "out", keys["converter_pub"])
+    assert found == (tmp_path / "out" / "m.onnx", tmp_path / "out" / "evaluation.npz")
+    assert measurement_files(tmp_path / "out") == found  # the manifest and signature are not unpacked with them
+    with pytest.raises(SignatureError, match="0 valid signatures of the 1 required"):
+        unpack_measurement(tmp_path / "a.tar", tmp_path / "out2", keys["server_pub"])
+    assert not (tmp_path / "out2").exists()
     with pytest.raises(DataError, match="same number of samples"):
         pack_measurement(model, {"a": np.ones((2, 4)), "b": np.ones((3, 4))})
     outputs = {"probabilities": np.arange(6, dtype=np.float32).reshape(2, 3)}

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks._fleet_servers import TOKEN, ServerProcess
 from benchmarks.fleet_sim import SimulatedFleet
 from edgesdk.cli import cli
-from edgesdk.fleet.protocol import Topics, pack_bundle
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import Topics
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto

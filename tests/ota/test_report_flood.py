@@ -10,7 +10,8 @@ import time
 import numpy as np
 
 from edgesdk import ManagedRuntime
-from edgesdk.fleet.protocol import Topics, pack_bundle
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import Topics
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto, free_port

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgesdk.agent.store import SLOT_SIDECARS
-from edgesdk.fleet.protocol import Topics, pack_bundle
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import Topics
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from tests.ota.conftest import make_bundle, wait_for

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
 from tests.ota.conftest import wait_for
 

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from edgesdk.errors import TransferError
-from edgesdk.fleet.protocol import pack_bundle
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto, free_port

@@ -10,7 +10,8 @@ import time
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgesdk.fleet import key_ceremony
-from edgesdk.fleet.protocol import ArchiveInfo, Topics, archive_info, pack_bundle, sign_command
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import ArchiveInfo, Topics, archive_info, sign_command
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.fleet.trust import ROLES, new_root, new_timestamp, parse_root, sign_metadata

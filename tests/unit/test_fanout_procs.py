@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks._fanout_procs import AgentProcesses, FanoutError, raw_verifying_fanout
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.protocol import ArchiveInfo, pack_bundle
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.protocol import ArchiveInfo
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.app import ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto
