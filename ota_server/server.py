@@ -11,9 +11,7 @@ to one device to be measured there and never installed.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import re
 import threading
 import time
@@ -21,9 +19,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import COMMAND_TTL_S, PREFIX, Topics, check_id
 from edgesdk.fleet.records import GroupRelease, RolloutPolicy, RolloutRecord, RolloutState
+from edgesdk.fleet.reports import MAX_REPORT_BYTES
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.fleet.trust import parse_root
 from edgesdk.ota_server.admin.metrics import ServerMetrics
@@ -33,37 +31,18 @@ from edgesdk.ota_server.devices.ingest import DeviceEvent, Ingest
 from edgesdk.ota_server.devices.measurements import Measurements
 from edgesdk.ota_server.devices.provisioning import GroupGuard
 from edgesdk.ota_server.devices.report_guard import ReportGuard, ReportLimits
+from edgesdk.ota_server.devices.report_reader import ReportReader
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.rollouts.engine import RolloutEngine
 from edgesdk.ota_server.rollouts.stage_sender import StageSender
-from edgesdk.ota_server.store.fleet_db import DETAIL_KEYS, DeviceState, EventRow, FleetDB
+from edgesdk.ota_server.store.fleet_db import EventRow, FleetDB
 
-__all__ = ["OTAServer", "ServerConfig"]
+__all__ = ["OTAServer", "ServerConfig", "MAX_REPORT_BYTES"]
 
 log = logging.getLogger(__name__)
 
 #: What a replica says on its liveness topic (Topics.server): online, or offline (on stop, and as its last will).
 _ONLINE, _OFFLINE = b'{"status": "online"}', b'{"status": "offline"}'
-
-#: Device state, event and chunk-request messages are small JSON; anything larger is refused unparsed.
-MAX_REPORT_BYTES = 64 * 1024
-
-
-def _details(state: dict[str, Any]) -> str | None:
-    """The parts of an online state report the console shows, as JSON text (None: nothing to keep)."""
-    kept = {key: state[key] for key in DETAIL_KEYS if key in state}
-    return json.dumps(kept, separators=(",", ":")) if kept and state.get("status") == "online" else None
-
-
-def _too_large(topic: str, payload: bytes) -> bool:
-    """True (and a warning naming the device) for a report too large to be a real one; it is never parsed."""
-    if len(payload) <= MAX_REPORT_BYTES:
-        return False
-    parts = topic.split("/")
-    device, kind = (parts[2], parts[3]) if len(parts) > 3 else (topic, "message")
-    log.warning("ignoring a %d-byte %s from device %s (topic %s): device reports are at most %d bytes",
-                len(payload), kind, device, topic, MAX_REPORT_BYTES)
-    return True
 
 
 @dataclass(frozen=True)
@@ -133,11 +112,15 @@ class OTAServer:
         self.name = config.name or f"edgesdk-server-{uuid.uuid4().hex[:8]}"
         check_id(self.name, "server name")
         self.metrics = ServerMetrics(db)
+        #: Every device message is read through typed, bounded records (edgesdk.fleet.reports); refusals counted.
+        self.reports = ReportReader(self.metrics.report_refused)
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving,
                                        outbox=self._outbox)
-        self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s)
+        self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s,
+                                         on_refused=self.reports.refuse)
         self.groups = GroupGuard(db, config.require_provisioning, on_refused=self.metrics.group_refused)
-        self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups)
+        self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups,
+                             on_dropped=self.reports.dropped)
         self.guard = ReportGuard(config.report_limits, on_refused=self.metrics.report_refused)
         self.metrics.watch_queues(self._outbox, lambda: self.ingest.pending)
         #: The fleet's root of trust, published retained at start (devices take it as the next in their chain).
@@ -282,54 +265,33 @@ class OTAServer:
 
     # MQTT handlers -------------------------------------------------------------------------
     def _on_state(self, topic: str, payload: bytes) -> None:
-        if _too_large(topic, payload) or not self.guard.admit_state(Topics.device_of(topic), topic, payload):
+        if self.reports.oversize(topic, payload) or not self.guard.admit_state(Topics.device_of(topic), topic, payload):
             return
         self._read_state(topic, payload)
 
     def _read_state(self, topic: str, payload: bytes) -> None:
-        try:
-            device = check_id(Topics.device_of(topic), "device id")
-            state = json.loads(payload)
-            energy = state.get("energy") if isinstance(state.get("energy"), dict) else {}
-            trust = state.get("trust") if isinstance(state.get("trust"), dict) else {}
-            root_version = trust.get("root_version")
-            self.ingest.put(DeviceState(device, check_id(state.get("group", "default"), "group"), str(state["status"]),
-                                        state.get("model"), state.get("version"), tuple(state.get("slots", [])),
-                                        time.time(), tuple(map(str, state.get("chunk_slots", []))),
-                                        _figure(energy.get("energy_per_inference_mj")),
-                                        _figure(energy.get("avg_watts")),
-                                        root_version if isinstance(root_version, int) and root_version > 0 else None,
-                                        trust["stale"] if isinstance(trust.get("stale"), bool) else None,
-                                        _figure(state.get("updated")), _figure(state.get("session")), _details(state)))
-        except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring malformed state on %s: %s", topic, exc)
+        state = self.reports.state(topic, payload)  # None: malformed, counted and logged
+        if state is not None:
+            self.ingest.put(state)
 
     def _on_event(self, topic: str, payload: bytes) -> None:
-        if _too_large(topic, payload) or not self.guard.admit(Topics.device_of(topic), "event"):
+        if self.reports.oversize(topic, payload) or not self.guard.admit(Topics.device_of(topic), "event"):
             return
-        try:
-            device = check_id(Topics.device_of(topic), "device id")
-            event = json.loads(payload)
-            kind = str(event["event"])
-        except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring malformed event on %s: %s", topic, exc)
+        event = self.reports.event(topic, payload)
+        if event is None:
             return
-        deployment = str(event.get("deployment_id") or "")
-        rollout_id = deployment.removesuffix("-rollback")
-        self.ingest.put(DeviceEvent(EventRow(kind, event, device, rollout_id or None, time.time()),
-                                    self.engine.target_update(device, kind, deployment, event.get("reason"))))
+        self.ingest.put(DeviceEvent(EventRow(event.kind, dict(event.payload), event.device, event.rollout_id,
+                                             time.time()),
+                                    self.engine.target_update(event.device, event.kind, event.deployment_id,
+                                                              event.reason)))
 
     def _on_need(self, topic: str, payload: bytes) -> None:
-        if _too_large(topic, payload) or not self.guard.admit(Topics.device_of(topic), "need"):
+        if self.reports.oversize(topic, payload) or not self.guard.admit(Topics.device_of(topic), "need"):
             return
-        try:
-            device = check_id(Topics.device_of(topic), "device id")
-            request = json.loads(payload)
-            transfer_id = check_id(request["transfer_id"], "transfer id")
-            indices = [int(i) for i in request["chunks"]][:256]
-        except (EdgeSDKError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring malformed chunk request on %s: %s", topic, exc)
+        request = self.reports.need(topic, payload)
+        if request is None:
             return
+        device, transfer_id, indices = request.device, request.transfer_id, list(request.chunks)
         if self.chunks.serve(device, transfer_id, indices) or self.measurements.serve(device, transfer_id, indices):
             return
         if self._reopen(transfer_id):
@@ -427,10 +389,3 @@ class OTAServer:
 _GROUPS = f"{PREFIX}/groups/"
 #: A rollout stage's transfer id: ``<rollout id>-w<stage>``.
 _STAGE_TRANSFER = re.compile(r"^(?P<rollout>.+)-w(?P<stage>\d+)$")
-
-
-def _figure(value: object) -> float | None:
-    """A reported figure when it is a finite number, else None (a device's malformed energy is ignored, not fatal)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)

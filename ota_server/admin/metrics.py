@@ -6,8 +6,12 @@ This process's counters and latency histogram::
     edgesdk_ota_commands_resent_total                    commands published again (a device did not answer)
     edgesdk_ota_chunk_bytes_total{kind}                  archive bytes published; kind: broadcast | resend
     edgesdk_ota_event_handling_seconds{kind}             handling one device message; kind: state | event | need
-    edgesdk_ota_reports_refused_total{kind}              device messages over their device's limit: events and
-                                                         chunk requests dropped, waiting states replaced by newer
+    edgesdk_ota_reports_refused_total{kind,reason}       device messages refused; kind: state | event | need |
+                                                         measurement; reason: flood (over the device's limit:
+                                                         events and chunk requests dropped, waiting states
+                                                         replaced by newer), length | json | type | range | id |
+                                                         missing (malformed: edgesdk.fleet.reports), store (the
+                                                         fleet store refused to write it)
     edgesdk_ota_states_refused_group_total{reason}       device states refused for their group; reason:
                                                          wrong_group | unprovisioned
     edgesdk_ota_console_logins_refused_total{reason}     console logins refused; reason: wrong_token |
@@ -46,7 +50,7 @@ from typing import Any, Protocol
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.records import RolloutState
 
-__all__ = ["ServerMetrics", "FleetCounts", "CHUNK_KINDS", "EVENT_KINDS"]
+__all__ = ["ServerMetrics", "FleetCounts", "CHUNK_KINDS", "EVENT_KINDS", "REFUSED_KINDS", "REFUSAL_REASONS"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,10 @@ GROUP_REFUSALS = ("wrong_group", "unprovisioned")
 LOGIN_REFUSALS = ("wrong_token", "locked_out")
 #: The ``kind`` labels of ``edgesdk_ota_event_handling_seconds`` (the device topics the server reads).
 EVENT_KINDS = ("state", "event", "need")
+#: The ``kind`` labels of ``edgesdk_ota_reports_refused_total``: the device topic the message came on.
+REFUSED_KINDS = ("state", "event", "need", "measurement")
+#: Its ``reason`` labels: the report limit's ``flood``, a parser's (edgesdk.fleet.reports), the store's refusal.
+REFUSAL_REASONS = ("flood", "length", "json", "type", "range", "id", "missing", "store")
 
 # 50 us .. 1 s, then a tail so a stalled database still lands in a bucket of its own.
 _HANDLING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -118,9 +126,10 @@ class ServerMetrics:
         # Children made up front: every series shows from the first scrape, and a call skips the label lookup.
         self._chunk_bytes: dict[str, Any] = {kind: chunk_bytes.labels(kind) for kind in CHUNK_KINDS}
         self._handling: dict[str, Any] = {kind: handling.labels(kind) for kind in EVENT_KINDS}
-        refused = Counter("edgesdk_ota_reports_refused", "Device messages refused by their device's report limit.",
-                          ("kind",), registry=self.registry)
-        self._refused: dict[str, Any] = {kind: refused.labels(kind) for kind in EVENT_KINDS}
+        refused = Counter("edgesdk_ota_reports_refused", "Device messages refused: over their device's report limit "
+                          "(flood), malformed, or refused by the fleet store.", ("kind", "reason"), registry=self.registry)
+        self._refused: dict[tuple[str, str], Any] = {(kind, reason): refused.labels(kind, reason)
+                                                     for kind in REFUSED_KINDS for reason in REFUSAL_REASONS}
         group_refused = Counter("edgesdk_ota_states_refused_group", "Device states refused because the device is not "
                                 "provisioned in the group it names.", ("reason",), registry=self.registry)
         self._group_refused: dict[str, Any] = {reason: group_refused.labels(reason) for reason in GROUP_REFUSALS}
@@ -177,11 +186,14 @@ class ServerMetrics:
             raise EdgeSDKError(f"console_login_refused reason={reason!r} is not one of {', '.join(LOGIN_REFUSALS)}")
         child.inc()
 
-    def report_refused(self, kind: str) -> None:
-        """Count one device message of ``kind`` (state, event or need) refused by its device's report limit."""
-        child = self._refused.get(kind)
+    def report_refused(self, kind: str, reason: str = "flood") -> None:
+        """Count one device message of ``kind`` (state, event, need, measurement) refused for ``reason``: ``flood``
+        (its device's report limit), a parser's reason, or ``store``."""
+        child = self._refused.get((kind, reason))
         if child is None:
-            raise EdgeSDKError(f"report_refused kind={kind!r} is not one of {', '.join(EVENT_KINDS)}; pass one of those")
+            name, value, known = (("kind", kind, REFUSED_KINDS) if kind not in REFUSED_KINDS
+                                  else ("reason", reason, REFUSAL_REASONS))
+            raise EdgeSDKError(f"report_refused {name}={value!r} is not one of {', '.join(known)}; pass one of those")
         child.inc()
 
     def observe_event(self, kind: str, seconds: float) -> None:

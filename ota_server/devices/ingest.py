@@ -3,14 +3,24 @@
 The MQTT thread only parses and queues; the writer takes whatever has queued up (at most
 ``max_batch``) and writes it in one transaction: the devices' states, the event log and the
 targets the events move. Under load, batches grow by themselves, so the cost per report
-falls as the fleet grows instead of every report paying its own commit. A batch that fails
-to write (the database restarting) is kept and tried again; nothing is dropped.
+falls as the fleet grows instead of every report paying its own commit.
+
+A batch that fails to write is handled by why it failed:
+
+- **the connection** (the database restarting, locked, closed: :func:`connection_error`): the batch
+  is kept and tried again every ``retry_s``; nothing is dropped;
+- **its data** (a report the store refuses: a value it cannot bind or that overflows a column):
+  the batch is split in halves, each written on its own, until the refused reports stand alone;
+  those are dropped and passed to ``on_dropped`` (the server counts them as refused with reason
+  ``store`` and logs them), and every other report is written. One poisoned report costs about
+  ``2 log2(batch)`` extra transactions, never the fleet's ingest.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +29,7 @@ from dataclasses import dataclass
 from edgesdk.ota_server.devices.provisioning import GroupGuard
 from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB, TargetUpdate
 
-__all__ = ["Ingest", "DeviceEvent"]
+__all__ = ["Ingest", "DeviceEvent", "connection_error"]
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +44,36 @@ class DeviceEvent:
 
 #: Called after each written batch with (kind, seconds from receipt to commit) for every report in it.
 Observer = Callable[[str, float], None]
+#: Called with (device, kind, the store's error) for each report the store refused and ingest dropped.
+Dropped = Callable[[str, str, BaseException], None]
+_Item = tuple[float, DeviceState | DeviceEvent]
+
+
+def connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` (or an error it was raised from) says the database connection failed, not the data:
+    SQLite's OperationalError (locked, I/O, full) or use of a closed connection; psycopg's OperationalError or
+    InterfaceError; an EdgeSDKError raised from one (PostgreSQL not reachable again yet)."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, sqlite3.OperationalError) or (
+                isinstance(error, sqlite3.ProgrammingError) and "closed" in str(error)):
+            return True
+        if type(error).__module__.startswith("psycopg") and any(
+                cls.__name__ in ("OperationalError", "InterfaceError") for cls in type(error).__mro__):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class Ingest:
     """Queues device states and events and writes them in batches (thread-safe)."""
 
     def __init__(self, db: FleetDB, observe: Observer | None = None, max_batch: int = 2000,
-                 retry_s: float = 1.0, groups: GroupGuard | None = None) -> None:
+                 retry_s: float = 1.0, groups: GroupGuard | None = None, on_dropped: Dropped | None = None) -> None:
         self.db, self._observe, self.max_batch, self.retry_s = db, observe, max_batch, retry_s
+        self._on_dropped = on_dropped
         #: Refuses states naming a group other than the device's provisioned one (None: every state is written).
         self.groups = groups
         self._queue: queue.Queue[tuple[float, DeviceState | DeviceEvent] | None] = queue.Queue()
@@ -52,6 +84,9 @@ class Ingest:
         #: Batches written so far, and the reports in them (for tests and benchmarks).
         self.batches = 0
         self.written = 0
+        #: Reports the store refused (dropped), and batch writes retried after a connection error.
+        self.dropped = 0
+        self.retries = 0
 
     def put(self, report: DeviceState | DeviceEvent) -> None:
         """Queue one report, stamped with the time it arrived."""
@@ -92,25 +127,49 @@ class Ingest:
                 batch.append(item)
             self._write_until_done(batch)
 
-    def _write_until_done(self, batch: list[tuple[float, DeviceState | DeviceEvent]]) -> None:
-        while True:
-            try:
-                self._write(batch)
-                break
-            except Exception:  # the database went away: keep the batch, try again
-                log.exception("writing %d device reports failed; retrying in %g s", len(batch), self.retry_s)
-                time.sleep(self.retry_s)
+    def _write_until_done(self, batch: list[_Item]) -> None:
+        written = self._write_isolating(batch)
         done = time.monotonic()
         if self._observe is not None:
-            for received, report in batch:
+            for received, report in written:
                 self._observe("state" if isinstance(report, DeviceState) else "event", done - received)
         self.batches += 1
-        self.written += len(batch)
+        self.written += len(written)
         with self._idle:
             self._pending -= len(batch)
             self._idle.notify_all()
 
-    def _write(self, batch: list[tuple[float, DeviceState | DeviceEvent]]) -> None:
+    def _write_isolating(self, batch: list[_Item]) -> list[_Item]:
+        """Write ``batch``; on a data error, its halves in order, down to the single reports the store refuses
+        (dropped). A connection error waits and tries the same part again. The reports written."""
+        while True:
+            try:
+                self._write(batch)
+                return batch
+            except Exception as exc:
+                if connection_error(exc):  # the database went away: keep the batch, try again
+                    self.retries += 1
+                    log.warning("writing %d device reports failed (%s: %s); retrying in %g s", len(batch),
+                                type(exc).__name__, str(exc).strip()[:300], self.retry_s)
+                    time.sleep(self.retry_s)
+                    continue
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    return self._write_isolating(batch[:half]) + self._write_isolating(batch[half:])
+                self._drop(batch[0][1], exc)
+                return []
+
+    def _drop(self, report: DeviceState | DeviceEvent, exc: BaseException) -> None:
+        self.dropped += 1
+        device = report.device_id if isinstance(report, DeviceState) else str(report.row.device_id)
+        kind = "state" if isinstance(report, DeviceState) else "event"
+        if self._on_dropped is not None:
+            self._on_dropped(device, kind, exc)
+        else:
+            log.warning("the fleet store refused a %s of device %s (%s: %s); it was dropped", kind, device,
+                        type(exc).__name__, str(exc)[:300])
+
+    def _write(self, batch: list[_Item]) -> None:
         states, rows, updates = [], [], []
         for _, report in batch:
             if isinstance(report, DeviceState):

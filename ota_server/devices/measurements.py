@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError, NotFoundError, TransferError
+from edgesdk.errors import EdgeSDKError, NotFoundError, ReportError, TransferError
 from edgesdk.fleet.measurement import MAX_RESULT_BYTES, parse_result
 from edgesdk.fleet.protocol import (
     MAX_ARCHIVE_BYTES,
@@ -79,13 +79,16 @@ class Measurements:
     """Measurement requests of one OTA server; ``publish`` sends on its MQTT connection."""
 
     def __init__(self, publish: Callable[[str, bytes], None], signing_key: Any, db: FleetDB,
-                 timeout_s: float = 600.0, keep: int = 100, max_result_bytes: int = MAX_RESULT_BYTES) -> None:
+                 timeout_s: float = 600.0, keep: int = 100, max_result_bytes: int = MAX_RESULT_BYTES,
+                 on_refused: Callable[[str, str, ReportError], None] | None = None) -> None:
         if keep < 1:
             raise TransferError(f"keep={keep} must be at least 1: a finished measurement must stay readable")
         self._publish, self._key, self._db = publish, signing_key, db
         self.timeout_s, self.keep, self.max_result_bytes = timeout_s, keep, max_result_bytes
         self._items: dict[str, _Measurement] = {}
         self._lock = threading.Lock()
+        #: Called with (device, "measurement", error) for each malformed result (the server counts and logs it).
+        self._on_refused = on_refused
 
     def request(self, device_id: str, archive: bytes, mode: str, runs: int, timeout_s: float | None = None) -> str:
         """Send ``archive`` (see :func:`edgesdk.fleet.measurement.pack_measurement`) to one online device; its id."""
@@ -139,7 +142,10 @@ class Measurements:
             device = check_id(Topics.device_of(topic), "device id")
             message = parse_result(payload, self.max_result_bytes)
         except EdgeSDKError as exc:
-            log.warning("ignoring measurement message on %s: %s", topic, exc)
+            if isinstance(exc, ReportError) and self._on_refused is not None:
+                self._on_refused(Topics.device_of(topic)[:64], "measurement", exc)
+            else:
+                log.warning("ignoring measurement message on %s: %s", topic, exc)
             if len(payload) > self.max_result_bytes:
                 self._fail_only_one_in_flight(Topics.device_of(topic), str(exc))
             return

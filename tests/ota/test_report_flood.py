@@ -26,7 +26,8 @@ LIMITS = ReportLimits(report_every_s=0.5)  # the default burst and rate; flood e
 
 def _refused(server, kind: str) -> float:
     text = server.metrics.render()[0].decode()
-    (line,) = [x for x in text.splitlines() if x.startswith(f'edgesdk_ota_reports_refused_total{{kind="{kind}"}}')]
+    (line,) = [x for x in text.splitlines()
+               if x.startswith(f'edgesdk_ota_reports_refused_total{{kind="{kind}",reason="flood"}}')]
     return float(line.split()[-1])
 
 
@@ -44,7 +45,7 @@ def _flood(transport: MqttTransport, deadline: float) -> int:
         transport.publish(Topics.need("evil"), json.dumps({"transfer_id": "fake", "chunks": [0]}).encode())
         sent += 1
     transport.publish(Topics.state("evil"), json.dumps({"group": "lab", "status": "running", "model": "digits",
-                                                        "version": "6.6.last", "slots": []}).encode())
+                                                        "version": "6.6.99999", "slots": []}).encode())
     return sent
 
 
@@ -74,7 +75,7 @@ def test_a_device_flooding_the_server_is_held_to_its_limit_and_the_fleet_keeps_u
         flood.join()
         # The attacker's last word is a state; the server's view of it ends there (a waiting state is read
         # when the device's bucket refills, never dropped), and by then it has handled everything before it.
-        wait_for(lambda: (server.db.device("evil") or None) and server.db.device("evil").version == "6.6.last",
+        wait_for(lambda: (server.db.device("evil") or None) and server.db.device("evil").version == "6.6.99999",
                  timeout=60, what="the attacker's last state")
         wait_for(lambda: server.status(second).state != "running", timeout=60, what="rollout 2.0.0")
         assert server.ingest.flush()

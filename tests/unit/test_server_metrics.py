@@ -122,8 +122,14 @@ def test_counters_and_the_handling_histogram_move(tmp_path):
     assert series(found, bucket, kind="need", le="0.25") == 0
     assert series(found, bucket, kind="need", le="0.5") == 1
     assert series(found, "edgesdk_ota_event_handling_seconds_count", kind="event") == 0  # shown before the first
-    assert series(found, "edgesdk_ota_reports_refused_total", kind="event") == 2
-    assert series(found, "edgesdk_ota_reports_refused_total", kind="state") == 0
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="event", reason="flood") == 2
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="state", reason="flood") == 0
+    metrics.report_refused("state", "type")
+    found = samples(metrics)
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="state", reason="type") == 1
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="state", reason="flood") == 0
+    with pytest.raises(EdgeSDKError, match="reason='nope'"):
+        metrics.report_refused("state", "nope")
 
 
 def test_counting_from_many_threads_loses_nothing(tmp_path):

@@ -1,0 +1,134 @@
+"""Ingest keeps flowing (issue 36): a report the store itself refuses is isolated and dropped, the rest written;
+only a lost connection keeps a batch for another try. Refusals are counted by kind and reason and logged once per
+device and period."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from edgesdk.errors import ReportError
+from edgesdk.ota_server.admin.metrics import ServerMetrics
+from edgesdk.ota_server.devices.ingest import DeviceEvent, Ingest, connection_error
+from edgesdk.ota_server.devices.report_reader import ReportReader
+from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB
+from tests.ota.conftest import wait_for
+from tests.unit.test_server_metrics import samples, series
+
+
+def _state(device: str, version: str = "1.0.0", **fields) -> DeviceState:
+    return DeviceState(device, "lab", "online", fields.pop("model", "digits"), version, (), time.time(), **fields)
+
+
+def test_rows_the_store_refuses_are_split_out_of_their_batch_and_the_rest_written(fleet_location):
+    db = FleetDB(fleet_location)
+    dropped: list[tuple[str, str, str]] = []
+    ingest = Ingest(db, on_dropped=lambda device, kind, exc: dropped.append((device, kind, type(exc).__name__)))
+    try:
+        ingest.put(_state("warm"))
+        assert ingest.flush()
+        with db.transaction():  # the writer waits on the store: everything below queues up as one batch
+            ingest.put(_state("cam0"))
+            ingest.put(_state("evil1", model={"x": 1}))  # a value the store cannot bind
+            for i in range(20):
+                ingest.put(DeviceEvent(EventRow("progress", {"n": i}, "cam0", None, time.time()), None))
+            ingest.put(_state("evil2", root_version=2**70))  # overflows the column
+            ingest.put(_state("cam1", "2.0.0"))
+            ingest.put(DeviceEvent(EventRow("bad", {"unjsonable": {1, 2}}, "evil3", None, time.time()), None))
+            ingest.put(_state("cam0", "2.0.0"))
+        assert ingest.flush(), "the writer is stuck on a poisoned batch"
+        assert ingest.batches == 2
+        assert (db.device("cam0").version, db.device("cam1").version) == ("2.0.0", "2.0.0")
+        assert db.device("evil1") is None and db.device("evil2") is None
+        assert len([r for r in db.events(device_id="cam0") if r.type == "progress"]) == 20
+    finally:
+        ingest.stop()
+        db.close()
+    assert sorted(d[:2] for d in dropped) == [("evil1", "state"), ("evil2", "state"), ("evil3", "event")]
+    assert ingest.dropped == 3 and ingest.written == 1 + 23 and ingest.retries == 0
+
+
+def test_connection_errors_are_told_from_data_errors(tmp_path):
+    closed = sqlite3.connect(str(tmp_path / "x.db"))
+    closed.close()
+    with pytest.raises(sqlite3.ProgrammingError) as on_closed:
+        closed.execute("SELECT 1")
+    assert connection_error(on_closed.value)
+    live = sqlite3.connect(str(tmp_path / "y.db"))
+    with pytest.raises((sqlite3.ProgrammingError, sqlite3.InterfaceError)) as binding:
+        live.execute("SELECT ?", ({"x": 1},))
+    assert not connection_error(binding.value)
+    with pytest.raises(OverflowError) as overflow:
+        live.execute("SELECT ?", (2**70,))
+    assert not connection_error(overflow.value)
+    live.execute("BEGIN EXCLUSIVE")
+    other = sqlite3.connect(str(tmp_path / "y.db"), timeout=0)
+    with pytest.raises(sqlite3.OperationalError) as locked:
+        other.execute("BEGIN EXCLUSIVE")
+    assert connection_error(locked.value)
+    try:
+        raise RuntimeError("wrapped") from locked.value
+    except RuntimeError as wrapped:
+        assert connection_error(wrapped)
+
+
+def test_a_database_restart_keeps_the_batch_and_it_is_written_once_the_database_is_back(tmp_path):
+    from edgesdk.ota_server.postgres import LocalPostgres, postgres_bindir
+
+    if postgres_bindir() is None:
+        pytest.skip("PostgreSQL is not installed")
+    with LocalPostgres(tmp_path / "pg", durable=False) as server:
+        db = FleetDB(server.url)
+        dropped: list = []
+        ingest = Ingest(db, retry_s=0.2, on_dropped=lambda *a: dropped.append(a))
+        try:
+            ingest.put(_state("cam0"))
+            assert ingest.flush()
+            old = server.process
+            restart = threading.Thread(target=server.restart, kwargs={"down_s": 2.0})
+            restart.start()
+            wait_for(lambda: old.poll() is not None, what="PostgreSQL down")
+            for i in range(50):  # written while the database is down: kept, tried again, written once it is back
+                ingest.put(_state(f"cam{i}", "2.0.0"))
+            restart.join()
+            assert ingest.flush(timeout=60)
+        finally:
+            ingest.stop()
+        assert dropped == [] and ingest.retries >= 1
+        assert all(db.device(f"cam{i}").version == "2.0.0" for i in range(50))
+        db.close()
+
+
+def test_refusals_are_counted_by_kind_and_reason_and_logged_once_per_device_and_period(tmp_path, caplog):
+    metrics = ServerMetrics(FleetDB(str(tmp_path / "fleet.db")))
+    now = [1000.0]
+    reader = ReportReader(metrics.report_refused, period_s=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="edgesdk.ota_server.server"):
+        for _ in range(195):
+            assert reader.state("edgesdk/devices/evil/state", b'{"status": "online", "model": {"x": 1}}') is None
+            now[0] += 0.01
+        assert reader.event("edgesdk/devices/evil/events", b"not json") is None
+        assert reader.need("edgesdk/devices/cam9/need", b'{"transfer_id": "t", "chunks": [-1]}') is None
+        assert reader.oversize("edgesdk/devices/evil/state", b"x" * (64 * 1024 + 1))
+        reader.refuse("evil", "measurement", ReportError("bad figures", reason="range", field="figures.p"))
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 2, lines  # one per device and period, however many it sends
+        assert "malformed state from device evil" in lines[0] and "(reason type, field model)" in lines[0]
+        assert "cam9" in lines[1] and "reason range, field chunks" in lines[1]
+        now[0] += 60
+        assert reader.state("edgesdk/devices/evil/state", b'{"status": 3}') is None
+        assert len(caplog.records) == 3
+        assert "197 more of its reports were refused in the last 60 s" in caplog.records[-1].getMessage()
+    found = samples(metrics)
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="state", reason="type") == 196
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="event", reason="json") == 1
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="need", reason="range") == 1
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="state", reason="length") == 1
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="measurement", reason="range") == 1
+    assert series(found, "edgesdk_ota_reports_refused_total", kind="state", reason="flood") == 0
+    good = reader.state("edgesdk/devices/cam1/state", b'{"status": "online", "group": "lab", "runtime": {"count": 1}}')
+    assert good is not None and good.details == '{"runtime":{"count":1}}'
