@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import threading
 from dataclasses import replace
@@ -67,7 +68,7 @@ def _finished(client, measurement_id):
     return client.measurement(measurement_id)
 
 
-def test_measured_on_the_board_without_touching_the_serving_model(admin, broker, make_agent, bundles, candidate):
+def test_measured_on_the_board_without_touching_the_serving_model(admin, broker, make_agent, bundles, candidate, keys):
     server, client = admin
     managed = ManagedRuntime(profile="rk3588")
     board = make_agent("rk1", broker.url, runtime=managed, profile="rk3588")
@@ -85,7 +86,8 @@ def test_measured_on_the_board_without_touching_the_serving_model(admin, broker,
     chunks_elsewhere = other.bytes_received
 
     model, x = candidate
-    m = measure_on_device(client, "rk1", model, {"input": x}, "latency", runs=20, timeout_s=120)
+    m = measure_on_device(client, "rk1", model, {"input": x}, "latency", runs=20, timeout_s=120,
+                          sign_keys=[keys["converter"]])
 
     with Runtime(model, profile="rk3588", mode="latency") as local:
         expected = local.predict(x)
@@ -207,3 +209,37 @@ def test_measure_on_a_device_the_fleet_does_not_have_fails_before_any_work(admin
     _, client = admin
     with pytest.raises(TransferError, match="not in the fleet.*edgesdk devices"):
         board_measure(client, "no-such-board", "latency")
+
+
+def test_on_a_root_of_trust_only_the_bundles_threshold_runs_a_model(tmp_path, broker, make_server, make_agent,
+                                                                    candidate):
+    """The server's commands key signs the measure command; the archive's manifest needs the bundles role too."""
+    from edgesdk.fleet import key_ceremony
+    from edgesdk.runtime.signing import load_private_key
+
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {"bundles": 2}, {"bundles": 2})
+    commands_key = load_private_key(private["commands"][0])
+    bundle_keys = [load_private_key(p) for p in private["bundles"]]
+    board = make_agent("rk1", broker.url, server_key=None, root=root_path, profile="rk3588")
+    server = make_server(broker.url, signing_key=commands_key)
+    _online(server, "rk1")
+    model, x = candidate
+    before = _tree(board.store.slots)
+
+    def measured(archive: bytes) -> dict:
+        mid = server.request_measurement("rk1", archive, "latency", 5, timeout_s=60)
+        wait_for(lambda: server.measurement(mid)["status"] in ("done", "failed"), timeout=60, what=mid)
+        return server.measurement(mid)
+
+    for signers, valid in (([commands_key], 0), (bundle_keys[:1], 1), ([], None)):
+        result = measured(pack_measurement(model, {"input": x}, signers))
+        assert result["status"] == "failed" and result["error_type"] == "SignatureError", result
+        expected = "is not signed" if valid is None else f"{valid} valid signatures? of the 2 required"
+        assert re.search(expected, result["error"]), result["error"]
+        assert "figures" not in result  # nothing was measured: the model never ran
+        assert list(board.store.scratch.iterdir()) == [] and _tree(board.store.slots) == before
+        assert list(board.store.incoming.iterdir()) == []
+
+    result = measured(pack_measurement(model, {"input": x}, bundle_keys))
+    assert result["status"] == "done", result
+    assert result["figures"]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()

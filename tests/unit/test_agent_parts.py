@@ -26,7 +26,7 @@ from edgesdk.fleet.measurement import pack_measurement
 from edgesdk.fleet.protocol import ArchiveInfo, Command, MeasureCommand, parse_command, sign_command, sign_measure_command
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.runtime.profiles import load_profile
-from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
+from edgesdk.runtime.signing import KeySet, generate_keypair, load_private_key, load_public_key
 from edgesdk.testing import random_mlp, write_mlp_onnx
 
 
@@ -176,10 +176,11 @@ def test_requests_ask_for_a_window_of_missing_chunks_and_leave_out_the_broadcast
 # the measurement service -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def measure_archive(tmp_path_factory):
+def measure_archive(tmp_path_factory, keys):
+    """A measurement archive signed by the server key (which these services pin: no root, so not checked)."""
     folder = tmp_path_factory.mktemp("measure")
     model = write_mlp_onnx(random_mlp([8, 4, 2]), folder / "model.onnx")
-    return pack_measurement(model, {"input": np.zeros((4, 8), np.float32)})
+    return pack_measurement(model, {"input": np.zeros((4, 8), np.float32)}, [keys[0]])
 
 
 def measure_command(keys, archive: bytes, mid: str = "m1", sha256: str | None = None) -> MeasureCommand:
@@ -211,13 +212,14 @@ class Published:
         return self.messages
 
 
-def service(tmp_path: Path, published: Published, capacity: int | None = None, timeout_s: float = 60):
+def service(tmp_path: Path, published: Published, capacity: int | None = None, timeout_s: float = 60,
+            bundle_keys=None):
     store = ModelStore(tmp_path / "store")
     if capacity is not None:
         store.disk_usage = lambda: {"free_bytes": capacity, "store_bytes": 0}  # type: ignore[method-assign]
     downloads = Downloads(lambda payload: None)
     return MeasurementService(downloads, StorageGuard(store), load_profile("generic-x86_64"), published,
-                              published.changed, timeout_s=timeout_s), downloads, store
+                              published.changed, timeout_s=timeout_s, bundle_keys=lambda: bundle_keys), downloads, store
 
 
 def feed(downloads: Downloads, command: MeasureCommand, archive: bytes) -> None:
@@ -243,6 +245,29 @@ def test_a_measurement_is_accepted_once_measured_in_a_child_and_its_scratch_remo
     assert done["figures"]["runs"] == 3 and done["figures"]["latency_p50_ms"] > 0
     assert set(done["outputs"]) == {"probabilities"}
     assert downloads.get(command.transfer_id) is None
+    deadline = time.monotonic() + 10
+    while (store.scratch / "m1").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (store.scratch / "m1").exists()
+
+
+def test_a_measurement_not_signed_by_the_bundles_keys_fails_before_anything_is_unpacked(tmp_path, keys,
+                                                                                      measure_archive):
+    """With a root's bundles role to satisfy, the server key's signature (the commands key) is not enough."""
+    folder = tmp_path / "bundles"
+    generate_keypair(folder, "ci")
+    published = Published()
+    measurements, downloads, store = service(tmp_path, published, bundle_keys=KeySet.of([load_public_key(
+        folder / "ci.pub")]))
+    command = measure_command(keys, measure_archive)
+    measurements.accept(command)
+    feed(downloads, command, measure_archive)
+    transfer = downloads.get(command.transfer_id)
+    assert transfer is not None and transfer.complete
+    measurements.complete(transfer, command)
+    failed = published.wait(2)[-1]
+    assert failed["status"] == "failed" and failed["error_type"] == "SignatureError", failed
+    assert "the measurement archive of model.onnx: 0 valid signatures of the 1 required" in failed["error"]
     deadline = time.monotonic() + 10
     while (store.scratch / "m1").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
