@@ -158,8 +158,8 @@ class LoginLimiter:
 async def read_form(request: Any, cap: int = FORM_MAX_BYTES) -> dict[str, str] | None:
     """A urlencoded form's fields (the last value of each), or None when the body is over ``cap`` bytes: then no more
     than ``cap`` bytes (plus the chunk that crossed it) were read."""
-    declared = request.headers.get("content-length", "")
-    if declared.strip().isdigit() and int(declared) > cap:
+    declared = request.headers.get("content-length", "").strip()
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
         return None
     body = bytearray()
     async for chunk in request.stream():

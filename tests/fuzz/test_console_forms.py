@@ -1,6 +1,6 @@
-"""Hypothesis over the console's input: any bytes as the body of any console form get a 2xx, 3xx or 4xx, never a
-5xx (the login, the logout and the rollout actions, with and without the session's CSRF token); and any JSON a device
-puts in its details renders its device page and its rollout's page.
+"""Hypothesis over the console's input: any bytes as the body of any console form (and any Content-Length said for
+it) get a 2xx, 3xx or 4xx, never a 5xx (the login, the logout and the rollout actions, with and without the
+session's CSRF token); and any JSON a device puts in its details renders its device page and its rollout's page.
 
 ``EDGESDK_FUZZ_EXAMPLES`` sets the examples per property (200 by default). The app is called in-process over ASGI
 (tests/ota/console_asgi.py), on a real FleetDB and repository.
@@ -69,9 +69,11 @@ def _logged_in(browser: AsgiConsole) -> str:
 
 @PROFILE
 @given(path=_paths, body=_bodies, chunk=st.integers(min_value=1, max_value=5000), logged_in=st.booleans(),
-       content_type=st.sampled_from(["application/x-www-form-urlencoded", "multipart/form-data", "text/plain", ""]))
+       content_type=st.sampled_from(["application/x-www-form-urlencoded", "multipart/form-data", "text/plain", ""]),
+       length=st.one_of(st.none(), st.integers(min_value=0, max_value=10**40).map(str),
+                        st.text(st.characters(max_codepoint=255), max_size=30)))
 def test_any_body_on_any_console_form_gets_a_2xx_3xx_or_4xx_never_a_5xx(console, path, body, chunk, logged_in,
-                                                                         content_type):
+                                                                         content_type, length):
     server, app, rollout = console
     browser = AsgiConsole(app)
     csrf = _logged_in(browser) if logged_in else ""
@@ -84,7 +86,7 @@ def test_any_body_on_any_console_form_gets_a_2xx_3xx_or_4xx_never_a_5xx(console,
         body = urlencode(form).encode() + tail
     chunks = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
     answer = browser.request("POST", path.replace("<rollout>", f"/ui/rollouts/{rollout}"), body=chunks,
-                             headers=[("content-type", content_type)])
+                             headers=[("content-type", content_type), *([("content-length", length)] if length else [])])
     assert 200 <= answer.status < 500, (answer.status, answer.text[-800:])
 
 

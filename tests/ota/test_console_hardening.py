@@ -130,6 +130,8 @@ def test_a_form_body_over_the_cap_gets_413_and_is_not_read(console):
     form = browser.get("/ui/login")
     declared = browser.post("/ui/login", b"token=" + b"a" * (1 << 20))
     assert declared.status == 413 and declared.read == 0  # the declared length alone refuses it
+    absurd = browser.request("POST", "/ui/login", body=b"token=x", headers=[("content-length", "9" * 5000)])
+    assert absurd.status == 413 and absurd.read == 0
     endless = itertools.repeat(b"a" * 65536)  # no length, and a body that never ends
     streamed = browser.post("/ui/login", endless)
     assert streamed.status == 413 and streamed.read <= FORM_MAX_BYTES + 65536
