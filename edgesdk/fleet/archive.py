@@ -76,12 +76,23 @@ def pack_files(files: Mapping[str, bytes | Path]) -> bytes:
 
 
 def pack_bundle(bundle_dir: str | os.PathLike[str]) -> bytes:
-    """A bundle directory as an uncompressed tar (models are already dense); sorted, no owners or times."""
+    """A bundle directory as an uncompressed tar (models are already dense); sorted, no owners or times.
+
+    It holds ``manifest.json``, ``signature.json`` when there is one, and the files the manifest lists: exactly
+    what :func:`unpack_bundle` takes (another file in the directory is not packed).
+    """
+    folder = Path(bundle_dir)
+    try:
+        manifest = Manifest.from_dict(_json((folder / MANIFEST).read_bytes()))
+    except FileNotFoundError:
+        raise BundleError(f"{folder} is not a bundle: {MANIFEST} not found") from None
     files: dict[str, bytes | Path] = {}
-    for path in sorted(Path(bundle_dir).iterdir()):
+    for name in sorted([MANIFEST, *([SIGNATURE] if (folder / SIGNATURE).exists() else []), *manifest.files]):
+        path = folder / name
         if not path.is_file() or path.is_symlink():
-            raise BundleError(f"{path}: bundles contain only regular files; remove it from the bundle directory")
-        files[safe_name(path.name, "bundle file")] = path
+            raise BundleError(f"{path}: the bundle's manifest lists it but it is not a regular file; write the bundle "
+                              "again (edgesdk convert, or edgesdk.runtime.bundle.write_bundle)")
+        files[name] = path
     return pack_files(files)
 
 

@@ -195,3 +195,14 @@ def test_a_measurement_archive_needs_the_threshold_and_its_manifest(tmp_path, si
     with pytest.raises(BundleError, match="manifest is missing field 'name'"):
         unpack_bundle(good, tmp_path / "y", bundles_role)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_pack_bundle_packs_only_the_manifest_its_signatures_and_the_files_it_lists(tmp_path, signers):
+    bundle = make_bundle(tmp_path / "b", "1.0.0", {"converter": signers["ci"]})
+    (bundle / "notes.txt").write_text("not part of the bundle")
+    packed = signed_parts(pack_bundle(bundle))
+    assert sorted(packed) == ["health_check.npz", "manifest.json", MODEL, "signature.json"]
+    (bundle / MODEL).unlink()
+    (bundle / MODEL).symlink_to(bundle / "notes.txt")
+    with pytest.raises(BundleError, match="model.onnx: the bundle's manifest lists it but it is not a regular file"):
+        pack_bundle(bundle)
