@@ -239,3 +239,37 @@ def test_edgesdk_server_takes_behind_proxy_with_ui_and_addresses_only(tmp_path):
     assert without_ui.exit_code == 2 and "give --ui too" in without_ui.output
     wrong = CliRunner().invoke(server, [*base, "--ui", "--behind-proxy", "127.0.0.1,nginx"])
     assert wrong.exit_code == 2 and "'nginx' is not an IP address or network" in wrong.output
+
+
+def _post_login(url: str, token: str, forwarded_for: str) -> tuple[int, str | None]:
+    """A login over real HTTP from loopback with ``X-Forwarded-For``: (status, its session Set-Cookie line)."""
+    import http.client
+    from urllib.parse import urlencode, urlparse
+
+    where = urlparse(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    try:
+        headers = {"X-Forwarded-For": forwarded_for, "X-Forwarded-Proto": "https"}
+        connection.request("GET", "/ui/login", headers=headers)
+        form = connection.getresponse()
+        page = form.read().decode()
+        login = re.search(r'name="login" value="([^"]*)"', page).group(1)
+        cookie = form.getheader("set-cookie").split(";", 1)[0]
+        connection.request("POST", "/ui/login", body=urlencode({"login": login, "token": token}),
+                           headers={**headers, "Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"})
+        answer = connection.getresponse()
+        answer.read()
+        session = next((v for k, v in answer.getheaders() if k.lower() == "set-cookie" and v.startswith(COOKIE)), None)
+        return answer.status, session
+    finally:
+        connection.close()
+
+
+def test_edgesdk_server_behind_proxy_reaches_the_console_of_a_real_server(broker, start_server):
+    # The proxy chain: a loopback proxy in front, an upstream one at 203.0.113.9. Only with --behind-proxy naming the
+    # upstream one does the console look past it to the client; each client is counted on its own.
+    running = start_server(broker.url, token=TOKEN, console=True, behind_proxy="127.0.0.1,203.0.113.0/24")
+    statuses = [_post_login(running.url, "guess", "198.51.100.1, 203.0.113.9")[0] for _ in range(6)]
+    assert statuses == [401] * 5 + [429]
+    status, session = _post_login(running.url, TOKEN, "198.51.100.2, 203.0.113.9")
+    assert status == 303 and session is not None and "secure" in session.lower()
