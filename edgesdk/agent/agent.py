@@ -3,7 +3,7 @@
 Per deployment: verify the command's signature (before anything is written) → refuse a
 replay or a downgrade that is not a signed rollback → receive chunks (the group broadcast,
 plus re-requests of whatever is missing, on this device's own topic) checking each hash →
-check the whole archive → unpack and verify into a new slot → install it (record it as
+check the whole archive → verify its manifest, then unpack into a new slot → install it (record it as
 pending, point ``current`` at it, health-check it under live traffic, commit or point back:
 :mod:`edgesdk.agent.install`) → report the outcome. A restarted agent resumes unfinished
 transfers and finishes or undoes a pending install, so the store always holds a working

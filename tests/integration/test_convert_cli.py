@@ -96,6 +96,19 @@ def test_cli_refuses_a_bad_option_as_a_usage_error_before_any_work(sample, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_measure_sign_key_that_is_not_a_private_key_fails_before_any_work(sample, tmp_path):
+    """--measure-sign-key signs each measurement archive for a fleet on a root of trust; a wrong file stops at once."""
+    keys = tmp_path.parent / f"{tmp_path.name}-keys"
+    keys.mkdir()
+    (keys / "ci.pub").write_text("-----BEGIN PUBLIC KEY-----\n")
+    result = CliRunner().invoke(cli, ["convert", str(sample / "model.onnx"), "--profile", "raspberry-pi-5",
+                                      "--eval", str(sample / "eval.npy"), "--out", str(tmp_path / "out"),
+                                      "--measure-on", "rk1", "--measure-sign-key", str(keys / "ci.pub")])
+    assert result.exit_code == SignatureError.exit_code, result.output
+    assert "ci.pub is not an unencrypted PEM private key" in result.output and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_out_dir_holding_a_conversion_needs_force_and_is_replaced_only_when_the_new_one_is_complete(
         sample, arrays, tmp_path):
     out = tmp_path / "out"
