@@ -258,7 +258,10 @@ class HttpServer:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8080) -> None:
         import uvicorn
 
-        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+        # proxy_headers off: uvicorn would believe X-Forwarded-* from any loopback peer; the console trusts only the
+        # proxies named with --behind-proxy (edgesdk.ota_server.console.guard).
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                                     proxy_headers=False))
         self._thread = threading.Thread(target=self._server.run, name="admin-http", daemon=True)
         self.url = f"http://{host}:{port}"
 
