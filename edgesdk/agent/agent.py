@@ -200,7 +200,7 @@ class DeviceAgent:
     def _handle_command(self, envelope: bytes, resume: bool) -> None:
         try:
             keys = self.trust.command_keys() if self.trust is not None else self.config.server_key
-            command = parse_command(envelope, keys, allow_unsigned=self.config.allow_unsigned)
+            command = parse_command(envelope, keys, self.config.allow_unsigned, to=self.config, strict=self.trust is not None)
         except (SignatureError, TransferError) as exc:
             self._event(None, AgentEvent.REJECTED, reason=str(exc))
             return

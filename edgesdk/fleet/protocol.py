@@ -22,6 +22,15 @@ shares with an old one make the same chunks. Chunk payloads are raw bytes, or a 
 for the chunks the manifest flags (:mod:`edgesdk.fleet.chunk_codec`). Names and sizes from a
 manifest are checked here (:func:`parse_command`), so neither side trusts them unchecked.
 
+**Bound to one device** (:mod:`edgesdk.fleet.command_scope`): the manifest names its group, and a second
+signature, per device, binds it to the device it is sent to (``binding``: ``{"device", "manifest_sha256"}``).
+A device refuses a command bound to another one, so a broker that records commands cannot replay them
+elsewhere. Why per device, not a stage envelope listing its devices: the list would add ~10 bytes a target
+to every target's copy (10,000 devices: ~100 KB x 10,000 messages = 1 GB of broker traffic per stage), while
+the binding adds ~200 bytes and ~65 us of signing a device whatever the archive (measured: 0.65 s per
+10,000-device stage; re-signing the whole manifest per device cost 0.40 ms at a 20 MB bundle, 4 s per stage,
+growing with the chunk list). Measure commands are bound to their one device too.
+
 **Measure** (:func:`sign_measure_command`): "run this candidate model here and tell me how
 it does", without installing it. The signed manifest is ``{"type": "measure",
 "measurement_id", "transfer_id", "mode", "runs", "issued_at", "archive": {...}}``; ``mode``
@@ -45,12 +54,12 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
-from edgesdk.errors import SignatureError, TransferError, TrustError
+from edgesdk.errors import SignatureError, TransferError
 from edgesdk.fleet.chunking import cut_points, tar_boundaries
+from edgesdk.fleet.command_scope import Binder, Recipient, check_expiry, check_target, read_binding
 from edgesdk.runtime.bundle import parse_version, safe_name
 
 __all__ = ["PREFIX", "COMMAND_TTL_S", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command",
@@ -254,6 +263,8 @@ class Command:
     #: An aborted rollout's revert names the version it undoes; a device that runs another one (a later rollout
     #: moved it on while the revert was on its way) refuses it. None: not a revert.
     reverts: str | None = None
+    #: The device the server bound the command to (None: a server of an earlier release bound it to none).
+    device: str | None = None
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
@@ -276,6 +287,8 @@ class MeasureCommand:
     archive: ArchiveInfo
     #: The signed envelope as received.
     raw: bytes
+    #: The device the server bound the command to (None: a server of an earlier release bound it to none).
+    device: str | None = None
 
     type = "measure"
 
@@ -312,9 +325,11 @@ def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
 def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
                  group: str, rollback: bool = False, archive: ArchiveInfo | None = None,
                  offload_url: str | None = None, broadcast: Iterable[int] | None = None,
-                 ttl_s: float = COMMAND_TTL_S, reverts: str | None = None) -> bytes:
+                 ttl_s: float = COMMAND_TTL_S, reverts: str | None = None, device: str | None = None) -> bytes:
     """The signed envelope of a deploy or rollback command, ready to publish; devices refuse it after ``ttl_s``.
 
+    ``device``: bind it to that device (:class:`~edgesdk.fleet.command_scope.Binder`; to bind one stage's
+    command to many, seal it once with None and bind it per device).
     ``offload_url`` is the KServe V2 endpoint devices may offload to; the command names it with
     this model and version, which the endpoint serves from the same repository. ``broadcast``
     lists the archive's chunks the server will broadcast (None: all). ``reverts`` is the version an aborted
@@ -329,7 +344,8 @@ def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id
         body["broadcast"] = sorted(broadcast)
     if reverts is not None:
         body["reverts"] = reverts
-    return _seal(private_key, body)
+    envelope = _seal(private_key, body)
+    return envelope if device is None else Binder(private_key, envelope).bind(check_id(device, "device id"))
 
 
 def _offload_url(url: Any) -> str:
@@ -348,14 +364,16 @@ def _parse_offload(data: Any, name: str, version: str) -> dict[str, str] | None:
 
 
 def sign_measure_command(private_key: Any, *, measurement_id: str, transfer_id: str, archive: ArchiveInfo,
-                         mode: str, runs: int, ttl_s: float = COMMAND_TTL_S) -> bytes:
-    """The signed envelope of a measure command (see the module docstring); bad fields raise TransferError."""
+                         mode: str, runs: int, ttl_s: float = COMMAND_TTL_S, device: str | None = None) -> bytes:
+    """The signed envelope of a measure command (see the module docstring), bound to ``device`` when given (the
+    server always names it); bad fields raise TransferError."""
     check_id(measurement_id, "measurement id")
     check_id(transfer_id, "transfer id")
     check_measure(mode, runs)
-    return _seal(private_key, {"type": "measure", "measurement_id": measurement_id, "transfer_id": transfer_id,
-                               "mode": mode, "runs": runs, "issued_at": (now := time.time()), "expires_at": now + ttl_s,
-                               "archive": _archive_dict(archive)})
+    envelope = _seal(private_key, {"type": "measure", "measurement_id": measurement_id, "transfer_id": transfer_id,
+                                   "mode": mode, "runs": runs, "issued_at": (now := time.time()),
+                                   "expires_at": now + ttl_s, "archive": _archive_dict(archive)})
+    return envelope if device is None else Binder(private_key, envelope).bind(check_id(device, "device id"))
 
 
 def _parse_broadcast(data: Any, archive: ArchiveInfo | None) -> frozenset[int] | None:
@@ -372,33 +390,42 @@ def _parse_archive(a: Any, max_size: int) -> ArchiveInfo | None:
 
 
 def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool = False,
-                  max_size: int = MAX_ARCHIVE_BYTES, now: float | None = None) -> Command | MeasureCommand:
-    """Verify a command envelope's signature and fields and return the command it carries.
+                  max_size: int = MAX_ARCHIVE_BYTES, now: float | None = None, *, to: Recipient | None = None,
+                  strict: bool = False) -> Command | MeasureCommand:
+    """Verify a command envelope's signatures and fields and return the command it carries.
 
     ``public_key`` is the pinned server key, or the :class:`~edgesdk.runtime.signing.KeySet` of the
     ``commands`` role of the device's root of trust. A bad or missing signature raises SignatureError
     (``public_key=None`` is refused unless ``allow_unsigned``, a development flag); an unsafe model
     name or a version that is not dotted integers raises BundleError; any other malformed field, a bad id or an archive over
-    ``max_size`` bytes raises TransferError.
+    ``max_size`` bytes raises TransferError. ``to``: the device it reached; a command bound to another device, or
+    unbound and for another group, raises CommandTargetError (a TransferError). ``strict`` (a device holding a root
+    of trust): a command must be bound to a device and carry ``expires_at``.
     """
     from edgesdk.runtime.signing import KeySet, verify
+
+    def check(data: bytes, signature: bytes, what: str) -> None:
+        if isinstance(public_key, KeySet):  # the commands role of the device's root of trust
+            public_key.verify(data, [(str(outer.get("key_id", "")), signature)], what)
+        elif public_key is not None:
+            verify(public_key, data, signature, what)
+        elif not allow_unsigned:
+            raise SignatureError("no server public key is pinned; refusing commands (pass the key, or the "
+                                 "development flag to accept unsigned ones)")
 
     try:
         outer = json.loads(envelope)
         body = base64.b64decode(outer["manifest"], validate=True)
         signature = base64.b64decode(outer.get("signature") or "", validate=True)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SignatureError(f"command is not a signed envelope ({exc}); ignored") from exc
-    if isinstance(public_key, KeySet):  # the commands role of the device's root of trust
-        public_key.verify(body, [(str(outer.get("key_id", "")), signature)], "OTA command")
-    elif public_key is not None:
-        verify(public_key, body, signature, "OTA command")
-    elif not allow_unsigned:
-        raise SignatureError("no server public key is pinned; refusing commands (pass the key, or the "
-                             "development flag to accept unsigned ones)")
+    check(body, signature, "OTA command")
+    bound = read_binding(outer, body, check)
     try:
         m = json.loads(body)
-        _check_expiry(m, time.time() if now is None else now)
+        check_expiry(m, time.time() if now is None else now, required=strict)
+        if to is not None:
+            check_target(m, bound, to, strict)
         archive = _parse_archive(m["archive"], max_size)
         if m["type"] == "measure":
             if archive is None:
@@ -406,13 +433,15 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
             check_measure(m["mode"], m["runs"])
             return MeasureCommand(measurement_id=check_id(m["measurement_id"], "measurement id"),
                                   transfer_id=check_id(m["transfer_id"], "transfer id"), mode=m["mode"],
-                                  runs=m["runs"], issued_at=float(m["issued_at"]), archive=archive, raw=envelope)
+                                  runs=m["runs"], issued_at=float(m["issued_at"]), archive=archive, raw=envelope,
+                                  device=bound)
         command = Command(type=m["type"], deployment_id=check_id(m["deployment_id"], "deployment id"),
                           transfer_id=check_id(m["transfer_id"], "transfer id"), name=safe_name(m["name"], "model name"),
                           version=m["version"], group=check_id(m["group"], "group"), rollback=bool(m["rollback"]),
                           issued_at=float(m["issued_at"]), archive=archive, raw=envelope,
                           offload=_parse_offload(m.get("offload"), m["name"], m["version"]),
-                          broadcast=_parse_broadcast(m.get("broadcast"), archive), reverts=m.get("reverts"))
+                          broadcast=_parse_broadcast(m.get("broadcast"), archive), reverts=m.get("reverts"),
+                          device=bound)
         parse_version(command.version)
         if command.reverts is not None:
             parse_version(command.reverts)
@@ -421,18 +450,3 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
     if command.type not in ("deploy", "rollback") or (command.type == "deploy" and archive is None):
         raise TransferError(f"unknown command type {command.type!r} or a deploy without an archive")
     return command
-
-
-def _check_expiry(manifest: dict[str, Any], now: float) -> None:
-    """Refuse a command past its ``expires_at`` (servers of earlier releases sent none: those are taken as before)."""
-    expires = manifest.get("expires_at")
-    if expires is None:
-        return
-    if isinstance(expires, bool) or not isinstance(expires, (int, float)):
-        raise TransferError(f"command expires_at {expires!r} is not a time")
-    if now >= expires:
-        issued = datetime.fromtimestamp(float(manifest.get("issued_at", 0)), timezone.utc).isoformat(timespec="seconds")
-        raise TrustError(f"command {manifest.get('deployment_id') or manifest.get('measurement_id')} issued {issued} "
-                         f"expired {now - expires:.0f} s ago; an expired command is refused (was it withheld and "
-                         "replayed?). The server re-sends current ones; check this device's clock if every command "
-                         "is refused")
