@@ -7,20 +7,28 @@ the server holds only what is in flight, not every archive it ever sent (up to 2
 An archive's chunks are zstd-compressed once, when it is loaded, where that pays
 (:mod:`edgesdk.fleet.chunk_codec`). A transfer's broadcast may be limited to the chunks some of
 its targets lack (:meth:`ChunkDistributor.plan`); devices ask for the rest one by one.
+
+A device's request is answered only when it is one of the transfer's targets: named when its command went
+out (:meth:`ChunkDistributor.allow`), or confirmed by :attr:`ChunkDistributor.authorize` (the store's targets,
+for a transfer this server did not send). Any other request is dropped and counted in ``refused``, so no
+device can pull a model meant for another group. The group broadcast is unchanged.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from edgesdk.fleet.chunk_codec import DEFAULT_MIN_SAVING, compress_chunks
 from edgesdk.fleet.protocol import ArchiveInfo, Topics
 
 __all__ = ["ChunkDistributor", "MAX_OUTBOX"]
+
+log = logging.getLogger(__name__)
 
 #: Queued messages above which chunk requests wait. Far below the 65,535 message ids one MQTT connection has:
 #: paho numbers queued messages too, and one past the wrap would replace a queued message of the same id.
@@ -73,6 +81,15 @@ class ChunkDistributor:
         self._plans: dict[str, list[int]] = {}
         #: (device, transfer) -> chunk indices re-sent on request (for tests and benchmarks).
         self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
+        #: transfer -> the devices it is for (:meth:`allow`).
+        self._targets: dict[str, set[str]] = {}
+        #: (device, transfer) -> whether ``device`` is a target of ``transfer`` by the store: asked for a device
+        #: :meth:`allow` did not name (None: a transfer nobody named targets for is served to any device, as tools
+        #: and tests use it; the server always sets it).
+        self.authorize: Callable[[str, str], bool] | None = None
+        #: Requests dropped because the device is not one of the transfer's targets (logged once per transfer).
+        self.refused = 0
+        self._refusals_logged: set[str] = set()
 
     def open(self, transfer_id: str, name: str, version: str) -> ArchiveInfo:
         """Make ``name`` ``version``'s archive servable as ``transfer_id``; its chunk hashes (for the command).
@@ -102,6 +119,8 @@ class ChunkDistributor:
             self._asked.pop(transfer_id, None)
             self._broadcasts.pop(transfer_id, None)
             self._plans.pop(transfer_id, None)
+            self._targets.pop(transfer_id, None)
+            self._refusals_logged.discard(transfer_id)
             if key is None:
                 return
             archive = self._archives[key]
@@ -115,6 +134,25 @@ class ChunkDistributor:
             ids = [t for t in self._transfers if t.startswith(prefix)]
         for transfer_id in ids:
             self.close(transfer_id)
+
+    def allow(self, transfer_id: str, devices: Iterable[str]) -> None:
+        """Answer ``devices``' requests for the open ``transfer_id`` (its targets); a closed one is left alone."""
+        with self._lock:
+            if transfer_id in self._transfers:
+                self._targets.setdefault(transfer_id, set()).update(devices)
+
+    def _is_target(self, device: str, transfer_id: str) -> bool:
+        with self._lock:
+            targets = self._targets.get(transfer_id)
+            if targets is not None and device in targets:
+                return True
+        authorize = self.authorize
+        if authorize is None:
+            return targets is None
+        if authorize(device, transfer_id):  # the store's answer, kept: a device asks many times
+            self.allow(transfer_id, [device])
+            return True
+        return False
 
     def is_open(self, transfer_id: str) -> bool:
         """True while ``transfer_id`` is served."""
@@ -150,10 +188,22 @@ class ChunkDistributor:
             return self._archives[key] if key is not None else None
 
     def serve(self, device: str, transfer_id: str, indices: list[int]) -> bool:
-        """Re-send the asked chunks on ``device``'s own topic; False when ``transfer_id`` is not open here."""
+        """Re-send the asked chunks on ``device``'s own topic; False when ``transfer_id`` is not open here.
+
+        A device that is not one of the transfer's targets gets nothing (True: the request was handled, dropped).
+        """
         archive = self._chunks(transfer_id)
         if archive is None:
             return False
+        if not self._is_target(device, transfer_id):
+            with self._lock:
+                self.refused += 1
+                first = transfer_id not in self._refusals_logged
+                self._refusals_logged.add(transfer_id)
+            if first:
+                log.warning("refusing chunks of transfer %s to %s: not one of its targets (further refusals of this "
+                            "transfer are only counted)", transfer_id, device)
+            return True
         if self._outbox() > self.max_outbox:
             self.deferred += 1
             return True

@@ -62,6 +62,8 @@ class _Measurement:
     figures: dict[str, Any] | None = None
     outputs: dict[str, str] | None = None
     finished_at: float | None = None
+    #: A chunk request for it was refused (logged once).
+    refused: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The API's JSON for this measurement (figures and outputs only once ``done``)."""
@@ -87,6 +89,8 @@ class Measurements:
         self.timeout_s, self.keep, self.max_result_bytes = timeout_s, keep, max_result_bytes
         self._items: dict[str, _Measurement] = {}
         self._lock = threading.Lock()
+        #: Chunk requests dropped: from another device than the measurement's, or after it ended (logged once each).
+        self.refused = 0
         #: Called with (device, "measurement", error) for each malformed result (the server counts and logs it).
         self._on_refused = on_refused
 
@@ -109,7 +113,7 @@ class Measurements:
         mid = f"m{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
         info = archive_info(archive)
         envelope = sign_measure_command(self._key, measurement_id=mid, transfer_id=mid, archive=info, mode=mode,
-                                        runs=runs)
+                                        runs=runs, device=device_id)
         with self._lock:
             self._items[mid] = _Measurement(mid, device_id, mode, runs, timeout_s, archive, info)
         self._db.log("measurement_requested", {"id": mid, "mode": mode, "runs": runs, "bytes": info.size},
@@ -170,7 +174,12 @@ class Measurements:
         if item is None:
             return False
         if item.device != device or item.status in _FINISHED:
-            log.warning("refusing chunks of measurement %s to %s", transfer_id, device)
+            with self._lock:
+                self.refused += 1
+                first, item.refused = not item.refused, True
+            if first:
+                log.warning("refusing chunks of measurement %s (for %s, %s) to %s; further refusals are only counted",
+                            transfer_id, item.device, item.status, device)
             return True
         for index in indices:
             if 0 <= index < len(item.info.chunks):

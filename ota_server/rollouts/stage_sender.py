@@ -1,8 +1,11 @@
 """The rollout engine's dispatcher: it signs each stage's command, publishes it, re-sends it while unacknowledged,
 sends a failed device back with a signed rollback, and broadcasts a stage's archive once to the group.
 
-Every device of a stage gets the same signed bytes (re-signed only after a take-over). The broadcast plan is
-the chunks some target cannot copy from the slots it reports; the rest each device copies from its own store.
+A stage's manifest is signed once (re-signed after a take-over, and at half its validity) and bound to each device
+it goes to (:class:`~edgesdk.fleet.command_scope.Binder`: a small per-device signature), so no device can be sent
+another's command. The broadcast plan is the chunks some target cannot copy from the slots it reports; the rest
+each device copies from its own store. Only a transfer's targets are answered when they ask for chunks
+(:meth:`StageSender.is_target` tells the chunk service about targets it did not see sent, from the store).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edgesdk.fleet.command_scope import Binder
 from edgesdk.fleet.protocol import COMMAND_TTL_S, ArchiveInfo, Topics, sign_command
 from edgesdk.fleet.records import RolloutRecord, TargetRecord, TargetStatus
 from edgesdk.ota_server.admin.metrics import ServerMetrics
@@ -51,21 +55,29 @@ class StageSender:
         self.offload_url = offload_url
         self.broadcast_wait_s = broadcast_wait_s
         self.command_ttl_s, self._clock = command_ttl_s, clock
-        #: Signed commands of the stages this server sent: (rollout, stage, with archive[, "late"]) -> (envelope,
-        #: when signed, what it was signed from). One older than half its validity is signed again before it is sent.
-        self._signed: dict[tuple[Any, ...], tuple[bytes, float, tuple[Any, ...]]] = {}
+        #: Signed commands of the stages this server sent: (rollout, stage, with archive[, "late"]) -> (the envelope's
+        #: binder, when signed, what it was signed from). One older than half its validity is signed again before it
+        #: is sent. Bound envelopes are not kept: binding is deterministic and cheap, and 10,000 copies are not.
+        self._signed: dict[tuple[Any, ...], tuple[Binder, float, tuple[Any, ...]]] = {}
+        if chunks is not None:
+            chunks.authorize = self.is_target
 
     def _command(self, r: RolloutRecord, rollback: bool, deployment_id: str, version: str, transfer_id: str,
-                 archive: ArchiveInfo | None, broadcast: list[int] | None = None, reverts: str | None = None) -> bytes:
+                 archive: ArchiveInfo | None, broadcast: list[int] | None = None, reverts: str | None = None,
+                 device: str | None = None) -> bytes:
         kind = "deploy" if archive is not None else "rollback"
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
                             version=version, group=r.group, rollback=rollback, archive=archive,
                             offload_url=self.offload_url, broadcast=broadcast if archive is not None else None,
-                            ttl_s=self.command_ttl_s, reverts=reverts)
+                            ttl_s=self.command_ttl_s, reverts=reverts, device=device)
 
     def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> bytes:
-        """The signed command of a stage: the same bytes for every device (re-signed after a take-over, and when
-        half its validity has passed, so a re-send never carries an expired command).
+        """The signed command of a stage, bound to no device yet (see :meth:`_stage_binder`)."""
+        return self._stage_binder(r, stage, with_archive, device_ids).envelope
+
+    def _stage_binder(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> Binder:
+        """The signed command of a stage, to bind to each device: one manifest for all (re-signed after a take-over,
+        and when half its validity has passed, so a re-send never carries an expired command).
 
         Its broadcast plan is the chunks some of ``device_ids`` lacks, judged by the versions they hold.
         """
@@ -82,9 +94,9 @@ class StageSender:
             args = held[2]
         else:
             return held[0]
-        envelope = self._command(*args)
-        self._signed[key] = (envelope, now, args)
-        return envelope
+        binder = Binder(self.key, self._command(*args))
+        self._signed[key] = (binder, now, args)
+        return binder
 
     def _lacking(self, info: ArchiveInfo, device_ids: list[str]) -> list[int]:
         """Indexes of the chunks of ``info`` that some of ``device_ids`` cannot copy from its own slots (as it reports)."""
@@ -108,24 +120,31 @@ class StageSender:
         slot, slots = f"{r.model}-{r.version}", self.db.slots(device_ids)
         return {d: slot not in slots.get(d, ()) for d in device_ids}
 
+    def _publish_stage(self, r: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
+        """Publish the stage's command to each of ``device_ids``, bound to it; the ones that fetch its archive (they
+        are the transfer's targets from now on: only they are answered when they ask for chunks)."""
+        needs = self._needs_archive(r, device_ids)
+        fetching = [device for device, with_archive in needs.items() if with_archive]
+        binders = {with_archive: self._stage_binder(r, stage, with_archive, fetching) for with_archive in
+                   set(needs.values())}
+        if fetching:
+            self.chunks.allow(f"{r.id}-w{stage}", fetching)
+        for device, with_archive in needs.items():
+            self._publish(Topics.cmd(device), binders[with_archive].bind(device))
+        return fetching
+
     def send_stage(self, rollout: RolloutRecord, stage: int, targets: list[TargetRecord]) -> None:
         """Sign and publish the stage's commands; broadcast its archive once the targets accepted (or soon)."""
         r = rollout
-        needs = self._needs_archive(r, [t.device_id for t in targets])
-        fetching = [device for device, with_archive in needs.items() if with_archive]
-        for device, with_archive in needs.items():
-            self._publish(Topics.cmd(device), self._stage_command(r, stage, with_archive, fetching))
-        self.metrics.command_sent(len(needs))
+        fetching = self._publish_stage(r, stage, [t.device_id for t in targets])
+        self.metrics.command_sent(len({t.device_id for t in targets}))
         if fetching and self.chunks.planned(f"{r.id}-w{stage}"):
             threading.Thread(target=self._broadcast, args=(r.id, r.group, stage), daemon=True).start()
 
     def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
         """Publish the stage's command again to devices that have not acknowledged it (or whose report was lost);
         the devices sent to."""
-        needs = self._needs_archive(rollout, device_ids)
-        fetching = [device for device, with_archive in needs.items() if with_archive]
-        for device, with_archive in needs.items():
-            self._publish(Topics.cmd(device), self._stage_command(rollout, stage, with_archive, fetching))
+        self._publish_stage(rollout, stage, device_ids)
         self.metrics.command_resent(len(device_ids))
         return device_ids
 
@@ -143,11 +162,13 @@ class StageSender:
                 transfer_id = f"{r.id}-w{t.stage}"
                 info = self.chunks.open(transfer_id, r.model, r.version) if with_archive else None
                 args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, [])
-                held = (self._command(*args), now, args)
+                held = (Binder(self.key, self._command(*args)), now, args)
                 self._signed[key] = held
             elif with_archive:
                 self.chunks.open(f"{r.id}-w{t.stage}", r.model, r.version)  # reopen after finish(); no-op if open
-            self._publish(Topics.cmd(t.device_id), held[0])
+            if with_archive:
+                self.chunks.allow(f"{r.id}-w{t.stage}", [t.device_id])
+            self._publish(Topics.cmd(t.device_id), held[0].bind(t.device_id))
         self.metrics.command_sent(len(targets))
 
     def busy(self) -> bool:
@@ -163,11 +184,22 @@ class StageSender:
         info = None
         if f"{r.model}-{previous}" not in self.db.slots([target.device_id]).get(target.device_id, ()):
             info = self.chunks.open(f"{r.id}-rb", r.model, previous)  # the device pulls the old version's chunks
+            self.chunks.allow(f"{r.id}-rb", [target.device_id])
         # Nothing is broadcast for a revert: the device asks at once for what it does not hold.
         envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info, broadcast=[],
-                                 reverts=r.version)
+                                 reverts=r.version, device=target.device_id)
         self._publish(Topics.cmd(target.device_id), envelope)
         self.metrics.command_sent(1)
+
+    def is_target(self, device: str, transfer_id: str) -> bool:
+        """Whether the store lists ``device`` as a target of the stage (``R-wN``) or revert (``R-rb``) that
+        ``transfer_id`` carries: how the chunk service learns the targets of a transfer this server did not send (it
+        took the rollout over, or restarted), and of late devices another replica sent."""
+        rollout_id, sep, stage = transfer_id.rpartition("-w")
+        if sep and stage.isdigit():
+            target = self.db.targets_of(rollout_id, [device]).get(device)
+            return target is not None and target.stage == int(stage)
+        return transfer_id.endswith("-rb") and device in self.db.targets_of(transfer_id[:-3], [device])
 
     def finish(self, rollout_id: str) -> None:
         """Release the rollout's archives and signed commands."""
