@@ -257,7 +257,7 @@ def _write_member(f: io.BufferedReader, member: tarfile.TarInfo, entry: FileEntr
         out.flush()
         os.fsync(out.fileno())
     if digest.hexdigest() != entry.sha256:
-        raise SignatureError(f"archive member {member.name!r}: sha256 {digest.hexdigest()[:16]}… is not the signed "
+        raise SignatureError(f"archive member {member.name!r}: sha256 {digest.hexdigest()[:16]}… does not match the "
                              f"manifest's {entry.sha256[:16]}…; it was changed after signing: do not install it")
 
 

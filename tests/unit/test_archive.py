@@ -145,7 +145,7 @@ def test_a_tampered_file_is_refused_and_what_was_written_is_removed(tmp_path, pa
     tampered = bytearray(parts[MODEL])
     tampered[-1] ^= 0xFF  # same size, other bytes: found only by hashing while writing
     archive = _archive(tmp_path, *_with_model(parts, member(MODEL, bytes(tampered))))
-    _refused(tmp_path, archive, bundles_role, SignatureError, match="'model.onnx': sha256 .* is not the signed")
+    _refused(tmp_path, archive, bundles_role, SignatureError, match="'model.onnx': sha256 .* does not match the manifest's")
     existing = tmp_path / "existing"
     existing.mkdir()
     with pytest.raises(SignatureError):
