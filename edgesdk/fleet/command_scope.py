@@ -52,7 +52,7 @@ def _b64(data: bytes) -> bytes:
 
 
 class Binder:
-    """Binds one sealed command envelope to each device it goes to: ~55 µs a device, whatever the manifest's size.
+    """Binds one sealed command envelope to each device it goes to: ~65 µs a device, whatever the manifest's size.
 
     ``private_key`` must be the key that sealed ``envelope`` (the device verifies the binding with the envelope's
     ``key_id``). Ed25519 is deterministic, so binding the same envelope to the same device gives the same bytes.

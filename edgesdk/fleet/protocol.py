@@ -25,11 +25,11 @@ manifest are checked here (:func:`parse_command`), so neither side trusts them u
 **Bound to one device** (:mod:`edgesdk.fleet.command_scope`): the manifest names its group, and a second
 signature, per device, binds it to the device it is sent to (``binding``: ``{"device", "manifest_sha256"}``).
 A device refuses a command bound to another one, so a broker that records commands cannot replay them
-elsewhere. Why per device, not a stage envelope listing its devices: the list would add ~10 bytes a target
-to every target's copy (10,000 devices: ~100 KB x 10,000 messages = 1 GB of broker traffic per stage), while
-the binding adds ~200 bytes and ~65 us of signing a device whatever the archive (measured: 0.65 s per
-10,000-device stage; re-signing the whole manifest per device cost 0.40 ms at a 20 MB bundle, 4 s per stage,
-growing with the chunk list). Measure commands are bound to their one device too.
+elsewhere. Why per device, not a stage envelope listing its devices: the list would add ~12 bytes a target
+to every target's copy (10,000 devices: 120 KB x 10,000 messages = 1.2 GB of broker traffic per stage), while
+the binding adds 268 bytes and 64 us of signing a device whatever the archive (0.64 s per 10,000-device
+stage; signing the whole manifest per device instead cost 0.77 ms at a 20 MB bundle, 7.7 s per stage, and grows
+with the chunk list; benchmarks/_security_replay.py). Measure commands are bound to their one device too.
 
 **Measure** (:func:`sign_measure_command`): "run this candidate model here and tell me how
 it does", without installing it. The signed manifest is ``{"type": "measure",
