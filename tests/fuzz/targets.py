@@ -13,11 +13,16 @@ key would.
 from __future__ import annotations
 
 import base64
+import io
 import json
+import shutil
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -158,6 +163,84 @@ def _parse_timestamp(document: bytes) -> Any:
     return parse_timestamp(document, KEYS.root)
 
 
+# -- bundle archives ----------------------------------------------------------------------------------------------
+class _Archives:
+    """A real signed bundle (a small MLP, signed by the root's bundles key) packed, and where cases unpack."""
+
+    @cached_property
+    def valid(self) -> bytes:
+        from edgesdk.fleet.archive import pack_bundle
+        from edgesdk.runtime.bundle import BundleSpec
+        from edgesdk.runtime.bundling import bundle_from_model
+        from edgesdk.testing import random_mlp, write_mlp_onnx
+
+        model = write_mlp_onnx(random_mlp([8, 4, 2]), self.work / "model.onnx")
+        spec = BundleSpec("digits", "1.0.0", "onnx-fp32", "generic-x86_64", "latency")
+        bundle = bundle_from_model(self.work / "bundle", model, spec,
+                                   {"input": np.ones((1, 8), np.float32)}, private_key=KEYS.root_keys[0])
+        return pack_bundle(bundle.path)
+
+    @cached_property
+    def work(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix="edgesdk-fuzz-archives-"))
+
+
+ARCHIVES = _Archives()
+_TYPES = [tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE,
+          tarfile.DIRTYPE, tarfile.GNUTYPE_SPARSE, tarfile.CONTTYPE, b"x"]
+_NAMES = ["model.onnx", "manifest.json", "signature.json", "extra.bin", "../escape", "/abs", "a/b", ".", "", "x" * 300]
+
+
+@st.composite
+def _archives(draw: Any) -> bytes:
+    """The valid archive, damaged; or rebuilt with members changed, added or dropped (links, devices, sparse
+    files, size claims, escaping names)."""
+    valid = ARCHIVES.valid
+    if draw(st.booleans()):
+        return draw(st.one_of(st.just(valid), damaged(valid)))
+    members = []
+    with tarfile.open(fileobj=io.BytesIO(valid), mode="r:") as tar:
+        for member in tar.getmembers():
+            members.append((member, tar.extractfile(member).read()))  # type: ignore[union-attr]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=draw(st.sampled_from([tarfile.PAX_FORMAT,
+                                                                              tarfile.GNU_FORMAT]))) as out:
+        for member, data in members:
+            if draw(st.integers(0, 9)) == 0:
+                continue  # dropped
+            if draw(st.integers(0, 4)) == 0:
+                data = draw(st.one_of(damaged(data), st.binary(max_size=64)))
+            member.size = len(data)
+            out.addfile(member, io.BytesIO(data))
+        for _ in range(draw(st.integers(0, 2))):
+            data = draw(st.binary(max_size=64))
+            info = tarfile.TarInfo(draw(st.sampled_from(_NAMES)))
+            info.type = draw(st.sampled_from(_TYPES))
+            info.linkname = draw(st.sampled_from(["../../etc/passwd", "model.onnx", "/dev/zero"]))
+            info.size = len(data)
+            if info.type == tarfile.GNUTYPE_SPARSE:
+                info.pax_headers = {"GNU.sparse.realsize": str(draw(st.sampled_from([2**26, 2**40])))}
+            out.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _unpack(archive: bytes) -> Any:
+    """Unpack into a fresh ``slot`` beside the archive; anything written elsewhere, or not a plain file, is a
+    property failure (AssertionError), not a refusal."""
+    from edgesdk.fleet.archive import unpack_bundle
+
+    case = Path(tempfile.mkdtemp(dir=ARCHIVES.work))
+    (case / "in.tar").write_bytes(archive)
+    try:
+        return unpack_bundle(case / "in.tar", case / "slot", keys=KEYS.root.keyset("bundles"))
+    finally:
+        beside = sorted(p.name for p in case.iterdir())
+        odd = [p for p in (case / "slot").rglob("*") if not p.is_file() or p.is_symlink()] \
+            if (case / "slot").exists() else []
+        shutil.rmtree(case)
+        assert set(beside) <= {"in.tar", "slot"} and not odd, f"written outside the slot: {beside}, {odd}"
+
+
 # -- messages a device sends the server --------------------------------------------------------------------------
 def _measurement_results() -> st.SearchStrategy[bytes]:
     from edgesdk.fleet.measurement import encode_array
@@ -175,6 +258,25 @@ def _parse_result(payload: bytes) -> Any:
     for text in (message.get("outputs") or {}).values():
         decode_array(text)  # the server decodes the outputs it hands on
     return message
+
+
+_STATE = {"status": "online", "group": "cams", "model": "digits", "version": "1.0.0", "previous": "digits-0.9.0",
+          "slots": ["digits-1.0.0"], "chunk_slots": ["digits-1.0.0"], "disk": {"free": 10, "used": 1}, "keep_slots": 3,
+          "pinned": [], "updated": 1.0, "session": 1.0,
+          "trust": {"root_version": 1, "stale": False, "expires": "2030-01-01T00:00:00Z"},
+          "runtime": {"count": 3, "p50_ms": 1.0, "p99_ms": 2.0},
+          "energy": {"energy_per_inference_mj": 1.5, "avg_watts": 2.0}}
+_EVENT = {"event": "failed", "deployment_id": "r1", "version": "1.0.0", "reason": "health check failed"}
+_NEED = {"transfer_id": "r1-w0", "chunks": [0, 1, 2]}
+
+
+def _device_report(parser: str) -> Callable[[bytes], Any]:
+    def parse(payload: bytes) -> Any:
+        from edgesdk.fleet import reports
+
+        return getattr(reports, parser)("cam1", payload)
+
+    return parse
 
 
 # -- the V2 inference endpoint -----------------------------------------------------------------------------------
@@ -246,9 +348,13 @@ def _decode_grpc(data: bytes) -> Any:
 TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("command", _commands, _parse_command),
     Target("chunk", _chunks, _decode_chunk),
+    Target("bundle_archive", _archives, _unpack),
     Target("root", _roots, _update_root),
     Target("timestamp", _timestamps, _parse_timestamp),
     Target("measurement_result", _measurement_results, _parse_result),
+    Target("state", lambda: json_messages(_STATE), _device_report("parse_state")),
+    Target("event", lambda: json_messages(_EVENT), _device_report("parse_event")),
+    Target("chunk_request", lambda: json_messages(_NEED), _device_report("parse_chunk_request")),
     Target("v2_json", lambda: json_messages(_V2_JSON), _decode_v2),
     Target("v2_binary", _v2_binary, _decode_v2),
     Target("v2_grpc", _grpc_requests, _decode_grpc),
