@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run(runs: int) -> dict[str, Any]:
     """Fuzz each target for ``runs`` executions in a child process; per target: executions and escapes, or why
-    atheris could not run (it ships x86_64 and aarch64 wheels for CPython up to 3.11/3.12 only)."""
+    atheris is not installed (the dev extra installs it on x86_64 Linux only, where wheels exist)."""
     try:
         import atheris  # noqa: F401
     except ImportError as exc:
