@@ -114,10 +114,13 @@ class OTAServer:
         self.metrics = ServerMetrics(db)
         #: Every device message is read through typed, bounded records (edgesdk.fleet.reports); refusals counted.
         self.reports = ReportReader(self.metrics.report_refused)
+        def stranger() -> None:  # a chunk request for a transfer the device is not a target of
+            self.metrics.report_refused("need", "not_target")
+
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving,
-                                       outbox=self._outbox)
+                                       outbox=self._outbox, on_stranger=stranger)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s,
-                                         on_refused=self.reports.refuse)
+                                         on_refused=self.reports.refuse, on_stranger=stranger)
         self.groups = GroupGuard(db, config.require_provisioning, on_refused=self.metrics.group_refused)
         self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups,
                              on_dropped=self.reports.dropped)

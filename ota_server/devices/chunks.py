@@ -57,8 +57,10 @@ class ChunkDistributor:
 
     def __init__(self, load: ArchiveLoader, publish: Publisher, repeat_s: float = 1.0, rebroadcast_after: int = 32,
                  min_saving: float | None = DEFAULT_MIN_SAVING, outbox: Callable[[], int] = lambda: 0,
-                 max_outbox: int = MAX_OUTBOX) -> None:
+                 max_outbox: int = MAX_OUTBOX, on_stranger: Callable[[], None] = lambda: None) -> None:
         self._load, self._publish = load, publish
+        #: Called for each request from a device that is not one of the transfer's targets (the server counts it).
+        self._on_stranger = on_stranger
         #: Messages published and not yet taken by the broker; above ``max_outbox`` a device's request is dropped
         #: unanswered (it asks again): copies one by one must not bury the commands behind them.
         self._outbox, self.max_outbox = outbox, max_outbox
@@ -196,6 +198,7 @@ class ChunkDistributor:
         if archive is None:
             return False
         if not self._is_target(device, transfer_id):
+            self._on_stranger()
             with self._lock:
                 self.refused += 1
                 first = transfer_id not in self._refusals_logged

@@ -82,7 +82,8 @@ class Measurements:
 
     def __init__(self, publish: Callable[[str, bytes], None], signing_key: Any, db: FleetDB,
                  timeout_s: float = 600.0, keep: int = 100, max_result_bytes: int = MAX_RESULT_BYTES,
-                 on_refused: Callable[[str, str, ReportError], None] | None = None) -> None:
+                 on_refused: Callable[[str, str, ReportError], None] | None = None,
+                 on_stranger: Callable[[], None] = lambda: None) -> None:
         if keep < 1:
             raise TransferError(f"keep={keep} must be at least 1: a finished measurement must stay readable")
         self._publish, self._key, self._db = publish, signing_key, db
@@ -93,6 +94,8 @@ class Measurements:
         self.refused = 0
         #: Called with (device, "measurement", error) for each malformed result (the server counts and logs it).
         self._on_refused = on_refused
+        #: Called for each chunk request from another device than the measurement's (the server counts it).
+        self._on_stranger = on_stranger
 
     def request(self, device_id: str, archive: bytes, mode: str, runs: int, timeout_s: float | None = None) -> str:
         """Send ``archive`` (see :func:`edgesdk.fleet.measurement.pack_measurement`) to one online device; its id."""
@@ -174,6 +177,8 @@ class Measurements:
         if item is None:
             return False
         if item.device != device or item.status in _FINISHED:
+            if item.device != device:
+                self._on_stranger()
             with self._lock:
                 self.refused += 1
                 first, item.refused = not item.refused, True

@@ -217,6 +217,8 @@ def test_only_a_transfers_targets_get_its_chunks(broker, make_server, make_agent
         wait_for(lambda: server.chunks.refused >= refused + 4, what="the refusals by the store's targets")
         time.sleep(0.5)
         assert got[bystander] == [] and got["p1"] == [] and server.chunks.is_open(transfer)
+        metrics = server.metrics.render()[0].decode()
+        assert 'edgesdk_ota_reports_refused_total{kind="need",reason="not_target"} 4.0' in metrics
     finally:
         for client in clients.values():
             client.close()
