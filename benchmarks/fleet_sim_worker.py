@@ -42,6 +42,11 @@ class _Device:
                  "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root",
                  "connects", "chunk_bytes", "session", "link")
 
+    @property
+    def device_id(self) -> str:
+        """This device's id (what a command's binding must name, edgesdk.fleet.command_scope.Recipient)."""
+        return self.id
+
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.role = sim, device_id, role
         self.session = 0.0  # set at each connect
@@ -185,7 +190,7 @@ class _Device:
         sim = self.sim
         try:
             keys = self.root.keyset("commands") if self.root is not None else sim.server_key
-            command = parse_command(envelope, keys)
+            command = parse_command(envelope, keys, to=self, strict=self.root is not None)  # bound, as the agent
         except (SignatureError, TransferError) as exc:
             self.event(None, AgentEvent.REJECTED, reason=str(exc))
             return
