@@ -1,7 +1,8 @@
-"""Security benchmark (issue 23): a key rotation across a simulated fleet, a revoked key's reach, stale detection,
-and what verifying the root of trust costs a deployment.
+"""Security benchmark (issues 23 and 36): the root of trust, and hostile input from devices, brokers and keys.
 
-    python benchmarks/security.py [--quick] [--devices N]
+    python benchmarks/security.py [--quick] [--part all|trust|fuzz|poison|replay|archives|floor] [--devices N]
+
+Part ``trust`` (issue 23):
 
 - **Rotation reach.** A real mosquitto, an OTA server (in this process) and N simulated devices
   (``benchmarks/fleet_sim.py``, 1,000 by default; each verifies root metadata as the agent does) on root v1.
@@ -14,16 +15,31 @@ and what verifying the root of trust costs a deployment.
 - **Verification cost.** Per deployment with a rotation: the next root (2 root signatures), a timestamp,
   a 2-of-2 bundle and the command, against the single command check a device made before; medians of
   interleaved rounds on this host.
+
+Issue 36, each part in its own module:
+
+- ``fuzz`` (``_security_fuzz.py``, ``_security_atheris.py``): the fuzz suite's long profile, 100,000
+  Hypothesis inputs across every network parser (5,000 with ``--quick``), then atheris on the command and tar
+  parsers: unhandled exceptions, writes outside the slot, peak RSS growth.
+- ``poison`` (``_security_poison.py``): 1,000 simulated devices, one of them sending a malformed report every
+  10 ms: the others all recorded, the rollouts complete, ingest lag p99 against clean phases.
+- ``replay`` (``_security_replay.py``): recorded signed commands replayed to another group, another device and
+  from an attacker's broker: none admitted; what binding costs.
+- ``archives`` (``_security_archives.py``): sparse, undeclared, oversized, linked members and archives below the
+  bundles threshold through the install and measurement paths: bytes written beyond the signed sizes.
+- ``floor`` (``_security_trust.py``): signed rollbacks below the bundles-signed floor; 400 hostile roots.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -231,7 +247,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="100 simulated devices, 2 agents, fewer rounds")
     parser.add_argument("--devices", type=int, help="simulated devices for the rotation (default 1000; quick 100)")
+    parser.add_argument("--part", default="all", choices=["all", "trust", *_PARTS],
+                        help="one part only (default: all)")
+    parser.add_argument("--fuzz-examples", type=int, help="Hypothesis inputs across the parsers (default 100000; "
+                        "quick 5000)")
     args = parser.parse_args()
+    results: dict = {}
+    goals: list = []
+    for name in ([*_PARTS] if args.part == "all" else [args.part] if args.part != "trust" else []):
+        log(f"part {name}")
+        part = _PARTS[name](args)
+        results[name] = part["results"]
+        goals += list(part["goals"].values()) if isinstance(part["goals"], dict) else part["goals"]
+    if args.part in ("all", "trust"):
+        trust_results, trust_goals = _trust(args)
+        results.update(trust_results)
+        goals = trust_goals + goals
+    emit("security", {"quick": args.quick, "part": args.part, "devices": args.devices}, results, goals)
+
+
+def _fuzz(args: argparse.Namespace) -> dict:
+    from benchmarks import _security_fuzz
+
+    examples = args.fuzz_examples or (5_000 if args.quick else 100_000)
+    return _security_fuzz.run(examples, atheris_runs=2_000 if args.quick else 50_000)
+
+
+def _module_part(module: str) -> Any:
+    def part(args: argparse.Namespace) -> dict:
+        return importlib.import_module(f"benchmarks.{module}").run(args.quick)
+
+    return part
+
+
+_PARTS = {"fuzz": _fuzz, "poison": _module_part("_security_poison"), "replay": _module_part("_security_replay"),
+          "archives": _module_part("_security_archives"), "floor": _module_part("_security_trust")}
+
+
+def _trust(args: argparse.Namespace) -> tuple[dict, list]:
+    """Issue 23's parts: rotation reach, revoked key, stale detection, verification cost."""
     devices = args.devices or (100 if args.quick else 1000)
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="edgesdk-security-") as tmp:
@@ -258,7 +312,7 @@ def main() -> None:
         goal("verifying root, timestamp and a 2-of-2 bundle threshold, added per deployment (ms, median)", "<= 5",
              results["verification"]["added_ms"]["median"], results["verification"]["added_ms"]["median"] <= 5),
     ]
-    emit("security", {"quick": args.quick, "devices": devices}, results, goals)
+    return results, goals
 
 
 if __name__ == "__main__":
