@@ -57,7 +57,7 @@ def run(total_examples: int, atheris_runs: int = 0) -> dict[str, Any]:
     per_target = max(1, total_examples // len(TARGETS))
     with tempfile.TemporaryDirectory(prefix="edgesdk-fuzz-") as work:
         before = set(Path(work).iterdir())
-        for name, target in TARGETS.items():  # imports, keys, the sample bundle: not what hostile input costs
+        for target in TARGETS.values():  # imports, keys, the sample bundle: not what hostile input costs
             _fuzz(target, 20)
         rss_before = _peak_rss_mb()
         parsers = {}

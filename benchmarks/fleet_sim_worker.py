@@ -42,13 +42,8 @@ class _Device:
                  "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root",
                  "connects", "chunk_bytes", "session", "link")
 
-    @property
-    def device_id(self) -> str:
-        """This device's id (what a command's binding must name, edgesdk.fleet.command_scope.Recipient)."""
-        return self.id
-
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
-        self.sim, self.id, self.role = sim, device_id, role
+        self.sim, self.id, self.device_id, self.role = sim, device_id, device_id, role  # device_id: as a Recipient
         self.session = 0.0  # set at each connect
         self.model: str | None = sim.model
         self.version: str | None = sim.version
