@@ -38,7 +38,7 @@ ROOT_TOPICS = Topics.ALL_ROOTS.removesuffix("+")
 class _Device:
     """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
 
-    __slots__ = ("sim", "id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
+    __slots__ = ("sim", "id", "device_id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
                  "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root",
                  "connects", "chunk_bytes", "session", "link")
 
