@@ -17,6 +17,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -121,6 +122,14 @@ def check_target(manifest: dict[str, Any], bound: str | None, to: Recipient, str
                     "this device; restart the agent with --group %s", to.device_id, what, group, to.group, group)
 
 
+def _when(seconds: Any) -> str:
+    """``seconds`` since the epoch as ISO 8601 UTC, or as given when it is no time at all (a hostile field)."""
+    try:
+        return datetime.fromtimestamp(float(seconds), timezone.utc).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return repr(seconds)[:40]
+
+
 def check_expiry(manifest: dict[str, Any], now: float, required: bool = False) -> None:
     """Refuse a command past its ``expires_at``; one without it only when ``required`` (servers of earlier releases
     sent none; a device holding a root of trust requires it). A manifest that is not a JSON object raises TransferError."""
@@ -134,10 +143,10 @@ def check_expiry(manifest: dict[str, Any], now: float, required: bool = False) -
                              "command that never expires (it could be withheld and replayed at will). Upgrade the "
                              "server, which sets expires_at on every command")
         return
-    if isinstance(expires, bool) or not isinstance(expires, (int, float)):
-        raise TransferError(f"command expires_at {expires!r} is not a time")
+    if isinstance(expires, bool) or not isinstance(expires, (int, float)) or not math.isfinite(expires):
+        # NaN or Infinity (json reads both) would compare as never expired
+        raise TransferError(f"command expires_at {expires!r:.40} is not a finite time")
     if now >= expires:
-        issued = datetime.fromtimestamp(float(manifest.get("issued_at", 0)), timezone.utc).isoformat(timespec="seconds")
-        raise TrustError(f"command {what} issued {issued} expired {now - expires:.0f} s ago; an expired command is "
-                         "refused (was it withheld and replayed?). The server re-sends current ones; check this "
-                         "device's clock if every command is refused")
+        raise TrustError(f"command {what} issued {_when(manifest.get('issued_at'))} expired {now - expires:.0f} s "
+                         "ago; an expired command is refused (was it withheld and replayed?). The server re-sends "
+                         "current ones; check this device's clock if every command is refused")

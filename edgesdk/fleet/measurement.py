@@ -24,7 +24,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import os
+import tokenize
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -110,10 +112,25 @@ def encode_array(array: np.ndarray) -> str:
 
 
 def decode_array(text: str) -> np.ndarray:
-    """The inverse of :func:`encode_array`; malformed input raises TransferError."""
+    """The inverse of :func:`encode_array`; malformed input raises TransferError.
+
+    The ``.npy`` header is read and checked against the bytes that follow before any array exists: numpy's own
+    loader allocates whatever shape a header claims, and parses the header with Python's tokenizer.
+    """
+    from numpy.lib import format as npy
+
     try:
-        return np.load(io.BytesIO(base64.b64decode(text, validate=True)), allow_pickle=False)
-    except (ValueError, TypeError, OSError) as exc:
+        data = base64.b64decode(text, validate=True)
+        header = io.BytesIO(data)
+        major, _ = npy.read_magic(header)
+        read = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
+        shape, fortran, dtype = read(header, max_header_size=4096)
+        count = math.prod(shape)
+        if dtype.hasobject or count * dtype.itemsize != len(data) - header.tell():
+            raise ValueError(f"header says {shape} of {dtype} after {header.tell()} bytes, the data has {len(data)}")
+        flat = np.frombuffer(data, dtype=dtype, count=count, offset=header.tell())
+        return flat.reshape(shape, order="F" if fortran else "C").copy()
+    except (ValueError, TypeError, OSError, SyntaxError, EOFError, tokenize.TokenError) as exc:
         raise TransferError(f"a measured output is not base64 .npy data ({exc}); the device sent a corrupt result") \
             from exc
 
