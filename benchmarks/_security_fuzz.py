@@ -108,8 +108,8 @@ def run(total_examples: int, atheris_runs: int = 0) -> dict[str, Any]:
                     for kind, first in tally["escapes"].items():
                         total["escapes"].setdefault(kind, first)
         log("replaying the corpus in a child process for its memory")
-        child = subprocess.run([sys.executable, "-m", "benchmarks._security_fuzz", str(corpus)], capture_output=True, text=True, cwd=ROOT,
-                               timeout=3600)
+        child = subprocess.run([sys.executable, "-m", "benchmarks._security_fuzz", str(corpus)], capture_output=True,
+                               text=True, cwd=ROOT, timeout=3600)
         memory = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else \
             {"error": child.stderr[-2000:]}
     leftovers = [p.name for p in ARCHIVES.work.iterdir() if p.name not in ("model.onnx", "bundle")] \
