@@ -69,6 +69,8 @@ ROLES = ("root", "bundles", "commands", "timestamp")
 SPEC_VERSION = 1
 #: The largest root document either side reads (a hostile one must not make a device allocate more).
 MAX_ROOT_BYTES = 256 * 1024
+#: Highest root or timestamp version: it fits a signed 64-bit integer, as every int the fleet stores does.
+MAX_VERSION = 2**63 - 1
 #: A device keeps at most this many root versions waiting for the ones before them...
 MAX_PENDING_ROOTS = 8
 #: ... none more than this many versions ahead of the root it holds ...
@@ -196,8 +198,8 @@ def parse_root(document: bytes) -> tuple[Root, list[tuple[str, bytes]]]:
             raise ValueError(f"_type {signed.get('_type')!r} / spec_version {signed.get('spec_version')!r} is not "
                              f"root / {SPEC_VERSION}")
         version = signed["version"]
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise ValueError(f"version {version!r} must be a whole number of 1 or more")
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+            raise ValueError(f"version {version!r:.40} must be a whole number from 1 to {MAX_VERSION}")
         keys = {}
         for kid, spec in signed["keys"].items():
             if spec.get("keytype") != "ed25519" or not _HEX.match(spec.get("public", "")):
@@ -321,8 +323,8 @@ def parse_timestamp(document: bytes, root: Root) -> Timestamp:
             raise ValueError(f"_type {signed.get('_type')!r} is not timestamp")
         version, root_version = signed["version"], signed["root_version"]
         for name, value in (("version", version), ("root_version", root_version)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} {value!r} must be a whole number of 1 or more")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_VERSION:
+                raise ValueError(f"{name} {value!r:.40} must be a whole number from 1 to {MAX_VERSION}")
         targets = signed["targets"]
         if not isinstance(targets, dict) or not all(isinstance(k, str) and isinstance(v, str) and _HEX.match(v)
                                                     for k, v in targets.items()):

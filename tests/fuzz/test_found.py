@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import numpy as np
 import pytest
@@ -67,3 +68,15 @@ def test_a_grpc_shape_with_a_dimension_past_two_to_the_31_is_refused():
     request.inputs.add(name="input", datatype="FP32", shape=[2**62, 0])
     with pytest.raises(InputError, match="over"):  # was: numpy's ValueError "array is too big"
         decode_inputs(request)
+
+
+def test_root_and_timestamp_versions_past_64_bits_are_refused():
+    from edgesdk.errors import TrustError
+    from edgesdk.fleet.trust import new_timestamp, parse_root, parse_timestamp, sign_metadata
+
+    with pytest.raises(TrustError, match="from 1 to"):
+        parse_root(sign_metadata(KEYS.root_signed(2**70), KEYS.root_keys))
+    with pytest.raises(TrustError, match="from 1 to"):
+        parse_timestamp(sign_metadata(new_timestamp(2**63, time.time() + 60, 1, {}), [KEYS.timestamp]), KEYS.root)
+    assert parse_timestamp(sign_metadata(new_timestamp(2**63 - 1, time.time() + 60, 1, {}), [KEYS.timestamp]),
+                           KEYS.root).version == 2**63 - 1
