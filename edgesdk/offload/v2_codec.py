@@ -261,8 +261,9 @@ def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str,
         if "data" not in entry:
             raise InputError(f"tensor {name!r} has neither 'data' nor parameters.binary_data_size")
         try:
-            flat = np.asarray(entry["data"], dtype=dtype).reshape(-1)
-        except (ValueError, TypeError, OverflowError) as exc:
+            with np.errstate(over="raise"):  # 1e308 as FP32 would otherwise arrive as inf, silently
+                flat = np.asarray(entry["data"], dtype=dtype).reshape(-1)
+        except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
             raise InputError(f"tensor {name!r}: data is not a list of {entry['datatype']} values ({exc})") from None
         if flat.size != count:
             raise InputError(f"tensor {name!r}: {flat.size} data values do not fill shape {list(shape)} "

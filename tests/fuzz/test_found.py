@@ -80,3 +80,11 @@ def test_root_and_timestamp_versions_past_64_bits_are_refused():
         parse_timestamp(sign_metadata(new_timestamp(2**63, time.time() + 60, 1, {}), [KEYS.timestamp]), KEYS.root)
     assert parse_timestamp(sign_metadata(new_timestamp(2**63 - 1, time.time() + 60, 1, {}), [KEYS.timestamp]),
                            KEYS.root).version == 2**63 - 1
+
+
+def test_a_json_value_beyond_the_tensors_datatype_is_refused_not_made_infinite():
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1e308]}]}
+    with pytest.raises(InputError, match="not a list of FP32 values"):  # was: a RuntimeWarning, and inf
+        decode_request(json.dumps(body).encode(), None)
+    body["inputs"][0]["data"] = [float("inf")]  # said outright, infinity is a value like any other
+    assert np.isinf(decode_request(json.dumps(body).encode(), None).inputs["x"]).all()
