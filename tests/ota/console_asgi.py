@@ -62,8 +62,14 @@ class AsgiConsole:
     def request(self, method: str, path: str, body: bytes | Iterable[bytes] = b"",
                 headers: Iterable[tuple[str, str]] = (), client: tuple[str, int] | None = None,
                 scheme: str | None = None) -> Answer:
-        return asyncio.run(self._request(method, path, body, list(headers), client or self.client,
-                                         scheme or self.scheme))
+        # A loop of its own, never set as the thread's current one: asyncio.run would leave the main thread
+        # with "no current event loop", which breaks later tests in this worker that ask for one (amqtt does).
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(self._request(method, path, body, list(headers), client or self.client,
+                                                         scheme or self.scheme))
+        finally:
+            loop.close()
 
     async def _request(self, method: str, path: str, body: bytes | Iterable[bytes], headers: list[tuple[str, str]],
                        client: tuple[str, int], scheme: str) -> Answer:
