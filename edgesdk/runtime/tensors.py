@@ -31,7 +31,7 @@ class TensorSpec:
         return len(shape) == len(self.shape) and all(e is None or e == s for e, s in zip(self.shape, shape))
 
 
-def _check(spec: TensorSpec, value: Any) -> np.ndarray:
+def _check(spec: TensorSpec, value: Any, check_finite: bool) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise InputError(
             f"input {spec.name!r} must be a numpy array ({spec.describe()}), got {type(value).__name__}; "
@@ -48,11 +48,22 @@ def _check(spec: TensorSpec, value: Any) -> np.ndarray:
         raise InputError(
             f"input {spec.name!r} has wrong {what}: expected {spec.describe()}, got shape {tuple(value.shape)}"
         )
+    if check_finite and value.dtype.kind == "f" and not np.isfinite(value).all():
+        nan = int(np.count_nonzero(np.isnan(value)))
+        inf = int(np.count_nonzero(np.isinf(value)))
+        raise InputError(
+            f"input {spec.name!r} has {nan + inf} non-finite value(s) of {value.size} ({nan} NaN, {inf} Inf); "
+            f"fix the preprocessing that produced them (e.g. a division by zero, an uninitialised buffer), "
+            f"or pass check_finite=False to the Runtime if the model expects them"
+        )
     return value
 
 
-def validate_inputs(specs: tuple[TensorSpec, ...], inputs: Any) -> dict[str, np.ndarray]:
-    """Map ``inputs`` (one array, or a dict of arrays) onto ``specs``; raise InputError on any mismatch."""
+def validate_inputs(specs: tuple[TensorSpec, ...], inputs: Any, check_finite: bool = False) -> dict[str, np.ndarray]:
+    """Map ``inputs`` (one array, or a dict of arrays) onto ``specs``; raise InputError on any mismatch.
+
+    With ``check_finite``, a floating input holding NaN or Inf is refused too (integer inputs are not checked).
+    """
     if isinstance(inputs, Mapping):
         expected = [s.name for s in specs]
         missing = [n for n in expected if n not in inputs]
@@ -62,13 +73,13 @@ def validate_inputs(specs: tuple[TensorSpec, ...], inputs: Any) -> dict[str, np.
                 f"input names do not match the model: missing {missing}, unexpected {unknown}; "
                 f"the model takes {[s.describe() for s in specs]}"
             )
-        return {s.name: _check(s, inputs[s.name]) for s in specs}
+        return {s.name: _check(s, inputs[s.name], check_finite) for s in specs}
     if len(specs) != 1:
         raise InputError(
             f"this model has {len(specs)} inputs {[s.describe() for s in specs]}; "
             f"pass a dict {{name: array}} instead of a single {type(inputs).__name__}"
         )
-    return {specs[0].name: _check(specs[0], inputs)}
+    return {specs[0].name: _check(specs[0], inputs, check_finite)}
 
 
 def adapt_layout(arrays: Mapping[str, np.ndarray], specs: Any) -> dict[str, np.ndarray]:
