@@ -93,7 +93,11 @@ class _Active:
 
 
 class ManagedRuntime(AsyncPredictions):
-    """A Runtime whose model can be replaced while it serves (see the module doc)."""
+    """A Runtime whose model can be replaced while it serves (see the module doc).
+
+    Further keyword options (``backend``, ``accelerator``, ``threads``, ``check_finite``, ...) go to
+    every :class:`Runtime` it loads, the first model and each swap alike.
+    """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, profile: str | DeviceProfile | None = None,
                  mode: str | None = None, swap_order: str = "auto", wait_timeout_s: float = 30.0,

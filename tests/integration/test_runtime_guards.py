@@ -108,3 +108,14 @@ def test_integer_inputs_are_not_checked(tmp_path, host):
     tokens = np.array([[0, -1, np.iinfo(np.int64).max, 7]], np.int64)
     with Runtime(path, profile=host, check_finite=True) as rt:
         np.testing.assert_array_equal(rt.predict(tokens), tokens.astype(np.float32))
+
+
+def test_managed_runtime_passes_check_finite_to_every_runtime_it_loads(tmp_path, mlp_onnx, host):
+    from edgesdk import ManagedRuntime
+
+    bundle = _bundle(tmp_path, mlp_onnx, host.name, host)
+    x = np.full((1, 8), np.inf, np.float32)
+    with ManagedRuntime(bundle.path, profile=host) as managed, pytest.raises(InputError, match="'input'"):
+        managed.predict(x)
+    with ManagedRuntime(bundle.path, profile=host, check_finite=False) as managed:
+        managed.predict(x)
