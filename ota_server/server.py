@@ -353,6 +353,33 @@ class OTAServer:
         self._wake.set()
         return rollout_id
 
+    def rollback_group(self, group: str, to_version: str | None = None) -> str:
+        """Roll ``group`` back, as :meth:`rollback` does for the rollout that matters now; the new rollout's id.
+
+        With a rollout running, that one is aborted and the group goes back to its release (or ``to_version``).
+        Else the rollout that set the release is rolled back to the group's previous completed release: the newest
+        completed rollout of the same model before it with another version (or ``to_version``).
+        """
+        from edgesdk.errors import ConflictError, NotFoundError
+
+        check_id(group, "group")
+        release = next((g for g in self.db.group_releases() if g.group == group), None)
+        if release is None or (release.rollout_id is None and release.running is None):
+            raise NotFoundError(f"group {group!r} has no rollout to roll back; `edgesdk groups` lists the groups")
+        if release.running is not None:
+            return self.rollback(release.running, to_version or release.version)
+        assert release.rollout_id is not None
+        if to_version is None:
+            done = [r for r in self.db.rollouts(RolloutState.COMPLETED) if r.group == group]
+            current = next((r for r in done if r.id == release.rollout_id), None)
+            earlier = [r for r in done if current is not None and r.created < current.created
+                       and r.model == current.model and r.version != current.version]
+            if not earlier:
+                raise ConflictError(f"group {group!r} has no completed release before {release.model} "
+                                    f"{release.version}; pass --to VERSION")
+            to_version = earlier[-1].version
+        return self.rollback(release.rollout_id, to_version)
+
     def provision(self, devices: dict[str, str], source: str = "admin api") -> list[str]:
         """Put devices in groups (device id -> group); the devices that moved. A moved device is queued for its new
         group's release at once; its agent's reports are refused until they name the new group (``--group``)."""

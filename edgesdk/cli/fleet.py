@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -72,7 +72,9 @@ def _catching_up(r: RolloutRecord) -> tuple[int, int]:
 def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
     """The rollout as the API's JSON, or as a summary line and a table of the devices it holds by stage."""
     if as_json:
-        click.echo(json.dumps(r.to_json(), indent=2))
+        from edgesdk.ota_server.rollouts.stages import plan_json
+
+        click.echo(json.dumps({**r.to_json(), "plan": plan_json(r)}, indent=2))
         return
     click.echo(f"rollout {r.id}: {r.model} {r.version} -> group {r.group}: {r.state}"
                f" (stage {r.stage + 1} of {r.stage_count})")
@@ -200,6 +202,49 @@ _WAIT_DEFERRED = ("Once the rollout completed, also wait for the devices that we
                   "late to update, up to this long from the start (e.g. 10m); 18 if some still have not.")
 
 
+def _option(parse: Callable[[str], float], text: str, option: str) -> float:
+    """``parse(text)``, a malformed value being a usage error (exit 2) that names ``option``."""
+    from edgesdk.errors import EdgeSDKError
+
+    try:
+        return parse(text)
+    except EdgeSDKError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
+def _policy(canary: str, waves: str | None, health_window: str, max_failure_rate: str, deploy_timeout: str,
+            manual: bool, max_late_failure_rate: str) -> RolloutPolicy:
+    """push's options as a policy; a value out of range, or stages that do not increase to 100%, exit 2 (usage)
+    with the message that says how to write them, as click's own option errors do."""
+    from edgesdk.errors import EdgeSDKError
+
+    first = _option(parse_percent, canary, "--canary")
+    stages = (tuple(_option(parse_percent, w, "--waves") for w in waves.split(",")) if waves
+              else tuple(w for w in (0.5, 1.0) if w > first))
+    try:
+        return RolloutPolicy(canary=first, waves=stages,
+                             health_window_s=_option(parse_duration, health_window, "--health-window"),
+                             max_failure_rate=_option(parse_percent, max_failure_rate, "--max-failure-rate"),
+                             deploy_timeout_s=_option(parse_duration, deploy_timeout, "--deploy-timeout"),
+                             auto_promote=not manual,
+                             max_late_failure_rate=_option(parse_percent, max_late_failure_rate,
+                                                           "--max-late-failure-rate"))
+    except EdgeSDKError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _warn_collapsed(group: str, plan: list[dict[str, Any]]) -> None:
+    """Say on stderr which waves of the plan add no device of their own (the group is too small for them)."""
+    merged = [s for s in plan if s.get("collapsed")]
+    if not merged:
+        return
+    shown = ", ".join(f"{s['percent']:g}% ({s['devices']} devices, 0 new)" for s in merged)
+    waves, verb = ("waves", "add no device and are") if len(merged) > 1 else ("wave", "adds no device and is")
+    click.echo(f"warning: group {group} has {plan[-1]['devices']} devices, too few for every stage: {waves} {shown} "
+               f"{verb} merged into the stage before; {len(plan) - len(merged)} stages go out (fewer --waves, or a "
+               "larger group, avoids this)", err=True)
+
+
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.option("--group", required=True)
@@ -229,18 +274,13 @@ def push(bundle: str, group: str, canary: str, waves: str | None, health_window:
     from edgesdk.runtime.bundle import read_bundle
 
     deferred_s = _seconds(wait_deferred, "--wait-deferred")
-    first = parse_percent(canary)
-    stages = tuple(parse_percent(w) for w in waves.split(",")) if waves else tuple(w for w in (0.5, 1.0) if w > first)
-    policy = RolloutPolicy(canary=first, waves=stages,
-                           health_window_s=parse_duration(health_window),
-                           max_failure_rate=parse_percent(max_failure_rate),
-                           deploy_timeout_s=parse_duration(deploy_timeout), auto_promote=not manual,
-                           max_late_failure_rate=parse_percent(max_late_failure_rate))
+    policy = _policy(canary, waves, health_window, max_failure_rate, deploy_timeout, manual, max_late_failure_rate)
     manifest = read_bundle(bundle).manifest
     client = admin_client(server_url, token, token_file)
     stored = client.upload(pack_bundle(bundle))["stored"]
     click.echo(f"{'uploaded' if stored else 'already stored:'} {manifest.name} {manifest.version}", err=True)
-    rollout_id = client.start_rollout(manifest.name, manifest.version, group, policy)
+    rollout_id, plan = client.start_rollout_planned(manifest.name, manifest.version, group, policy)
+    _warn_collapsed(group, plan)
     if wait_s is None and deferred_s is None:
         click.echo(json.dumps({"id": rollout_id}) if as_json else f"started rollout {rollout_id}")
         return
@@ -335,5 +375,31 @@ rollout.command("promote", help="Send the next stage now.")(_action("promote", _
 rollout.command("abort", help="Stop a rollout and roll its updated devices back.")(_action(
     "abort", "Wait up to this many seconds for the updated devices to go back; exit 0 when all did "
              "(17: a revert failed, 18: still reverting)."))
-rollout.command("rollback", help="Roll the group back (to --to VERSION or each device's previous one).")(
-    click.option("--to", default=None, help="Version to return to.")(_action("rollback", _WAIT_OUTCOME)))
+
+
+@rollout.command("rollback")
+@click.argument("rollout_id", required=False)
+@click.option("--group", default=None, help="Without ROLLOUT_ID: roll this group back to its previous completed "
+                                            "release (or --to), aborting its running rollout if it has one.")
+@click.option("--to", default=None, help="Version to return to.")
+@server_option
+@token_option
+@token_file_option
+@click.option("--wait", "wait_s", type=float, default=None, help=_WAIT_OUTCOME)
+@json_option
+def rollback(rollout_id: str | None, group: str | None, to: str | None, server_url: str, token: str | None,
+             token_file: str | None, wait_s: float | None, as_json: bool) -> None:
+    """Roll a rollout's group back (to --to VERSION or each device's previous one), or with --group GROUP the
+    group to its previous completed release; the rollback is a new rollout."""
+    if bool(rollout_id) == bool(group):
+        raise click.UsageError("give a ROLLOUT_ID or --group GROUP, not both" if rollout_id else
+                               "give the ROLLOUT_ID to roll back, or --group GROUP to roll the group back to its "
+                               "previous release (`edgesdk rollout status` lists the rollouts)")
+    client = admin_client(server_url, token, token_file)
+    target = client.act(rollout_id, "rollback", to) if rollout_id else client.rollback_group(str(group), to)
+    if as_json and wait_s is None:
+        click.echo(json.dumps({"id": target}))
+        return
+    click.echo(f"rollback: rollout {target}", err=as_json)
+    if wait_s is not None:
+        _finish(client, target, wait_s, as_json)

@@ -100,8 +100,15 @@ class AdminClient:
 
     def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy) -> str:
         """Start rolling ``name`` ``version`` out to ``group`` under ``policy``; the rollout id."""
-        return str(self._json("POST", "/api/rollouts", {"name": name, "version": version, "group": group,
-                                                        "policy": policy.to_dict()})["id"])
+        return self.start_rollout_planned(name, version, group, policy)[0]
+
+    def start_rollout_planned(self, name: str, version: str, group: str,
+                              policy: RolloutPolicy) -> tuple[str, list[dict[str, Any]]]:
+        """:meth:`start_rollout`, and its stage plan: ``[{"percent", "devices", "added", "collapsed"}]`` per stage
+        asked for (empty from a server that does not send it); a collapsed wave added no device."""
+        answer = self._json("POST", "/api/rollouts", {"name": name, "version": version, "group": group,
+                                                      "policy": policy.to_dict()})
+        return str(answer["id"]), list(answer.get("plan") or [])
 
     def rollout(self, rollout_id: str, *, limit: int | None = None, after: str | None = None,
                 stage: int | None = None, status: str | None = None) -> RolloutRecord:
@@ -124,6 +131,12 @@ class AdminClient:
         For ``rollback`` that is the new rollout sending the old version; else ``rollout_id``.
         """
         answer = self._json("POST", f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}/{action}",
+                            {"to": to} if to else None)
+        return str(answer["id"])
+
+    def rollback_group(self, group: str, to: str | None = None) -> str:
+        """Roll ``group`` back to its previous completed release (or version ``to``); the rollback rollout's id."""
+        answer = self._json("POST", f"/api/groups/{urllib.parse.quote(group, safe='')}/rollback",
                             {"to": to} if to else None)
         return str(answer["id"])
 

@@ -10,10 +10,15 @@ rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before th
                                                the identical bundle was stored already; 409 if other content)
     GET  /api/bundles                          {model: [versions]}
     POST /api/bundles/{name}/{version}/pin     {"pinned": true|false}
-    POST /api/rollouts                         {"name", "version", "group", "policy": {...}}
+    POST /api/rollouts                         {"name", "version", "group", "policy": {...}} -> {"id", "plan"}
     GET  /api/rollouts                         list
-    GET  /api/rollouts/{id}                    rollout with per-device targets
+    GET  /api/rollouts/{id}                    rollout with per-device targets and its "plan"
     POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
+    POST /api/groups/{group}/rollback          {"to": version} optional -> {"id"} of the rollback rollout (201)
+
+A rollout's ``plan`` lists every stage its policy asked for over the group's devices at the start:
+``[{"percent", "devices" (cumulative), "added", "collapsed"}]``; a collapsed wave added no device
+and was merged into the stage before it (``stages`` holds the stages actually sent).
     GET  /api/devices?group=G                  devices and their state
     PUT  /api/devices/{id}/group               body: {"group": G} -> {"moved": [ids whose group changed]}
     GET  /api/groups                           each group's release (desired state) and how far its devices are
@@ -37,6 +42,7 @@ from edgesdk.errors import EdgeSDKError, TransferError
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus, iso_time
 from edgesdk.ota_server.admin.errors import error_status
 from edgesdk.ota_server.admin.metrics import ServerMetrics
+from edgesdk.ota_server.rollouts.stages import plan_json
 from edgesdk.ota_server.server import OTAServer
 
 __all__ = ["create_app", "HttpServer"]
@@ -125,7 +131,8 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         policy = RolloutPolicy.from_dict(data.get("policy") or {})
         rollout_id = await run_in_threadpool(server.start_rollout, str(data["name"]), str(data["version"]),
                                              str(data["group"]), policy)
-        return JSONResponse({"id": rollout_id}, status_code=201)
+        started = await run_in_threadpool(server.status, rollout_id, targets=False)
+        return JSONResponse({"id": rollout_id, "plan": plan_json(started)}, status_code=201)
 
     async def rollouts(request: Request) -> JSONResponse:
         return JSONResponse([r.to_json() for r in server.db.rollouts()])
@@ -146,7 +153,7 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
             raise EdgeSDKError(f"stage={stage!r} must be a stage index and status={status!r} one of "
                                f"{', '.join(s.value for s in TargetStatus)}") from None
         r = await run_in_threadpool(server.status, request.path_params["id"], **page(request), **selection)
-        return JSONResponse(r.to_json())
+        return JSONResponse({**r.to_json(), "plan": plan_json(r)})
 
     async def action(request: Request) -> JSONResponse:
         rollout_id, verb = request.path_params["id"], request.path_params["action"]
@@ -161,6 +168,14 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
             new_id = await run_in_threadpool(server.rollback, rollout_id, data.get("to"))
             return JSONResponse({"id": new_id}, status_code=201)
         return error(404, f"unknown action {verb!r}; use promote, abort or rollback")
+
+    async def group_rollback(request: Request) -> JSONResponse:
+        data = await request.json() if await request.body() else {}
+        to = data.get("to") if isinstance(data, dict) else None
+        if to is not None and not isinstance(to, str):
+            raise EdgeSDKError(f'the body must be {{"to": VERSION}} or empty, got {str(data)[:200]}')
+        new_id = await run_in_threadpool(server.rollback_group, request.path_params["group"], to)
+        return JSONResponse({"id": new_id}, status_code=201)
 
     async def devices(request: Request) -> JSONResponse:
         group, status = request.query_params.get("group"), request.query_params.get("status")
@@ -220,6 +235,7 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         Route("/api/devices", guarded(devices), methods=["GET"]),
         Route("/api/devices/{id}/group", guarded(set_group), methods=["PUT"]),
         Route("/api/groups", guarded(groups), methods=["GET"]),
+        Route("/api/groups/{group}/rollback", guarded(group_rollback), methods=["POST"]),
         Route("/api/provisioning", guarded(provisioning), methods=["GET"]),
         Route("/api/provisioning", guarded(provision), methods=["POST"]),
         Route("/api/measurements", guarded(request_measurement), methods=["POST"]),

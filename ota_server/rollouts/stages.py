@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.fleet.records import RolloutPolicy, RolloutRecord
 
 #: RolloutPolicy is re-exported for server-side code that imported it from here.
-__all__ = ["RolloutPolicy", "PlannedStage", "stage_plan", "stage_sizes", "collapsed", "canary_order"]
+__all__ = ["RolloutPolicy", "PlannedStage", "stage_plan", "stage_sizes", "collapsed", "plan_json", "canary_order"]
 
 #: ``0.07 * 100`` is ``7.000000000000001`` in floating point: a product this close to an integer is that integer,
 #: so 7% of 100 devices is 7, not 8.
@@ -77,6 +77,12 @@ def stage_sizes(n_devices: int, policy: RolloutPolicy) -> list[int]:
 def collapsed(plan: Iterable[PlannedStage]) -> list[PlannedStage]:
     """The waves of ``plan`` that add no device."""
     return [s for s in plan if s.collapsed]
+
+
+def plan_json(r: RolloutRecord) -> list[dict[str, Any]]:
+    """The rollout's ``plan`` JSON: every stage asked for, over the devices it had when it started."""
+    n_devices = r.stage_sizes[-1] if r.stage_sizes else r.targets_total or 0
+    return [s.to_json() for s in stage_plan(n_devices, r.policy)]
 
 
 def canary_order(group: str, device_ids: Iterable[str]) -> list[str]:

@@ -182,7 +182,7 @@ def test_wave_lists_must_increase_to_100_before_anything_is_sent(bundles):
     for waves in ("100,50", "50", "50,50,100"):
         out = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--waves", waves,
                                        "--server", "http://127.0.0.1:9", "--token", "t"])
-        assert out.exit_code == 1 and "must increase and end at 100%" in out.output, (waves, out.output)
+        assert out.exit_code == 2 and "must increase and end at 100%" in out.output, (waves, out.output)
 
 
 def test_tables_json_words_iso_times_and_follow(server_process, broker, make_agent, bundles):
