@@ -69,12 +69,11 @@ def _catching_up(r: RolloutRecord) -> tuple[int, int]:
     return r.deferred, late
 
 
-def _print_rollout(r: RolloutRecord, as_json: bool) -> None:
-    """The rollout as the API's JSON, or as a summary line and a table of the devices it holds by stage."""
+def _print_rollout(r: RolloutRecord, as_json: bool, plan: list[dict[str, Any]] | None = None) -> None:
+    """The rollout as the API's JSON (with the stage ``plan`` push was given), or as a summary line and a table of
+    the devices it holds by stage."""
     if as_json:
-        from edgesdk.ota_server.rollouts.stages import plan_json
-
-        click.echo(json.dumps({**r.to_json(), "plan": plan_json(r)}, indent=2))
+        click.echo(json.dumps({**r.to_json(), **({"plan": plan} if plan else {})}, indent=2))
         return
     click.echo(f"rollout {r.id}: {r.model} {r.version} -> group {r.group}: {r.state}"
                f" (stage {r.stage + 1} of {r.stage_count})")
@@ -176,11 +175,11 @@ def _follow(client: AdminClient, rollout_id: str, timeout: float | None,
 
 
 def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json: bool, aborted_on_purpose: bool = False,
-            wait_deferred: float | None = None) -> None:
+            wait_deferred: float | None = None, plan: list[dict[str, Any]] | None = None) -> None:
     """Follow a rollout, print its final state (JSON on stdout with ``as_json``), then raise unless it succeeded."""
     r = _follow(client, rollout_id, timeout if timeout is not None or aborted_on_purpose else wait_deferred,
                 None if aborted_on_purpose else wait_deferred)
-    _print_rollout(r, as_json)
+    _print_rollout(r, as_json, plan)
     if aborted_on_purpose:
         _reverts_outcome(r)
         return
@@ -282,10 +281,10 @@ def push(bundle: str, group: str, canary: str, waves: str | None, health_window:
     rollout_id, plan = client.start_rollout_planned(manifest.name, manifest.version, group, policy)
     _warn_collapsed(group, plan)
     if wait_s is None and deferred_s is None:
-        click.echo(json.dumps({"id": rollout_id}) if as_json else f"started rollout {rollout_id}")
+        click.echo(json.dumps({"id": rollout_id, "plan": plan}) if as_json else f"started rollout {rollout_id}")
         return
     click.echo(f"started rollout {rollout_id}", err=True)
-    _finish(client, rollout_id, wait_s, as_json, wait_deferred=deferred_s)
+    _finish(client, rollout_id, wait_s, as_json, wait_deferred=deferred_s, plan=plan)
 
 
 @click.group()
