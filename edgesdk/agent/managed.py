@@ -113,6 +113,8 @@ class ManagedRuntime(AsyncPredictions):
         self.profile = load_profile(profile)
         self.mode, self.swap_order, self.wait_timeout_s = mode, swap_order, wait_timeout_s
         self._options = runtime_options
+        #: Whether inputs with NaN or Inf are refused (a Runtime option, on by default), also before offloading.
+        self.check_finite: bool = bool(runtime_options.get("check_finite", True))
         self._cond = threading.Condition()
         self._active: _Active | None = None
         self._swap_lock = threading.Lock()

@@ -75,6 +75,10 @@ class LocalModel(Protocol):
     def predict(self, inputs: Any) -> Any:
         """Run one inference synchronously."""
 
+    @property
+    def check_finite(self) -> bool:
+        """Refuse NaN and Inf in floating inputs (as the model's own ``predict`` does), also before offloading."""
+
 
 @dataclass
 class _Job:
@@ -229,7 +233,7 @@ class Dispatcher:
         cloud are both full, BackendError after :meth:`close`.
         """
         model = self._model()
-        feeds = validate_inputs(model.inputs, inputs)
+        feeds = validate_inputs(model.inputs, inputs, model.check_finite)
         job = _Job(feeds, model.outputs)
         with self._lock:
             if self._closed:

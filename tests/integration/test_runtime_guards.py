@@ -119,3 +119,15 @@ def test_managed_runtime_passes_check_finite_to_every_runtime_it_loads(tmp_path,
         managed.predict(x)
     with ManagedRuntime(bundle.path, profile=host, check_finite=False) as managed:
         managed.predict(x)
+
+
+def test_predict_async_checks_before_it_routes_so_nan_never_reaches_the_cloud(mlp_onnx, host):
+    from edgesdk.offload.policy import OffloadPolicy
+    from edgesdk.ota_server.broker import free_port
+
+    policy = OffloadPolicy(f"http://127.0.0.1:{free_port()}", "mlp")  # nobody listens: routing is not the point
+    x = np.full((1, 8), np.nan, np.float32)
+    with Runtime(mlp_onnx, profile=host, offload=policy) as rt, pytest.raises(InputError, match="8 NaN"):
+        rt.predict_async(x)  # refused at submit, before a local or cloud route is chosen
+    with Runtime(mlp_onnx, profile=host, offload=policy, check_finite=False) as rt:
+        assert np.isnan(rt.predict_async(x).result(timeout=30)).all()

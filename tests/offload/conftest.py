@@ -73,6 +73,10 @@ class GatedModel:
     def outputs(self):
         return self.runtime.outputs
 
+    @property
+    def check_finite(self):
+        return self.runtime.check_finite
+
     def predict(self, inputs):
         self.calls.append(inputs["input"] if isinstance(inputs, dict) else inputs)
         self.entered.release()
