@@ -12,6 +12,8 @@ import pytest
 
 from edgesdk.agent.agent import DeviceAgent
 from edgesdk.agent.config import AgentConfig
+from edgesdk.fleet.records import RolloutPolicy, RolloutRecord
+from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.app import RunningServer, ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
 from edgesdk.ota_server.broker import free_port
@@ -173,3 +175,24 @@ def console_fleet(broker, start_server, make_agent, bundles) -> tuple[RunningSer
                                                                                 health_window_s=0))
         wait_for(lambda r=rollout: server.status(r, targets=False).state != "running", timeout=60, what="1.0.0")
     return running, agents
+
+
+#: A rollout with no canary wait and no failures allowed: one stage to the whole group.
+FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+
+
+def rollout_to(server: OTAServer, version: str, group: str = "cams", policy: RolloutPolicy = FAST) -> RolloutRecord:
+    """Roll ``digits`` ``version`` out to ``group`` and wait (60 s at most) until the rollout stops running."""
+    rollout = server.start_rollout("digits", version, group, policy)
+    wait_for(lambda: server.status(rollout).state != "running", timeout=60, what=f"rollout {version}")
+    return server.status(rollout)
+
+
+def publish_retained(broker_url: str, topic: str, payload: bytes) -> None:
+    """Publish ``payload`` retained on ``topic`` as an operator's client would, once the broker has taken it."""
+    transport = MqttTransport(broker_url, client_id=f"operator-{time.monotonic_ns()}")
+    try:
+        transport.publish(topic, payload, retain=True)
+        transport.confirm_access()
+    finally:
+        transport.close()

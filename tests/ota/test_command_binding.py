@@ -21,9 +21,8 @@ from edgesdk.fleet.transport import MqttTransport
 from edgesdk.ota_server.broker import LocalMosquitto
 from edgesdk.runtime.signing import load_private_key
 from edgesdk.testing import random_mlp, write_mlp_onnx
-from tests.ota.conftest import wait_for
+from tests.ota.conftest import FAST, wait_for
 
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
 #: Sends to one of two devices and holds there (no promotion).
 HELD = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0, auto_promote=False)
 #: What a device reports when it takes a command up (a deploy, a rollback, or a measurement).

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from edgesdk.agent.store import offload_endpoint
 from edgesdk.fleet.archive import pack_bundle
-from edgesdk.fleet.records import RolloutPolicy
 
-from .conftest import wait_for
-
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
-
-
-def _rollout(server, version):
-    rollout = server.start_rollout("digits", version, "cams", FAST)
-    wait_for(lambda: server.status(rollout).state != "running", timeout=60, what=f"rollout {version}")
-    return server.status(rollout)
+from .conftest import rollout_to, wait_for
 
 
 def test_each_committed_version_names_the_endpoint_serving_that_version(broker, make_server, make_agent, bundles):
@@ -23,7 +14,7 @@ def test_each_committed_version_names_the_endpoint_serving_that_version(broker, 
     wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
     for version in ("1.0.0", "2.0.0"):
         server.upload(pack_bundle(bundles[version]))
-        assert _rollout(server, version).state == "completed"
+        assert rollout_to(server, version).state == "completed"
     assert offload_endpoint(agent.store.root, "digits-2.0.0") == {"url": "http://127.0.0.1:8000", "model": "digits",
                                                                   "version": "2.0.0"}
     assert offload_endpoint(agent.store.root, "digits-1.0.0")["version"] == "1.0.0"
@@ -34,7 +25,7 @@ def test_without_an_endpoint_the_store_names_none(broker, make_server, make_agen
     agent = make_agent("cam0", broker.url)
     wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
     server.upload(pack_bundle(bundles["1.0.0"]))
-    assert _rollout(server, "1.0.0").state == "completed"
+    assert rollout_to(server, "1.0.0").state == "completed"
     assert offload_endpoint(agent.store.root, "digits-1.0.0") is None
 
 
@@ -52,12 +43,12 @@ def test_an_app_following_the_store_offloads_to_the_servers_endpoint_at_the_comm
         agent = make_agent("cam0", broker.url)
         wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
         server.upload(pack_bundle(bundles["1.0.0"]))
-        assert _rollout(server, "1.0.0").state == "completed"
+        assert rollout_to(server, "1.0.0").state == "completed"
         app = ManagedRuntime.follow(agent.store.root, profile="generic-x86_64", poll_s=0.1)
         try:
             assert (app.offload.model, app.offload.version) == ("digits", "1.0.0")
             server.upload(pack_bundle(bundles["2.0.0"]))
-            assert _rollout(server, "2.0.0").state == "completed"
+            assert rollout_to(server, "2.0.0").state == "completed"
             wait_for(lambda: app.bundle.manifest.version == "2.0.0" and app.offload.version == "2.0.0",
                      what="the app and its endpoint on 2.0.0")
             x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
@@ -78,7 +69,7 @@ def test_the_agent_reports_where_its_runtimes_requests_ran(broker, make_server, 
     agent = make_agent("cam0", broker.url, runtime=managed)
     wait_for(lambda: server.db.device("cam0") and server.db.device("cam0").status == "online", what="agent")
     server.upload(pack_bundle(bundles["1.0.0"]))
-    assert _rollout(server, "1.0.0").state == "completed"
+    assert rollout_to(server, "1.0.0").state == "completed"
     x = np.zeros((1, 64), np.float32)
     for future in [managed.predict_async(x) for _ in range(3)]:
         future.result(timeout=30)

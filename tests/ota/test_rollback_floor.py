@@ -3,11 +3,8 @@ every later command, however validly signed, from taking the device below it; re
 
 from __future__ import annotations
 
-from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.runtime.bundle import read_bundle, sign_bundle
-from tests.ota.conftest import make_bundle, wait_for
-
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+from tests.ota.conftest import FAST, make_bundle, wait_for
 
 
 def _finished(server, rollout_id):

@@ -4,35 +4,15 @@ new deploys are refused naming the expiry and the fix, the state says so, and th
 from __future__ import annotations
 
 import shutil
-import time
 
 import numpy as np
 
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.fleet import key_ceremony
 from edgesdk.fleet.protocol import Topics
-from edgesdk.fleet.records import RolloutPolicy
-from edgesdk.fleet.transport import MqttTransport
 from edgesdk.runtime.bundle import sign_bundle
 from edgesdk.runtime.signing import load_private_key
-from tests.ota.conftest import wait_for
-
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
-
-
-def _rollout(server, version):
-    rollout = server.start_rollout("digits", version, "cams", FAST)
-    wait_for(lambda: server.status(rollout).state != "running", timeout=60, what=f"rollout {version}")
-    return server.status(rollout)
-
-
-def _publish_root(broker_url: str, version: int, document: bytes) -> None:
-    transport = MqttTransport(broker_url, client_id=f"operator-{time.monotonic_ns()}")
-    try:
-        transport.publish(Topics.root(version), document, retain=True)
-        transport.confirm_access()
-    finally:
-        transport.close()
+from tests.ota.conftest import publish_retained, rollout_to, wait_for
 
 
 def test_an_expired_root_keeps_the_model_refuses_new_deploys_and_says_so_until_the_next_root(
@@ -48,15 +28,15 @@ def test_an_expired_root_keeps_the_model_refuses_new_deploys_and_says_so_until_t
         shutil.copytree(bundles[version], tmp_path / version)
         sign_bundle(tmp_path / version, bundles_key)
         server.repo.add(tmp_path / version)
-    assert _rollout(server, "1.0.0").state == "completed"
+    assert rollout_to(server, "1.0.0").state == "completed"
     x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
 
     # Root v2 is published with a short life, and nobody publishes v3 before it runs out.
     v2 = key_ceremony.rotate(root_path.read_bytes(), "bundles", root_keys, expires_in_s=1.5)
-    _publish_root(broker.url, 2, v2.document)
+    publish_retained(broker.url, Topics.root(2), v2.document)
     wait_for(lambda: agent.trust.root.version == 2, what="root v2")
     wait_for(lambda: agent.trust.root.expired(), what="root v2 to expire")
-    refused = _rollout(server, "2.0.0")
+    refused = rollout_to(server, "2.0.0")
     (target,) = refused.targets
     assert "root metadata v2 expired at" in (target.reason or "") and "publish" in (target.reason or ""), target
     assert agent.current_version() == ("digits", "1.0.0") and not agent.store.has_slot("digits-2.0.0")
@@ -67,6 +47,6 @@ def test_an_expired_root_keeps_the_model_refuses_new_deploys_and_says_so_until_t
 
     # The next root lifts it: the same release goes ahead.
     v3 = key_ceremony.rotate(v2.document, "bundles", root_keys)
-    _publish_root(broker.url, 3, v3.document)
+    publish_retained(broker.url, Topics.root(3), v3.document)
     wait_for(lambda: agent.state()["trust"]["accepts_deploys"], what="root v3")
-    assert _rollout(server, "2.0.0").state == "completed" and agent.current_version() == ("digits", "2.0.0")
+    assert rollout_to(server, "2.0.0").state == "completed" and agent.current_version() == ("digits", "2.0.0")

@@ -12,31 +12,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edgesdk.fleet import key_ceremony
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.protocol import ArchiveInfo, Topics, archive_info, sign_command
-from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from edgesdk.fleet.trust import ROLES, new_root, new_timestamp, parse_root, sign_metadata
 from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.server import OTAServer
 from edgesdk.runtime.bundle import sign_bundle
 from edgesdk.runtime.signing import generate_keypair, key_id, load_private_key, load_public_key
-from tests.ota.conftest import make_bundle, read_retained, wait_for
-
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
-
-
-def _rollout(server, version):
-    rollout = server.start_rollout("digits", version, "cams", FAST)
-    wait_for(lambda: server.status(rollout).state != "running", timeout=60, what=f"rollout {version}")
-    return server.status(rollout)
-
-
-def _publish_retained(broker_url: str, topic: str, payload: bytes) -> None:
-    transport = MqttTransport(broker_url, client_id=f"operator-{time.monotonic_ns()}")
-    try:
-        transport.publish(topic, payload, retain=True)
-        time.sleep(0.2)
-    finally:
-        transport.close()
+from tests.ota.conftest import make_bundle, publish_retained, read_retained, rollout_to, wait_for
 
 
 def _rejections(agent):
@@ -56,7 +38,7 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
     server = make_server(broker.url, signing_key=stolen)
     wait_for(lambda: server.db.device("cam0"), what="device")
     server.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
-    assert _rollout(server, "1.0.0").state == "completed"
+    assert rollout_to(server, "1.0.0").state == "completed"
     server.stop()
 
     # The key leaks. The root holders rotate the commands role to a new key and publish root v2, retained.
@@ -66,7 +48,7 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
                              add=[load_public_key(tmp_path / "new" / "commands-2.pub")],
                              remove=[key_id(stolen.public_key())])
     assert not v2.missing
-    _publish_retained(broker.url, Topics.root(2), v2.document)
+    publish_retained(broker.url, Topics.root(2), v2.document)
     wait_for(lambda: agent.trust.root.version == 2, what="the device on root v2")
     assert json.loads((agent.store.root / "trust" / "root.1.json").read_bytes())["signed"]["version"] == 1
 
@@ -74,7 +56,7 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
     server = make_server(broker.url, signing_key=replacement)
     wait_for(lambda: server.db.device("cam0"), what="device")
     server.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", signer)))
-    assert _rollout(server, "2.0.0").state == "completed"
+    assert rollout_to(server, "2.0.0").state == "completed"
 
     # The thief's command (a version it picks) is refused, and the server hears why.
     attack = sign_command(stolen, type="deploy", deployment_id="evil-1", transfer_id="evil-1", name="digits",
@@ -96,7 +78,7 @@ def test_a_stolen_server_key_is_revoked_by_rotation_and_a_rolled_back_root_is_re
     forged_v1 = sign_metadata(new_root(1, time.time() + 86400, {
         role: ([k.public_key() for k in attacker], 2 if role == "root" else 1) for role in ROLES}), attacker)
     assert parse_root(forged_v1)[0].version == 1
-    _publish_retained(broker.url, Topics.root(1), forged_v1)
+    publish_retained(broker.url, Topics.root(1), forged_v1)
     wait_for(lambda: any("rollback or forgery of the root of trust is refused" in r for r in _rejections(agent)),
              what="root rollback refusal")
     assert agent.trust.root.version == 2 and agent.state()["trust"]["root_version"] == 2
@@ -120,11 +102,11 @@ def test_bundles_need_the_bundles_role_threshold_and_a_revoked_key_no_longer_cou
 
     # Signed by CI and the release manager (threshold 2): installed.
     server.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", ci, release)))
-    assert _rollout(server, "1.0.0").state == "completed" and agent.current_version() == ("digits", "1.0.0")
+    assert rollout_to(server, "1.0.0").state == "completed" and agent.current_version() == ("digits", "1.0.0")
 
     # Signed by CI only: below the threshold, refused before it is unpacked into a slot.
     server.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", ci)))
-    refused = _rollout(server, "2.0.0")
+    refused = rollout_to(server, "2.0.0")
     assert refused.state == "aborted"
     (target,) = refused.targets
     assert "bundle rejected: digits 2.0.0: 1 valid signature of the 2 required" in target.reason
@@ -137,13 +119,13 @@ def test_bundles_need_the_bundles_role_threshold_and_a_revoked_key_no_longer_cou
     ci2 = load_private_key(tmp_path / "new" / "bundles-3.key")
     v2 = key_ceremony.rotate(root_path.read_bytes(), "bundles", root_keys,
                              add=[load_public_key(tmp_path / "new" / "bundles-3.pub")], remove=[key_id(ci.public_key())])
-    _publish_retained(broker.url, Topics.root(2), v2.document)
+    publish_retained(broker.url, Topics.root(2), v2.document)
     wait_for(lambda: agent.trust.root.version == 2, what="root v2")
     v3 = make_bundle(tmp_path / "v3", "3.0.0", keys, seed=3)
     sign_bundle(v3, ci2)
     sign_bundle(v3, release)
     server.upload(pack_bundle(v3))
-    third = _rollout(server, "3.0.0")
+    third = rollout_to(server, "3.0.0")
     assert third.state == "completed" and agent.current_version() == ("digits", "3.0.0")
     back = server.rollback(third.id, to_version="1.0.0")
     wait_for(lambda: server.status(back).state != "running", timeout=60, what="rollback to 1.0.0")
@@ -170,7 +152,7 @@ def test_a_device_reports_stale_when_timestamps_stop_and_an_expired_one_replayed
     wait_for(lambda: agent.state()["trust"]["stale"] is True, timeout=1.5 + 0.2 + 10, what="stale")
     newest = agent.trust.timestamp  # read once stale: one published just before the stop may land after it
     # An expired timestamp replayed by whoever controls the broker does not make it fresh.
-    _publish_retained(broker.url, Topics.TIMESTAMP, first.raw)
+    publish_retained(broker.url, Topics.TIMESTAMP, first.raw)
     time.sleep(0.5)
     assert agent.trust.stale() and agent.trust.timestamp.version == newest.version
     state = json.loads(read_retained(broker.url, Topics.state("cam0")))
@@ -205,7 +187,7 @@ def _on_release_1(tmp_path, broker, make_server, make_agent, bundles, **agent_co
     wait_for(lambda: honest.db.device("cam0"), what="device")
     honest.upload(pack_bundle(_signed_copy(bundles["1.0.0"], tmp_path / "v1", signer)))
     honest.upload(pack_bundle(_signed_copy(bundles["2.0.0"], tmp_path / "v2", signer)))
-    assert _rollout(honest, "1.0.0").state == "completed"
+    assert rollout_to(honest, "1.0.0").state == "completed"
     honest.stop()
     return commands_key, agent
 
@@ -215,7 +197,7 @@ def test_a_compromised_server_mixing_one_release_into_another_is_refused(
     commands_key, agent = _on_release_1(tmp_path, broker, make_server, make_agent, bundles)
 
     evil = make_server(broker.url, signing_key=commands_key, server_class=MixingServer)
-    mixed = _rollout(evil, "2.0.0")
+    mixed = rollout_to(evil, "2.0.0")
     assert mixed.state == "aborted"
     (target,) = mixed.targets
     assert "holds digits 1.0.0: a bundle of another release under this one's name is refused (mix-and-match)" in \
@@ -252,7 +234,7 @@ def test_a_trickle_of_chunks_hits_the_transfer_deadline_and_the_device_stays_on_
 
     slow = make_server(broker.url, signing_key=commands_key, server_class=TricklingServer)
     received_before = agent.bytes_received
-    trickled = _rollout(slow, "2.0.0")
+    trickled = rollout_to(slow, "2.0.0")
     assert slow.chunks.trickled and agent.bytes_received > received_before  # one chunk came, then nothing
     assert trickled.state == "aborted"
     (target,) = trickled.targets
@@ -280,9 +262,9 @@ def test_an_attackers_own_broker_gets_nothing_past_the_device(tmp_path, broker, 
         forged_stamp = sign_metadata(new_timestamp(10**15, time.time() + 86400, 1, {}), [attacker])
         command = sign_command(attacker, type="rollback", deployment_id="evil-2", transfer_id="evil-2", name="digits",
                                version="1.0.0", group="cams", rollback=True)
-        _publish_retained(evil_broker.url, Topics.root(2), forged_root)
-        _publish_retained(evil_broker.url, Topics.TIMESTAMP, forged_stamp)
-        _publish_retained(evil_broker.url, Topics.cmd("cam0"), command)
+        publish_retained(evil_broker.url, Topics.root(2), forged_root)
+        publish_retained(evil_broker.url, Topics.TIMESTAMP, forged_stamp)
+        publish_retained(evil_broker.url, Topics.cmd("cam0"), command)
         wait_for(lambda: len(_rejections(evil)) >= 3, what="three refusals")
         reasons = " | ".join(_rejections(evil))
         assert "root metadata v2 (by the root keys of v1): 0 valid signatures" in reasons
