@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,25 +162,21 @@ def cut_text(value: Any, field_name: str, limit: int = MAX_REASON_CHARS) -> str 
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-def report_id(value: Any, field_name: str) -> str:
-    """``value`` when it is an id (:func:`~edgesdk.fleet.protocol.check_id`), else ReportError ``id`` (or ``type``)."""
-    return _id(value, field_name)
-
-
-def _id(value: Any, field_name: str) -> str:
+def _checked(check: Callable[[Any, str], str], value: Any, field_name: str) -> str:
+    """``check(value, field_name)``, its EdgeSDKError turned into ReportError ``id`` (``type`` for a non-string)."""
     try:
-        return check_id(value, field_name)
+        return check(value, field_name)
     except EdgeSDKError as exc:
         raise _refuse("id" if isinstance(value, str) else "type", field_name, str(exc)[:300]) from None
+
+
+def report_id(value: Any, field_name: str) -> str:
+    """``value`` when it is an id (:func:`~edgesdk.fleet.protocol.check_id`), else ReportError ``id`` (or ``type``)."""
+    return _checked(check_id, value, field_name)
 
 
 def _name(value: Any, field_name: str) -> str | None:
-    if value is None:
-        return None
-    try:
-        return safe_name(value, field_name)
-    except EdgeSDKError as exc:
-        raise _refuse("id" if isinstance(value, str) else "type", field_name, str(exc)[:300]) from None
+    return None if value is None else _checked(safe_name, value, field_name)
 
 
 def _version(value: Any, field_name: str) -> str | None:
@@ -237,7 +233,7 @@ def _show(value: Any) -> str:
 
 
 def _device(device: Any) -> str:
-    return _id(device, "device id")
+    return report_id(device, "device id")
 
 
 @dataclass(frozen=True)
@@ -281,7 +277,7 @@ def parse_state(device: str, payload: bytes) -> StateReport:
     details = {key: plain(state[key], key) for key in DETAIL_FIELDS if key in state}
     _compact(details, "details")
     return StateReport(
-        device, _id(state.get("group", "default"), "group"), _id(state["status"], "status"),
+        device, report_id(state.get("group", "default"), "group"), report_id(state["status"], "status"),
         _name(state.get("model"), "model"), _version(state.get("version"), "version"),
         _names(state.get("slots"), "slots"), _names(state.get("chunk_slots"), "chunk_slots"),
         _number(energy.get("energy_per_inference_mj"), "energy.energy_per_inference_mj"),
@@ -319,9 +315,9 @@ def parse_event(device: str, payload: bytes) -> EventReport:
     event = _message(loads(payload, "event"), "event")
     if "event" not in event:
         raise _refuse("missing", "event", "the event message has no \"event\" kind; send {\"event\": \"committed\", ...}")
-    kind = _id(event["event"], "event")
+    kind = report_id(event["event"], "event")
     deployment = event.get("deployment_id")
-    deployment = _id(deployment, "deployment_id") if deployment not in (None, "") else ""
+    deployment = report_id(deployment, "deployment_id") if deployment not in (None, "") else ""
     reason = cut_text(event.get("reason"), "reason")
     checked = {key: reason if key == "reason" else plain(value, key) for key, value in event.items()}
     _compact(checked, "event")
@@ -352,4 +348,4 @@ def parse_chunk_request(device: str, payload: bytes) -> ChunkRequest:
         raise _refuse("type", "chunks", f"chunks {_show(chunks)} must be a list of chunk indices")
     _count(chunks, "chunks")
     indices = tuple(_int(i, "chunks", 0, MAX_CHUNK_INDEX) for i in chunks)
-    return ChunkRequest(device, _id(request["transfer_id"], "transfer_id"), indices[:MAX_CHUNKS_SERVED])
+    return ChunkRequest(device, report_id(request["transfer_id"], "transfer_id"), indices[:MAX_CHUNKS_SERVED])

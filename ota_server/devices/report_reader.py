@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from edgesdk.errors import ReportError
 from edgesdk.fleet.protocol import Topics
@@ -37,6 +37,8 @@ from edgesdk.ota_server.admin.metrics import REFUSAL_REASONS, REFUSED_KINDS
 from edgesdk.ota_server.store.fleet_db import DETAIL_KEYS, DeviceState
 
 __all__ = ["ReportReader"]
+
+_Report = TypeVar("_Report")
 
 log = logging.getLogger("edgesdk.ota_server.server")  # the server's log, as operators filter it
 
@@ -72,10 +74,8 @@ class ReportReader:
 
     def state(self, topic: str, payload: bytes) -> DeviceState | None:
         """The state on ``topic`` as the store writes it (received now), or None when it was refused."""
-        try:
-            report = parse_state(Topics.device_of(topic), payload)
-        except ReportError as exc:
-            self.refuse(_device_label(topic), "state", exc)
+        report = self._parse(parse_state, "state", topic, payload)
+        if report is None:
             return None
         details = {k: v for k, v in report.details.items() if k in DETAIL_KEYS}
         return DeviceState(report.device, report.group, report.status, report.model, report.version, report.slots,
@@ -85,18 +85,18 @@ class ReportReader:
 
     def event(self, topic: str, payload: bytes) -> EventReport | None:
         """The event on ``topic``, or None when it was refused."""
-        try:
-            return parse_event(Topics.device_of(topic), payload)
-        except ReportError as exc:
-            self.refuse(_device_label(topic), "event", exc)
-            return None
+        return self._parse(parse_event, "event", topic, payload)
 
     def need(self, topic: str, payload: bytes) -> ChunkRequest | None:
         """The chunk request on ``topic``, or None when it was refused."""
+        return self._parse(parse_chunk_request, "need", topic, payload)
+
+    def _parse(self, parse: Callable[[str, bytes], _Report], kind: str, topic: str, payload: bytes) -> _Report | None:
+        """``parse(device, payload)``, or None with the refusal counted and maybe logged."""
         try:
-            return parse_chunk_request(Topics.device_of(topic), payload)
+            return parse(Topics.device_of(topic), payload)
         except ReportError as exc:
-            self.refuse(_device_label(topic), "need", exc)
+            self.refuse(_device_label(topic), kind, exc)
             return None
 
     # refusals --------------------------------------------------------------------------------
