@@ -14,7 +14,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from edgesdk.fleet.protocol import Topics
@@ -31,6 +31,13 @@ STATE = {"status": "online", "group": "cams", "model": "digits", "version": "1.0
 EVENT = {"event": "failed", "deployment_id": "r1", "version": "1.0.0", "reason": "health check failed"}
 NEED = {"transfer_id": "r1-w0", "chunks": [0, 1, 2]}
 RESULT = {"measurement_id": "m1", "status": "failed", "error": "no", "error_type": "ConversionError"}
+
+#: The reports that stopped every later write before issue 36, always tried first (the generator finds their like
+#: only now and then: a dict in one of some 25 fields).
+POISON = {"state": [{**STATE, "model": {"x": 1}}, {**STATE, "trust": {"root_version": 2**70}},
+                    {**STATE, "version": ["1"]}],
+          "events": [{**EVENT, "reason": {"x": 1}}, {**EVENT, "deployment_id": 2**70}],
+          "need": [{**NEED, "chunks": [2**70]}], "measurements": [{**RESULT, "error": {"x": 1}}]}
 
 KINDS = {"state": (Topics.state, STATE), "events": (Topics.events, EVENT), "need": (Topics.need, NEED),
          "measurements": (Topics.measurements, RESULT)}
@@ -62,4 +69,6 @@ def test_no_message_a_device_sends_stops_the_server_recording_the_others(server,
         record = server.db.device(witness)
         assert record is not None and record.version == f"1.0.{n}", f"{witness} not recorded after {payload!r:.300}"
 
+    for poison in POISON[kind]:
+        check = example(json.dumps(poison).encode(), "evil")(check)
     check()
