@@ -21,12 +21,13 @@ it, not on :mod:`edgesdk.ota_server`.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet.policy import RolloutPolicy
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -77,6 +78,11 @@ class TargetStatus(StrEnum):
     #: ... and did, or could not.
     REVERTED = "reverted"
     REVERT_FAILED = "revert_failed"
+    #: The release has no artifact for the device's board (nor a ``generic-<arch>`` one): it is never sent another
+    #: board's bundle and stays on its version. Not a failure; it holds no stage back.
+    NO_ARTIFACT = "no_artifact"
+    #: The rollout ended (aborted) before the target's stage was sent: the device was never sent the update.
+    SKIPPED = "skipped"
 
     @property
     def terminal(self) -> bool:
@@ -86,7 +92,7 @@ class TargetStatus(StrEnum):
     @property
     def settled(self) -> bool:
         """True when the target no longer holds its stage back: done with the deployment, or deferred (offline)."""
-        return self in _TERMINAL or self is TargetStatus.DEFERRED
+        return self in _TERMINAL or self in (TargetStatus.DEFERRED, TargetStatus.NO_ARTIFACT, TargetStatus.SKIPPED)
 
     @property
     def in_flight(self) -> bool:
@@ -122,6 +128,8 @@ _FOLLOWS: dict[TargetStatus, frozenset[TargetStatus]] = {
     TargetStatus.REVERTING: frozenset({TargetStatus.COMMITTED}),
     TargetStatus.REVERTED: frozenset({TargetStatus.REVERTING}),
     TargetStatus.REVERT_FAILED: frozenset({TargetStatus.REVERTING, TargetStatus.COMMITTED}),
+    TargetStatus.NO_ARTIFACT: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED}),
+    TargetStatus.SKIPPED: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED}),
 }
 
 
@@ -195,60 +203,6 @@ def parse_duration(text: str | float) -> float:
 
 
 @dataclass(frozen=True)
-class RolloutPolicy:
-    """How a version spreads over a group in stages, and when it stops.
-
-    Stages are cumulative fractions of the group: ``canary`` first, then ``waves``, the
-    later stages (the ``--waves`` option), which increase and end at 1.0.
-    """
-
-    canary: float = 0.1
-    #: The later stages after the canary, as increasing cumulative fractions ending at 1.0.
-    waves: tuple[float, ...] = (0.5, 1.0)
-    #: After a stage's devices all report, wait this long for late failures before the next stage.
-    health_window_s: float = 60.0
-    #: Abort (and roll the stage's devices back) when more than this fraction of targets failed.
-    max_failure_rate: float = 0.05
-    #: A device online and silent this long after its command is sent it once more (if it was not already), and
-    #: counts as failed two re-send intervals later; an offline one's target is deferred instead.
-    deploy_timeout_s: float = 300.0
-    #: Promote to the next stage by itself once the health window passes (else wait for `promote`).
-    auto_promote: bool = True
-    #: Flag the release (console, metrics, ``rollout status``) when more than this fraction of its late targets
-    #: (devices that installed it after their stage, on their return) failed, and at least 3 did. A flag never
-    #: reverts the group: each failed device already rolled back on its own.
-    max_late_failure_rate: float = 0.2
-
-    def __post_init__(self) -> None:
-        fractions = (self.canary, *self.waves)
-        shown = ",".join(f"{f * 100:g}%" for f in fractions)
-        if not all(0 < f <= 1 for f in fractions):
-            raise EdgeSDKError(f"canary and waves must be percentages in (0, 100], got {shown}")
-        all_at_once = self.canary == 1.0 and self.waves in ((), (1.0,))
-        if not all_at_once and (any(b <= a for a, b in zip(fractions, fractions[1:])) or fractions[-1] != 1.0):
-            raise EdgeSDKError(f"stages canary,waves = {shown} must increase and end at 100%; "
-                               "write e.g. --canary 10% --waves 50,100")
-        if not 0 <= self.max_failure_rate < 1 or self.health_window_s < 0 or self.deploy_timeout_s <= 0:
-            raise EdgeSDKError("max failure rate must be in [0, 100%), health window >= 0 and timeout > 0")
-        if not 0 <= self.max_late_failure_rate <= 1:
-            raise EdgeSDKError(f"max late failure rate must be in [0, 100%], got {self.max_late_failure_rate:.0%}")
-
-    @property
-    def stages(self) -> tuple[float, ...]:
-        """Every stage's cumulative fraction, the canary first (a repeated 1.0 counted once)."""
-        return tuple(dict.fromkeys((self.canary, *self.waves)))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The policy as JSON (the API's ``policy`` object and the database column)."""
-        return {**asdict(self), "waves": list(self.waves)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RolloutPolicy:
-        """A policy from :meth:`to_dict`'s JSON; missing fields take their defaults."""
-        return cls(**{**data, "waves": tuple(data.get("waves", (0.5, 1.0)))})
-
-
-@dataclass(frozen=True)
 class DeviceRecord:
     """A device as it last reported its state (retained on its state topic)."""
 
@@ -261,17 +215,22 @@ class DeviceRecord:
     #: Installed ``model-version`` slots on the device (kept from its last ``online`` report).
     slots: tuple[str, ...]
     last_seen: float
+    #: The device profile its agent runs as (``--profile``, else detected, e.g. ``raspberry-pi-5``) and its CPU
+    #: architecture; None from an agent too old to say. A release sends each device its board's artifact.
+    profile: str | None = None
+    arch: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for a device."""
         return {"id": self.id, "group": self.group, "status": self.status, "model": self.model,
-                "version": self.version, "slots": list(self.slots), "last_seen": iso_time(self.last_seen)}
+                "version": self.version, "slots": list(self.slots), "last_seen": iso_time(self.last_seen),
+                "profile": self.profile, "arch": self.arch}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DeviceRecord:
         """A device from :meth:`to_json`'s JSON."""
         return cls(str(data["id"]), str(data["group"]), str(data["status"]), data.get("model"), data.get("version"),
-                   tuple(data.get("slots", ())), parse_time(data["last_seen"]))
+                   tuple(data.get("slots", ())), parse_time(data["last_seen"]), data.get("profile"), data.get("arch"))
 
 
 @dataclass(frozen=True)
@@ -290,19 +249,22 @@ class TargetRecord:
     updated: float
     #: Sent after its stage: the device was offline then (deferred), or joined the group later.
     late: bool = False
+    #: The release artifact (its target profile) this device gets; None when the release has none for its board.
+    artifact: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for a target (inside a rollout's ``targets``)."""
         return {"rollout_id": self.rollout_id, "device_id": self.device_id, "stage": self.stage,
                 "status": self.status.value, "reason": self.reason, "previous_version": self.previous_version,
-                "sent": _iso_or_none(self.sent), "updated": iso_time(self.updated), "late": self.late}
+                "sent": _iso_or_none(self.sent), "updated": iso_time(self.updated), "late": self.late,
+                "artifact": self.artifact}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TargetRecord:
         """A target from :meth:`to_json`'s JSON."""
         return cls(str(data["rollout_id"]), str(data["device_id"]), int(data["stage"]), TargetStatus(data["status"]),
                    data.get("reason"), data.get("previous_version"), _time_or_none(data.get("sent")),
-                   parse_time(data["updated"]), bool(data.get("late", False)))
+                   parse_time(data["updated"]), bool(data.get("late", False)), data.get("artifact"))
 
 
 @dataclass(frozen=True)

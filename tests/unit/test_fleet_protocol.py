@@ -33,7 +33,7 @@ ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 def test_enum_values_are_the_strings_on_the_wire_in_the_database_and_in_json():
     assert [s.value for s in TargetStatus] == ["pending", "sent", "downloading", "installing", "committed", "failed",
                                                "rolled_back", "rejected", "timeout", "deferred", "reverting", "reverted",
-                                               "revert_failed"]
+                                               "revert_failed", "no_artifact", "skipped"]
     assert [s.value for s in RolloutState] == ["running", "completed", "aborted"]
     assert {e.value for e in AgentEvent} == {"accepted", "progress", "downloaded", "committed", "failed", "rolled_back",
                                              "rejected"}
@@ -66,7 +66,7 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location
     (device, _) = db.devices("cams")
     assert isinstance(device, DeviceRecord) and device.group == "cams" and device.slots == ("digits-1.0.0",)
     shown = device.to_json()
-    assert set(shown) == {"id", "group", "status", "model", "version", "slots", "last_seen"}
+    assert set(shown) == {"id", "group", "status", "model", "version", "slots", "last_seen", "profile", "arch"}
     assert ISO.fullmatch(shown["last_seen"]) and DeviceRecord.from_json(shown).to_json() == shown
 
     policy = RolloutPolicy(canary=0.5, waves=(1.0,))
@@ -90,7 +90,7 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location
     assert shown["state"] == "running" and shown["rollback"] is False and shown["stage_settled"] == iso_time(1.0)
     assert shown["targets"][0] | {"sent": None, "updated": None} == {
         "rollout_id": "r1", "device_id": "cam0", "stage": 0, "status": "committed", "reason": None,
-        "previous_version": "1.0.0", "sent": None, "updated": None, "late": False}
+        "previous_version": "1.0.0", "sent": None, "updated": None, "late": False, "artifact": None}
     assert RolloutRecord.from_json(shown).to_json() == shown
     db.end_rollout("r1", RolloutState.ABORTED, "aborted by operator")
     assert db.rollouts(RolloutState.RUNNING) == [] and db.rollout("r1").state == RolloutState.ABORTED

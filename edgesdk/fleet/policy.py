@@ -1,0 +1,67 @@
+"""How a rollout spreads and when it stops: the :class:`RolloutPolicy` an operator gives ``edgesdk push``.
+
+Device-side (stdlib only), like :mod:`edgesdk.fleet.records`, which re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError
+
+__all__ = ["RolloutPolicy"]
+
+
+@dataclass(frozen=True)
+class RolloutPolicy:
+    """How a version spreads over a group in stages, and when it stops.
+
+    Stages are cumulative fractions of the group: ``canary`` first, then ``waves``, the
+    later stages (the ``--waves`` option), which increase and end at 1.0.
+    """
+
+    canary: float = 0.1
+    #: The later stages after the canary, as increasing cumulative fractions ending at 1.0.
+    waves: tuple[float, ...] = (0.5, 1.0)
+    #: After a stage's devices all report, wait this long for late failures before the next stage.
+    health_window_s: float = 60.0
+    #: Abort (and roll the stage's devices back) when more than this fraction of targets failed.
+    max_failure_rate: float = 0.05
+    #: A device online and silent this long after its command is sent it once more (if it was not already), and
+    #: counts as failed two re-send intervals later; an offline one's target is deferred instead.
+    deploy_timeout_s: float = 300.0
+    #: Promote to the next stage by itself once the health window passes (else wait for `promote`).
+    auto_promote: bool = True
+    #: Flag the release (console, metrics, ``rollout status``) when more than this fraction of its late targets
+    #: (devices that installed it after their stage, on their return) failed, and at least 3 did. A flag never
+    #: reverts the group: each failed device already rolled back on its own.
+    max_late_failure_rate: float = 0.2
+
+    def __post_init__(self) -> None:
+        fractions = (self.canary, *self.waves)
+        shown = ",".join(f"{f * 100:g}%" for f in fractions)
+        if not all(0 < f <= 1 for f in fractions):
+            raise EdgeSDKError(f"canary and waves must be percentages in (0, 100], got {shown}")
+        all_at_once = self.canary == 1.0 and self.waves in ((), (1.0,))
+        if not all_at_once and (any(b <= a for a, b in zip(fractions, fractions[1:])) or fractions[-1] != 1.0):
+            raise EdgeSDKError(f"stages canary,waves = {shown} must increase and end at 100%; "
+                               "write e.g. --canary 10% --waves 50,100")
+        if not 0 <= self.max_failure_rate < 1 or self.health_window_s < 0 or self.deploy_timeout_s <= 0:
+            raise EdgeSDKError("max failure rate must be in [0, 100%), health window >= 0 and timeout > 0")
+        if not 0 <= self.max_late_failure_rate <= 1:
+            raise EdgeSDKError(f"max late failure rate must be in [0, 100%], got {self.max_late_failure_rate:.0%}")
+
+    @property
+    def stages(self) -> tuple[float, ...]:
+        """Every stage's cumulative fraction, the canary first (a repeated 1.0 counted once)."""
+        return tuple(dict.fromkeys((self.canary, *self.waves)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The policy as JSON (the API's ``policy`` object and the database column)."""
+        return {**asdict(self), "waves": list(self.waves)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutPolicy:
+        """A policy from :meth:`to_dict`'s JSON; missing fields take their defaults."""
+        return cls(**{**data, "waves": tuple(data.get("waves", (0.5, 1.0)))})
