@@ -280,18 +280,21 @@ class RolloutSummary:
     stage: int
     reason: str | None
     created: float
+    #: True for a rollout that sends a signed rollback (see :attr:`RolloutRecord.rollback`).
+    rollback: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for one entry of ``GET /api/rollouts``."""
         return {"id": self.id, "model": self.model, "version": self.version, "group": self.group,
                 "state": self.state.value, "stage": self.stage, "reason": self.reason,
-                "created": iso_time(self.created)}
+                "created": iso_time(self.created), "rollback": self.rollback}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RolloutSummary:
         """A summary from :meth:`to_json`'s JSON."""
         return cls(str(data["id"]), str(data["model"]), str(data["version"]), str(data["group"]),
-                   RolloutState(data["state"]), int(data["stage"]), data.get("reason"), parse_time(data["created"]))
+                   RolloutState(data["state"]), int(data["stage"]), data.get("reason"), parse_time(data["created"]),
+                   bool(data.get("rollback", False)))
 
 
 @dataclass(frozen=True)

@@ -268,10 +268,10 @@ class FleetDB(DesiredStateStore, CounterStore):
     def rollouts(self, state: RolloutState | None = None) -> list[RolloutSummary]:
         """Every rollout (in ``state``, if given), oldest first."""
         where, args = where_clause({"state": state and state.value})
-        rows = self.sql.rows(f"SELECT id, model, version, grp, state, wave, reason, created FROM rollouts{where} "
-                             "ORDER BY created", args)
+        rows = self.sql.rows(f"SELECT id, model, version, grp, state, wave, reason, created, rollback FROM rollouts"
+                             f"{where} ORDER BY created", args)
         return [RolloutSummary(r["id"], r["model"], r["version"], r["grp"], RolloutState(r["state"]), r["wave"],
-                               r["reason"], r["created"]) for r in rows]
+                               r["reason"], r["created"], bool(r["rollback"])) for r in rows]
 
     def rollout_counts(self) -> dict[RolloutState, int]:
         """How many rollouts are in each state, for metrics."""
