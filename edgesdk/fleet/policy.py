@@ -37,6 +37,22 @@ class RolloutPolicy:
     #: (devices that installed it after their stage, on their return) failed, and at least 3 did. A flag never
     #: reverts the group: each failed device already rolled back on its own.
     max_late_failure_rate: float = 0.2
+    #: Canary analysis (:mod:`edgesdk.ota_server.rollouts.canary`): a stage fails when its devices' p99 latency (the
+    #: median of each device's p99 on the new version) is more than this many times the baseline's, the group's
+    #: devices still on the old version (or, when none is left, their figures when the previous stage passed).
+    #: None: latency is not judged.
+    max_p99_ratio: float | None = 1.5
+    #: A stage fails when its devices' error rate (failed calls / calls on the new version) is more than this above
+    #: the baseline's (an increase in points, 0.01 = one point; absolute when there is no baseline), so a fleet whose
+    #: inputs already fail at some rate can still ship a release that does no worse. None: not judged.
+    max_error_rate: float | None = 0.01
+    #: A stage fails when the share of its devices' predict_async requests sent to the cloud (cloud / (local +
+    #: cloud)) is more than this above the baseline's share: a slower model saturates the device and offloads more,
+    #: which costs money before it costs latency. None: not judged.
+    max_offload_share: float | None = 0.25
+    #: A device's figures count only once it made this many calls on the new version (its statistics restart
+    #: when the model is swapped; the bundle's health check makes about 11 of them, the first one cold).
+    min_calls: int = 100
 
     def __post_init__(self) -> None:
         fractions = (self.canary, *self.waves)
@@ -51,6 +67,17 @@ class RolloutPolicy:
             raise EdgeSDKError("max failure rate must be in [0, 100%), health window >= 0 and timeout > 0")
         if not 0 <= self.max_late_failure_rate <= 1:
             raise EdgeSDKError(f"max late failure rate must be in [0, 100%], got {self.max_late_failure_rate:.0%}")
+        if self.max_p99_ratio is not None and not self.max_p99_ratio >= 1:
+            raise EdgeSDKError(f"max p99 ratio {self.max_p99_ratio!r} must be >= 1 (1.5: 50% slower than the "
+                               "baseline at most), or None to leave latency unjudged")
+        for name in ("max_error_rate", "max_offload_share"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise EdgeSDKError(f"{name.replace('_', ' ')} {value!r} must be in [0, 100%] (an increase over the "
+                                   "baseline), or None to leave it unjudged")
+        if isinstance(self.min_calls, bool) or not isinstance(self.min_calls, int) or self.min_calls < 1:
+            raise EdgeSDKError(f"min calls {self.min_calls!r} must be a whole number >= 1 (100 keeps a p99 off "
+                               "the model's first, cold call)")
 
     @property
     def stages(self) -> tuple[float, ...]:

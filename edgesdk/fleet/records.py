@@ -331,6 +331,9 @@ class RolloutRecord:
     late_counts: dict[TargetStatus, int] = field(default_factory=dict)
     #: Why the release is flagged (too many late targets failed), or None.
     flagged: str | None = None
+    #: The canary analysis of the last stage judged (:mod:`edgesdk.ota_server.rollouts.canary`): ``stage`` (1-based),
+    #: ``passed``, ``reason`` with the figures, ``canary`` and ``baseline`` figures, ``checks``, ``limits``; or None.
+    verdict: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.counts and self.targets:
@@ -362,6 +365,19 @@ class RolloutRecord:
         """True once every target is settled (done, or deferred while its device is offline)."""
         return all(status.settled for status, n in self.counts.items() if n)
 
+    @property
+    def phase(self) -> str:
+        """What the rollout is doing: ``completed`` or ``aborted`` once over; while running ``starting`` (no stage
+        sent), ``deploying`` (a stage's devices are installing), ``health_window`` (they all reported; the window and
+        the canary verdict are pending) or ``waiting_for_promote`` (a manual rollout whose stage passed)."""
+        if self.state != RolloutState.RUNNING:
+            return self.state.value
+        if self.stage < 0:
+            return "starting"
+        if self.verdict and self.verdict.get("stage") == self.stage + 1 and self.verdict.get("passed"):
+            return "waiting_for_promote" if self.stage + 1 < self.stage_count else "health_window"
+        return "deploying" if self.stage_settled is None else "health_window"
+
     def in_stage(self, stage: int) -> list[TargetRecord]:
         """The targets (of those held in ``targets``) that stage ``stage`` (0-based) sends to."""
         return [t for t in self.targets if t.stage == stage]
@@ -376,7 +392,7 @@ class RolloutRecord:
                 "counts": {status.value: n for status, n in self.counts.items()},
                 "targets_total": self.targets_total, "driver": self.driver, "deferred": self.deferred,
                 "late": {status.value: n for status, n in self.late_counts.items()}, "flagged": self.flagged,
-                "targets": [t.to_json() for t in self.targets]}
+                "phase": self.phase, "verdict": self.verdict, "targets": [t.to_json() for t in self.targets]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RolloutRecord:
@@ -389,7 +405,8 @@ class RolloutRecord:
                    tuple(int(n) for n in data.get("stages", ())),
                    {TargetStatus(k): int(v) for k, v in (data.get("counts") or {}).items()},
                    data.get("targets_total"), data.get("driver"),
-                   {TargetStatus(k): int(v) for k, v in (data.get("late") or {}).items()}, data.get("flagged"))
+                   {TargetStatus(k): int(v) for k, v in (data.get("late") or {}).items()}, data.get("flagged"),
+                   verdict=data.get("verdict"))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from edgesdk.fleet.records import (
     TargetRecord,
     TargetStatus,
 )
+from edgesdk.ota_server.rollouts.canary import judge_stage
 from edgesdk.ota_server.rollouts.reconciler import Reconciler
 from edgesdk.ota_server.rollouts.stages import canary_order, stage_sizes
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
@@ -355,8 +356,8 @@ class RolloutEngine:
         if r.stage_settled is None:
             self.db.settle_stage(r.id, now)
             return
-        if now - r.stage_settled < policy.health_window_s:
-            return
+        if now - r.stage_settled < policy.health_window_s or not self._verdict(r):
+            return  # in its health window, failed its canary verdict (aborted), or waiting for promote (manual)
         if r.stage >= r.stage_count - 1:
             summary = f"{sent - failed}/{sent} updated" + (f", {deferred} deferred (offline)" if deferred else "")
             if not self.db.end_rollout(r.id, RolloutState.COMPLETED, summary, stage=r.stage, holder=self.holder,
@@ -461,6 +462,24 @@ class RolloutEngine:
             else:
                 keep.append(t)
         return keep
+
+    def _verdict(self, r: RolloutRecord) -> bool:
+        """Judge ``r``'s stage once on its devices' own figures (:mod:`edgesdk.ota_server.rollouts.canary`), store the
+        verdict, and abort with the figures when it failed; whether it passed (a manual rollout then waits for
+        promote: ``RolloutRecord.phase`` reads ``waiting_for_promote``)."""
+        if r.verdict and r.verdict.get("stage") == r.stage + 1:
+            return bool(r.verdict.get("passed"))
+        new, old = self.db.stage_reports(r.id, r.stage)
+        verdict, snapshot = judge_stage(r.policy, r.stage, r.version, new, old, self.db.baseline(r.id), self.clock(),
+                                        r.rollback)
+        if not self.db.set_verdict(r.id, r.stage, verdict, snapshot):
+            return False
+        self.db.log("stage_verdict", verdict, rollout_id=r.id)
+        log.info("rollout %s: stage %d %s its canary analysis: %s", r.id, r.stage + 1,
+                 "passed" if verdict["passed"] else "failed", verdict["reason"])
+        if not verdict["passed"]:
+            self._abort(r, f"stage {r.stage + 1} failed its canary analysis: {verdict['reason']}")
+        return bool(verdict["passed"])
 
 
 def _targets(name: str, version: str, group: str, devices: list[DeviceRecord], rollback: bool) -> list[DeviceRecord]:

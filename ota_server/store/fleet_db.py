@@ -46,11 +46,12 @@ from edgesdk.ota_server.store.rows import (
     where_clause,
 )
 from edgesdk.ota_server.store.sql import Database, IntegrityError, open_database
+from edgesdk.ota_server.store.verdicts import VerdictStore
 
 __all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", "DETAIL_KEYS", "Release",
            "Provisioning"]
 
-class FleetDB(DesiredStateStore, CounterStore):
+class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
     """The fleet's devices, rollouts, targets and event log (safe across threads).
 
     ``location`` is a SQLite file path (the embedded default), ``sqlite:///PATH`` or
@@ -238,7 +239,8 @@ class FleetDB(DesiredStateStore, CounterStore):
                              RolloutState(r["state"]), r["wave"], r["wave_started"], r["wave_settled"], r["reason"],
                              r["created"], r["updated"], bool(r["rollback"]), found,
                              tuple(json.loads(r["stages"] or "[]")), overall, sum(overall.values()), r["lease_holder"],
-                             self.late_counts(rollout_id), r["flagged"])
+                             self.late_counts(rollout_id), r["flagged"],
+                             verdict=json.loads(r["verdict"]) if r["verdict"] else None)
 
     def targets(self, rollout_id: str, *, stage: int | None = None, status: TargetStatus | None = None,
                 after: str | None = None, limit: int | None = None) -> list[TargetRecord]:

@@ -97,6 +97,10 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         # Earlier servers used their clock's milliseconds as the version: start above what a right clock sent.
         "INSERT INTO counters (name, value) VALUES ('timestamp_version', {now_ms})",
     )),
+    (11, "canary analysis: each rollout's last stage verdict and the baseline figures kept for its next stage", (
+        "ALTER TABLE rollouts ADD COLUMN verdict TEXT",
+        "ALTER TABLE rollouts ADD COLUMN baseline TEXT",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
