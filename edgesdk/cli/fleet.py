@@ -33,8 +33,12 @@ token_file_option = click.option("--token-file", envvar="EDGESDK_TOKEN_FILE",
                                  help="File with the token: `edgesdk server` writes admin.token beside its --db "
                                       "(env EDGESDK_TOKEN_FILE).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-_WAIT_OUTCOME = ("Wait up to this many seconds, showing progress; exit 0 only if every reachable device updated "
-                 "(devices offline are deferred: see --wait-deferred; 17: aborted or failed, 18: still running).")
+_WAIT_OUTCOME = ("Wait up to this many seconds, showing progress; exit 0 only if every reachable device updated, "
+                 "or a manual rollout's stage passed and it waits for `edgesdk rollout promote` (devices offline "
+                 "are deferred: see --wait-deferred; 17: aborted or failed, 18: still running).")
+_PROMOTE_WAIT = ("Wait up to this many seconds for the stage promote sent: exit 0 once it passed its health window "
+                 "and canary analysis (the rollout waits for the next promote, or completed; 17: aborted or failed, "
+                 "18: still running).")
 
 
 def admin_client(server_url: str, token: str | None, token_file: str | None) -> AdminClient:
@@ -75,10 +79,16 @@ def _print_rollout(r: RolloutRecord, as_json: bool, plan: list[dict[str, Any]] |
     if as_json:
         click.echo(json.dumps({**r.to_json(), **({"plan": plan} if plan else {})}, indent=2))
         return
-    click.echo(f"rollout {r.id}: {r.model} {r.version} -> group {r.group}: {r.state}"
+    phase = f", {r.phase.replace('_', ' ')}" if r.phase != r.state else ""
+    click.echo(f"rollout {r.id}: {r.model} {r.version} -> group {r.group}: {r.state}{phase}"
                f" (stage {r.stage + 1} of {r.stage_count})")
     if r.reason:
         click.echo(f"  reason: {r.reason}")
+    if r.verdict:
+        click.echo(f"  canary analysis, stage {r.verdict['stage']}: {'passed' if r.verdict['passed'] else 'FAILED'}: "
+                   f"{r.verdict['reason']}")
+    if r.phase == "waiting_for_promote":
+        click.echo(f"  waiting for `edgesdk rollout promote {r.id}` to send stage {r.stage + 2}")
     click.echo(f"  devices: {_counts(r)}")
     if r.deferred:
         click.echo(f"  deferred: {r.deferred} (offline when their stage went out; each gets {r.version} when it "
@@ -109,6 +119,10 @@ def _outcome(r: RolloutRecord, wait_deferred: float | None = None, superseded: G
     stderr how many are still to come."""
     from edgesdk.errors import RolloutError, RolloutTimeoutError
 
+    if r.phase == "waiting_for_promote":
+        click.echo(f"rollout {r.id}: stage {r.stage + 1} of {r.stage_count} passed; it waits for `edgesdk rollout "
+                   f"promote {r.id}` to send stage {r.stage + 2}", err=True)
+        return
     if r.state == RolloutState.RUNNING:
         raise RolloutTimeoutError(f"rollout {r.id} is still running (stage {r.stage + 1} of {r.stage_count}: "
                                   f"{_counts(r)}); follow it with `edgesdk rollout status {r.id} --follow`")
@@ -151,20 +165,23 @@ def _settled(r: RolloutRecord) -> bool:
 
 
 def _follow(client: AdminClient, rollout_id: str, timeout: float | None,
-            wait_deferred: float | None = None) -> RolloutRecord:
-    """Poll the counts until the rollout is over (or ``timeout`` s pass), printing progress lines to stderr when they
-    change; with ``wait_deferred`` a completed rollout is followed on until no device is deferred or catching up,
-    or that many seconds (from the start) passed. The final state comes with the first page of targets."""
+            wait_deferred: float | None = None, from_stage: int = 0) -> RolloutRecord:
+    """Poll the counts until the rollout is over or waits for promote at stage ``from_stage`` (0-based) or later (or
+    ``timeout`` s pass), printing progress lines to stderr when they change; with ``wait_deferred`` a completed
+    rollout is followed on until no device is deferred or catching up, or that many seconds (from the start)
+    passed. The final state comes with the first page of targets."""
     started = time.monotonic()
     last = ""
     while True:
         r = client.rollout(rollout_id, limit=0)
-        line = f"{r.state} stage {max(r.stage, 0) + 1} of {r.stage_count}: {_counts(r)}"
+        line = f"{r.phase.replace('_', ' ')} stage {max(r.stage, 0) + 1} of {r.stage_count}: {_counts(r)}"
         line += f"; late: {_late(r)}" if r.late_counts else ""
         if line != last:
             click.echo(f"[{time.monotonic() - started:6.1f}s] {line}", err=True)
             last = line
         elapsed = time.monotonic() - started
+        if r.phase == "waiting_for_promote" and r.stage >= from_stage:
+            return client.rollout(rollout_id)
         if _settled(r):
             if wait_deferred is None or r.state != RolloutState.COMPLETED or not any(_catching_up(r)) \
                     or elapsed >= wait_deferred or _superseded(client, r):
@@ -175,10 +192,11 @@ def _follow(client: AdminClient, rollout_id: str, timeout: float | None,
 
 
 def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json: bool, aborted_on_purpose: bool = False,
-            wait_deferred: float | None = None, plan: list[dict[str, Any]] | None = None) -> None:
-    """Follow a rollout, print its final state (JSON on stdout with ``as_json``), then raise unless it succeeded."""
+            wait_deferred: float | None = None, plan: list[dict[str, Any]] | None = None, from_stage: int = 0) -> None:
+    """Follow a rollout, print its final state (JSON on stdout with ``as_json``), then raise unless it succeeded (a
+    stage at or after ``from_stage`` that passed and waits for promote is a success)."""
     r = _follow(client, rollout_id, timeout if timeout is not None or aborted_on_purpose else wait_deferred,
-                None if aborted_on_purpose else wait_deferred)
+                None if aborted_on_purpose else wait_deferred, from_stage)
     _print_rollout(r, as_json, plan)
     if aborted_on_purpose:
         _reverts_outcome(r)
@@ -211,8 +229,24 @@ def _option(parse: Callable[[str], float], text: str, option: str) -> float:
         raise click.BadParameter(str(exc), param_hint=option) from None
 
 
+def _ratio(text: str) -> float:
+    """``1.5`` or ``1.5x`` as 1.5 (an EdgeSDKError naming the value when malformed)."""
+    from edgesdk.errors import EdgeSDKError
+
+    try:
+        return float(text.strip().lower().removesuffix("x"))
+    except ValueError:
+        raise EdgeSDKError(f"{text!r} is not a ratio; write e.g. 1.5 (or 1.5x), or off") from None
+
+
+def _limit(parse: Callable[[str], float], text: str, option: str) -> float | None:
+    """A canary analysis limit: ``off`` (None: not judged) or ``parse(text)`` (see :func:`_option`)."""
+    return None if text.strip().lower() == "off" else _option(parse, text, option)
+
+
 def _policy(canary: str, waves: str | None, health_window: str, max_failure_rate: str, deploy_timeout: str,
-            manual: bool, max_late_failure_rate: str) -> RolloutPolicy:
+            manual: bool, max_late_failure_rate: str, max_p99_ratio: str = "1.5", max_error_rate: str = "1%",
+            max_offload_share: str = "25%") -> RolloutPolicy:
     """push's options as a policy; a value out of range, or stages that do not increase to 100%, exit 2 (usage)
     with the message that says how to write them, as click's own option errors do."""
     from edgesdk.errors import EdgeSDKError
@@ -227,7 +261,10 @@ def _policy(canary: str, waves: str | None, health_window: str, max_failure_rate
                              deploy_timeout_s=_option(parse_duration, deploy_timeout, "--deploy-timeout"),
                              auto_promote=not manual,
                              max_late_failure_rate=_option(parse_percent, max_late_failure_rate,
-                                                           "--max-late-failure-rate"))
+                                                           "--max-late-failure-rate"),
+                             max_p99_ratio=_limit(_ratio, max_p99_ratio, "--max-p99-ratio"),
+                             max_error_rate=_limit(parse_percent, max_error_rate, "--max-error-rate"),
+                             max_offload_share=_limit(parse_percent, max_offload_share, "--max-offload-share"))
     except EdgeSDKError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -258,6 +295,15 @@ def _warn_collapsed(group: str, plan: list[dict[str, Any]]) -> None:
 @click.option("--max-late-failure-rate", default="20%", show_default=True,
               help="Flag the release when more of the devices it reaches late (back from offline, or new to the "
                    "group) fail to install it.")
+@click.option("--max-p99-ratio", default="1.5", show_default=True,
+              help="Canary analysis: fail a stage whose devices' p99 latency (the median of each device's) is more "
+                   "than this many times the baseline's, the devices still on the old version ('off': not judged).")
+@click.option("--max-error-rate", default="1%", show_default=True,
+              help="Canary analysis: fail a stage whose devices' error rate is more than this above the baseline's "
+                   "(absolute without a baseline; 'off': not judged).")
+@click.option("--max-offload-share", default="25%", show_default=True,
+              help="Canary analysis: fail a stage whose devices send more than this larger a share of their "
+                   "predict_async requests to the cloud than the baseline ('off': not judged).")
 @click.option("--wait", "wait_s", type=float, default=None, help=_WAIT_OUTCOME)
 @click.option("--wait-deferred", metavar="DURATION", default=None, help=_WAIT_DEFERRED)
 @server_option
@@ -265,7 +311,8 @@ def _warn_collapsed(group: str, plan: list[dict[str, Any]]) -> None:
 @token_file_option
 @json_option
 def push(bundle: str, group: str, canary: str, waves: str | None, health_window: str, max_failure_rate: str,
-         deploy_timeout: str, manual: bool, max_late_failure_rate: str, wait_s: float | None, wait_deferred: str | None,
+         deploy_timeout: str, manual: bool, max_late_failure_rate: str, max_p99_ratio: str, max_error_rate: str,
+         max_offload_share: str, wait_s: float | None, wait_deferred: str | None,
          server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
     """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to every device of GROUP;
     devices offline then are deferred and get it when they report again."""
@@ -273,7 +320,8 @@ def push(bundle: str, group: str, canary: str, waves: str | None, health_window:
     from edgesdk.runtime.bundle import read_bundle
 
     deferred_s = _seconds(wait_deferred, "--wait-deferred")
-    policy = _policy(canary, waves, health_window, max_failure_rate, deploy_timeout, manual, max_late_failure_rate)
+    policy = _policy(canary, waves, health_window, max_failure_rate, deploy_timeout, manual, max_late_failure_rate,
+                     max_p99_ratio, max_error_rate, max_offload_share)
     manifest = read_bundle(bundle).manifest
     client = admin_client(server_url, token, token_file)
     stored = client.upload(pack_bundle(bundle))["stored"]
@@ -358,6 +406,7 @@ def _action(verb: str, wait_help: str) -> Callable[..., None]:
     def command(rollout_id: str, server_url: str, token: str | None, token_file: str | None, wait_s: float | None,
                 as_json: bool, to: str | None = None) -> None:
         client = admin_client(server_url, token, token_file)
+        sent = client.rollout(rollout_id, limit=0).stage + 1 if verb == "promote" else 0  # the stage promote sends
         target = client.act(rollout_id, verb, to)
         if as_json and wait_s is None:
             click.echo(json.dumps({"id": target}))
@@ -365,12 +414,12 @@ def _action(verb: str, wait_help: str) -> Callable[..., None]:
         click.echo(f"{verb}: rollout {target}", err=as_json)
         if wait_s is not None:
             # An abort is what was asked for: its outcome is whether the updated devices went back.
-            _finish(client, target, wait_s, as_json, aborted_on_purpose=verb == "abort")
+            _finish(client, target, wait_s, as_json, aborted_on_purpose=verb == "abort", from_stage=sent)
 
     return command
 
 
-rollout.command("promote", help="Send the next stage now.")(_action("promote", _WAIT_OUTCOME))
+rollout.command("promote", help="Send the next stage now.")(_action("promote", _PROMOTE_WAIT))
 rollout.command("abort", help="Stop a rollout and roll its updated devices back.")(_action(
     "abort", "Wait up to this many seconds for the updated devices to go back; exit 0 when all did "
              "(17: a revert failed, 18: still reverting)."))

@@ -86,7 +86,8 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location
     shown = r.to_json()
     assert set(shown) == {"id", "model", "version", "group", "policy", "state", "stage", "stage_started",
                           "stage_settled", "reason", "created", "updated", "rollback", "stages", "counts",
-                          "targets_total", "driver", "deferred", "late", "flagged", "targets"}
+                          "targets_total", "driver", "deferred", "late", "flagged", "phase", "verdict", "targets"}
+    assert shown["phase"] == "health_window" and shown["verdict"] is None
     assert shown["state"] == "running" and shown["rollback"] is False and shown["stage_settled"] == iso_time(1.0)
     assert shown["targets"][0] | {"sent": None, "updated": None} == {
         "rollout_id": "r1", "device_id": "cam0", "stage": 0, "status": "committed", "reason": None,
