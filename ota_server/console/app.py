@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from edgesdk.errors import EdgeSDKError, NotFoundError
+from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
 from edgesdk.ota_server.admin.errors import error_status
 from edgesdk.ota_server.server import OTAServer
 
 from . import views
+from .display import board, status_pill, status_text, when
 from .guard import FORM_MAX_BYTES, LoginLimiter, Proxies, read_form
 from .session import COOKIE, LOGIN_COOKIE, SESSION_S, Sessions
 
@@ -86,9 +87,11 @@ def create_console(server: OTAServer, token: str, proxies: Proxies | None = None
     limiter = limiter or LoginLimiter()
     metrics = getattr(server, "metrics", None)
     templates = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(["html"]))
-    templates.filters.update(quote=lambda text: quote(str(text), safe=""), dash=_dash, ms=_ms, mb=_mb)
+    templates.filters.update(quote=lambda text: quote(str(text), safe=""), dash=_dash, ms=_ms, mb=_mb, when=when,
+                             status=status_text, pill=status_pill, board=board)
 
     def render(template: str, code: int = 200, headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
+        context.setdefault("now", time.time())
         html = templates.get_template(template).render(prefix=PREFIX, **context)
         return HTMLResponse(html, status_code=code, headers={**_HEADERS, **(headers or {})})
 
@@ -134,10 +137,9 @@ def create_console(server: OTAServer, token: str, proxies: Proxies | None = None
         return response
 
     def locked_out(login_token: str, seconds: float) -> HTMLResponse:
-        wait = max(1, math.ceil(seconds))
-        when = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + wait))
+        wait, now = max(1, math.ceil(seconds)), time.time()
         return render("login.html", 429, headers={"Retry-After": str(wait)}, login_token=login_token,
-                      error=f"too many wrong admin tokens from your address: try again in {wait} s (at {when})")
+                      error="too many wrong admin tokens from your address: try again", retry_at=now + wait, now=now)
 
     async def login(request: Request) -> Response:
         client = proxies.client(request)
@@ -153,8 +155,7 @@ def create_console(server: OTAServer, token: str, proxies: Proxies | None = None
             refused_login("wrong_token")
             if (wait := limiter.failed(client)) > 0:
                 return locked_out(expected, wait)
-            return render("login.html", 401, login_token=expected, error="wrong or missing admin token "
-                          "(it is in admin.token beside the server's database, or what --token was given)")
+            return render("login.html", 401, login_token=expected, error="wrong or missing admin token")
         limiter.succeeded(client)
         response = RedirectResponse(f"{PREFIX}/", status_code=303)
         response.set_cookie(COOKIE, cookie, max_age=int(SESSION_S), httponly=True, samesite="strict", path=PREFIX,
@@ -217,8 +218,10 @@ def create_console(server: OTAServer, token: str, proxies: Proxies | None = None
         if verb not in ("promote", "abort", "rollback"):
             raise NotFoundError(f"unknown action {verb!r}; use promote, abort or rollback")
         fields = request.state.fields
+        summary = await run_in_threadpool(server.status, rollout_id, targets=False)
+        if verb == "rollback" and (why := await run_in_threadpool(views.rollback_refusal, server, summary)):
+            raise ConflictError(f"no rollback of rollout {rollout_id}: {why}")
         if fields.get("confirm") != "yes":
-            summary = await run_in_threadpool(server.status, rollout_id, targets=False)
             return render("confirm.html", csrf=request.state.csrf, verb=verb, rollout=summary.to_json())
         if verb == "promote":
             await run_in_threadpool(server.promote, rollout_id)

@@ -12,13 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgesdk.fleet.records import TargetStatus
+from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetStatus
 from edgesdk.ota_server.server import OTAServer
 
 from .details import TEXT_MAX, DeviceDetails, Figures, parse_details
+from .display import STATUS_TEXT, board, stage_label, verdict_view
 
 __all__ = ["STALE_AFTER_S", "PAGE", "fleet", "groups", "device", "rollouts", "rollout", "progress", "repository",
-           "VersionFigures"]
+           "VersionFigures", "rollback_refusal", "phase_of"]
 
 #: A device silent for longer than this is shown as stale (its agent reports state every 30 s by default).
 STALE_AFTER_S = 300.0
@@ -26,12 +27,11 @@ STALE_AFTER_S = 300.0
 PAGE = 100
 
 
-def _age(last_seen: float, now: float) -> str:
-    seconds = max(0, int(now - last_seen))
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit} ago"
-    return f"{seconds} s ago"
+def _device_row(record: Any, now: float) -> dict[str, Any]:
+    """A device as a page lists it: its record (``last_seen`` as epoch seconds, for :func:`.display.when`), its board
+    in words, and whether it is stale."""
+    return {**record.to_json(), "last_seen": record.last_seen, "board": board(record.profile, record.arch),
+            "stale": record.status != "online" or now - record.last_seen > STALE_AFTER_S}
 
 
 def fleet(server: OTAServer, group: str | None, status: str | None, after: str | None,
@@ -48,8 +48,7 @@ def fleet(server: OTAServer, group: str | None, status: str | None, after: str |
     found = server.db.devices(group or None, status=status or None, after=after or None, limit=PAGE + 1)
     more = len(found) > PAGE
     found = found[:PAGE]
-    devices = [{**d.to_json(), "age": _age(d.last_seen, now),
-                "stale": d.status != "online" or now - d.last_seen > STALE_AFTER_S} for d in found]
+    devices = [_device_row(d, now) for d in found]
     return {"groups": groups, "devices": devices, "next": found[-1].id if more and found else None,
             "total": server.db.device_total(group or None, status or None), "group": group or "",
             "status": status or "", "statuses": ("online", "offline")}
@@ -78,45 +77,120 @@ def device(server: OTAServer, device_id: str, now: float | None = None) -> dict[
     except ValueError:  # the stored text is not JSON at all (not written by this server)
         details = DeviceDetails(malformed=("details",))
     events = server.db.events(device_id=device_id)[-20:]
-    return {"device": {**record.to_json(), "age": _age(record.last_seen, now),
-                       "stale": record.status != "online" or now - record.last_seen > STALE_AFTER_S},
+    return {"device": _device_row(record, now),
             "details": details, "runtime": details.runtime, "paths": details.paths,
             "energy": details.energy, "disk": details.disk,
-            "events": [{"type": e.type, "rollout": e.rollout_id, "age": _age(e.ts, now),
-                        "detail": _event_detail(e.payload)} for e in reversed(events)]}
+            "events": [{"type": e.type, "rollout": e.rollout_id, "ts": e.ts,
+                        "detail": _event_detail(e.type, e.payload)} for e in reversed(events)]}
 
 
-def _event_detail(payload: Any) -> str:
-    """What an event's line says: its reason or event name, as short text."""
+#: Payload keys an event's Detail leaves out: the Event and Rollout columns and the When column already show them,
+#: or they are protocol bookkeeping.
+_EVENT_SHOWN = frozenset({"event", "type", "time", "ts", "rollout", "rollout_id", "deployment_id", "device",
+                          "device_id"})
+
+
+def _event_detail(kind: str, payload: Any) -> str:
+    """What an event's Detail column adds to its Event column: its reason, else its other facts ("digits 2.0.0,
+    bytes 1234"); never the event's own name again."""
     if not isinstance(payload, dict):
         return ""
-    value = payload.get("reason") or payload.get("event") or ""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)[:TEXT_MAX]
+    reason = payload.get("reason")
+    if reason:
+        text = reason if isinstance(reason, str) else json.dumps(reason, default=str)[:4 * TEXT_MAX]
+    else:
+        named = isinstance(payload.get("name"), str)
+        facts = [f"{payload['name']} {payload.get('version') or ''}".strip()] if named else []
+        facts += [f"{key} {json.dumps(value, default=str) if isinstance(value, dict | list) else value}"
+                  for key, value in payload.items() if key not in _EVENT_SHOWN
+                  and not (named and key in ("name", "version")) and value not in (None, "", {}, [])]
+        text = ", ".join(f for f in facts if f and f != kind)
     return text if len(text) <= 4 * TEXT_MAX else text[:4 * TEXT_MAX - 1] + "…"
 
 
+def phase_of(record: Any) -> str | None:
+    """The rollout's phase as text (e.g. ``waiting_for_promote``), or None while the engine does not say one."""
+    phase = getattr(record, "phase", None)
+    value = getattr(phase, "value", phase)
+    return value if isinstance(value, str) and value else None
+
+
 def rollouts(server: OTAServer) -> list[dict[str, Any]]:
-    """Every rollout, newest first."""
-    return [r.to_json() for r in reversed(server.db.rollouts())]
+    """Every rollout, newest first: its stage as "k of N", whether it is a rollback, why it ended, and its phase.
+
+    A completed rollout sent all its stages (N is its last stage + 1); for the others the count comes from their
+    record (one read each: the running ones and the aborted ones).
+    """
+    out = []
+    for r in reversed(server.db.rollouts()):
+        entry = r.to_json()
+        entry["rollback"] = bool(getattr(r, "rollback", False))
+        if r.state == RolloutState.COMPLETED:
+            entry["stage_label"], entry["phase"] = stage_label(r.stage, r.stage + 1), None
+        else:
+            record = server.status(r.id, targets=False)
+            entry["stage_label"], entry["phase"] = stage_label(r.stage, record.stage_count), phase_of(record)
+            entry["rollback"] = entry["rollback"] or record.rollback
+        entry["sent"] = r.stage >= 0
+        out.append(entry)
+    return out
 
 
 def progress(server: OTAServer, rollout_id: str) -> dict[str, Any]:
-    """A rollout's state and each stage's device counts by status (what the live view pushes when it changes)."""
+    """A rollout's state and each stage's device counts by status (what the live view pushes when it changes).
+
+    Stages keep their 0-based ``index`` (as the API's JSON does) and are named 1-based, "1 of 3", the canary first.
+    """
     record = server.status(rollout_id, targets=False)
     counts = server.db.target_counts(rollout_id)
     sizes = list(record.stage_sizes)
+    total = max(len(sizes), 1 + max((s for s, _ in counts), default=-1), 1)
+    running = record.state == RolloutState.RUNNING
     stages = []
-    for index in range(max(len(sizes), 1 + max((s for s, _ in counts), default=-1))):
+    for index in range(total):
         by_status = {status.value: counts.get((index, status), 0) for status in TargetStatus
                      if counts.get((index, status), 0)}
         size = sizes[index] - (sizes[index - 1] if index else 0) if index < len(sizes) else sum(by_status.values())
         done = by_status.get(TargetStatus.COMMITTED.value, 0)
-        stages.append({"index": index, "name": "canary" if index == 0 else f"stage {index}", "size": size,
-                       "by_status": by_status, "done": done, "sent": index <= record.stage})
+        sent = index <= record.stage
+        stages.append({"index": index, "name": stage_label(index, total), "canary": index == 0, "size": size,
+                       "by_status": by_status, "done": done, "sent": sent,
+                       "note": "canary" if index == 0 and sent else "" if sent else
+                       "not sent yet" if running else "never sent"})
     return {"id": record.id, "state": record.state.value, "stage": record.stage, "reason": record.reason,
-            "stages": stages, "counts": {s.value: n for s, n in record.counts.items()}, "deferred": record.deferred,
+            "phase": phase_of(record), "stages": stages,
+            "counts": {s.value: n for s, n in record.counts.items()}, "deferred": record.deferred,
             "late": {s.value: n for s in TargetStatus if (n := record.late_counts.get(s, 0))},
-            "flagged": record.flagged}
+            "flagged": record.flagged, "labels": {k: list(v) for k, v in STATUS_TEXT.items()}}
+
+
+def rollback_refusal(server: OTAServer, record: RolloutRecord) -> str | None:
+    """Why the console offers no "Rollback…" on ``record`` (a rollback there would do nothing, or not what its name
+    says), or None when it does offer it.
+
+    - running: abort it instead (an abort sends the devices already updated back);
+    - a rollback itself: "rolling it back" would re-install the release it undid; push that release instead;
+    - aborted: the abort already sent the updated devices back; offered only while some device is still on the
+      release (committed, or its revert failed);
+    - completed: offered only for the group's current release (rolling back an older one would not undo what the
+      group runs now) and when some device committed it.
+    """
+    if record.state == RolloutState.RUNNING:
+        return "it is running: abort it instead (the devices already updated go back to their previous version)"
+    if record.rollback:
+        return ("it is itself a rollback: rolling it back would re-install the release it undid; to go forward "
+                "again, push that release")
+    if record.state == RolloutState.ABORTED:
+        if record.count(TargetStatus.COMMITTED, TargetStatus.REVERT_FAILED):
+            return None
+        return "it was aborted and its updated devices were sent back to their previous version: nothing to undo"
+    release = next((g for g in server.groups_status() if g.group == record.group), None)
+    if release is not None and release.rollout_id not in (None, record.id):
+        return (f"group {record.group} has moved on to {release.model} {release.version} (rollout "
+                f"{release.rollout_id}): roll that one back instead")
+    if not record.count(TargetStatus.COMMITTED):
+        return "no device committed it: nothing to undo"
+    return None
 
 
 @dataclass
@@ -162,12 +236,31 @@ def _count_of(path: Figures | None) -> int:
 
 
 def rollout(server: OTAServer, rollout_id: str) -> dict[str, Any]:
-    """A rollout's progress, its failures with reasons, and latency p99 and offload share per version on its devices."""
+    """A rollout's progress, its canary verdict, its failures with reasons, a page of its targets (stage, status, the
+    artifact each gets, the device's board), latency p99 and offload share per version on its devices, and the
+    actions that would do something."""
     record = server.status(rollout_id, targets=False)
-    failures = [t.to_json() for t in server.db.failed_targets(rollout_id, 50)]
-    return {"rollout": record.to_json(), "progress": progress(server, rollout_id), "failures": failures,
-            "versions": _by_version(server, rollout_id),
-            "actions": ("promote", "abort") if record.state.value == "running" else ("rollback",)}
+    count = max(record.stage_count, 1)
+    failures = [{**t.to_json(), "stage_label": stage_label(t.stage, count)}
+                for t in server.db.failed_targets(rollout_id, 50)]
+    page = server.status(rollout_id, targets=True, limit=PAGE).targets
+    targets = []
+    for t in page:
+        found = server.db.device(t.device_id)
+        targets.append({**t.to_json(), "stage_label": stage_label(t.stage, count),
+                        "board": board(found.profile, found.arch) if found is not None else "unknown"})
+    refusal = rollback_refusal(server, record)
+    verdict = verdict_view(getattr(record, "verdict", None))
+    if verdict is not None and verdict["stage"] is not None:
+        verdict["stage_label"] = stage_label(verdict["stage"] - 1, count)
+    actions: tuple[str, ...] = ("promote", "abort") if record.state == RolloutState.RUNNING else ()
+    if refusal is None:
+        actions += ("rollback",)
+    return {"rollout": {**record.to_json(), "stage_label": stage_label(record.stage, count)},
+            "progress": progress(server, rollout_id), "failures": failures, "targets": targets,
+            "targets_total": record.targets_total, "versions": _by_version(server, rollout_id),
+            "verdict": verdict, "phase": phase_of(record),
+            "actions": actions, "no_rollback": refusal if record.state != RolloutState.RUNNING else None}
 
 
 def repository(server: OTAServer) -> list[dict[str, Any]]:

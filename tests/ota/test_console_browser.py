@@ -118,7 +118,7 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     promoted = time.monotonic()
     result = CliRunner().invoke(cli, ["rollout", "promote", rollout, "--server", base, "--token", TOKEN])
     assert result.exit_code == 0, result.output
-    wait_for(lambda: "(not sent)" not in text_of(browser, "#stages tr[data-stage='1']"),
+    wait_for(lambda: "not sent" not in text_of(browser, "#stages tr[data-stage='1']"),
              timeout=10, what="stage 1 shown as sent")
     print(f"stage change shown {time.monotonic() - promoted:.2f} s after the promote command returned")
     assert browser.execute_script("return window.notReloaded === true;"), "the page reloaded"
