@@ -1,0 +1,98 @@
+"""Canary analysis with real agents serving real load: the figures their ManagedRuntimes report judge each stage."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgesdk.agent.managed import ManagedRuntime
+from edgesdk.cli import cli
+from edgesdk.fleet.archive import pack_bundle
+from edgesdk.fleet.records import RolloutPolicy
+from tests.ota.conftest import make_bundle, rollout_to, wait_for
+
+TOKEN = "canary-token"
+DEVICES = 4
+#: Two canary devices, then the rest; 3 s of figures (reports every 0.3 s, >= 100 calls a device) per stage.
+POLICY = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=3.0, max_failure_rate=0.0, deploy_timeout_s=60)
+
+
+@pytest.fixture
+def fleet(broker, start_server, make_agent, bundles) -> Iterator[tuple]:
+    """A server with its admin API and 4 agents serving load on ManagedRuntimes, all on digits 1.0.0 (width 32)."""
+    running = start_server(broker.url, token=TOKEN)
+    runtimes = [ManagedRuntime(profile="generic-x86_64", threads=1) for _ in range(DEVICES)]
+    agents = [make_agent(f"cam{i}", broker.url, runtime=m, state_interval_s=0.3) for i, m in enumerate(runtimes)]
+    wait_for(lambda: running.ota.db.device_total(status="online") == DEVICES, what="the devices online")
+    running.ota.upload(pack_bundle(bundles["1.0.0"]))
+    assert rollout_to(running.ota, "1.0.0").state == "completed"
+    stop = threading.Event()
+
+    def serve(managed: ManagedRuntime) -> None:  # an app's steady trickle of requests, on whichever model is active
+        x = np.ones((1, 64), np.float32)
+        while not stop.is_set():
+            managed.predict(x)
+            time.sleep(0.003)
+
+    threads = [threading.Thread(target=serve, args=(m,), daemon=True) for m in runtimes]
+    for t in threads:
+        t.start()
+    wait_for(lambda: all(d.get("runtime", {}).get("count", 0) >= 150 for d in
+                         running.ota.db.details(f"cam{i}" for i in range(DEVICES)).values()), 30,
+             what="every device's figures on 1.0.0")
+    try:
+        yield running, agents
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        for m in runtimes:
+            m.close()
+
+
+def test_a_p99_regression_aborts_the_canary_with_its_figures(fleet, tmp_path, keys):
+    running, agents = fleet
+    slow = make_bundle(tmp_path / "slow", "2.0.0", keys, seed=2, width=16384)  # ~10x the work of each call
+    running.ota.upload(pack_bundle(slow))
+    r = rollout_to(running.ota, "2.0.0", policy=POLICY)
+    assert r.state == "aborted" and "failed its canary analysis: canary p99" in r.reason, r.reason
+    assert "x the baseline's" in r.reason and "(> 1.5x)" in r.reason
+    verdict = r.to_json()["verdict"]
+    assert verdict["passed"] is False and verdict["stage"] == 1 and verdict["canary"]["devices"] == 2
+    assert verdict["baseline"]["source"] == "live" and verdict["baseline"]["versions"] == ["1.0.0"]
+    assert verdict["canary"]["p99_ms"] > 1.5 * verdict["baseline"]["p99_ms"]
+    wait_for(lambda: all(a.current_version() == ("digits", "1.0.0") for a in agents), 60, what="the canary reverted")
+
+
+def test_a_healthy_release_passes_its_canary_and_completes(fleet, bundles):
+    running, agents = fleet
+    running.ota.upload(pack_bundle(bundles["2.0.0"]))
+    r = rollout_to(running.ota, "2.0.0", policy=POLICY)
+    assert r.state == "completed", r.reason
+    assert r.verdict["passed"] and r.verdict["stage"] == 2 and r.phase == "completed"
+    stages = [e.payload for e in running.ota.db.events(r.id) if e.type == "stage_verdict"]
+    assert [v["stage"] for v in stages] == [1, 2] and stages[0]["canary"]["devices"] == 2, stages
+    assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
+
+
+def test_push_manual_waits_for_promote_and_promote_waits_for_its_stage(fleet, bundles):
+    running, agents = fleet
+    auth = ["--server", running.url, "--token", TOKEN]
+    pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "50%", "--waves",
+                                      "100", "--health-window", "3s", "--manual", "--wait", "60", *auth])
+    assert pushed.exit_code == 0, pushed.output
+    assert "waits for `edgesdk rollout promote" in pushed.stderr and "waiting for promote" in pushed.stdout
+    rollout_id = pushed.stdout.split()[1].rstrip(":")
+    shown = json.loads(CliRunner().invoke(cli, ["rollout", "status", rollout_id, "--json", *auth]).stdout)
+    assert shown["phase"] == "waiting_for_promote" and shown["state"] == "running" and shown["verdict"]["passed"]
+    assert sum(a.current_version() == ("digits", "2.0.0") for a in agents) == 2
+    promoted = CliRunner().invoke(cli, ["rollout", "promote", rollout_id, "--wait", "60", *auth])
+    assert promoted.exit_code == 0, promoted.output
+    assert "completed" in promoted.stdout and "canary analysis, stage 2: passed" in promoted.stdout
+    assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
