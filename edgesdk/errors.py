@@ -67,6 +67,7 @@ __all__ = [
     "RolloutTimeoutError",
     "NotFoundError",
     "ConflictError",
+    "ReleaseCheckError",
     "BrokerError",
     "OverloadedError",
     "StorageError",
@@ -228,6 +229,13 @@ class ConflictError(EdgeSDKError):
     already runs, or a rollout already running for the group."""
 
     exit_code = 20
+
+
+class ReleaseCheckError(ConflictError):
+    """A push was refused before anything was sent: it would replace the group's model with another one (pass
+    ``--replace MODEL``), or change the inputs or outputs the group's apps feed (pass ``--allow-signature-change``)."""
+
+    exit_code = 28
 
 
 class BrokerError(EdgeSDKError):

@@ -1,9 +1,15 @@
-"""The versioned model repository: ``<repo>/<model>/<version>/`` bundle directories.
+"""The versioned model repository: ``<repo>/<model>/<version>/<profile>/`` bundle directories.
 
-Like TF Serving's layout, one directory per version. Uploaded bundles are verified
-(manifest, hashes, and the signature when a signer key is configured; unsigned bundles
-are refused unless the development flag is set) and copied in atomically. A version
-policy keeps the newest ``keep_latest`` versions of each model plus pinned and in-use ones.
+Like TF Serving's layout, one directory per version; a version (a *release*) holds one bundle
+per board it was converted for, its *artifacts*, each under the device profile its manifest
+targets (``raspberry-pi-5``, ``jetson-orin-nano``, ``generic-aarch64``), as an OCI index holds
+one image per platform. Uploaded bundles are verified (manifest, hashes, and the signature when
+a signer key is configured; unsigned bundles are refused unless the development flag is set)
+and copied in atomically. A version policy keeps the newest ``keep_latest`` versions of each
+model plus pinned and in-use ones.
+
+A repository written before releases had artifacts (``<model>/<version>/manifest.json``) is
+moved to the new layout when it is opened, by two renames per version.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import tarfile
 import tempfile
@@ -22,7 +29,9 @@ from typing import Any
 from edgesdk.errors import BundleError, ConflictError, EdgeSDKError, NotFoundError, SignatureError
 from edgesdk.fleet.archive import pack_bundle, unpack_bundle
 from edgesdk.fleet.protocol import ArchiveInfo, archive_info
+from edgesdk.runtime.boards import GENERIC_PREFIX
 from edgesdk.runtime.bundle import Manifest, parse_version, read_bundle, safe_name
+from edgesdk.runtime.tensors import signature_changes
 
 __all__ = ["ModelRepository"]
 
@@ -44,8 +53,26 @@ class ModelRepository:
         #: fixed chunks of that many bytes (tests that want many small chunks).
         self.chunk_size = chunk_size
         self._lock = threading.Lock()
-        #: (name, version) -> the chunk table of its archive: versions never change, and cutting takes ~0.1 s/MB.
-        self._tables: dict[tuple[str, str], ArchiveInfo] = {}
+        #: (name, version, artifact) -> the chunk table of its archive: artifacts never change, and cutting takes
+        #: ~0.1 s/MB.
+        self._tables: dict[tuple[str, str, str], ArchiveInfo] = {}
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Move single-bundle versions (``<model>/<version>/manifest.json``) to ``<model>/<version>/<profile>/``:
+        rename the version aside, then into its new place (a crash between the two is finished on the next open)."""
+        for aside in self.root.glob("*/.*.single"):
+            version_dir = aside.parent / aside.name[1:].removesuffix(".single")
+            version_dir.mkdir(exist_ok=True)
+            os.replace(aside, version_dir / read_bundle(aside, verify_model=False).manifest.target_profile)
+        for manifest in self.root.glob("*/*/manifest.json"):
+            version_dir = manifest.parent
+            if version_dir.name.startswith("."):
+                continue
+            aside = version_dir.parent / f".{version_dir.name}.single"
+            os.replace(version_dir, aside)
+            version_dir.mkdir()
+            os.replace(aside, version_dir / read_bundle(aside, verify_model=False).manifest.target_profile)
 
     def _check(self, bundle_dir: Path) -> Manifest:
         if self.signer_key is None and not self.allow_unsigned:
@@ -55,24 +82,29 @@ class ModelRepository:
         return bundle.manifest
 
     def add(self, bundle_dir: str | os.PathLike[str]) -> tuple[Manifest, bool]:
-        """Verify a bundle directory and store it as ``<model>/<version>``; ``(manifest, stored)``.
+        """Verify a bundle directory and store it as the artifact ``<model>/<version>/<target profile>``;
+        ``(manifest, stored)``.
 
-        Versions are immutable: the same bundle again is a no-op (``stored`` is False), a
-        different bundle under a stored name and version is a :class:`ConflictError`.
+        Artifacts are immutable: the same bundle again is a no-op (``stored`` is False), a different bundle for
+        a stored name, version and profile is a :class:`ConflictError`. Another board's bundle of a stored
+        version joins its release, when its inputs and outputs are the release's (an app that follows the model
+        must not see its signature change with the board); else a ConflictError too.
         """
         manifest = self._check(Path(bundle_dir))
-        target = self.root / safe_name(manifest.name, "model name") / manifest.version
+        release = self.root / safe_name(manifest.name, "model name") / manifest.version
+        target = release / safe_name(manifest.target_profile, "target profile")
         with self._lock:
             if target.exists():
                 given, stored = _manifest_sha256(Path(bundle_dir)), _manifest_sha256(target)
                 if given != stored:
                     raise ConflictError(
-                        f"{manifest.name} {manifest.version} is already in the repository with other content "
-                        f"(manifest sha256 stored {stored}, given {given}); versions are immutable: "
-                        "convert again with a higher --version")
+                        f"{manifest.name} {manifest.version} for {manifest.target_profile} is already in the "
+                        f"repository with other content (manifest sha256 stored {stored}, given {given}); releases "
+                        "are immutable: convert again with a higher --version")
                 return manifest, False
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.", dir=target.parent))
+            self._check_joins(release, manifest)
+            release.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{manifest.target_profile}.", dir=release))
             try:
                 for path in Path(bundle_dir).iterdir():
                     shutil.copy2(path, tmp / path.name)
@@ -81,8 +113,22 @@ class ModelRepository:
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-        self.chunk_table(manifest.name, manifest.version)  # cut once now, not when a rollout is waiting for it
+        self.chunk_table(manifest.name, manifest.version, manifest.target_profile)  # cut once now, not mid-rollout
         return manifest, True
+
+    def _check_joins(self, release: Path, manifest: Manifest) -> None:
+        """Refuse an artifact whose inputs or outputs differ from those of the release's other artifacts."""
+        if not release.is_dir():
+            return
+        for other in sorted(p for p in release.iterdir() if (p / "manifest.json").is_file()):
+            theirs = read_bundle(other, verify_model=False).manifest
+            changes = signature_changes(theirs.inputs, theirs.outputs, manifest.inputs, manifest.outputs)
+            if changes:
+                raise ConflictError(
+                    f"{manifest.name} {manifest.version} for {manifest.target_profile} cannot join the release: its "
+                    f"inputs or outputs differ from the {theirs.target_profile} artifact's ({'; '.join(changes)}); "
+                    "one release serves one model signature on every board: convert with the same inputs and "
+                    "outputs, or use a higher --version")
 
     def add_archive(self, data: bytes) -> tuple[Manifest, bool]:
         """Store a bundle uploaded as a tar archive (as ``edgesdk push`` sends it); see :meth:`add`.
@@ -114,43 +160,61 @@ class ModelRepository:
         folder = self.root / safe_name(name, "model name")
         if not folder.is_dir():
             return []
-        versions = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        versions = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+                    and any((a / "manifest.json").is_file() for a in p.iterdir())]
         return sorted(versions, key=parse_version)
 
-    def path(self, name: str, version: str) -> Path:
-        """The bundle directory of ``name`` ``version``; NotFoundError if it is not stored."""
-        path = self.root / safe_name(name, "model name") / version
-        if not (path / "manifest.json").is_file():
+    def artifacts(self, name: str, version: str) -> list[str]:
+        """The target profiles ``name`` ``version`` has an artifact for, sorted ([] when it is not stored)."""
+        release = self.root / safe_name(name, "model name") / version
+        if not release.is_dir():
+            return []
+        return sorted(p.name for p in release.iterdir()
+                      if not p.name.startswith(".") and (p / "manifest.json").is_file())
+
+    def path(self, name: str, version: str, artifact: str | None = None) -> Path:
+        """The bundle directory of ``name`` ``version`` for board ``artifact`` (a target profile); NotFoundError if
+        it is not stored. Without ``artifact``: the release's only artifact, else the one that fits this host
+        (``generic-<arch>``), else the first by name (what the server itself serves)."""
+        artifacts = self.artifacts(name, version)
+        if not artifacts:
             raise NotFoundError(f"{name} {version} is not in the repository; known versions: {self.versions(name)}")
-        return path
+        if artifact is None:
+            host = f"{GENERIC_PREFIX}{platform.machine().lower()}"
+            artifact = host if host in artifacts else artifacts[0]
+        elif artifact not in artifacts:
+            raise NotFoundError(f"{name} {version} has no artifact for {artifact}; it has {', '.join(artifacts)}: "
+                                f"push a bundle converted with --profile {artifact}")
+        return self.root / safe_name(name, "model name") / version / artifact
 
-    def manifest(self, name: str, version: str) -> Manifest:
-        """The manifest of a stored bundle."""
-        return read_bundle(self.path(name, version)).manifest
+    def manifest(self, name: str, version: str, artifact: str | None = None) -> Manifest:
+        """The manifest of a stored artifact (see :meth:`path`)."""
+        return read_bundle(self.path(name, version, artifact)).manifest
 
-    def archive(self, name: str, version: str) -> tuple[bytes, ArchiveInfo]:
-        """The bundle as the tar the devices receive, with its chunk hashes.
+    def archive(self, name: str, version: str, artifact: str | None = None) -> tuple[bytes, ArchiveInfo]:
+        """An artifact as the tar the devices receive, with its chunk hashes.
 
         Built on every call (verify, pack, hash): the chunk service keeps it while a transfer
         needs it, so the repository holds no archive bytes of its own.
         """
-        path = self.path(name, version)
+        path = self.path(name, version, artifact)
         read_bundle(path)  # a bundle changed on disk after upload is caught here, and again on devices
         data = pack_bundle(path)
-        table = self._tables.get((name, version))
+        key = (name, version, path.name)
+        table = self._tables.get(key)
         if table is None or table.sha256 != hashlib.sha256(data).hexdigest():
             table = ArchiveInfo.of(data, self.chunk_size) if self.chunk_size else archive_info(data)
             with self._lock:
-                self._tables[(name, version)] = table
+                self._tables[key] = table
         return data, table
 
-    def chunk_table(self, name: str, version: str) -> ArchiveInfo | None:
-        """The chunk table of a stored version's archive (built once), or None when it is not stored."""
-        table = self._tables.get((name, version))
+    def chunk_table(self, name: str, version: str, artifact: str | None = None) -> ArchiveInfo | None:
+        """The chunk table of a stored artifact's archive (built once), or None when it is not stored."""
+        table = self._tables.get((name, version, artifact)) if artifact else None
         if table is not None:
             return table
         try:
-            return self.archive(name, version)[1]
+            return self.archive(name, version, artifact)[1]
         except (NotFoundError, BundleError):
             return None
 

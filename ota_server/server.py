@@ -12,7 +12,6 @@ to one device to be measured there and never installed.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 import uuid
@@ -34,7 +33,8 @@ from edgesdk.ota_server.devices.report_guard import ReportGuard, ReportLimits
 from edgesdk.ota_server.devices.report_reader import ReportReader
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.rollouts.engine import RolloutEngine
-from edgesdk.ota_server.rollouts.stage_sender import StageSender
+from edgesdk.ota_server.rollouts.release_checks import ReleaseCheck, check_release
+from edgesdk.ota_server.rollouts.stage_sender import STAGE_TRANSFER, StageSender
 from edgesdk.ota_server.store.fleet_db import EventRow, FleetDB
 
 __all__ = ["OTAServer", "ServerConfig", "MAX_REPORT_BYTES"]
@@ -137,7 +137,7 @@ class OTAServer:
         # Leases, deadlines and re-sends go by the database's clock: replicas' own clocks may disagree.
         self.engine = RolloutEngine(db, self.sender, db.now, resend_s=config.resend_s, holder=self.name,
                                     lease_s=config.lease_s, max_catch_up=config.max_catch_up,
-                                    reconcile_s=config.reconcile_s)
+                                    reconcile_s=config.reconcile_s, artifacts=repository.artifacts)
         self.metrics.watch_catch_up(config.max_catch_up, db.late_in_flight)
 
     def _outbox(self) -> int:
@@ -302,14 +302,14 @@ class OTAServer:
 
     def _reopen(self, transfer_id: str) -> bool:
         """Open a stage's transfer again for a rollout this server drives now (after a restart or a take-over)."""
-        match = _STAGE_TRANSFER.match(transfer_id)
+        match = STAGE_TRANSFER.match(transfer_id)
         # In memory first: every replica hears every chunk request, and only the driver answers.
-        if match is None or match["rollout"] not in self.engine.driving:
+        if match is None or match["revert"] or match["rollout"] not in self.engine.driving:
             return False
         r = self.db.rollout(match["rollout"], targets=False)
         if r is None or r.state == RolloutState.ABORTED:  # running, or the release its group is reconciled to
             return False
-        info = self.chunks.open(transfer_id, r.model, r.version)
+        info = self.chunks.open(transfer_id, r.model, r.version, match["artifact"])
         if r.state == RolloutState.COMPLETED:  # a late device resuming the download it began before it went away
             self.engine.serving(r.id)
             return True
@@ -329,10 +329,22 @@ class OTAServer:
     def _in_use(self) -> set[tuple[str, str]]:
         return self.db.versions_in_use() | {(r.model, r.version) for r in self.db.rollouts(RolloutState.RUNNING)}
 
-    def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
-                      rollback: bool = False) -> str:
-        """Start a rollout of a stored version to ``group`` (see :meth:`RolloutEngine.start`); its id."""
+    def release_check(self, name: str, version: str, group: str, *, replace: str | None = None,
+                      allow_signature_change: bool = False) -> ReleaseCheck:
+        """What a push of ``name`` ``version`` changes for ``group``; a ReleaseCheckError when it replaces the
+        group's model or changes its inputs or outputs without saying so (:mod:`.rollouts.release_checks`)."""
         self.repo.path(name, version)  # NotFoundError for a version the repository does not hold
+        return check_release(self.repo, self.db, name, version, group, replace=replace,
+                             allow_signature_change=allow_signature_change)
+
+    def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
+                      rollback: bool = False, *, replace: str | None = None,
+                      allow_signature_change: bool = False) -> str:
+        """Start a rollout of a stored version to ``group`` (see :meth:`RolloutEngine.start`); its id. A push that
+        is not a rollback passes :meth:`release_check` first: nothing is sent when it refuses."""
+        self.repo.path(name, version)  # NotFoundError for a version the repository does not hold
+        if not rollback:
+            self.release_check(name, version, group, replace=replace, allow_signature_change=allow_signature_change)
         rollout_id = self.engine.start(name, version, group, policy, rollback)
         self._wake.set()
         return rollout_id
@@ -417,5 +429,3 @@ class OTAServer:
 
 #: Topic prefix of the chunks sent to a whole group (the others go to one device).
 _GROUPS = f"{PREFIX}/groups/"
-#: A rollout stage's transfer id: ``<rollout id>-w<stage>``.
-_STAGE_TRANSFER = re.compile(r"^(?P<rollout>.+)-w(?P<stage>\d+)$")

@@ -141,7 +141,7 @@ class DeviceAgent:
 
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
-        return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session)
+        return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session, self.profile)
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""

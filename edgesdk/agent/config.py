@@ -53,7 +53,8 @@ class AgentConfig:
     retry_interval_s: float = 1.0
     #: How long after a deploy command the agent waits for the group broadcast before asking for chunks itself.
     broadcast_wait_s: float = 2.0
-    #: The board measure commands run under: a DeviceProfile, a profile name or a YAML path. None: the
+    #: The board this device is (its state reports it; a release sends it that board's artifact) and measure commands
+    #: run under: a DeviceProfile, a profile name or a YAML path. None: the
     #: ManagedRuntime's profile when the agent has one, else edgesdk.runtime.detect.detect_device().
     profile: str | os.PathLike[str] | DeviceProfile | None = None
     #: Longest a measure command may take here, once for its transfer and once for the measuring.

@@ -13,13 +13,14 @@ from edgesdk.agent.rollback_floor import RollbackFloors
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.trust_keeper import TrustKeeper
 from edgesdk.errors import BundleError
+from edgesdk.runtime.profiles import DeviceProfile
 
 __all__ = ["device_state"]
 
 
 def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime | None,
                  energy: EnergyAccount | NoEnergy, trust: TrustKeeper | None = None,
-                 session: float | None = None) -> dict[str, Any]:
+                 session: float | None = None, board: DeviceProfile | None = None) -> dict[str, Any]:
     """The state document: model and version, slots (and which have a chunk layout), disk and retention, and,
     with a ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran:
     local, cloud, refused) and its energy per inference since the last report where the board has a power
@@ -27,7 +28,8 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
     its version and expiry (``trust``: ``stale`` when its newest timestamp expired, ``root_expired`` when the root
     did, and then ``accepts_deploys`` is false); each model's rollback floor and the release that set it
     (``rollback_floors``, taken from the committed slot as the state is made); ``session``: when this run of the
-    agent began (its last will says it too)."""
+    agent began (its last will says it too); ``board``: the profile the agent runs as (``profile`` and ``arch``: the
+    server sends the device its board's artifact of a release)."""
     current = store.current_model()
     slots = sorted(p.name for p in store.slots.iterdir() if not p.name.startswith("."))
     state: dict[str, Any] = {
@@ -35,7 +37,8 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
         "version": current[1] if current else None, "previous": store.pointer("previous"), "slots": slots,
         "chunk_slots": [slot for slot in slots if (store.root / LAYOUTS / f"{slot}.json").is_file()],
         "disk": store.disk_usage(), "keep_slots": config.keep_slots, "pinned": list(config.pinned),
-        "updated": time.time(), **({"session": session} if session is not None else {})}
+        "updated": time.time(), **({"session": session} if session is not None else {}),
+        **({"profile": board.name, "arch": board.arch} if board is not None else {})}
     if trust is not None:
         state["trust"] = trust.state()
     try:

@@ -61,7 +61,8 @@ def read_devices_file(path: str | Path, option: str = "--devices") -> dict[str, 
 @click.pass_context
 def devices(ctx: click.Context, group: str | None, device_status: str | None, limit: int, after: str | None,
             server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
-    """List devices with their status and installed version, a page at a time (by id); `devices provision` puts
+    """List devices with their status, board (profile and CPU arch) and installed version, a page at a time (by id);
+    `devices provision` puts
     devices in groups."""
     if ctx.invoked_subcommand is not None:
         return
@@ -74,8 +75,9 @@ def devices(ctx: click.Context, group: str | None, device_status: str | None, li
         click.echo("no devices" + (f" in group {group}" if group else "") + " have reported yet"
                    + (f" after {after}" if after else ""))
         return
-    click.echo(table(("device", "group", "status", "model", "version", "last seen"),
-                      [(d.id, d.group, d.status, d.model or "none", d.version or "none", iso_time(d.last_seen))
+    click.echo(table(("device", "group", "status", "board", "arch", "model", "version", "last seen"),
+                      [(d.id, d.group, d.status, d.profile or "unknown", d.arch or "unknown", d.model or "none",
+                        d.version or "none", iso_time(d.last_seen))
                        for d in page.devices]))
     if page.next is not None:
         click.echo(f"showing {len(page.devices)} of {page.total} devices; the next page: --after {page.next}")

@@ -254,6 +254,9 @@ class StateReport:
     #: When the device says it sent this, and when the run of its agent began (seconds since the epoch).
     updated: float | None = None
     session: float | None = None
+    #: The device profile the agent runs as, and its CPU architecture (None from an agent too old to say).
+    profile: str | None = None
+    arch: str | None = None
     #: The console's part of the report, checked by :func:`plain`; compact JSON of it is at most MAX_DETAILS_BYTES.
     details: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
@@ -284,7 +287,8 @@ def parse_state(device: str, payload: bytes) -> StateReport:
         _number(energy.get("avg_watts"), "energy.avg_watts", 0.0),
         None if root_version is None else _int(root_version, "trust.root_version", 1, INT64_MAX),
         stale, _number(state.get("updated"), "updated", 0.0, _MAX_TIMESTAMP),
-        _number(state.get("session"), "session", 0.0, _MAX_TIMESTAMP), details)
+        _number(state.get("session"), "session", 0.0, _MAX_TIMESTAMP), _name(state.get("profile"), "profile"),
+        _name(state.get("arch"), "arch"), details)
 
 
 @dataclass(frozen=True)

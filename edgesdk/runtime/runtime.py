@@ -14,6 +14,7 @@ import numpy as np
 from edgesdk.errors import BackendError, EdgeSDKError, InputError, ScheduleError
 from edgesdk.runtime.async_predictions import AsyncPredictions
 from edgesdk.runtime.backends import BackendKind, open_backend
+from edgesdk.runtime.boards import GENERIC_PREFIX, fits
 from edgesdk.runtime.bundle import Bundle, read_bundle
 from edgesdk.runtime.model_file import read_model
 from edgesdk.runtime.profiles import Accelerator, AcceleratorKind, DeviceProfile, RuntimeMode, load_profile
@@ -87,11 +88,9 @@ def _other_board_note(target: str, profile: DeviceProfile, detected: bool) -> st
     ``generic-x86_64`` bundle on any x86_64 host, a ``generic-aarch64`` one on any aarch64
     board). Any other name is another board, also when this host only detects as generic.
     """
-    if target == profile.name:
+    if fits(target, profile.name, profile.arch):
         return None
-    generic_arch = target.removeprefix("generic-") if target.startswith("generic-") else None
-    if generic_arch == profile.arch:
-        return None
+    generic_arch = target.removeprefix(GENERIC_PREFIX) if target.startswith(GENERIC_PREFIX) else None
     try:
         target_arch: str | None = generic_arch or load_profile(target).arch
     except EdgeSDKError:

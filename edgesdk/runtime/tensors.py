@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from edgesdk.errors import InputError
 
-__all__ = ["TensorSpec", "validate_inputs", "adapt_layout"]
+__all__ = ["TensorSpec", "validate_inputs", "adapt_layout", "signature_changes"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,22 @@ def adapt_layout(arrays: Mapping[str, np.ndarray], specs: Any) -> dict[str, np.n
                 array = np.ascontiguousarray(nhwc)
         adapted[spec.name] = array
     return adapted
+
+
+def signature_changes(before_inputs: Sequence[TensorSpec], before_outputs: Sequence[TensorSpec],
+                      after_inputs: Sequence[TensorSpec], after_outputs: Sequence[TensorSpec]) -> list[str]:
+    """How a model's inputs and outputs changed, one line each (``input image: float32[1, 3, 224, 224] ->
+    float32[?, 64]``, ``output probs: removed``); [] when they are the same names, shapes and dtypes."""
+    changes = []
+    for kind, before, after in (("input", before_inputs, after_inputs), ("output", before_outputs, after_outputs)):
+        old = {spec.name: spec for spec in before}
+        new = {spec.name: spec for spec in after}
+        for name in sorted(old.keys() | new.keys()):
+            was, now = old.get(name), new.get(name)
+            if was is None and now is not None:
+                changes.append(f"{kind} {now.describe()}: added")
+            elif now is None and was is not None:
+                changes.append(f"{kind} {was.describe()}: removed")
+            elif was is not None and now is not None and (was.shape, was.dtype) != (now.shape, now.dtype):
+                changes.append(f"{kind} {was.describe()} -> {now.describe().split(': ', 1)[1]}")
+    return changes

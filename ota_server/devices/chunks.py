@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 #: paho numbers queued messages too, and one past the wrap would replace a queued message of the same id.
 MAX_OUTBOX = 20_000
 
-#: Loads a model version's archive: (name, version) -> (tar bytes, chunk hashes).
-ArchiveLoader = Callable[[str, str], tuple[bytes, ArchiveInfo]]
+#: Loads a model version's archive: (name, version[, artifact]) -> (tar bytes, chunk hashes); the artifact is given only
+#: when a transfer names one.
+ArchiveLoader = Callable[..., tuple[bytes, ArchiveInfo]]
 #: Publishes one MQTT message: (topic, payload).
 Publisher = Callable[[str, bytes], None]
 
@@ -77,8 +78,8 @@ class ChunkDistributor:
         #: Broadcasts sent again because many devices missed the first (for tests and benchmarks).
         self.rebroadcasts = 0
         self._lock = threading.Lock()
-        self._archives: dict[tuple[str, str], _Archive] = {}
-        self._transfers: dict[str, tuple[str, str]] = {}
+        self._archives: dict[tuple[str, str, str | None], _Archive] = {}
+        self._transfers: dict[str, tuple[str, str, str | None]] = {}
         #: transfer -> the chunk indexes its broadcasts carry (absent: all).
         self._plans: dict[str, list[int]] = {}
         #: (device, transfer) -> chunk indices re-sent on request (for tests and benchmarks).
@@ -93,18 +94,19 @@ class ChunkDistributor:
         self.refused = 0
         self._refusals_logged: set[str] = set()
 
-    def open(self, transfer_id: str, name: str, version: str) -> ArchiveInfo:
-        """Make ``name`` ``version``'s archive servable as ``transfer_id``; its chunk hashes (for the command).
+    def open(self, transfer_id: str, name: str, version: str, artifact: str | None = None) -> ArchiveInfo:
+        """Make ``name`` ``version``'s archive (its ``artifact`` for one board; None: the release's only or host's
+        one, as the repository picks) servable as ``transfer_id``; its chunk hashes (for the command).
 
         Opening an id that is already open is a no-op (a re-sent stage reuses its transfer).
         """
-        key = (name, version)
+        key = (name, version, artifact)
         with self._lock:
             if transfer_id in self._transfers:
                 return self._archives[self._transfers[transfer_id]].info
             archive = self._archives.get(key)
         if archive is None:  # load outside the lock: hashing 2 GiB must not stall chunk requests
-            data, info = self._load(name, version)
+            data, info = self._load(name, version, *([artifact] if artifact else []))
             archive = _Archive(*compress_chunks(data, info, self.min_saving))
         with self._lock:
             if transfer_id in self._transfers:

@@ -81,7 +81,8 @@ class ReportReader:
         return DeviceState(report.device, report.group, report.status, report.model, report.version, report.slots,
                            time.time(), report.chunk_slots, report.energy_mj, report.avg_watts, report.root_version,
                            report.stale, report.updated, report.session,
-                           _compact(details) if details and report.status == "online" else None)
+                           _compact(details) if details and report.status == "online" else None, report.profile,
+                           report.arch)
 
     def event(self, topic: str, payload: bytes) -> EventReport | None:
         """The event on ``topic``, or None when it was refused."""

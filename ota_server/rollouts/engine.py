@@ -20,7 +20,6 @@ from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
 from edgesdk.fleet.protocol import check_id
 from edgesdk.fleet.records import (
     AgentEvent,
-    DeviceRecord,
     RolloutPolicy,
     RolloutRecord,
     RolloutState,
@@ -30,8 +29,8 @@ from edgesdk.fleet.records import (
 from edgesdk.ota_server.rollouts.canary import judge_stage
 from edgesdk.ota_server.rollouts.reconciler import Reconciler
 from edgesdk.ota_server.rollouts.stages import canary_order, stage_sizes
+from edgesdk.ota_server.rollouts.targets import boards_served, needs_release
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
-from edgesdk.runtime.bundle import parse_version
 
 __all__ = ["RolloutEngine", "Dispatcher"]
 
@@ -48,8 +47,9 @@ _EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
 }
 
 
-#: Statuses of targets whose command is not out: offline at their stage, or late and waiting for the catch-up cap.
-_NOT_SENT = frozenset({TargetStatus.DEFERRED, TargetStatus.PENDING})
+#: Statuses of targets whose command is not out: offline at their stage, late and waiting for the catch-up cap, never
+#: to be sent (no artifact for the board), or skipped by an abort.
+_NOT_SENT = frozenset({TargetStatus.DEFERRED, TargetStatus.PENDING, TargetStatus.NO_ARTIFACT, TargetStatus.SKIPPED})
 
 #: While reports keep coming, a re-send round still runs every this many ``resend_s``.
 _ROUND_EVERY = 10
@@ -92,10 +92,15 @@ class RolloutEngine:
 
     def __init__(self, db: FleetDB, dispatcher: Dispatcher, clock: Callable[[], float] = time.time, *,
                  resend_s: float = 3.0, holder: str | None = None, lease_s: float = 10.0,
-                 max_catch_up: int = 500, reconcile_s: float = 1.0) -> None:
+                 max_catch_up: int = 500, reconcile_s: float = 1.0,
+                 artifacts: Callable[[str, str], list[str]] | None = None) -> None:
         self.db, self.dispatcher, self.clock = db, dispatcher, clock
         self.resend_s, self.lease_s, self.reconcile_s = resend_s, lease_s, reconcile_s
-        self.reconciler = Reconciler(db, dispatcher, clock, max_catch_up=max_catch_up, resend_s=resend_s)
+        #: A release's artifacts (the target profiles it has a bundle for; the repository's): each device gets its
+        #: board's (:func:`edgesdk.runtime.boards.artifact_for`). None: every device gets the release's one bundle.
+        self.artifacts = artifacts
+        self.reconciler = Reconciler(db, dispatcher, clock, max_catch_up=max_catch_up, resend_s=resend_s,
+                                     artifacts=artifacts)
         #: Releases (completed rollouts) this engine reconciled at its last pass, and when that pass was.
         self._releases: set[str] = set()
         self._last_reconcile = float("-inf")
@@ -144,18 +149,27 @@ class RolloutEngine:
         running = [r for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group]
         if running:
             raise ConflictError(f"group {group!r} already has rollout {running[0].id} running; abort or wait for it")
-        targets = _targets(name, version, group, devices, rollback)
+        targets = needs_release(name, version, group, devices, rollback)
+        artifact_of, unserved = boards_served(self.artifacts and self.artifacts(name, version), name, version, group,
+                                              targets)
         policy = policy or RolloutPolicy()
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S', time.gmtime(self.clock()))}-{uuid.uuid4().hex[:6]}"
-        online = [d.id for d in targets if d.status == "online"]
-        offline = [d.id for d in targets if d.status != "online"]
+        online = [d.id for d in targets if d.status == "online" and d.id in artifact_of]
+        offline = [d.id for d in targets if d.status != "online" and d.id in artifact_of]
         order = canary_order(group, online) + canary_order(group, offline)
         sizes = stage_sizes(len(order), policy)
         version_of = {d.id: d.version if d.model == name else None for d in targets}
-        stages = [[(d, version_of[d]) for d in order[begin:end]] for begin, end in zip([0, *sizes], sizes)]
-        self.db.add_rollout(rollout_id, name, version, group, policy, stages, rollback)
+        stages = [[(d, version_of[d], artifact_of[d]) for d in order[begin:end]]
+                  for begin, end in zip([0, *sizes], sizes)]
+        self.db.add_rollout(rollout_id, name, version, group, policy, stages, rollback,
+                            unserved=[(d.id, version_of[d.id]) for d in unserved])
         self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback,
-                                        "offline": len(offline)}, rollout_id=rollout_id)
+                                        "offline": len(offline), "no_artifact": len(unserved)},
+                    rollout_id=rollout_id)
+        if unserved:
+            log.warning("rollout %s: %d devices of group %s have a board %s %s has no artifact for (%s): left on "
+                        "their version", rollout_id, len(unserved), group, name, version,
+                        ", ".join(sorted({d.profile or "unknown" for d in unserved})))
         log.info("rollout %s started: %s %s to %d devices of group %s in stages %s (%d offline: deferred until they "
                  "report)%s", rollout_id, name, version, len(order), group, sizes, len(offline),
                  " (rollback)" if rollback else "")
@@ -480,18 +494,3 @@ class RolloutEngine:
         if not verdict["passed"]:
             self._abort(r, f"stage {r.stage + 1} failed its canary analysis: {verdict['reason']}")
         return bool(verdict["passed"])
-
-
-def _targets(name: str, version: str, group: str, devices: list[DeviceRecord], rollback: bool) -> list[DeviceRecord]:
-    """The devices that need ``version``; refuses a version the group runs already, or a downgrade."""
-    wanted = parse_version(version)
-    targets = [d for d in devices if not (d.model == name and d.version == version)]
-    if not targets:
-        raise ConflictError(f"{name} {version} is already installed on all {len(devices)} devices of group "
-                            f"{group!r}; nothing to send")
-    newer = sorted({d.version for d in targets if d.model == name and d.version
-                    and parse_version(d.version) > wanted}, key=parse_version)
-    if newer and not rollback:
-        raise ConflictError(f"group {group!r} runs {name} {newer[-1]}, newer than {version}: devices refuse a "
-                            f"downgrade; use `edgesdk rollout rollback ID --to {version}`")
-    return targets

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.store.fleet_db import FleetDB
+from edgesdk.runtime.boards import artifact_for
 
 __all__ = ["Reconciler", "LateSender", "MIN_LATE_FAILURES"]
 
@@ -54,8 +55,11 @@ class Reconciler:
     """Brings the queued devices of a group to the group's release, at most ``max_catch_up`` at a time."""
 
     def __init__(self, db: FleetDB, sender: LateSender, clock: Callable[[], float], *,
-                 max_catch_up: int = 500, resend_s: float = 3.0) -> None:
+                 max_catch_up: int = 500, resend_s: float = 3.0,
+                 artifacts: Callable[[str, str], list[str]] | None = None) -> None:
         self.db, self.sender, self.clock = db, sender, clock
+        #: A release's artifacts by board (see :class:`edgesdk.ota_server.rollouts.engine.RolloutEngine`).
+        self.artifacts = artifacts
         self.max_catch_up, self.resend_s = max_catch_up, resend_s
         #: Late targets sent by this reconciler so far, and devices it found already on their release.
         self.sent = 0
@@ -80,7 +84,10 @@ class Reconciler:
             self._flag(r)
             return 0
         targets = self.db.targets_of(r.id, [d.id for d in queued])
-        new: list[tuple[str, str | None]] = []
+        stored = self.artifacts(r.model, r.version) if self.artifacts is not None and any(
+            d.id not in targets for d in queued) else None
+        new: list[tuple[str, str | None, str | None]] = []
+        unserved: list[tuple[str, str | None]] = []
         send: list[str] = []
         done: list[str] = []
         for device in queued:
@@ -89,7 +96,13 @@ class Reconciler:
             if device.status != "online" or on_release:
                 done.append(device.id)
             elif target is None:
-                new.append((device.id, device.version if device.model == r.model else None))
+                previous = device.version if device.model == r.model else None
+                artifact = None if stored is None else artifact_for(stored, device.profile, device.arch)
+                if stored is not None and artifact is None:  # never sent another board's bundle: reported, left
+                    unserved.append((device.id, previous))
+                    done.append(device.id)
+                    continue
+                new.append((device.id, previous, artifact))
                 if running and r.stage < last:
                     done.append(device.id)  # it goes with the last stage
                 elif len(send) < room:
@@ -99,8 +112,8 @@ class Reconciler:
                     send.append(device.id)
             else:
                 done.append(device.id)
-        if new:
-            self.db.add_late_targets(r.id, last, new)
+        if new or unserved:
+            self.db.add_late_targets(r.id, last, new, unserved)
         if send:
             marked = self.db.send_late(r.id, send, now)
             if marked:

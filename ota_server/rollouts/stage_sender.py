@@ -10,11 +10,14 @@ each device copies from its own store. Only a transfer's targets are answered wh
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from edgesdk.errors import NotFoundError
 from edgesdk.fleet.command_scope import Binder
 from edgesdk.fleet.protocol import COMMAND_TTL_S, ArchiveInfo, Topics, sign_command
 from edgesdk.fleet.records import RolloutRecord, TargetRecord, TargetStatus
@@ -22,8 +25,19 @@ from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.store.fleet_db import FleetDB
+from edgesdk.runtime.boards import artifact_for
 
-__all__ = ["StageSender"]
+__all__ = ["StageSender", "stage_transfer", "STAGE_TRANSFER"]
+
+#: A rollout stage's transfer id: ``<rollout id>-w<stage>``, then ``.<artifact>`` when the release has artifacts per
+#: board (each board's devices fetch their own archive); a revert's is ``<rollout id>-rb[.<artifact>]``.
+STAGE_TRANSFER = re.compile(r"^(?P<rollout>.+?)-(?:w(?P<stage>\d+)|(?P<revert>rb))(?:\.(?P<artifact>[A-Za-z0-9_.-]+))?$")
+
+
+def stage_transfer(rollout_id: str, stage: int | str, artifact: str | None) -> str:
+    """The transfer id of ``rollout_id``'s stage (an int) or revert (``"rb"``) for the devices of ``artifact``."""
+    kind = f"w{stage}" if isinstance(stage, int) else stage
+    return f"{rollout_id}-{kind}" + (f".{artifact}" if artifact else "")
 
 #: How long a stage's archive is broadcast again while devices keep accepting.
 _MAX_BROADCAST_WAIT_S = 120.0
@@ -55,7 +69,7 @@ class StageSender:
         self.offload_url = offload_url
         self.broadcast_wait_s = broadcast_wait_s
         self.command_ttl_s, self._clock = command_ttl_s, clock
-        #: Signed commands of the stages this server sent: (rollout, stage, with archive[, "late"]) -> (the envelope's
+        #: Signed commands of the stages this server sent: (rollout, stage, with archive, artifact[, "late"]) -> (the envelope's
         #: binder, when signed, what it was signed from). One older than half its validity is signed again before it
         #: is sent. Bound envelopes are not kept: binding is deterministic and cheap, and 10,000 copies are not.
         self._signed: dict[tuple[Any, ...], tuple[Binder, float, tuple[Any, ...]]] = {}
@@ -71,23 +85,21 @@ class StageSender:
                             offload_url=self.offload_url, broadcast=broadcast if archive is not None else None,
                             ttl_s=self.command_ttl_s, reverts=reverts, device=device)
 
-    def _stage_command(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> bytes:
-        """The signed command of a stage, bound to no device yet (see :meth:`_stage_binder`)."""
-        return self._stage_binder(r, stage, with_archive, device_ids).envelope
-
-    def _stage_binder(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str]) -> Binder:
-        """The signed command of a stage, to bind to each device: one manifest for all (re-signed after a take-over,
-        and when half its validity has passed, so a re-send never carries an expired command).
+    def _stage_binder(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str],
+                      artifact: str | None) -> Binder:
+        """The signed command of a stage for the devices of one artifact (board), to bind to each device: one
+        manifest for all (re-signed after a take-over, and when half its validity has passed, so a re-send never
+        carries an expired command).
 
         Its broadcast plan is the chunks some of ``device_ids`` lacks, judged by the versions they hold.
         """
-        key, now = (r.id, stage, with_archive), self._clock()
+        key, now = (r.id, stage, with_archive, artifact), self._clock()
         held = self._signed.get(key)
         if held is None:
-            transfer_id, info, plan = f"{r.id}-w{stage}", None, None
+            transfer_id, info, plan = stage_transfer(r.id, stage, artifact), None, None
             if with_archive:
-                info = self.chunks.open(transfer_id, r.model, r.version)
-                plan = self._lacking(info, device_ids)
+                info = self.chunks.open(transfer_id, r.model, r.version, artifact)
+                plan = self._lacking(info, device_ids, artifact)
                 self.chunks.plan(transfer_id, plan, r.group)
             args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, plan)
         elif now - held[1] > self.command_ttl_s / 2:
@@ -98,15 +110,16 @@ class StageSender:
         self._signed[key] = (binder, now, args)
         return binder
 
-    def _lacking(self, info: ArchiveInfo, device_ids: list[str]) -> list[int]:
-        """Indexes of the chunks of ``info`` that some of ``device_ids`` cannot copy from its own slots (as it reports)."""
+    def _lacking(self, info: ArchiveInfo, device_ids: list[str], artifact: str | None) -> list[int]:
+        """Indexes of the chunks of ``info`` that some of ``device_ids`` cannot copy from its own slots (as it reports;
+        a slot is taken to hold the same board's artifact of its version)."""
         held: set[str] | None = None
         sources = self.db.slots(device_ids, column="chunk_slots")
         for slots in set(sources.get(d, ()) for d in device_ids):  # few distinct slot sets
             have: set[str] = set()
             for slot in slots:
                 name, _, version = slot.rpartition("-")
-                table = self.repo.chunk_table(name, version) if name else None
+                table = self.repo.chunk_table(name, version, artifact) if name else None
                 have.update(table.chunks if table else ())
             held = have if held is None else held & have
             if not held:
@@ -120,31 +133,41 @@ class StageSender:
         slot, slots = f"{r.model}-{r.version}", self.db.slots(device_ids)
         return {d: slot not in slots.get(d, ()) for d in device_ids}
 
-    def _publish_stage(self, r: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
-        """Publish the stage's command to each of ``device_ids``, bound to it; the ones that fetch its archive (they
-        are the transfer's targets from now on: only they are answered when they ask for chunks)."""
-        needs = self._needs_archive(r, device_ids)
-        fetching = [device for device, with_archive in needs.items() if with_archive]
-        binders = {with_archive: self._stage_binder(r, stage, with_archive, fetching) for with_archive in
-                   set(needs.values())}
-        if fetching:
-            self.chunks.allow(f"{r.id}-w{stage}", fetching)
-        for device, with_archive in needs.items():
-            self._publish(Topics.cmd(device), binders[with_archive].bind(device))
+    def _publish_stage(self, r: RolloutRecord, stage: int, targets: list[TargetRecord]) -> dict[str | None, list[str]]:
+        """Publish the stage's command to each target, bound to it: each board's devices get their artifact's. By
+        artifact, the devices that fetch its archive (they are the transfer's targets from now on: only they are
+        answered when they ask for chunks)."""
+        boards: dict[str | None, list[str]] = defaultdict(list)
+        for t in targets:
+            boards[t.artifact].append(t.device_id)
+        fetching: dict[str | None, list[str]] = {}
+        for artifact, device_ids in boards.items():
+            needs = self._needs_archive(r, device_ids)
+            fetching[artifact] = [device for device, with_archive in needs.items() if with_archive]
+            binders = {with_archive: self._stage_binder(r, stage, with_archive, fetching[artifact], artifact)
+                       for with_archive in set(needs.values())}
+            if fetching[artifact]:
+                self.chunks.allow(stage_transfer(r.id, stage, artifact), fetching[artifact])
+            for device, with_archive in needs.items():
+                self._publish(Topics.cmd(device), binders[with_archive].bind(device))
         return fetching
 
     def send_stage(self, rollout: RolloutRecord, stage: int, targets: list[TargetRecord]) -> None:
-        """Sign and publish the stage's commands; broadcast its archive once the targets accepted (or soon)."""
+        """Sign and publish the stage's commands; broadcast each artifact's archive once the targets accepted (or
+        soon)."""
         r = rollout
-        fetching = self._publish_stage(r, stage, [t.device_id for t in targets])
+        fetching = self._publish_stage(r, stage, targets)
         self.metrics.command_sent(len({t.device_id for t in targets}))
-        if fetching and self.chunks.planned(f"{r.id}-w{stage}"):
-            threading.Thread(target=self._broadcast, args=(r.id, r.group, stage), daemon=True).start()
+        for artifact, devices in fetching.items():
+            transfer_id = stage_transfer(r.id, stage, artifact)
+            if devices and self.chunks.planned(transfer_id):
+                threading.Thread(target=self._broadcast, args=(r.id, r.group, stage, transfer_id), daemon=True).start()
 
     def resend(self, rollout: RolloutRecord, stage: int, device_ids: list[str]) -> list[str]:
         """Publish the stage's command again to devices that have not acknowledged it (or whose report was lost);
         the devices sent to."""
-        self._publish_stage(rollout, stage, device_ids)
+        found = self.db.targets_of(rollout.id, device_ids)
+        self._publish_stage(rollout, stage, [found[d] for d in device_ids if d in found])
         self.metrics.command_resent(len(device_ids))
         return device_ids
 
@@ -156,18 +179,18 @@ class StageSender:
         needs = self._needs_archive(r, [t.device_id for t in targets])
         for t in targets:
             with_archive = needs[t.device_id]
-            key, now = (r.id, t.stage, with_archive, "late"), self._clock()
+            key, now = (r.id, t.stage, with_archive, t.artifact, "late"), self._clock()
+            transfer_id = stage_transfer(r.id, t.stage, t.artifact)
             held = self._signed.get(key)
             if held is None or now - held[1] > self.command_ttl_s / 2:
-                transfer_id = f"{r.id}-w{t.stage}"
-                info = self.chunks.open(transfer_id, r.model, r.version) if with_archive else None
+                info = self.chunks.open(transfer_id, r.model, r.version, t.artifact) if with_archive else None
                 args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, [])
                 held = (Binder(self.key, self._command(*args)), now, args)
                 self._signed[key] = held
             elif with_archive:
-                self.chunks.open(f"{r.id}-w{t.stage}", r.model, r.version)  # reopen after finish(); no-op if open
+                self.chunks.open(transfer_id, r.model, r.version, t.artifact)  # reopen after finish(); no-op if open
             if with_archive:
-                self.chunks.allow(f"{r.id}-w{t.stage}", [t.device_id])
+                self.chunks.allow(transfer_id, [t.device_id])
             self._publish(Topics.cmd(t.device_id), held[0].bind(t.device_id))
         self.metrics.command_sent(len(targets))
 
@@ -178,28 +201,39 @@ class StageSender:
                 or not self._link_settled())
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
-        """Send a signed rollback to the target's previous version (with its archive when the device lacks it)."""
+        """Send a signed rollback to the target's previous version (with its board's artifact of it when the device
+        lacks it; an EdgeSDKError when that version has no artifact for its board)."""
         r, previous = rollout, target.previous_version
         assert previous is not None
-        info = None
+        info, transfer_id = None, stage_transfer(r.id, "rb", None)
         if f"{r.model}-{previous}" not in self.db.slots([target.device_id]).get(target.device_id, ()):
-            info = self.chunks.open(f"{r.id}-rb", r.model, previous)  # the device pulls the old version's chunks
-            self.chunks.allow(f"{r.id}-rb", [target.device_id])
+            profile, arch = self.db.boards([target.device_id]).get(target.device_id, (None, None))
+            stored = self.repo.artifacts(r.model, previous)
+            artifact = artifact_for(stored, profile, arch)
+            if artifact is None:
+                raise NotFoundError(f"{r.model} {previous} has no artifact for {target.device_id}'s board "
+                                    f"({profile or 'unknown'}); it has {', '.join(stored) or 'none'}")
+            transfer_id = stage_transfer(r.id, "rb", artifact)
+            info = self.chunks.open(transfer_id, r.model, previous, artifact)  # the device pulls the old chunks
+            self.chunks.allow(transfer_id, [target.device_id])
         # Nothing is broadcast for a revert: the device asks at once for what it does not hold.
-        envelope = self._command(r, True, f"{r.id}-rollback", previous, f"{r.id}-rb", info, broadcast=[],
+        envelope = self._command(r, True, f"{r.id}-rollback", previous, transfer_id, info, broadcast=[],
                                  reverts=r.version, device=target.device_id)
         self._publish(Topics.cmd(target.device_id), envelope)
         self.metrics.command_sent(1)
 
     def is_target(self, device: str, transfer_id: str) -> bool:
-        """Whether the store lists ``device`` as a target of the stage (``R-wN``) or revert (``R-rb``) that
-        ``transfer_id`` carries: how the chunk service learns the targets of a transfer this server did not send (it
-        took the rollout over, or restarted), and of late devices another replica sent."""
-        rollout_id, sep, stage = transfer_id.rpartition("-w")
-        if sep and stage.isdigit():
-            target = self.db.targets_of(rollout_id, [device]).get(device)
-            return target is not None and target.stage == int(stage)
-        return transfer_id.endswith("-rb") and device in self.db.targets_of(transfer_id[:-3], [device])
+        """Whether the store lists ``device`` as a target of the stage (``R-wN[.artifact]``) or revert
+        (``R-rb[.artifact]``) that ``transfer_id`` carries: how the chunk service learns the targets of a transfer
+        this server did not send (it took the rollout over, or restarted), and of late devices another replica
+        sent."""
+        match = STAGE_TRANSFER.match(transfer_id)
+        if match is None:
+            return False
+        target = self.db.targets_of(match["rollout"], [device]).get(device)
+        if target is None or match["revert"]:
+            return target is not None
+        return target.stage == int(match["stage"]) and target.artifact == match["artifact"]
 
     def finish(self, rollout_id: str) -> None:
         """Release the rollout's archives and signed commands."""
@@ -207,12 +241,12 @@ class StageSender:
         for key in [k for k in self._signed if k[0] == rollout_id]:
             del self._signed[key]
 
-    def _broadcast(self, rollout_id: str, group: str, stage: int) -> None:
+    def _broadcast(self, rollout_id: str, group: str, stage: int, transfer_id: str) -> None:
         """Publish the stage's archive to the group once every target accepted, or after ``broadcast_wait_s``, and
         again every ``broadcast_wait_s`` while devices go on accepting (a big stage's devices accept over many
         seconds: each broadcast reaches the ones subscribed by then, the later ones wait for the next rather than
         ask one by one)."""
-        transfer_id, started = f"{rollout_id}-w{stage}", time.monotonic()
+        started = time.monotonic()
         accepted_before, last = -1, started
         while not self._stopped.wait(_BROADCAST_POLL_S) and self.chunks.is_open(transfer_id):
             counts = self.db.target_counts(rollout_id)

@@ -90,6 +90,16 @@ class DesiredStateStore:
             "UPDATE devices SET reconcile = 0 WHERE reconcile = 1 AND grp NOT IN (SELECT grp FROM group_releases) "
             "AND grp NOT IN (SELECT grp FROM rollouts WHERE state = ?)", (RolloutState.RUNNING.value,))
 
+    def boards(self, device_ids: Sequence[str]) -> dict[str, tuple[str | None, str | None]]:
+        """The (profile, arch) each of ``device_ids`` last reported, for those the store knows."""
+        found: dict[str, tuple[str | None, str | None]] = {}
+        ids = list(device_ids)
+        for chunk in id_chunks(ids):
+            for row in self.sql.rows(f"SELECT id, profile, arch FROM devices WHERE id IN "
+                                     f"({','.join('?' * len(chunk))})", chunk):
+                found[row["id"]] = (row["profile"], row["arch"])
+        return found
+
     def targets_of(self, rollout_id: str, device_ids: Sequence[str]) -> dict[str, TargetRecord]:
         """The targets of ``rollout_id`` that ``device_ids`` have, by device."""
         found: dict[str, TargetRecord] = {}
@@ -100,14 +110,19 @@ class DesiredStateStore:
                 found[row["device_id"]] = target_record(row)
         return found
 
-    def add_late_targets(self, rollout_id: str, stage: int, devices: Sequence[tuple[str, str | None]]) -> None:
+    def add_late_targets(self, rollout_id: str, stage: int, devices: Sequence[tuple[str, ...]],
+                         unserved: Sequence[tuple[str, str | None]] = ()) -> None:
         """Add devices that joined ``rollout_id``'s group after it started, as late ``pending`` targets of ``stage``
-        (each with the version it runs now)."""
+        (each with the version it runs now[, and the artifact it gets]); ``unserved``: devices whose board the
+        release has no artifact for (``no_artifact``, never sent)."""
         now = time.time()
         self.sql.execute_many(
-            """INSERT INTO targets (rollout_id, device_id, wave, status, previous_version, updated, late)
-               VALUES (?,?,?,?,?,?,1) ON CONFLICT DO NOTHING""",
-            [(rollout_id, device, stage, TargetStatus.PENDING.value, previous, now) for device, previous in devices])
+            """INSERT INTO targets (rollout_id, device_id, wave, status, previous_version, updated, late, artifact)
+               VALUES (?,?,?,?,?,?,1,?) ON CONFLICT DO NOTHING""",
+            [(rollout_id, device, stage, TargetStatus.PENDING.value, previous, now, (*artifact, None)[0])
+             for device, previous, *artifact in devices]
+            + [(rollout_id, device, stage, TargetStatus.NO_ARTIFACT.value, previous, now, None)
+               for device, previous in unserved])
 
     def send_late(self, rollout_id: str, device_ids: Sequence[str], sent_at: float) -> list[str]:
         """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the devices marked."""

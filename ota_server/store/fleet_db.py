@@ -86,8 +86,8 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         """
         self.sql.execute_many(
             """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts,
-                                    root_version, stale, reported, details, reconcile, session)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                                    root_version, stale, reported, details, reconcile, session, profile, arch)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
@@ -98,6 +98,7 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
                stale=CASE WHEN excluded.status='online' THEN excluded.stale ELSE devices.stale END,
                reported=COALESCE(excluded.reported, devices.reported),
                details=COALESCE(excluded.details, devices.details), reconcile=excluded.reconcile,
+               profile=COALESCE(excluded.profile, devices.profile), arch=COALESCE(excluded.arch, devices.arch),
                session=CASE WHEN excluded.status='online' THEN COALESCE(excluded.session, devices.session)
                             ELSE devices.session END
                WHERE (excluded.reported IS NULL OR devices.reported IS NULL OR excluded.reported >= devices.reported
@@ -106,7 +107,8 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
                           AND excluded.session < devices.session)""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
-              None if s.stale is None else int(s.stale), s.reported, s.details, int(s.status == "online"), s.session)
+              None if s.stale is None else int(s.stale), s.reported, s.details, int(s.status == "online"), s.session,
+              s.profile, s.arch)
              for s in sorted(states, key=lambda s: s.device_id)])  # one lock order across replicas (set_targets)
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,
@@ -185,12 +187,14 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
 
     # rollouts ------------------------------------------------------------------------------
     def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: RolloutPolicy,
-                    stages: Sequence[Sequence[tuple[str, str | None]]], rollback: bool = False) -> None:
+                    stages: Sequence[Sequence[tuple[str, ...]]], rollback: bool = False,
+                    unserved: Sequence[tuple[str, str | None]] = ()) -> None:
         """A new ``running`` rollout before its first stage (stage -1), with its targets.
 
-        ``stages`` lists each stage's new devices as (device id, its version now). A group that
-        has a running rollout already raises ConflictError (the database enforces it, so two
-        replicas cannot both start one).
+        ``stages`` lists each stage's new devices as (device id, its version now[, the artifact it gets]);
+        ``unserved`` the devices whose board the release has no artifact for (``no_artifact`` targets of the
+        last stage, never sent). A group that has a running rollout already raises ConflictError (the database
+        enforces it, so two replicas cannot both start one).
         """
         now = time.time()
         sizes, total = [], 0
@@ -205,10 +209,12 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
                     (rollout_id, model, version, group, json.dumps(policy.to_dict()), RolloutState.RUNNING.value,
                      now, now, int(rollback), json.dumps(sizes)))
                 self.sql.execute_many(
-                    """INSERT INTO targets (rollout_id, device_id, wave, status, previous_version, updated)
-                       VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING""",
-                    [(rollout_id, device, stage, TargetStatus.PENDING.value, previous, now)
-                     for stage, devices in enumerate(stages) for device, previous in devices])
+                    """INSERT INTO targets (rollout_id, device_id, wave, status, previous_version, updated, artifact)
+                       VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING""",
+                    [(rollout_id, device, stage, TargetStatus.PENDING.value, previous, now, (*artifact, None)[0])
+                     for stage, devices in enumerate(stages) for device, previous, *artifact in devices]
+                    + [(rollout_id, device, len(stages) - 1, TargetStatus.NO_ARTIFACT.value, previous, now, None)
+                       for device, previous in unserved])
         except IntegrityError as exc:
             raise ConflictError(f"group {group!r} already has a rollout running; abort or wait for it "
                                 f"(`edgesdk rollout status`)") from exc

@@ -71,6 +71,9 @@ class DeviceState:
     #: The report's details as JSON text: runtime statistics and offload paths, disk, previous version, energy
     #: (what the console shows; :data:`DETAIL_KEYS`); None keeps the stored ones (a last will has none).
     details: str | None = None
+    #: The profile and CPU architecture the agent runs as; None keeps the stored ones.
+    profile: str | None = None
+    arch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,13 +126,13 @@ def release_record(row: Mapping[str, Any]) -> Release:
 def device_record(row: Mapping[str, Any]) -> DeviceRecord:
     """A ``devices`` row as a :class:`DeviceRecord`."""
     return DeviceRecord(row["id"], row["grp"], row["status"], row["model"], row["version"],
-                        tuple(json.loads(row["slots"])), row["last_seen"])
+                        tuple(json.loads(row["slots"])), row["last_seen"], row["profile"], row["arch"])
 
 
 def target_record(row: Mapping[str, Any]) -> TargetRecord:
     """A ``targets`` row as a :class:`TargetRecord`."""
     return TargetRecord(row["rollout_id"], row["device_id"], row["wave"], TargetStatus(row["status"]), row["reason"],
-                        row["previous_version"], row["sent"], row["updated"], bool(row["late"]))
+                        row["previous_version"], row["sent"], row["updated"], bool(row["late"]), row["artifact"])
 
 
 def where_clause(conditions: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:

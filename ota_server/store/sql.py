@@ -97,6 +97,11 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         # Earlier servers used their clock's milliseconds as the version: start above what a right clock sent.
         "INSERT INTO counters (name, value) VALUES ('timestamp_version', {now_ms})",
     )),
+    (10, "boards: the profile and CPU architecture each device runs as, and the release artifact each target gets", (
+        "ALTER TABLE devices ADD COLUMN profile TEXT",
+        "ALTER TABLE devices ADD COLUMN arch TEXT",
+        "ALTER TABLE targets ADD COLUMN artifact TEXT",
+    )),
     (11, "canary analysis: each rollout's last stage verdict and the baseline figures kept for its next stage", (
         "ALTER TABLE rollouts ADD COLUMN verdict TEXT",
         "ALTER TABLE rollouts ADD COLUMN baseline TEXT",

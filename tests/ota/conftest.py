@@ -48,19 +48,20 @@ def keys(tmp_path_factory) -> dict:
 
 
 def make_bundle(out: Path, version: str, keys: dict, seed: int = 0, wrong_health_output: bool = False,
-                width: int = 32, name: str = "digits", weights: MLPWeights | None = None) -> Path:
-    """A signed bundle of a small MLP (``weights``, or random ones of ``width`` drawn from ``seed``);
-    ``wrong_health_output`` stores an expected output the model won't give."""
+                width: int = 32, name: str = "digits", weights: MLPWeights | None = None,
+                profile: str = "generic-x86_64") -> Path:
+    """A signed bundle of a small MLP (``weights``, or random ones of ``width`` drawn from ``seed``) planned for
+    ``profile``; ``wrong_health_output`` stores an expected output the model won't give."""
     work = out.parent / f".{out.name}-model"
     work.mkdir(parents=True, exist_ok=True)
     model_path = write_mlp_onnx(weights or random_mlp([64, width, 10], seed=seed), work / "model.onnx")
     x = np.random.default_rng(seed).standard_normal((1, 64)).astype(np.float32)
-    spec = BundleSpec(name, version, "onnx-fp32", "generic-x86_64", "latency",
+    spec = BundleSpec(name, version, "onnx-fp32", profile, "latency",
                       health_check=HealthCheck(atol=1e-4, rtol=1e-3, max_latency_ms=1000.0))
     if not wrong_health_output:
         bundle_from_model(out, model_path, spec, {"input": x}, private_key=keys["converter"])
         return out
-    sample = sample_model(model_path, {"input": x}, "generic-x86_64")
+    sample = sample_model(model_path, {"input": x}, profile)
     wrong = {k: np.roll(v, 3, axis=-1) + 0.5 for k, v in sample.outputs.items()}
     write_bundle(out, read_model(model_path), spec, replace(sample, outputs=wrong), private_key=keys["converter"])
     return out

@@ -177,11 +177,11 @@ class TamperingServer(OTAServer):
         super().__init__(*args, **kwargs)
         self.chunks = self.sender.chunks = ChunkDistributor(self._tampered_archive, self._publish)
 
-    def _tampered_archive(self, name, version):
+    def _tampered_archive(self, name, version, artifact=None):
         import io
         import tarfile
 
-        data, _ = self.repo.archive(name, version)
+        data, _ = self.repo.archive(name, version, artifact)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             start = tar.getmember("model.onnx").offset_data
         at = start + 200  # inside the weights

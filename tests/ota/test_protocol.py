@@ -229,11 +229,11 @@ def test_a_stage_command_is_signed_again_once_half_its_validity_has_passed(keys)
     sender = StageSender(None, None, None, keys["server"], lambda *a, **k: None, None, lambda: 0, lambda: 0,  # type: ignore[arg-type]
                          threading.Event(), command_ttl_s=100, clock=lambda: clock[0])
     rollout = SimpleNamespace(id="r1", rollback=True, model="digits", version="1.0.0", group="cams")
-    first = sender._stage_command(rollout, 0, False, [])  # type: ignore[arg-type]
+    first = sender._stage_binder(rollout, 0, False, [], None).envelope  # type: ignore[arg-type]
     clock[0] += 40
-    assert sender._stage_command(rollout, 0, False, []) == first  # type: ignore[arg-type]
+    assert sender._stage_binder(rollout, 0, False, [], None).envelope == first  # type: ignore[arg-type]
     clock[0] += 20
-    again = sender._stage_command(rollout, 0, False, [])  # type: ignore[arg-type]
+    again = sender._stage_binder(rollout, 0, False, [], None).envelope  # type: ignore[arg-type]
     assert again != first
     manifest = json.loads(base64.b64decode(json.loads(again)["manifest"]))
     assert manifest["deployment_id"] == "r1" and manifest["expires_at"] - manifest["issued_at"] == pytest.approx(100)
@@ -261,6 +261,6 @@ def test_a_revert_names_the_version_it_undoes(keys):
     assert isinstance(revert, Command) and topic == "edgesdk/devices/cam0/cmd"
     assert (revert.deployment_id, revert.version, revert.rollback, revert.reverts) == ("r5-rollback", "1.0.0", True,
                                                                                        "5.0.0")
-    rollback_stage = sender._stage_command(SimpleNamespace(id="r6", rollback=True, model="digits", version="1.0.0",
-                                                           group="cams"), 0, False, [])  # type: ignore[arg-type]
+    rollback_stage = sender._stage_binder(SimpleNamespace(id="r6", rollback=True, model="digits", version="1.0.0",
+                                                           group="cams"), 0, False, [], None).envelope  # type: ignore[arg-type]
     assert parse_command(rollback_stage, keys["server_pub"]).reverts is None  # type: ignore[union-attr]

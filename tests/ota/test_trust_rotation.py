@@ -171,8 +171,8 @@ class MixingServer(OTAServer):
         super().__init__(*args, **kwargs)
         self.chunks = self.sender.chunks = ChunkDistributor(self._mixed_archive, self._publish)
 
-    def _mixed_archive(self, name, version):
-        data, _ = self.repo.archive(name, "1.0.0" if version == "2.0.0" else version)
+    def _mixed_archive(self, name, version, artifact=None):
+        data, _ = self.repo.archive(name, "1.0.0" if version == "2.0.0" else version, artifact)
         return data, archive_info(data)
 
 
