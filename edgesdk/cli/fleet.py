@@ -128,7 +128,8 @@ def _outcome(r: RolloutRecord, wait_deferred: float | None = None, superseded: G
                                   f"{_counts(r)}); follow it with `edgesdk rollout status {r.id} --follow`")
     deferred, late = _catching_up(r)
     updated = r.count(TargetStatus.COMMITTED, TargetStatus.REVERTED)
-    if r.state != RolloutState.COMPLETED or updated + deferred + late != r.targets_total:
+    unserved = r.count(TargetStatus.NO_ARTIFACT)  # no bundle for their board: reported by push, left on their version
+    if r.state != RolloutState.COMPLETED or updated + deferred + late + unserved != r.targets_total:
         raise RolloutError(f"rollout {r.id} {r.state}: {r.reason or _counts(r)}")
     if not deferred and not late:
         return
@@ -269,6 +270,18 @@ def _policy(canary: str, waves: str | None, health_window: str, max_failure_rate
         raise click.UsageError(str(exc)) from None
 
 
+def _say_release(group: str, answer: dict[str, Any]) -> None:
+    """Say on stderr what the push changes: inputs or outputs (allowed with --allow-signature-change), a replaced
+    model, and devices whose board the release has no bundle for."""
+    check = answer.get("check") or {}
+    for change in check.get("signature_changes") or ():
+        click.echo(f"signature change (allowed): {change}", err=True)
+    if answer.get("no_artifact"):
+        click.echo(f"warning: {answer['no_artifact']} devices of group {group} run on a board this release has no "
+                   f"bundle for (it has {', '.join(answer.get('artifacts') or ()) or 'none'}): they stay on their "
+                   "version; `edgesdk devices --group " + group + "` shows each device's board", err=True)
+
+
 def _warn_collapsed(group: str, plan: list[dict[str, Any]]) -> None:
     """Say on stderr which waves of the plan add no device of their own (the group is too small for them)."""
     merged = [s for s in plan if s.get("collapsed")]
@@ -282,8 +295,12 @@ def _warn_collapsed(group: str, plan: list[dict[str, Any]]) -> None:
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("bundles", metavar="BUNDLE...", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--group", required=True)
+@click.option("--replace", metavar="MODEL", default=None,
+              help="Let this release replace MODEL, the other model the group runs now (else refused).")
+@click.option("--allow-signature-change", is_flag=True,
+              help="Let the release's inputs or outputs differ from the version the group runs (else refused).")
 @click.option("--canary", default="10%", show_default=True, help="First stage, as a share of the group.")
 @click.option("--waves", default=None,
               help="The later stages after the canary: increasing cumulative percentages ending at 100 "
@@ -310,26 +327,42 @@ def _warn_collapsed(group: str, plan: list[dict[str, Any]]) -> None:
 @token_option
 @token_file_option
 @json_option
-def push(bundle: str, group: str, canary: str, waves: str | None, health_window: str, max_failure_rate: str,
+def push(bundles: tuple[str, ...], group: str, replace: str | None, allow_signature_change: bool, canary: str,
+         waves: str | None, health_window: str, max_failure_rate: str,
          deploy_timeout: str, manual: bool, max_late_failure_rate: str, max_p99_ratio: str, max_error_rate: str,
          max_offload_share: str, wait_s: float | None, wait_deferred: str | None,
          server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
-    """Upload BUNDLE (unless the identical bundle is stored) and start a rollout of it to every device of GROUP;
-    devices offline then are deferred and get it when they report again."""
+    """Upload each BUNDLE (unless the identical bundle is stored) and start a rollout of their release to every
+    device of GROUP; devices offline then are deferred and get it when they report again.
+
+    Several bundles of one name and version, converted for different boards (--profile), are one release: each
+    device gets its board's bundle (else the generic-<arch> one), and a device of a board with none is reported
+    and left on its version. A push refuses, before anything is sent, another model than the group runs (pass
+    --replace MODEL) and other inputs or outputs than the version it runs (pass --allow-signature-change)."""
     from edgesdk.fleet.archive import pack_bundle
     from edgesdk.runtime.bundle import read_bundle
 
     deferred_s = _seconds(wait_deferred, "--wait-deferred")
     policy = _policy(canary, waves, health_window, max_failure_rate, deploy_timeout, manual, max_late_failure_rate,
                      max_p99_ratio, max_error_rate, max_offload_share)
-    manifest = read_bundle(bundle).manifest
+    manifests = [read_bundle(bundle).manifest for bundle in bundles]
+    releases = sorted({(m.name, m.version) for m in manifests})
+    if len(releases) > 1:
+        raise click.UsageError(f"the bundles are {len(releases)} releases ({', '.join(' '.join(r) for r in releases)})"
+                               "; push one name and version at a time (one bundle per board)")
+    manifest = manifests[0]
     client = admin_client(server_url, token, token_file)
-    stored = client.upload(pack_bundle(bundle))["stored"]
-    click.echo(f"{'uploaded' if stored else 'already stored:'} {manifest.name} {manifest.version}", err=True)
-    rollout_id, plan = client.start_rollout_planned(manifest.name, manifest.version, group, policy)
+    for bundle, m in zip(bundles, manifests):
+        stored = client.upload(pack_bundle(bundle))["stored"]
+        click.echo(f"{'uploaded' if stored else 'already stored:'} {m.name} {m.version} for {m.target_profile}",
+                   err=True)
+    answer = client.start_release(manifest.name, manifest.version, group, policy, replace=replace,
+                                  allow_signature_change=allow_signature_change)
+    rollout_id, plan = str(answer["id"]), list(answer["plan"])
     _warn_collapsed(group, plan)
+    _say_release(group, answer)
     if wait_s is None and deferred_s is None:
-        click.echo(json.dumps({"id": rollout_id, "plan": plan}) if as_json else f"started rollout {rollout_id}")
+        click.echo(json.dumps(answer) if as_json else f"started rollout {rollout_id}")
         return
     click.echo(f"started rollout {rollout_id}", err=True)
     _finish(client, rollout_id, wait_s, as_json, wait_deferred=deferred_s, plan=plan)

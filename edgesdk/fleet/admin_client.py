@@ -98,17 +98,25 @@ class AdminClient:
         """Store a bundle tar; ``{"name", "version", "stored"}`` (``stored`` False: the identical bundle was there)."""
         return self._call("POST", "/api/bundles", archive, "application/x-tar")
 
-    def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy) -> str:
-        """Start rolling ``name`` ``version`` out to ``group`` under ``policy``; the rollout id."""
-        return self.start_rollout_planned(name, version, group, policy)[0]
+    def start_rollout(self, name: str, version: str, group: str, policy: RolloutPolicy, *,
+                      replace: str | None = None, allow_signature_change: bool = False) -> str:
+        """Start rolling ``name`` ``version`` out to ``group`` under ``policy``; the rollout id (see
+        :meth:`start_release` for what else the server answers)."""
+        return str(self.start_release(name, version, group, policy, replace=replace,
+                                      allow_signature_change=allow_signature_change)["id"])
 
-    def start_rollout_planned(self, name: str, version: str, group: str,
-                              policy: RolloutPolicy) -> tuple[str, list[dict[str, Any]]]:
-        """:meth:`start_rollout`, and its stage plan: ``[{"percent", "devices", "added", "collapsed"}]`` per stage
-        asked for (empty from a server that does not send it); a collapsed wave added no device."""
+    def start_release(self, name: str, version: str, group: str, policy: RolloutPolicy, *,
+                      replace: str | None = None, allow_signature_change: bool = False) -> dict[str, Any]:
+        """Start a rollout and return the server's whole answer: ``id``; ``plan``, ``[{"percent", "devices",
+        "added", "collapsed"}]`` per stage asked for (a collapsed wave added no device); ``check``, the model and
+        version the group ran and how the inputs and outputs change; ``artifacts``, the boards the release has a
+        bundle for; ``no_artifact``, how many devices have none for their board. A ReleaseCheckError when the push
+        replaces the group's model without ``replace`` naming it, or changes its inputs or outputs without
+        ``allow_signature_change``: then nothing was sent."""
         answer = self._json("POST", "/api/rollouts", {"name": name, "version": version, "group": group,
-                                                      "policy": policy.to_dict()})
-        return str(answer["id"]), list(answer.get("plan") or [])
+                                                      "policy": policy.to_dict(), "replace": replace,
+                                                      "allow_signature_change": allow_signature_change})
+        return {"plan": [], "check": {}, "artifacts": [], "no_artifact": 0, **answer}
 
     def rollout(self, rollout_id: str, *, limit: int | None = None, after: str | None = None,
                 stage: int | None = None, status: str | None = None) -> RolloutRecord:

@@ -10,7 +10,10 @@ rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before th
                                                the identical bundle was stored already; 409 if other content)
     GET  /api/bundles                          {model: [versions]}
     POST /api/bundles/{name}/{version}/pin     {"pinned": true|false}
-    POST /api/rollouts                         {"name", "version", "group", "policy": {...}} -> {"id", "plan"}
+    POST /api/rollouts                         {"name", "version", "group", "policy": {...}, "replace": model,
+                                               "allow_signature_change": bool} -> {"id", "plan", "check",
+                                               "artifacts", "no_artifact"}; 409 ReleaseCheckError before
+                                               anything is sent (another model, other inputs/outputs)
     GET  /api/rollouts                         list
     GET  /api/rollouts/{id}                    rollout with per-device targets and its "plan"
     POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
@@ -129,10 +132,15 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
     async def create_rollout(request: Request) -> JSONResponse:
         data = await request.json()
         policy = RolloutPolicy.from_dict(data.get("policy") or {})
-        rollout_id = await run_in_threadpool(server.start_rollout, str(data["name"]), str(data["version"]),
-                                             str(data["group"]), policy)
+        release = str(data["name"]), str(data["version"]), str(data["group"])
+        given = {"replace": str(data["replace"]) if data.get("replace") else None,
+                 "allow_signature_change": bool(data.get("allow_signature_change", False))}
+        check = await run_in_threadpool(lambda: server.release_check(*release, **given))
+        rollout_id = await run_in_threadpool(lambda: server.start_rollout(*release, policy, **given))
         started = await run_in_threadpool(server.status, rollout_id, targets=False)
-        return JSONResponse({"id": rollout_id, "plan": plan_json(started)}, status_code=201)
+        return JSONResponse({"id": rollout_id, "plan": plan_json(started), "check": check.to_json(),
+                             "artifacts": server.repo.artifacts(release[0], release[1]),
+                             "no_artifact": started.count(TargetStatus.NO_ARTIFACT)}, status_code=201)
 
     async def rollouts(request: Request) -> JSONResponse:
         return JSONResponse([r.to_json() for r in server.db.rollouts()])
