@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus
+from edgesdk.ota_server.console.display import board
 from edgesdk.ota_server.console.session import COOKIE, Sessions
 from edgesdk.ota_server.store.fleet_db import DeviceState
 from tests.ota.conftest import wait_for
@@ -266,3 +267,157 @@ def test_edgesdk_server_with_ui_serves_the_console_from_the_command_line(tmp_pat
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
     assert f"console http://127.0.0.1:{port}/ui/" in (tmp_path / "server.log").read_text()
+
+
+def _visible(page_html: str) -> str:
+    """The page's text as a reader sees it: tags and their attributes dropped, the script and style left out."""
+    body = re.sub(r"<(script|style)\b.*?</\1>", " ", page_html, flags=re.S)
+    return html.unescape(" ".join(re.sub(r"<[^>]+>", " ", body).split()))
+
+
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+
+
+def test_every_time_on_every_page_is_relative_with_its_iso_utc_time_on_hover(console_fleet):
+    running, _ = console_fleet
+    rollout = canary_rollout(running.ota)
+    client = logged_in(running)
+    for path in ("/ui/", "/ui/devices/cam1", "/ui/groups", "/ui/rollouts", f"/ui/rollouts/{rollout}"):
+        page = client.get(path).html
+        times = re.findall(r"<time ([^>]*)>([^<]*)</time>", page)
+        assert times, f"{path} shows no time"
+        for attributes, words in times:
+            assert re.fullmatch(rf'datetime="({ISO})" title="\1"', attributes), (path, attributes)
+            assert re.fullmatch(r"\d+ (s|min|h|d) ago", words), (path, words)
+        text = _visible(page)
+        assert not re.search(r"\d{4}-\d\d-\d\d", text), f"{path} shows a date as text"
+        assert not re.search(r"\d:\d\d(:\d\d)?\s*(AM|PM|UTC)?", text), f"{path} shows a clock time"
+
+
+def test_the_login_page_says_where_the_admin_token_is(console_fleet):
+    running, _ = console_fleet
+    page = ConsoleClient(running.url).get("/ui/login")
+    hint = _visible(page.html.split('id="token-where"')[1].split("</p>")[0])
+    # As `edgesdk server` takes it (edgesdk/cli/server.py): --token / EDGESDK_TOKEN, else --token-file, by default
+    # admin.token beside a SQLite --db.
+    for where in ("--token", "EDGESDK_TOKEN", "--token-file", "admin.token", "--db"):
+        assert where in hint, where
+    assert 'aria-describedby="token-where"' in page.html
+
+
+def test_an_events_detail_never_repeats_its_event_on_a_device_page(console_fleet):
+    running, _ = console_fleet
+    page = logged_in(running).get("/ui/devices/cam1").html
+    table = page.split('Last events')[1].split("</table>")[0]
+    rows = [[" ".join(re.sub(r"<[^>]+>", " ", c).split()) for c in re.findall(r"<td>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr><td>.*?</tr>", table, re.S)]
+    assert rows and all(len(r) == 4 for r in rows)
+    assert any(event == "committed" for _, event, _, _ in rows)
+    for _, event, _, detail in rows:
+        assert detail != event and not detail.startswith(event), (event, detail)
+
+
+def _rollout_row(client: ConsoleClient, rollout: str) -> list[str]:
+    return _row(client.get("/ui/rollouts").html, f'data-rollout="{rollout}"')
+
+
+def _actions(client: ConsoleClient, rollout: str) -> tuple[list[str], str]:
+    page = client.get(f"/ui/rollouts/{rollout}").html
+    section = page.split('id="actions-heading"')[1].split("</section>")[0]
+    note = re.search(r'<p class="muted" id="no-rollback">(.*?)</p>', section, re.S)
+    return re.findall(r'<button type="submit" class="(\w+)"', section), html.unescape(note.group(1)) if note else ""
+
+
+def test_the_rollouts_list_marks_rollbacks_and_reasons_and_rollback_is_offered_only_where_it_undoes_something(
+        console_fleet):
+    from tests.ota.conftest import rollout_to
+
+    running, agents = console_fleet
+    server = running.ota
+    client = logged_in(running)
+    first = next(r.id for r in server.db.rollouts() if r.group == "cams")  # the fixture's 1.0.0 to cams
+    second = rollout_to(server, "2.0.0").id
+    assert _actions(client, second) == (["rollback"], "")  # the group's release, committed: undoing it does something
+    buttons, why = _actions(client, first)
+    assert buttons == [] and f"moved on to digits 2.0.0 (rollout {second})" in why
+
+    back = server.rollback(second)
+    wait_for(lambda: server.status(back, targets=False).state == "completed", timeout=60, what="the rollback")
+    assert _rollout_row(client, back)[0] == f"{back} rollback" and _rollout_row(client, second)[0] == second
+    buttons, why = _actions(client, back)
+    assert buttons == [] and "itself a rollback" in why
+    page = client.get(f"/ui/rollouts/{back}")
+    refused = client.post(f"/ui/rollouts/{back}/rollback", {"csrf": page.field("csrf", "/ui/logout")})
+    assert refused.status == 409 and "itself a rollback" in html.unescape(refused.html)
+    assert len(server.db.rollouts()) == 4  # nothing started
+
+    aborted = canary_rollout(server)
+    wait_for(lambda: sum(a.current_version() == ("digits", "2.0.0") for a in agents) == 1, timeout=60,
+             what="the canary on 2.0.0")
+    server.abort(aborted, "p99 regression seen by the operator")
+    wait_for(lambda: server.status(aborted, targets=False).count(TargetStatus.REVERTED) == 1, timeout=60,
+             what="the canary reverted")
+    row = _rollout_row(client, aborted)
+    assert row[4] == "aborted" and row[5] == "1 of 2" and row[7] == "p99 regression seen by the operator"
+    buttons, why = _actions(client, aborted)
+    assert buttons == [] and "aborted and its updated devices were sent back" in why
+    assert client.post(f"/ui/rollouts/{aborted}/rollback",
+                       {"csrf": page.field("csrf", "/ui/logout")}).status == 409
+
+
+def test_a_rollout_page_numbers_stages_from_one_and_shows_its_verdict_statuses_artifacts_and_boards(console_fleet):
+    running, _ = console_fleet
+    server = running.ota
+    rollout = canary_rollout(server)
+    wait_for(lambda: server.status(rollout, targets=False).count(TargetStatus.COMMITTED) == 1, timeout=60,
+             what="the canary committed")
+    client = logged_in(running)
+    page = client.get(f"/ui/rollouts/{rollout}").html
+    assert _row(page, 'data-stage="0"')[0] == "1 of 2 (canary)"
+    assert _row(page, 'data-stage="1"')[0] == "2 of 2 (not sent yet)"
+    record = server.status(rollout)
+    for t in record.targets:  # each target: its device's board, stage k of 2, status, the artifact it gets
+        cells = _row(page, f'data-device="{t.device_id}"')
+        assert cells[2] == f"{t.stage + 1} of 2" and cells[3] == t.status.value and cells[4] == (t.artifact or "—")
+        found = server.db.device(t.device_id)
+        assert cells[1] == board(found.profile, found.arch)
+    assert 'id="verdict"' not in page or "Canary verdict, stage 1 of 2" in page  # the engine's own, if judged
+
+    verdict = {"stage": 1, "version": "2.0.0", "passed": False, "reason": "p99 17.6 ms is 3.27x the baseline (> 1.5x)",
+               "canary": {"devices": 1, "p99_ms": 17.6, "error_rate": 0.0},
+               "baseline": {"devices": 2, "p99_ms": 5.39, "error_rate": 0.0, "source": "live"},
+               "checks": [{"name": "p99_ratio", "value": 3.27, "canary": 17.6, "baseline": 5.39, "limit": 1.5,
+                           "passed": False}], "limits": {"max_p99_ratio": 1.5}}
+    assert server.db.set_verdict(rollout, 0, verdict, None)
+    later = [t.device_id for t in record.targets if t.stage == 1]
+    server.db.set_target(rollout, later[0], TargetStatus.NO_ARTIFACT)
+    server.db.set_target(rollout, later[1], TargetStatus.FAILED, "health check failed")
+    page = client.get(f"/ui/rollouts/{rollout}").html
+    section = page.split('id="verdict"')[1].split("</section>")[0]
+    assert "Canary verdict, stage 1 of 2" in _visible(section) and 'id="verdict-result">failed<' in section
+    assert html.escape(verdict["reason"]) in section
+    figures = {name: (canary, baseline) for name, canary, baseline in
+               re.findall(r'<th scope="row">(\w+)</th><td>([^<]*)</td><td>([^<]*)</td>', section)}
+    assert figures["p99_ms"] == ("17.6", "5.39") and figures["devices"] == ("1", "2")
+    assert "1.5" in section.split('id="verdict-checks"')[1] and "max_p99_ratio 1.5" in section
+    stage_two = _row(page, 'data-stage="1"')
+    assert "no artifact 1" in stage_two[3] and "failed 1" in stage_two[3]
+    failures = page.split('id="failures"')[1].split("</table>")[0]
+    assert re.search(rf">{later[1]}</a></td><td>2 of 2</td>", failures) and later[0] not in failures
+    assert '>0</td>' not in failures
+
+
+def test_devices_show_their_board_and_unknown_while_the_agent_has_not_said(console_fleet):
+    running, _ = console_fleet
+    server = running.ota
+    server.db.upsert_devices([
+        DeviceState("pi5", "yard", "online", "digits", "1.0.0", (), time.time(), profile="raspberry-pi-5",
+                    arch="aarch64"),
+        DeviceState("old-agent", "yard", "online", "digits", "1.0.0", (), time.time())])
+    client = logged_in(running)
+    fleet = client.get("/ui/?group=yard").html
+    # device, group, status, board, model, version, last seen
+    assert _row(fleet, 'data-device="pi5"')[3] == "raspberry-pi-5 (aarch64)"
+    assert _row(fleet, 'data-device="old-agent"')[3] == "unknown"
+    assert '<dd id="board">raspberry-pi-5 (aarch64)</dd>' in client.get("/ui/devices/pi5").html
+    assert '<dd id="board">unknown</dd>' in client.get("/ui/devices/old-agent").html

@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from edgesdk.cli import cli
+from edgesdk.ota_server.console.display import board
+from edgesdk.ota_server.store.fleet_db import DeviceState
 from tests.ota.conftest import wait_for
 from tests.ota.console_client import TOKEN
 
@@ -80,6 +82,9 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     running, agents = console_fleet
     server, base = running.ota, running.url
     shots = Shots(browser, tmp_path / "screenshots")
+    # A device whose agent said its board (as a state report carries "profile" and "arch"), in a group of its own.
+    server.db.upsert_devices([DeviceState("pi5", "yard", "online", "digits", "1.0.0", (), time.time(),
+                                          profile="raspberry-pi-5", arch="aarch64")])
 
     # A wrong token is refused, the right one opens the fleet.
     browser.get(f"{base}/ui/")
@@ -94,7 +99,12 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
     wait_for(lambda: browser.current_url.endswith("/ui/"), timeout=10, what="the fleet page")
     rows = browser.find_elements(By.CSS_SELECTOR, "section[aria-labelledby=devices-heading] tbody tr")
-    assert sorted(r.find_element(By.TAG_NAME, "a").text for r in rows) == ["cam0", "cam1", "cam2", "door"]
+    assert sorted(r.find_element(By.TAG_NAME, "a").text for r in rows) == ["cam0", "cam1", "cam2", "door", "pi5"]
+    headings = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "section[aria-labelledby=devices-heading] th")]
+    assert headings[3] == "Board" and text_of(browser, "tr[data-device='pi5'] td.board") == "raspberry-pi-5 (aarch64)"
+    for cam in ("cam0", "cam1", "cam2"):  # real agents: the board they report, or "unknown" from an agent that does not
+        found = server.db.device(cam)
+        assert text_of(browser, f"tr[data-device='{cam}'] td.board") == board(found.profile, found.arch)
     accessible(browser, "fleet")
     shots("fleet")
 
@@ -111,15 +121,41 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     assert pushed.exit_code == 0, pushed.output
     rollout = json.loads(pushed.stdout)["id"]
     browser.get(f"{base}/ui/rollouts/{rollout}")
-    browser.execute_script("window.notReloaded = true;")
     committed = "#stages tr[data-stage='0'] .done"
     wait_for(lambda: text_of(browser, committed).strip() == "1", timeout=60,
              what="the canary committed on the open page")
+    assert text_of(browser, "#stages tr[data-stage='0'] td").strip() == "1 of 3 (canary)"
+    # The canary's verdict, with figures as the analysis stores them (whether or not the engine judged it already:
+    # a stored verdict for the stage is the one the engine keeps), and the manual rollout waits for promote.
+    verdict = {"stage": 1, "version": "2.0.0", "passed": True, "reason": "canary p99 6.1 ms within 1.5x of 5.4 ms",
+               "canary": {"devices": 1, "p99_ms": 6.1, "error_rate": 0.0},
+               "baseline": {"devices": 2, "p99_ms": 5.4, "error_rate": 0.01, "source": "live"},
+               "checks": [{"name": "p99_ratio", "value": 1.13, "canary": 6.1, "baseline": 5.4, "limit": 1.5,
+                           "passed": True}], "limits": {"max_p99_ratio": 1.5}}
+    assert server.db.set_verdict(rollout, 0, verdict, None)
+    wait_for(lambda: server.status(rollout, targets=False).phase == "waiting_for_promote", timeout=10,
+             what="waiting for promote")
+    browser.get(f"{base}/ui/rollouts/{rollout}")
+    assert text_of(browser, "#verdict-result") == "passed" and text_of(browser, "#verdict-reason") == verdict["reason"]
+    figures = browser.execute_script("""return Array.from(document.querySelectorAll('#verdict-figures tbody tr'))
+        .map(function (r) { return Array.from(r.cells).map(function (c) { return c.textContent; }); });""")
+    assert ["p99_ms", "6.1", "5.4"] in figures and ["error_rate", "0", "0.01"] in figures
+    assert browser.find_element(By.ID, "phase").is_displayed() and text_of(browser, "#phase") == "waiting for promote"
+    shots("rollout-verdict")
+    browser.execute_script("window.notReloaded = true;")
     promoted = time.monotonic()
     result = CliRunner().invoke(cli, ["rollout", "promote", rollout, "--server", base, "--token", TOKEN])
     assert result.exit_code == 0, result.output
     wait_for(lambda: "not sent" not in text_of(browser, "#stages tr[data-stage='1']"),
-             timeout=10, what="stage 1 shown as sent")
+             timeout=10, what="stage 2 shown as sent")
+    assert text_of(browser, "#stages tr[data-stage='1'] td").strip() == "2 of 3"
+    # The live view follows the phase: waiting for promote again once stage 2 passes its own analysis.
+    wait_for(lambda: browser.find_element(By.ID, "phase").is_displayed()
+             == (server.status(rollout, targets=False).phase == "waiting_for_promote"), timeout=10,
+             what="the phase shown as the server has it")
+    live_time = browser.find_element(By.CSS_SELECTOR, "#live-note time")
+    assert live_time.get_attribute("datetime") == live_time.get_attribute("title")
+    assert live_time.text.endswith(" s ago") and live_time.get_attribute("datetime").endswith("Z")
     print(f"stage change shown {time.monotonic() - promoted:.2f} s after the promote command returned")
     assert browser.execute_script("return window.notReloaded === true;"), "the page reloaded"
     wait_for(lambda: "updated" in text_of(browser, "#live-note"), timeout=10, what="the live view's render to finish")
@@ -147,6 +183,9 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     wait_for(lambda: all(a.current_version() == ("digits", "1.0.0") for a in agents), timeout=90,
              what="every device back on 1.0.0")
     shots("rollout-aborted")
+    assert text_of(browser, "#stages tr[data-stage='2'] td").strip() == "3 of 3 (never sent)"
+    assert not browser.find_elements(By.CSS_SELECTOR, "button.rollback")  # the abort already sent the devices back
+    assert "No rollback" in text_of(browser, "#no-rollback")
 
     browser.get(f"{base}/ui/repository")
     accessible(browser, "repository")
@@ -164,4 +203,4 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
         assert browser.execute_script(OVERFLOW) <= 0, f"{page} is wider than 375 px"
     browser.get(f"{base}/ui/")
     shots("fleet-375px")
-    assert len(shots.taken) == 9
+    assert len(shots.taken) == 10
