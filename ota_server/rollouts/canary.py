@@ -185,8 +185,9 @@ def judge_stage(policy: RolloutPolicy, stage: int, version: str, new: Iterable[t
     source, base = ("live", live) if live.devices else (None, None)
     if base is None and snapshot and snapshot.get("figures"):
         source, base = "snapshot", Figures.from_json(snapshot["figures"])
+    checks: list[dict[str, Any]] = []
     if rollback:
-        passed, reason, checks = True, "a rollback: not judged (it returns the group to a version it ran)", []
+        passed, reason = True, "a rollback: not judged (it returns the group to a version it ran)"
     else:
         passed, reason, checks = judge(canary, base, policy)
     verdict = {"stage": stage + 1, "version": version, "passed": passed, "reason": reason, "judged_at": iso_time(now),

@@ -25,10 +25,11 @@ def test_a_wait_that_runs_out_exits_18_with_the_state_and_a_downgrade_is_refused
     older = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", *auth])
     assert older.exit_code == ConflictError.exit_code, older.output
     assert "newer than 1.0.0" in older.output and "rollout rollback" in older.output
-    # A manual rollout waits for `promote` after its canary: a 2 s wait ends while it is still running.
+    # The canary's health window lasts a minute: a 2 s wait ends while it is still running (a manual rollout that
+    # reached waiting_for_promote exits 0 instead: tests/ota/test_canary_analysis.py).
     newer = make_bundle(tmp_path / "2.1.0", "2.1.0", keys, seed=21)
     result = CliRunner().invoke(cli, ["push", str(newer), "--group", "cams", "--canary", "50%", "--waves", "100",
-                                      "--health-window", "0s", "--manual", "--wait", "2", "--json", *auth])
+                                      "--health-window", "60s", "--manual", "--wait", "2", "--json", *auth])
     assert result.exit_code == RolloutTimeoutError.exit_code, result.output
     state = json.loads(result.stdout)
     assert state["state"] == "running" and "still running" in result.stderr and "--follow" in result.stderr
@@ -56,12 +57,12 @@ def test_an_aborted_rollout_exits_17_with_its_final_state_and_an_operator_abort_
     started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "50%", "--waves", "100",
                               "--health-window", "0s", "--manual", "--json", *auth))["id"]
     wait_for(lambda: [t["status"] for t in json.loads(_cli("rollout", "status", started, "--json", *auth))["targets"]
-                      if t["stage"] == 0] == ["committed"], what="the canary")
+                      if t["stage"] == 1] == ["committed"], what="the canary")
     aborted = CliRunner().invoke(cli, ["rollout", "abort", started, "--wait", "60", "--json", *auth])
     assert aborted.exit_code == 0, aborted.output
     final = json.loads(aborted.stdout)
     assert final["state"] == "aborted"
-    assert [t["status"] for t in final["targets"] if t["stage"] == 0] == ["reverted"]
+    assert [t["status"] for t in final["targets"] if t["stage"] == 1] == ["reverted"]
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
     again = CliRunner().invoke(cli, ["rollout", "promote", started, "--wait", "5", *auth])
     assert again.exit_code == ConflictError.exit_code and "is aborted, not running" in again.output
