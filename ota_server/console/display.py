@@ -93,7 +93,7 @@ def board(profile: Any, arch: Any) -> str:
     return f"{name} ({arch})" if isinstance(arch, str) and arch else name
 
 
-def _figure(value: Any) -> str:
+def _figure(value: Any, longest: int = 120) -> str:
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -102,8 +102,11 @@ def _figure(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else "—"
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= 120 else text[:119] + "…"
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        text = ", ".join(str(v) for v in value) or "none"
+    else:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= longest else text[:longest - 1] + "…"
 
 
 #: Prefixes of flat verdict figures that name the side they were measured on (``canary_p99_ms``).
@@ -163,7 +166,7 @@ def verdict_view(raw: Any) -> dict[str, Any] | None:
     stage = raw.get("stage")
     limits = raw.get("limits")
     return {"passed": passed if isinstance(passed, bool) else None,
-            "reason": _figure(raw["reason"]) if raw.get("reason") is not None else None,
+            "reason": _figure(raw["reason"], 1000) if raw.get("reason") is not None else None,
             "stage": stage if isinstance(stage, int) and not isinstance(stage, bool) and stage > 0 else None,
             "version": _figure(raw["version"]) if raw.get("version") is not None else None,
             "judged_at": raw.get("judged_at"), "checks": _checks(raw.get("checks")),

@@ -186,6 +186,7 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     assert text_of(browser, "#stages tr[data-stage='2'] td").strip() == "3 of 3 (never sent)"
     assert not browser.find_elements(By.CSS_SELECTOR, "button.rollback")  # the abort already sent the devices back
     assert "No rollback" in text_of(browser, "#no-rollback")
+    assert not browser.find_element(By.ID, "phase").is_displayed()  # an aborted rollout waits for nothing
 
     browser.get(f"{base}/ui/repository")
     accessible(browser, "repository")

@@ -74,6 +74,7 @@ def test_a_verdict_of_any_shape_becomes_a_result_a_reason_and_a_table_of_figures
     assert view["checks"] == [{"name": "p99_ratio", "value": "3.265", "canary": "17.6", "baseline": "5.39",
                                "limit": "1.5", "passed": "failed"}]
     assert ("max_p99_ratio", "1.5") in view["limits"]
+    assert rows["versions"] == ["1.1.0", ""]  # a list of names reads as text, not JSON
 
     flat = display.verdict_view({"passed": True, "canary_p99_ms": 5.1, "baseline_p99_ms": 5.0, "devices": 3})
     assert flat["passed"] is True and flat["columns"] == ["canary", "baseline", "value"]
@@ -84,6 +85,8 @@ def test_a_verdict_of_any_shape_becomes_a_result_a_reason_and_a_table_of_figures
     assert odd["passed"] is None and odd["stage"] is None and odd["checks"] == [] and odd["limits"] == []
     assert odd["columns"] == ["value", "nested"]
     assert {r["figure"]: r["cells"] for r in odd["rows"]} == {"p99_ms": ["—", ""], "deep": ["", '{"x": 1}']}
+    long_reason = "p99 regression: " + "figures " * 40
+    assert display.verdict_view({"passed": False, "reason": long_reason})["reason"] == long_reason  # never cut at 120
     assert display.verdict_view(None) is None and display.verdict_view({}) is None and display.verdict_view([1]) is None
 
 
