@@ -9,7 +9,8 @@ Server-rendered Jinja2 pages, a stylesheet and one small script (the live rollou
     GET  /ui/devices/{id}                              one device
     GET  /ui/rollouts, /ui/rollouts/{id}               rollouts; one rollout's stages, failures, versions
     GET  /ui/rollouts/{id}/live                        server-sent events: the rollout's progress as it changes
-    POST /ui/rollouts/{id}/{promote|abort|rollback}    a confirmation page, then the action (the API's code path)
+    POST /ui/rollouts/{id}/{promote|abort|rollback}    a confirmation page, then the action (the API's code path);
+                                                       a rollback that would undo nothing gets 409 (views.rollback_refusal)
     GET  /ui/repository                                models, versions, sizes, signers, conversion figures
 
 Every page but the login needs the session cookie (a GET without one is sent to the login page,
@@ -17,6 +18,7 @@ a POST or event stream gets 403); every POST needs the session's CSRF token (403
 Cookies are ``Secure`` when the client came over HTTPS (itself, or said by a proxy the operator trusts);
 wrong tokens lock a client out for a growing time (429); form bodies over 4 KiB get 413, unread
 (:mod:`.guard`). A device's malformed details show as "—" and a note, never an error (:mod:`.details`).
+Times, stages, statuses, boards and verdicts are written one way on every page (:mod:`.display`).
 """
 
 from __future__ import annotations
