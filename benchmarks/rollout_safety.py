@@ -13,10 +13,10 @@ Part ``canary``:
   :class:`FleetDB` (SQLite in a temporary folder), a fake clock ticking each second and a dispatcher that records
   what it was asked to send. A device sent its stage commits 2 to 6 s later (its ``committed`` event through
   :meth:`RolloutEngine.on_event`, as the server's ingest does), swaps (its statistics restart, the 11 calls of the
-  bundle's health check first), serves 5 calls a second and writes its state, ``details["runtime"]`` as a
-  ManagedRuntime reports it, to the store every report interval (10 s, each device at its own phase), as the
-  server writes retained states. Policy: canary 10% (20 devices), waves 50,100, health window 60 s, defaults
-  otherwise (max p99 ratio 1.5, min 100 calls a device).
+  bundle's health check first), serves 20 calls a second (a camera at 20 fps) and writes its state,
+  ``details["runtime"]`` as a ManagedRuntime reports it, to the store every report interval (10 s, each device at
+  its own phase), as the server writes retained states. Policy: canary 10% (20 devices), waves 50,100, health
+  window 60 s, defaults otherwise (max p99 ratio 1.5, min 100 calls a device).
 - **Goals.** A bad release is aborted at the canary in >= 19 of 20 seeded runs; a healthy one with the same noise
   is promoted to completion in 20 of 20; the time from a stage settling to its verdict is at most the health
   window plus one report interval in every run.
@@ -47,7 +47,7 @@ from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB  # noqa: E402
 
 HEALTH_WINDOW_S = 60.0
 REPORT_S = 10.0
-CALLS_PER_S = 5
+CALLS_PER_S = 20  # a camera at 20 frames a second: its 1,000-call window fills within the health window
 HEALTH_CHECK_CALLS = 11  # the sample, 5 warm-up runs, 5 timed runs (edgesdk.agent.managed.health_check)
 POLICY = RolloutPolicy(canary=0.1, waves=(0.5, 1.0), health_window_s=HEALTH_WINDOW_S, deploy_timeout_s=120)
 
