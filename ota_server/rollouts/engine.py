@@ -441,7 +441,9 @@ class RolloutEngine:
         holder, now = (self.holder, self.clock()) if fenced else (None, None)
         if not self.db.end_rollout(r.id, RolloutState.ABORTED, reason, holder=holder, lease_now=now):
             return False
-        self.db.log("rollout_aborted", {"reason": reason, "holder": holder or "operator"}, rollout_id=r.id)
+        skipped = self.db.skip_unsent(r.id)
+        self.db.log("rollout_aborted", {"reason": reason, "holder": holder or "operator", "skipped": skipped},
+                    rollout_id=r.id)
         log.warning("rollout %s aborted: %s", r.id, reason)
         self._revert_committed(r, reason)
         self._reverting.add(r.id)

@@ -110,7 +110,7 @@ class DesiredStateStore:
                 found[row["device_id"]] = target_record(row)
         return found
 
-    def add_late_targets(self, rollout_id: str, stage: int, devices: Sequence[tuple[str, ...]],
+    def add_late_targets(self, rollout_id: str, stage: int, devices: Sequence[tuple[str | None, ...]],
                          unserved: Sequence[tuple[str, str | None]] = ()) -> None:
         """Add devices that joined ``rollout_id``'s group after it started, as late ``pending`` targets of ``stage``
         (each with the version it runs now[, and the artifact it gets]); ``unserved``: devices whose board the
@@ -123,6 +123,14 @@ class DesiredStateStore:
              for device, previous, *artifact in devices]
             + [(rollout_id, device, stage, TargetStatus.NO_ARTIFACT.value, previous, now, None)
                for device, previous in unserved])
+
+    def skip_unsent(self, rollout_id: str) -> int:
+        """Mark the targets of an aborted rollout that were never sent a command (pending, or deferred before their
+        first send) ``skipped``; how many. A target sent once stays as it is: its device may still answer."""
+        return self.sql.execute(
+            "UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND sent IS NULL "
+            "AND status IN (?, ?)", (TargetStatus.SKIPPED.value, "never sent: the rollout was aborted first",
+                                     time.time(), rollout_id, TargetStatus.PENDING.value, TargetStatus.DEFERRED.value))
 
     def send_late(self, rollout_id: str, device_ids: Sequence[str], sent_at: float) -> list[str]:
         """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the devices marked."""

@@ -170,6 +170,19 @@ def test_failures_above_the_rate_abort_and_revert_what_was_updated(fleet):
     assert recorder.finished == [rid], "the archives are released once the reverts are done"
 
 
+def test_targets_never_sent_before_an_abort_are_skipped_not_pending(fleet):
+    """Issue 37: after an abort at the canary, the 8 devices of the next stage were never sent anything; they read
+    ``skipped``, and a deferred target that was once sent keeps its status (its device may still answer)."""
+    db, clock, recorder, engine = fleet
+    rid, first, second = _aborted_with_one_commit(engine, recorder)
+    r = engine.status(rid)
+    later = {t.device_id: t for t in r.targets if t.stage == 1}
+    assert len(later) == 8 and {t.status for t in later.values()} == {TargetStatus.SKIPPED}
+    assert {t.reason for t in later.values()} == {"never sent: the rollout was aborted first"}
+    assert r.count(TargetStatus.PENDING) == 0 and r.count(TargetStatus.SKIPPED) == 8
+    assert db.skip_unsent(rid) == 0  # the canary's two were sent: neither is touched
+
+
 def test_an_unanswered_revert_is_sent_again_by_whichever_replica_holds_the_lease(fleet):
     """A revert lost with a broker restart or a partition would leave the device on the aborted version for good."""
     db, clock, recorder, engine = fleet
