@@ -123,9 +123,10 @@ class AdminClient:
         """One rollout with its counts and a page of its targets (NotFoundError for an unknown id).
 
         ``limit`` targets (the server's default page without it; 0 for none) after device ``after``,
-        of ``stage`` (0-based) and in ``status`` if given; ``targets_total`` says how many there are.
+        of ``stage`` (the record's 0-based index; the API numbers stages from 1) and in ``status`` if given;
+        ``targets_total`` says how many there are.
         """
-        query = _query(limit=limit, after=after, stage=stage, status=status)
+        query = _query(limit=limit, after=after, stage=None if stage is None else stage + 1, status=status)
         return RolloutRecord.from_json(self._json("GET", f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}"
                                                          f"{query}"))
 

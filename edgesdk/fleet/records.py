@@ -8,8 +8,9 @@ Devices report :class:`AgentEvent` names on their event topic.
 
 The enums are ``str`` enums: their values are what the database, the MQTT messages and
 the JSON API carry, unchanged. The records are frozen dataclasses; ``to_json`` gives the
-admin API's JSON (times as ISO 8601 UTC strings, a stage as a 0-based index, ``-1``
-before the first stage is sent) and ``from_json`` reads it back::
+admin API's JSON (times as ISO 8601 UTC strings, a stage numbered from 1, the canary, as
+the CLI and the console number it: ``0`` before the first stage is sent) and ``from_json``
+reads it back (the records themselves hold 0-based stage indexes)::
 
     >>> RolloutPolicy(canary=parse_percent("10%"), waves=(0.5, 1.0)).stages
     (0.1, 0.5, 1.0)
@@ -254,7 +255,7 @@ class TargetRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for a target (inside a rollout's ``targets``)."""
-        return {"rollout_id": self.rollout_id, "device_id": self.device_id, "stage": self.stage,
+        return {"rollout_id": self.rollout_id, "device_id": self.device_id, "stage": self.stage + 1,
                 "status": self.status.value, "reason": self.reason, "previous_version": self.previous_version,
                 "sent": _iso_or_none(self.sent), "updated": iso_time(self.updated), "late": self.late,
                 "artifact": self.artifact}
@@ -262,7 +263,7 @@ class TargetRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TargetRecord:
         """A target from :meth:`to_json`'s JSON."""
-        return cls(str(data["rollout_id"]), str(data["device_id"]), int(data["stage"]), TargetStatus(data["status"]),
+        return cls(str(data["rollout_id"]), str(data["device_id"]), int(data["stage"]) - 1, TargetStatus(data["status"]),
                    data.get("reason"), data.get("previous_version"), _time_or_none(data.get("sent")),
                    parse_time(data["updated"]), bool(data.get("late", False)), data.get("artifact"))
 
@@ -286,14 +287,14 @@ class RolloutSummary:
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for one entry of ``GET /api/rollouts``."""
         return {"id": self.id, "model": self.model, "version": self.version, "group": self.group,
-                "state": self.state.value, "stage": self.stage, "reason": self.reason,
+                "state": self.state.value, "stage": self.stage + 1, "reason": self.reason,
                 "created": iso_time(self.created), "rollback": self.rollback}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RolloutSummary:
         """A summary from :meth:`to_json`'s JSON."""
         return cls(str(data["id"]), str(data["model"]), str(data["version"]), str(data["group"]),
-                   RolloutState(data["state"]), int(data["stage"]), data.get("reason"), parse_time(data["created"]),
+                   RolloutState(data["state"]), int(data["stage"]) - 1, data.get("reason"), parse_time(data["created"]),
                    bool(data.get("rollback", False)))
 
 
@@ -385,7 +386,7 @@ class RolloutRecord:
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for a rollout, with the targets it holds."""
         return {"id": self.id, "model": self.model, "version": self.version, "group": self.group,
-                "policy": self.policy.to_dict(), "state": self.state.value, "stage": self.stage,
+                "policy": self.policy.to_dict(), "state": self.state.value, "stage": self.stage + 1,
                 "stage_started": _iso_or_none(self.stage_started), "stage_settled": _iso_or_none(self.stage_settled),
                 "reason": self.reason, "created": iso_time(self.created), "updated": iso_time(self.updated),
                 "rollback": self.rollback, "stages": list(self.stage_sizes),
@@ -398,7 +399,7 @@ class RolloutRecord:
     def from_json(cls, data: dict[str, Any]) -> RolloutRecord:
         """A rollout from :meth:`to_json`'s JSON."""
         return cls(str(data["id"]), str(data["model"]), str(data["version"]), str(data["group"]),
-                   RolloutPolicy.from_dict(data["policy"]), RolloutState(data["state"]), int(data["stage"]),
+                   RolloutPolicy.from_dict(data["policy"]), RolloutState(data["state"]), int(data["stage"]) - 1,
                    _time_or_none(data.get("stage_started")), _time_or_none(data.get("stage_settled")),
                    data.get("reason"), parse_time(data["created"]), parse_time(data["updated"]),
                    bool(data["rollback"]), tuple(TargetRecord.from_json(t) for t in data.get("targets", ())),

@@ -4,7 +4,8 @@ Every request needs ``Authorization: Bearer <token>``. Errors come back as
 ``{"error": message, "type": class}`` with 400 (bad request), 401, 404 (NotFoundError),
 409 (ConflictError) or 413. Devices and rollouts are the JSON of the records in
 :mod:`edgesdk.fleet.records`: times are ISO 8601 UTC strings, a group is ``group``, and a
-rollout's ``stage`` (and each target's) is the 0-based stage index, -1 before the first.
+rollout's ``stage`` (and each target's) is the stage number, from 1 (the canary), as the CLI and the console
+number it; 0 before the first stage is sent.
 
     POST /api/bundles                          body: bundle tar -> {"name", "version", "stored"} (201; 200 if
                                                the identical bundle was stored already; 409 if other content)
@@ -133,10 +134,12 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         data = await request.json()
         policy = RolloutPolicy.from_dict(data.get("policy") or {})
         release = str(data["name"]), str(data["version"]), str(data["group"])
-        given = {"replace": str(data["replace"]) if data.get("replace") else None,
-                 "allow_signature_change": bool(data.get("allow_signature_change", False))}
-        check = await run_in_threadpool(lambda: server.release_check(*release, **given))
-        rollout_id = await run_in_threadpool(lambda: server.start_rollout(*release, policy, **given))
+        replace = str(data["replace"]) if data.get("replace") else None
+        allow = bool(data.get("allow_signature_change", False))
+        check = await run_in_threadpool(lambda: server.release_check(*release, replace=replace,
+                                                                     allow_signature_change=allow))
+        rollout_id = await run_in_threadpool(lambda: server.start_rollout(*release, policy, replace=replace,
+                                                                          allow_signature_change=allow))
         started = await run_in_threadpool(server.status, rollout_id, targets=False)
         return JSONResponse({"id": rollout_id, "plan": plan_json(started), "check": check.to_json(),
                              "artifacts": server.repo.artifacts(release[0], release[1]),
@@ -156,9 +159,10 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         stage = request.query_params.get("stage")
         status = request.query_params.get("status")
         try:
-            selection = {"stage": int(stage) if stage else None, "status": TargetStatus(status) if status else None}
+            selection = {"stage": int(stage) - 1 if stage else None,
+                         "status": TargetStatus(status) if status else None}
         except ValueError:
-            raise EdgeSDKError(f"stage={stage!r} must be a stage index and status={status!r} one of "
+            raise EdgeSDKError(f"stage={stage!r} must be a stage number (1 is the canary) and status={status!r} one of "
                                f"{', '.join(s.value for s in TargetStatus)}") from None
         r = await run_in_threadpool(server.status, request.path_params["id"], **page(request), **selection)
         return JSONResponse({**r.to_json(), "plan": plan_json(r)})

@@ -73,7 +73,9 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location
     db.add_rollout("r1", "digits", "2.0.0", "cams", policy, [[("cam0", "1.0.0")], [("cam1", None)]])
     (summary,) = db.rollouts(RolloutState.RUNNING)
     assert isinstance(summary, RolloutSummary) and summary.stage == -1 and summary.group == "cams"
-    assert set(summary.to_json()) == {"id", "model", "version", "group", "state", "stage", "reason", "created"}
+    assert summary.to_json()["stage"] == 0  # the API numbers stages from 1, the canary: 0 is "none sent yet"
+    assert set(summary.to_json()) == {"id", "model", "version", "group", "state", "stage", "reason", "created",
+                                      "rollback"}
     assert RolloutSummary.from_json(summary.to_json()).to_json() == summary.to_json()
 
     db.start_stage("r1", 0, time.time())
@@ -90,7 +92,7 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location
     assert shown["phase"] == "health_window" and shown["verdict"] is None
     assert shown["state"] == "running" and shown["rollback"] is False and shown["stage_settled"] == iso_time(1.0)
     assert shown["targets"][0] | {"sent": None, "updated": None} == {
-        "rollout_id": "r1", "device_id": "cam0", "stage": 0, "status": "committed", "reason": None,
+        "rollout_id": "r1", "device_id": "cam0", "stage": 1, "status": "committed", "reason": None,
         "previous_version": "1.0.0", "sent": None, "updated": None, "late": False, "artifact": None}
     assert RolloutRecord.from_json(shown).to_json() == shown
     db.end_rollout("r1", RolloutState.ABORTED, "aborted by operator")
