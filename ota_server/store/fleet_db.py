@@ -187,7 +187,7 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
 
     # rollouts ------------------------------------------------------------------------------
     def add_rollout(self, rollout_id: str, model: str, version: str, group: str, policy: RolloutPolicy,
-                    stages: Sequence[Sequence[tuple[str, ...]]], rollback: bool = False,
+                    stages: Sequence[Sequence[tuple[str | None, ...]]], rollback: bool = False,
                     unserved: Sequence[tuple[str, str | None]] = ()) -> None:
         """A new ``running`` rollout before its first stage (stage -1), with its targets.
 

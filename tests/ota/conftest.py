@@ -69,14 +69,17 @@ def make_bundle(out: Path, version: str, keys: dict, seed: int = 0, wrong_health
 
 @pytest.fixture(scope="session")
 def bundles(tmp_path_factory, keys) -> dict[str, Path]:
-    """Signed bundles 1.0.0, 2.0.0 and a 3.0.0 whose health check fails, made once per run (read-only for tests)."""
+    """Signed bundles 1.0.0, 2.0.0 and a 3.0.0 whose health check fails, made once per run (read-only for tests),
+    for this host (generic-x86_64); and 1.0.0 for any aarch64 board (generic-aarch64), for agents that run as one."""
     def build(folder: Path) -> None:
         make_bundle(folder / "v1", "1.0.0", keys, seed=1)
+        make_bundle(folder / "v1-aarch64", "1.0.0", keys, seed=1, profile="generic-aarch64")
         make_bundle(folder / "v2", "2.0.0", keys, seed=2)
         make_bundle(folder / "v3", "3.0.0", keys, seed=3, wrong_health_output=True)
 
     folder = shared_dir(tmp_path_factory, "ota-bundles", build)
-    return {"1.0.0": folder / "v1", "2.0.0": folder / "v2", "3.0.0-bad": folder / "v3"}
+    return {"1.0.0": folder / "v1", "2.0.0": folder / "v2", "3.0.0-bad": folder / "v3",
+            "1.0.0-aarch64": folder / "v1-aarch64"}
 
 
 _SETUP_FIELDS = {f.name for f in fields(ServerSetup)} - {"server", "http"}

@@ -109,7 +109,7 @@ def test_a_command_for_one_device_is_refused_by_another_of_its_group(broker, mak
 def test_an_attackers_broker_replaying_recorded_commands_to_other_devices_gets_none_admitted(
         tmp_path, broker, make_server, make_agent, bundles):
     server = make_server(broker.url)
-    make_agent("cam01", broker.url, profile="rk3588")
+    make_agent("cam01", broker.url)
     make_agent("c1", broker.url, group="canary")
     _online(server, "cam01", "c1")
     for version in ("1.0.0", "2.0.0"):
@@ -133,7 +133,7 @@ def test_an_attackers_broker_replaying_recorded_commands_to_other_devices_gets_n
     evil = LocalMosquitto(tmp_path / "evil-broker")
     try:
         # Devices that never saw these deployments: every one would be theirs to take, were it not bound to another.
-        victims = [make_agent("cam02", evil.url, profile="rk3588"), make_agent("p1", evil.url, group="prod")]
+        victims = [make_agent("cam02", evil.url), make_agent("p1", evil.url, group="prod")]
         attacker = MqttTransport(evil.url, client_id="attacker")
         attacker.confirm_access()
         for victim in victims:
@@ -187,7 +187,7 @@ def test_only_a_transfers_targets_get_its_chunks(broker, make_server, make_agent
     wait_for(lambda: any(a.current_version() for a in agents.values()), what="the canary's install")
     (target,) = [d for d, a in agents.items() if a.current_version()]
     (bystander,) = set(agents) - {target}
-    transfer = f"{rollout}-w0"
+    transfer = f"{rollout}-w0.generic-x86_64"  # stage 1, its generic-x86_64 artifact
     got: dict[str, list[str]] = {d: [] for d in (target, bystander, "p1")}
     lock = threading.Lock()
 

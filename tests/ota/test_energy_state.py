@@ -39,7 +39,7 @@ def test_a_jetsons_energy_reaches_the_servers_metrics(broker, start_server, make
                            state_interval_s=0.3)
         assert agent.energy.sensor.kind == "ina3221-iio"
         wait_for(lambda: server.ota.db.device("nano01") is not None, what="the device's first state")
-        server.ota.upload(pack_bundle(bundles["1.0.0"]))
+        server.ota.upload(pack_bundle(bundles["1.0.0-aarch64"]))  # a Jetson is sent an aarch64 bundle only
         rollout = server.ota.start_rollout("digits", "1.0.0", "cams", ALL_AT_ONCE)
         wait_for(lambda: server.ota.status(rollout).state != "running", timeout=60, what="the rollout")
         assert server.ota.status(rollout).state == "completed"

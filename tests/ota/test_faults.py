@@ -136,7 +136,7 @@ def test_corrupted_chunk_is_rejected_and_fetched_again(broker, make_server, make
     assert r.state == "completed" and server.corrupted == 1
     committed = next(e for e in agent.events if e["event"] == "committed")
     assert committed["rejected_chunks"] == 1
-    assert 1 in server.resent[("cam0", f"{r.id}-w0")]
+    assert 1 in server.resent[("cam0", f"{r.id}-w0.generic-x86_64")]
     assert agent.current_version() == ("digits", "1.0.0")
 
 

@@ -75,7 +75,7 @@ def test_measured_on_the_board_without_touching_the_serving_model(admin, broker,
     other = make_agent("pi1", broker.url, profile="raspberry-pi-5")
     _online(server, "rk1")
     _online(server, "pi1")
-    server.upload(pack_bundle(bundles["1.0.0"]))
+    server.upload(pack_bundle(bundles["1.0.0-aarch64"]))  # both boards are aarch64: sent an aarch64 bundle only
     rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,),
                                                                             health_window_s=0))
     wait_for(lambda: server.status(rollout).state != "running", timeout=60, what="the first install")

@@ -143,11 +143,11 @@ def test_the_chunk_service_asks_the_store_once_for_a_device_it_was_not_told_of()
 
 def test_the_stage_sender_binds_each_device_and_names_the_transfers_targets_from_the_store():
     published: list[tuple[str, bytes]] = []
-    rows = {("r1", "cam0"): 0, ("r1", "cam1"): 1}
+    rows = {("r1", "cam0"): 0, ("r1", "cam1"): 1, ("r1", "cam2"): 0}
     db = SimpleNamespace(
         slots=lambda ids, column="slots": {d: () for d in ids},
-        targets_of=lambda rollout, ids: {d: SimpleNamespace(stage=rows[(rollout, d)]) for d in ids
-                                         if (rollout, d) in rows})
+        targets_of=lambda rollout, ids: {d: SimpleNamespace(device_id=d, stage=rows[(rollout, d)], artifact=None)
+                                         for d in ids if (rollout, d) in rows})
     service, _ = _chunks()
     repo = SimpleNamespace(chunk_table=lambda name, version: None)
     metrics = SimpleNamespace(command_sent=lambda n=1: None, command_resent=lambda n=1: None)
