@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgesdk.fleet.protocol import COMMAND_TTL_S, PREFIX, Topics, check_id
@@ -36,6 +36,7 @@ from edgesdk.ota_server.rollouts.engine import RolloutEngine
 from edgesdk.ota_server.rollouts.release_checks import ReleaseCheck, check_release
 from edgesdk.ota_server.rollouts.stage_sender import STAGE_TRANSFER, StageSender
 from edgesdk.ota_server.store.fleet_db import EventRow, FleetDB
+from edgesdk.runtime.boards import artifact_for
 
 __all__ = ["OTAServer", "ServerConfig", "MAX_REPORT_BYTES"]
 
@@ -406,8 +407,15 @@ class OTAServer:
         return moved
 
     def groups_status(self) -> list[GroupRelease]:
-        """Each group's release (desired state) and how far its devices are from it."""
-        return self.db.group_releases()
+        """Each group's release (desired state) and how far its devices are from it, in all and per board (with
+        the release's bundle each board gets)."""
+        boards = self.db.board_counts()
+        out = []
+        for g in self.db.group_releases():
+            stored = self.repo.artifacts(g.model, g.version) if g.model and g.version else []
+            out.append(replace(g, boards=tuple(
+                {**b, "artifact": artifact_for(stored, b["profile"], b["arch"])} for b in boards.get(g.group, ()))))
+        return out
 
     def status(self, rollout_id: str, **page: Any) -> RolloutRecord:
         """A rollout with its counts and targets (``page``: see :meth:`FleetDB.rollout`); NotFoundError if unknown."""

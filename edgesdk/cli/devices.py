@@ -162,5 +162,12 @@ def groups(server_url: str, token: str | None, token_file: str | None, as_json: 
                         str(g.behind_online), str(g.behind_offline), g.running or "",
                         iso_time(g.since) if g.since is not None else "") for g in found]))
     for g in found:
+        if g.model and g.boards:
+            per_board = "; ".join(
+                f"{b['profile'] or 'unknown board'} ({b['arch'] or '?'}): "
+                + (f"{b['artifact']} bundle, {b['converged']}/{b['devices']} on it" if b["artifact"]
+                   else f"no bundle, {b['devices']} left on their version") for b in g.boards)
+            click.echo(f"{g.group} {g.model} {g.version} per board: {per_board}")
+    for g in found:
         if g.flagged:
             click.echo(f"FLAGGED {g.group} ({g.model} {g.version}, rollout {g.rollout_id}): {g.flagged}")

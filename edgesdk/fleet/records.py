@@ -430,13 +430,16 @@ class GroupRelease:
     running: str | None = None
     #: Why the release is flagged (too many late installs failed), or None.
     flagged: str | None = None
+    #: The release per board: ``{"profile", "arch", "devices", "converged", "artifact"}`` for each board of the
+    #: group's devices (``artifact``: the release's bundle that board gets, None when it has none).
+    boards: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The API's JSON for one entry of ``GET /api/groups``."""
         return {"group": self.group, "model": self.model, "version": self.version, "rollout_id": self.rollout_id,
                 "since": _iso_or_none(self.since), "devices": self.devices, "converged": self.converged,
                 "behind_online": self.behind_online, "behind_offline": self.behind_offline, "running": self.running,
-                "flagged": self.flagged}
+                "flagged": self.flagged, "boards": [dict(b) for b in self.boards]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GroupRelease:
@@ -444,4 +447,4 @@ class GroupRelease:
         return cls(str(data["group"]), data.get("model"), data.get("version"), data.get("rollout_id"),
                    _time_or_none(data.get("since")), int(data.get("devices", 0)), int(data.get("converged", 0)),
                    int(data.get("behind_online", 0)), int(data.get("behind_offline", 0)), data.get("running"),
-                   data.get("flagged"))
+                   data.get("flagged"), tuple(dict(b) for b in data.get("boards") or ()))

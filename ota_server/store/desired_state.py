@@ -72,6 +72,19 @@ class DesiredStateStore:
                                         flagged.get(release.rollout_id)))
         return out
 
+    def board_counts(self) -> dict[str, list[dict[str, Any]]]:
+        """For each group, its devices per board (profile, arch): how many, and how many run the group's release."""
+        rows = self.sql.rows(
+            """SELECT d.grp AS grp, d.profile AS profile, d.arch AS arch, COUNT(*) AS n,
+                      SUM(CASE WHEN d.model = g.model AND d.version = g.version THEN 1 ELSE 0 END) AS converged
+               FROM devices d LEFT JOIN group_releases g ON g.grp = d.grp GROUP BY d.grp, d.profile, d.arch
+               ORDER BY d.grp, d.profile, d.arch""")
+        found: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            found.setdefault(r["grp"], []).append({"profile": r["profile"], "arch": r["arch"], "devices": int(r["n"]),
+                                                   "converged": int(r["converged"] or 0)})
+        return found
+
     def to_reconcile(self, group: str, limit: int) -> list[DeviceRecord]:
         """Up to ``limit`` devices of ``group`` that reported online since the reconciler last compared them with
         the group's release (by id; from a partial index, so the cost follows the queue, not the fleet)."""

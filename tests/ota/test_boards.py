@@ -54,6 +54,11 @@ def test_a_two_board_release_reaches_each_board_with_its_own_artifact(broker, ma
     assert _installed_profile(agents["cam01"]) == "generic-x86_64"
     assert _installed_profile(agents["cam02"]) == "raspberry-pi-5"
     assert _installed_profile(agents["cam03"]) is None
+    # The group's release per board: which bundle each board gets and how many of its devices run it.
+    (group,) = server.groups_status()
+    assert sorted((b["profile"], b["artifact"], b["converged"], b["devices"]) for b in group.boards) == [
+        ("generic-x86_64", "generic-x86_64", 1, 1), ("jetson-orin-nano", None, 0, 1),
+        ("raspberry-pi-5", "raspberry-pi-5", 1, 1)]
 
 
 def test_a_release_with_no_artifact_for_any_board_of_the_group_is_refused_before_anything_is_sent(

@@ -89,6 +89,9 @@ def test_one_push_of_two_boards_bundles_sends_each_board_its_own(fleet, others):
     assert {t.device_id: t.artifact for t in done.targets} == {"cam01": "generic-x86_64", "cam02": "generic-x86_64",
                                                                "cam03": "raspberry-pi-5"}
     assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
+    groups = CliRunner().invoke(cli, ["groups", "--server", running.url, "--token", "t"])
+    assert ("cams digits 2.0.0 per board: generic-x86_64 (x86_64): generic-x86_64 bundle, 2/2 on it; "
+            "raspberry-pi-5 (aarch64): raspberry-pi-5 bundle, 1/1 on it") in groups.output, groups.output
 
 
 def test_bundles_of_two_releases_are_one_push_too_many(others):
