@@ -54,8 +54,10 @@ def run(bundle_dir: Path, keys: Path, out: Path) -> bool:
     server, url = running.ota, running.url
     server_key = load_public_key(keys / "server.pub")
     app = ManagedRuntime(profile="generic-x86_64", swap_order="load-first")  # device 00 also serves an app
+    # The agents stand in for RK3588 boards (the bundle was converted for one): a device is sent only bundles of its
+    # own board, and a real board detects its profile; this x86 host would report generic-x86_64.
     agents = [DeviceAgent(AgentConfig(f"cam{i:02d}", "cams", broker.url, out / "devices" / f"cam{i:02d}",
-                                      server_key=server_key), runtime=app if i == 0 else None).start()
+                                      server_key=server_key, profile="rk3588"), runtime=app if i == 0 else None).start()
               for i in range(N_DEVICES)]
     while len(server.db.devices("cams")) < N_DEVICES:
         time.sleep(0.1)
