@@ -422,9 +422,9 @@ def status(rollout_id: str | None, group: str | None, follow: bool, wait_deferre
     if not rows:
         click.echo("no rollouts yet" + (f" in group {group}" if group else ""))
         return
-    click.echo(table(("rollout", "model", "version", "group", "state", "started", "reason"),
-                     [(r.id, r.model, r.version, r.group, r.state, iso_time(r.created), r.reason or "")
-                      for r in rows]))
+    click.echo(table(("rollout", "model", "version", "group", "kind", "state", "started", "reason"),
+                     [(r.id, r.model, r.version, r.group, "rollback" if r.rollback else "push", r.state,
+                       iso_time(r.created), r.reason or "") for r in rows]))
 
 
 def _action(verb: str, wait_help: str) -> Callable[..., None]:

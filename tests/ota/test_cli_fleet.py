@@ -131,6 +131,9 @@ def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker
              what="third rollout started")
     _cli("rollout", "abort", third, *auth)
     wait_for(lambda: json.loads(_cli("rollout", "status", third, "--json", *auth))["state"] == "aborted", what="abort")
+    listing = _cli("rollout", "status", "--group", "cams", *auth)  # rollbacks and reasons in the list (issue 37)
+    assert re.search(r"1\.0\.0\s+cams\s+rollback\s+completed", listing), listing
+    assert re.search(rf"{third}\s+digits\s+2\.0\.0\s+cams\s+push\s+aborted\s+\S+\s+aborted by operator", listing), listing
 
 
 def test_mosquitto_config_command_writes_passwords_acl_and_credentials(tmp_path):
@@ -203,7 +206,7 @@ def test_tables_json_words_iso_times_and_follow(server_process, broker, make_age
     assert final["state"] == "completed" and final["group"] == "cams" and final["created"].endswith("Z")
     assert "stage 1 of 1" in result.stderr and "committed 1" in result.stderr
     listing = _cli("rollout", "status", *auth).splitlines()
-    assert listing[0].split()[:5] == ["rollout", "model", "version", "group", "state"]
+    assert listing[0].split()[:6] == ["rollout", "model", "version", "group", "kind", "state"]
 
 
 def _rollout_id(stderr: str) -> str:
