@@ -264,15 +264,17 @@ def rollout(server: OTAServer, rollout_id: str) -> dict[str, Any]:
 
 
 def repository(server: OTAServer) -> list[dict[str, Any]]:
-    """Every stored model version: size, signers, the variant and what its conversion measured and chose."""
+    """Every stored model version, one row per board's bundle (artifact): size, signers, the variant and what its
+    conversion measured and chose."""
     from edgesdk.runtime.bundle import signers
 
     models = []
     for name in server.repo.models():
         versions = []
-        for version in reversed(server.repo.versions(name)):
-            path = server.repo.path(name, version)
-            manifest = server.repo.manifest(name, version)
+        for version, artifact in [(v, a) for v in reversed(server.repo.versions(name))
+                                  for a in server.repo.artifacts(name, v)]:
+            path = server.repo.path(name, version, artifact)
+            manifest = server.repo.manifest(name, version, artifact)
             size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
             versions.append({"version": version, "size_bytes": size, "signers": list(signers(path)),
                              "variant": manifest.variant, "target_profile": manifest.target_profile,

@@ -133,6 +133,10 @@ def _live_progress(running, client: ConsoleClient, rollout: str) -> dict:
     raise AssertionError("the stream ended")
 
 
+#: The groups page's Per board cell of a group of three agents on this host: the release's bundle for its board.
+PER_BOARD = "generic-x86_64 (x86_64): generic-x86_64 bundle, {}/3"
+
+
 def test_the_groups_view_and_a_rollout_page_show_deferred_late_and_flagged_releases(console_fleet, make_agent, broker):
     running, agents = console_fleet
     server = running.ota
@@ -140,8 +144,10 @@ def test_the_groups_view_and_a_rollout_page_show_deferred_late_and_flagged_relea
     groups = client.get("/ui/groups")
     assert groups.status == 200 and 'href="/ui/groups"' in groups.html
     # group, release, devices, converged, behind online, behind offline, running now, since
-    assert _row(groups.html, 'data-group="cams"')[:7] == ["cams", "digits 1.0.0", "3", "3", "0", "0", ""]
-    assert _row(groups.html, 'data-group="lobby"')[:4] == ["lobby", "digits 1.0.0", "1", "1"]
+    assert _row(groups.html, 'data-group="cams"')[:8] == ["cams", "digits 1.0.0", PER_BOARD.format(3), "3", "3", "0",
+                                                          "0", ""]
+    assert _row(groups.html, 'data-group="lobby"')[:5] == ["lobby", "digits 1.0.0",
+                                                           "generic-x86_64 (x86_64): generic-x86_64 bundle, 1/1", "1", "1"]
     assert "flagged" not in groups.html.split("<h1>")[1].split("<table")[0]
 
     agents[2].stop()  # cam2 is away for the push: deferred, not failed
@@ -149,7 +155,8 @@ def test_the_groups_view_and_a_rollout_page_show_deferred_late_and_flagged_relea
     push = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
     wait_for(lambda: server.status(push, targets=False).state == "completed", timeout=60, what="the push")
     groups = client.get("/ui/groups")
-    assert _row(groups.html, 'data-group="cams"')[:6] == ["cams", "digits 2.0.0", "3", "2", "0", "1"]
+    assert _row(groups.html, 'data-group="cams"')[:7] == ["cams", "digits 2.0.0", PER_BOARD.format(2), "3", "2", "0",
+                                                          "1"]
     page = client.get(f"/ui/rollouts/{push}")
     assert re.search(r'<dd id="deferred"[^>]*>1</dd>', page.html) and '<dd id="late">none</dd>' in page.html
     assert re.search(r'id="flagged" hidden', page.html), "no banner for a release nobody flagged"
@@ -166,7 +173,8 @@ def test_the_groups_view_and_a_rollout_page_show_deferred_late_and_flagged_relea
     assert not re.search(r'id="flagged" hidden', page.html) and html.escape(reason) in page.html
     assert _live_progress(running, client, push)["flagged"] == reason
     groups = client.get("/ui/groups")
-    assert _row(groups.html, 'data-group="cams"')[:6] == ["cams", "digits 2.0.0 flagged", "3", "3", "0", "0"]
+    assert _row(groups.html, 'data-group="cams"')[:7] == ["cams", "digits 2.0.0 flagged", PER_BOARD.format(3), "3",
+                                                          "3", "0", "0"]
     assert "cams: release digits 2.0.0 flagged." in groups.html and html.escape(reason) in groups.html
 
 
