@@ -26,6 +26,11 @@ summed (the error rate is errors / calls); the offload share is cloud / (local +
 **The baseline.** The group's online devices still on another version of the model (not yet sent this rollout)
 with figures; when none is left (the last stage, or a canary of the whole group), the baseline the engine stored
 when the previous stage passed; with neither, only the error rate is judged, as an absolute rate.
+
+**Boards.** A release may run on several boards (each its own artifact), and a Pi 5's p99 says nothing about a
+Jetson's. Where reports name their board (a fourth item, the device's profile) and a board has figures on both
+sides, latency is compared board by board, and the stage fails when any board's ratio is over the limit; the
+aggregate comparison is the fallback when no board has both (the stored snapshot, or agents too old to say).
 """
 
 from __future__ import annotations
@@ -42,12 +47,14 @@ __all__ = ["Figures", "Report", "figures", "judge", "judge_stage", "paths_of"]
 
 
 class Report(NamedTuple):
-    """One device's last state as the analysis reads it: its id, the version it runs and its ``details`` (the
-    store's :meth:`~edgesdk.ota_server.store.verdicts.VerdictStore.stage_reports` gives such triples)."""
+    """One device's last state as the analysis reads it: its id, the version it runs, its ``details`` and its board
+    (profile; None: not known) (the store's :meth:`~edgesdk.ota_server.store.verdicts.VerdictStore.stage_reports`
+    gives such tuples)."""
 
     device_id: str
     version: str | None
     details: Mapping[str, Any]
+    board: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,13 +94,13 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def figures(reports: Iterable[tuple[str, str | None, Mapping[str, Any]]], min_calls: int,
+def figures(reports: Iterable[tuple[Any, ...]], min_calls: int,
             paths_before: Mapping[str, tuple[int, int]] | None = None) -> Figures:
     """The figures of ``reports`` (see the module doc); ``paths_before``: each device's (local, cloud) counts at
     a snapshot, subtracted so only the requests since count (a device whose counts went down restarted: all count)."""
     counted, too_few, calls, errors, local, cloud = [], 0, 0, 0, 0, 0
     versions: set[str] = set()
-    for device_id, version, details in reports:
+    for device_id, version, details, *_ in reports:
         runtime = details.get("runtime")
         count = _number((runtime or {}).get("count"))
         p99 = _number((runtime or {}).get("p99_ms"))
@@ -119,8 +126,11 @@ def _ms(value: float) -> str:
     return f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
-def judge(stage: Figures, baseline: Figures | None, policy: RolloutPolicy) -> tuple[bool, str, list[dict[str, Any]]]:
-    """(passed, the reason with the figures, each check as ``{name, value, baseline, limit, passed}``)."""
+def judge(stage: Figures, baseline: Figures | None, policy: RolloutPolicy,
+          boards: Mapping[str, tuple[Figures, Figures]] | None = None) -> tuple[bool, str, list[dict[str, Any]]]:
+    """(passed, the reason with the figures, each check as ``{name, value, baseline, limit, passed}``);
+    ``boards``: each board's (stage, baseline) figures where both sides have devices: latency is then judged per
+    board (checks named ``p99_ratio`` with a ``board``)."""
     if not stage.devices:
         return True, (f"no figures: none of the stage's {stage.too_few} reporting devices made {policy.min_calls} "
                       "calls on the new version yet (or they run no ManagedRuntime); passed on the install reports"
@@ -128,7 +138,18 @@ def judge(stage: Figures, baseline: Figures | None, policy: RolloutPolicy) -> tu
     checks: list[dict[str, Any]] = []
     failures: list[str] = []
     base = baseline if baseline is not None and baseline.devices else None
-    if policy.max_p99_ratio is not None and base is not None and stage.p99_ms is not None and base.p99_ms:
+    if policy.max_p99_ratio is not None and boards:
+        for board, (mine, theirs) in sorted(boards.items()):
+            if mine.p99_ms is None or not theirs.p99_ms:
+                continue
+            ratio = mine.p99_ms / theirs.p99_ms
+            ok = ratio <= policy.max_p99_ratio
+            checks.append({"name": "p99_ratio", "board": board, "value": round(ratio, 3), "canary": mine.p99_ms,
+                           "baseline": theirs.p99_ms, "limit": policy.max_p99_ratio, "passed": ok})
+            if not ok:
+                failures.append(f"on {board}, canary p99 {_ms(mine.p99_ms)} ms is {ratio:.1f}x the baseline's "
+                                f"{_ms(theirs.p99_ms)} ms (> {policy.max_p99_ratio:g}x)")
+    elif policy.max_p99_ratio is not None and base is not None and stage.p99_ms is not None and base.p99_ms:
         ratio = stage.p99_ms / base.p99_ms
         ok = ratio <= policy.max_p99_ratio
         checks.append({"name": "p99_ratio", "value": round(ratio, 3), "canary": stage.p99_ms,
@@ -166,8 +187,23 @@ def judge(stage: Figures, baseline: Figures | None, policy: RolloutPolicy) -> tu
     return True, f"{shown}{rate} over {stage.devices} devices: {within}", checks
 
 
-def judge_stage(policy: RolloutPolicy, stage: int, version: str, new: Iterable[tuple[str, str | None, Mapping[str, Any]]],
-                old: Iterable[tuple[str, str | None, Mapping[str, Any]]],
+def _by_board(new: list[tuple[Any, ...]], old: list[tuple[Any, ...]],
+              min_calls: int) -> dict[str, tuple[Figures, Figures]]:
+    """Each board's (stage, baseline) figures, for the boards with counted devices on both sides; empty for a
+    fleet of one board (or of unknown boards), where the aggregate is the same comparison."""
+    found: dict[str, tuple[Figures, Figures]] = {}
+    if len({r[3] if len(r) > 3 else None for r in [*new, *old]}) < 2:
+        return found
+    for board in {r[3] for r in new if len(r) > 3 and r[3]}:
+        mine = figures([r for r in new if len(r) > 3 and r[3] == board], min_calls)
+        theirs = figures([r for r in old if len(r) > 3 and r[3] == board], min_calls)
+        if mine.devices and theirs.devices:
+            found[board] = (mine, theirs)
+    return found
+
+
+def judge_stage(policy: RolloutPolicy, stage: int, version: str, new: Iterable[tuple[Any, ...]],
+                old: Iterable[tuple[Any, ...]],
                 snapshot: Mapping[str, Any] | None, now: float,
                 rollback: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The verdict of stage ``stage`` (0-based) of a rollout to ``version`` as JSON, and the baseline snapshot to
@@ -178,7 +214,7 @@ def judge_stage(policy: RolloutPolicy, stage: int, version: str, new: Iterable[t
     The verdict is ``{"stage": N (1-based, the canary is 1), "passed", "reason", "judged_at" (ISO), "canary":
     figures, "baseline": figures plus ``source`` ("live" or "snapshot") or None, "checks": [...], "limits": {...}}``.
     """
-    old = list(old)
+    new, old = list(new), list(old)
     paths_before = {k: (int(v[0]), int(v[1])) for k, v in ((snapshot or {}).get("paths") or {}).items()}
     canary = figures(new, policy.min_calls, paths_before)
     live = figures(old, policy.min_calls)
@@ -189,7 +225,8 @@ def judge_stage(policy: RolloutPolicy, stage: int, version: str, new: Iterable[t
     if rollback:
         passed, reason = True, "a rollback: not judged (it returns the group to a version it ran)"
     else:
-        passed, reason, checks = judge(canary, base, policy)
+        passed, reason, checks = judge(canary, base, policy,
+                                       _by_board(new, old, policy.min_calls) if source == "live" else None)
     verdict = {"stage": stage + 1, "version": version, "passed": passed, "reason": reason, "judged_at": iso_time(now),
                "canary": canary.to_json(), "baseline": {**base.to_json(), "source": source} if base else None,
                "checks": checks, "limits": {"max_p99_ratio": policy.max_p99_ratio,
@@ -198,6 +235,6 @@ def judge_stage(policy: RolloutPolicy, stage: int, version: str, new: Iterable[t
                                             "min_calls": policy.min_calls}}
     keep = None
     if live.devices:
-        keep = {"figures": live.to_json(), "paths": {device: list(paths_of(details)) for device, _, details in old
+        keep = {"figures": live.to_json(), "paths": {device: list(paths_of(details)) for device, _, details, *_ in old
                                                      if any(paths_of(details))}}
     return verdict, keep

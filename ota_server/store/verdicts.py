@@ -12,8 +12,8 @@ from edgesdk.ota_server.store.sql import Database
 
 __all__ = ["VerdictStore"]
 
-#: (device id, version, details) of one device's last report.
-StageReport = tuple[str, "str | None", dict[str, Any]]
+#: (device id, version, details, board profile) of one device's last report.
+StageReport = tuple[str, "str | None", dict[str, Any], "str | None"]
 
 
 class VerdictStore:
@@ -25,7 +25,8 @@ class VerdictStore:
         """The last reports (with details) of the online devices of the rollout's group that run its model: those on
         its version, and those on another version that no stage up to ``stage`` (0-based) sent it to (the baseline)."""
         rows = self.sql.rows(
-            """SELECT d.id, d.version, d.details, r.version AS wanted FROM devices d JOIN rollouts r ON d.grp = r.grp
+            """SELECT d.id, d.version, d.details, d.profile, r.version AS wanted FROM devices d
+               JOIN rollouts r ON d.grp = r.grp
                WHERE r.id = ? AND d.model = r.model AND d.status = 'online' AND d.details IS NOT NULL
                AND (d.version = r.version OR NOT EXISTS (SELECT 1 FROM targets t WHERE t.rollout_id = r.id
                                                          AND t.device_id = d.id AND t.wave <= ?))
@@ -38,7 +39,8 @@ class VerdictStore:
             except ValueError:
                 continue
             if isinstance(details, dict):
-                (new if row["version"] == row["wanted"] else old).append((row["id"], row["version"], details))
+                (new if row["version"] == row["wanted"] else old).append((row["id"], row["version"], details,
+                                                                          row["profile"]))
         return new, old
 
     def baseline(self, rollout_id: str) -> dict[str, Any] | None:

@@ -147,3 +147,20 @@ def test_a_manual_rollout_waits_for_promote_once_its_canary_passed(fleet):
     assert r.to_json()["phase"] == "waiting_for_promote" and len(recorder.stages) == 1
     engine.promote(r.id)
     assert engine.status(r.id).phase == "deploying"
+
+
+def test_a_mixed_fleet_is_judged_board_by_board_not_on_the_mix():
+    """Issue 37's releases run on several boards: a Jetson canary 1.8x slower than the Jetsons still on the old
+    version fails, although the median over the whole mix (Pis at 20 ms, Jetsons at 5 ms) says it is faster."""
+    def on(board: str, version: str, p99s: list[float]) -> list[tuple]:
+        return [(f"{board}-{version}-{i}", version, _details(p99), board) for i, p99 in enumerate(p99s)]
+
+    new = on("jetson-orin-nano", "2.0.0", [9.0, 9.1, 9.2]) + on("raspberry-pi-5", "2.0.0", [20.0, 20.5])
+    old = on("jetson-orin-nano", "1.0.0", [5.0, 5.1]) + on("raspberry-pi-5", "1.0.0", [20.0, 20.2, 20.4, 20.1])
+    verdict, _ = judge_stage(POLICY, 0, "2.0.0", new, old, None, 0.0)
+    assert verdict["canary"]["p99_ms"] < verdict["baseline"]["p99_ms"], "the mix alone would have passed it"
+    assert verdict["passed"] is False and verdict["reason"].startswith("on jetson-orin-nano, canary p99 9.1 ms is 1.8x")
+    by_board = {c["board"]: c["passed"] for c in verdict["checks"] if c["name"] == "p99_ratio"}
+    assert by_board == {"jetson-orin-nano": False, "raspberry-pi-5": True}
+    healthy = on("jetson-orin-nano", "2.0.0", [5.2, 5.0, 5.1]) + on("raspberry-pi-5", "2.0.0", [20.0, 20.5])
+    assert judge_stage(POLICY, 0, "2.0.0", healthy, old, None, 0.0)[0]["passed"] is True
