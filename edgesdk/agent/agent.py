@@ -35,6 +35,7 @@ from edgesdk.agent.install import Installer, InstallOutcome
 from edgesdk.agent.local_chunks import LocalChunks
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.measurements import MeasurementService
+from edgesdk.agent.power_keeper import PowerModeKeeper
 from edgesdk.agent.state_report import device_state
 from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.store import ModelStore, PendingInstall
@@ -59,11 +60,11 @@ class DeviceAgent:
         self.store = ModelStore(config.store)
         #: The device's root of trust, when it has one (else commands are checked with ``config.server_key``).
         self.trust = TrustKeeper.open(self.store.root / "trust", config.root, config.device_id,
-                                      lambda reason: self._event(None, AgentEvent.REJECTED, reason=reason),
-                                      lambda: self._publish_state())
+                                      lambda reason: self._event(None, AgentEvent.REJECTED, reason=reason), self._publish_state)
         self.runtime = runtime
-        self.installer = Installer(self.store, runtime, lambda: self.trust.root.keyset("bundles") if self.trust else None)
         self.profile = resolve_profile(config, runtime)
+        self.installer = Installer(self.store, runtime, lambda: self.trust.root.keyset("bundles") if self.trust else None,
+                                   PowerModeKeeper(self.profile, config.sysfs_root) if config.apply_power_mode else None)
         self._transport_factory = transport_factory
         me = config.device_id
         self.guard = StorageGuard(self.store, config.min_free_bytes, config.pinned, label=me)
@@ -141,7 +142,8 @@ class DeviceAgent:
 
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
-        return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session, self.profile)
+        return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session, self.profile,
+                            self.installer.power)
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""
@@ -276,8 +278,7 @@ class DeviceAgent:
             transfer.discard()
         self._install(command, slot, downloaded=True, started=started, rejected_chunks=transfer.rejected)
 
-    def _install(self, command: Command, slot: str, downloaded: bool, started: float | None = None,
-                 **details: Any) -> None:
+    def _install(self, command: Command, slot: str, downloaded: bool, started: float | None = None, **details: Any) -> None:
         """Install a slot for a command; ``details`` (facts of its transfer) go with a commit's report."""
         outcome = self.installer.install(slot, deployment_id=command.deployment_id, name=command.name,
                                          version=command.version, verify=not downloaded, started=started)

@@ -78,6 +78,9 @@ class AgentConfig:
     #: Publish the retained state (runtime statistics, energy) this often besides on every change; None: only
     #: on changes. Every device's state reaches the server, so fleets set it in minutes, not seconds.
     state_interval_s: float | None = None
+    #: Put the board in the power mode of each bundle installed (cpufreq governor, clock cap, online cores below
+    #: ``sysfs_root``, or ``nvpmodel -m`` on a Jetson) and report ``power_mode_applied``; off: the board is left as is.
+    apply_power_mode: bool = False
 
     def __post_init__(self) -> None:
         check_id(self.device_id, "device id")

@@ -32,6 +32,7 @@ from typing import Any
 from edgesdk.agent.failpoints import failpoint
 from edgesdk.agent.local_chunks import record_layout
 from edgesdk.agent.managed import HealthReport, ManagedRuntime, health_check
+from edgesdk.agent.power_keeper import PowerModeKeeper
 from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import ArchiveInfo
@@ -66,12 +67,19 @@ class Installer:
     With a ManagedRuntime the health check is its swap, so the app's model changes only
     when the new one passes; without one the model is loaded on its own just for the check.
     Not thread-safe: the agent calls it from its one worker thread.
+
+    With a ``power`` keeper (the agent's ``--apply-power-mode``) the board is put in the power mode of
+    the bundle that serves after each install, committed or rolled back, and on :meth:`recover`. It is
+    applied after the health check, not before: a bundle that fails its check must not leave the
+    board in its mode (the check's latency gate, 5x the planned latency, leaves room for the clock).
     """
 
     def __init__(self, store: ModelStore, runtime: ManagedRuntime | None = None,
-                 bundle_keys: Callable[[], KeySet | None] = lambda: None) -> None:
+                 bundle_keys: Callable[[], KeySet | None] = lambda: None, power: PowerModeKeeper | None = None) -> None:
         self.store = store
         self.runtime = runtime
+        #: Applies the serving bundle's power mode (None: the agent leaves the board's power state alone).
+        self.power = power
         #: The keys bundles must be signed with, asked at each install (the root's bundles role, which a rotation
         #: may have changed since the transfer began); None: the signed command's hashes are the only check.
         self.bundle_keys = bundle_keys
@@ -125,9 +133,11 @@ class Installer:
             if previous and self.store.has_slot(previous):
                 self.store.set_pointer("current", previous)
             self._finish(committed=None)
+            self._apply_power_mode()
             return InstallOutcome(AgentEvent.ROLLED_BACK, pending, {"reason": f"{type(exc).__name__}: {exc}",
                                                            "restored": previous})
         self._finish(committed=slot)
+        self._apply_power_mode()
         return InstallOutcome(AgentEvent.COMMITTED, pending, {
             "apply_ms": (time.perf_counter() - started) * 1e3,
             "health": {"max_abs_error": report.max_abs_error, "latency_ms": report.latency_ms}})
@@ -154,7 +164,17 @@ class Installer:
                 state.pending = None
                 self.store.save_state(state)
         self._load_current()
+        self._apply_power_mode()
         return resume
+
+    def _apply_power_mode(self) -> None:
+        """Put the board in the power mode of the bundle ``current`` names (with a keeper; its outcome is logged)."""
+        path = self.store.current_path()
+        if self.power is not None and path is not None:
+            try:
+                self.power.apply(path, self.runtime.mode if self.runtime is not None else None)
+            except EdgeSDKError as exc:  # an unreadable manifest already failed the install; keep the agent up
+                log.error("cannot apply the power mode of %s: %s", path, exc)
 
     def _finish(self, committed: str | None) -> None:
         """Drop the pending record; with ``committed``, record that slot as the one the device runs."""

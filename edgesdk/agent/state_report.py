@@ -9,6 +9,7 @@ from edgesdk.agent.config import AgentConfig
 from edgesdk.agent.energy_account import EnergyAccount, NoEnergy
 from edgesdk.agent.local_chunks import LAYOUTS
 from edgesdk.agent.managed import ManagedRuntime
+from edgesdk.agent.power_keeper import PowerModeKeeper
 from edgesdk.agent.rollback_floor import RollbackFloors
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.trust_keeper import TrustKeeper
@@ -20,7 +21,8 @@ __all__ = ["device_state"]
 
 def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime | None,
                  energy: EnergyAccount | NoEnergy, trust: TrustKeeper | None = None,
-                 session: float | None = None, board: DeviceProfile | None = None) -> dict[str, Any]:
+                 session: float | None = None, board: DeviceProfile | None = None,
+                 power: PowerModeKeeper | None = None) -> dict[str, Any]:
     """The state document: model and version, slots (and which have a chunk layout), disk and retention, and,
     with a ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran:
     local, cloud, refused) and its energy per inference since the last report where the board has a power
@@ -29,7 +31,9 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
     did, and then ``accepts_deploys`` is false); each model's rollback floor and the release that set it
     (``rollback_floors``, taken from the committed slot as the state is made); ``session``: when this run of the
     agent began (its last will says it too); ``board``: the profile the agent runs as (``profile`` and ``arch``: the
-    server sends the device its board's artifact of a release)."""
+    server sends the device its board's artifact of a release); ``power``: with ``--apply-power-mode``, whether the
+    board is in the serving bundle's power mode (``power_mode_applied``) and ``power_mode`` (its name, settings, and
+    otherwise the reason and the commands that apply it by hand; :class:`~edgesdk.agent.power_keeper.PowerModeKeeper`)."""
     current = store.current_model()
     slots = sorted(p.name for p in store.slots.iterdir() if not p.name.startswith("."))
     state: dict[str, Any] = {
@@ -41,6 +45,8 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
         **({"profile": board.name, "arch": board.arch} if board is not None else {})}
     if trust is not None:
         state["trust"] = trust.state()
+    if power is not None:
+        state.update(power.report())
     try:
         floors = RollbackFloors(store)
         floors.observe()

@@ -34,12 +34,15 @@ import click
 @click.option("--state-every", "state_every", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Also publish the device's state (runtime statistics, energy per inference) every S seconds.")
 @click.option("--sysfs-root", default="/sys", show_default=True,
-              help="Where sysfs is: the board's power sensor is read below it.")
+              help="Where sysfs is: the board's power sensor is read, and power modes written, below it.")
+@click.option("--apply-power-mode", is_flag=True,
+              help="Put the board in each installed bundle's power mode (cpufreq governor, clocks, online cores; "
+                   "nvpmodel on a Jetson; needs root, else the commands are logged) and report power_mode_applied.")
 @click.option("--allow-unsigned", is_flag=True, help="DEVELOPMENT ONLY: accept unsigned commands.")
 def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, root: str | None,
           credentials: str | None, require_tls: bool,
           ca_file: str | None, profile: str | None, keep_slots: int, pins: tuple[str, ...], min_free: int,
-          state_every: float | None, sysfs_root: str, allow_unsigned: bool) -> None:
+          state_every: float | None, sysfs_root: str, apply_power_mode: bool, allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
     from edgesdk.agent.agent import DeviceAgent
     from edgesdk.agent.config import AgentConfig
@@ -59,7 +62,7 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
                          allow_unsigned=allow_unsigned,
                          username=username, password=password, ca_file=ca_file, require_tls=require_tls,
                          profile=profile, keep_slots=keep_slots, pinned=pins, min_free_bytes=min_free,
-                         state_interval_s=state_every, sysfs_root=sysfs_root)
+                         state_interval_s=state_every, sysfs_root=sysfs_root, apply_power_mode=apply_power_mode)
     runtime = ManagedRuntime(profile=profile)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -66,7 +66,7 @@ _MAX_TIMESTAMP = float(2**53)
 #: The machine reasons a refusal carries (servers count refusals by them).
 REASONS = ("length", "json", "type", "range", "id", "missing")
 #: The keys of a state report kept as the device's details (what the console shows).
-DETAIL_FIELDS = ("runtime", "disk", "previous", "energy", "keep_slots", "pinned")
+DETAIL_FIELDS = ("runtime", "disk", "previous", "energy", "keep_slots", "pinned", "power_mode_applied", "power_mode")
 
 
 def _refuse(reason: str, field_name: str, message: str) -> ReportError:
@@ -277,6 +277,9 @@ def parse_state(device: str, payload: bytes) -> StateReport:
     stale = trust.get("stale")
     if stale is not None and not isinstance(stale, bool):
         raise _refuse("type", "trust.stale", f"trust.stale {_show(stale)} must be true, false or null")
+    applied = state.get("power_mode_applied")
+    if applied is not None and not isinstance(applied, bool):
+        raise _refuse("type", "power_mode_applied", f"power_mode_applied {_show(applied)} must be true, false or null")
     details = {key: plain(state[key], key) for key in DETAIL_FIELDS if key in state}
     _compact(details, "details")
     return StateReport(

@@ -37,6 +37,7 @@ __all__ = [
     "DetectionHints",
     "DeviceProfile",
     "PROFILE_PATH_ENV",
+    "GOVERNORS",
     "load_profile",
     "list_profiles",
     "profile_from_dict",
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 PROFILE_PATH_ENV = "EDGESDK_PROFILE_PATH"
+#: The Linux cpufreq governors a power mode may name.
+GOVERNORS = ("performance", "powersave", "schedutil", "ondemand", "conservative", "userspace")
 
 
 class RuntimeMode(str, enum.Enum):
@@ -125,6 +128,10 @@ class PowerMode:
     max_mhz: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     #: How many of the listed clusters' cores stay online (e.g. Jetson Nano 5W keeps 2).
     online_cores: int | None = None
+    #: The cpufreq governor this mode sets on its clusters (one of :data:`GOVERNORS`); None: leave the OS's.
+    governor: str | None = None
+    #: The ``nvpmodel -m`` id of this mode on a Jetson (from NVIDIA's nvpmodel table); it then sets clocks and cores.
+    nvpmodel: int | None = None
 
     def __post_init__(self) -> None:
         if self.idle_watts <= 0:
@@ -136,6 +143,12 @@ class PowerMode:
             raise ProfileError(f"power mode {self.name!r} lists no clusters")
         if self.online_cores is not None and self.online_cores < 1:
             raise ProfileError(f"power mode {self.name!r}: online_cores must be >= 1, got {self.online_cores}")
+        if self.governor is not None and self.governor not in GOVERNORS:
+            raise ProfileError(f"power mode {self.name!r}: governor {self.governor!r} is not a cpufreq governor; "
+                               f"use one of {list(GOVERNORS)}")
+        if self.nvpmodel is not None and (isinstance(self.nvpmodel, bool) or self.nvpmodel < 0):
+            raise ProfileError(f"power mode {self.name!r}: nvpmodel must be an id >= 0 (`nvpmodel -q --verbose` "
+                               f"lists them), got {self.nvpmodel!r}")
 
 
 @dataclass(frozen=True)
@@ -289,7 +302,9 @@ def _power_mode(f: Fields) -> PowerMode:
     fields = dict(name=f.get("name", str), idle_watts=float(f.get("idle_watts", (int, float))),
                   active_watts=MappingProxyType(_watts_map(f, "active_watts")), clusters=f.strings("clusters"),
                   serves=tuple(serves), max_mhz=MappingProxyType(dict(max_mhz)),
-                  online_cores=f.get("online_cores", (int, type(None)), default=None))
+                  online_cores=f.get("online_cores", (int, type(None)), default=None),
+                  governor=f.get("governor", (str, type(None)), default=None),
+                  nvpmodel=f.get("nvpmodel", (int, type(None)), default=None))
     try:
         mode = PowerMode(**fields)
     except ProfileError as exc:
@@ -390,8 +405,7 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
         data: dict[str, Any] = {"name": m.name, "idle_watts": m.idle_watts, "active_watts": dict(m.active_watts),
                                 "clusters": list(m.clusters),
                                 "serves": [s.value for s in m.serves], "max_mhz": dict(m.max_mhz)}
-        if m.online_cores is not None:
-            data["online_cores"] = m.online_cores
+        data.update({k: getattr(m, k) for k in ("online_cores", "governor", "nvpmodel") if getattr(m, k) is not None})
         return data
 
     def power(p: BoardPower) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from edgesdk.runtime.tensors import TensorSpec, validate_inputs
 
 if TYPE_CHECKING:
     from edgesdk.runtime.async_predictions import OffloadPolicy
+    from edgesdk.runtime.power_modes import PowerModeResult
 
 __all__ = ["Runtime", "RuntimeInfo"]
 
@@ -55,6 +56,8 @@ class RuntimeInfo:
     cores: tuple[int, ...]
     #: Every fallback taken, in order (also logged as warnings).
     fallbacks: tuple[str, ...]
+    #: With ``apply_power_mode=True``: whether the board was put in ``power_mode`` (see ``Runtime.power``); else None.
+    power_mode_applied: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name with tuples as lists, ready for JSON."""
@@ -140,6 +143,15 @@ class Runtime(AsyncPredictions):
     host; not measured on an Arm board), small next to the milliseconds a model on such a
     frame takes, and it scales with the input, so small models pay little too. Pass False
     for models that expect non-finite values or when the caller already checks.
+
+    ``apply_power_mode=True`` puts the board in the power mode the runtime runs in (the profile's
+    cpufreq governor, clock cap and online cores under ``sysfs_root``, or ``nvpmodel -m`` on a
+    Jetson; :mod:`edgesdk.runtime.power_modes`) and keeps the outcome in :attr:`power` and
+    ``info.power_mode_applied``; where this process may not (not root, read-only sysfs, no
+    nvpmodel), it logs the commands once and loads the model anyway. It is off by default: those
+    settings are the whole board's, shared with every other process, survive this Runtime, and
+    need root, which a library call should not take on its own. The device agent applies them
+    for the bundles it installs (``edgesdk agent --apply-power-mode``).
     """
 
     def __init__(
@@ -154,6 +166,8 @@ class Runtime(AsyncPredictions):
         offload: OffloadPolicy | None = None,
         max_local_queue: int | None = None,
         check_finite: bool = True,
+        apply_power_mode: bool = False,
+        sysfs_root: str = "/sys",
     ) -> None:
         self._check_offload_arguments(offload, max_local_queue)
         self.bundle: Bundle | None = None
@@ -188,6 +202,12 @@ class Runtime(AsyncPredictions):
         self.plan = plan_cores(self.profile, parsed_mode, threads)
         for note in self.plan.notes:
             log.warning("scheduling: %s", note)
+        #: What ``apply_power_mode=True`` did (:class:`edgesdk.runtime.power_modes.PowerModeResult`); None when not asked.
+        self.power: PowerModeResult | None = None
+        if apply_power_mode:
+            from edgesdk.runtime.power_modes import apply_power_mode as apply
+
+            self.power = apply(self.profile, self.plan.power_mode or parsed_mode, sysfs_root)
         accelerators, missing = _accelerators(self.profile, accelerator)
         for note in missing:
             log.warning("accelerator fallback: %s", note)
@@ -207,6 +227,7 @@ class Runtime(AsyncPredictions):
             threads=backend_info.threads,
             cores=self.plan.cores,
             fallbacks=self.plan.notes + missing + backend_info.fallbacks,
+            power_mode_applied=self.power.applied if self.power else None,
         )
         self._cores = frozenset(self.plan.cores)
         self._input_specs = self._backend.inputs

@@ -38,8 +38,9 @@ class EventRecord:
 
 
 #: The keys of a device's state report kept as its details: runtime statistics (latency, offload paths), disk,
-#: the previous version, energy, and the pins and slot retention it runs with.
-DETAIL_KEYS = ("runtime", "disk", "previous", "energy", "keep_slots", "pinned")
+#: the previous version, energy, the pins and slot retention it runs with, and whether the board is in the serving
+#: bundle's power mode (an agent run with --apply-power-mode).
+DETAIL_KEYS = ("runtime", "disk", "previous", "energy", "keep_slots", "pinned", "power_mode_applied", "power_mode")
 
 
 @dataclass(frozen=True)
