@@ -1,0 +1,263 @@
+"""The converter's cost models checked against published board figures (issue 38, item 2).
+
+``benchmarks/data/published_latency.yaml`` holds published latencies (board, core, clock,
+runtime, model, input, precision, threads, source). This script:
+
+1. rebuilds each figure's model from its public definition (``_calibration_models.py``);
+2. **CPU figures**: counts the model's instructions per inference on the figure's core with the
+   converter's own :class:`~edgesdk.converters.emulate.Emulator` (the board's aarch64 ONNX Runtime
+   under qemu-user; the Cortex-A55 on the stand-in of ``_calibration_counts.py``), and estimates
+   ``count * CPI / clock / (1 + e * (threads - 1))``, the formula of
+   :func:`~edgesdk.converters.emulate.board_latency_ms`;
+3. **GPU figures** (Jetson Orin Nano, TensorRT): the roofline of
+   :mod:`edgesdk.converters.gpu_estimate` against the data-sheet ceilings of the figure's power
+   mode, divided by an efficiency, plus a fixed cost per kernel;
+4. splits the figures deterministically into a **fit half** and a **validation half**, stratified by
+   board and core (:func:`split`: each source's figures alternately to the two halves);
+5. fits, on the fit half only, one CPI per core type (least squares of log error, with ``e`` the
+   converter's :data:`~edgesdk.converters.emulate.PARALLEL_EFFICIENCY`), and the GPU efficiency and
+   per-kernel cost; it also reports the thread efficiency the fit half itself supports;
+6. reports each validation figure's error (estimate / published - 1) and, per board, the median
+   and worst absolute error and the number of sources, against the issue's goals.
+
+Counting is CPU-heavy (about a minute of qemu per model and core); counts are cached by the
+Emulator, so a second run costs file reads. ``--quick`` uses cached counts only and skips CPU
+figures not yet counted (and says so).
+
+    python benchmarks/calibration.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import yaml  # noqa: E402
+from _calibration_counts import A55, COUNTED_ON, count_figure, counter  # noqa: E402
+from _calibration_models import build  # noqa: E402
+from _common import emit, goal, log  # noqa: E402
+
+from edgesdk.converters.emulate import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY  # noqa: E402
+from edgesdk.converters.gpu_estimate import GpuPeak, estimate_ms, node_costs, roofline_ms  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "published_latency.yaml"
+#: The issue's targets (issue 38, "Figures"); never loosened.
+MEDIAN_TARGET, WORST_TARGET, SOURCES_TARGET, GPU_MEDIAN_TARGET = 0.25, 0.50, 3, 0.30
+CPU_BOARDS = ("raspberry-pi-4", "raspberry-pi-5", "rk3588")
+
+
+def split(figures: list[dict]) -> dict[str, str]:
+    """id -> "fit" | "validation", fixed before any estimate is made.
+
+    Per (board, core), each source's figures (sorted by id; sources in name order) go alternately to
+    the two halves, starting with the half that is smaller so far (validation on a tie): every
+    source is split as evenly as it can be, and a source with a single figure is validated against."""
+    strata: dict[tuple[str, str], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for f in figures:
+        strata[(f["board"], f["core"])][f["source"]].append(f)
+    half = {}
+    for by_source in strata.values():
+        sizes = {"validation": 0, "fit": 0}
+        for source in sorted(by_source):
+            first = "validation" if sizes["validation"] <= sizes["fit"] else "fit"
+            other = "fit" if first == "validation" else "validation"
+            for i, f in enumerate(sorted(by_source[source], key=lambda f: f["id"])):
+                half[f["id"]] = first if i % 2 == 0 else other
+                sizes[half[f["id"]]] += 1
+    return half
+
+
+def cpu_estimate(instructions: float, cpi: float, mhz: float, threads: int, efficiency: float) -> float:
+    """Milliseconds: ``board_latency_ms``'s formula with an explicit CPI and thread efficiency."""
+    return instructions * cpi / (mhz * 1e3) / (1 + efficiency * (max(threads, 1) - 1))
+
+
+def fit_cpi(rows: list[dict], efficiency: float) -> dict[str, float]:
+    """Per core: the CPI minimising the squared log error over ``rows`` (the geometric-mean ratio)."""
+    logs: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        unit = cpu_estimate(r["instructions"], 1.0, r["mhz"], r["threads"], efficiency)
+        logs[r["core"]].append(math.log(r["latency_ms"] / unit))
+    return {core: math.exp(statistics.fmean(values)) for core, values in logs.items()}
+
+
+def fit_thread_efficiency(rows: list[dict]) -> float | None:
+    """The thread efficiency (0.30..1.00) that, with CPIs refitted, minimises the fit half's squared log error;
+    None when the fit half has no core with both one-thread and multi-thread figures."""
+    by_core: dict[str, set[bool]] = defaultdict(set)
+    for r in rows:
+        by_core[r["core"]].add(r["threads"] > 1)
+    if not any(len(kinds) == 2 for kinds in by_core.values()):
+        return None
+
+    def loss(e: float) -> float:
+        cpis = fit_cpi(rows, e)
+        return sum(math.log(cpu_estimate(r["instructions"], cpis[r["core"]], r["mhz"], r["threads"], e)
+                            / r["latency_ms"]) ** 2 for r in rows)
+    return min((e / 100 for e in range(30, 101)), key=loss)
+
+
+def fit_gpu(rows: list[dict]) -> tuple[float, float]:
+    """(efficiency, per-kernel µs) minimising the fit half's squared log error (grid search)."""
+    best = (math.inf, 1.0, 0.0)
+    for e_step in range(1, 101):
+        efficiency = e_step / 100
+        for kernel_us in (k * 0.5 for k in range(0, 101)):
+            # estimate_ms's sum, with each row's roofline and kernel count computed once
+            loss = sum(math.log((r["roofline_ms"] / efficiency + r["kernels"] * kernel_us / 1e3)
+                                / r["latency_ms"]) ** 2 for r in rows)
+            if loss < best[0]:
+                best = (loss, efficiency, kernel_us)
+    return best[1], best[2]
+
+
+def board_key(row: dict) -> str:
+    return row["board"]
+
+
+def summarise(rows: list[dict], key: Any = board_key) -> dict[str, dict[str, Any]]:
+    """Per group: figures, median and worst absolute error, sources, over ``rows`` (one half)."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[key(r)].append(r)
+    out = {}
+    for name, members in sorted(groups.items()):
+        errors = [abs(r["error"]) for r in members]
+        out[name] = {"figures": len(members), "median_abs_error": round(statistics.median(errors), 4),
+                     "worst_abs_error": round(max(errors), 4), "sources": len({r["source"] for r in members})}
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """The calibration table, one line per figure."""
+    lines = [f"{'figure':<38} {'half':<10} {'source':<26} {'published':>10} {'estimated':>10} {'error':>8}"]
+    for r in rows:
+        estimate = f"{r['estimated_ms']:.2f}" if r.get("estimated_ms") is not None else "-"
+        error = f"{r['error']:+.1%}" if r.get("error") is not None else r.get("skipped", "-")
+        lines.append(f"{r['id']:<38} {r['half']:<10} {r['source']:<26} {r['latency_ms']:>10.2f} {estimate:>10} "
+                     f"{error:>8}")
+    return "\n".join(lines)
+
+
+def cpu_rows(data: dict, half: dict[str, str], quick: bool) -> tuple[list[dict], list[str]]:
+    """The CPU figures with their instruction counts (counting what is not cached, unless ``quick``)."""
+    emulator = counter()
+    rows, skipped = [], []
+    for f in data["figures"]:
+        if f["core"] not in COUNTED_ON:
+            continue
+        log(f"counting {f['model']}@{f['input']} on {COUNTED_ON[f['core']]} for {f['id']}")
+        count = count_figure(emulator, f, cached_only=quick)
+        if count is None:
+            skipped.append(f["id"])
+            continue
+        rows.append({**f, "half": half[f["id"]], "instructions": count.instructions, "counted_on": count.cpu,
+                     "count_seconds": round(count.seconds, 1), "cached": count.cached})
+    return rows, skipped
+
+
+def gpu_rows(data: dict, half: dict[str, str]) -> list[dict]:
+    """The GPU figures with their per-node costs and the data-sheet peak of their power mode."""
+    import onnx
+
+    rows = []
+    for f in data["figures"]:
+        if f["core"] != "ampere-gpu":
+            continue
+        hardware = data["hardware"][f["board"]][f["gpu_mode"]]
+        peak = GpuPeak(hardware["tflops"], hardware["memory_gbps"])
+        model = onnx.load(str(build(f["model"], f["input"], f.get("classes"))))
+        costs = node_costs(model, f["precision"])
+        rows.append({**f, "half": half[f["id"]], "costs": costs, "peak": peak,
+                     "gflops": round(sum(c.flops for c in costs) / 1e9, 3),
+                     "roofline_ms": roofline_ms(costs, peak, f["precision"]),
+                     "kernels": sum(1 for c in costs if c.kernel)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="use cached instruction counts only")
+    args = parser.parse_args()
+    data = yaml.safe_load(DATA.read_text())
+    half = split(data["figures"])
+
+    cpu, skipped = cpu_rows(data, half, args.quick)
+    fit_rows = [r for r in cpu if r["half"] == "fit"]
+    cpis = fit_cpi(fit_rows, PARALLEL_EFFICIENCY)
+    best_e = fit_thread_efficiency(fit_rows)
+    cpis_best_e = fit_cpi(fit_rows, best_e) if best_e is not None else None
+    for r in cpu:
+        cpi = cpis.get(r["core"])
+        r["estimated_ms"] = cpu_estimate(r["instructions"], cpi, r["mhz"], r["threads"], PARALLEL_EFFICIENCY) \
+            if cpi else None
+        r["error"] = r["estimated_ms"] / r["latency_ms"] - 1 if cpi else None
+        if cpis_best_e is not None and best_e is not None and r["core"] in cpis_best_e:
+            other = cpu_estimate(r["instructions"], cpis_best_e[r["core"]], r["mhz"], r["threads"], best_e)
+            r["error_with_fitted_threads"] = other / r["latency_ms"] - 1
+
+    gpu = gpu_rows(data, half)
+    efficiency, kernel_us = fit_gpu([r for r in gpu if r["half"] == "fit"])
+    for r in gpu:
+        r["estimated_ms"] = estimate_ms(r["costs"], r["peak"], r["precision"], efficiency, kernel_us)
+        r["error"] = r["estimated_ms"] / r["latency_ms"] - 1
+
+    rows = cpu + gpu
+    for r in skipped:
+        f = next(f for f in data["figures"] if f["id"] == r)
+        rows.append({**f, "half": half[r], "estimated_ms": None, "error": None, "skipped": "uncounted"})
+    log(table(rows))
+
+    validation_cpu = [r for r in cpu if r["half"] == "validation" and r["error"] is not None]
+    per_board = summarise(validation_cpu)
+    per_core = summarise(validation_cpu, key=lambda r: f"{r['board']}/{r['core']}")
+    sources_all = {b: len({f["source"] for f in data["figures"] if f["board"] == b})
+                   for b in {f["board"] for f in data["figures"]}}
+    gpu_validation = [r for r in gpu if r["half"] == "validation"]
+    gpu_summary = summarise(gpu_validation)
+    thread_check = summarise([{**r, "error": r["error_with_fitted_threads"]} for r in validation_cpu
+                              if "error_with_fitted_threads" in r]) if best_e is not None else {}
+
+    goals = []
+    for board in CPU_BOARDS:
+        s = per_board.get(board)
+        if s is None:
+            goals.append(goal(f"{board}: validation figures counted", ">= 1", 0, False))
+            continue
+        goals.append(goal(f"{board}: median |estimate/published - 1| (validation)", f"<= {MEDIAN_TARGET}",
+                          s["median_abs_error"], s["median_abs_error"] <= MEDIAN_TARGET))
+        goals.append(goal(f"{board}: worst |estimate/published - 1| (validation)", f"<= {WORST_TARGET}",
+                          s["worst_abs_error"], s["worst_abs_error"] <= WORST_TARGET))
+        goals.append(goal(f"{board}: sources (validation half)", f">= {SOURCES_TARGET}", s["sources"],
+                          s["sources"] >= SOURCES_TARGET))
+    g = gpu_summary.get("jetson-orin-nano", {"median_abs_error": math.inf, "sources": 0})
+    goals.append(goal("jetson-orin-nano GPU (TensorRT): median |estimate/published - 1| (validation)",
+                      f"<= {GPU_MEDIAN_TARGET}", g["median_abs_error"], g["median_abs_error"] <= GPU_MEDIAN_TARGET))
+
+    public = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k not in ("costs", "peak")}
+              for r in rows]
+    emit("calibration",
+         {"data": str(DATA.relative_to(Path(__file__).resolve().parent.parent)), "quick": args.quick,
+          "split": "per (board, core), each source's figures alternately to the halves, smaller half first",
+          "thread_efficiency": PARALLEL_EFFICIENCY, "a55_counted_on": f"qemu {A55.qemu_cpu} as CPU part {A55.cpu_part}"},
+         {"fitted_cpi": {k: round(v, 4) for k, v in sorted(cpis.items())},
+          "converter_cpi_now": {k: CYCLES_PER_INSTRUCTION.get(k) for k in sorted(cpis)},
+          "fitted_thread_efficiency": best_e,
+          "fitted_cpi_with_that_efficiency": {k: round(v, 4) for k, v in sorted((cpis_best_e or {}).items())},
+          "validation_with_fitted_thread_efficiency": thread_check,
+          "gpu_efficiency": efficiency, "gpu_per_kernel_us": kernel_us,
+          "validation_per_board": per_board, "validation_per_core": per_core, "validation_gpu": gpu_summary,
+          "sources_per_board_all_figures": sources_all, "skipped_uncounted": skipped,
+          "figures": public, "table": table(rows).splitlines()},
+         goals)
+
+
+if __name__ == "__main__":
+    main()
