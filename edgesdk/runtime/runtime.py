@@ -14,6 +14,7 @@ import numpy as np
 from edgesdk.errors import BackendError, EdgeSDKError, InputError, ScheduleError
 from edgesdk.runtime.async_predictions import AsyncPredictions
 from edgesdk.runtime.backends import BackendKind, open_backend
+from edgesdk.runtime.backends.tensorrt import TrtDeployment
 from edgesdk.runtime.boards import GENERIC_PREFIX, fits
 from edgesdk.runtime.bundle import Bundle, read_bundle
 from edgesdk.runtime.model_file import read_model
@@ -152,6 +153,12 @@ class Runtime(AsyncPredictions):
     settings are the whole board's, shared with every other process, survive this Runtime, and
     need root, which a library call should not take on its own. The device agent applies them
     for the bundles it installs (``edgesdk agent --apply-power-mode``).
+
+    Where ONNX Runtime runs the model on TensorRT, the engine is built for the bundle's variant
+    (FP16 or INT8 QDQ flags), with a workspace of half the profile's model budget, and cached
+    with its timing cache in ``trt_cache/`` beside the model (the bundle's slot directory, where
+    the agent's install health check builds it) or in ``trt_cache_dir``
+    (:mod:`edgesdk.runtime.backends.tensorrt`).
     """
 
     def __init__(
@@ -168,6 +175,7 @@ class Runtime(AsyncPredictions):
         check_finite: bool = True,
         apply_power_mode: bool = False,
         sysfs_root: str = "/sys",
+        trt_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._check_offload_arguments(offload, max_local_queue)
         self.bundle: Bundle | None = None
@@ -211,7 +219,9 @@ class Runtime(AsyncPredictions):
         accelerators, missing = _accelerators(self.profile, accelerator)
         for note in missing:
             log.warning("accelerator fallback: %s", note)
-        self._backend = open_backend(kind, model_file, self.plan, accelerators, self.profile.name)
+        trt = TrtDeployment.for_model(model_file.path, self.bundle.manifest.variant if self.bundle else None,
+                                      self.profile.model_budget_mb, trt_cache_dir)
+        self._backend = open_backend(kind, model_file, self.plan, accelerators, self.profile.name, trt)
         backend_info = self._backend.info
         self.info = RuntimeInfo(
             model=str(model_file.path),

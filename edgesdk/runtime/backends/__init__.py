@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from edgesdk.errors import BackendError
 from edgesdk.runtime.backends.base import Backend, BackendInfo
 from edgesdk.runtime.model_file import ModelFile, ModelFormat
 from edgesdk.runtime.profiles import Accelerator
 from edgesdk.runtime.scheduling import CorePlan
+
+if TYPE_CHECKING:
+    from edgesdk.runtime.backends.tensorrt import TrtDeployment
 
 __all__ = ["Backend", "BackendInfo", "BackendKind", "open_backend"]
 
@@ -25,11 +29,12 @@ _NATIVE = {ModelFormat.TFLITE: BackendKind.LITERT, ModelFormat.ONNX: BackendKind
 
 
 def open_backend(kind: BackendKind, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...],
-                 profile: str) -> Backend:
+                 profile: str, trt: TrtDeployment | None = None) -> Backend:
     """Load ``model`` in the backend that runs its format (``auto``) or the one asked for.
 
     ``accelerators`` come from the profile named ``profile`` (named in fallback notes); the
-    backend tries them in order and falls back to the CPU, recording why.
+    backend tries them in order and falls back to the CPU, recording why. ``trt`` is how ONNX Runtime's
+    TensorRT provider builds and caches this model's engine (LiteRT ignores it).
     """
     native = _NATIVE[model.format]
     if kind is BackendKind.AUTO:
@@ -45,4 +50,4 @@ def open_backend(kind: BackendKind, model: ModelFile, plan: CorePlan, accelerato
         return LiteRTBackend(model, plan, accelerators, profile)
     from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-    return OnnxRuntimeBackend(model, plan, accelerators, profile)
+    return OnnxRuntimeBackend(model, plan, accelerators, profile, trt)

@@ -1,4 +1,8 @@
-"""ONNX Runtime backend: providers ordered by the profile, intra-op threads pinned."""
+"""ONNX Runtime backend: providers ordered by the profile, intra-op threads pinned, TensorRT given its deployment.
+
+The TensorRT provider gets the options of :class:`~edgesdk.runtime.backends.tensorrt.TrtDeployment`
+(precision flags, engine and timing caches, workspace) when the runtime passes one.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import numpy as np
 
 from edgesdk.errors import BackendError, ModelFormatError
 from edgesdk.runtime.backends.base import Backend, BackendInfo
+from edgesdk.runtime.backends.tensorrt import TrtDeployment, providers_with_options
 from edgesdk.runtime.model_file import ModelFile
 from edgesdk.runtime.profiles import Accelerator, RuntimeMode
 from edgesdk.runtime.scheduling import CorePlan
@@ -48,9 +53,10 @@ def _affinity_string(cores: tuple[int, ...], threads: int) -> str:
 
 
 class OnnxRuntimeBackend(Backend):
-    """Runs an ONNX model in an ``onnxruntime.InferenceSession``."""
+    """Runs an ONNX model in an ``onnxruntime.InferenceSession``; ``trt`` configures the TensorRT provider if used."""
 
-    def __init__(self, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...], profile: str) -> None:
+    def __init__(self, model: ModelFile, plan: CorePlan, accelerators: tuple[Accelerator, ...], profile: str,
+                 trt: TrtDeployment | None = None) -> None:
         import onnxruntime as ort
 
         fallbacks: list[str] = []
@@ -67,6 +73,8 @@ class OnnxRuntimeBackend(Backend):
                 else:
                     fallbacks.append(f"{provider} for {acc.name} is not in this onnxruntime build")
         providers.append(CPU_PROVIDER)
+        session_providers, notes = providers_with_options(providers, trt)
+        fallbacks.extend(notes)
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.threads
@@ -78,7 +86,7 @@ class OnnxRuntimeBackend(Backend):
             # Spinning workers keep cores busy between ops; in power mode let them sleep.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self._session = ort.InferenceSession(model.content, options, providers=providers)
+            self._session = ort.InferenceSession(model.content, options, providers=session_providers)
         except Exception as exc:  # onnxruntime raises its own pybind classes; translate once here
             kind = type(exc).__name__
             if kind in ("InvalidProtobuf", "InvalidGraph", "Fail", "InvalidArgument"):
