@@ -43,6 +43,7 @@ import yaml  # noqa: E402
 from _calibration_counts import A55, COUNTED_ON, count_figure, counter  # noqa: E402
 from _calibration_models import build  # noqa: E402
 from _common import emit, goal, log  # noqa: E402
+from edgesdk import load_profile  # noqa: E402
 
 from edgesdk.converters.emulate import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY  # noqa: E402
 from edgesdk.converters.gpu_estimate import GpuPeak, estimate_ms, node_costs, roofline_ms  # noqa: E402
@@ -173,6 +174,11 @@ def gpu_rows(data: dict, half: dict[str, str]) -> list[dict]:
             continue
         hardware = data["hardware"][f["board"]][f["gpu_mode"]]
         peak = GpuPeak(hardware["tflops"], hardware["memory_gbps"])
+        if f["gpu_mode"] == "original":  # the modes the profile models: calibrate the converter's own ceilings
+            gpu = next(a for a in load_profile(f["board"]).accelerators if a.kind.value == "gpu")
+            assert gpu.memory_gbps is not None and gpu.peak_tflops, f"{f['board']}'s profile lists no GPU ceilings"
+            peak = GpuPeak(gpu.peak_tflops, gpu.memory_gbps)
+            assert dict(peak.tflops) == hardware["tflops"], f"profile and {DATA.name} disagree on {f['board']}'s GPU"
         model = onnx.load(str(build(f["model"], f["input"], f.get("classes"))))
         costs = node_costs(model, f["precision"])
         rows.append({**f, "half": half[f["id"]], "costs": costs, "peak": peak,

@@ -161,6 +161,10 @@ class Accelerator:
     litert_delegates: tuple[str, ...] = ()
     #: ONNX Runtime execution providers, best first (CPU is always appended last).
     onnxruntime_providers: tuple[str, ...] = ()
+    #: Optional data-sheet ceilings for the converter's roofline (edgesdk.converters.gpu_estimate): dense peak per
+    #: precision (``fp32``/``fp16``/``int8``, TFLOPS or TOPS) and memory bandwidth in GB/s; empty/None: not costed.
+    peak_tflops: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    memory_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -346,7 +350,12 @@ def _accelerator(f: Fields) -> Accelerator:
         kind=parsed_kind,
         litert_delegates=f.strings("litert_delegates", default=[]),
         onnxruntime_providers=f.strings("onnxruntime_providers", default=[]),
+        peak_tflops=MappingProxyType({str(k): float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else -1.0
+                                      for k, v in f.get("peak_tflops", dict, default={}).items()}),  # -1: refused below
+        memory_gbps=f.get("memory_gbps", (int, float, type(None)), default=None),
     )
+    if any(not v > 0 for v in acc.peak_tflops.values()) or (acc.memory_gbps is not None and not acc.memory_gbps > 0):
+        f.fail(f"peak_tflops and memory_gbps need numbers > 0 (-1.0: not a number): {dict(acc.peak_tflops)}, {acc.memory_gbps}")
     f.done()
     return acc
 
@@ -427,7 +436,8 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
         "memory": {"ram_mb": profile.ram_mb, "model_budget_mb": profile.model_budget_mb},
         "power_modes": [mode(m) for m in profile.power_modes],
         "accelerators": [{"name": a.name, "kind": a.kind.value, "litert_delegates": list(a.litert_delegates),
-                          "onnxruntime_providers": list(a.onnxruntime_providers)} for a in profile.accelerators],
+                          "onnxruntime_providers": list(a.onnxruntime_providers), "peak_tflops": dict(a.peak_tflops),
+                          "memory_gbps": a.memory_gbps} for a in profile.accelerators],
         "detect": {"device_tree_model": list(profile.detect.device_tree_model),
                    "compatible": list(profile.detect.compatible), "cpu_parts": list(profile.detect.cpu_parts)},
         "power": power(profile.power),

@@ -173,3 +173,20 @@ def test_missing_profile_directory(tmp_path, monkeypatch):
     monkeypatch.setenv(PROFILE_PATH_ENV, str(tmp_path / "nope"))
     with pytest.raises(ProfileError, match="does not exist"):
         list_profiles()
+
+
+def test_accelerator_roofline_ceilings_are_optional_read_and_checked(tmp_path):
+    orin = load_profile("jetson-orin-nano").accelerators[0]
+    assert orin.peak_tflops["fp16"] == 10.0 and orin.memory_gbps == 68.0  # data sheet, see the profile's sources
+    assert load_profile("rk3588").accelerators[0].peak_tflops == {}  # absent: the accelerator is not costed
+    assert load_profile("rk3588").accelerators[0].memory_gbps is None
+    from importlib import resources
+
+    data = yaml.safe_load((resources.files("edgesdk.device_profiles") / "jetson-orin-nano.yaml").read_text())
+    data["accelerators"][0]["peak_tflops"] = {"fp16": "fast"}
+    with pytest.raises(ProfileError, match="peak_tflops and memory_gbps need numbers > 0"):
+        load_profile(_write(tmp_path, data))
+    data["accelerators"][0]["peak_tflops"] = {"fp16": 10.0}
+    data["accelerators"][0]["memory_gbps"] = 0
+    with pytest.raises(ProfileError, match="peak_tflops and memory_gbps need numbers > 0"):
+        load_profile(_write(tmp_path, data))
