@@ -43,8 +43,8 @@ import yaml  # noqa: E402
 from _calibration_counts import A55, COUNTED_ON, count_figure, counter  # noqa: E402
 from _calibration_models import build  # noqa: E402
 from _common import emit, goal, log  # noqa: E402
-from edgesdk import load_profile  # noqa: E402
 
+from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters.emulate import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY  # noqa: E402
 from edgesdk.converters.gpu_estimate import GpuPeak, estimate_ms, node_costs, roofline_ms  # noqa: E402
 
