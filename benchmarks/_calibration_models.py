@@ -101,7 +101,7 @@ def _torchvision_models():  # type: ignore[no-untyped-def]
         package.__path__ = list(spec.submodule_search_locations)
         package.__spec__ = spec
         sys.modules["torchvision"] = package
-    import torchvision.models
+    import torchvision.models  # type: ignore[import-untyped]
 
     return torchvision.models
 

@@ -14,9 +14,10 @@ runtime, model, input, precision, threads, source). This script:
    mode, divided by an efficiency, plus a fixed cost per kernel;
 4. splits the figures deterministically into a **fit half** and a **validation half**, stratified by
    board and core (:func:`split`: each source's figures alternately to the two halves);
-5. fits, on the fit half only, one CPI per core type (least squares of log error, with ``e`` the
-   converter's :data:`~edgesdk.converters.emulate.PARALLEL_EFFICIENCY`), and the GPU efficiency and
-   per-kernel cost; it also reports the thread efficiency the fit half itself supports;
+5. fits, on the fit half only, one CPI per core type and the thread efficiency ``e`` (least squares of
+   log error; ``e`` only when the fit half has one- and multi-thread figures of a core), and the GPU
+   efficiency and per-kernel cost; it also reports the CPIs fitted with the converter's own
+   :data:`~edgesdk.converters.emulate.PARALLEL_EFFICIENCY` and the errors that formula makes;
 6. reports each validation figure's error (estimate / published - 1) and, per board, the median
    and worst absolute error and the number of sources, against the issue's goals.
 
@@ -90,7 +91,7 @@ def fit_cpi(rows: list[dict], efficiency: float) -> dict[str, float]:
 
 
 def fit_thread_efficiency(rows: list[dict]) -> float | None:
-    """The thread efficiency (0.30..1.00) that, with CPIs refitted, minimises the fit half's squared log error;
+    """The thread efficiency (0.05..1.00) that, with CPIs refitted, minimises the fit half's squared log error;
     None when the fit half has no core with both one-thread and multi-thread figures."""
     by_core: dict[str, set[bool]] = defaultdict(set)
     for r in rows:
@@ -102,7 +103,7 @@ def fit_thread_efficiency(rows: list[dict]) -> float | None:
         cpis = fit_cpi(rows, e)
         return sum(math.log(cpu_estimate(r["instructions"], cpis[r["core"]], r["mhz"], r["threads"], e)
                             / r["latency_ms"]) ** 2 for r in rows)
-    return min((e / 100 for e in range(30, 101)), key=loss)
+    return min((e / 100 for e in range(5, 101)), key=loss)
 
 
 def fit_gpu(rows: list[dict]) -> tuple[float, float]:
@@ -197,28 +198,33 @@ def main() -> None:
 
     cpu, skipped = cpu_rows(data, half, args.quick)
     fit_rows = [r for r in cpu if r["half"] == "fit"]
-    cpis = fit_cpi(fit_rows, PARALLEL_EFFICIENCY)
-    best_e = fit_thread_efficiency(fit_rows)
-    cpis_best_e = fit_cpi(fit_rows, best_e) if best_e is not None else None
+    # The calibrated model: CPIs and the thread efficiency, both fitted on the fit half (the efficiency stays
+    # the converter's when the fit half cannot tell it). Also kept: the CPIs fitted with the converter's own
+    # PARALLEL_EFFICIENCY, and the errors the converter's formula makes with them.
+    fitted_e = fit_thread_efficiency(fit_rows)
+    efficiency = fitted_e if fitted_e is not None else PARALLEL_EFFICIENCY
+    cpis = fit_cpi(fit_rows, efficiency)
+    cpis_converter_e = fit_cpi(fit_rows, PARALLEL_EFFICIENCY)
     for r in cpu:
-        cpi = cpis.get(r["core"])
-        r["estimated_ms"] = cpu_estimate(r["instructions"], cpi, r["mhz"], r["threads"], PARALLEL_EFFICIENCY) \
-            if cpi else None
-        r["error"] = r["estimated_ms"] / r["latency_ms"] - 1 if cpi else None
-        if cpis_best_e is not None and best_e is not None and r["core"] in cpis_best_e:
-            other = cpu_estimate(r["instructions"], cpis_best_e[r["core"]], r["mhz"], r["threads"], best_e)
-            r["error_with_fitted_threads"] = other / r["latency_ms"] - 1
+        known = r["core"] in cpis
+        r["estimated_ms"] = cpu_estimate(r["instructions"], cpis[r["core"]], r["mhz"], r["threads"], efficiency) \
+            if known else None
+        r["error"] = r["estimated_ms"] / r["latency_ms"] - 1 if known else None
+        if known:
+            other = cpu_estimate(r["instructions"], cpis_converter_e[r["core"]], r["mhz"], r["threads"],
+                                 PARALLEL_EFFICIENCY)
+            r["error_with_converter_threads"] = other / r["latency_ms"] - 1
 
     gpu = gpu_rows(data, half)
-    efficiency, kernel_us = fit_gpu([r for r in gpu if r["half"] == "fit"])
+    gpu_efficiency, kernel_us = fit_gpu([r for r in gpu if r["half"] == "fit"])
     for r in gpu:
-        r["estimated_ms"] = estimate_ms(r["costs"], r["peak"], r["precision"], efficiency, kernel_us)
+        r["estimated_ms"] = estimate_ms(r["costs"], r["peak"], r["precision"], gpu_efficiency, kernel_us)
         r["error"] = r["estimated_ms"] / r["latency_ms"] - 1
 
     rows = cpu + gpu
-    for r in skipped:
-        f = next(f for f in data["figures"] if f["id"] == r)
-        rows.append({**f, "half": half[r], "estimated_ms": None, "error": None, "skipped": "uncounted"})
+    for name in skipped:
+        f = next(f for f in data["figures"] if f["id"] == name)
+        rows.append({**f, "half": half[name], "estimated_ms": None, "error": None, "skipped": "uncounted"})
     log(table(rows))
 
     validation_cpu = [r for r in cpu if r["half"] == "validation" and r["error"] is not None]
@@ -228,8 +234,7 @@ def main() -> None:
                    for b in {f["board"] for f in data["figures"]}}
     gpu_validation = [r for r in gpu if r["half"] == "validation"]
     gpu_summary = summarise(gpu_validation)
-    thread_check = summarise([{**r, "error": r["error_with_fitted_threads"]} for r in validation_cpu
-                              if "error_with_fitted_threads" in r]) if best_e is not None else {}
+    converter_check = summarise([{**r, "error": r["error_with_converter_threads"]} for r in validation_cpu])
 
     goals = []
     for board in CPU_BOARDS:
@@ -252,13 +257,14 @@ def main() -> None:
     emit("calibration",
          {"data": str(DATA.relative_to(Path(__file__).resolve().parent.parent)), "quick": args.quick,
           "split": "per (board, core), each source's figures alternately to the halves, smaller half first",
-          "thread_efficiency": PARALLEL_EFFICIENCY, "a55_counted_on": f"qemu {A55.qemu_cpu} as CPU part {A55.cpu_part}"},
+          "a55_counted_on": f"qemu {A55.qemu_cpu} as CPU part {A55.cpu_part}"},
          {"fitted_cpi": {k: round(v, 4) for k, v in sorted(cpis.items())},
-          "converter_cpi_now": {k: CYCLES_PER_INSTRUCTION.get(k) for k in sorted(cpis)},
-          "fitted_thread_efficiency": best_e,
-          "fitted_cpi_with_that_efficiency": {k: round(v, 4) for k, v in sorted((cpis_best_e or {}).items())},
-          "validation_with_fitted_thread_efficiency": thread_check,
-          "gpu_efficiency": efficiency, "gpu_per_kernel_us": kernel_us,
+          "fitted_thread_efficiency": fitted_e, "thread_efficiency_used": efficiency,
+          "converter_cpi_before": {k: CYCLES_PER_INSTRUCTION.get(k) for k in sorted(cpis)},
+          "converter_thread_efficiency": PARALLEL_EFFICIENCY,
+          "fitted_cpi_with_converter_thread_efficiency": {k: round(v, 4) for k, v in sorted(cpis_converter_e.items())},
+          "validation_with_converter_thread_efficiency": converter_check,
+          "gpu_efficiency": gpu_efficiency, "gpu_per_kernel_us": kernel_us,
           "validation_per_board": per_board, "validation_per_core": per_core, "validation_gpu": gpu_summary,
           "sources_per_board_all_figures": sources_all, "skipped_uncounted": skipped,
           "figures": public, "table": table(rows).splitlines()},
