@@ -28,7 +28,10 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     │   └── RolloutTimeoutError      exit 18  `--wait` ran out while the rollout was still running
     ├── NotFoundError                exit 19  the server has no such rollout, bundle, device or measurement
     ├── ConflictError                exit 20  the request contradicts the server's state (a version already
-    │                                         stored with other content, already installed, a rollout running)
+    │   │                                     stored with other content, already installed, a rollout running)
+    │   └── ReleaseCheckError        exit 28  a push refused before anything was sent: another model than the
+    │                                         group runs (--replace MODEL), or other inputs/outputs
+    │                                         (--allow-signature-change)
     ├── BrokerError                  exit 21  the MQTT broker refused this client (credentials, ACL)
     ├── OverloadedError              exit 22  predict_async() refused a request at once: the local queue and
     │                                         the cloud offload are both full (load shedding)

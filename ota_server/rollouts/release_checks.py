@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from edgesdk.errors import NotFoundError, ReleaseCheckError
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.store.fleet_db import FleetDB
+from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.tensors import signature_changes
 
 __all__ = ["ReleaseCheck", "check_release"]
@@ -63,11 +64,11 @@ def check_release(repo: ModelRepository, db: FleetDB, name: str, version: str, g
                                 f"nothing named {replace} to replace; drop --replace")
     if model is None or running_version is None:
         return ReleaseCheck(None, None)
-    try:
-        before = repo.manifest(model, running_version)
+    try:  # manifests only: a damaged model file is the engine's to refuse (it aborts, naming the file)
+        before = read_bundle(repo.path(model, running_version), verify_model=False).manifest
     except NotFoundError:  # the running version left the repository (retention): nothing to compare with
         return ReleaseCheck(model, running_version)
-    after = repo.manifest(name, version)
+    after = read_bundle(repo.path(name, version), verify_model=False).manifest
     changes = tuple(signature_changes(before.inputs, before.outputs, after.inputs, after.outputs))
     if changes and not allow_signature_change:
         listed = "".join(f"\n  - {change}" for change in changes)

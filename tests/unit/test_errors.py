@@ -39,7 +39,7 @@ def test_public_api_is_exactly_the_documented_names():
         "ScheduleError", "BudgetError", "SignatureError", "TransferError", "OffloadError", "ConversionError",
         "UnsupportedOpError", "DataError", "BundleError", "HealthCheckError", "RolloutError", "RolloutTimeoutError",
         "NotFoundError", "ConflictError", "BrokerError", "ManagedRuntime", "OverloadedError", "OffloadPolicy",
-        "StorageError", "EmulatorError", "SensorError", "InfeasibleBudgetError", "TrustError",
+        "StorageError", "EmulatorError", "SensorError", "InfeasibleBudgetError", "TrustError", "ReleaseCheckError",
     }
     for name in edgesdk.__all__:
         assert getattr(edgesdk, name) is not None
