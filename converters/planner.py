@@ -12,23 +12,27 @@ every figure names its ``basis``. **Power** (:mod:`.power`): energy per inferenc
 busy power of the cores it runs on times its latency (or the board's measured figure), and
 average power is idle plus rate times that energy.
 
-**Choice with a power budget.** Every operating point of the board (each power mode, each
-thread count from 1 to its online cores) is tried for every variant; a variant's point is the
-one with the lowest energy per inference among those that fit, ties to the lower latency.
-Among variants within the accuracy bound, the lowest energy per inference wins, then the lower
-latency, the smaller file, the first built: an exact order, so a looser budget never gives a
-choice with a lower average power than a tighter one. The bundle records the power mode and
-thread count chosen. A budget below the board's idle power in every mode is an
+**The objective** (``PowerBudget.objective``, ``edgesdk convert --objective``) is what the
+choice minimises among what fits: ``latency`` (the default) or ``energy`` per inference. A
+power budget only constrains; it never changes the objective by itself.
+
+**Where each variant runs.** With no budget and the latency objective, at the conversion's
+target point (the runtime mode's power mode and threads). With a budget, or the energy
+objective, every operating point of the board (each power mode, each thread count from 1 to
+its online cores) is tried; a variant's point is the fastest that fits (latency; ties to the
+lower energy) or the one of least energy per inference that fits and keeps the rate
+(energy; ties to the lower latency). The bundle records the power mode and thread count.
+A budget below the board's idle power in every mode is an
 :class:`~edgesdk.errors.InfeasibleBudgetError` before anything is measured against it.
 
-**Choice otherwise.** Among variants that fit and whose accuracy drop is within the bound, the
-fastest on the board wins, unless others are within noise of it: a variant is faster
-only when its latency is at most :data:`CLEAR_GAIN` (0.95) times the other's, the gain
-edgesdk can tell from run-to-run noise (the same rule as the side-by-side check in
-:func:`edgesdk.converters.pipeline.convert`). Among the variants within noise of the
-fastest, the smaller file wins, then the smaller accuracy drop, then the one built first,
-and the reason says so ("within noise of X; chose the smaller"): the same inputs give the
-same bundle run after run. A quantized variant slower than FP32 on the board (by the
+**Which variant.** Among variants that fit and whose accuracy drop is within the bound, the
+fastest at its point wins (energy: the lowest energy per inference), unless others are within
+noise of it: a variant is better only when its figure is at most :data:`CLEAR_GAIN` (0.95)
+times the other's, the gain edgesdk can tell from run-to-run noise (the same rule as the
+side-by-side check in :func:`edgesdk.converters.pipeline.convert`), for both objectives.
+Among the variants within noise of the best, the smaller file wins, then the smaller accuracy
+drop, then the one built first, and the reason says so ("within noise of X; chose the
+smaller"): the same inputs give the same bundle run after run. A quantized variant slower than FP32 on the board (by the
 same source) is never chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
 :class:`BudgetError` naming the closest variant's figures and the budget.
 
@@ -188,8 +192,7 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
         fitting = [c for c in judged if not c.rejected]
         if not fitting:
             raise _nothing_fits(judged, board, mode, memory_mb, budget, max_accuracy_drop)
-        winner, reason = (_lowest_energy(fitting, judged, board, max_accuracy_drop, budget) if budget.constrains
-                          else _pick(fitting, board, max_accuracy_drop))
+        winner, reason = _pick(fitting, board, max_accuracy_drop, budget)
         if winner.holdout_drop is None or winner.holdout_drop <= max_accuracy_drop:
             break
         # Chosen on the selection samples, but it does not hold on samples nothing was chosen on: choose again.
@@ -207,7 +210,8 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
 
 def _planned_power(estimate: BoardEstimate, board: DeviceProfile, target: OperatingPoint,
                    budget: PowerBudget) -> PowerFigures:
-    """Where the variant would run: the target point, or under a power budget the point of least energy that fits.
+    """Where the variant would run: the target point, or (under a budget, or for the energy objective) the point
+    that fits with the best figure for the objective.
 
     When no point fits a budget, the figures of the point with the lowest average power (the nearest miss).
     """
@@ -220,32 +224,15 @@ def _planned_power(estimate: BoardEstimate, board: DeviceProfile, target: Operat
         measured = estimate.measured_energy_mj if point == reference else None
         return power_at(board, point, latency, basis, budget, measured, estimate.measured_energy_basis)
 
-    if not budget.constrains or model is None:
+    if (not budget.constrains and budget.objective == "latency") or model is None:
         return at(target)
     figures = [at(p) for p in operating_points(board) if model.covers(board, p)] or [at(target)]
     fitting = [f for f in figures if f.fits]
     if fitting:
-        return min(fitting, key=lambda f: (f.energy_mj, f.latency_ms))
+        if budget.objective == "energy":
+            return min(fitting, key=lambda f: (f.energy_mj, f.latency_ms))
+        return min(fitting, key=lambda f: (f.latency_ms, f.energy_mj))
     return min(figures, key=lambda f: (f.avg_watts if f.avg_watts is not None else 0.0, f.latency_ms))
-
-
-def _lowest_energy(fitting: list[Candidate], judged: Sequence[Candidate], board: DeviceProfile, bound: float,
-                   budget: PowerBudget) -> tuple[Candidate, str]:
-    """Under a power budget: the lowest energy per inference, then the lower latency, the smaller file, the first."""
-    order = {id(c): i for i, c in enumerate(judged)}
-
-    def key(c: Candidate) -> tuple[float, float, int, int]:
-        assert c.power is not None
-        return (c.power.energy_mj, c.power.latency_ms, c.measurement.size_bytes, order[id(c)])
-
-    winner = min(fitting, key=key)
-    power = winner.power
-    assert power is not None and power.avg_watts is not None
-    held = "" if winner.holdout_drop is None else f", held-out {winner.holdout_drop:.3g}"
-    return winner, (f"lowest energy per inference at {budget.describe()}: {power.energy_mj:.3g} mJ "
-                    f"({power.energy_basis}), average {power.avg_watts:.3g} W in power mode {power.point.power_mode} "
-                    f"with {power.point.threads} thread(s), {power.latency_ms:.3f} ms ({power.basis}), accuracy drop "
-                    f"{winner.accuracy_drop:.3g}{held} <= {bound:g}")
 
 
 def _worst_drop(c: Candidate) -> float:
@@ -273,17 +260,31 @@ def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, 
     )
 
 
-def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float) -> tuple[Candidate, str]:
-    """The fastest; among those within noise of it, the smallest file, then the most accurate, then the first."""
-    fastest = min(fitting, key=lambda c: c.estimate.latency_ms)
-    near = [c for c in fitting if fastest.estimate.latency_ms > CLEAR_GAIN * c.estimate.latency_ms]
+def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: PowerBudget) -> tuple[Candidate, str]:
+    """The best for the objective at its planned point (the fastest, or the least energy per inference); among
+    those within noise of it, the smallest file, then the most accurate, then the first built."""
+    energy = budget.objective == "energy"
+
+    def figure(c: Candidate) -> float:
+        assert c.power is not None  # choose() sets it on every candidate
+        return c.power.energy_mj if energy else c.power.latency_ms
+
+    best = min(fitting, key=figure)
+    near = [c for c in fitting if figure(best) > CLEAR_GAIN * figure(c)]
     winner = min(near, key=lambda c: (c.measurement.size_bytes, c.accuracy_drop))  # min keeps the first of equals
+    power = winner.power
+    assert power is not None
     held = "" if winner.holdout_drop is None else f", held-out {winner.holdout_drop:.3g}"
-    figures = (f"{winner.estimate.latency_ms:.3f} ms on {board.name}, {winner.estimate.basis}, accuracy drop "
-               f"{winner.accuracy_drop:.3g}{held} <= {bound:g}")
+    where = (f" in power mode {power.point.power_mode} with {power.point.threads} thread(s)"
+             if budget.constrains or energy else "")
+    watts = f", average {power.avg_watts:.3g} W" if power.avg_watts is not None else ""
+    figures = (f"{power.latency_ms:.3f} ms on {board.name}{where}, {power.basis}, {power.energy_mj:.3g} mJ per "
+               f"inference ({power.energy_basis}){watts}, accuracy drop {winner.accuracy_drop:.3g}{held} <= {bound:g}")
+    what = "lowest energy per inference" if energy else "fastest variant"
+    within = f" at {budget.describe()}" if budget.constrains else " within budget"
     others = [c for c in near if c is not winner]
     if not others:
-        return winner, f"fastest variant within budget ({figures})"
+        return winner, f"{what}{within} ({figures})"
     size = winner.measurement.size_bytes
     if all(c.measurement.size_bytes > size for c in others):
         why = "the smaller"
@@ -291,8 +292,9 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float) -> tuple
         why = "the more accurate of the smallest"
     else:
         why = "the first built of equally small and accurate ones"
-    if winner is fastest:
-        return winner, (f"fastest variant within budget, and {why} of those within noise of it "
+    if winner is best:
+        return winner, (f"{what}{within}, and {why} of those within noise of it "
                         f"({', '.join(c.name for c in others)}) ({figures})")
-    return winner, (f"within noise of {fastest.name} ({fastest.estimate.latency_ms:.3f} ms: less than "
-                    f"{1 - CLEAR_GAIN:.0%} faster, which is measurement noise); chose {why} ({figures})")
+    unit = "mJ" if energy else "ms"
+    return winner, (f"within noise of {best.name} ({figure(best):.3f} {unit}: less than {1 - CLEAR_GAIN:.0%} better, "
+                    f"which is measurement noise); chose {why} ({figures})")

@@ -40,11 +40,14 @@ from edgesdk.converters.board_latency import OperatingPoint
 from edgesdk.errors import ConversionError, InfeasibleBudgetError
 from edgesdk.runtime.profiles import DeviceProfile, PowerMode
 
-__all__ = ["SHARED_ACTIVE_SHARE", "PowerBudget", "PowerFigures", "busy_watts", "power_at", "floor_watts",
+__all__ = ["SHARED_ACTIVE_SHARE", "OBJECTIVES", "PowerBudget", "PowerFigures", "busy_watts", "power_at", "floor_watts",
            "check_feasible"]
 
 #: The share of a cluster's active power that is drawn as soon as any of its cores is busy (an assumption).
 SHARED_ACTIVE_SHARE = 0.3
+#: What the planner minimises among the points and variants that fit: ``latency`` (the fastest; the default) or
+#: ``energy`` (the lowest energy per inference that keeps the rate). A budget only constrains; it never picks one.
+OBJECTIVES = ("latency", "energy")
 
 
 def _positive(name: str, value: float | None) -> float | None:
@@ -61,7 +64,8 @@ class PowerBudget:
 
     ``fps`` (continuous use) and ``wake_every_s`` with ``frames_per_wake`` (duty-cycled) are
     exclusive; ``watts`` and ``energy_mwh_per_h`` are exclusive; a budget needs a rate.
-    Every field None: nothing to meet beyond memory and accuracy.
+    Every field None: nothing to meet beyond memory and accuracy. ``objective`` (:data:`OBJECTIVES`) is what
+    the choice minimises among what fits, whether or not a budget is stated.
     """
 
     fps: float | None = None
@@ -69,8 +73,12 @@ class PowerBudget:
     energy_mwh_per_h: float | None = None
     wake_every_s: float | None = None
     frames_per_wake: int | None = None
+    objective: str = "latency"
 
     def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConversionError(f"objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}: latency picks "
+                                  "the fastest point that fits, energy the lowest energy per inference")
         for name in ("fps", "watts", "energy_mwh_per_h", "wake_every_s"):
             object.__setattr__(self, name, _positive(name, getattr(self, name)))
         if self.frames_per_wake is not None and (isinstance(self.frames_per_wake, bool)
@@ -98,7 +106,7 @@ class PowerBudget:
 
     @property
     def constrains(self) -> bool:
-        """A power or energy budget is stated (the choice then minimises energy within it)."""
+        """A power or energy budget is stated (the choice then stays within it)."""
         return self.watts is not None or self.energy_mwh_per_h is not None
 
     @property
@@ -125,7 +133,8 @@ class PowerBudget:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for reports and the bundle."""
         return {"fps": self.fps, "watts": self.limit_watts, "energy_mwh_per_h": self.energy_mwh_per_h,
-                "wake_every_s": self.wake_every_s, "frames_per_wake": self.frames_per_wake}
+                "wake_every_s": self.wake_every_s, "frames_per_wake": self.frames_per_wake,
+                "objective": self.objective}
 
 
 def _mode(board: DeviceProfile, point: OperatingPoint) -> PowerMode:

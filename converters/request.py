@@ -180,6 +180,8 @@ class Bounds:
     energy_budget_mwh_per_h: float | None = None
     wake_every_s: float | None = None
     frames_per_wake: int | None = None
+    #: What the choice minimises among what fits: "latency" (default) or "energy" (:data:`.power.OBJECTIVES`).
+    objective: str = "latency"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_accuracy_drop", check_accuracy_drop(self.max_accuracy_drop))
@@ -190,7 +192,7 @@ class Bounds:
     def budget(self) -> PowerBudget:
         """The rate and power limit, as the planner takes them."""
         return PowerBudget(self.fps, self.power_budget_w, self.energy_budget_mwh_per_h, self.wake_every_s,
-                           self.frames_per_wake)
+                           self.frames_per_wake, self.objective)
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,16 @@ def _convert(sample: Path, out: Path, *args: str):
                                     "--out", str(out), "--no-emulate", "--json", *args])
 
 
-def test_a_budget_moves_the_model_to_the_mode_and_threads_of_least_energy_and_the_bundle_runs_there(sample, tmp_path):
+def test_a_budget_with_the_energy_objective_moves_the_model_to_least_energy_and_the_bundle_runs_there(sample,
+                                                                                                       tmp_path):
     free = _convert(sample, tmp_path / "free", "--profile", "rk3588", "--fps", "200")
     assert free.exit_code == 0, free.output
     unbudgeted = json.loads(free.stdout)
     assert unbudgeted["planned"] == {"power_mode": "performance", "threads": 4, "runtime_mode": "latency"}
     assert read_bundle(tmp_path / "free" / "bundle").manifest.threads is None
 
-    budgeted = _convert(sample, tmp_path / "budget", "--profile", "rk3588", "--fps", "200", "--power-budget", "3.7")
+    budgeted = _convert(sample, tmp_path / "budget", "--profile", "rk3588", "--fps", "200", "--power-budget", "3.7",
+                        "--objective", "energy")
     assert budgeted.exit_code == 0, budgeted.output
     report = json.loads(budgeted.stdout)
     # The little A55 cores do each inference for less energy than the big ones (rk3588 profile figures).
@@ -44,6 +46,15 @@ def test_a_budget_moves_the_model_to_the_mode_and_threads_of_least_energy_and_th
     assert chosen["power"]["energy_basis"] == "modelled from estimated"
     assert report["reason"].startswith("lowest energy per inference at 200 fps within 3.7 W")
     assert report["budget"]["watts"] == 3.7 and report["budget"]["fps"] == 200
+    assert report["objective"] == report["budget"]["objective"] == "energy"
+    # The same budget with the default objective: the fastest point within it (a budget never picks the objective).
+    fastest = _convert(sample, tmp_path / "fastest", "--profile", "rk3588", "--fps", "200", "--power-budget", "3.7")
+    assert fastest.exit_code == 0, fastest.output
+    quick = json.loads(fastest.stdout)
+    quick_chosen = next(v for v in quick["variants"] if v["chosen"])
+    assert quick["objective"] == "latency" and quick["reason"].startswith("fastest variant at 200 fps within 3.7 W")
+    assert quick_chosen["power"]["avg_watts"] <= 3.7
+    assert quick_chosen["power"]["latency_ms"] <= chosen["power"]["latency_ms"]
     bundle = read_bundle(tmp_path / "budget" / "bundle")
     assert bundle.manifest.power_mode == "power" and bundle.manifest.threads == report["planned"]["threads"]
     assert bundle.manifest.measured["power"]["power_mode"] == "efficiency"

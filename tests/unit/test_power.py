@@ -106,22 +106,72 @@ def test_a_variant_that_keeps_up_but_exceeds_the_budget_is_rejected_with_its_ave
     assert judged.power is not None and judged.power.duty is not None and judged.power.duty < 1
     assert judged.rejected and "no power mode and thread count meets 5 fps within 2.6 W" in judged.rejected[0]
     assert "> budget 2.6 W" in judged.rejected[0]
-    assert plan.reason.startswith("lowest energy per inference at 5 fps within 2.6 W")
+    assert plan.reason.startswith("fastest variant at 5 fps within 2.6 W")
 
 
-def test_a_tighter_budget_never_picks_a_higher_average_power():
-    candidates = [_candidate("fp32", "fp32", 40.0, RK3588), _candidate("fp16", "fp16", 30.0, RK3588, drop=0.1),
-                  _candidate("int8", "int8_static", 18.0, RK3588, drop=0.3, size_mb=0.3)]
-    chosen = []
+def _slower_with_more_budget(sweep: list[tuple[float, float]]) -> list[str]:
+    """The steps of a (budget W, chosen latency ms) sweep, loosest budget last, where more watts bought a slower
+    choice: what the latency objective must never do."""
+    return [f"{b:g} W: {ms:.3f} ms after {pb:g} W: {pms:.3f} ms" for (pb, pms), (b, ms) in zip(sweep, sweep[1:])
+            if ms > pms * (1 + 1e-9)]
+
+
+RK3588_CANDIDATES = [_candidate("fp32", "fp32", 40.0, RK3588), _candidate("fp16", "fp16", 30.0, RK3588, drop=0.1),
+                     _candidate("int8", "int8_static", 18.0, RK3588, drop=0.3, size_mb=0.3)]
+
+
+def _sweep(objective: str = "latency") -> list[tuple[float, float, str]]:
+    """(budget, chosen latency, choice) over RK3588 budgets from below the big cores' draw to far above it."""
+    found = []
     for budget in np.round(np.arange(3.7, 12.0, 0.1), 2):
         try:
-            plan = choose(candidates, RK3588, "latency", 0.5, budget=PowerBudget(fps=8, watts=float(budget)))
+            plan = choose(RK3588_CANDIDATES, RK3588, "latency", 0.5,
+                          budget=PowerBudget(fps=8, watts=float(budget), objective=objective))
         except BudgetError:
             continue
         power = plan.chosen.power
         assert power is not None and power.avg_watts is not None and power.avg_watts <= budget
-        chosen.append(power.avg_watts)
-    assert chosen and chosen == sorted(chosen)
+        found.append((float(budget), power.latency_ms, f"{plan.chosen.name}@{power.point.power_mode}/"
+                                                       f"{power.point.threads}"))
+    return found
+
+
+def test_a_looser_budget_never_buys_a_slower_choice_and_the_sweep_is_not_constant():
+    sweep = _sweep()
+    assert _slower_with_more_budget([(b, ms) for b, ms, _ in sweep]) == []
+    assert len({choice for _, _, choice in sweep}) >= 2, "a sweep whose choice never changes proves nothing"
+    unbudgeted = choose(RK3588_CANDIDATES, RK3588, "latency", 0.5, budget=PowerBudget(fps=8)).chosen.power
+    assert unbudgeted is not None and sweep[-1][1] <= unbudgeted.latency_ms  # a budget that fits it: never slower
+
+
+def test_the_sweep_check_fails_on_a_planted_non_monotone_choice():
+    planted = [(b, ms) for b, ms, _ in _sweep()]
+    middle = len(planted) // 2
+    planted[middle] = (planted[middle][0], planted[middle - 1][1] * 1.5)  # more watts, yet 1.5x slower
+    assert len(_slower_with_more_budget(planted)) == 1
+
+
+def test_a_budget_constrains_and_never_changes_the_objective():
+    """Issue 38: stating any budget, even 100 W, moved an RK3588 to its little cores, about 3x slower."""
+    free = choose(RK3588_CANDIDATES, RK3588, "latency", 0.5, budget=PowerBudget(fps=8))
+    generous = choose(RK3588_CANDIDATES, RK3588, "latency", 0.5, budget=PowerBudget(fps=8, watts=100.0))
+    assert (generous.chosen.name, generous.point) == (free.chosen.name, free.point)
+    assert generous.point.power_mode == "performance"
+    frugal = choose(RK3588_CANDIDATES, RK3588, "latency", 0.5, budget=PowerBudget(fps=8, watts=100.0,
+                                                                                  objective="energy"))
+    assert frugal.chosen.power is not None and generous.chosen.power is not None
+    assert frugal.chosen.power.energy_mj <= generous.chosen.power.energy_mj
+    assert frugal.reason.startswith("lowest energy per inference at 8 fps within 100 W")
+
+
+def test_the_noise_rule_applies_to_the_energy_objective_too():
+    # Two variants 3% apart in energy: within noise, so the smaller file wins, and the reason says so.
+    big = _candidate("fp16", "fp16", 20.0, RK3588, size_mb=2.0)
+    small = _candidate("int8", "int8_static", 20.6, RK3588, size_mb=0.5, drop=0.1)
+    plan = choose([big, small], RK3588, "latency", 0.5, budget=PowerBudget(fps=5, objective="energy"))
+    assert plan.chosen.name == "int8" and "within noise of fp16" in plan.reason and "mJ" in plan.reason
+    with pytest.raises(ConversionError, match="objective 'cheapest' is not one of latency, energy"):
+        PowerBudget(objective="cheapest")
 
 
 def test_mode_and_threads_change_when_that_is_what_fits():
