@@ -3,7 +3,8 @@
 Libraries under the converter print things the user cannot act on: ONNX Runtime's
 quantizer prints calibration progress and logs advice on the root logger, LiteRT's C++
 code writes "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." straight to file
-descriptor 2, and every model load repeats the same scheduling warning.
+descriptor 2, and every model load under the board's profile warns that the board's cores are
+not this host's (true, and irrelevant to a conversion: :func:`warnings_once` drops it).
 :func:`held_output` holds all of that for one step: it is dropped when the step succeeds
 and appended to the error when it fails. :func:`warnings_once` shows each distinct
 warning once. With :func:`edgesdk.logs.is_verbose` (``-v``, ``EDGESDK_VERBOSE=1``) both
@@ -28,6 +29,8 @@ __all__ = ["held_output", "warnings_once", "TAIL_LINES"]
 
 #: How many of the held lines a failed step's error shows.
 TAIL_LINES = 12
+#: The runtime's notes on the cores it was given (``edgesdk.runtime.runtime``): kept off a conversion's terminal.
+_SCHEDULING = "scheduling: "
 
 
 def _handlers() -> list[logging.Handler]:
@@ -53,13 +56,18 @@ class _Once(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
+        if record.name == "edgesdk.runtime.runtime" and record.getMessage().startswith(_SCHEDULING):
+            # Converting loads each variant under the board's profile on this host, whose cores differ: which cores a
+            # measurement ran on here says nothing about the board (its figures come from the board's own model).
+            return False
         # The first record with this text passes every handler it reaches; later ones none.
         return self.first.setdefault((record.name, record.levelno, record.getMessage()), record) is record
 
 
 @contextlib.contextmanager
 def warnings_once() -> Iterator[None]:
-    """While the block runs, show each distinct warning (logger, level, message) once; all of them when verbose."""
+    """While the block runs, show each distinct warning (logger, level, message) once, and none of the runtime's
+    core-scheduling notes (they matter when running, not converting); all of them when verbose."""
     if is_verbose():
         yield
         return

@@ -36,6 +36,8 @@ class ConversionReport:
     holdout: EvaluationSplit | None = None
     #: Where board latencies come from: emulated cores (which, with which libraries), or why they are scaled.
     board_estimates: str = ""
+    #: FP32's own score against the labels (the baseline of every drop); None without labels.
+    reference_score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: what ``edgesdk convert --json`` prints (one row per variant).
@@ -52,7 +54,8 @@ class ConversionReport:
             rows.append({
                 "name": c.name, "format": c.format, "precision": c.precision, "chosen": c.chosen,
                 "size_bytes": m.size_bytes, "peak_memory_mb": round(m.model_memory_mb, 2),
-                "latency_p50_ms": round(m.latency_p50_ms, 4), "measured_on": m.measured_on,
+                "latency_p50_ms": round(m.latency_p50_ms, 4), "latency_p95_ms": round(m.latency_p95_ms, 4),
+                "measured_on": m.measured_on,
                 "accuracy_drop": round(c.accuracy_drop, 4),
                 "holdout_drop": None if c.holdout_drop is None else round(c.holdout_drop, 4),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
@@ -65,7 +68,8 @@ class ConversionReport:
         return {"profile": self.profile, "mode": self.mode, "metric": self.metric, "metric_unit": self.metric_unit,
                 "max_accuracy_drop": self.max_accuracy_drop, "chosen": self.plan.chosen.name,
                 "reason": self.plan.reason, "bundle": str(self.bundle.path), "variants": rows,
-                "budget": self.plan.budget.to_dict(),
+                "budget": self.plan.budget.to_dict(), "objective": self.plan.budget.objective,
+                "reference_score": None if self.reference_score is None else round(self.reference_score, 4),
                 "planned": {"power_mode": self.plan.point.power_mode, "threads": self.plan.point.threads,
                             "runtime_mode": self.bundle.manifest.power_mode},
                 "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff,

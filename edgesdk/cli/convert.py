@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -58,9 +59,26 @@ class _Stages:
     def __init__(self) -> None:
         self.last = ""
         self.bar: Any = None
+        #: Seconds spent in each stage (by its label without counts), in the order they began.
+        self.timings: dict[str, float] = {}
+        self._since: tuple[str, float] | None = None
+
+    def _clock(self, line: str) -> None:
+        now = time.monotonic()
+        if self._since is not None and self._since[0] != line:
+            self.timings[self._since[0]] = self.timings.get(self._since[0], 0.0) + now - self._since[1]
+        if self._since is None or self._since[0] != line:
+            self._since = (line, now)
+
+    def summary(self) -> str:
+        """``stages: loading 0.4 s, ...`` with the time of each stage so far (the current one ends now)."""
+        if self._since is not None:
+            self._clock("")
+        return "stages: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.timings.items() if name)
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         line = _COUNT.sub("", stage)
+        self._clock(line)
         if self.bar is None:
             if line != self.last:
                 click.echo(line, err=True)
@@ -91,7 +109,7 @@ def _board_figures(paths: tuple[str, ...]) -> tuple[dict[str, float], dict[str, 
 
 
 def _table(report: dict[str, Any]) -> str:
-    header = ("", "variant", "size KiB", "peak MiB", "measured ms", "board point", "board ms", "mJ", "avg W",
+    header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "board point", "board ms", "mJ", "avg W",
               "int8/DQ-float", f"drop ({report['metric_unit']})", "held-out drop", "verdict")
     rows = [header]
     for v in report["variants"]:
@@ -100,7 +118,8 @@ def _table(report: dict[str, Any]) -> str:
         basis = "" if p["basis"] == "measured on board" else "~"
         energy = "" if p["energy_basis"].startswith("measured on board") else "~"
         rows.append(("*" if v["chosen"] else "", v["name"], f"{v['size_bytes'] / 1024:.1f}",
-                     f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}", f"{p['power_mode']} x{p['threads']}",
+                     f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}/{v['latency_p95_ms']:.3f}",
+                     f"{p['power_mode']} x{p['threads']}",
                      f"{basis}{p['latency_ms']:.3f}", f"{energy}{p['energy_mj']:.2f}",
                      "-" if p["avg_watts"] is None else f"{energy}{p['avg_watts']:.2f}", _fused(v),
                      f"{v['accuracy_drop']:.3f}", "-" if v["holdout_drop"] is None else f"{v['holdout_drop']:.3f}",
@@ -205,10 +224,13 @@ def _fps(value: float) -> float | None:
 @click.option("--fps", type=float, default=None, callback=_checked(_fps),
               help="Frame rate the board must sustain (continuous use).")
 @click.option("--power-budget", "power_budget", type=float, default=None,
-              help="Average board power allowed at --fps (or the wake cycle), in watts: the planner picks the variant, "
-                   "power mode and threads of least energy that meet it.")
+              help="Average board power allowed at --fps (or the wake cycle), in watts: a limit on the variant, power "
+                   "mode and threads the planner may pick (what it minimises is --objective).")
 @click.option("--energy-budget", "energy_budget", type=float, default=None, metavar="MWH_PER_H",
               help="The same limit as energy per hour, in mWh/h (a battery's unit; 1000 mWh/h = 1 W).")
+@click.option("--objective", type=click.Choice(["latency", "energy"]), default="latency", show_default=True,
+              help="What the planner minimises among what fits: latency (the fastest point and variant) or energy "
+                   "(the lowest energy per inference that keeps the rate). A budget never changes it.")
 @click.option("--wake-every", "wake_every", type=float, default=None, metavar="S",
               help="Duty-cycled device: it wakes every S seconds (sleeping between wakes where the board can).")
 @click.option("--frames-per-wake", "frames_per_wake", type=click.IntRange(min=1), default=None, metavar="N",
@@ -255,7 +277,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
              metric: str | None, max_accuracy_drop: float, holdout: float, holdout_seed: int,
              holdout_min: int, formats: tuple[str, ...], out_dir: str, force: bool,
              name: str | None, bundle_version: str, input_shapes: dict[str, list[int]] | None, fps: float | None,
-             power_budget: float | None, energy_budget: float | None, wake_every: float | None,
+             power_budget: float | None, energy_budget: float | None, objective: str, wake_every: float | None,
              frames_per_wake: int | None, board_figures: tuple[str, ...], emulate: bool | None,
              measure_on: str | None, server_url: str, token: str | None,
              token_file: str | None, key: str | None, measure_keys: tuple[str, ...], color: str, scale: float,
@@ -296,7 +318,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     except EdgeSDKError as exc:
         raise click.BadParameter(str(exc), param_hint="'--metric'") from None
     try:
-        bounds = Bounds(max_accuracy_drop, fps, power_budget, energy_budget, wake_every, frames_per_wake)
+        bounds = Bounds(max_accuracy_drop, fps, power_budget, energy_budget, wake_every, frames_per_wake, objective)
     except EdgeSDKError as exc:
         raise click.BadParameter(str(exc), param_hint="'--fps' / '--power-budget' / '--energy-budget' / "
                                  "'--wake-every' / '--frames-per-wake'") from None
@@ -332,6 +354,11 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         return
     click.echo(_table(data))
     click.echo(_split_line(data))
+    if data["reference_score"] is not None:
+        unit = "%" if data["metric_unit"] == "points" else f" {data['metric_unit']}"
+        click.echo(f"FP32 {data['metric']}: {data['reference_score']:.4g}{unit} (every drop is from it)")
+    click.echo(f"objective: {data['objective']} (--objective); host ms = this host's median/95th percentile over "
+               "its timed runs, not the board's")
     click.echo(f"\nchosen: {data['chosen']} — {data['reason']}")
     planned = data["planned"]
     click.echo(f"planned for power mode {planned['power_mode']} with {planned['threads']} thread(s) (runtime mode "
@@ -343,3 +370,4 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     if data["tflite_error"]:
         click.echo(f"TFLite variants not produced: {data['tflite_error']}")
     click.echo(f"bundle: {data['bundle']}" + (" (signed)" if private_key else ""))
+    click.echo(stages.summary())

@@ -95,7 +95,9 @@ def test_each_variant_is_scored_on_the_selection_samples_and_checked_on_the_held
     json.dumps(data)  # JSON-ready
 
     accuracy = read_bundle(report.bundle.path).manifest.measured["accuracy"]
-    assert accuracy["drop_vs_fp32"] == report.plan.chosen.accuracy_drop
+    chosen = report.plan.chosen
+    assert accuracy["selection_drop"] == chosen.accuracy_drop and accuracy["holdout_drop"] == chosen.holdout_drop
+    assert accuracy["drop_vs_fp32"] == (chosen.holdout_drop if chosen.holdout_drop is not None else chosen.accuracy_drop)
     assert accuracy["holdout_drop"] == report.plan.chosen.holdout_drop
     assert (accuracy["selection_samples"], accuracy["holdout_samples"], accuracy["holdout_seed"]) == (315, 135, 0)
 

@@ -168,7 +168,7 @@ def _edgesdk(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def elsewhere_profile(tmp_path_factory) -> Path:
-    """A board whose cores this host does not have: every model load warns about scheduling."""
+    """A board whose cores this host does not have: every model load warns about scheduling (shown only with -v)."""
     path = tmp_path_factory.mktemp("profiles") / "elsewhere.yaml"
     path.write_text(yaml.safe_dump({**host_profile_dict([1000], [1001]), "name": "elsewhere"}))
     return path
@@ -185,8 +185,9 @@ def test_third_party_noise_and_repeated_warnings_show_only_with_verbose(sample, 
     assert quiet.returncode == 0, quiet.stderr
     assert not [line for line in quiet.stderr.splitlines() if any(n in line for n in noise)], quiet.stderr
     warnings = [line for line in quiet.stderr.splitlines() if line.startswith("WARNING")]
-    assert any("not usable on this host" in w for w in warnings), quiet.stderr  # edgesdk's own warning stays...
-    assert len(warnings) == len(set(warnings)), quiet.stderr  # ...once
+    # The board's cores are not this host's: true when running, irrelevant when converting (issue 38).
+    assert not any("not usable on this host" in w for w in warnings), quiet.stderr
+    assert len(warnings) == len(set(warnings)), quiet.stderr  # any other warning of edgesdk's own shows once
     assert "writing the bundle" in quiet.stderr  # the stages, one line each when stderr is not a terminal
 
     verbose = _edgesdk("-v", *args, "--out", str(tmp_path / "verbose"), cwd=sample)
