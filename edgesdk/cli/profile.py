@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 import click
 
-from edgesdk.runtime.profiles import DeviceProfile, list_profiles, load_profile, profile_to_dict
+from edgesdk.runtime.profile_json import profile_to_dict
+from edgesdk.runtime.profiles import DeviceProfile, list_profiles, load_profile
 
 _dirs_option = click.option(
     "--profile-dir", "profile_dirs", multiple=True, type=click.Path(file_okay=False),

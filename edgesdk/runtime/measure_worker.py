@@ -31,7 +31,8 @@ import numpy as np
 
 from edgesdk.errors import BackendError
 from edgesdk.logs import is_verbose
-from edgesdk.runtime.profiles import DeviceProfile, profile_to_dict
+from edgesdk.runtime.profile_json import profile_to_dict
+from edgesdk.runtime.profiles import DeviceProfile
 
 __all__ = ["ModelFigures", "EnergyRequest", "measure_model"]
 

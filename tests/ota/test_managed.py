@@ -60,7 +60,8 @@ def test_failed_health_check_keeps_the_old_model_serving(three, order):
 
 
 def test_auto_order_unloads_first_when_two_models_exceed_the_budget(tmp_path, keys):
-    from edgesdk.runtime.profiles import load_profile, profile_from_dict, profile_to_dict
+    from edgesdk.runtime.profile_json import profile_to_dict
+    from edgesdk.runtime.profiles import load_profile, profile_from_dict
 
     a = make_bundle(tmp_path / "big", "1.0.0", keys, width=8192)  # a 2 MiB model: two copies need ~8 MiB
     tight = profile_to_dict(load_profile("generic-x86_64"))

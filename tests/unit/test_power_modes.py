@@ -21,7 +21,8 @@ import pytest
 from edgesdk.errors import ProfileError
 from edgesdk.runtime import power_modes
 from edgesdk.runtime.power_modes import apply_power_mode
-from edgesdk.runtime.profiles import load_profile, profile_from_dict, profile_to_dict
+from edgesdk.runtime.profile_json import profile_to_dict
+from edgesdk.runtime.profiles import load_profile, profile_from_dict
 
 BOARDS = Path(__file__).resolve().parents[1] / "data" / "boards"
 GOVERNORS = "conservative ondemand userspace powersave performance schedutil"

@@ -104,7 +104,7 @@ def test_unknown_mode_names_the_choices():
 
 
 def test_profile_dict_round_trip():
-    from edgesdk.runtime.profiles import profile_to_dict
+    from edgesdk.runtime.profile_json import profile_to_dict
 
     profile = _profile()
     assert profile_from_dict(profile_to_dict(profile)) == profile
