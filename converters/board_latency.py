@@ -111,8 +111,13 @@ def _busy(board: DeviceProfile, point: OperatingPoint) -> list[tuple[CoreCluster
     return [(c, min(c.max_mhz, mode.max_mhz.get(c.name, c.max_mhz) if mode else c.max_mhz)) for c in busy]
 
 
-def _parallel(point: OperatingPoint) -> float:
-    return 1 + PARALLEL_EFFICIENCY * (min(point.threads, len(point.cores)) - 1)
+def _parallel(board: DeviceProfile, point: OperatingPoint) -> float:
+    """How many single threads' worth of work ``point.threads`` threads do: each thread beyond the first adds the
+    busy clusters' ``parallel_efficiency`` (the profile's, else :data:`PARALLEL_EFFICIENCY`)."""
+    busy = _busy(board, point)
+    efficiency = sum(c.parallel_efficiency if c.parallel_efficiency is not None else PARALLEL_EFFICIENCY
+                     for c, _ in busy) / len(busy)
+    return 1 + efficiency * (min(point.threads, len(point.cores)) - 1)
 
 
 def perf(board: DeviceProfile, point: OperatingPoint) -> float:
@@ -120,7 +125,7 @@ def perf(board: DeviceProfile, point: OperatingPoint) -> float:
     busy = _busy(board, point)
     mhz = sum(m for _, m in busy) / len(busy)
     ipc = sum(IPC.get(c.microarchitecture.lower(), IPC.get(board.arch, 1.0)) for c, _ in busy) / len(busy)
-    return _parallel(point) * mhz * ipc
+    return _parallel(board, point) * mhz * ipc
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,7 @@ class LatencyModel:
                                    f"{sorted(by_cpu)}")
                 single.append(board_latency_ms(count, cluster.microarchitecture, mhz))
                 used += [count.cpu] if count.cpu not in used else []
-            return sum(single) / len(single) / _parallel(point), "emulated " + "+".join(used)
+            return sum(single) / len(single) / _parallel(board, point), "emulated " + "+".join(used)
         return self.reference_ms * self.host_perf / perf(board, point), self.basis
 
     def covers(self, board: DeviceProfile, point: OperatingPoint) -> bool:

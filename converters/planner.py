@@ -213,7 +213,8 @@ def _planned_power(estimate: BoardEstimate, board: DeviceProfile, target: Operat
     """Where the variant would run: the target point, or (under a budget, or for the energy objective) the point
     that fits with the best figure for the objective.
 
-    When no point fits a budget, the figures of the point with the lowest average power (the nearest miss).
+    When no point fits a budget, the figures of the point with the lowest average power among those that keep up
+    with the rate (the nearest miss; among all points when none keeps up).
     """
     model = estimate.model
     reference = model.reference if model is not None and model.reference is not None else target
@@ -232,7 +233,8 @@ def _planned_power(estimate: BoardEstimate, board: DeviceProfile, target: Operat
         if budget.objective == "energy":
             return min(fitting, key=lambda f: (f.energy_mj, f.latency_ms))
         return min(fitting, key=lambda f: (f.latency_ms, f.energy_mj))
-    return min(figures, key=lambda f: (f.avg_watts if f.avg_watts is not None else 0.0, f.latency_ms))
+    keeping_up = [f for f in figures if f.duty is None or f.duty <= 1] or figures  # a miss the rate allows first
+    return min(keeping_up, key=lambda f: (f.avg_watts if f.avg_watts is not None else 0.0, f.latency_ms))
 
 
 def _worst_drop(c: Candidate) -> float:

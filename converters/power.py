@@ -7,10 +7,12 @@ Per operating point (a power mode and a thread count, :mod:`.board_latency`) and
       busy_W = sum over the mode's clusters of active_W(cluster) * (S + (1 - S) * busy_cores / cores)
 
   ``active_W`` is the profile's figure for the cluster with all its cores busy at the mode's
-  clock (``PowerMode.active_watts``). ``S`` (:data:`SHARED_ACTIVE_SHARE`, 0.3) is the part of
-  it that does not grow with the busy core count: the cluster's shared cache, interconnect
-  and DRAM traffic. It is an assumption, not a measured figure; it is what makes a fast mode
-  with more threads cost less energy per inference than one core at a time (race to idle).
+  clock (``PowerMode.active_watts``). ``S`` (the cluster's ``shared_power_share`` in the
+  profile, else :data:`SHARED_ACTIVE_SHARE`, 0.3) is the part of it that does not grow with
+  the busy core count: the cluster's shared cache, interconnect and DRAM traffic. The default
+  is an assumption, not a measured figure; with it, more threads cost less energy per inference
+  than one core at a time (race to idle) whenever threads scale at least as well as
+  ``1 - S``, which is why the thread scaling (``parallel_efficiency``) is a profile parameter too.
   A board measurement (``edgesdk bench --energy``) replaces the whole model at its point.
 * **energy per inference** ``E_inf = busy_W × latency`` (mJ), or the figure measured on the board;
 * **continuous use** at ``fps`` frames per second: ``duty = fps × latency`` (one inference at a
@@ -150,7 +152,9 @@ def busy_watts(board: DeviceProfile, point: OperatingPoint) -> float:
         cores = board.cluster(name).cores
         used = sum(1 for c in busy if c in cores)
         if used:
-            share = SHARED_ACTIVE_SHARE + (1 - SHARED_ACTIVE_SHARE) * used / len(cores)
+            shared = board.cluster(name).shared_power_share
+            shared = SHARED_ACTIVE_SHARE if shared is None else shared
+            share = shared + (1 - shared) * used / len(cores)
             watts += mode.active_watts[name] * share
     return watts
 

@@ -17,8 +17,11 @@ __all__ = ["profile_to_dict"]
 def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
     """The YAML schema form of a profile: ``profile_from_dict(profile_to_dict(p)) == p`` (but ``origin``)."""
     def cluster(c: CoreCluster) -> dict[str, Any]:
-        return {"name": c.name, "cores": list(c.cores), "microarchitecture": c.microarchitecture,
+        data = {"name": c.name, "cores": list(c.cores), "microarchitecture": c.microarchitecture,
                 "cpu_part": c.cpu_part, "max_mhz": c.max_mhz, "capacity": c.capacity, "emulated_cpu": c.emulated_cpu}
+        data.update({k: getattr(c, k) for k in ("parallel_efficiency", "shared_power_share")
+                     if getattr(c, k) is not None})
+        return data
 
     def mode(m: PowerMode) -> dict[str, Any]:
         data: dict[str, Any] = {"name": m.name, "idle_watts": m.idle_watts, "active_watts": dict(m.active_watts),

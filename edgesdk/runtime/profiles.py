@@ -90,8 +90,21 @@ class CoreCluster:
     #: The qemu-user CPU model the converter runs this cluster's kernels on (``cortex-a76``; ``cortex-a53``
     #: for Cortex-A55, which qemu lacks); None: chosen from ``microarchitecture``, or not emulated.
     emulated_cpu: str | None = None
+    #: What each thread beyond the first adds, as a share of one thread's speed (0.7: four threads run 3.1x one);
+    #: None: the converter's default (:data:`edgesdk.converters.emulate.PARALLEL_EFFICIENCY`). A figure measured on
+    #: the board replaces the model at its point.
+    parallel_efficiency: float | None = None
+    #: The share of the cluster's active power drawn as soon as any of its cores is busy (shared cache,
+    #: interconnect, DRAM traffic); None: the converter's default (:data:`edgesdk.converters.power.SHARED_ACTIVE_SHARE`).
+    shared_power_share: float | None = None
 
     def __post_init__(self) -> None:
+        if self.parallel_efficiency is not None and not 0 < self.parallel_efficiency <= 1:
+            raise ProfileError(f"cluster {self.name!r}: parallel_efficiency must be in (0, 1], got "
+                               f"{self.parallel_efficiency}")
+        if self.shared_power_share is not None and not 0 <= self.shared_power_share < 1:
+            raise ProfileError(f"cluster {self.name!r}: shared_power_share must be in [0, 1), got "
+                               f"{self.shared_power_share}")
         if not self.cores:
             raise ProfileError(f"cluster {self.name!r} has no cores; list at least one core id")
         if len(set(self.cores)) != len(self.cores) or min(self.cores) < 0:
@@ -275,6 +288,8 @@ def _cluster(f: Fields) -> CoreCluster:
         capacity=f.get("capacity", int),
         cpu_part=part.lower() if part else None,
         emulated_cpu=f.get("emulated_cpu", (str, type(None)), default=None),
+        parallel_efficiency=_optional_float(f, "parallel_efficiency"),
+        shared_power_share=_optional_float(f, "shared_power_share"),
     )
     f.done()
     return cluster

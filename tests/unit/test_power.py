@@ -9,7 +9,7 @@ from edgesdk.converters.board_latency import OperatingPoint, operating_points, t
 from edgesdk.converters.measure import Measurement
 from edgesdk.converters.planner import Candidate, choose, estimate_on_board
 from edgesdk.converters.power import SHARED_ACTIVE_SHARE, PowerBudget, busy_watts, check_feasible, power_at
-from edgesdk.errors import BudgetError, ConversionError, InfeasibleBudgetError
+from edgesdk.errors import BudgetError, ConversionError, InfeasibleBudgetError, ProfileError
 from edgesdk.runtime.profiles import load_profile
 from tests.unit.test_planner import HOST
 
@@ -202,3 +202,22 @@ def test_nothing_fits_a_budget_names_it():
     with pytest.raises(BudgetError, match=r"no variant fits raspberry-pi-4 \(latency, model budget \d+ MiB, 5 fps "
                                           r"within 2 W"):
         choose([fp32], PI4, "latency", 0.5, budget=PowerBudget(fps=5, watts=2.0))
+
+
+def test_thread_scaling_and_the_shared_power_share_are_the_profiles_own_parameters():
+    from edgesdk.converters.board_latency import perf
+    from edgesdk.runtime.profile_json import profile_to_dict
+    from edgesdk.runtime.profiles import profile_from_dict
+
+    data = profile_to_dict(PI5)
+    data["cpu"]["clusters"][0].update(parallel_efficiency=0.35, shared_power_share=0.0)
+    measured = profile_from_dict(data)
+    four = target_point(PI5, "latency")
+    one = OperatingPoint(four.power_mode, four.cores, 1)
+    # Four threads: 1 + 3 x 0.7 = 3.1 singles by default, 1 + 3 x 0.35 = 2.05 with the profile's figure.
+    assert perf(PI5, four) / perf(PI5, one) == pytest.approx(3.1)
+    assert perf(measured, four) / perf(measured, one) == pytest.approx(2.05)
+    # No shared share: one busy core of four draws a quarter of the cluster's active power.
+    assert busy_watts(measured, one) == pytest.approx(6.9 / 4)
+    with pytest.raises(ProfileError, match="parallel_efficiency must be in \\(0, 1\\]"):
+        profile_from_dict({**data, "cpu": {"clusters": [{**data["cpu"]["clusters"][0], "parallel_efficiency": 1.5}]}})
