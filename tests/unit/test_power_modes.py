@@ -60,17 +60,16 @@ def _read(root: Path, rel: str) -> str:
     return (root / "devices" / "system" / "cpu" / rel).read_text().strip()
 
 
-def test_pi4_powersave_takes_two_cores_offline_and_sets_schedutil(tmp_path):
+def test_pi4_powersave_takes_two_cores_offline_caps_the_clock_and_sets_schedutil(tmp_path):
     root = _board(tmp_path, "raspberry-pi-4")
     result = apply_power_mode(load_profile("raspberry-pi-4"), "power", str(root))
     assert result.applied and result.power_mode == "powersave" and result.reason is None
     assert [_read(root, f"cpu{c}/online") for c in (1, 2, 3)] == ["1", "0", "0"]
     assert _read(root, "cpufreq/policy0/scaling_governor") == "schedutil"
-    assert _read(root, "cpufreq/policy0/scaling_max_freq") == "1800000"
+    assert _read(root, "cpufreq/policy0/scaling_max_freq") == "1000000"  # the mode's 1.0 GHz cap
     cpu = root / "devices" / "system" / "cpu"
-    # the clock cap already held its value: it is a setting of the mode but was not rewritten
-    assert str(cpu / "cpufreq/policy0/scaling_max_freq") in result.settings
-    assert result.changed == (str(cpu / "cpufreq/policy0/scaling_governor"), str(cpu / "cpu2/online"),
+    assert result.changed == (str(cpu / "cpufreq/policy0/scaling_governor"),
+                              str(cpu / "cpufreq/policy0/scaling_max_freq"), str(cpu / "cpu2/online"),
                               str(cpu / "cpu3/online"))
 
 
@@ -82,7 +81,8 @@ def test_pi4_performance_brings_the_cores_back_before_pinning_the_clock(tmp_path
     assert result.applied and result.power_mode == "performance"
     assert [_read(root, f"cpu{c}/online") for c in (1, 2, 3)] == ["1", "1", "1"]
     assert _read(root, "cpufreq/policy0/scaling_governor") == "performance"
-    assert [Path(p).parent.name for p in result.changed] == ["cpu2", "cpu3", "policy0"]
+    assert [Path(p).parent.name for p in result.changed] == ["cpu2", "cpu3", "policy0", "policy0"]
+    assert _read(root, "cpufreq/policy0/scaling_max_freq") == "1800000"  # the cap lifted back to its clock
 
 
 def test_rk3588_efficiency_sets_only_the_little_clusters_policy(tmp_path):
@@ -111,8 +111,9 @@ def test_a_read_only_attribute_leaves_the_board_alone_and_logs_the_commands_once
     assert [_read(root, f"cpu{c}/online") for c in (2, 3)] == ["1", "1"], "nothing is written when one file refuses"
     assert result.changed == ()
     cpu = root / "devices/system/cpu"
-    assert result.commands == (f"echo schedutil | sudo tee {governor}", f"echo 0 | sudo tee {cpu}/cpu2/online",
-                               f"echo 0 | sudo tee {cpu}/cpu3/online")
+    assert result.commands == (f"echo schedutil | sudo tee {governor}",
+                               f"echo 1000000 | sudo tee {cpu}/cpufreq/policy0/scaling_max_freq",
+                               f"echo 0 | sudo tee {cpu}/cpu2/online", f"echo 0 | sudo tee {cpu}/cpu3/online")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert f"echo schedutil | sudo tee {governor}" in warnings[0] and "not applied" in warnings[0]
