@@ -25,6 +25,7 @@ The sources, best first (:class:`LatencyModel`; every figure carries its ``basis
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from edgesdk.converters.userland import CORES
 from edgesdk.errors import EmulatorError
 from edgesdk.runtime.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode
 from edgesdk.runtime.scheduling import plan_cores
+
+log = logging.getLogger(__name__)
 
 __all__ = ["IPC", "OperatingPoint", "operating_points", "target_point", "perf", "LatencyModel", "BoardCost",
            "board_cost", "ConversionCosts"]
@@ -260,6 +263,9 @@ class ConversionCosts:
             if self.required:
                 raise
             self.note = f"board latency scaled from this host's timings, not emulated: {exc}"
+            log.warning("%s is %s and the board emulator is not set up, so its latencies are this host's timings "
+                        "scaled (an int8 kernel for arm64 says little on x86): set it up once with `edgesdk emulator "
+                        "setup` (%s) to count instructions on the board's own cores", board.name, board.arch, exc)
 
     @property
     def active(self) -> bool:

@@ -50,6 +50,7 @@ names the vetoed ones. ``holdout_drop`` None (no held-out samples) skips the che
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -68,6 +69,8 @@ from edgesdk.errors import BudgetError
 from edgesdk.runtime.profiles import DeviceProfile
 
 __all__ = ["Candidate", "PlanResult", "BoardEstimate", "estimate_on_board", "choose", "CLEAR_GAIN"]
+
+_HOST_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
 
 #: One latency is clearly lower than another only at this ratio or below; smaller gains are within the
 #: run-to-run noise of a measurement on a typical host (about 3%).
@@ -182,7 +185,8 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
                            f"{power.problem}")
         if c.accuracy_drop > max_accuracy_drop:
             reasons.append(f"accuracy drop {c.accuracy_drop:.3g} > bound {max_accuracy_drop:g}")
-        if c.is_quantized and fp32 is not None and fp32_fits and c.estimate.latency_ms > fp32.estimate.latency_ms:
+        if (c.is_quantized and fp32 is not None and fp32_fits and c.estimate.latency_ms > fp32.estimate.latency_ms
+                and not _other_isa_scaled(c, board)):
             reasons.append(f"slower than FP32 on {board.name} ({c.estimate.latency_ms:.3f} ms vs "
                            f"{fp32.estimate.latency_ms:.3f} ms, {c.estimate.basis})")
         judged.append(replace(c, rejected=(*c.rejected, *reasons), power=power))  # a caller's reason stays
@@ -235,6 +239,13 @@ def _planned_power(estimate: BoardEstimate, board: DeviceProfile, target: Operat
         return min(fitting, key=lambda f: (f.latency_ms, f.energy_mj))
     keeping_up = [f for f in figures if f.duty is None or f.duty <= 1] or figures  # a miss the rate allows first
     return min(keeping_up, key=lambda f: (f.avg_watts if f.avg_watts is not None else 0.0, f.latency_ms))
+
+
+def _other_isa_scaled(c: Candidate, board: DeviceProfile) -> bool:
+    """True when ``c``'s board latency is this host's timing scaled and the board is of another architecture: an
+    int8 preset for arm64 kernels (dot-product, NEON) runs slowly on x86, which says nothing about the board, so
+    such timings never veto a quantized variant by themselves."""
+    return c.estimate.basis == "estimated" and board.arch != _HOST_ARCH
 
 
 def _worst_drop(c: Candidate) -> float:

@@ -221,3 +221,30 @@ def test_thread_scaling_and_the_shared_power_share_are_the_profiles_own_paramete
     assert busy_watts(measured, one) == pytest.approx(6.9 / 4)
     with pytest.raises(ProfileError, match="parallel_efficiency must be in \\(0, 1\\]"):
         profile_from_dict({**data, "cpu": {"clusters": [{**data["cpu"]["clusters"][0], "parallel_efficiency": 1.5}]}})
+
+
+def test_host_timings_alone_never_veto_an_arm_int8_variant_but_do_on_this_hosts_own_arch():
+    """An int8 preset for arm64 kernels runs slowly on x86: that says nothing about a Pi 5 (issue 38)."""
+    fp32, int8 = _candidate("fp32", "fp32", 10.0, PI5), _candidate("int8", "int8_static", 14.0, PI5, drop=0.1)
+    plan = choose([fp32, int8], PI5, "latency", 0.5)
+    assert plan.chosen.name == "fp32"  # still the faster by the only figures there are
+    assert not next(c for c in plan.candidates if c.name == "int8").rejected
+    x86 = load_profile("generic-x86_64")
+    here = choose([_candidate("fp32", "fp32", 10.0, x86), _candidate("int8", "int8_static", 14.0, x86, drop=0.1)],
+                  x86, "latency", 0.5)
+    assert any("slower than FP32" in r for r in next(c for c in here.candidates if c.name == "int8").rejected)
+
+
+def test_an_arm_board_without_the_emulator_warns_how_to_set_it_up(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from edgesdk.converters.board_latency import ConversionCosts
+
+    monkeypatch.setenv("EDGESDK_EMULATOR_CACHE", str(tmp_path))  # an empty cache: no userland built
+    monkeypatch.delenv("EDGESDK_EMULATE", raising=False)
+    with caplog.at_level(logging.WARNING, logger="edgesdk.converters.board_latency"):
+        costs = ConversionCosts(None, PI5, "latency", {"input": np.zeros((1, 4), np.float32)})
+    assert not costs.active and costs.note.startswith("board latency scaled from this host's timings, not emulated")
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "raspberry-pi-5 is aarch64 and the board emulator is not set up" in warning
+    assert "`edgesdk emulator setup`" in warning
