@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,6 +25,10 @@ DEVICES = 4
 #: the regression was caught only at stage 2.
 POLICY = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=5.0, max_failure_rate=0.0, deploy_timeout_s=60,
                        min_calls=50)
+#: The same model again, on four agents sharing this 2-core host with the rest of the suite: a p99 of 0.5 ms moved
+#: 1.7x between runs of the same model under CI load. These tests check the mechanics (a healthy release is judged
+#: and passes, manual promotion waits), not the noise: benchmarks/rollout_safety.py measures false aborts at 1.5x.
+NOISY_HOST = replace(POLICY, max_p99_ratio=3.0)
 
 
 @pytest.fixture
@@ -76,7 +81,7 @@ def test_a_p99_regression_aborts_the_canary_with_its_figures(fleet, tmp_path, ke
 def test_a_healthy_release_passes_its_canary_and_completes(fleet, bundles):
     running, agents = fleet
     running.ota.upload(pack_bundle(bundles["2.0.0"]))
-    r = rollout_to(running.ota, "2.0.0", policy=POLICY)
+    r = rollout_to(running.ota, "2.0.0", policy=NOISY_HOST)
     assert r.state == "completed", r.reason
     assert r.verdict["passed"] and r.verdict["stage"] == 2 and r.phase == "completed"
     stages = [e.payload for e in running.ota.db.events(r.id) if e.type == "stage_verdict"]
@@ -88,7 +93,8 @@ def test_push_manual_waits_for_promote_and_promote_waits_for_its_stage(fleet, bu
     running, agents = fleet
     auth = ["--server", running.url, "--token", TOKEN]
     pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "50%", "--waves",
-                                      "100", "--health-window", "3s", "--manual", "--wait", "60", *auth])
+                                      "100", "--health-window", "3s", "--manual", "--max-p99-ratio", "3", "--wait", "60",
+                                      *auth])
     assert pushed.exit_code == 0, pushed.output
     assert "waits for `edgesdk rollout promote" in pushed.stderr and "waiting for promote" in pushed.stdout
     rollout_id = pushed.stdout.split()[1].rstrip(":")
