@@ -8,6 +8,10 @@ edgesdk, so this file imports nothing else. Usage::
 Single-threaded, so a count is one core's work. Between the marks (``syscall(4242, tag)``,
 seen by the counting plugin) only ``run``/``invoke`` calls happen: ``RUNS`` of them in each of
 the two windows. Prints one JSON line: the backend and its version.
+
+A model the runtime here cannot load or run (the board's own build, which may reject what this
+host's accepts) exits :data:`BOARD_ERROR_EXIT` with one stderr line ``edgesdk-board-error: TYPE:
+MESSAGE``, before any mark: the converter then rejects that variant, naming the error.
 """
 
 import ctypes
@@ -17,6 +21,9 @@ import sys
 import numpy as np
 
 MARK = 4242
+#: Exit status of a model the runtime refused (see the module doc).
+BOARD_ERROR_EXIT = 3
+BOARD_ERROR = "edgesdk-board-error: "
 
 
 def main() -> None:
@@ -24,9 +31,14 @@ def main() -> None:
     model, inputs_path, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     optimized = sys.argv[4] if len(sys.argv) > 4 else None
     inputs = dict(np.load(inputs_path))
-    run, backend = _litert(model, inputs) if model.endswith(".tflite") else _onnxruntime(model, inputs, optimized)
+    try:
+        run, backend = _litert(model, inputs) if model.endswith(".tflite") else _onnxruntime(model, inputs, optimized)
+        run()
+    except Exception as exc:  # the board's runtime refused the model: say so in one line the host can read
+        message = " ".join(str(exc).split())
+        sys.stderr.write(f"{BOARD_ERROR}{type(exc).__name__}: {message}\n")
+        sys.exit(BOARD_ERROR_EXIT)
     libc = ctypes.CDLL(None, use_errno=True)
-    run()
     for tag in range(3):
         libc.syscall(MARK, tag)
         if tag < 2:

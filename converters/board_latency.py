@@ -41,7 +41,7 @@ from edgesdk.converters.emulate import (
     emulated_cpu,
 )
 from edgesdk.converters.userland import CORES
-from edgesdk.errors import EmulatorError
+from edgesdk.errors import BoardRuntimeError, EmulatorError
 from edgesdk.runtime.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode
 from edgesdk.runtime.scheduling import plan_cores
 
@@ -238,7 +238,9 @@ class ConversionCosts:
     ``emulate``: True requires the emulator (:class:`EmulatorError` when it is missing or a
     variant fails under it); False never uses it; None (the default) uses it when it is set up
     and ``EDGESDK_EMULATE`` is not ``0``, and otherwise says in :attr:`note` how to enable it.
-    Every variant gets the same basis: one that cannot be emulated turns emulation off for all.
+    Every variant gets the same basis: a failure of the emulator itself turns emulation off for all; a variant the
+    board's own runtime refuses (:class:`BoardRuntimeError`) is recorded in :attr:`failures` and rejected, and the
+    others keep their emulated figures.
     """
 
     def __init__(self, emulate: bool | None, board: DeviceProfile, mode: str, sample: Mapping[str, np.ndarray],
@@ -246,6 +248,8 @@ class ConversionCosts:
         self.board, self.mode, self.sample, self.required = board, mode, dict(sample), emulate is True
         self.every_cluster = every_cluster
         self.costs: dict[str, BoardCost] = {}
+        #: Variants the board's own runtime refused (label -> its error): rejected, while the others keep their counts.
+        self.failures: dict[str, str] = {}
         self.emulator: Emulator | None = None
         self.note = ""
         if emulate is False or (emulate is None and os.environ.get("EDGESDK_EMULATE") == "0"):
@@ -279,6 +283,10 @@ class ConversionCosts:
         try:
             cost = self.costs[label] = board_cost(self.emulator, path, self.sample, self.board, self.mode,
                                                        self.every_cluster)
+        except BoardRuntimeError as exc:  # the variant, not the emulator: only it is rejected
+            self.failures[label] = str(exc)
+            log.warning("%s rejected: %s", label, exc)
+            return None
         except EmulatorError as exc:
             if self.required:
                 raise

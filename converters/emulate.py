@@ -47,7 +47,7 @@ import numpy as np
 
 from edgesdk.converters.qdq import FusionCounts, fusion_counts
 from edgesdk.converters.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
-from edgesdk.errors import EmulatorError, ModelFormatError
+from edgesdk.errors import BoardRuntimeError, EmulatorError, ModelFormatError
 from edgesdk.files import write_atomic
 from edgesdk.runtime.model_file import read_model
 from edgesdk.runtime.profiles import CoreCluster
@@ -57,6 +57,8 @@ __all__ = ["InstructionCount", "Emulator", "CYCLES_PER_INSTRUCTION", "PARALLEL_E
 
 _PLUGIN_SOURCE = Path(__file__).with_name("insn_count.c")
 _GUEST = Path(__file__).with_name("_guest_count.py")
+#: How the guest script (``_guest_count.py``, which imports nothing of edgesdk) reports a model its runtime refused.
+_BOARD_ERROR_EXIT, _BOARD_ERROR = 3, "edgesdk-board-error: "
 _MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", re.MULTILINE)
 
 #: Cycles per instruction on inference kernels (NEON/AVX GEMM and convolution loops), per real core.
@@ -208,6 +210,10 @@ class Emulator:
                                     "give the Emulator a longer timeout_s") from None
             marks = {int(m[0]): tuple(int(v) for v in m[1:]) for m in _MARK.findall(log.read_text())} \
                 if log.exists() else {}
+            refused = [line for line in done.stderr.splitlines() if line.startswith(_BOARD_ERROR)]
+            if done.returncode == _BOARD_ERROR_EXIT and refused:
+                raise BoardRuntimeError(f"{model.name} fails in the board's runtime on emulated {cpu} ({runtime}): "
+                                        f"{refused[-1][len(_BOARD_ERROR):]}")
             if done.returncode != 0 or len(marks) != 3:
                 tail = "\n".join(done.stderr.strip().splitlines()[-8:])
                 raise EmulatorError(f"{model.name} failed on emulated {cpu} (exit {done.returncode}, {len(marks)} of "

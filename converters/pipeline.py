@@ -224,8 +224,10 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
                                      costs.costs.get(label), energy, energy_basis)
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
+        refused = costs.failures.get(label)
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes,
-                                    holdout_drop=drops.holdout(m)))
+                                    holdout_drop=drops.holdout(m),
+                                    rejected=(f"fails on {board.name}'s own runtime: {refused}",) if refused else ()))
     plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
     bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, split, drops.reference_score())
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,

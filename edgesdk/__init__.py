@@ -52,6 +52,7 @@ _EXPORTS = {
     "NotFoundError": "edgesdk.errors",
     "ConflictError": "edgesdk.errors",
     "ReleaseCheckError": "edgesdk.errors",
+    "BoardRuntimeError": "edgesdk.errors",
     "BrokerError": "edgesdk.errors",
     "OverloadedError": "edgesdk.errors",
     "StorageError": "edgesdk.errors",
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from edgesdk.agent.managed import ManagedRuntime
     from edgesdk.errors import (
         BackendError,
+        BoardRuntimeError,
         BrokerError,
         BudgetError,
         BundleError,

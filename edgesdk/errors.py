@@ -38,7 +38,9 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── StorageError                 exit 23  the device's store has no room for an update (or its retention
     │                                         settings are invalid)
     ├── EmulatorError                exit 24  the board emulator (qemu-user and its aarch64 userland) is
-    │                                         missing or failed to run a variant
+    │   │                                     missing or failed to run a variant
+    │   └── BoardRuntimeError        exit 30  a variant fails to load or run in the board's own runtime
+    │                                         (under the emulator) while it runs on this host
     └── SensorError                  exit 25  a board's power sensor exists but cannot be read or parsed
 
 Each message says what was wrong, with the value, and what to do about it. The CLI
@@ -75,6 +77,7 @@ __all__ = [
     "OverloadedError",
     "StorageError",
     "EmulatorError",
+    "BoardRuntimeError",
 ]
 
 
@@ -270,6 +273,14 @@ class EmulatorError(EdgeSDKError):
     """
 
     exit_code = 24
+
+
+class BoardRuntimeError(EmulatorError):
+    """A variant fails to load or run in the board's own runtime (its aarch64 onnxruntime or LiteRT, under the
+    emulator) while it runs on this host: the converter rejects that variant with the board's error and keeps the
+    others' emulated figures."""
+
+    exit_code = 30
 
 
 class SensorError(EdgeSDKError):

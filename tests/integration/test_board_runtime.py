@@ -1,0 +1,65 @@
+"""A variant the board's own runtime refuses is rejected with the board's error; the others keep their emulated figures
+(issue 38, item 7). Real qemu-user, the real aarch64 userland `scripts/setup.sh` builds, real onnxruntime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgesdk.converters.board_latency import ConversionCosts
+from edgesdk.converters.emulate import Emulator
+from edgesdk.errors import BoardRuntimeError
+from edgesdk.runtime.profiles import load_profile
+
+GUEST = Path(__file__).resolve().parents[2] / "converters" / "_guest_count.py"
+X = {"x": np.arange(12, dtype=np.float32).reshape(4, 3)}
+
+
+def _gather(path: Path, index: int) -> Path:
+    """y = Gather(x, [index]) over x of 4 rows: a valid graph that every runtime refuses at run time for index >= 4."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["y"], axis=0)], "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(np.array([index], dtype=np.int64), "i")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("board-runtime")
+    return _gather(folder / "good.onnx", 2), _gather(folder / "bad.onnx", 7)
+
+
+def test_the_guest_reports_a_refused_model_in_one_line_with_its_own_exit_status(models, tmp_path):
+    np.savez(tmp_path / "inputs.npz", **X)
+    done = subprocess.run([sys.executable, str(GUEST), str(models[1]), str(tmp_path / "inputs.npz"), "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("edgesdk-board-error: ")]
+    assert "indices element out of data bounds" in line
+
+
+def test_a_model_the_runtime_refuses_raises_board_runtime_error_naming_the_runtime(models, tmp_path):
+    with pytest.raises(BoardRuntimeError, match=r"bad\.onnx fails in the board's runtime on emulated haswell "
+                                                r"\(onnxruntime .*\): .*out of data bounds"):
+        Emulator(cache=tmp_path, require_userland=False).count(models[1], X, "haswell")
+
+
+def test_a_variant_the_boards_runtime_refuses_is_rejected_and_the_others_stay_emulated(models, tmp_path_factory):
+    emulator = Emulator(counts_dir=tmp_path_factory.mktemp("counts"))
+    costs = ConversionCosts(True, load_profile("raspberry-pi-5"), "latency", X, emulator=emulator)  # --emulate
+    good, bad = models
+    assert costs.count("onnx-fp32", good) is not None
+    assert costs.count("onnx-broken", bad) is None
+    assert costs.active, "one variant the board refuses must not turn emulation off for the others"
+    assert set(costs.failures) == {"onnx-broken"} and "cortex-a76" in costs.failures["onnx-broken"]
+    assert costs.count("onnx-fp32-again", good) is not None and costs.note.startswith(
+        "board latency from instructions counted on emulated cortex-a76")
