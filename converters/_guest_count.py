@@ -11,11 +11,14 @@ the two windows. Prints one JSON line: the backend and its version.
 
 A model the runtime here cannot load or run (the board's own build, which may reject what this
 host's accepts) exits :data:`BOARD_ERROR_EXIT` with one stderr line ``edgesdk-board-error: TYPE:
-MESSAGE``, before any mark: the converter then rejects that variant, naming the error.
+MESSAGE``, before any mark: the converter then rejects that variant, naming the error. With
+``EDGESDK_GUEST_OUTPUTS`` set, the first run's first output is saved there (``.npy``): the
+converter compares the board's answer with this host's before it writes a bundle.
 """
 
 import ctypes
 import json
+import os
 import sys
 
 import numpy as np
@@ -32,8 +35,11 @@ def main() -> None:
     optimized = sys.argv[4] if len(sys.argv) > 4 else None
     inputs = dict(np.load(inputs_path))
     try:
-        run, backend = _litert(model, inputs) if model.endswith(".tflite") else _onnxruntime(model, inputs, optimized)
+        run, backend, first_output = (_litert(model, inputs) if model.endswith(".tflite") else
+                                      _onnxruntime(model, inputs, optimized))
         run()
+        if os.environ.get("EDGESDK_GUEST_OUTPUTS"):
+            np.save(os.environ["EDGESDK_GUEST_OUTPUTS"], np.asarray(first_output()))
     except Exception as exc:  # the board's runtime refused the model: say so in one line the host can read
         message = " ".join(str(exc).split())
         sys.stderr.write(f"{BOARD_ERROR}{type(exc).__name__}: {message}\n")
@@ -58,7 +64,9 @@ def _onnxruntime(model, inputs, optimized):  # type: ignore[no-untyped-def]
     if optimized:
         options.optimized_model_filepath = optimized
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    return (lambda: session.run(None, inputs)), {"backend": "onnxruntime", "version": ort.__version__}
+    first = session.get_outputs()[0].name
+    return ((lambda: session.run(None, inputs)), {"backend": "onnxruntime", "version": ort.__version__},
+            lambda: session.run([first], inputs)[0])
 
 
 def _litert(model, inputs):  # type: ignore[no-untyped-def]
@@ -79,7 +87,8 @@ def _litert(model, inputs):  # type: ignore[no-untyped-def]
             limits = np.iinfo(detail["dtype"])
             value = np.clip(np.round(value / scale + zero_point), limits.min, limits.max)
         interpreter.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
-    return interpreter.invoke, {"backend": "litert", "version": version}
+    output = interpreter.get_output_details()[0]["index"]
+    return interpreter.invoke, {"backend": "litert", "version": version}, lambda: interpreter.get_tensor(output)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,11 @@ Results are cached by model SHA-256 × emulated CPU × runtime (library versions
 plugin) × input shapes, in ``$EDGESDK_EMULATOR_CACHE/counts``: a re-run costs a file read.
 
 :func:`board_latency_ms` turns a count into milliseconds with a per-core cycles-per-
-instruction figure (:data:`CYCLES_PER_INSTRUCTION`) and the power mode's clock. Those CPI
-figures are assumptions (stated below); they scale every variant of a board alike, so the
-*order* of the variants, which is what the planner decides on, comes from the counts alone.
+instruction figure (:data:`CYCLES_PER_INSTRUCTION`) and the power mode's clock. The CPIs of the
+Cortex-A76, A72 and A55 are fitted on published board latencies
+(``benchmarks/data/published_latency.yaml``, by ``benchmarks/calibration.py``, which reports their
+error on a held-out half); they scale every variant of a board alike, so the *order* of the
+variants, which is what the planner decides on, comes from the counts alone.
 The same method applied to this x86 host (``haswell``: AVX2, run by ``qemu-x86_64``) is
 checked against real side-by-side timings by ``benchmarks/quantization.py``.
 """
@@ -61,15 +63,27 @@ _GUEST = Path(__file__).with_name("_guest_count.py")
 _BOARD_ERROR_EXIT, _BOARD_ERROR = 3, "edgesdk-board-error: "
 _MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", re.MULTILINE)
 
-#: Cycles per instruction on inference kernels (NEON/AVX GEMM and convolution loops), per real core.
-#: Assumptions, from each core's issue width and vector pipes: A76 (4-wide, two 128-bit FMA pipes)
-#: 0.5; A78AE and Neoverse-N1 (the same family) 0.45 and 0.5; A72 (3-wide, two 128-bit pipes)
-#: 0.7; A57 0.8; the in-order, dual-issue A55 1.0 and A53 (64-bit NEON datapath) 1.2. They set
-#: the absolute milliseconds (and so a frame-rate check), never the order of a board's variants.
+#: Board cycles per instruction that ONNX Runtime's kernels retire under emulation, per real core: what
+#: turns a count into milliseconds. They set the absolute milliseconds (and so a frame-rate check), never
+#: the order of a board's variants.
+#:
+#: * **Fitted** (``benchmarks/calibration.py`` on the fit half of ``benchmarks/data/published_latency.yaml``,
+#:   least squares of log error, with :data:`PARALLEL_EFFICIENCY` as the thread rule): A76 0.73, A72 3.39,
+#:   A55 1.98 (counted on an A55 stand-in: qemu's cortex-a76 ISA as CPU part 0xd05 r2p0; FP32 counts match
+#:   the cortex-a53 model the profiles use, int8 ones do not). Validation half, |estimate / published - 1|:
+#:   Pi 4 median 21% (worst 49%), Pi 5 16% (51%), RK3588 33% (101%: its sources disagree up to 2.2x among
+#:   themselves for the same model, cluster and threads; A76 cluster alone 14%, 48%).
+#: * Weakest: almost all published CPU figures are ncnn's; a runtime factor (ncnn 0.29x ONNX Runtime's time,
+#:   from the Pi 5's ONNX/NCNN pairs) is assumed equal on every core. ncnn computes in FP16 on Armv8.2 cores
+#:   (A76, A55) and not on the A72, so the A72's CPI for ONNX Runtime is likely overstated (up to ~2x); no
+#:   ONNX Runtime figure on a Pi 4 was found to check it.
+#: * **Derived** (no figures): the other cores keep their old ratio to the fitted core of their family
+#:   (A75/A77/A78/A78AE/Neoverse-N1 to the A76, A57/A73 to the A72, A53 to the A55); x86_64, the host model
+#:   checked against real timings by ``benchmarks/quantization.py``, is unchanged.
 CYCLES_PER_INSTRUCTION = {
-    "cortex-a53": 1.2, "cortex-a55": 1.0, "cortex-a57": 0.8, "cortex-a72": 0.7, "cortex-a73": 0.7,
-    "cortex-a75": 0.55, "cortex-a76": 0.5, "cortex-a77": 0.45, "cortex-a78": 0.45, "cortex-a78ae": 0.45,
-    "neoverse-n1": 0.5, "x86_64": 0.5,
+    "cortex-a53": 2.38, "cortex-a55": 1.98, "cortex-a57": 3.88, "cortex-a72": 3.39, "cortex-a73": 3.39,
+    "cortex-a75": 0.8, "cortex-a76": 0.73, "cortex-a77": 0.66, "cortex-a78": 0.66, "cortex-a78ae": 0.66,
+    "neoverse-n1": 0.73, "x86_64": 0.5,
 }
 #: Speed-up of each thread beyond the first (the planner's scaling rule; a count is for one thread).
 PARALLEL_EFFICIENCY = 0.7
@@ -156,10 +170,18 @@ class Emulator:
             data = json.loads(cached.read_text())
             fusion = FusionCounts(**data.pop("fusion")) if data.get("fusion") else None
             return InstructionCount(**{**data, "fusion": fusion, "seconds": 0.0, "cached": True})
-        count = self._run(path, arrays, cpu, runs, runtime)
         cached.parent.mkdir(parents=True, exist_ok=True)
+        count = self._run(path, arrays, cpu, runs, runtime, cached.with_suffix(".npy"))
         write_atomic(cached, json.dumps({k: v for k, v in asdict(count).items() if k != "cached"}).encode())
         return count
+
+    def first_output(self, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray],
+                     cpu: str) -> np.ndarray | None:
+        """The board runtime's first output on ``inputs`` from the run that counted ``model`` on ``cpu`` (call
+        :meth:`count` first); None when that count was cached before outputs were kept."""
+        arrays = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
+        saved = self.counts_dir / f"{self._key(_checked(Path(model)), cpu, self._runtime(CORES[cpu].arch), arrays)}.npy"
+        return np.load(saved) if saved.is_file() else None
 
     def _runtime(self, arch: str) -> str:
         qemu = qemu_binary(arch)
@@ -181,7 +203,7 @@ class Emulator:
         return f"{sha256[:24]}-{cpu}-{digest}"
 
     def _run(self, model: Path, inputs: Mapping[str, np.ndarray], cpu: str, runs: int,
-             runtime: str) -> InstructionCount:
+             runtime: str, output_to: Path) -> InstructionCount:
         core = CORES[cpu]
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="edgesdk-emulate-") as tmp:
@@ -192,6 +214,7 @@ class Emulator:
             command = [str(qemu_binary(core.arch)), "-cpu", core.qemu_cpu, "-plugin", str(self.plugin), "-d", "plugin",
                        "-D", str(log)]
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "OMP_", "ORT_"))}
+            env["EDGESDK_GUEST_OUTPUTS"] = str(work / "first_output.npy")
             if core.arch == "aarch64":
                 assert self.userland is not None  # _runtime checked
                 command += ["-L", str(self.userland.core_root(cpu)), str(self.userland.root / "usr" / "bin" /
@@ -219,6 +242,8 @@ class Emulator:
                 raise EmulatorError(f"{model.name} failed on emulated {cpu} (exit {done.returncode}, {len(marks)} of "
                                     f"3 marks): {tail}")
             fusion = fusion_counts(optimized) if optimized is not None and optimized.exists() else None
+            if (work / "first_output.npy").is_file():  # kept beside the count, for the output check before a bundle
+                write_atomic(output_to, (work / "first_output.npy").read_bytes())
         first = [b - a for a, b in zip(marks[0], marks[1])]
         second = [b - a for a, b in zip(marks[1], marks[2])]
         total, simd, memory = (v / runs for v in second)

@@ -229,6 +229,11 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
                                     holdout_drop=drops.holdout(m),
                                     rejected=(f"fails on {board.name}'s own runtime: {refused}",) if refused else ()))
     plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
+    while problem := costs.output_difference(plan.chosen.name, plan.chosen.path, plan.chosen.measurement.outputs,
+                                             _tolerance(plan.chosen.precision)):  # the board must agree before a bundle
+        index = next(i for i, c in enumerate(candidates) if c.name == plan.chosen.name)
+        candidates[index] = replace(candidates[index], rejected=(problem,))
+        plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
     bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, split, drops.reference_score())
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,
                             tflite_error, parity, ranges, search, split, costs.note,
@@ -440,8 +445,7 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
                      "fp32_score": fp32_score, **split.to_dict()},
         "chosen_because": plan.reason,
     }
-    # The health check allows for the difference between this host's kernels and the board's.
-    tolerance = 1e-2 if chosen.precision in ("fp32", "fp16", "as-given") else 5e-2
+    tolerance = _tolerance(chosen.precision)
     target, output = request.target, request.output
     runtime_mode, threads = _runtime_mode(plan, target.board, target.mode)
     planned_ms = chosen.power.latency_ms if chosen.power else chosen.estimate.latency_ms
@@ -454,6 +458,11 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
     with held_output("computing the health check"):
         return bundle_from_model(out / "bundle", chosen.path, spec, {k: v[:1] for k, v in evaluation.items()},
                                  profile=target.board, private_key=output.private_key)
+
+
+def _tolerance(precision: str) -> float:
+    """The health check's tolerance (absolute and relative): what this host's kernels and the board's may differ by."""
+    return 1e-2 if precision in ("fp32", "fp16", "as-given") else 5e-2
 
 
 def _runtime_mode(plan: PlanResult, board: DeviceProfile, mode: str) -> tuple[str, int | None]:

@@ -63,3 +63,21 @@ def test_a_variant_the_boards_runtime_refuses_is_rejected_and_the_others_stay_em
     assert set(costs.failures) == {"onnx-broken"} and "cortex-a76" in costs.failures["onnx-broken"]
     assert costs.count("onnx-fp32-again", good) is not None and costs.note.startswith(
         "board latency from instructions counted on emulated cortex-a76")
+
+
+def test_the_boards_own_output_is_compared_with_this_hosts_before_a_bundle(models, tmp_path_factory):
+    """The emulated board's answer (kept from the counting run) against this host's: equal within the health check's
+    tolerance passes; a host output 0.5 away, as a board kernel computing something else would give, is named."""
+    import onnxruntime as ort
+
+    emulator = Emulator(counts_dir=tmp_path_factory.mktemp("counts"))
+    costs = ConversionCosts(True, load_profile("raspberry-pi-5"), "latency", X, emulator=emulator)
+    good = models[0]
+    costs.count("onnx-fp32", good)
+    host = ort.InferenceSession(str(good), providers=["CPUExecutionProvider"]).run(None, X)[0]
+    board = emulator.first_output(good, X, "cortex-a76")
+    assert board is not None and np.array_equal(board, X["x"][2:3])  # Gather row 2, computed on the board's runtime
+    assert costs.output_difference("onnx-fp32", good, host, 1e-2) is None
+    problem = costs.output_difference("onnx-fp32", good, host + 0.5, 1e-2)
+    assert problem is not None and "differs from this host's by up to 0.5 (tolerance 0.01)" in problem
+    assert "raspberry-pi-5's runtime (emulated cortex-a76)" in problem
