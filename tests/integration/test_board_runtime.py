@@ -81,3 +81,43 @@ def test_the_boards_own_output_is_compared_with_this_hosts_before_a_bundle(model
     problem = costs.output_difference("onnx-fp32", good, host + 0.5, 1e-2)
     assert problem is not None and "differs from this host's by up to 0.5 (tolerance 0.01)" in problem
     assert "raspberry-pi-5's runtime (emulated cortex-a76)" in problem
+
+
+def test_emulated_counts_under_a_budget_move_a_two_cluster_board_to_its_little_cores(tmp_path_factory):
+    """Issue 38: no power test used emulated counts. An RK3588 counted on both clusters' emulated cores, at a rate
+    and budget that the big cluster cannot meet but the little one can: the choice moves there, on counts."""
+    from edgesdk.converters.board_latency import operating_points
+    from edgesdk.converters.measure import Measurement
+    from edgesdk.converters.planner import Candidate, choose, estimate_on_board
+    from edgesdk.converters.power import PowerBudget, power_at
+    from tests.integration.test_emulate import _conv_net
+
+    rk3588 = load_profile("rk3588")
+    model = _conv_net(tmp_path_factory.mktemp("conv") / "conv.onnx")
+    x = {"x": np.random.default_rng(0).standard_normal((1, 16, 32, 32)).astype(np.float32)}
+    costs = ConversionCosts(True, rk3588, "latency", x, emulator=Emulator(counts_dir=tmp_path_factory.mktemp("c")),
+                            every_cluster=True)
+    cost = costs.count("onnx-fp32", model)
+    assert cost is not None and {c.cpu for c in cost.counts} == {"cortex-a76", "cortex-a53"}
+    m = Measurement(size_bytes=1 << 20, sha256="conv", load_ms=1.0, latency_p50_ms=5.0, latency_p95_ms=5.0,
+                    rss_before_mb=50.0, peak_rss_mb=60.0, threads=2, backend="onnxruntime",
+                    accelerator="CPUExecutionProvider", outputs=np.zeros((1, 32)))
+    estimate = estimate_on_board(5.0, load_profile("generic-x86_64"), 2, rk3588, "latency", emulated=cost)
+    fp32 = Candidate("onnx-fp32", "onnx", model, "fp32", m, 0.0, estimate)
+    points = operating_points(rk3588)
+    little_ms = max(estimate.model.at(rk3588, p)[0] for p in points if p.power_mode == "efficiency")
+    fps = 0.5 / (little_ms / 1000)  # a rate every little-core point keeps up with (duty at most 0.5)
+
+    def lowest_average(mode: str) -> float:
+        return min(power_at(rk3588, p, *estimate.model.at(rk3588, p), PowerBudget(fps=fps)).avg_watts
+                   for p in points if p.power_mode == mode)
+
+    big, little = lowest_average("performance"), lowest_average("efficiency")
+    assert little < big, "on these counts the little cores must be the cheaper way to keep up"
+    free = choose([fp32], rk3588, "latency", 0.5, budget=PowerBudget(fps=fps))
+    assert free.point.power_mode == "performance" and free.chosen.power.basis.startswith("emulated cortex-a76")
+    budget = PowerBudget(fps=fps, watts=(big + little) / 2)  # between what the two clusters draw at this rate
+    tight = choose([fp32], rk3588, "latency", 0.5, budget=budget)
+    power = tight.chosen.power
+    assert tight.point.power_mode == "efficiency" and power.basis.startswith("emulated cortex-a53")
+    assert power.avg_watts <= budget.watts
