@@ -5,7 +5,7 @@ published figure's model is rebuilt here rather than downloaded:
 
 * torchvision's definitions (``weights=None``) for MobileNetV2/V3-Large, SqueezeNet 1.1, ResNet-18/50
   and EfficientNet-B0; MobileNetV1 (not in torchvision) from its paper's table 1 (Howard et al. 2017);
-* Ultralytics' YAML definitions for YOLOv8n and YOLO11n, from the ``ultralytics`` wheel pinned below
+* Ultralytics' YAML definitions for YOLOv8n and YOLO11n/s, from the ``ultralytics`` wheel pinned below
   (fetched with ``pip download --no-deps`` and checked against its SHA-256; only its model code is
   imported, with stand-ins for the plotting and data libraries it imports at module level).
 
@@ -35,7 +35,7 @@ MODELS: dict[str, tuple[str, int]] = {
     "mobilenet_v3_large": ("torchvision", 224), "mobilenet_v3_small": ("torchvision", 224),
     "squeezenet1_1": ("torchvision", 227), "resnet18": ("torchvision", 224), "resnet34": ("torchvision", 224),
     "resnet50": ("torchvision", 224), "efficientnet_b0": ("torchvision", 224), "yolov8n": ("ultralytics", 640),
-    "yolo11n": ("ultralytics", 640),
+    "yolo11n": ("ultralytics", 640), "yolo11s": ("ultralytics", 640),
 }
 
 

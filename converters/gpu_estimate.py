@@ -28,8 +28,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NodeCost", "GpuPeak", "node_costs", "roofline_ms", "estimate_ms", "BYTES_PER_ELEMENT", "FUSED"]
+__all__ = ["NodeCost", "GpuPeak", "node_costs", "roofline_ms", "estimate_ms", "BYTES_PER_ELEMENT", "FUSED",
+           "EFFICIENCY", "PER_KERNEL_US"]
 
+#: TensorRT's fraction of the roofline, and its fixed cost per kernel launched, fitted by
+#: ``benchmarks/calibration.py`` on the fit half of the Jetson Orin Nano's published TensorRT figures
+#: (``benchmarks/data/published_latency.yaml``: NetsPresso's device matrix, Ultralytics' docs, one blog;
+#: none of them NVIDIA's own). Validation half: median |estimate / published - 1| 5.6%, worst 19% (5 figures,
+#: FP32/FP16/INT8, ResNet, MobileNetV3, YOLO). One GPU and one engine: other accelerators need their own fit.
+EFFICIENCY = 0.38
+PER_KERNEL_US = 20.0
 #: Bytes per tensor element at each precision an engine may build for.
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "int8": 1}
 #: Ops an inference engine fuses into the kernel before them: FLOPs counted, no bytes of their own.
@@ -169,8 +177,8 @@ def roofline_ms(costs: Iterable[NodeCost], peak: GpuPeak, precision: str) -> flo
     return sum(max(c.flops / flops_per_s, c.bytes / bytes_per_s) for c in costs) * 1e3
 
 
-def estimate_ms(costs: Iterable[NodeCost], peak: GpuPeak, precision: str, efficiency: float,
-                per_kernel_us: float = 0.0) -> float:
+def estimate_ms(costs: Iterable[NodeCost], peak: GpuPeak, precision: str, efficiency: float = EFFICIENCY,
+                per_kernel_us: float = PER_KERNEL_US) -> float:
     """The roofline divided by ``efficiency`` (0 < e <= 1), plus ``per_kernel_us`` for each kernel launched."""
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
