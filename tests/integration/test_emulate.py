@@ -140,7 +140,7 @@ def test_a_corrupt_model_is_a_model_format_error(emulator, tmp_path):
 
 def test_a_model_that_fails_in_the_guest_is_an_emulator_error(emulator, conv_models):
     fp32, _, _ = conv_models
-    with pytest.raises(EmulatorError, match="failed on emulated cortex-a76"):
+    with pytest.raises(EmulatorError, match="fails in the board's runtime on emulated cortex-a76"):
         emulator.count(fp32, {"x": np.zeros((1, 3, 8, 8), np.float32)}, "cortex-a76")
 
 
