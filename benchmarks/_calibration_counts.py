@@ -5,8 +5,8 @@ ONNX Runtime under qemu-user; the Emulator caches counts in ``$EDGESDK_EMULATOR_
 
 **The Cortex-A55.** qemu-user 7.2 (Debian bookworm) lists no Cortex-A55 (``qemu-aarch64 -cpu help``:
 a64fx, cortex-a35, cortex-a53, cortex-a57, cortex-a72, cortex-a76, max, neoverse-n1), and the
-converter counts A55 clusters on ``cortex-a53`` (Armv8.0: no dot product, no FP16 arithmetic).
-Here the A55 is counted on :data:`A55` (``cortex-a55r2``): qemu's ``cortex-a76`` model, whose ID
+converter counted A55 clusters on ``cortex-a53`` (Armv8.0: no dot product, no FP16 arithmetic).
+The A55 is now counted on :data:`A55` (``cortex-a55``): qemu's ``cortex-a76`` model, whose ID
 registers and HWCAPs give the Armv8.2-A extensions the A55 implements (DotProd, FP16, RDM, LRCPC,
 DCPoP, atomics), behind a ``/proc/cpuinfo`` that says what Linux says on A55 boards: ``CPU part
 0xd05``, ``CPU variant 0x2`` (r2p0), the A55's ``Features`` line, and ``midr_el1`` 0x412fd050 in
@@ -17,7 +17,7 @@ the MIDR (through pytorch/cpuinfo). Measured here on MobileNetV2 int8 (dynamic) 
 =====================================  ================
 counted on                              instructions
 =====================================  ================
-``cortex-a53`` (the converter today)    929.6 M
+``cortex-a53`` (the converter before)   929.6 M
 stand-in, part 0xd05 r0p0               930.0 M
 stand-in, part 0xd05 r2p0 (:data:`A55`)  226.8 M
 ``cortex-a76``                          226.8 M
@@ -39,33 +39,21 @@ import numpy as np
 from _calibration_models import build  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from edgesdk.converters.emulate import Emulator, InstructionCount
-from edgesdk.converters.userland import CORES, EmulatedCore
+from edgesdk.converters.userland import CORES
 
 __all__ = ["A55", "counter", "count_figure"]
 
-_A55_FEATURES = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop "
-                 "asimddp")
-#: The Cortex-A55 stand-in: qemu's cortex-a76 ISA (the A55's Armv8.2-A extensions) behind an A55's cpuinfo.
-A55 = EmulatedCore("cortex-a76", "aarch64", "0xd05", _A55_FEATURES)
-#: The emulated CPU each figure's core is counted on (the A55 on the stand-in above, not cortex-a53).
-COUNTED_ON = {"cortex-a72": "cortex-a72", "cortex-a76": "cortex-a76", "cortex-a55": "cortex-a55r2"}
+#: The Cortex-A55 stand-in is the converter's own now (``CORES["cortex-a55"]``): qemu's cortex-a76 ISA behind an
+#: A55 r2p0's cpuinfo and MIDR (edgesdk.converters.userland).
+A55 = CORES["cortex-a55"]
+#: The emulated CPU each figure's core is counted on.
+COUNTED_ON = {"cortex-a72": "cortex-a72", "cortex-a76": "cortex-a76", "cortex-a55": "cortex-a55"}
 
 
 def counter() -> Emulator:
-    """The project's Emulator, with the ``cortex-a55r2`` stand-in registered and its core tree written."""
-    from edgesdk.converters.userland import _core_tree  # the tree writer `edgesdk emulator setup` uses
-
-    CORES.setdefault("cortex-a55r2", A55)
+    """The project's Emulator (its userland writes the A55 stand-in's core tree on first use)."""
     emulator = Emulator()
     assert emulator.userland is not None  # Emulator() raises without one
-    tree = emulator.userland.path / "cores" / "cortex-a55r2"
-    if not tree.is_dir():
-        _core_tree(tree, A55)
-        cpuinfo = tree / "proc" / "cpuinfo"  # r2p0: _core_tree writes variant 0 (r0p0)
-        cpuinfo.write_text(cpuinfo.read_text().replace("CPU variant\t: 0x0", "CPU variant\t: 0x2"))
-        for cpu in (tree / "sys" / "devices" / "system" / "cpu").glob("cpu[0-9]*"):
-            (cpu / "regs" / "identification").mkdir(parents=True, exist_ok=True)
-            (cpu / "regs" / "identification" / "midr_el1").write_text("0x00000000412fd050\n")
     return emulator
 
 

@@ -69,8 +69,8 @@ _MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", r
 #:
 #: * **Fitted** (``benchmarks/calibration.py`` on the fit half of ``benchmarks/data/published_latency.yaml``,
 #:   least squares of log error, with :data:`PARALLEL_EFFICIENCY` as the thread rule): A76 0.73, A72 3.39,
-#:   A55 1.98 (counted on an A55 stand-in: qemu's cortex-a76 ISA as CPU part 0xd05 r2p0; FP32 counts match
-#:   the cortex-a53 model the profiles use, int8 ones do not). Validation half, |estimate / published - 1|:
+#:   A55 1.98 (counted on the A55 stand-in ``cortex-a55``: qemu's cortex-a76 ISA as CPU part 0xd05 r2p0,
+#:   which the profiles use now; FP32 counts match qemu's cortex-a53 model, int8 ones do not). Validation half, |estimate / published - 1|:
 #:   Pi 4 median 21% (worst 49%), Pi 5 16% (51%), RK3588 33% (101%: its sources disagree up to 2.2x among
 #:   themselves for the same model, cluster and threads; A76 cluster alone 14%, 48%).
 #: * Weakest: almost all published CPU figures are ncnn's; a runtime factor (ncnn 0.29x ONNX Runtime's time,
@@ -88,7 +88,7 @@ CYCLES_PER_INSTRUCTION = {
 #: Speed-up of each thread beyond the first (the planner's scaling rule; a count is for one thread).
 PARALLEL_EFFICIENCY = 0.7
 #: The qemu CPU model of each microarchitecture, when a profile's cluster does not name one.
-_EMULATED_AS = {"cortex-a53": "cortex-a53", "cortex-a55": "cortex-a53", "cortex-a57": "cortex-a57",
+_EMULATED_AS = {"cortex-a53": "cortex-a53", "cortex-a55": "cortex-a55", "cortex-a57": "cortex-a57",
                 "cortex-a72": "cortex-a72", "cortex-a73": "cortex-a72", "cortex-a75": "cortex-a76",
                 "cortex-a76": "cortex-a76", "cortex-a77": "cortex-a76", "cortex-a78": "neoverse-n1",
                 "cortex-a78ae": "neoverse-n1", "neoverse-n1": "neoverse-n1"}

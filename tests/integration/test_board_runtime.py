@@ -98,7 +98,7 @@ def test_emulated_counts_under_a_budget_move_a_two_cluster_board_to_its_little_c
     costs = ConversionCosts(True, rk3588, "latency", x, emulator=Emulator(counts_dir=tmp_path_factory.mktemp("c")),
                             every_cluster=True)
     cost = costs.count("onnx-fp32", model)
-    assert cost is not None and {c.cpu for c in cost.counts} == {"cortex-a76", "cortex-a53"}
+    assert cost is not None and {c.cpu for c in cost.counts} == {"cortex-a76", "cortex-a55"}
     m = Measurement(size_bytes=1 << 20, sha256="conv", load_ms=1.0, latency_p50_ms=5.0, latency_p95_ms=5.0,
                     rss_before_mb=50.0, peak_rss_mb=60.0, threads=2, backend="onnxruntime",
                     accelerator="CPUExecutionProvider", outputs=np.zeros((1, 32)))
@@ -119,5 +119,5 @@ def test_emulated_counts_under_a_budget_move_a_two_cluster_board_to_its_little_c
     budget = PowerBudget(fps=fps, watts=(big + little) / 2)  # between what the two clusters draw at this rate
     tight = choose([fp32], rk3588, "latency", 0.5, budget=budget)
     power = tight.chosen.power
-    assert tight.point.power_mode == "efficiency" and power.basis.startswith("emulated cortex-a53")
+    assert tight.point.power_mode == "efficiency" and power.basis.startswith("emulated cortex-a55")
     assert power.avg_watts <= budget.watts
