@@ -54,7 +54,10 @@ def test_a_budget_with_the_energy_objective_moves_the_model_to_least_energy_and_
     quick_chosen = next(v for v in quick["variants"] if v["chosen"])
     assert quick["objective"] == "latency" and quick["reason"].startswith("fastest variant at 200 fps within 3.7 W")
     assert quick_chosen["power"]["avg_watts"] <= 3.7
-    assert quick_chosen["power"]["latency_ms"] <= chosen["power"]["latency_ms"]
+    # The fastest of what fits, within the 5% noise rule (two conversions time this host apart: only figures of one
+    # report compare).
+    fitting = [v["power"]["latency_ms"] for v in quick["variants"] if not v["rejected"]]
+    assert quick_chosen["power"]["latency_ms"] * 0.95 <= min(fitting)
     bundle = read_bundle(tmp_path / "budget" / "bundle")
     assert bundle.manifest.power_mode == "power" and bundle.manifest.threads == report["planned"]["threads"]
     assert bundle.manifest.measured["power"]["power_mode"] == "efficiency"
