@@ -70,9 +70,9 @@ _MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", r
 #: * **Fitted** (``benchmarks/calibration.py`` on the fit half of ``benchmarks/data/published_latency.yaml``,
 #:   least squares of log error, with :data:`PARALLEL_EFFICIENCY` as the thread rule): A76 0.73, A72 3.39,
 #:   A55 1.98 (counted on the A55 stand-in ``cortex-a55``: qemu's cortex-a76 ISA as CPU part 0xd05 r2p0,
-#:   which the profiles use now; FP32 counts match qemu's cortex-a53 model, int8 ones do not). Validation half, |estimate / published - 1|:
-#:   Pi 4 median 21% (worst 49%), Pi 5 16% (51%), RK3588 33% (101%: its sources disagree up to 2.2x among
-#:   themselves for the same model, cluster and threads; A76 cluster alone 14%, 48%).
+#:   which the profiles use now; FP32 counts match qemu's cortex-a53 model, int8 ones do not). Validation half,
+#:   |estimate / published - 1|: Pi 4 median 21% (worst 49%), Pi 5 16% (51%), RK3588 33% (101%: its sources
+#:   disagree up to 2.2x among themselves for the same model, cluster and threads; A76 cluster alone 14%, 48%).
 #: * Weakest: almost all published CPU figures are ncnn's; a runtime factor (ncnn 0.29x ONNX Runtime's time,
 #:   from the Pi 5's ONNX/NCNN pairs) is assumed equal on every core. ncnn computes in FP16 on Armv8.2 cores
 #:   (A76, A55) and not on the A72, so the A72's CPI for ONNX Runtime is likely overstated (up to ~2x); no
