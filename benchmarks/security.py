@@ -51,7 +51,7 @@ from edgesdk.fleet import key_ceremony  # noqa: E402
 from edgesdk.fleet.archive import pack_bundle  # noqa: E402
 from edgesdk.fleet.protocol import ArchiveInfo, Topics, parse_command, sign_command  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy  # noqa: E402
-from edgesdk.fleet.transport import MqttTransport  # noqa: E402
+from edgesdk.fleet.transport import MqttTransport, publish_retained  # noqa: E402
 from edgesdk.fleet.trust import new_timestamp, parse_timestamp, sign_metadata, trust_root, update_root  # noqa: E402
 from edgesdk.ota_server.app import ServerSetup, build_server  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
@@ -72,15 +72,6 @@ def _wait(predicate, timeout: float, what: str) -> float:
             raise RuntimeError(f"no {what} within {timeout:g} s")
         time.sleep(0.01)
     return time.monotonic() - started
-
-
-def _publish_retained(broker_url: str, topic: str, payload: bytes) -> None:
-    transport = MqttTransport(broker_url, client_id=f"operator-{time.monotonic_ns()}")
-    try:
-        transport.publish(topic, payload, retain=True)
-        transport.confirm_access()
-    finally:
-        transport.close()
 
 
 def _fleet(work: Path, key_counts: dict[str, int], thresholds: dict[str, int]) -> tuple[Path, dict]:
@@ -106,7 +97,7 @@ def rotation_reach(work: Path, devices: int) -> dict:
                                  add=[load_public_key(work / "new" / "commands-2.pub")],
                                  remove=[key_id(keys["commands"][0].public_key())])
         started = time.monotonic()
-        _publish_retained(broker.url, Topics.root(2), v2.document)
+        publish_retained(broker.url, Topics.root(2), v2.document)
         _wait(lambda: dict((v, n) for v, _, n in running.ota.db.trust_counts()).get(2, 0) == devices, 300,
               f"{devices} devices on root v2")
         seconds = time.monotonic() - started
@@ -150,7 +141,7 @@ def revoked_reach(work: Path, agents: int) -> dict:
         v2 = key_ceremony.rotate(root_path.read_bytes(), "bundles", keys["root"],
                                  add=[load_public_key(work / "new" / "bundles-2.pub")],
                                  remove=[key_id(ci.public_key())])
-        _publish_retained(broker.url, Topics.root(2), v2.document)
+        publish_retained(broker.url, Topics.root(2), v2.document)
         _wait(lambda: all(a.trust is not None and a.trust.root.version == 2 for a in started), 60, "agents on v2")
         server.upload(pack_bundle(_bundle(work, "2.0.0", 2, ci)))  # signed by the revoked key only
         second = server.start_rollout("digits", "2.0.0", "cams", FAST)

@@ -343,9 +343,19 @@ class OTAServer:
                       allow_signature_change: bool = False) -> str:
         """Start a rollout of a stored version to ``group`` (see :meth:`RolloutEngine.start`); its id. A push that
         is not a rollback passes :meth:`release_check` first: nothing is sent when it refuses."""
-        self.repo.path(name, version)  # NotFoundError for a version the repository does not hold
-        if not rollback:
-            self.release_check(name, version, group, replace=replace, allow_signature_change=allow_signature_change)
+        if rollback:
+            self.repo.path(name, version)  # NotFoundError for a version the repository does not hold
+            return self._start(name, version, group, policy, rollback=True)
+        return self.start_release(name, version, group, policy, replace=replace,
+                                  allow_signature_change=allow_signature_change)[0]
+
+    def start_release(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None, *,
+                      replace: str | None = None, allow_signature_change: bool = False) -> tuple[str, ReleaseCheck]:
+        """:meth:`start_rollout` of a push, and what its :meth:`release_check` found (printed by ``edgesdk push``)."""
+        check = self.release_check(name, version, group, replace=replace, allow_signature_change=allow_signature_change)
+        return self._start(name, version, group, policy, rollback=False), check
+
+    def _start(self, name: str, version: str, group: str, policy: RolloutPolicy | None, rollback: bool) -> str:
         rollout_id = self.engine.start(name, version, group, policy, rollback)
         self._wake.set()
         return rollout_id

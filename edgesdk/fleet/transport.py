@@ -29,7 +29,8 @@ from urllib.parse import urlparse
 
 from edgesdk.errors import BrokerError, TransferError
 
-__all__ = ["Transport", "MqttTransport", "BrokerAddress", "parse_broker_url", "Handler", "load_credentials"]
+__all__ = ["Transport", "MqttTransport", "BrokerAddress", "parse_broker_url", "Handler", "load_credentials",
+           "publish_retained"]
 
 log = logging.getLogger(__name__)
 
@@ -388,3 +389,14 @@ class MqttTransport(Transport):
         """Disconnect cleanly (no last will is published) and stop the network thread."""
         self._client.disconnect()
         self._client.loop_stop()
+
+
+def publish_retained(broker_url: str, topic: str, payload: bytes) -> None:
+    """Publish ``payload`` retained on ``topic`` with a short-lived client of its own (as an operator's tool would),
+    and return once the broker has taken it."""
+    transport = MqttTransport(broker_url, client_id=f"operator-{time.monotonic_ns()}")
+    try:
+        transport.publish(topic, payload, retain=True)
+        transport.confirm_access()
+    finally:
+        transport.close()

@@ -136,10 +136,8 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         release = str(data["name"]), str(data["version"]), str(data["group"])
         replace = str(data["replace"]) if data.get("replace") else None
         allow = bool(data.get("allow_signature_change", False))
-        check = await run_in_threadpool(lambda: server.release_check(*release, replace=replace,
-                                                                     allow_signature_change=allow))
-        rollout_id = await run_in_threadpool(lambda: server.start_rollout(*release, policy, replace=replace,
-                                                                          allow_signature_change=allow))
+        rollout_id, check = await run_in_threadpool(lambda: server.start_release(*release, policy, replace=replace,
+                                                                                 allow_signature_change=allow))
         started = await run_in_threadpool(server.status, rollout_id, targets=False)
         return JSONResponse({"id": rollout_id, "plan": plan_json(started), "check": check.to_json(),
                              "artifacts": server.repo.artifacts(release[0], release[1]),

@@ -13,7 +13,7 @@ import pytest
 from edgesdk.agent.agent import DeviceAgent
 from edgesdk.agent.config import AgentConfig
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord
-from edgesdk.fleet.transport import MqttTransport
+from edgesdk.fleet.transport import MqttTransport, publish_retained  # noqa: F401 (tests import it from here)
 from edgesdk.ota_server.app import RunningServer, ServerSetup, build_server
 from edgesdk.ota_server.broker import LocalMosquitto as Mosquitto
 from edgesdk.ota_server.broker import free_port
@@ -148,7 +148,6 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
 
 def read_retained(broker_url: str, topic: str) -> bytes:
     """The message kept retained on ``topic`` (waits for it)."""
-    from edgesdk.fleet.transport import MqttTransport
 
     got: list[bytes] = []
     reader = MqttTransport(broker_url, client_id=f"reader-{time.monotonic_ns()}")
@@ -190,13 +189,3 @@ def rollout_to(server: OTAServer, version: str, group: str = "cams", policy: Rol
     rollout = server.start_rollout("digits", version, group, policy)
     wait_for(lambda: server.status(rollout).state != "running", timeout=60, what=f"rollout {version}")
     return server.status(rollout)
-
-
-def publish_retained(broker_url: str, topic: str, payload: bytes) -> None:
-    """Publish ``payload`` retained on ``topic`` as an operator's client would, once the broker has taken it."""
-    transport = MqttTransport(broker_url, client_id=f"operator-{time.monotonic_ns()}")
-    try:
-        transport.publish(topic, payload, retain=True)
-        transport.confirm_access()
-    finally:
-        transport.close()
