@@ -68,7 +68,8 @@ def test_a_p99_regression_aborts_the_canary_with_its_figures(fleet, tmp_path, ke
     running, agents = fleet
     slow = make_bundle(tmp_path / "slow", "2.0.0", keys, seed=2, width=16384)  # ~10x the work of each call
     running.ota.upload(pack_bundle(slow))
-    r = rollout_to(running.ota, "2.0.0", policy=POLICY)
+    # 10 s of figures: in one CI run the slow canaries had too few calls after 5 s and passed with "no figures".
+    r = rollout_to(running.ota, "2.0.0", policy=replace(POLICY, health_window_s=10.0))
     assert r.state == "aborted" and "failed its canary analysis: canary p99" in r.reason, r.reason
     assert "x the baseline's" in r.reason and "(> 1.5x)" in r.reason
     verdict = r.to_json()["verdict"]
