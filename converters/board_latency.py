@@ -21,6 +21,13 @@ The sources, best first (:class:`LatencyModel`; every figure carries its ``basis
    from published per-clock benchmark ratios), and 0.7 the assumed parallel efficiency of
    each extra thread. It keeps this host's order of the variants on every board, which is
    wrong where the ISAs differ; emulation exists for that.
+
+An accelerator engine (TensorRT or CUDA on a Jetson's GPU, :mod:`.accelerator_plan`) has its
+own points, one per power mode (``OperatingPoint.accelerator``), and its own source:
+4. ``estimated GPU roofline (<engine>)``: :class:`~edgesdk.converters.gpu_estimate.EngineCost`,
+   the roofline at the mode's GPU clock (``max_mhz`` of the accelerator in the mode) over
+   a fitted efficiency; a board measurement on the accelerator outranks it, scaled between
+   modes by the GPU clock.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from edgesdk.converters.emulate import (
     board_latency_ms,
     emulated_cpu,
 )
+from edgesdk.converters.gpu_estimate import EngineCost, clock_share
 from edgesdk.converters.userland import CORES
 from edgesdk.errors import BoardRuntimeError, EmulatorError
 from edgesdk.runtime.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode
@@ -60,16 +68,19 @@ _ALL = frozenset(range(1024))
 
 @dataclass(frozen=True)
 class OperatingPoint:
-    """Where a variant runs on the board: a power mode, the cores it keeps online, and a thread count."""
+    """Where a variant runs on the board: a power mode, the cores it keeps online, and a thread count; or, for an
+    accelerator engine, the power mode and the accelerator (one CPU thread feeds it)."""
 
     power_mode: str
     cores: tuple[int, ...]
     threads: int
+    #: The accelerator's name when the variant runs on it (None: on the CPU cores).
+    accelerator: str | None = None
 
     @property
     def label(self) -> str:
-        """``performance x4``: the mode and the thread count."""
-        return f"{self.power_mode} x{self.threads}"
+        """``performance x4``: the mode and the thread count (``15w ampere-gpu`` on an accelerator)."""
+        return f"{self.power_mode} {self.accelerator}" if self.accelerator else f"{self.power_mode} x{self.threads}"
 
 
 def mode_cores(board: DeviceProfile, mode: PowerMode) -> tuple[int, ...]:
@@ -78,8 +89,9 @@ def mode_cores(board: DeviceProfile, mode: PowerMode) -> tuple[int, ...]:
     return tuple(cores[: mode.online_cores] if mode.online_cores is not None else cores)
 
 
-def operating_points(board: DeviceProfile) -> list[OperatingPoint]:
-    """Every power mode of the board with every thread count from 1 to its online cores, in profile order.
+def operating_points(board: DeviceProfile, accelerator: str | None = None) -> list[OperatingPoint]:
+    """Every power mode of the board with every thread count from 1 to its online cores, in profile order; with
+    ``accelerator``, every power mode on that accelerator instead.
 
     Only modes a runtime can be put in: those that are the first to serve one of their runtime modes.
     """
@@ -88,17 +100,24 @@ def operating_points(board: DeviceProfile) -> list[OperatingPoint]:
         if not any(board.power_mode_for(served) is mode for served in mode.serves):
             continue
         cores = mode_cores(board, mode)
-        points.extend(OperatingPoint(mode.name, cores, threads) for threads in range(1, len(cores) + 1))
+        if accelerator is not None:
+            points.append(OperatingPoint(mode.name, cores[:1], 1, accelerator))
+        else:
+            points.extend(OperatingPoint(mode.name, cores, threads) for threads in range(1, len(cores) + 1))
     return points
 
 
-def target_point(board: DeviceProfile, mode: str | RuntimeMode, threads: int | None = None) -> OperatingPoint:
-    """The point a runtime mode runs at on the board (:func:`edgesdk.runtime.scheduling.plan_cores`, all cores usable)."""
+def target_point(board: DeviceProfile, mode: str | RuntimeMode, threads: int | None = None,
+                 accelerator: str | None = None) -> OperatingPoint:
+    """The point a runtime mode runs at on the board (:func:`edgesdk.runtime.scheduling.plan_cores`, all cores usable);
+    with ``accelerator``, the same power mode on that accelerator."""
     plan = plan_cores(board, mode, threads, available=_ALL)
     name = plan.power_mode
     if name is None:  # a fallback chose the cores: the power mode whose clusters hold them, else the first
         name = next((m.name for m in board.power_modes if set(plan.cores) <= set(mode_cores(board, m))),
                     board.power_modes[0].name)
+    if accelerator is not None:
+        return OperatingPoint(name, plan.cores[:1], 1, accelerator)
     return OperatingPoint(name, plan.cores, plan.threads)
 
 
@@ -148,6 +167,8 @@ class LatencyModel:
     host_perf: float = 0.0
     #: One count per emulated core type (emulated only).
     counts: tuple[InstructionCount, ...] = ()
+    #: The model's costs on an accelerator engine (accelerated only).
+    engine: EngineCost | None = None
 
     @classmethod
     def measured(cls, latency_ms: float, point: OperatingPoint) -> LatencyModel:
@@ -160,6 +181,11 @@ class LatencyModel:
         return cls("emulated " + "+".join(c.cpu for c in counts), counts=counts)
 
     @classmethod
+    def accelerated(cls, engine: EngineCost) -> LatencyModel:
+        """The roofline estimate of an accelerator engine (``estimated GPU roofline (TensorRT fp16)``)."""
+        return cls(f"estimated GPU roofline ({engine.engine})", engine=engine)
+
+    @classmethod
     def estimated(cls, host_ms: float, host: DeviceProfile, host_threads: int) -> LatencyModel:
         """This host's latency, measured with ``host_threads`` threads, to be scaled by :func:`perf`."""
         point = target_point(host, RuntimeMode.LATENCY, host_threads)
@@ -170,8 +196,14 @@ class LatencyModel:
         if self.reference is not None:
             if point == self.reference:
                 return self.reference_ms, self.basis
-            scaled = self.reference_ms * perf(board, self.reference) / perf(board, point)
+            if point.accelerator:  # a GPU figure moves with the GPU's clock, not the CPU's
+                scaled = (self.reference_ms * clock_share(board, point.accelerator, self.reference.power_mode)
+                          / clock_share(board, point.accelerator, point.power_mode))
+            else:
+                scaled = self.reference_ms * perf(board, self.reference) / perf(board, point)
             return scaled, f"{self.basis}, scaled to {point.label}"
+        if self.engine is not None:
+            return self.engine.latency_ms(board, point.power_mode), self.basis
         if self.counts:
             by_cpu = {c.cpu: c for c in self.counts}
             single, used = [], []
@@ -186,7 +218,11 @@ class LatencyModel:
         return self.reference_ms * self.host_perf / perf(board, point), self.basis
 
     def covers(self, board: DeviceProfile, point: OperatingPoint) -> bool:
-        """False for an emulated model lacking the count of one of ``point``'s core types."""
+        """False for a point on another engine (CPU or accelerator) than the model's, and for an emulated model lacking
+        the count of one of ``point``'s core types."""
+        if point.accelerator != (self.engine.accelerator if self.engine is not None else
+                                 self.reference.accelerator if self.reference is not None else None):
+            return False
         if not self.counts:
             return True
         counted = {c.cpu for c in self.counts}

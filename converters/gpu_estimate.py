@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NodeCost", "GpuPeak", "node_costs", "roofline_ms", "estimate_ms", "BYTES_PER_ELEMENT", "FUSED",
-           "EFFICIENCY", "PER_KERNEL_US"]
+__all__ = ["NodeCost", "GpuPeak", "EngineCost", "clock_share", "node_costs", "roofline_ms", "estimate_ms", "BYTES_PER_ELEMENT",
+           "FUSED", "EFFICIENCY", "PER_KERNEL_US"]
 
 #: TensorRT's fraction of the roofline, and its fixed cost per kernel launched, fitted by
 #: ``benchmarks/calibration.py`` on the fit half of the Jetson Orin Nano's published TensorRT figures
@@ -86,8 +86,12 @@ class GpuPeak:
 _WIDER = {"int8": ("int8", "fp16", "fp32"), "fp16": ("fp16", "fp32"), "fp32": ("fp32",)}
 
 
-def node_costs(model: Any, precision: str = "fp32") -> list[NodeCost]:
-    """FLOPs and bytes of every node of ``model`` (an ``onnx.ModelProto`` with static input shapes) at ``precision``."""
+def node_costs(model: Any, precision: str = "fp32", fuse: bool = True) -> list[NodeCost]:
+    """FLOPs and bytes of every node of ``model`` (an ``onnx.ModelProto`` with static input shapes) at ``precision``.
+
+    ``fuse=False`` counts every node as a kernel of its own that reads and writes memory (an engine without
+    TensorRT's layer fusion, such as ONNX Runtime's CUDA provider).
+    """
 
     if precision not in BYTES_PER_ELEMENT:
         raise ValueError(f"precision {precision!r} is not one of {sorted(BYTES_PER_ELEMENT)}")
@@ -106,7 +110,7 @@ def node_costs(model: Any, precision: str = "fp32") -> list[NodeCost]:
         outs = [shapes.get(name) for name in node.output if name]
         flops = _flops(node, ins, outs)
         moved = sum(_elements(s) for s in ins + outs if s is not None) * size
-        fused = node.op_type in FUSED and node.op_type not in _HEAVY
+        fused = fuse and node.op_type in FUSED and node.op_type not in _HEAVY
         costs.append(NodeCost(node.name or node.op_type, node.op_type, float(flops), 0.0 if fused else float(moved),
                               kernel=not fused))
     return costs
@@ -185,3 +189,36 @@ def estimate_ms(costs: Iterable[NodeCost], peak: GpuPeak, precision: str, effici
     listed = list(costs)
     kernels = sum(1 for c in listed if c.kernel)
     return roofline_ms(listed, peak, precision) / efficiency + kernels * per_kernel_us / 1e3
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """One model on one accelerator engine: its nodes' costs grouped by the precision each runs at, timed at any
+    power mode's accelerator clock (the compute peaks scale with it; the memory bandwidth does not)."""
+
+    accelerator: str
+    #: What reports call it: ``TensorRT fp16``, ``CUDA fp32``.
+    engine: str
+    #: The ONNX Runtime execution provider that builds it (``TensorrtExecutionProvider``).
+    provider: str
+    #: (precision, the nodes that run at it).
+    groups: tuple[tuple[str, tuple[NodeCost, ...]], ...]
+
+    def latency_ms(self, board: Any, power_mode: str) -> float:
+        """The estimate on ``board`` (a :class:`~edgesdk.runtime.profiles.DeviceProfile`) in ``power_mode``."""
+        acc = next(a for a in board.accelerators if a.name == self.accelerator)
+        share = clock_share(board, self.accelerator, power_mode)
+        peak = GpuPeak({p: v * share for p, v in acc.peak_tflops.items()}, acc.memory_gbps)
+        kernels = sum(1 for _, nodes in self.groups for c in nodes if c.kernel)
+        roofline = sum(roofline_ms(nodes, peak, precision) for precision, nodes in self.groups)
+        return roofline / EFFICIENCY + kernels * PER_KERNEL_US / 1e3
+
+
+def clock_share(board: Any, accelerator: str, power_mode: str) -> float:
+    """``accelerator``'s clock in ``power_mode`` as a share of the clock its peaks are quoted at (1.0 when the profile
+    gives no clocks)."""
+    acc = next(a for a in board.accelerators if a.name == accelerator)
+    mode = next((m for m in board.power_modes if m.name == power_mode), None)
+    if acc.max_mhz is None or mode is None:
+        return 1.0
+    return min(acc.max_mhz, mode.max_mhz.get(acc.name, acc.max_mhz)) / acc.max_mhz

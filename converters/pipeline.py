@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.converters.accelerator_plan import accelerator_candidates
 from edgesdk.converters.arguments import check_out_dir
 from edgesdk.converters.board_latency import ConversionCosts, target_point
 from edgesdk.converters.calibrate import batches, calibrate
@@ -46,6 +47,7 @@ from edgesdk.converters.request import ConversionRequest, Source
 from edgesdk.converters.search import SearchResult
 from edgesdk.converters.staging import moved_paths, staged_output
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
+from edgesdk.runtime.backends.tensorrt import GPU_PROVIDERS
 from edgesdk.runtime.bundle import Bundle, BundleSpec, HealthCheck
 from edgesdk.runtime.bundling import bundle_from_model
 from edgesdk.runtime.model_file import read_model
@@ -220,14 +222,17 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
         energy, energy_basis = m.energy_mj, m.energy_basis
         if energy is None and m.sha256 in (target.board_energy or {}):
             energy, energy_basis = (target.board_energy or {})[m.sha256], "measured on board (--board-figures)"
-        estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode, figures.get(m.sha256),
-                                     costs.costs.get(label), energy, energy_basis)
+        on_cpu = m.accelerator not in GPU_PROVIDERS  # a board figure taken on its GPU is that engine's, not the CPU's
+        estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode,
+                                     figures.get(m.sha256) if on_cpu else None, costs.costs.get(label),
+                                     energy if on_cpu else None, energy_basis)
         if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
             notes = (*notes, f"calibration {best_method} was more accurate")
         refused = costs.failures.get(label)
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes,
                                     holdout_drop=drops.holdout(m),
                                     rejected=(f"fails on {board.name}'s own runtime: {refused}",) if refused else ()))
+    candidates += accelerator_candidates(candidates, board, mode, {k: v[:1] for k, v in evaluation.items()})
     plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
     while problem := costs.output_difference(plan.chosen.name, plan.chosen.path, plan.chosen.measurement.outputs,
                                              _tolerance(plan.chosen.precision)):  # the board must agree before a bundle
@@ -433,7 +438,7 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
         "host": {"latency_p50_ms": m.latency_p50_ms, "latency_p95_ms": m.latency_p95_ms, "load_ms": m.load_ms,
                  "peak_memory_mb": m.model_memory_mb, "threads": m.threads, "backend": m.backend},
         "board": {"latency_ms": chosen.estimate.latency_ms, "energy_mj": chosen.estimate.energy_mj,
-                  "basis": chosen.estimate.basis},
+                  "basis": chosen.estimate.basis, "runs_on": chosen.runs_on},
         # Where it is planned to run and its power there (the target point, or the one a power budget chose).
         "power": {**(chosen.power.to_dict() if chosen.power else {}), "budget": plan.budget.to_dict()},
         "size_bytes": m.size_bytes,
@@ -454,7 +459,8 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
         output.name, output.version, chosen.name, target.board.name, runtime_mode, source_model_sha256=source_sha,
         health_check=HealthCheck(atol=tolerance, rtol=tolerance, max_latency_ms=round(latency_gate, 2)),
         quantization=dict(chosen.config) if chosen.config else None, preprocessing=output.preprocessing,
-        measured=measured, threads=threads)
+        measured=measured, threads=threads, accelerator=chosen.accelerator or "cpu",
+        provider=chosen.provider)
     with held_output("computing the health check"):
         return bundle_from_model(out / "bundle", chosen.path, spec, {k: v[:1] for k, v in evaluation.items()},
                                  profile=target.board, private_key=output.private_key)
@@ -472,7 +478,7 @@ def _runtime_mode(plan: PlanResult, board: DeviceProfile, mode: str) -> tuple[st
     the chosen power mode serves, with the planned threads (the bundle records both).
     """
     point = plan.chosen.power.point if plan.chosen.power else None
-    if point is None or point == target_point(board, mode):
+    if point is None or point == target_point(board, mode, accelerator=point.accelerator):
         return mode, None
     power_mode = next(m for m in board.power_modes if m.name == point.power_mode)
     wanted = RuntimeMode(mode)
@@ -482,4 +488,4 @@ def _runtime_mode(plan: PlanResult, board: DeviceProfile, mode: str) -> tuple[st
         raise ConversionError(f"power mode {power_mode.name!r} of {board.name} serves no runtime mode of its own "
                               f"(it serves {[s.value for s in power_mode.serves]}, each served first by another mode); "
                               "give it a runtime mode in the profile")
-    return served.value, point.threads
+    return served.value, None if point.accelerator else point.threads  # a GPU plan keeps the mode's CPU threads

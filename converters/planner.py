@@ -63,6 +63,7 @@ from edgesdk.converters.board_latency import (
     target_point,
 )
 from edgesdk.converters.emulate import InstructionCount
+from edgesdk.converters.gpu_estimate import EngineCost
 from edgesdk.converters.measure import Measurement
 from edgesdk.converters.power import PowerBudget, PowerFigures, busy_watts, check_feasible, power_at
 from edgesdk.errors import BudgetError
@@ -96,11 +97,15 @@ class BoardEstimate:
 
 def estimate_on_board(host_latency_ms: float, host: DeviceProfile, host_threads: int, board: DeviceProfile,
                       mode: str, measured_ms: float | None = None, emulated: BoardCost | None = None,
-                      measured_energy_mj: float | None = None, measured_energy_basis: str = "") -> BoardEstimate:
-    """Board latency and energy per inference in ``mode``: measured on the board, else emulated, else scaled."""
-    point = target_point(board, mode)
+                      measured_energy_mj: float | None = None, measured_energy_basis: str = "",
+                      engine: EngineCost | None = None) -> BoardEstimate:
+    """Board latency and energy per inference in ``mode``: measured on the board, else emulated, else scaled; on an
+    accelerator ``engine``, measured on the board, else its roofline estimate."""
+    point = target_point(board, mode, accelerator=engine.accelerator if engine is not None else None)
     if measured_ms is not None:
         model = LatencyModel.measured(measured_ms, point)
+    elif engine is not None:
+        model = LatencyModel.accelerated(engine)
     elif emulated is not None:
         model = LatencyModel.emulated(emulated.counts)
     else:
@@ -129,6 +134,16 @@ class Candidate:
     holdout_drop: float | None = None
     #: Where :func:`choose` plans it to run and its power there (None before choosing).
     power: PowerFigures | None = None
+    #: The accelerator it runs on (None: the CPU cores), the engine there (``TensorRT fp16``) and the ONNX Runtime
+    #: provider that builds it.
+    accelerator: str | None = None
+    engine: str = ""
+    provider: str | None = None
+
+    @property
+    def runs_on(self) -> str:
+        """``cpu``, or the accelerator and its engine (``ampere-gpu TensorRT fp16``)."""
+        return f"{self.accelerator} {self.engine}".strip() if self.accelerator else "cpu"
 
     @property
     def is_quantized(self) -> bool:
@@ -163,8 +178,11 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
     budget = budget if budget is not None else PowerBudget(fps=target_fps)
     check_feasible(board, budget)
     memory_mb = board.model_budget_mb
-    fp32 = next((c for c in candidates if c.precision == "fp32" and c.format == "onnx"), None)
-    target = target_point(board, mode)
+    # A quantized variant is compared with FP32 on its own engine (the CPU, or the accelerator's first FP32 engine).
+    fp32_on: dict[str | None, Candidate] = {}
+    for c in candidates:
+        if c.precision == "fp32" and c.format == "onnx":
+            fp32_on.setdefault(c.accelerator, c)
 
     def memory_reasons(c: Candidate) -> list[str]:
         m, reasons = c.measurement, []
@@ -174,21 +192,21 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
             reasons.append(f"peak memory {m.model_memory_mb:.1f} MiB > budget {memory_mb} MiB")
         return reasons
 
-    fp32_fits = fp32 is not None and not memory_reasons(fp32)
     judged = []
     for c in candidates:
         reasons = memory_reasons(c)
-        power = _planned_power(c.estimate, board, target, budget)
+        power = _planned_power(c.estimate, board, target_point(board, mode, accelerator=c.accelerator), budget)
         if not power.fits:
             reasons.append(power.problem if not budget.constrains else
                            f"no power mode and thread count meets {budget.describe()}; the lowest average power: "
                            f"{power.problem}")
         if c.accuracy_drop > max_accuracy_drop:
             reasons.append(f"accuracy drop {c.accuracy_drop:.3g} > bound {max_accuracy_drop:g}")
-        if (c.is_quantized and fp32 is not None and fp32_fits and c.estimate.latency_ms > fp32.estimate.latency_ms
-                and not _other_isa_scaled(c, board)):
-            reasons.append(f"slower than FP32 on {board.name} ({c.estimate.latency_ms:.3f} ms vs "
-                           f"{fp32.estimate.latency_ms:.3f} ms, {c.estimate.basis})")
+        fp32 = fp32_on.get(c.accelerator)
+        if (c.is_quantized and fp32 is not None and not memory_reasons(fp32)
+                and c.estimate.latency_ms > fp32.estimate.latency_ms and not _other_isa_scaled(c, board)):
+            reasons.append(f"slower than FP32 on {board.name}{'' if c.accelerator is None else ' ' + c.runs_on} "
+                           f"({c.estimate.latency_ms:.3f} ms vs {fp32.estimate.latency_ms:.3f} ms, {c.estimate.basis})")
         judged.append(replace(c, rejected=(*c.rejected, *reasons), power=power))  # a caller's reason stays
 
     vetoed: list[Candidate] = []
@@ -231,7 +249,7 @@ def _planned_power(estimate: BoardEstimate, board: DeviceProfile, target: Operat
 
     if (not budget.constrains and budget.objective == "latency") or model is None:
         return at(target)
-    figures = [at(p) for p in operating_points(board) if model.covers(board, p)] or [at(target)]
+    figures = [at(p) for p in operating_points(board, target.accelerator) if model.covers(board, p)] or [at(target)]
     fitting = [f for f in figures if f.fits]
     if fitting:
         if budget.objective == "energy":
@@ -289,7 +307,8 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
     assert power is not None
     held = "" if winner.holdout_drop is None else f", held-out {winner.holdout_drop:.3g}"
     where = (f" in power mode {power.point.power_mode} with {power.point.threads} thread(s)"
-             if budget.constrains or energy else "")
+             if (budget.constrains or energy) and winner.accelerator is None else
+             f" on {winner.runs_on} in power mode {power.point.power_mode}" if winner.accelerator else "")
     watts = f", average {power.avg_watts:.3g} W" if power.avg_watts is not None else ""
     figures = (f"{power.latency_ms:.3f} ms on {board.name}{where}, {power.basis}, {power.energy_mj:.3g} mJ per "
                f"inference ({power.energy_basis}){watts}, accuracy drop {winner.accuracy_drop:.3g}{held} <= {bound:g}")

@@ -2,7 +2,8 @@
 
 Per operating point (a power mode and a thread count, :mod:`.board_latency`) and variant:
 
-* **busy power** above idle, with ``threads`` cores of the mode's clusters busy::
+* **busy power** above idle, with ``threads`` cores of the mode's clusters busy (on an accelerator: its own
+  ``active_watts`` in the mode)::
 
       busy_W = sum over the mode's clusters of active_W(cluster) * (S + (1 - S) * busy_cores / cores)
 
@@ -144,8 +145,14 @@ def _mode(board: DeviceProfile, point: OperatingPoint) -> PowerMode:
 
 
 def busy_watts(board: DeviceProfile, point: OperatingPoint) -> float:
-    """Power above idle with ``point.threads`` of the point's cores busy (module doc)."""
+    """Power above idle with ``point.threads`` of the point's cores busy (module doc), or, on an accelerator, the
+    accelerator's ``active_watts`` in the mode (the one CPU thread that feeds it waits on it, and is not counted)."""
     mode = _mode(board, point)
+    if point.accelerator is not None:
+        if point.accelerator not in mode.active_watts:
+            raise ConversionError(f"profile {board.name!r}: power mode {mode.name!r} has no active_watts for "
+                                  f"{point.accelerator!r}; add its figure to plan energy on it")
+        return mode.active_watts[point.accelerator]
     busy = point.cores[: max(1, min(point.threads, len(point.cores)))]
     watts = 0.0
     for name in mode.clusters:

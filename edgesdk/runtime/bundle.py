@@ -12,7 +12,8 @@ e.g. ``"1.4.0"``; devices refuse a lower one), ``model_file``, ``model_format``,
 ``files`` (every other file of the bundle with ``sha256`` and ``size``),
 ``source_model_sha256``, ``variant``, ``quantization`` (the full config that made the
 variant, or null), ``target`` (``profile``, ``power_mode``: the runtime mode, and
-``threads`` when the converter planned a thread count, e.g. to meet a power budget), ``inputs``/``outputs``
+``threads`` when the converter planned a thread count, e.g. to meet a power budget; ``accelerator``, ``cpu`` or
+the profile's accelerator the converter planned it on, with its ONNX Runtime ``provider``), ``inputs``/``outputs``
 (name, shape with null for dynamic dims, dtype), ``preprocessing`` (free-form notes),
 ``measured`` (figures from the converter; estimates are labelled as such),
 ``health_check`` (``file``, ``atol``, ``rtol``, ``max_latency_ms``), ``tool``
@@ -115,6 +116,15 @@ def _floor(floor: Any, version: str) -> None:
                           "(a device could never run it otherwise); pass e.g. --rollback-floor " + version)
 
 
+def _engine(accelerator: Any, provider: Any) -> None:
+    for name, value in (("accelerator", accelerator), ("provider", provider)):
+        if value is not None:
+            safe_name(value, f"manifest target.{name}")
+    if provider is not None and accelerator in (None, "cpu"):
+        raise BundleError(f"manifest target.provider {provider!r} needs target.accelerator naming the accelerator it "
+                          "drives")
+
+
 def _threads(value: Any) -> int | None:
     if value is None:
         return None
@@ -149,11 +159,16 @@ class Manifest:
     threads: int | None = None
     #: The lowest version of this model a device that installed this release may run afterwards (None: no floor).
     rollback_floor: str | None = None
+    #: Where the converter planned it: ``cpu`` or an accelerator of the profile (None: not said; the runtime's choice).
+    accelerator: str | None = None
+    #: The ONNX Runtime provider the plan costed on that accelerator (``TensorrtExecutionProvider``), or None.
+    provider: str | None = None
 
     def __post_init__(self) -> None:
         safe_name(self.name, "bundle name")
         parse_version(self.version)
         _floor(self.rollback_floor, self.version)
+        _engine(self.accelerator, self.provider)
         for file_name in self.files:
             safe_name(file_name, "bundle file name")
         if self.model_file not in self.files:
@@ -179,7 +194,9 @@ class Manifest:
             "variant": self.variant,
             "quantization": dict(self.quantization) if self.quantization is not None else None,
             "target": {"profile": self.target_profile, "power_mode": self.power_mode,
-                       **({"threads": self.threads} if self.threads is not None else {})},
+                       **({"threads": self.threads} if self.threads is not None else {}),
+                       **({"accelerator": self.accelerator} if self.accelerator is not None else {}),
+                       **({"provider": self.provider} if self.provider is not None else {})},
             "inputs": [_spec_dict(s) for s in self.inputs],
             "outputs": [_spec_dict(s) for s in self.outputs],
             "preprocessing": dict(self.preprocessing),
@@ -217,6 +234,7 @@ class Manifest:
                 measured=data.get("measured") or {}, health_check=health,
                 tool_version=data.get("tool", {}).get("version", ""), created_at=data.get("created_at", ""),
                 threads=_threads(data["target"].get("threads")), rollback_floor=data.get("rollback_floor"),
+                accelerator=data["target"].get("accelerator"), provider=data["target"].get("provider"),
             )
         except KeyError as exc:
             raise BundleError(f"manifest is missing field {exc.args[0]!r}") from None
@@ -292,19 +310,24 @@ class BundleSpec:
     threads: int | None = None
     #: Devices that install this release refuse versions of the model below this one afterwards (None: no floor).
     rollback_floor: str | None = None
+    #: ``cpu`` or the accelerator the converter planned it on, and that accelerator's provider (None: not said).
+    accelerator: str | None = None
+    provider: str | None = None
 
     def __post_init__(self) -> None:
         safe_name(self.name, "bundle name")
         parse_version(self.version)
         _threads(self.threads)
         _floor(self.rollback_floor, self.version)
+        _engine(self.accelerator, self.provider)
 
     @classmethod
     def of(cls, manifest: Manifest) -> BundleSpec:
         """The spec a bundle was written from, e.g. to re-release its model as ``replace(spec, version=...)``."""
         return cls(manifest.name, manifest.version, manifest.variant, manifest.target_profile, manifest.power_mode,
                    manifest.source_model_sha256, manifest.health_check or HealthCheck(), manifest.quantization,
-                   manifest.preprocessing, manifest.measured, manifest.threads, manifest.rollback_floor)
+                   manifest.preprocessing, manifest.measured, manifest.threads, manifest.rollback_floor,
+                   manifest.accelerator, manifest.provider)
 
 
 @dataclass(frozen=True)
@@ -349,7 +372,7 @@ def write_bundle(out_dir: str | os.PathLike[str], model: ModelFile, spec: Bundle
             target_profile=spec.target_profile, power_mode=spec.power_mode, inputs=sample.input_specs,
             outputs=sample.output_specs, quantization=spec.quantization, preprocessing=spec.preprocessing,
             measured=spec.measured, health_check=health, tool_version=__version__, threads=spec.threads,
-            rollback_floor=spec.rollback_floor,
+            rollback_floor=spec.rollback_floor, accelerator=spec.accelerator, provider=spec.provider,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         _write_file(staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2, sort_keys=True).encode())

@@ -50,7 +50,7 @@ def profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
         "power_modes": [mode(m) for m in profile.power_modes],
         "accelerators": [{"name": a.name, "kind": a.kind.value, "litert_delegates": list(a.litert_delegates),
                           "onnxruntime_providers": list(a.onnxruntime_providers), "peak_tflops": dict(a.peak_tflops),
-                          "memory_gbps": a.memory_gbps} for a in profile.accelerators],
+                          "memory_gbps": a.memory_gbps, "max_mhz": a.max_mhz} for a in profile.accelerators],
         "detect": {"device_tree_model": list(profile.detect.device_tree_model),
                    "compatible": list(profile.detect.compatible), "cpu_parts": list(profile.detect.cpu_parts)},
         "power": power(profile.power),

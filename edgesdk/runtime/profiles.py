@@ -177,6 +177,8 @@ class Accelerator:
     #: precision (``fp32``/``fp16``/``int8``, TFLOPS or TOPS) and memory bandwidth in GB/s; empty/None: not costed.
     peak_tflops: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     memory_gbps: float | None = None
+    #: The clock ``peak_tflops`` is quoted at (MHz); a power mode's ``max_mhz`` for this accelerator scales it.
+    max_mhz: int | None = None
 
 
 @dataclass(frozen=True)
@@ -229,11 +231,11 @@ class DeviceProfile:
             )
         for mode in self.power_modes:
             unknown = set(mode.clusters) - set(names)
-            unknown |= set(mode.max_mhz) - set(names)
+            unknown |= set(mode.max_mhz) - set(names) - {a.name for a in self.accelerators}
             if unknown:
                 raise ProfileError(
                     f"profile {self.name!r}: power mode {mode.name!r} names clusters {sorted(unknown)} "
-                    f"that are not defined; defined clusters: {names}"
+                    f"that are not defined; defined clusters: {names} (max_mhz may also name an accelerator)"
                 )
             missing = [c for c in mode.clusters if c not in mode.active_watts]
             if missing:
@@ -367,7 +369,10 @@ def _accelerator(f: Fields) -> Accelerator:
         peak_tflops=MappingProxyType({str(k): float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else -1.0
                                       for k, v in f.get("peak_tflops", dict, default={}).items()}),  # -1: refused below
         memory_gbps=f.get("memory_gbps", (int, float, type(None)), default=None),
+        max_mhz=f.get("max_mhz", (int, type(None)), default=None),
     )
+    if acc.max_mhz is not None and acc.max_mhz <= 0:
+        f.fail(f"max_mhz must be > 0, got {acc.max_mhz}")
     if any(not v > 0 for v in acc.peak_tflops.values()) or (acc.memory_gbps is not None and not acc.memory_gbps > 0):
         f.fail(f"peak_tflops and memory_gbps need numbers > 0 (-1.0: not a number): {dict(acc.peak_tflops)}, {acc.memory_gbps}")
     f.done()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +65,26 @@ class RuntimeInfo:
         return {**self.__dict__, "cores": list(self.cores), "fallbacks": list(self.fallbacks)}
 
 
-def _accelerators(profile: DeviceProfile, accelerator: str) -> tuple[tuple[Accelerator, ...], tuple[str, ...]]:
+def _accelerators(profile: DeviceProfile, accelerator: str,
+                  bundle: Bundle | None = None) -> tuple[tuple[Accelerator, ...], tuple[str, ...]]:
     """The profile's accelerators to try, and the fallback taken when the request names a kind the board lacks.
 
     A kind (``gpu``, ``npu``) the profile does not have falls back to the CPU, so one app
-    runs across a mixed fleet; a name that matches nothing is a typo and an error.
+    runs across a mixed fleet; a name that matches nothing is a typo and an error. ``auto`` with a
+    bundle converted for this profile takes the engine its plan was made for (the manifest's
+    ``accelerator`` and ``provider``): the CPU, or that accelerator from that provider on.
     """
+    planned = bundle.manifest if bundle is not None and bundle.manifest.target_profile == profile.name else None
+    if accelerator == "auto" and planned is not None and planned.accelerator is not None:
+        if planned.accelerator == "cpu":
+            return (), ()
+        for acc in profile.accelerators:
+            if acc.name == planned.accelerator:
+                providers = acc.onnxruntime_providers
+                start = providers.index(planned.provider) if planned.provider in providers else 0
+                return (replace(acc, onnxruntime_providers=providers[start:]),), ()
+        return profile.accelerators, (f"the bundle was planned on {planned.accelerator!r}, which profile "
+                                      f"{profile.name} lacks; trying its own accelerators",)
     if accelerator == "auto":
         return profile.accelerators, ()
     if accelerator == "cpu":
@@ -118,7 +132,8 @@ class Runtime(AsyncPredictions):
     rule of :mod:`edgesdk.runtime.scheduling` (default: the bundle's power mode, else latency), and
     ``threads`` overrides its thread count (default, with the bundle's mode: the bundle's
     planned threads, when the converter chose them).
-    ``accelerator`` is ``"auto"`` (the profile's accelerators, then CPU), ``"cpu"``, an
+    ``accelerator`` is ``"auto"`` (the engine a bundle for this profile was planned on, else the profile's
+    accelerators, then CPU), ``"cpu"``, an
     accelerator name from the profile, or a kind (``gpu``, ``npu``, ``dsp``). Every fallback
     to the CPU (no delegate/provider for this backend, a delegate that cannot load, a kind
     the board lacks) is logged as a warning and recorded in ``info.fallbacks``; a name that
@@ -216,7 +231,7 @@ class Runtime(AsyncPredictions):
             from edgesdk.runtime.power_modes import apply_power_mode as apply
 
             self.power = apply(self.profile, self.plan.power_mode or parsed_mode, sysfs_root)
-        accelerators, missing = _accelerators(self.profile, accelerator)
+        accelerators, missing = _accelerators(self.profile, accelerator, self.bundle)
         for note in missing:
             log.warning("accelerator fallback: %s", note)
         trt = TrtDeployment.for_model(model_file.path, self.bundle.manifest.variant if self.bundle else None,

@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TRT_PROVIDER", "CUDA_PROVIDER", "CACHE_DIR", "WORKSPACE_FRACTION", "TrtDeployment", "variant_precision",
-           "providers_with_options"]
+__all__ = ["TRT_PROVIDER", "CUDA_PROVIDER", "GPU_PROVIDERS", "CACHE_DIR", "WORKSPACE_FRACTION", "TrtDeployment",
+           "variant_precision", "providers_with_options"]
 
 TRT_PROVIDER = "TensorrtExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
+#: The ONNX Runtime providers that run a model on a GPU.
+GPU_PROVIDERS = (TRT_PROVIDER, CUDA_PROVIDER)
 #: The cache directory's name, beside the model.
 CACHE_DIR = "trt_cache"
 #: The share of the profile's model budget TensorRT may use as its workspace (see the module doc).
