@@ -355,7 +355,7 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
         notify(f"mixed precision: measuring {label}", 0, 1)
         m = measure(label, path, "onnx", "mixed", {**cfg_dict, "calibration_method": method,
                                                    "float_nodes": list(float_nodes)},
-                    (f"{label.rsplit('-', 1)[-1]} most harmful block(s) kept in float ({len(float_nodes)} nodes)",))
+                    (f"{label.rsplit('-', 1)[-1]} most harmful block(s) kept in float: {_listed(float_nodes)}",))
         if board_ms is not None:  # counted, not timed: no noise to guard against
             return drop(m), board_ms(label)
         if m.latency_p50_ms < fp32_latency_ms or m.measured_on != "this host":
@@ -368,6 +368,12 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
     result = search_mixed(graph, sensitivities, variants_dir, measure_candidate, bound, fp32_latency_ms,
                           config.max_search_candidates)
     return replace(result, sensitivity_seconds=sensitivity_s)
+
+
+def _listed(names: Sequence[str], shown: int = 6) -> str:
+    """``a, b, c`` or ``a, b, c and 4 more (7 nodes)``."""
+    more = f" and {len(names) - shown} more ({len(names)} nodes)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[str, np.ndarray],

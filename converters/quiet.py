@@ -29,8 +29,11 @@ __all__ = ["held_output", "warnings_once", "TAIL_LINES"]
 
 #: How many of the held lines a failed step's error shows.
 TAIL_LINES = 12
-#: The runtime's notes on the cores it was given (``edgesdk.runtime.runtime``): kept off a conversion's terminal.
-_SCHEDULING = "scheduling: "
+#: The runtime's notes on the cores it was given and on the board's GPU providers this host lacks: true on this host and
+#: irrelevant to a conversion, which measures on this host's CPU and costs the board by its own model; kept off its terminal.
+_HOST_NOTES = {"edgesdk.runtime.runtime": ("scheduling: ", "accelerator fallback: "),
+               "edgesdk.runtime.backends.onnxruntime": ("onnxruntime fallback: ",),
+               "edgesdk.runtime.backends.litert": ("LiteRT fallback: ",)}
 
 
 def _handlers() -> list[logging.Handler]:
@@ -56,9 +59,9 @@ class _Once(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        if record.name == "edgesdk.runtime.runtime" and record.getMessage().startswith(_SCHEDULING):
-            # Converting loads each variant under the board's profile on this host, whose cores differ: which cores a
-            # measurement ran on here says nothing about the board (its figures come from the board's own model).
+        if record.getMessage().startswith(_HOST_NOTES.get(record.name, ())):
+            # Converting loads each variant under the board's profile on this host, whose cores and GPU differ: where a
+            # measurement ran here says nothing about the board (its figures come from the board's own model).
             return False
         # The first record with this text passes every handler it reaches; later ones none.
         return self.first.setdefault((record.name, record.levelno, record.getMessage()), record) is record
@@ -67,7 +70,8 @@ class _Once(logging.Filter):
 @contextlib.contextmanager
 def warnings_once() -> Iterator[None]:
     """While the block runs, show each distinct warning (logger, level, message) once, and none of the runtime's
-    core-scheduling notes (they matter when running, not converting); all of them when verbose."""
+    notes on this host's cores and missing GPU providers (they matter when running, not converting); all of them when
+    verbose."""
     if is_verbose():
         yield
         return

@@ -55,3 +55,16 @@ def test_repeated_warnings_show_once(caplog, monkeypatch):
             log.warning("profile cores [2, 3] are not usable on this host")
         log.warning("another")
     assert [r.getMessage() for r in caplog.records] == ["profile cores [2, 3] are not usable on this host", "another"]
+
+
+def test_a_conversion_keeps_this_hosts_core_and_gpu_provider_notes_off_its_terminal(caplog, monkeypatch):
+    """Converting for a Jetson on a host without its GPU: the runtime's notes about this host are dropped, not
+    another logger's warning with the same words."""
+    monkeypatch.delenv("EDGESDK_VERBOSE", raising=False)
+    with warnings_once():
+        logging.getLogger("edgesdk.runtime.runtime").warning("scheduling: profile cores [2, 3] are not usable")
+        logging.getLogger("edgesdk.runtime.backends.onnxruntime").warning(
+            "onnxruntime fallback: TensorrtExecutionProvider for ampere-gpu is not in this onnxruntime build")
+        logging.getLogger("edgesdk.runtime.backends.litert").warning("LiteRT fallback: no GPU delegate")
+        logging.getLogger("edgesdk.test").warning("onnxruntime fallback: kept, another logger's")
+    assert [r.getMessage() for r in caplog.records] == ["onnxruntime fallback: kept, another logger's"]
