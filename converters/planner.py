@@ -22,6 +22,10 @@ objective, every operating point of the board (each power mode, each thread coun
 its online cores) is tried; a variant's point is the fastest that fits (latency; ties to the
 lower energy) or the one of least energy per inference that fits and keeps the rate
 (energy; ties to the lower latency). The bundle records the power mode and thread count.
+On a board with a GPU that ONNX Runtime drives (a Jetson), each variant's TensorRT and CUDA
+engines are candidates too (:mod:`.accelerator_plan`), at one point per power mode on the
+accelerator; the CPU variants stay candidates, the same rules pick among all of them, and the
+bundle records the engine (``runs_on``), which the device's runtime then takes.
 A budget below the board's idle power in every mode is an
 :class:`~edgesdk.errors.InfeasibleBudgetError` before anything is measured against it.
 
@@ -33,7 +37,7 @@ side-by-side check in :func:`edgesdk.converters.pipeline.convert`), for both obj
 Among the variants within noise of the best, the smaller file wins, then the smaller accuracy
 drop, then the one built first, and the reason says so ("within noise of X; chose the
 smaller"): the same inputs give the same bundle run after run. A quantized variant slower than FP32 on the board (by the
-same source) is never chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
+same source, on the same engine) is never chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
 :class:`BudgetError` naming the closest variant's figures and the budget.
 
 **Held-out check.** A candidate's ``accuracy_drop`` is measured on the *selection*

@@ -192,7 +192,7 @@ class PowerFigures:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return {"power_mode": self.point.power_mode, "threads": self.point.threads,
+        return {"power_mode": self.point.power_mode, "threads": self.point.threads, "accelerator": self.point.accelerator,
                 "latency_ms": round(self.latency_ms, 4), "energy_mj": round(self.energy_mj, 4),
                 "avg_watts": None if self.avg_watts is None else round(self.avg_watts, 4),
                 "duty": None if self.duty is None else round(self.duty, 4), "basis": self.basis,

@@ -45,14 +45,15 @@ class ConversionReport:
         ``accuracy_drop`` is on the selection samples, ``holdout_drop`` on the held-out ones
         (None when none were held out); ``holdout`` has the split's sizes and settings.
         ``board_latency_ms``/``energy_mj`` are at the asked mode's point; ``power`` has each
-        variant's planned point (power mode, threads), its energy per inference and average
-        power with their bases; ``planned`` is where the bundle runs it.
+        variant's planned point (power mode, threads, accelerator), its energy per inference and average
+        power with their bases; ``runs_on`` is ``cpu`` or the accelerator and engine (``ampere-gpu TensorRT
+        fp16``); ``planned`` is where the bundle runs it.
         """
         rows = []
         for c in self.plan.candidates:
             m = c.measurement
             rows.append({
-                "name": c.name, "format": c.format, "precision": c.precision, "chosen": c.chosen,
+                "name": c.name, "format": c.format, "precision": c.precision, "chosen": c.chosen, "runs_on": c.runs_on,
                 "size_bytes": m.size_bytes, "peak_memory_mb": round(m.model_memory_mb, 2),
                 "latency_p50_ms": round(m.latency_p50_ms, 4), "latency_p95_ms": round(m.latency_p95_ms, 4),
                 "measured_on": m.measured_on,
@@ -71,7 +72,7 @@ class ConversionReport:
                 "budget": self.plan.budget.to_dict(), "objective": self.plan.budget.objective,
                 "reference_score": None if self.reference_score is None else round(self.reference_score, 4),
                 "planned": {"power_mode": self.plan.point.power_mode, "threads": self.plan.point.threads,
-                            "runtime_mode": self.bundle.manifest.power_mode},
+                            "runs_on": self.plan.chosen.runs_on, "runtime_mode": self.bundle.manifest.power_mode},
                 "tflite_error": self.tflite_error, "tflite_parity_max_abs_diff": self.tflite_parity_max_abs_diff,
                 "calibration": None if self.calibration is None else {
                     "samples": self.calibration.samples, "tensors": self.calibration.tensors,
