@@ -7,6 +7,10 @@ code apps use on the device): resized to
 the model's H x W, converted to RGB (or kept BGR), scaled by ``scale``, normalised with
 ``mean``/``std`` per channel, and laid out NCHW or NHWC to match the model input.
 
+Class names (:func:`load_class_names`) are a text file with one name per line, or a JSON
+list of strings, in class-id order; :func:`check_class_names` checks their count against
+the model's class output.
+
 **The held-out split.** :func:`split_evaluation` cuts the evaluation samples into a
 *selection* part, which every choice of the conversion sees (calibration method, the
 mixed-precision search, the planner), and a *held-out* part, which only checks the chosen
@@ -25,6 +29,7 @@ one sample).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,8 +42,8 @@ from edgesdk.errors import DataError
 from edgesdk.runtime.preprocess import ImagePreprocessing, image_layout, image_to_tensor
 from edgesdk.runtime.tensors import TensorSpec
 
-__all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "check_arrays", "model_inputs", "EvaluationSplit",
-           "split_evaluation", "IMAGE_SUFFIXES"]
+__all__ = ["ImagePreprocessing", "load_arrays", "load_labels", "load_class_names", "check_class_names", "check_arrays",
+           "model_inputs", "EvaluationSplit", "split_evaluation", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
@@ -48,7 +53,7 @@ def _load_images(folder: Path, spec: TensorSpec, prep: ImagePreprocessing) -> np
         import cv2
     except ImportError as exc:
         raise DataError("reading image folders needs OpenCV: pip install 'edgesdk[vision]'") from exc
-    _, channels, height, width = image_layout(spec)
+    _, channels, height, width = image_layout(spec, prep.layout)
     if not height or not width:
         raise DataError(f"{spec.describe()} has dynamic H/W; fix the input shape to read images")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
@@ -131,6 +136,59 @@ def load_labels(path: str | os.PathLike[str], n_samples: int) -> np.ndarray:
     if len(labels) != n_samples:
         raise DataError(f"{path}: {len(labels)} labels for {n_samples} evaluation samples; they must match")
     return labels
+
+
+def load_class_names(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """Class names in class-id order from a text file (one per line) or a JSON list of strings (DataError otherwise).
+
+    Surrounding whitespace and blank lines at the end are dropped; an empty name inside the
+    list, or a name given twice, is refused.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read class names ({exc}); give a UTF-8 text file, one name per line") from exc
+    if path.suffix.lower() == ".json" or text.lstrip().startswith("["):
+        try:
+            loaded = json.loads(text)
+        except ValueError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc}); give a JSON list of strings, or one name per line") \
+                from None
+        if not isinstance(loaded, list) or not all(isinstance(n, str) for n in loaded):
+            raise DataError(f"{path}: JSON class names must be a list of strings, e.g. [\"cat\", \"dog\"]")
+        names = [n.strip() for n in loaded]
+    else:
+        names = [line.strip() for line in text.splitlines()]
+        while names and not names[-1]:
+            names.pop()
+    if not names:
+        raise DataError(f"{path}: no class names; give one name per line, in class-id order")
+    for index, name in enumerate(names):
+        if not name:
+            raise DataError(f"{path}: class {index} has an empty name; give every class a name, in class-id order")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DataError(f"{path}: class name(s) {twice} given more than once; every class needs its own name")
+    return tuple(names)
+
+
+def check_class_names(names: Sequence[str], outputs: tuple[TensorSpec, ...], labels: np.ndarray | None = None,
+                      where: str = "class names") -> tuple[str, ...]:
+    """``names`` if they fit the model: one per class of its first output's last dim (when static), every label's id.
+
+    The class count is checked only when the first output has at least 2 dims and a static
+    last one (e.g. ``[batch, 10]``); a dynamic one cannot be checked.
+    """
+    if outputs and len(outputs[0].shape) >= 2:
+        classes = outputs[0].shape[-1]
+        if classes is not None and classes > 0 and classes != len(names):
+            raise DataError(f"{where}: {len(names)} names, the model's output {outputs[0].describe()} has {classes} "
+                            f"classes; give one name per class, in class-id order")
+    if labels is not None and len(labels) and int(labels.max()) >= len(names):
+        raise DataError(f"{where}: {len(names)} names, but the labels have class id {int(labels.max())}; give a name "
+                        "for every class id the labels use")
+    return tuple(names)
 
 
 def model_inputs(specs: tuple[TensorSpec, ...], input_shapes: Mapping[str, Sequence[int]] | None = None

@@ -201,8 +201,11 @@ class Output:
 
     ``out_dir`` gets ``variants/`` (every file built) and ``bundle/``; one that already
     holds them is refused unless ``force``. ``private_key`` (Ed25519,
-    :func:`edgesdk.runtime.signing.load_private_key`) signs the bundle; ``preprocessing`` is free-form
-    notes saved in its manifest.
+    :func:`edgesdk.runtime.signing.load_private_key`) signs the bundle; ``preprocessing`` is saved in
+    its manifest as given. What devices read there (:mod:`edgesdk.runtime.preprocess`) is an
+    :meth:`~edgesdk.runtime.preprocess.ImagePreprocessing.as_dict` (``color``, ``scale``, ``mean``,
+    ``std``, ``layout``: how an image becomes the model input, whatever form the data had) and
+    ``labels``, the class names in class-id order.
     """
 
     out_dir: str | os.PathLike[str]

@@ -53,6 +53,34 @@ def _floats(value: str) -> tuple[float, ...]:
         raise click.BadParameter(f"{value!r}: use comma-separated numbers, e.g. 0.485,0.456,0.406") from None
 
 
+def _prep_check(setting: str) -> Callable[[Any], Any]:
+    """A check of one preprocessing setting alone (``--mean 0.5,0.5``, ``--std 0``) before the model is read."""
+    def check(value: Any) -> Any:
+        from edgesdk.runtime.preprocess import ImagePreprocessing
+
+        value = _floats(value) if setting in ("mean", "std") else value
+        ImagePreprocessing(**{setting: value})
+        return value
+    return check
+
+
+def _preprocessing(spec: Any, stated: dict[str, Any], image_folder: bool) -> Any:
+    """The :class:`ImagePreprocessing` to record for ``spec``: None with arrays and nothing stated."""
+    from edgesdk.runtime.preprocess import ImagePreprocessing
+
+    if not image_folder and all(v is None for v in stated.values()):
+        return None
+    try:
+        return ImagePreprocessing.for_input(spec, **stated)
+    except DataError as exc:
+        if not any(v is not None for v in stated.values()):
+            raise  # an image folder for a model that takes no image: the data's error, as without the flags
+        given = " ".join(f"--{k} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
+                         for k, v in stated.items() if v is not None)
+        raise click.BadParameter(f"{given} does not fit the model input: {exc}", param_hint="'--color' / '--scale' / "
+                                 "'--mean' / '--std' / '--layout'") from None
+
+
 class _Stages:
     """convert()'s progress on stderr: a bar labelled with the stage on a terminal, else one line per stage."""
 
@@ -200,7 +228,8 @@ def _fps(value: float) -> float | None:
 @click.option("--calibration", type=click.Path(exists=True), required=False,
               help="Calibration data: .npy, .npz (one array per input) or an image folder (default: --eval).")
 @click.option("--eval", "evaluation", type=click.Path(exists=True), required=True, help="Evaluation data (same forms).")
-@click.option("--labels", type=click.Path(exists=True, dir_okay=False), help=".npy of integer class ids for --eval.")
+@click.option("--labels", type=click.Path(exists=True, dir_okay=False),
+              help=".npy of integer class ids for --eval (their names: --class-names).")
 @click.option("--metric", type=click.Choice(["top1_agreement", "top1_accuracy", "cosine", "max_abs_error"]),
               help="Accuracy metric (default: top1_accuracy with labels, else top1_agreement).")
 @click.option("--max-accuracy-drop", type=float, default=0.5, show_default=True, callback=_checked(_accuracy_drop),
@@ -252,18 +281,30 @@ def _fps(value: float) -> float | None:
               help="For --measure-on: a private key of the fleet root's bundles role to sign each measurement archive "
                    "with (repeat up to its threshold; default: the --sign key). A device with a root of trust measures "
                    "only archives its bundles threshold signed.")
-@click.option("--color", type=click.Choice(["RGB", "BGR", "GRAY"]), default="RGB", show_default=True,
-              help="Image folders: channel order.")
-@click.option("--scale", type=float, default=1 / 255, show_default=True, help="Image folders: pixel scale.")
-@click.option("--mean", default="0,0,0", show_default=True, callback=lambda ctx, param, value: _floats(value),
-              help="Image folders: per-channel mean after scaling (1 or 3 values).")
-@click.option("--std", default="1,1,1", show_default=True, callback=lambda ctx, param, value: _floats(value),
-              help="Image folders: per-channel std after scaling (1 or 3 values).")
+@click.option("--color", type=click.Choice(["RGB", "BGR", "GRAY"]), default=None,
+              help="Preprocessing: channel order the model takes (default: GRAY for a 1-channel input, else RGB).")
+@click.option("--scale", type=float, default=None, callback=_checked(_prep_check("scale")),
+              help="Preprocessing: pixel scale (default: 1/255).")
+@click.option("--mean", default=None, callback=_checked(_prep_check("mean")),
+              help="Preprocessing: per-channel mean after scaling, 1 or 3 comma-separated values (default: 0).")
+@click.option("--std", default=None, callback=_checked(_prep_check("std")),
+              help="Preprocessing: per-channel std after scaling, 1 or 3 non-zero values (default: 1).")
+@click.option("--layout", type=click.Choice(["NCHW", "NHWC"]), default=None,
+              help="Preprocessing: the image input's layout (default: from its shape).")
+@click.option("--class-names", "class_names", type=click.Path(exists=True, dir_okay=False),
+              help="Class names in class-id order, one per line or a JSON list; recorded in the bundle. Their count "
+                   "must match the model's class output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert(**params: Any) -> None:
     """Build, measure and choose the variant of MODEL that fits PROFILE; write a bundle to OUT/bundle.
 
     Every option is checked before any work starts: a bad value is a usage error (exit 2).
+
+    Preprocessing (--color, --scale, --mean, --std, --layout) is how an image becomes the
+    model's input; the bundle's manifest records it for the device. Image folders are
+    transformed with it; .npy/.npz arrays are taken as already transformed, and with them
+    nothing is recorded unless a preprocessing option is given. --class-names are recorded too (as its `labels`).
+
     Third-party output (the quantizer's prints, LiteRT's INFO lines) shows only with
     `edgesdk -v convert ...`, or in the error when a step fails.
     """
@@ -280,12 +321,13 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
              power_budget: float | None, energy_budget: float | None, objective: str, wake_every: float | None,
              frames_per_wake: int | None, board_figures: tuple[str, ...], emulate: bool | None,
              measure_on: str | None, server_url: str, token: str | None,
-             token_file: str | None, key: str | None, measure_keys: tuple[str, ...], color: str, scale: float,
-             mean: tuple[float, ...], std: tuple[float, ...], as_json: bool) -> None:
+             token_file: str | None, key: str | None, measure_keys: tuple[str, ...], color: str | None,
+             scale: float | None, mean: tuple[float, ...] | None, std: tuple[float, ...] | None, layout: str | None,
+             class_names: str | None, as_json: bool) -> None:
     from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target
     from edgesdk.converters import convert as run_convert
     from edgesdk.converters.arguments import check_name
-    from edgesdk.converters.data import ImagePreprocessing, load_arrays, load_labels, model_inputs
+    from edgesdk.converters.data import check_class_names, load_arrays, load_class_names, load_labels, model_inputs
     from edgesdk.converters.metrics import check_metric
     from edgesdk.converters.power import check_feasible
     from edgesdk.converters.quiet import held_output
@@ -293,9 +335,9 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     from edgesdk.runtime.runtime import Runtime
 
     try:
-        prep = ImagePreprocessing(color=color, scale=scale, mean=mean, std=std)
+        names = load_class_names(class_names) if class_names else None
     except DataError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--mean' / '--std' / '--scale'") from None
+        raise click.BadParameter(str(exc), param_hint="'--class-names'") from None
     if name is None:
         try:
             name = check_name(Path(model).stem.replace(" ", "_"))
@@ -309,8 +351,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         measure_signers = [load_private_key(k) for k in measure_keys] or ([private_key] if private_key else [])
     is_image_folder = Path(evaluation).is_dir()
     try:
-        output = Output(out_dir, name=name, version=bundle_version, force=force, private_key=private_key,
-                        preprocessing={"images": prep.as_dict()} if is_image_folder else {})
+        output = Output(out_dir, name=name, version=bundle_version, force=force, private_key=private_key)
     except EdgeSDKError as exc:
         raise click.BadParameter(str(exc), param_hint="'--out'") from None
     try:
@@ -334,9 +375,23 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     read_model(model)  # a wrong extension or corrupt header fails here, before any work
     with held_output("loading the model"), Runtime(model, profile=target.board, mode=target.mode) as rt:
         specs = model_inputs(rt.inputs, input_shapes)  # -1/0 dims are dynamic; --input-shape fixes them
+        outputs = rt.outputs
+    stated = {"color": color, "scale": scale, "mean": mean, "std": std, "layout": layout}
+    if len(specs) != 1 and any(v is not None for v in stated.values()):
+        raise click.BadParameter(f"they describe one image input; the model has {len(specs)}: "
+                                 f"{', '.join(s.describe() for s in specs)}; leave them out",
+                                 param_hint="'--color' / '--scale' / '--mean' / '--std' / '--layout'")
+    prep = _preprocessing(specs[0], stated, is_image_folder or bool(calibration and Path(calibration).is_dir()))
     eval_arrays = load_arrays(evaluation, specs, prep)
     calib_arrays = load_arrays(calibration, specs, prep) if calibration else eval_arrays
     label_array = load_labels(labels, len(next(iter(eval_arrays.values())))) if labels else None
+    if names is not None:
+        try:
+            check_class_names(names, outputs, label_array, where=str(class_names))
+        except DataError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--class-names'") from None
+    recorded = {**(prep.as_dict() if prep else {}), **({"labels": list(names)} if names else {})}
+    output = replace(output, preprocessing=recorded)
     request = ConversionRequest(Source(model, input_shapes=input_shapes), target,
                                 Data(calib_arrays, eval_arrays, label_array, metric, holdout=holdout,
                                      holdout_seed=holdout_seed, holdout_min=holdout_min), output,
