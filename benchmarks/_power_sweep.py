@@ -68,11 +68,16 @@ def _plan(candidates: list[Candidate], board: DeviceProfile, budget: PowerBudget
         return row
     power = plan.chosen.power
     assert power is not None and power.avg_watts is not None
+    fastest = min((c for c in plan.candidates if not c.rejected and c.power is not None),
+                  key=lambda c: c.power.latency_ms if c.power is not None else 0.0)
+    assert fastest.power is not None
     row.update(outcome="chosen", variant=plan.chosen.name, runs_on=_where(board, plan.chosen, power.point),
                power_mode=power.point.power_mode, threads=power.point.threads, avg_w=round(power.avg_watts, 4),
                duty=round(power.duty or 0.0, 4), energy_mj=round(power.energy_mj, 4), latency_ms=round(power.latency_ms, 4),
                basis=power.basis, size_kib=round(plan.chosen.measurement.size_bytes / 1024, 1),
-               _exact={"latency_ms": power.latency_ms, "avg_w": power.avg_watts, "duty": power.duty or 0.0})
+               fastest=fastest.name, fastest_ms=round(fastest.power.latency_ms, 4),
+               _exact={"latency_ms": power.latency_ms, "avg_w": power.avg_watts, "duty": power.duty or 0.0,
+                       "fastest_ms": fastest.power.latency_ms})
     return row
 
 
@@ -115,12 +120,18 @@ def sweep(board: DeviceProfile, candidates: list[Candidate], bound: float, energ
                 slower.append({"budget_w": r["budget_w"], "outcome": r["outcome"]})
                 continue
             latency = r["_exact"]["latency_ms"]
+            fastest_ms = r["_exact"]["fastest_ms"]
             case = {"budget_w": r["budget_w"], "unbudgeted": _choice(free), "unbudgeted_ms": round(f["latency_ms"], 4),
                     "budgeted": _choice(r), "budgeted_ms": round(latency, 4),
-                    "ratio": round(latency / f["latency_ms"], 6)}
+                    "ratio": round(latency / f["latency_ms"], 6), "budgeted_fastest": r["fastest"],
+                    "budgeted_fastest_ms": round(fastest_ms, 4)}
             if latency > f["latency_ms"] * (1 + ROUNDING):
                 strictly_slower.append(case)
-            if f["latency_ms"] <= CLEAR_GAIN * latency * (1 + ROUNDING):  # the unbudgeted choice is clearly faster
+            # Slower by the planner's rule: the unbudgeted choice clearly faster than the budgeted one; or, whatever
+            # the noise rule, the budgeted plan's fastest fitting candidate slower than the unbudgeted choice, which
+            # fits, i.e. the budgeted plan did not weigh the unbudgeted choice at its own point.
+            if (f["latency_ms"] <= CLEAR_GAIN * latency * (1 + ROUNDING)
+                    or fastest_ms > f["latency_ms"] * (1 + ROUNDING)):
                 slower.append(case)
     energy = []
     if energy_too:
