@@ -18,7 +18,9 @@ variants, which is the wrong order for the board. So each variant is run:
   kernels on the board and how many were left as DequantizeLinear → float → QuantizeLinear.
 
 Results are cached by model SHA-256 × emulated CPU × runtime (library versions, qemu,
-plugin) × input shapes, in ``$EDGESDK_EMULATOR_CACHE/counts``: a re-run costs a file read.
+plugin) × input shapes, in ``$EDGESDK_EMULATOR_CACHE/counts``, with the board's first output per input
+values beside them: a re-run on the same inputs costs a file read; other values of the same shapes run again, so
+that the board's answer compared with this host's is to the same inputs.
 
 :func:`board_latency_ms` turns a count into milliseconds with a per-core cycles-per-
 instruction figure (:data:`CYCLES_PER_INSTRUCTION`) and the power mode's clock. The CPIs of the
@@ -166,21 +168,23 @@ class Emulator:
         arrays = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
         key = self._key(_checked(path), cpu, runtime, arrays)
         cached = self.counts_dir / f"{key}.json"
-        if cached.is_file():
+        output = _output_file(cached, arrays)
+        if cached.is_file() and output.is_file():  # other input values: run again, for the board's answer to them
             data = json.loads(cached.read_text())
             fusion = FusionCounts(**data.pop("fusion")) if data.get("fusion") else None
             return InstructionCount(**{**data, "fusion": fusion, "seconds": 0.0, "cached": True})
         cached.parent.mkdir(parents=True, exist_ok=True)
-        count = self._run(path, arrays, cpu, runs, runtime, cached.with_suffix(".npy"))
+        count = self._run(path, arrays, cpu, runs, runtime, output)
         write_atomic(cached, json.dumps({k: v for k, v in asdict(count).items() if k != "cached"}).encode())
         return count
 
     def first_output(self, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray],
                      cpu: str) -> np.ndarray | None:
-        """The board runtime's first output on ``inputs`` from the run that counted ``model`` on ``cpu`` (call
-        :meth:`count` first); None when that count was cached before outputs were kept."""
+        """The board runtime's first output on ``inputs`` from the run that counted ``model`` on ``cpu`` with these
+        very input values (call :meth:`count` first); None when there was no such run."""
         arrays = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
-        saved = self.counts_dir / f"{self._key(_checked(Path(model)), cpu, self._runtime(CORES[cpu].arch), arrays)}.npy"
+        key = self._key(_checked(Path(model)), cpu, self._runtime(CORES[cpu].arch), arrays)
+        saved = _output_file(self.counts_dir / f"{key}.json", arrays)
         return np.load(saved) if saved.is_file() else None
 
     def _runtime(self, arch: str) -> str:
@@ -249,6 +253,16 @@ class Emulator:
         total, simd, memory = (v / runs for v in second)
         return InstructionCount(cpu, total, simd, memory, abs(second[0] - first[0]) / max(second[0], 1), runs,
                                 runtime, fusion, time.perf_counter() - started)
+
+
+def _output_file(count: Path, inputs: Mapping[str, np.ndarray]) -> Path:
+    """Where the board's first output is kept beside ``count``: per input *values*, as a count is per shapes (an
+    output kept for other values of the same shapes would be compared with this host's answer to these)."""
+    digest = hashlib.sha256()
+    for name, value in sorted(inputs.items()):
+        digest.update(f"{name}:{value.dtype}{list(value.shape)}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return count.with_name(f"{count.stem}-{digest.hexdigest()[:16]}.npy")
 
 
 def _checked(path: Path) -> str:

@@ -83,6 +83,20 @@ def test_the_boards_own_output_is_compared_with_this_hosts_before_a_bundle(model
     assert "raspberry-pi-5's runtime (emulated cortex-a76)" in problem
 
 
+def test_the_boards_output_is_kept_per_input_values_not_per_shapes(models, tmp_path_factory):
+    """Counts are cached per input shapes; the board's output must not be: one kept for other values of the same
+    shapes would be compared with this host's answer to these, and reject a variant that computes them right."""
+    emulator = Emulator(counts_dir=tmp_path_factory.mktemp("counts"))
+    good = models[0]
+    other = {"x": X["x"] + 100}
+    emulator.count(good, X, "cortex-a76")
+    assert emulator.first_output(good, other, "cortex-a76") is None  # no run on these values yet: nothing to tell
+    emulator.count(good, other, "cortex-a76")
+    for inputs in (X, other):
+        board = emulator.first_output(good, inputs, "cortex-a76")
+        assert board is not None and np.array_equal(board, inputs["x"][2:3])
+
+
 def test_emulated_counts_under_a_budget_move_a_two_cluster_board_to_its_little_cores(tmp_path_factory):
     """Issue 38: no power test used emulated counts. An RK3588 counted on both clusters' emulated cores, at a rate
     and budget that the big cluster cannot meet but the little one can: the choice moves there, on counts."""
