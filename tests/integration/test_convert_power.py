@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -32,7 +33,8 @@ def test_a_budget_with_the_energy_objective_moves_the_model_to_least_energy_and_
     free = _convert(sample, tmp_path / "free", "--profile", "rk3588", "--fps", "200")
     assert free.exit_code == 0, free.output
     unbudgeted = json.loads(free.stdout)
-    assert unbudgeted["planned"] == {"power_mode": "performance", "threads": 4, "runtime_mode": "latency"}
+    assert unbudgeted["planned"] == {"power_mode": "performance", "threads": 4, "runs_on": "cpu",
+                                     "runtime_mode": "latency"}
     assert read_bundle(tmp_path / "free" / "bundle").manifest.threads is None
 
     budgeted = _convert(sample, tmp_path / "budget", "--profile", "rk3588", "--fps", "200", "--power-budget", "3.7",
@@ -112,3 +114,46 @@ def test_energy_measured_on_the_board_replaces_the_model_at_its_point(sample, tm
     assert row["power"]["latency_ms"] == 2.0 and row["power"]["basis"] == "measured on board"
     assert row["power"]["energy_mj"] == 9.5 and row["power"]["energy_basis"] == "measured on board (--board-figures)"
     assert row["power"]["avg_watts"] == pytest.approx(2.8 + 5 * 9.5 / 1000, abs=1e-4)
+
+
+def test_a_jetson_conversion_plans_its_gpu_engines_beside_its_cpu_and_the_bundle_records_the_engine(sample, tmp_path):
+    """The sample digits classifier on a Jetson Orin Nano: every ONNX variant is also planned on the GPU (TensorRT
+    engines and the CUDA fallback, by the roofline estimate), and the bundle records the engine of the choice."""
+    result = _convert(sample, tmp_path / "orin", "--profile", "jetson-orin-nano")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    engines = {v["name"]: v["runs_on"] for v in report["variants"]}
+    assert engines["onnx-fp16+tensorrt"] == "ampere-gpu TensorRT fp16"
+    assert engines["onnx-fp32+cuda"] == "ampere-gpu CUDA fp32" and engines["onnx-fp32"] == "cpu"
+    assert "onnx-int8-dynamic+tensorrt" not in engines  # TensorRT has no dynamic quantization
+    gpu = [v for v in report["variants"] if v["runs_on"] != "cpu"]
+    assert all(v["estimate_basis"].startswith("estimated GPU roofline (") for v in gpu)
+    assert all(v["power"]["accelerator"] == "ampere-gpu" and v["power"]["power_mode"] == "15w" for v in gpu)
+    # Energy on the GPU is the GPU's active watts in the mode (5.0 W in 15w) times the latency.
+    assert all(abs(v["power"]["energy_mj"] - 5.0 * v["power"]["latency_ms"]) < 1e-3 for v in gpu)
+    chosen = next(v for v in report["variants"] if v["chosen"])
+    manifest = read_bundle(tmp_path / "orin" / "bundle").manifest
+    expected = ("cpu", None) if chosen["runs_on"] == "cpu" else (
+        "ampere-gpu", "CUDAExecutionProvider" if "CUDA" in chosen["runs_on"] else "TensorrtExecutionProvider")
+    assert report["planned"]["runs_on"] == chosen["runs_on"] and (manifest.accelerator, manifest.provider) == expected
+
+
+def test_a_convolutional_model_is_planned_on_the_jetsons_gpu_and_its_bundle_asks_the_runtime_for_that_engine(tmp_path):
+    from tests.unit.test_accelerator_plan import _conv_net
+
+    model = _conv_net(tmp_path / "conv.onnx", channels=64, size=128)
+    np.save(tmp_path / "eval.npy", np.random.default_rng(0).standard_normal((12, 3, 128, 128)).astype(np.float32))
+    result = CliRunner().invoke(cli, ["convert", str(model), "--eval", str(tmp_path / "eval.npy"), "--metric", "cosine",
+                                      "--profile", "jetson-orin-nano", "--out", str(tmp_path / "out"), "--no-emulate",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    chosen = next(v for v in report["variants"] if v["chosen"])
+    assert chosen["runs_on"].startswith("ampere-gpu TensorRT") and report["planned"]["runs_on"] == chosen["runs_on"]
+    cpu = [v["power"]["latency_ms"] for v in report["variants"] if v["runs_on"] == "cpu" and not v["rejected"]]
+    assert chosen["power"]["latency_ms"] < min(cpu)
+    manifest = read_bundle(tmp_path / "out" / "bundle").manifest
+    assert (manifest.accelerator, manifest.provider) == ("ampere-gpu", "TensorrtExecutionProvider")
+    assert manifest.measured["board"]["runs_on"] == chosen["runs_on"]
+    with Runtime(tmp_path / "out" / "bundle", profile="jetson-orin-nano") as rt:  # this host has no TensorRT: noted
+        assert any(note.startswith("TensorrtExecutionProvider") for note in rt.info.fallbacks)

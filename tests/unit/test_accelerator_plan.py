@@ -44,7 +44,7 @@ def _conv_net(path: Path, qdq: bool = False, channels: int = 32, size: int = 64)
               helper.make_node("Relu", ["a"], ["b"]),
               helper.make_node("Conv", ["b", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
     graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", channels, size, size])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
