@@ -83,12 +83,17 @@ def validate_inputs(specs: tuple[TensorSpec, ...], inputs: Any, check_finite: bo
 
 
 def adapt_layout(arrays: Mapping[str, np.ndarray], specs: Any) -> dict[str, np.ndarray]:
-    """Transpose NCHW data to NHWC where a TFLite input (converted by onnx2tf) wants NHWC."""
+    """Transpose NCHW data to NHWC where a TFLite input (converted by onnx2tf) wants NHWC.
+
+    Only the per-sample dims decide: data already in the input's layout is left alone whatever its batch size (a
+    fixed batch of 1 with a stack of samples whose channels, height and width are equal is not NHWC).
+    """
     adapted = {}
     for spec in specs:
         array = arrays[spec.name]
         wanted = spec.shape
-        if array.ndim == 4 and len(wanted) == 4 and not spec.accepts_shape(array.shape):
+        same_layout = len(wanted) == 4 and spec.accepts_shape((wanted[0] or array.shape[0], *array.shape[1:]))
+        if array.ndim == 4 and len(wanted) == 4 and not same_layout:
             nhwc = array.transpose(0, 2, 3, 1)
             if spec.accepts_shape((wanted[0] or nhwc.shape[0], *nhwc.shape[1:])):
                 array = np.ascontiguousarray(nhwc)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import InputError
-from edgesdk.runtime.tensors import TensorSpec, validate_inputs
+from edgesdk.runtime.tensors import TensorSpec, adapt_layout, validate_inputs
 
 IMAGE = TensorSpec("image", (None, 3, 4, 4), np.dtype(np.float32))
 MASK = TensorSpec("mask", (1, 4), np.dtype(np.int64))
@@ -51,3 +51,12 @@ def test_non_array_input_is_refused_with_the_fix():
 def test_single_array_for_a_multi_input_model_asks_for_a_dict():
     with pytest.raises(InputError, match="has 2 inputs"):
         validate_inputs((IMAGE, MASK), np.zeros((1, 3, 4, 4), np.float32))
+
+
+def test_adapt_layout_transposes_only_data_in_the_other_layout_whatever_the_batch():
+    nchw_input = TensorSpec("x", (1, 16, 16, 16), np.dtype(np.float32))  # fixed batch 1, C == H == W
+    stack = np.arange(4 * 16 * 16 * 16, dtype=np.float32).reshape(4, 16, 16, 16)
+    assert adapt_layout({"x": stack}, [nchw_input])["x"] is stack  # four samples already NCHW: untouched
+    nhwc_input = TensorSpec("x", (1, 8, 8, 3), np.dtype(np.float32))  # an onnx2tf TFLite input
+    nchw = np.zeros((4, 3, 8, 8), np.float32)
+    assert adapt_layout({"x": nchw}, [nhwc_input])["x"].shape == (4, 8, 8, 3)
