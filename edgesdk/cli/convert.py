@@ -137,7 +137,7 @@ def _board_figures(paths: tuple[str, ...]) -> tuple[dict[str, float], dict[str, 
 
 
 def _table(report: dict[str, Any]) -> str:
-    header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "board point", "board ms", "mJ", "avg W",
+    header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "runs on (power mode)", "board ms", "mJ", "avg W",
               "int8/DQ-float", f"drop ({report['metric_unit']})", "held-out drop", "verdict")
     rows = [header]
     for v in report["variants"]:
@@ -147,7 +147,7 @@ def _table(report: dict[str, Any]) -> str:
         energy = "" if p["energy_basis"].startswith("measured on board") else "~"
         rows.append(("*" if v["chosen"] else "", v["name"], f"{v['size_bytes'] / 1024:.1f}",
                      f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}/{v['latency_p95_ms']:.3f}",
-                     f"{p['power_mode']} x{p['threads']}",
+                     _runs_on(v),
                      f"{basis}{p['latency_ms']:.3f}", f"{energy}{p['energy_mj']:.2f}",
                      "-" if p["avg_watts"] is None else f"{energy}{p['avg_watts']:.2f}", _fused(v),
                      f"{v['accuracy_drop']:.3f}", "-" if v["holdout_drop"] is None else f"{v['holdout_drop']:.3f}",
@@ -155,6 +155,18 @@ def _table(report: dict[str, Any]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
     return "\n".join(lines)
+
+
+def _runs_on(row: dict[str, Any]) -> str:
+    """``cpu x4 (performance)``, or on an accelerator ``ampere-gpu TensorRT fp16 (15w)``."""
+    p = row["power"]
+    where = row["runs_on"] if p.get("accelerator") else f"cpu x{p['threads']}"
+    return f"{where} ({p['power_mode']})"
+
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    """The variants' notes worth a line under the table: the blocks a mixed variant kept in float."""
+    return [f"{v['name']}: {note}" for v in report["variants"] for note in v["notes"] if "kept in float" in note]
 
 
 def _fused(row: dict[str, Any]) -> str:
@@ -408,6 +420,8 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(_table(data))
+    for line in _notes(data):
+        click.echo(line)
     click.echo(_split_line(data))
     if data["reference_score"] is not None:
         unit = "%" if data["metric_unit"] == "points" else f" {data['metric_unit']}"
@@ -416,10 +430,18 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
                "its timed runs, not the board's")
     click.echo(f"\nchosen: {data['chosen']} — {data['reason']}")
     planned = data["planned"]
-    click.echo(f"planned for power mode {planned['power_mode']} with {planned['threads']} thread(s) (runtime mode "
+    engine = f"on {planned['runs_on']}" if planned["runs_on"] != "cpu" else f"with {planned['threads']} thread(s)"
+    click.echo(f"planned for power mode {planned['power_mode']} {engine} (runtime mode "
                f"{planned['runtime_mode']}); mJ = energy per inference above idle, avg W = the board's average power "
                "at the asked rate")
     click.echo(f"~ = not measured on the board: {data['board_estimates']}")
+    if any(v["estimate_basis"].startswith("estimated GPU roofline") for v in data["variants"]):
+        from edgesdk.converters.gpu_estimate import EFFICIENCY, PER_KERNEL_US
+
+        click.echo(f"GPU rows: a roofline of each layer's FLOPs and bytes against the accelerator's data-sheet peaks at "
+                   f"the power mode's GPU clock, / {EFFICIENCY} efficiency + {PER_KERNEL_US:g} us per kernel (fitted on "
+                   "published TensorRT figures, benchmarks/calibration.py); accuracy from this host's CPU run of the "
+                   "same file")
     click.echo("int8/DQ-float = Convs and MatMuls ONNX Runtime runs as int8 kernels / leaves as DequantizeLinear -> "
                "float -> QuantizeLinear, in the graph it optimizes on the emulated board")
     if data["tflite_error"]:
