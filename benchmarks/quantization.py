@@ -7,7 +7,9 @@ photographs and rendered text). Per model:
   model's task metric and 30% of the evaluation samples held out of every choice; each
   variant's board latency is its instruction count on the emulated core
   (:mod:`edgesdk.converters.emulate`), its drop is reported on the selection and the
-  held-out samples, with ONNX Runtime's int8 fusions on aarch64;
+  held-out samples, with ONNX Runtime's int8 fusions on aarch64; the TFLite variants
+  (onnx2tf; full int8 runs on LiteRT's XNNPACK QS8 kernels) are built, counted and chosen
+  from with the ONNX ones (not in ``--quick``: onnx2tf's tool environment is 2.6 GB);
 * every variant also counted on an emulated Cortex-A72 (Raspberry Pi 4), reported;
 * ONNX Runtime's ``quantize_static`` defaults calibrated on the same samples as ours, and
   NNCF's ``quantize_with_accuracy_control`` with the same data and bound (its own venv,
@@ -57,6 +59,9 @@ PROFILE, REPORTED = "raspberry-pi-5", "raspberry-pi-4"
 BOUND = 1.0
 HOLDOUT = 0.3
 EVAL = {"orientation": 128, "detector": 200, "ocr_rec": 128}
+#: TFLite variants too (onnx2tf, its own tool environment): full int8 runs on LiteRT's XNNPACK QS8 kernels on
+#: the board, counted on the emulated A76 like the ONNX ones and chosen on the same terms (issue 38).
+FORMATS = ("onnx", "tflite")
 NNCF_METRIC = {"orientation": ("top1_agreement", None, 0.01), "detector": ("detection_agreement", "metric", 1.0),
                "ocr_rec": ("text_agreement", "metric", 1.0)}
 
@@ -109,7 +114,7 @@ def bench_model(name: str, work: Path, n_cal: int, n_eval: int, quick: bool, emu
                                 Target(PROFILE, emulate=True),
                                 Data(feeds_cal, feeds_eval, metric=spec.metric, holdout=HOLDOUT),
                                 Output(work / f"{name}-out", name=name), Bounds(max_accuracy_drop=BOUND),
-                                quantization=config)
+                                formats=("onnx",) if quick else FORMATS, quantization=config)
     report = convert(request, progress=lambda stage, done, total: log(f"  {stage}") if done == 0 else None)
     convert_s = time.perf_counter() - started
     split = report.holdout
