@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 
+from edgesdk.converters.emulate import PARALLEL_EFFICIENCY
 from edgesdk.converters.measure import Measurement
 from edgesdk.converters.planner import Candidate, choose, estimate_on_board
 from edgesdk.errors import BudgetError
@@ -37,8 +38,9 @@ def _c(name, precision, drop=0.0, board=BOARD, holdout=None, **m):
 
 def test_estimate_scales_host_latency_by_cores_clock_and_ipc():
     est = estimate_on_board(1.0, HOST, 2, BOARD, "latency")
-    # host: (1 + 0.7) * 3000 MHz * 1.4; board big cluster: (1 + 0.7*3) * 2400 MHz * 1.0
-    assert est.latency_ms == pytest.approx((1.7 * 3000 * 1.4) / (3.1 * 2400 * 1.0))
+    # host: (1 + e) * 3000 MHz * 1.4; board big cluster: (1 + 3e) * 2400 MHz * 1.0, e the fitted thread efficiency
+    e = PARALLEL_EFFICIENCY
+    assert est.latency_ms == pytest.approx(((1 + e) * 3000 * 1.4) / ((1 + 3 * e) * 2400 * 1.0))
     # All four big cores busy: the cluster's whole 9 W above idle.
     assert est.energy_mj == pytest.approx(9.0 * est.latency_ms) and est.basis == "estimated"
     slower = estimate_on_board(1.0, HOST, 2, BOARD, "power")  # 4 little A55 cores
@@ -81,8 +83,10 @@ def test_slower_quantized_variant_is_chosen_when_size_is_the_only_way_to_fit():
 
 def test_frame_rate_the_board_cannot_keep_up_with_rejects_the_variant():
     slow = _c("fp32", "fp32", latency_ms=200.0)
-    with pytest.raises(BudgetError, match=r"30 fps needs 192 ms <= 33.3 ms per frame \(estimated, performance x4\): "
-                                          r"duty 5.76 > 1"):
+    e = PARALLEL_EFFICIENCY
+    board_ms = 200.0 * ((1 + e) * 3000 * 1.4) / ((1 + 3 * e) * 2400 * 1.0)  # as in the scaling test above
+    with pytest.raises(BudgetError, match=rf"30 fps needs {board_ms:.3g} ms <= 33.3 ms per frame \(estimated, "
+                                          rf"performance x4\): duty {30 * board_ms / 1000:.2f} > 1"):
         choose([slow], BOARD, "latency", 0.5, target_fps=30)
 
 
