@@ -171,3 +171,20 @@ def test_the_runtime_takes_the_engine_the_bundle_was_planned_on(tmp_path: Path, 
         assert asked == requested and rt.info.accelerator == "CPUExecutionProvider"
     with Runtime(bundle.path, profile=ORIN, accelerator="cpu") as rt:  # the caller's explicit choice outranks the plan
         assert not any("ExecutionProvider for" in note for note in rt.info.fallbacks)
+
+
+def test_a_figure_the_board_measured_on_its_gpu_is_that_engines_basis_and_scales_with_the_gpu_clock(tmp_path: Path):
+    """--measure-on through the fleet: the Jetson's runtime ran the file on TensorRT, so the TensorRT engine takes
+    the board's figure (scaled to 7w by the GPU clock), and the CUDA fallback keeps its estimate."""
+    from dataclasses import replace
+
+    fp32 = _conv_net(tmp_path / "fp32.onnx")
+    host = load_profile("generic-x86_64")
+    on_board = replace(_m(3.0), measured_on="cam01", accelerator="TensorrtExecutionProvider")
+    cpu = Candidate("onnx-fp32", "onnx", fp32, "fp32", on_board, 0.0, estimate_on_board(3.0, host, 2, ORIN, "latency"))
+    trt, cuda = accelerator_candidates([cpu], ORIN, "latency", {"x": np.zeros((1, 3, 64, 64), np.float32)})
+    assert (trt.estimate.basis, trt.estimate.latency_ms) == ("measured on board", 3.0)
+    assert cuda.estimate.basis.startswith("estimated GPU roofline")
+    assert trt.estimate.model is not None
+    slow, basis = trt.estimate.model.at(ORIN, operating_points(ORIN, "ampere-gpu")[1])
+    assert basis == "measured on board, scaled to 7w ampere-gpu" and slow == pytest.approx(3.0 * 625 / 408)
