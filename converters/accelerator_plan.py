@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.gpu_estimate import EngineCost, node_costs
+from edgesdk.converters.gpu_estimate import EngineCost, node_costs, with_shapes
 from edgesdk.converters.planner import Candidate, estimate_on_board
 from edgesdk.runtime.backends.tensorrt import CUDA_PROVIDER, GPU_PROVIDERS, TRT_PROVIDER
 from edgesdk.runtime.profiles import Accelerator, DeviceProfile
@@ -71,7 +71,7 @@ def engine_costs(path: Path, precision: str, accelerator: Accelerator,
     wanted = [p for p in providers if (p == TRT_PROVIDER and trt) or (p == CUDA_PROVIDER and precision == "fp32")]
     if not wanted:
         return []
-    model = fix_input_shapes(onnx.load(str(path)), shapes)
+    model = with_shapes(fix_input_shapes(onnx.load(str(path)), shapes))  # once for every engine and precision
     engines = []
     for provider in wanted:
         if provider == TRT_PROVIDER:
@@ -79,20 +79,18 @@ def engine_costs(path: Path, precision: str, accelerator: Accelerator,
             engines.append(EngineCost(accelerator.name, f"TensorRT {trt}", provider, _groups(model, trt)))
         else:
             engines.append(EngineCost(accelerator.name, "CUDA fp32", provider,
-                                      (("fp32", tuple(node_costs(model, "fp32", fuse=False))),)))
+                                      (("fp32", tuple(node_costs(model, "fp32", fuse=False, shaped=True))),)))
     return engines
 
 
 def _groups(model: Any, precision: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
-    """Nodes by the precision TensorRT runs them at: for int8, the nodes whose data input a DequantizeLinear
-    produces (explicit quantization), the others at fp32."""
+    """Nodes of ``model`` (shapes inferred) by the precision TensorRT runs them at: for int8, the nodes whose data input
+    a DequantizeLinear produces (explicit quantization), the others at fp32."""
     if precision != "int8":
-        return ((precision, tuple(node_costs(model, precision))),)
+        return ((precision, tuple(node_costs(model, precision, shaped=True))),)
     dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
     quantized = [bool(node.input) and node.input[0] in dequantized for node in model.graph.node]
-    at_int8, at_fp32 = node_costs(model, "int8"), node_costs(model, "fp32")
-    if len(at_int8) != len(quantized):  # shape inference changed the graph: cost it all at int8
-        return (("int8", tuple(at_int8)),)
+    at_int8, at_fp32 = node_costs(model, "int8", shaped=True), node_costs(model, "fp32", shaped=True)
     return (("int8", tuple(c for c, q in zip(at_int8, quantized) if q)),
             ("fp32", tuple(c for c, q in zip(at_fp32, quantized) if not q)))
 

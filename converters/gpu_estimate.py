@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NodeCost", "GpuPeak", "EngineCost", "clock_share", "node_costs", "roofline_ms", "estimate_ms", "BYTES_PER_ELEMENT",
-           "FUSED", "EFFICIENCY", "PER_KERNEL_US"]
+__all__ = ["NodeCost", "GpuPeak", "EngineCost", "clock_share", "node_costs", "with_shapes", "roofline_ms",
+           "estimate_ms", "BYTES_PER_ELEMENT", "FUSED", "EFFICIENCY", "PER_KERNEL_US"]
 
 #: TensorRT's fraction of the roofline, and its fixed cost per kernel launched, fitted by
 #: ``benchmarks/calibration.py`` on the fit half of the Jetson Orin Nano's published TensorRT figures
@@ -86,17 +86,18 @@ class GpuPeak:
 _WIDER = {"int8": ("int8", "fp16", "fp32"), "fp16": ("fp16", "fp32"), "fp32": ("fp32",)}
 
 
-def node_costs(model: Any, precision: str = "fp32", fuse: bool = True) -> list[NodeCost]:
+def node_costs(model: Any, precision: str = "fp32", fuse: bool = True, shaped: bool = False) -> list[NodeCost]:
     """FLOPs and bytes of every node of ``model`` (an ``onnx.ModelProto`` with static input shapes) at ``precision``.
 
     ``fuse=False`` counts every node as a kernel of its own that reads and writes memory (an engine without
-    TensorRT's layer fusion, such as ONNX Runtime's CUDA provider).
+    TensorRT's layer fusion, such as ONNX Runtime's CUDA provider). ``shaped``: ``model`` already went through
+    :func:`with_shapes` (costing one graph several ways infers its shapes once).
     """
 
     if precision not in BYTES_PER_ELEMENT:
         raise ValueError(f"precision {precision!r} is not one of {sorted(BYTES_PER_ELEMENT)}")
     size = BYTES_PER_ELEMENT[precision]
-    graph = _with_shapes(model).graph
+    graph = (model if shaped else with_shapes(model)).graph
     shapes: dict[str, tuple[int, ...]] = {}
     for value in [*graph.input, *graph.value_info, *graph.output]:
         dims = value.type.tensor_type.shape.dim
@@ -116,7 +117,7 @@ def node_costs(model: Any, precision: str = "fp32", fuse: bool = True) -> list[N
     return costs
 
 
-def _with_shapes(model: Any) -> Any:
+def with_shapes(model: Any) -> Any:
     """``model`` with every tensor's shape: ONNX Runtime's symbolic inference follows shapes computed inside the
     graph (``Shape`` -> ``Slice`` -> ``Split`` sizes, as exported YOLO heads have), which ONNX's own stops at."""
     import onnx

@@ -23,14 +23,6 @@ from tests.conftest import host_profile_dict
 FAST = QuantizationConfig(calibration_methods=("minmax",))
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory) -> Path:
-    """The README's sample: model.onnx, model.tflite, calib.npy, eval.npy, labels.npy."""
-    from edgesdk.testing import write_sample
-
-    folder = tmp_path_factory.mktemp("sample")
-    write_sample(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,6 @@ from edgesdk.cli import cli
 from edgesdk.runtime.bundle import read_bundle
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory) -> Path:
-    from edgesdk.testing import write_sample
-
-    folder = tmp_path_factory.mktemp("sample")
-    write_sample(folder)
-    return folder
-
-
 def _convert(sample: Path, out: Path, *args: str):
     return CliRunner().invoke(cli, ["convert", str(sample / "model.onnx"), "--eval", str(sample / "eval.npy"),
                                     "--out", str(out), "--no-emulate", "--json", *args])

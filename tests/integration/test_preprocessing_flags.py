@@ -41,14 +41,6 @@ def image_model(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory) -> Path:
-    """The README's digits sample: model.onnx takes input[batch, 64] and gives probabilities[batch, 10]."""
-    from edgesdk.testing import write_sample
-
-    folder = tmp_path_factory.mktemp("sample")
-    write_sample(folder)
-    return folder
 
 
 def _convert(folder: Path, out: Path, *args: str):
