@@ -66,7 +66,8 @@ def parse_version(text: str) -> tuple[int, ...]:
 def safe_name(value: str, what: str) -> str:
     """Names from a manifest become file and directory names: no separators, no '..'."""
     if not isinstance(value, str) or not _SAFE_NAME.match(value) or ".." in value:
-        raise BundleError(f"{what} {value!r} is not a safe name: use letters, digits, '.', '_' or '-' (no '/' or '..')")
+        shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:60]}... ({len(repr(value))} characters)"
+        raise BundleError(f"{what} {shown} is not a safe name: use letters, digits, '.', '_' or '-' (no '/' or '..')")
     return value
 
 
@@ -121,8 +122,7 @@ def _engine(accelerator: Any, provider: Any) -> None:
         if value is not None:
             safe_name(value, f"manifest target.{name}")
     if provider is not None and accelerator in (None, "cpu"):
-        raise BundleError(f"manifest target.provider {provider!r} needs target.accelerator naming the accelerator it "
-                          "drives")
+        raise BundleError(f"manifest target.provider {provider!r} needs target.accelerator naming what it drives")
 
 
 def _threads(value: Any) -> int | None:

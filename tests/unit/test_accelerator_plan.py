@@ -146,6 +146,10 @@ def test_the_manifest_records_the_engine_and_refuses_a_provider_without_an_accel
                    provider="TensorrtExecutionProvider")
     with pytest.raises(BundleError, match="not a safe name"):
         BundleSpec("m", "1.0.0", "v", "jetson-orin-nano", "latency", accelerator="../gpu")
+    for hostile in (2**70, ["gpu"], "g" * 10_000_000):  # a manifest from the network: refused, the error stays short
+        with pytest.raises(BundleError, match="not a safe name") as refused:
+            BundleSpec("m", "1.0.0", "v", "jetson-orin-nano", "latency", accelerator=hostile)
+        assert len(str(refused.value)) < 300
 
 
 @pytest.mark.parametrize(("accelerator", "provider", "requested"), [
