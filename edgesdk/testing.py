@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["MLPWeights", "DigitsData", "load_digits_data", "train_digits_mlp", "random_mlp", "mlp_forward",
-           "write_mlp_onnx", "write_mlp_tflite", "digits_cnn", "write_sample"]
+           "write_mlp_onnx", "write_attention_onnx", "write_mlp_tflite", "digits_cnn", "write_sample"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,32 @@ def write_mlp_onnx(weights: MLPWeights, path: str | os.PathLike[str], batch: int
         [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [batch_dim, weights.n_outputs])],
         inits,
     )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="edgesdk.testing")
+    onnx.checker.check_model(model)
+    path = Path(path)
+    onnx.save(model, str(path))
+    return path
+
+
+def write_attention_onnx(path: str | os.PathLike[str], width: int = 64, opset: int = 17) -> Path:
+    """A model whose cost grows with the square of its sequence length, as attention's does.
+
+    Input ``tokens: float32[batch, length, width]`` (batch and length dynamic); output
+    ``scores: float32[batch, length]``, the row sums of ``tokens @ tokens^T``. One request of
+    length 16 takes microseconds, one of length 4,096 about a gigaflop: the case of a text,
+    audio or dynamic-size image model whose single-row requests differ a thousandfold.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Transpose", ["tokens"], ["keys"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["tokens", "keys"], ["similarity"]),
+             helper.make_node("ReduceSum", ["similarity", "axis"], ["scores"], keepdims=0)]
+    axis = helper.make_tensor("axis", TensorProto.INT64, [1], [-1])
+    graph = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "length", width])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", "length"])], [axis])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="edgesdk.testing")
     onnx.checker.check_model(model)
     path = Path(path)

@@ -12,7 +12,7 @@ import asyncio
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -26,14 +26,12 @@ from edgesdk.runtime.tensors import TensorSpec
 from .batcher import Batcher, BatcherClosedError, QueueFullError
 from .config import BatchingConfig, InferenceConfig, ServedModel
 from .metrics import InferenceMetrics, ModelMetrics
+from .run_cost import RunCost, elements
 
 __all__ = ["LoadedModel", "ModelRegistry", "PLATFORM"]
 
 #: The ``platform`` of every model in ``GET /v2/models/{name}`` (Triton's name for ONNX Runtime models).
 PLATFORM = "onnxruntime_onnx"
-#: An unbatched run expected to take less than this runs on the event loop: handing it to a worker thread
-#: costs more (measured here on a 16-8-4 MLP: 0.57 ms of server CPU per request through a thread, 0.42 inline).
-INLINE_RUN_S = 0.5e-3
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
               "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(uint16)": "uint16",
@@ -71,9 +69,8 @@ class LoadedModel:
         # it has would all be slowed: at 8 clients on one core that put p99 at 111 ms against Triton's 88 ms.
         self._slots = threading.BoundedSemaphore(batching.max_queue)
         self._runner = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{name}-{version}")
-        # Compute seconds per row of the last unbatched runs. Their minimum is the model's cost: robust to
-        # one slow run (the first after loading, a page fault) without hiding a model that is slow throughout.
-        self._row_seconds: deque[float] = deque(maxlen=8)
+        #: Recent unbatched runs: whether the next one may go on the event loop (only when provably short).
+        self.run_cost = RunCost()
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """The V2 model metadata object."""
@@ -127,29 +124,24 @@ class LoadedModel:
             raise QueueFullError(f"model {self.name} {self.version} is running {self.batching.max_queue} requests, "
                                  "its max_queue; retry later, or raise max_queue in the inference config")
         try:
-            rows = self._rows(inputs)
-            if self._row_seconds and min(self._row_seconds) * rows < INLINE_RUN_S:
-                return self._run_measured(inputs, rows)
+            if self.run_cost.inline(elements(inputs)):
+                return self._run_measured(inputs)
             try:
-                running = asyncio.get_running_loop().run_in_executor(self._runner, self._run_measured, inputs, rows)
+                running = asyncio.get_running_loop().run_in_executor(self._runner, self._run_measured, inputs)
             except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it anyway
-                return await asyncio.to_thread(self._run_measured, inputs, rows)
+                return await asyncio.to_thread(self._run_measured, inputs)
             return await running
         finally:
             self._slots.release()
 
-    @staticmethod
-    def _rows(inputs: dict[str, np.ndarray]) -> int:
-        first = next(iter(inputs.values()))
-        return int(first.shape[0]) if first.ndim else 1
-
-    def _run_measured(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    def _run_measured(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         started = time.perf_counter()
         outputs = self.run(inputs)
         seconds = time.perf_counter() - started
         self.metrics.compute_seconds.observe(seconds)
-        self.metrics.batch_size.observe(rows)
-        self._row_seconds.append(seconds / max(rows, 1))
+        first = next(iter(inputs.values()))
+        self.metrics.batch_size.observe(int(first.shape[0]) if first.ndim else 1)
+        self.run_cost.observe(elements(inputs), seconds)
         return outputs
 
     def close(self) -> None:

@@ -68,14 +68,21 @@ def test_unbatched_runs_shorter_than_a_thread_handoff_run_on_the_event_loop_and_
 
     model.run = recorded
     x = np.ones((1, WIDTH_IN), np.float32)
-    for _ in range(5):
+    assert post(endpoint, x)[0] == 200
+    assert ran_on == ["run-mlp-1.0.0_0"], "the first run has no estimate: it goes to a worker"
+    # Once the MLP is seen taking microseconds in every recent run (the cold first one has left the window of the
+    # last 8), the loop runs it. Bounded retries: one run preempted on a busy machine keeps it off the loop for 8.
+    for _ in range(60):
         assert post(endpoint, x)[0] == 200
-    # The first run has no estimate and goes to a worker; once the MLP is seen taking microseconds, the loop runs it.
-    assert ran_on[0] != "admin-http" and ran_on[-3:] == ["admin-http"] * 3, ran_on
+        if ran_on[-3:] == ["admin-http"] * 3:
+            break
+    assert ran_on[-3:] == ["admin-http"] * 3, ran_on
     model.run = lambda inputs: recorded(inputs, delay_s=0.005)  # now a model slower than the threshold
-    for _ in range(12):  # it shows once the fast runs have left the window of the last 8
+    slow_from = len(ran_on)
+    for _ in range(6):
         assert post(endpoint, x)[0] == 200
-    assert "admin-http" not in ran_on[-3:], ran_on
+    # The first slow run was decided on the fast ones; from the next on, the slowest recent run keeps it off the loop.
+    assert "admin-http" not in ran_on[slow_from + 1:], ran_on[slow_from:]
 
 
 def test_unbatched_runs_take_turns_on_as_many_threads_as_fill_the_cpus(serve):
