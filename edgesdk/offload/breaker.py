@@ -5,8 +5,10 @@
     closed --(breaker_failures consecutive failures)--> open --(reset_s later)--> half_open
     half_open --(the one probe succeeds)--> closed;  half_open --(the probe fails)--> open
 
-While open (and while the half-open probe is out) :meth:`CircuitBreaker.allow` says no and
-work stays local. The clock is injectable, so tests drive it without sleeping.
+Only a closed breaker :meth:`~CircuitBreaker.allow` s user requests. The half-open probe is
+claimed with :meth:`~CircuitBreaker.claim_probe` by whoever sends it out of band (the dispatcher
+calls the cloud model's readiness, as Envoy's and Finagle's outlier detection do), so no user
+request waits on a cloud that was down. The clock is injectable, so tests drive it without sleeping.
 """
 
 from __future__ import annotations
@@ -46,18 +48,16 @@ class CircuitBreaker:
         if self._state == OPEN and self._clock() - self._opened_at >= self._reset_s:
             self._state, self._probe_out = HALF_OPEN, False
 
-    def available(self) -> bool:
-        """Whether :meth:`allow` would say yes now, without claiming the half-open probe."""
-        with self._lock:
-            self._tick()
-            return self._state == CLOSED or (self._state == HALF_OPEN and not self._probe_out)
-
     def allow(self) -> bool:
-        """Whether a request may go to the cloud now; in half-open state the first caller gets the one probe."""
+        """Whether a user request may go to the cloud now: only while closed."""
         with self._lock:
             self._tick()
-            if self._state == CLOSED:
-                return True
+            return self._state == CLOSED
+
+    def claim_probe(self) -> bool:
+        """True once per half-open period: the caller sends the probe and reports it with success() or failure()."""
+        with self._lock:
+            self._tick()
             if self._state == HALF_OPEN and not self._probe_out:
                 self._probe_out = True
                 return True
@@ -82,11 +82,6 @@ class CircuitBreaker:
                 self._open()
                 return True
             return False
-
-    def release(self) -> None:
-        """A claimed request was not sent after all (cancelled): a half-open probe becomes available again."""
-        with self._lock:
-            self._probe_out = False
 
     def trip(self) -> None:
         """Open now, whatever the count (the cloud was unreachable at configuration)."""

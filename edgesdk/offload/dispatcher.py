@@ -3,8 +3,8 @@
 Routing of each request, decided at once when it is submitted:
 
 1. heavy (``heavy=True``, or inputs of at least ``heavy_input_bytes``) -> the cloud, if it is available;
-2. local, if the predicted local latency (:class:`~edgesdk.offload.predictor.LatencyPredictor`)
-   is within ``latency_slo_ms`` and the local queue has room;
+2. local, if the predicted local latency (:class:`~edgesdk.offload.predictor.LatencyPredictor`:
+   its calibrated tail) is within ``latency_slo_ms`` and the local queue has room;
 3. the cloud, if it is available and either the local queue is full or the cloud's recent round
    trips (a moving average of successful ones; unknown counts as 0) are shorter than the
    predicted local latency: a cloud slower than waiting here does not get the work;
@@ -15,10 +15,17 @@ The cloud estimate is refreshed only by cloud requests, so a cloud that was slow
 when the local queue fills (step 3) or for heavy requests.
 
 The cloud is *available* when offload is configured, not disabled by a configuration error,
-below ``max_cloud_inflight``, and the circuit breaker allows a request.
+below ``max_cloud_inflight``, and the circuit breaker is closed.
 
-**Fallback.** A cloud request that fails or times out is run locally, ahead of the waiting
-local requests (it is the oldest admitted work), when the local queue has room. At the bound
+**Probes out of band.** No user request probes a cloud the breaker has given up on. Once the
+breaker half-opens, the request that finds it so starts a probe in the background (the model's V2
+readiness call, after checking its metadata if that is still due) and is itself routed as if the
+cloud were down. The probe's answer closes the breaker or opens it again; nobody waits on it.
+
+**Fallback.** A cloud request that fails or times out is run locally, when the local queue has
+room, in the order of its submission among the waiting requests: one that timed out is the
+oldest admitted work and goes first, one that failed at once waits behind those submitted before
+it (re-queuing it at the front would push every one of them back by a service time). At the bound
 its future fails with :class:`~edgesdk.errors.OverloadedError`, as a new request would be
 refused: the bound is what keeps local latency bounded, and a cloud that dies under load
 would otherwise add up to ``max_cloud_inflight`` requests to a full queue (measured by
@@ -49,7 +56,7 @@ from edgesdk.errors import BackendError, OffloadError, OverloadedError
 from edgesdk.offload.breaker import CircuitBreaker
 from edgesdk.offload.client import V2Client, input_bytes
 from edgesdk.offload.policy import OffloadPolicy
-from edgesdk.offload.predictor import LatencyPredictor
+from edgesdk.offload.predictor import LatencyPredictor, Prediction
 from edgesdk.runtime.stats import LatencyStats, StatsSnapshot
 from edgesdk.runtime.tensors import TensorSpec, validate_inputs
 
@@ -87,6 +94,8 @@ class _Job:
     future: Future[Any] = field(default_factory=Future)
     submitted_ns: int = field(default_factory=time.perf_counter_ns)
     started: bool = False
+    #: What the local prediction was when the job was admitted locally (None: routed to the cloud).
+    prediction: Prediction | None = None
 
 
 class Dispatcher:
@@ -119,6 +128,7 @@ class Dispatcher:
         self._queue: deque[_Job] = deque()
         self._running = False
         self._cloud_inflight = 0
+        self._probe: threading.Thread | None = None
         self._closed = False
         self._worker: threading.Thread | None = None
         self._disabled: str | None = None
@@ -173,7 +183,7 @@ class Dispatcher:
             self._client.configured = False
             self._disabled = None  # a model that did not match the cloud's may have been replaced by one that does
 
-    def _ensure_configured(self, job: _Job) -> None:
+    def _ensure_configured(self) -> None:
         assert self._client is not None
         if self._client.configured:
             return
@@ -193,13 +203,36 @@ class Dispatcher:
     # --- submission ----------------------------------------------------------------------------------------------
 
     def _cloud_available(self, claim: bool) -> bool:
-        """Called with the lock held; ``claim`` takes the breaker's half-open probe."""
+        """Called with the lock held; ``claim`` starts the background probe of a half-open breaker."""
         if self.breaker is None or self._disabled is not None:
             return False
         assert self.policy is not None
         if self._cloud_inflight >= self.policy.max_cloud_inflight:
             return False
-        return self.breaker.allow() if claim else self.breaker.available()
+        if self.breaker.allow():
+            return True
+        if claim and not self._closed and self.breaker.claim_probe():
+            self._probe = threading.Thread(target=self._run_probe, name="edgesdk-offload-probe", daemon=True)
+            self._probe.start()
+        return False
+
+    def _run_probe(self) -> None:
+        """The half-open probe: the cloud model's metadata check (if due) and its readiness call; no user request."""
+        assert self._client is not None and self.breaker is not None
+        try:
+            self._ensure_configured()
+            ready = self._client.ready()
+        except Exception as exc:  # any failure keeps the breaker open; the reason is logged once per probe
+            ready, reason = False, str(exc)
+        else:
+            reason = "the model is not ready"
+        if ready:
+            log.info("offload: %s answers again; circuit breaker closed", self._client.model_label)
+            self.breaker.success()
+        else:
+            self.breaker.failure()
+            log.info("offload: probe of %s failed (%s); all work local for %g s more", self._client.model_label, reason,
+                     self.breaker_reset_s)
 
     def _is_heavy(self, feeds: dict[str, np.ndarray], heavy: bool | None) -> bool:
         if heavy is not None:
@@ -210,21 +243,22 @@ class Dispatcher:
     def route(self, feeds: dict[str, np.ndarray], heavy: bool | None = None) -> str:
         """Where a request would go now: ``local``, ``cloud`` or ``refused`` (claims nothing; for tests and tools)."""
         with self._lock:
-            return self._route(feeds, heavy, claim=False)
+            return self._route(feeds, heavy, claim=False)[0]
 
-    def _route(self, feeds: dict[str, np.ndarray], heavy: bool | None, claim: bool) -> str:
+    def _route(self, feeds: dict[str, np.ndarray], heavy: bool | None, claim: bool) -> tuple[str, Prediction | None]:
+        """Where a request goes, with the local prediction it was judged on (None when the local side was not asked)."""
         if self._is_heavy(feeds, heavy) and self._cloud_available(claim):
-            return "cloud"
+            return "cloud", None
         room = len(self._queue) + self._running < self.max_local_queue
         slo_s = self.policy.latency_slo_ms / 1e3 if self.policy else float("inf")
-        local_s = self.predictor.predict_s(len(self._queue))
-        if room and local_s <= slo_s:
-            return "local"
+        prediction = self.predictor.predict(len(self._queue))
+        if room and prediction.tail_s <= slo_s:
+            return "local", prediction
         # Local would break the SLO: the cloud, unless its recent round trips are slower than waiting here.
         cloud_s = self.cloud_latency.service_s or 0.0
-        if (not room or cloud_s < local_s) and self._cloud_available(claim):
-            return "cloud"
-        return "local" if room else "refused"
+        if (not room or cloud_s < prediction.tail_s) and self._cloud_available(claim):
+            return "cloud", None
+        return ("local" if room else "refused"), prediction
 
     def submit(self, inputs: Any, heavy: bool | None = None) -> Future[Any]:
         """Validate ``inputs`` against the local model and route them; a Future of what ``predict`` returns.
@@ -238,7 +272,7 @@ class Dispatcher:
         with self._lock:
             if self._closed:
                 raise BackendError("this runtime is closed; create a new one to run predictions")
-            where = self._route(feeds, heavy, claim=True)
+            where, job.prediction = self._route(feeds, heavy, claim=True)
             if where == "refused":
                 self.refused += 1
                 cloud = (f", {self._cloud_inflight}/{self.policy.max_cloud_inflight} cloud requests open, breaker "
@@ -247,7 +281,7 @@ class Dispatcher:
                                       f"{self.max_local_queue}){cloud}; slow the request rate, drop this input or "
                                       "raise max_local_queue / max_cloud_inflight")
             if where == "local":
-                self._enqueue(job, front=False)
+                self._enqueue(job)
                 return job.future
             self._cloud_inflight += 1
             assert self._executor is not None
@@ -255,12 +289,13 @@ class Dispatcher:
             self._executor.submit(self._run_cloud, job)
         return job.future
 
-    def _enqueue(self, job: _Job, front: bool) -> None:
-        """Called with the lock held."""
-        if front:
-            self._queue.appendleft(job)
-        else:
+    def _enqueue(self, job: _Job) -> None:
+        """Queue ``job`` in submission order (a cloud fallback may be older than some waiting jobs); lock held."""
+        later = next((i for i, queued in enumerate(self._queue) if queued.submitted_ns > job.submitted_ns), None)
+        if later is None:
             self._queue.append(job)
+        else:
+            self._queue.insert(later, job)
         if self._worker is None:
             self._worker = threading.Thread(target=self._work, name="edgesdk-local", daemon=True)
             self._worker.start()
@@ -306,7 +341,10 @@ class Dispatcher:
             return
         finally:
             self.predictor.end(record=ok)
-        self._paths["local"].record(time.perf_counter_ns() - job.submitted_ns)
+        took_ns = time.perf_counter_ns() - job.submitted_ns
+        self._paths["local"].record(took_ns)
+        if job.prediction is not None:
+            self.predictor.settle(job.prediction, took_ns / 1e9)
         job.future.set_result(result)
 
     def _run_cloud(self, job: _Job) -> None:
@@ -314,19 +352,16 @@ class Dispatcher:
         if not job.future.set_running_or_notify_cancel():
             with self._lock:
                 self._cloud_inflight -= 1
-            self.breaker.release()  # nothing was tried; do not leave a half-open probe claimed forever
             return
         job.started = True
         try:
-            self._ensure_configured(job)
+            self._ensure_configured()
             sent = time.perf_counter()
             outputs = self._client.infer(job.feeds)
             self.cloud_latency.observe(time.perf_counter() - sent)
         except Exception as exc:
             self._cloud_failed(job, exc)
             return
-        if self.breaker.state != "closed":
-            log.info("offload: %s answers again; circuit breaker closed", self._client.model_label)
         self.breaker.success()
         with self._lock:
             self._cloud_inflight -= 1
@@ -336,11 +371,8 @@ class Dispatcher:
     def _cloud_failed(self, job: _Job, exc: Exception) -> None:
         assert self.breaker is not None
         self._paths["cloud"].record_error()
-        probing = self.breaker.state == "half_open"
-        if self.breaker.failure():
-            # One warning when a working cloud starts failing; a failed probe of a cloud already known down is quieter.
-            (log.info if probing else log.warning)("offload: circuit breaker open after %s; all work local for %g s",
-                                                   exc, self.breaker_reset_s)
+        if self.breaker.failure():  # one warning when a working cloud starts failing
+            log.warning("offload: circuit breaker open after %s; all work local for %g s", exc, self.breaker_reset_s)
         with self._lock:
             self._cloud_inflight -= 1
             if self._closed:
@@ -356,7 +388,7 @@ class Dispatcher:
                     "max_local_queue"))
                 return
             self.fallbacks += 1
-            self._enqueue(job, front=True)
+            self._enqueue(job)
 
     # --- state ---------------------------------------------------------------------------------------------------
 
@@ -370,7 +402,8 @@ class Dispatcher:
         with self._lock:
             refused, fallbacks = self.refused, self.fallbacks
         return replace(overall, paths={name: stats.snapshot() for name, stats in self._paths.items()},
-                       refused=refused, fallbacks=fallbacks, breaker=self._breaker_state())
+                       refused=refused, fallbacks=fallbacks, breaker=self._breaker_state(),
+                       calibration=self.predictor.calibration())
 
     def close(self) -> None:
         """Stop taking requests, fail the waiting ones, let the running ones finish; safe to call twice."""
@@ -386,6 +419,8 @@ class Dispatcher:
                                                       "a new runtime"))
         if worker is not None and worker is not threading.current_thread():
             worker.join()
+        if self._probe is not None and self._probe is not threading.current_thread():
+            self._probe.join()  # within the client's timeout
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         for client in [*self._retired_clients, *([self._client] if self._client is not None else [])]:

@@ -41,6 +41,9 @@ class StatsSnapshot:
     #: The offload circuit breaker: ``closed``, ``open``, ``half_open``, ``disabled`` (a configuration error);
     #: None without an offload policy.
     breaker: str | None = None
+    #: How the offload latency predictor's predictions held over recent local requests (milliseconds: predicted and
+    #: actual p50 and p99, the share over their predicted tail; see LatencyPredictor.calibration); None before any.
+    calibration: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, ready for JSON (``paths`` as nested dicts)."""

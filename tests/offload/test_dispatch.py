@@ -132,19 +132,22 @@ def test_cloud_unreachable_at_start_runs_local_warns_once_and_the_probe_reconnec
     assert (stats.paths["local"].count, stats.paths["cloud"].count, stats.breaker) == (8, 0, "open")
 
     with caplog.at_level(logging.WARNING):
-        clock.now += 30  # half-open: the probe finds the cloud still down and its request runs locally
+        clock.now += 30  # half-open: a probe goes out in the background; the request itself runs locally
         _check([dispatcher.submit(frames[0][2])], frames, [2])
+        dispatcher._probe.join(timeout=10)  # noqa: SLF001 - the probe's thread, to read its outcome
     stats = dispatcher.snapshot(local.stats())
-    assert (stats.fallbacks, stats.paths["cloud"].errors, stats.breaker) == (1, 1, "open")
+    # No user request was the probe: none failed in the cloud, none fell back; the probe's failure reopened it.
+    assert (stats.fallbacks, stats.paths["cloud"].errors, stats.paths["local"].count, stats.breaker) == (0, 0, 9, "open")
     assert len(_offload_warnings(caplog)) == 1  # still the one warning: a failed probe is not news
 
     with FakeV2Server(local.info.model, port=port) as server:
-        clock.now += 30  # the breaker half-opens: the next request is the probe, which configures the client first
+        clock.now += 30  # half-open again: the probe configures the client (metadata) and asks for readiness
         _check([dispatcher.submit(frames[0][3])], frames, [3])
+        dispatcher._probe.join(timeout=10)  # noqa: SLF001
         assert dispatcher.snapshot(local.stats()).breaker == "closed"
-        assert server.infers == 1
+        assert server.infers == 0, "the probe is the readiness call, not a user request"
         _check([dispatcher.submit(x) for x in frames[0]], frames)
-        assert server.infers == 9
+        assert server.infers == 8
 
 
 def test_a_runtime_with_an_unreachable_cloud_starts_and_serves(wide_onnx, frames, caplog):
@@ -339,7 +342,27 @@ def test_stats_as_dict_is_json_with_the_paths(local, cloud, frames, clock, dispa
     _check([dispatcher.submit(frames[0][0])], frames)
     data = json.loads(json.dumps(dispatcher.snapshot(local.stats()).as_dict()))
     assert set(data) == {"count", "errors", "window", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "paths", "refused",
-                         "fallbacks", "breaker"}
+                         "fallbacks", "breaker", "calibration"}
     assert set(data["paths"]) == {"local", "cloud"}
     assert set(data["paths"]["cloud"]) == {"count", "errors", "window", "p50_ms", "p95_ms", "p99_ms", "mean_ms"}
     assert data["paths"]["cloud"]["count"] == 1 and data["breaker"] == "closed"
+
+
+def test_a_request_whose_cloud_call_fails_at_once_waits_behind_those_submitted_before_it(local, frames, clock,
+                                                                                         dispatchers):
+    """Re-queued at the front, it would push every waiting request back by one service time (12% of p99 at 2x)."""
+    gated = GatedModel(local)
+    down = _policy(f"http://127.0.0.1:{free_port()}", connect_timeout_ms=500, breaker_failures=5)
+    dispatcher = dispatchers(gated, down, clock, slow_device=False, configure=False)
+    for _ in range(20):
+        dispatcher.predictor.observe(0.001)  # a fast device: the first three stay local
+    futures = [dispatcher.submit(x) for x in frames[0][:3]]
+    assert gated.entered.acquire(timeout=10)  # the first runs (held); two wait
+    for _ in range(20):
+        dispatcher.predictor.observe(SLOW_DEVICE_S)  # now saturated: the fourth goes to the cloud, which refuses at once
+    futures.append(dispatcher.submit(frames[0][3]))
+    wait_until(lambda: dispatcher.fallbacks == 1, what="the cloud failure's fallback")
+    gated.gate.set()
+    _check(futures, frames)
+    order = [next(i for i, x in enumerate(frames[0]) if np.array_equal(call, x)) for call in gated.calls]
+    assert order == [0, 1, 2, 3], order

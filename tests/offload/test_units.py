@@ -152,22 +152,22 @@ def test_breaker_opens_after_consecutive_failures_only():
     assert breaker.failure() is False and breaker.failure() is False
     assert breaker.state == CLOSED and breaker.allow()
     assert breaker.failure() is True
-    assert breaker.state == OPEN and not breaker.allow() and not breaker.available()
+    assert breaker.state == OPEN and not breaker.allow() and not breaker.claim_probe()
     assert breaker.failure() is False  # late failures of requests already out do not re-open it
     assert breaker.opened == 1
 
 
-def test_breaker_half_opens_after_reset_and_lets_one_probe_through():
+def test_breaker_half_opens_after_reset_and_lets_one_out_of_band_probe_through():
     clock = FakeClock()
     breaker = CircuitBreaker(1, 10.0, clock)
     breaker.failure()
     clock.now += 9.9
-    assert breaker.state == OPEN and not breaker.allow()
+    assert breaker.state == OPEN and not breaker.allow() and not breaker.claim_probe()
     clock.now += 0.1
     assert breaker.state == HALF_OPEN
-    assert breaker.available()
-    assert breaker.allow() is True  # the probe
-    assert breaker.allow() is False and not breaker.available()  # only one
+    assert not breaker.allow()  # user requests never probe
+    assert breaker.claim_probe() is True
+    assert breaker.claim_probe() is False  # only one
     breaker.success()
     assert breaker.state == CLOSED and breaker.allow() and breaker.allow()
 
@@ -178,13 +178,58 @@ def test_a_failed_probe_opens_the_breaker_for_another_period():
     breaker.trip()
     assert breaker.state == OPEN
     clock.now += 5
-    assert breaker.allow()
+    assert breaker.claim_probe()
     assert breaker.failure() is True
     assert breaker.state == OPEN
     clock.now += 4.9
-    assert not breaker.allow()
+    assert not breaker.claim_probe()
     clock.now += 0.1
-    assert breaker.allow()
-    breaker.release()  # the probe was not sent after all: another caller may probe
-    assert breaker.allow()
+    assert breaker.claim_probe()
     assert breaker.opened == 2
+
+
+def test_a_running_request_past_the_mean_is_expected_to_run_as_long_as_the_recent_runs_that_lasted_that_long():
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.5, clock)
+    for took in (0.010, 0.010, 0.010, 0.050):
+        run(predictor, clock, took)
+    predictor.begin()
+    clock.now += 0.020  # past the 10 ms runs: only the 50 ms one lasted this long, so about 30 ms are left
+    each = predictor.service_s
+    assert predictor.predict(0).expected_s == pytest.approx(0.030 + each)  # max(mean - 20 ms, 0) said 0 + each
+
+
+def test_the_margin_becomes_the_p99_of_recent_residuals_once_there_are_enough():
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.5, clock)
+    for _ in range(10):
+        predictor.observe(0.010)  # steady: no deviation, so the fallback margin is 0
+    first = predictor.predict(0)
+    assert first.margin_s == 0 and first.tail_s == pytest.approx(0.010)
+    for i in range(100):  # the requests took 0..9.9 ms longer than expected: what the estimate misses
+        predictor.settle(first, first.expected_s + i * 1e-4)
+    assert predictor.predict(0).margin_s == pytest.approx(0.0099, abs=2e-4)
+    assert predictor.predict(3).margin_s == pytest.approx(2 * predictor.predict(0).margin_s)  # sqrt(4) runs
+    assert predictor.predict_s(0) == pytest.approx(0.010 + 0.0099, abs=2e-4)
+
+
+def test_a_prediction_made_before_anything_was_known_teaches_nothing():
+    predictor = LatencyPredictor(0.5, FakeClock())
+    blind = predictor.predict(0)
+    predictor.settle(blind, 5.0)
+    assert blind.runs == 0 and predictor.calibration() is None
+
+
+def test_calibration_reports_predicted_and_actual_percentiles_and_the_share_over_the_predicted_tail():
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.5, clock)
+    for _ in range(10):
+        predictor.observe(0.010)
+    prediction = predictor.predict(0)
+    for i in range(200):  # 1% of the requests take 30 ms, the rest 10 ms
+        predictor.settle(prediction, 0.030 if i % 100 == 0 else 0.010)
+    report = predictor.calibration()
+    assert report["requests"] == 200 and report["margin"] == "calibrated"
+    assert report["actual_p50_ms"] == pytest.approx(10.0) and report["predicted_p50_ms"] == pytest.approx(10.0)
+    assert report["predicted_p99_ms"] == pytest.approx(report["actual_p99_ms"], rel=0.01)
+    assert report["over_predicted_tail"] == pytest.approx(0.01)  # admitted on a 10 ms tail, 2 of 200 took longer
