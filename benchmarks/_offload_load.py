@@ -123,7 +123,9 @@ class OpenLoopRun:
         ran = self.paths.get("local", 0) + self.paths.get("cloud", 0)
         return {"rate_rps": round(self.rate, 2), "submitted": self.submitted, "completed": completed,
                 "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "goodput_rps": within / self.span_s,
-                "within_slo": within, "offloaded": self.paths.get("cloud", 0),
+                "within_slo": within, "over_slo": completed - within,
+                "share_over_slo": (completed - within) / completed if completed else 0.0,
+                "ran_local": self.paths.get("local", 0), "offloaded": self.paths.get("cloud", 0),
                 "share_offloaded": self.paths.get("cloud", 0) / ran if ran else 0.0,
                 "fallbacks": self.paths.get("fallbacks", 0), "refused": self.refused, "failed": self.failed,
                 "unfinished": self.unfinished,

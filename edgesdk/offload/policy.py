@@ -30,7 +30,8 @@ class OffloadPolicy:
     >>> rt = edgesdk.Runtime("model.onnx", offload=policy)                             # doctest: +SKIP
 
     A request runs locally while its predicted local latency (recent service time x the
-    requests ahead of it, see :mod:`edgesdk.offload.predictor`) stays within
+    requests ahead of it, plus the p99 of recent prediction errors; see
+    :mod:`edgesdk.offload.predictor`) stays within
     ``latency_slo_ms`` and the local queue has room; otherwise it goes to the cloud while the
     circuit breaker is closed and fewer than ``max_cloud_inflight`` cloud requests are open;
     otherwise locally if the queue has room; otherwise it is refused with
@@ -59,7 +60,7 @@ class OffloadPolicy:
     heavy_input_bytes: int | None = None
     #: Consecutive cloud failures (errors or timeouts) that open the circuit breaker: all work stays local.
     breaker_failures: int = 3
-    #: Seconds the breaker stays open before it lets one probe request through (half-open).
+    #: Seconds the breaker stays open before one out-of-band probe (the model's V2 readiness call) is sent.
     breaker_reset_s: float = 10.0
     #: True: binary tensors; False: JSON tensors; None: binary when the server lists ``binary_tensor_data``.
     binary: bool | None = None

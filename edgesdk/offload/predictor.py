@@ -198,8 +198,9 @@ class LatencyPredictor:
             self._tail_z = None
             self._settled.append((prediction.expected_s, prediction.runs, prediction.tail_s, actual_s))
 
-    def calibration(self) -> dict[str, Any] | None:
-        """How well the predictions held over the last settled requests (milliseconds), or None before any.
+    def calibration(self, last: int | None = None) -> dict[str, Any] | None:
+        """How well the predictions held over the last settled requests (``last`` of them: all kept when None), in
+        milliseconds; None before any.
 
         ``predicted_p50_ms``/``predicted_p99_ms`` are percentiles of the latency the predictor
         expects for those requests (each request's expected latency plus every recent residual at
@@ -210,6 +211,9 @@ class LatencyPredictor:
         with self._lock:
             settled, residuals = list(self._settled), np.fromiter(self._residuals, float)
             margin = "calibrated" if len(self._residuals) >= MIN_RESIDUALS else "deviation"
+        if last is not None:
+            keep = max(last, 0)
+            settled, residuals = settled[max(len(settled) - keep, 0):] if keep else [], residuals[max(len(residuals) - keep, 0):]
         if not settled:
             return None
         expected, runs, tail, actual = (np.array(column, float) for column in zip(*settled))

@@ -32,6 +32,8 @@ __all__ = ["LoadedModel", "ModelRegistry", "PLATFORM"]
 
 #: The ``platform`` of every model in ``GET /v2/models/{name}`` (Triton's name for ONNX Runtime models).
 PLATFORM = "onnxruntime_onnx"
+#: How much lower than the event loop worker threads run model code (nice levels).
+RUN_NICENESS = 5
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
               "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(uint16)": "uint16",
@@ -44,6 +46,19 @@ def _spec(arg: Any, where: str) -> TensorSpec:
         raise ModelFormatError(f"{where}: tensor {arg.name!r} has type {arg.type}, which the endpoint cannot serve")
     shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
     return TensorSpec(arg.name, shape, np.dtype(_ORT_TYPES[arg.type]))
+
+
+def _below_the_event_loop() -> None:
+    """Run this worker thread at a lower priority than the event loop (Linux: a thread's nice value is its own).
+
+    The loop's work is short by design (parsing, health, metrics, runs proven short); a model run
+    sharing its core otherwise holds it for a scheduler slice each time the loop wakes: health took
+    up to 10 ms (p99) beside a 0.3 s run on one core (benchmarks/offload.py, event loop section).
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + RUN_NICENESS)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the runs keep the loop's priority
+        pass
 
 
 def v2_shape(spec: TensorSpec) -> list[int]:
@@ -68,7 +83,8 @@ class LoadedModel:
         # a time in first-come order (like Triton's instance count). Runs sharing one core in more threads than
         # it has would all be slowed: at 8 clients on one core that put p99 at 111 ms against Triton's 88 ms.
         self._slots = threading.BoundedSemaphore(batching.max_queue)
-        self._runner = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{name}-{version}")
+        self._runner = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{name}-{version}",
+                                          initializer=_below_the_event_loop)
         #: Recent unbatched runs: whether the next one may go on the event loop (only when provably short).
         self.run_cost = RunCost()
 

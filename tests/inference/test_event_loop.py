@@ -66,3 +66,22 @@ def test_health_answers_while_a_long_request_runs(attention_endpoint):
     assert during >= 50, f"health answered only {during} times while the long request was in flight"
     expected = (long_x[0] @ long_x[0].T).sum(axis=1)
     np.testing.assert_allclose(answer["scores"][0], expected, rtol=1e-3, atol=1e-2)
+
+
+def test_model_runs_in_worker_threads_yield_the_core_to_the_event_loop(attention_endpoint):
+    """A run sharing the loop's core at the same priority held it for a scheduler slice whenever the loop woke."""
+    import os
+
+    from edgesdk.ota_server.inference.models import RUN_NICENESS
+
+    model = attention_endpoint.registry.get("attention")
+    run, niceness = model.run, []
+
+    def recorded(inputs):
+        niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return run(inputs)
+
+    model.run = recorded
+    with triton.InferenceServerClient(host_port(attention_endpoint)) as client:
+        infer(client, tokens(16))  # the first run has no estimate: it goes to a worker thread
+    assert niceness == [os.getpriority(os.PRIO_PROCESS, 0) + RUN_NICENESS]

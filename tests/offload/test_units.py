@@ -233,3 +233,18 @@ def test_calibration_reports_predicted_and_actual_percentiles_and_the_share_over
     assert report["actual_p50_ms"] == pytest.approx(10.0) and report["predicted_p50_ms"] == pytest.approx(10.0)
     assert report["predicted_p99_ms"] == pytest.approx(report["actual_p99_ms"], rel=0.01)
     assert report["over_predicted_tail"] == pytest.approx(0.01)  # admitted on a 10 ms tail, 2 of 200 took longer
+
+
+def test_calibration_of_the_last_requests_only():
+    predictor = LatencyPredictor(0.5, FakeClock())
+    for _ in range(10):
+        predictor.observe(0.010)
+    prediction = predictor.predict(0)
+    for _ in range(100):
+        predictor.settle(prediction, 0.050)  # an earlier, slower period
+    for _ in range(60):
+        predictor.settle(prediction, 0.010)
+    assert predictor.calibration(last=60)["actual_p99_ms"] == pytest.approx(10.0)
+    assert predictor.calibration(last=60)["predicted_p99_ms"] == pytest.approx(10.0)
+    assert predictor.calibration()["actual_p99_ms"] == pytest.approx(50.0)
+    assert predictor.calibration(last=0) is None and predictor.calibration(last=1000)["requests"] == 160
