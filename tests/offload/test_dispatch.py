@@ -366,3 +366,15 @@ def test_a_request_whose_cloud_call_fails_at_once_waits_behind_those_submitted_b
     _check(futures, frames)
     order = [next(i for i, x in enumerate(frames[0]) if np.array_equal(call, x)) for call in gated.calls]
     assert order == [0, 1, 2, 3], order
+
+
+def test_runtime_stats_report_how_the_latency_predictions_held(wide_onnx, frames):
+    with Runtime(wide_onnx, threads=1) as rt:
+        for i in range(20):  # one at a time: each after the first is predicted from the runs before it
+            rt.predict_async(frames[0][i % 8]).result(timeout=30)
+        calibration = rt.stats().calibration
+    assert calibration is not None and calibration["requests"] == 19  # the first had nothing to go on
+    assert calibration["margin"] == "deviation"  # fewer than MIN_RESIDUALS settled requests so far
+    assert 0 < calibration["actual_p50_ms"] <= calibration["actual_p99_ms"]
+    assert 0 < calibration["predicted_p50_ms"] <= calibration["predicted_p99_ms"]
+    assert 0 <= calibration["over_predicted_tail"] <= 1
