@@ -26,7 +26,11 @@ _ONLY = re.compile(r"^only=(\d+)\s+(\S.*)$")
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block: where it is, its language, its code and how to run it."""
+    """One fenced block: where it is, its language, its code and how to run it.
+
+    ``page`` names the page in test ids (its path below the checkout, e.g. ``docs/guides/fleet.md``);
+    the file name when not given.
+    """
 
     path: Path
     line: int
@@ -34,14 +38,16 @@ class Block:
     code: str
     only: int | None = None
     reason: str = ""
+    page: str = ""
 
     @property
     def id(self) -> str:
-        return f"{self.path.name}:{self.line}:{self.lang or 'plain'}"
+        return f"{self.page or self.path.name}:{self.line}:{self.lang or 'plain'}"
 
 
-def code_blocks(path: Path) -> list[Block]:
-    """Every fenced block of ``path`` in page order; raises ValueError on an unknown directive."""
+def code_blocks(path: Path, page: str = "") -> list[Block]:
+    """Every fenced block of ``path`` in page order (``page``: its name in ids); raises ValueError on an unknown
+    directive."""
     lines = path.read_text().splitlines()
     blocks: list[Block] = []
     i = 0
@@ -64,7 +70,7 @@ def code_blocks(path: Path) -> list[Block]:
             end += 1
         if end == len(lines):
             raise ValueError(f"{path}:{start + 1}: code fence is never closed")
-        blocks.append(Block(path, start + 1, lang, "\n".join(lines[start + 1:end]) + "\n", only, reason))
+        blocks.append(Block(path, start + 1, lang, "\n".join(lines[start + 1:end]) + "\n", only, reason, page))
         i = end + 1
     return blocks
 
