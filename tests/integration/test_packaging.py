@@ -62,7 +62,7 @@ def test_base_requirements_are_light(wheel):
                           "zstandard"}
     extras = {line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
               if line.startswith("Provides-Extra:")}
-    assert extras == {"convert", "server", "vision", "dev", "all"}
+    assert extras == {"convert", "server", "vision", "docs", "dev", "all"}
 
 
 def test_sources_import_the_mapped_folders_through_the_edgesdk_namespace():

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Build the documentation site into site/ (`bash scripts/docs.sh`), or serve it at http://127.0.0.1:8000 and rebuild
+# on every change (`bash scripts/docs.sh serve`). Extra arguments go to mkdocs. From a fresh clone it first makes
+# .venv with edgesdk and the [docs] extra (scripts/setup.sh dev, as the test command runs it, includes that extra).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+if ! .venv/bin/python -c 'import mkdocs, material, mkdocstrings_handlers.python, edgesdk' 2>/dev/null; then
+  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[docs]"
+fi
+command="${1:-build}"
+shift || true
+# Material prints a notice about its end of life on every build; the pinned versions are what the suite checks.
+export NO_MKDOCS_2_WARNING=1
+exec .venv/bin/mkdocs "$command" --strict "$@"
