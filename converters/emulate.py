@@ -25,11 +25,11 @@ runs the model again, so that the board's answer compared with this host's is to
 :func:`board_latency_ms` turns a count into milliseconds with a per-core cycles-per-
 instruction figure (:data:`CYCLES_PER_INSTRUCTION`) and the power mode's clock. The CPIs of the
 Cortex-A76, A72 and A55 are fitted on published board latencies
-(``benchmarks/data/published_latency.yaml``, by ``benchmarks/calibration.py``, which reports their
+(``benchmarks/converter/data/published_latency.yaml``, by ``benchmarks/converter/calibration.py``, which reports their
 error on a held-out half); they scale every variant of a board alike, so the *order* of the
 variants, which is what the planner decides on, comes from the counts alone.
 The same method applied to this x86 host (``haswell``: AVX2, run by ``qemu-x86_64``) is
-checked against real side-by-side timings by ``benchmarks/quantization.py``.
+checked against real side-by-side timings by ``benchmarks/converter/quantization.py``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ _MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", r
 #: turns a count into milliseconds. They set the absolute milliseconds (and so a frame-rate check), never
 #: the order of a board's variants.
 #:
-#: * **Fitted** (``benchmarks/calibration.py`` on the fit half of ``benchmarks/data/published_latency.yaml``,
+#: * **Fitted** (``benchmarks/converter/calibration.py`` on the fit half of ``benchmarks/converter/data/published_latency.yaml``,
 #:   least squares of log error, together with :data:`PARALLEL_EFFICIENCY`): A76 0.51, A72 2.37, A55 1.31
 #:   (the A55 counted on its stand-in ``cortex-a55``: qemu's cortex-a76 ISA as CPU part 0xd05 r2p0). Validation
 #:   half, |estimate / published - 1|: Pi 4 median 13% (worst 39%), Pi 5 16% (42%), RK3588 37% (127%: its two
@@ -81,14 +81,14 @@ _MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", r
 #:   found to check it.
 #: * **Derived** (no figures): the other cores keep their ratio to the fitted core of their family
 #:   (A75/A77/A78/A78AE/Neoverse-N1 to the A76, A57/A73 to the A72, A53 to the A55); x86_64, the host model
-#:   checked against real timings by ``benchmarks/quantization.py``, is unchanged.
+#:   checked against real timings by ``benchmarks/converter/quantization.py``, is unchanged.
 CYCLES_PER_INSTRUCTION = {
     "cortex-a53": 1.57, "cortex-a55": 1.31, "cortex-a57": 2.71, "cortex-a72": 2.37, "cortex-a73": 2.37,
     "cortex-a75": 0.56, "cortex-a76": 0.51, "cortex-a77": 0.46, "cortex-a78": 0.46, "cortex-a78ae": 0.46,
     "neoverse-n1": 0.51, "x86_64": 0.5,
 }
 #: Speed-up of each thread beyond the first, as a share of one thread (the planner's scaling rule; a count is
-#: for one thread): fitted by ``benchmarks/calibration.py`` with the CPIs above on the published multi-thread
+#: for one thread): fitted by ``benchmarks/converter/calibration.py`` with the CPIs above on the published multi-thread
 #: figures (0.39: four threads run 2.2x one). It was 0.7, an assumption; the fit with 0.7 missed the Pi 5's
 #: worst-error goal. A profile's cluster may set its own (``parallel_efficiency``), and a board measurement
 #: replaces the model at its point.

@@ -14,7 +14,7 @@ For each node of the graph (shapes from ONNX shape inference) :func:`node_costs`
 :func:`roofline_ms` gives each node ``max(FLOPs / peak, bytes / bandwidth)`` and sums them: the
 time of a perfect engine on :class:`GpuPeak` (the data sheet's dense tensor throughput for the
 precision and the memory bandwidth). Real engines reach a fraction of it, so :func:`estimate_ms`
-divides by an ``efficiency`` fitted on published figures (``benchmarks/calibration.py``), and adds
+divides by an ``efficiency`` fitted on published figures (``benchmarks/converter/calibration.py``), and adds
 a fixed cost per kernel launched (also fitted), which dominates small models on a GPU.
 
 Pure: no GPU and no inference; ``onnx`` (and ONNX Runtime's shape inference) are imported only by
@@ -32,8 +32,8 @@ __all__ = ["NodeCost", "GpuPeak", "EngineCost", "clock_share", "node_costs", "wi
            "estimate_ms", "BYTES_PER_ELEMENT", "FUSED", "EFFICIENCY", "PER_KERNEL_US"]
 
 #: TensorRT's fraction of the roofline, and its fixed cost per kernel launched, fitted by
-#: ``benchmarks/calibration.py`` on the fit half of the Jetson Orin Nano's published TensorRT figures
-#: (``benchmarks/data/published_latency.yaml``: NetsPresso's device matrix, Ultralytics' docs, one blog;
+#: ``benchmarks/converter/calibration.py`` on the fit half of the Jetson Orin Nano's published TensorRT figures
+#: (``benchmarks/converter/data/published_latency.yaml``: NetsPresso's device matrix, Ultralytics' docs, one blog;
 #: none of them NVIDIA's own). Validation half: median |estimate / published - 1| 5.6%, worst 19% (5 figures,
 #: FP32/FP16/INT8, ResNet, MobileNetV3, YOLO). One GPU and one engine: other accelerators need their own fit.
 EFFICIENCY = 0.38

@@ -62,8 +62,8 @@ _A76_FEATURES = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdh
 #: cluster). qemu 7.2 has no Cortex-A55 or A78 model. An A55 is counted on qemu's cortex-a76 ISA (the
 #: A55's Armv8.2-A extensions, dot product included) behind an A55 r2p0's cpuinfo and MIDR, so ONNX
 #: Runtime picks the kernels it picks on the board: counted on cortex-a53, MobileNetV2 int8 took 4.1x
-#: the instructions (no sdot/udot; benchmarks/_calibration_counts.py). The in-order pipeline is the
-#: A55's CPI's business (fitted in benchmarks/calibration.py). A78AE clusters use neoverse-n1.
+#: the instructions (no sdot/udot; benchmarks/converter/calibration_counts.py). The in-order pipeline is the
+#: A55's CPI's business (fitted in benchmarks/converter/calibration.py). A78AE clusters use neoverse-n1.
 CORES = {
     "cortex-a53": EmulatedCore("cortex-a53", "aarch64", "0xd03", "fp asimd evtstrm crc32 cpuid"),
     "cortex-a55": EmulatedCore("cortex-a76", "aarch64", "0xd05", _A76_FEATURES, variant=2),

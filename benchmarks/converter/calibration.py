@@ -1,12 +1,12 @@
 """The converter's cost models checked against published board figures (issue 38, item 2).
 
-``benchmarks/data/published_latency.yaml`` holds published latencies (board, core, clock,
+``benchmarks/converter/data/published_latency.yaml`` holds published latencies (board, core, clock,
 runtime, model, input, precision, threads, source). This script:
 
-1. rebuilds each figure's model from its public definition (``_calibration_models.py``);
+1. rebuilds each figure's model from its public definition (``calibration_models.py``);
 2. **CPU figures**: counts the model's instructions per inference on the figure's core with the
    converter's own :class:`~edgesdk.converters.emulate.Emulator` (the board's aarch64 ONNX Runtime
-   under qemu-user; the Cortex-A55 on the stand-in of ``_calibration_counts.py``), and estimates
+   under qemu-user; the Cortex-A55 on the stand-in of ``calibration_counts.py``), and estimates
    ``count * CPI / clock / (1 + e * (threads - 1))``, the formula of
    :func:`~edgesdk.converters.emulate.board_latency_ms`;
 3. **GPU figures** (Jetson Orin Nano, TensorRT): the roofline of
@@ -27,7 +27,7 @@ Counting is CPU-heavy (about a minute of qemu per model and core); counts are ca
 Emulator, so a second run costs file reads. ``--quick`` uses cached counts only and skips CPU
 figures not yet counted (and says so).
 
-    python benchmarks/calibration.py [--quick]
+    python benchmarks/converter/calibration.py [--quick]
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import yaml
 
-import yaml  # noqa: E402
-from _calibration_counts import A55, COUNTED_ON, count_figure, counter  # noqa: E402
-from _calibration_models import build  # noqa: E402
-from _common import emit, goal, log  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks._common import emit, goal, log  # noqa: E402
+from benchmarks.converter.calibration_counts import A55, COUNTED_ON, count_figure, counter  # noqa: E402
+from benchmarks.converter.calibration_models import build  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters.emulate import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY  # noqa: E402
 from edgesdk.converters.gpu_estimate import (  # noqa: E402
@@ -291,7 +290,7 @@ def main() -> None:
     public = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k not in ("costs", "peak")}
               for r in rows]
     emit("calibration",
-         {"data": str(DATA.relative_to(Path(__file__).resolve().parent.parent)), "quick": args.quick,
+         {"data": str(DATA.relative_to(Path(__file__).resolve().parents[2])), "quick": args.quick,
           "split": "per (board, core, runtime), each source's figures alternately to the halves, smaller half first",
           "a55_counted_on": f"qemu {A55.qemu_cpu} as CPU part {A55.cpu_part} r2p0 (cortex-a55r2)"},
          {"fitted_cpi": {k: round(v, 4) for k, v in sorted(cpis.items())},

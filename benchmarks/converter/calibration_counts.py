@@ -36,8 +36,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from _calibration_models import build  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
+from benchmarks.converter.calibration_models import build
 from edgesdk.converters.emulate import Emulator, InstructionCount
 from edgesdk.converters.userland import CORES
 

@@ -5,7 +5,7 @@ pinned SHA-256s; photographs for data, F1 agreement with FP32 as the metric) is 
 ``edgesdk.converters.convert`` for each board asked, and the table ``edgesdk convert`` prints is
 kept with its JSON report. No goals: it records what the planner chose and why.
 
-    python benchmarks/convert_tables.py [--profiles jetson-orin-nano] [--emulate]
+    python benchmarks/converter/convert_tables.py [--profiles jetson-orin-nano] [--emulate]
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, log  # noqa: E402
-from models import DATA, MODELS, fetch  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks._common import emit, log  # noqa: E402
+from benchmarks.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk.cli.convert import _table  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
 

@@ -14,7 +14,7 @@ environment, so both sides run the same onnxruntime kernels. It is a :class:`_pe
 built aside, checked (``import nncf, onnx, onnxruntime``), marked and renamed into place under a
 lock, rebuilt when :data:`REQUIREMENTS` change. It needs PyPI (or the pip index settings).
 
-**The worker.** ``_nncf_worker.py`` runs inside that environment as a subprocess (its own
+**The worker.** ``nncf_worker.py`` runs inside that environment as a subprocess (its own
 process group, killed on timeout), reads the inputs this module writes to a temporary
 directory (``.npz``/``.npy``), and writes the quantized model and a JSON result; see its
 docstring for the request, the built-in metrics and ``metric_file``. NNCF's telemetry is never
@@ -27,7 +27,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -37,11 +36,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from benchmarks._peer_venv import VENVS, PeerVenv, clean_env, log_tail
 from edgesdk.converters.onnx2tf_tool import run_logged  # the onnx2tf tool's runner: log file, process group killed on timeout
-
-if str(Path(__file__).resolve().parent) not in sys.path:  # imported as benchmarks._nncf_peer (the tests)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _peer_venv import VENVS, PeerVenv, clean_env, log_tail  # noqa: E402
 
 __all__ = ["NNCF_VERSION", "REQUIREMENTS", "NncfEnv", "NncfError", "NncfResult", "nncf_accuracy_control"]
 
@@ -49,7 +45,7 @@ NNCF_VERSION = "3.4.0"
 #: What the environment holds: NNCF, and the onnx/onnxruntime/numpy of edgesdk's own development environment.
 REQUIREMENTS = (f"nncf=={NNCF_VERSION}", "onnx==1.23.2", "onnxruntime==1.32.0", "numpy==2.4.6")
 VENV_ENV = "EDGESDK_NNCF_VENV"
-WORKER = Path(__file__).resolve().with_name("_nncf_worker.py")
+WORKER = Path(__file__).resolve().with_name("nncf_worker.py")
 _NNCF_ENV = {"NNCF_CI": "1"}  # one of NNCF's switches that turn its telemetry into a stub
 
 
@@ -143,7 +139,7 @@ def nncf_accuracy_control(fp32_path: str | Path, calibration: Mapping[str, np.nd
     array), or several arrays (a list or dict), axis 0 the sample. ``metric``: ``"top1_agreement"``, or,
     with ``metric_file`` (a Python file defining ``validate(session_outputs_list, targets) -> float``,
     higher is better), the label for that metric. ``max_drop`` is absolute, in the metric's units.
-    ``nncf_options``: see ``_nncf_worker.py``. ``timeout_s`` bounds the worker; the first call also
+    ``nncf_options``: see ``nncf_worker.py``. ``timeout_s`` bounds the worker; the first call also
     installs the environment (bounded by ``install_timeout_s``). Raises :class:`NncfError`.
     """
     if metric_file is None and metric not in _builtin_metrics():

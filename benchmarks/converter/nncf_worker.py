@@ -1,6 +1,6 @@
 """Runs NNCF's ``quantize_with_accuracy_control`` on one ONNX model; runs INSIDE the NNCF virtualenv.
 
-Started by :mod:`_nncf_peer` (``<nncf venv>/bin/python _nncf_worker.py request.json``); it imports
+Started by :mod:`benchmarks.converter.nncf_peer` (``<nncf venv>/bin/python nncf_worker.py request.json``); it imports
 only numpy, onnx, onnxruntime and nncf, never edgesdk. The request is a JSON object:
 
 - ``model``: the FP32 ``.onnx``; ``out``: where the quantized ``.onnx`` goes; ``result``: where
@@ -340,7 +340,7 @@ def run(request: dict) -> dict:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: _nncf_worker.py REQUEST.json", file=sys.stderr)
+        print("usage: nncf_worker.py REQUEST.json", file=sys.stderr)
         return 2
     request = json.loads(Path(argv[0]).read_text())
     result = run(request)

@@ -43,7 +43,7 @@
   running are timed against without, in alternating rounds (this VM has no readable RAPL, so
   the sampler reads a recorded tree).
 
-    python benchmarks/power.py [--quick] [--boards raspberry-pi-4,raspberry-pi-5,rk3588,jetson-orin-nano]
+    python benchmarks/converter/power.py [--quick] [--boards raspberry-pi-4,raspberry-pi-5,rk3588,jetson-orin-nano]
 """
 
 from __future__ import annotations
@@ -61,11 +61,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, goal, interleaved, log, summary  # noqa: E402
-from _power_sweep import RATE_SHARE, STEP_W, planned_candidates, sweep  # noqa: E402
-from models import DATA, MODELS, fetch  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks._common import emit, goal, interleaved, log, summary  # noqa: E402
+from benchmarks.converter.power_sweep import RATE_SHARE, STEP_W, planned_candidates, sweep  # noqa: E402
+from benchmarks.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
 from edgesdk.converters.config import CalibrationMethod, QuantizationConfig  # noqa: E402
@@ -73,7 +72,7 @@ from edgesdk.converters.emulate import Emulator  # noqa: E402
 from edgesdk.converters.planner import CLEAR_GAIN, Candidate  # noqa: E402
 from edgesdk.runtime.energy import Sampler, Trace, find_sensor, sensor_read_cost  # noqa: E402
 
-RECORDED = Path(__file__).resolve().parents[1] / "tests" / "data" / "power"
+RECORDED = Path(__file__).resolve().parents[2] / "tests" / "data" / "power"
 #: The sweep's three real models: a classifier, a detector and a text-line classifier. The PP-OCRv4 recognizer is left
 #: to --models: its emulated conversion takes over an hour on this 2-core host.
 SWEPT = ("orientation", "detector", "ocr_cls")

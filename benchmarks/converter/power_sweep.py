@@ -1,4 +1,5 @@
-"""The budget sweep of benchmarks/power.py: the candidates a board plans with, the plans under each budget, and the checks.
+"""The budget sweep of benchmarks/converter/power.py: the candidates a board plans with, the plans under each budget,
+and the checks.
 
 See power.py's docstring for what is measured; this module holds the planning and the counting so that the script
 stays readable.

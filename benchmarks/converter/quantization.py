@@ -13,15 +13,15 @@ photographs and rendered text). Per model:
 * every variant also counted on an emulated Cortex-A72 (Raspberry Pi 4), reported;
 * ONNX Runtime's ``quantize_static`` defaults calibrated on the same samples as ours, and
   NNCF's ``quantize_with_accuracy_control`` with the same data and bound (its own venv,
-  ``_nncf_peer.py``), both counted on the A76 and scored on the same held-out samples;
-* the proxy check (``_proxy.py``): every ONNX variant counted on an emulated x86 (Haswell)
+  ``nncf_peer.py``), both counted on the A76 and scored on the same held-out samples;
+* the proxy check (``quantization_proxy.py``): every ONNX variant counted on an emulated x86 (Haswell)
   against its real latency on this CPU, interleaved.
 
 Then the cost of an estimate (the 10.9 MB OCR model counted uncached and cached), a CNN
 trained on scikit-learn's digits (accuracy against real labels), and (full run) peak RSS of
 ``edgesdk convert`` with 32 and 512 calibration samples.
 
-    python benchmarks/quantization.py [--quick]
+    python benchmarks/converter/quantization.py [--quick]
 """
 
 from __future__ import annotations
@@ -40,12 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, goal, log  # noqa: E402
-from _nncf_peer import NncfError, nncf_accuracy_control  # noqa: E402
-from _proxy import fit_errors, proxy_pairs  # noqa: E402
-from models import DATA, MODELS, fetch  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks._common import emit, goal, log  # noqa: E402
+from benchmarks.converter.nncf_peer import NncfError, nncf_accuracy_control  # noqa: E402
+from benchmarks.converter.quantization_proxy import fit_errors, proxy_pairs  # noqa: E402
+from benchmarks.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
 from edgesdk.converters.board_latency import board_cost  # noqa: E402
@@ -155,12 +154,12 @@ def bench_model(name: str, work: Path, n_cal: int, n_eval: int, quick: bool, emu
     if not quick and nncf:
         metric_name, metric_file, max_drop = NNCF_METRIC[name]
         log(f"{name}: NNCF quantize_with_accuracy_control, max drop {max_drop} {metric_name}, selection samples")
-        os.environ["EDGESDK_NNCF_METRIC"] = metric_name  # read by _nncf_metrics.py in NNCF's worker
+        os.environ["EDGESDK_NNCF_METRIC"] = metric_name  # read by nncf_metrics.py in NNCF's worker
         try:
             peer = nncf_accuracy_control(
                 fixed, feeds_cal, {spec.input_name: evaluation[split.selection]}, None, metric_name, max_drop,
                 work / f"{name}-nncf.onnx", timeout_s=3600,
-                metric_file=Path(__file__).with_name("_nncf_metrics.py") if metric_file else None)
+                metric_file=Path(__file__).with_name("nncf_metrics.py") if metric_file else None)
             row = _peer_row(peer.path, fp32_ms, emulator, sample, run_model(peer.path, feeds_eval)[0], reference,
                             split, metric)
             row.update({"wall_s": round(peer.wall_s, 1), "restorer_ran": peer.restorer_ran,

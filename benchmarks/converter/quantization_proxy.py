@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from _common import interleaved, log
 
+from benchmarks._common import interleaved, log
 from edgesdk.converters.emulate import Emulator, InstructionCount
 
 __all__ = ["proxy_pairs", "fit_errors"]

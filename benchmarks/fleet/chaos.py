@@ -1,22 +1,22 @@
 """Chaos: a fleet under seeded faults, and a checker that proves the invariants over the run's history.
 
-Each seed runs benchmarks/_chaos_run.py: two `edgesdk server` replicas on PostgreSQL, a real
+Each seed runs benchmarks/fleet/chaos_run.py: two `edgesdk server` replicas on PostgreSQL, a real
 mosquitto, the simulated fleet, six rollouts (good ones, one that fails its canary, a signed
-rollback, an operator's abort) and the seed's faults (benchmarks/_chaos_faults.py: replica kills
+rollback, an operator's abort) and the seed's faults (benchmarks/fleet/chaos_faults.py: replica kills
 aimed at the lease holder, broker and PostgreSQL restarts, devices cut off, crashing mid-install,
 receiving corrupted chunks, slow, duty-cycled, offline at a push, provisioned during the run or
-naming another group, a replica with a wrong clock). The checker (benchmarks/_chaos_checker.py)
+naming another group, a replica with a wrong clock). The checker (benchmarks/fleet/chaos_checker.py)
 then reads the history; on a violation the seed and a minimal history print, and ``--seeds N``
 reruns the same schedule. Each fault must also have taken effect (a crash that happened, a chunk
 refused, a kill that hit the lease holder of a running rollout...): one that did not is listed,
 and fails its goal rather than the checker (the run's schedule missed, not the server).
 
-Then the same run with bugs planted in the replicas (benchmarks/_planted_server.py), which the
+Then the same run with bugs planted in the replicas (benchmarks/fleet/planted_server.py), which the
 checker must catch: ``no-reconcile`` and ``no-fence`` (two drivers of one rollout, without the
 compare-and-set); and ``ignore-lease``, which the compare-and-set makes harmless (the checker
 passes, and the replicas' logs count the moves it refused).
 
-    python benchmarks/chaos.py [--quick] [--devices 1000] [--seeds 1 2 3] [--faults 24] [--plants BUG ...]
+    python benchmarks/fleet/chaos.py [--quick] [--devices 1000] [--seeds 1 2 3] [--faults 24] [--plants BUG ...]
                                [--plant BUG] [--keep DIR]
 """
 
@@ -32,10 +32,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks._chaos_run import FAULT_KINDS, SEQUENCE, ChaosConfig, ChaosResult, run_chaos  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._common import emit, goal, log  # noqa: E402
-from benchmarks._planted_server import BUGS  # noqa: E402
+from benchmarks.fleet.chaos_run import FAULT_KINDS, SEQUENCE, ChaosConfig, ChaosResult, run_chaos  # noqa: E402
+from benchmarks.fleet.planted_server import BUGS  # noqa: E402
 
 #: The planted bugs checked by default (the full run): the first two must be caught, the last shown harmless.
 PLANTS = ("no-reconcile", "no-fence", "ignore-lease")

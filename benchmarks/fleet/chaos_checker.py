@@ -47,7 +47,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks._sim_basics import updated_twice
+from benchmarks.shared.fleet_sim_basics import updated_twice
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetStatus
 
 __all__ = ["History", "Violation", "check", "fault_effects", "minimal_history", "releases", "online_stretch"]

@@ -6,9 +6,9 @@ sequence (``step``: ``before`` its push, or ``during`` it, ``delay_s`` after the
 - ``kill_replica``: kill -9 of a replica, restarted a moment later under the same name. The kill
   goes to the lease holder of a running rollout when one runs; the first kill falls during a
   rollout that goes through all its stages and must hit its holder.
-- ``clock_skew``: a replica restarted with its wall clock set wrong (benchmarks/_planted_server.py).
+- ``clock_skew``: a replica restarted with its wall clock set wrong (benchmarks/fleet/planted_server.py).
 - ``broker_restart``, ``pg_restart``: mosquitto, PostgreSQL down for ``down_s``.
-- ``partition``, ``slow``: devices cut off, or handling commands late (benchmarks/_sim_faults.py).
+- ``partition``, ``slow``: devices cut off, or handling commands late (benchmarks/shared/fleet_sim_faults.py).
 - ``duty``: devices sleeping on a duty cycle from before a push, across the rollouts after it.
 - ``crash``, ``corrupt``: armed on devices just before a push, so the push's install crashes them
   and its chunks reach them corrupted.
@@ -21,7 +21,7 @@ sequence (``step``: ``before`` its push, or ``during`` it, ``delay_s`` after the
 
 Every fault records when it was applied (``applied_at``, wall clock), what it reached, and the
 windows its devices were offline in (``History.offline``): the checker needs them to tell which
-devices were online long enough to be judged, and :func:`benchmarks._chaos_checker.fault_effects`
+devices were online long enough to be judged, and :func:`benchmarks.fleet.chaos_checker.fault_effects`
 whether the fault took effect.
 """
 
@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks._chaos_checker import ALL, History
 from benchmarks._common import log
-from benchmarks.fleet_sim import SimulatedFleet
+from benchmarks.fleet.chaos_checker import ALL, History
+from benchmarks.shared.fleet_sim import SimulatedFleet
 from edgesdk.errors import ConflictError, EdgeSDKError
 
 if TYPE_CHECKING:
-    from benchmarks._chaos_run import ChaosConfig, Replicas
+    from benchmarks.fleet.chaos_run import ChaosConfig, Replicas
 
 __all__ = ["FAULT_KINDS", "Injector", "schedule"]
 
@@ -224,7 +224,7 @@ class Injector:
     def _push_to(self, fault: dict[str, Any]) -> None:
         """Ask for a rollout to the group a device claimed (which has no device but the one claiming it, whose claim
         the server has had a second to read); note what the server said."""
-        from benchmarks._chaos_run import MODEL, POLICY
+        from benchmarks.fleet.chaos_run import MODEL, POLICY
 
         time.sleep(1.0)
         group, version = fault["params"]["group"], sorted(v for _, v in self.fleet_args["sequence"])[0]

@@ -1,17 +1,17 @@
 """One chaos run: two `edgesdk server` replicas on PostgreSQL, a real mosquitto, a simulated fleet, a sequence of
-rollouts, and faults on a seeded schedule; the history it records goes to the checker (benchmarks/_chaos_checker.py).
+rollouts, and faults on a seeded schedule; the history it records goes to the checker (benchmarks/fleet/chaos_checker.py).
 
 The rollouts, in order: 2.0.0 (good), 3.0.0 (every device fails its health check: the canary
 aborts it), 4.0.0 (good), a signed rollback of the group to 2.0.0, 5.0.0 aborted by the operator
 once its second stage is out, and 6.0.0 (good). The run records each step, and how its rollout
 ended, by its own clock: the checker derives the group's release from that.
 
-The faults (benchmarks/_chaos_faults.py, :data:`FAULT_KINDS`), drawn by ``random.Random(seed)``
+The faults (benchmarks/fleet/chaos_faults.py, :data:`FAULT_KINDS`), drawn by ``random.Random(seed)``
 with their times, steps and targets: replica kills (of the lease holder of a running rollout), a
 broker restart, a PostgreSQL restart, devices cut off, crashing mid-install, receiving corrupted
 chunks, handling commands late, sleeping on a duty cycle, offline at a push, provisioned during
 the run, or naming another group, and a replica restarted with its wall clock set wrong
-(benchmarks/_planted_server.py --skew). The schedule is a function of the seed alone.
+(benchmarks/fleet/planted_server.py --skew). The schedule is a function of the seed alone.
 
 After the last step the run waits until every device has been online ``converge_s`` seconds since
 it last came back (or the fleet has converged), then stops the fleets and hands the history over.
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._chaos_checker import History, Violation, check, fault_effects, minimal_history, releases
-from benchmarks._chaos_faults import FAULT_KINDS, RECONNECT_S, Injector, schedule
 from benchmarks._common import log
-from benchmarks._fleet_servers import ServerProcess
-from benchmarks.fleet_sim import SimulatedFleet
+from benchmarks.fleet.chaos_checker import History, Violation, check, fault_effects, minimal_history, releases
+from benchmarks.fleet.chaos_faults import FAULT_KINDS, RECONNECT_S, Injector, schedule
+from benchmarks.fleet.fleet_servers import ServerProcess
+from benchmarks.shared.fleet_sim import SimulatedFleet
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
@@ -69,7 +69,7 @@ class ChaosConfig:
     horizon_s: float = 60.0
     lease_s: float = 3.0
     processes: int = 2
-    #: A bug planted in both replicas (benchmarks/_planted_server.py), or None.
+    #: A bug planted in both replicas (benchmarks/fleet/planted_server.py), or None.
     plant: str | None = None
     #: After the last rollout: how long to wait, beyond the convergence time, for the server's view to settle.
     settle_s: float = 60.0
@@ -97,7 +97,7 @@ class ChaosResult:
     rollouts: list[dict[str, Any]]
     violations: list[Violation]
     minimal: list[list[str]] = field(default_factory=list)
-    #: Whether each fault took effect (benchmarks/_chaos_checker.fault_effects).
+    #: Whether each fault took effect (benchmarks.fleet.chaos_checker.fault_effects).
     effects: list[dict[str, Any]] = field(default_factory=list)
     #: Stage moves and rollout ends the servers' compare-and-set refused (a second driver's, or a stale one's).
     refused_moves: int = 0
@@ -145,7 +145,7 @@ class Replicas:
 
         options = [*(["--bug", self._plant] if self._plant else []), *(["--skew", str(self._skew[i])]
                                                                        if self._skew[i] else [])]
-        program = (sys.executable, str(Path(__file__).with_name("_planted_server.py")), *options) if options else None
+        program = (sys.executable, str(Path(__file__).with_name("planted_server.py")), *options) if options else None
         return ServerProcess(*self._args, f"chaos-r{i}", replica=True, lease=self._lease, program=program)
 
     def restart(self, i: int, down_s: float, kill: bool = True, skew_s: float | None = None) -> None:

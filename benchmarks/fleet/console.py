@@ -16,7 +16,7 @@ answers them.
    that shows it. Goal: ≤ 2 s. The browser test prints the same path end to end, through a
    real promote and chromium: ``stage change shown ... s``.
 
-    python benchmarks/console.py [--devices 10000] [--requests 30] [--changes 10]
+    python benchmarks/fleet/console.py [--devices 10000] [--requests 30] [--changes 10]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._common import emit, goal, log  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus  # noqa: E402
 from edgesdk.ota_server.app import ServerSetup, build_server  # noqa: E402

@@ -1,6 +1,6 @@
 """Fan-out as a fleet runs it: every device in its own interpreter (issue 13, item 3).
 
-Two harnesses for benchmarks/ota.py, both over a real broker on loopback:
+Two harnesses for benchmarks/fleet/ota.py, both over a real broker on loopback:
 
 * :class:`AgentProcesses` starts ``n`` child processes, each running ONE real
   :class:`~edgesdk.agent.DeviceAgent` (device ids ``dev00``, ``dev01``, ...), as on real devices. A child
@@ -19,7 +19,7 @@ stderr, kept in a log file)::
     done <cpu_s> <wall> <verified 0|1> <rejected>     (raw children, once every chunk arrived)
 
 ``stop`` on stdin, or stdin's end (the parent died), makes a child exit. Children run as
-``python -m benchmarks._fanout_procs agent|raw ...`` from the repository root.
+``python -m benchmarks.fleet.fanout_procs agent|raw ...`` from the repository root.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from edgesdk.errors import EdgeSDKError
 
 __all__ = ["AgentProcesses", "raw_verifying_fanout", "FanoutError", "MAX_CHILDREN"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: The most child processes one harness starts (each is a whole interpreter).
 MAX_CHILDREN = 500
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -71,7 +71,7 @@ class _Child:
         self.name, self.log_path = name, log_path
         self._log = open(log_path, "wb")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks._fanout_procs", *argv], cwd=REPO, env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.fleet.fanout_procs", *argv], cwd=REPO, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
         self._lines: list[list[str]] = []
         self._ended = False
@@ -445,7 +445,7 @@ def _raw_main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry of a child process: ``agent`` (one DeviceAgent) or ``raw`` (one verifying subscriber)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks._fanout_procs", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet.fanout_procs", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="role", required=True)
     agent = sub.add_parser("agent", help="run one device agent")
     for name in ("--broker", "--key", "--store", "--device", "--group", "--options"):

@@ -3,20 +3,20 @@ one replica and two, and a replica killed while it drives a rollout.
 
 Every run starts a fresh mosquitto (file limits raised for 10,000 clients), a fresh fleet database
 and `edgesdk server` as its own process (the CLI an operator runs), then connects the simulated fleet
-(benchmarks/fleet_sim.py: real protocol, real Ed25519 verification, chunks hashed) and pushes a small
+(benchmarks/shared/fleet_sim.py: real protocol, real Ed25519 verification, chunks hashed) and pushes a small
 bundle with canary 1%, waves 10%/100%, no health window. Measured per run: wall time from the push
 to the rollout's completion, the CPU seconds over that time (from /proc) of the server and of the
 database (PostgreSQL's postmaster and every backend, exited ones included; SQLite runs inside the
 server) and their sum per device, the database's size, the server's peak RSS, and what the devices
 saw: committed, and updated twice by their own install logs (one version committed twice).
 
-Then the late devices (benchmarks/_fleet_late.py): 30% of 10,000 devices offline at the push and
+Then the late devices (benchmarks/fleet/fleet_late.py): 30% of 10,000 devices offline at the push and
 back at random over 10 minutes, with 500 more joining the group then (return to commit, CPU per
 late device against one online at the push); 100 duty-cycled devices awake 30 s every 5 minutes
 and a 20 MB bundle (wakes to converge, bytes per device); and 10,000 devices back within 10 s of a
 broker restart while a release is pending (nothing lost, the outbox, time to converge).
 
-    python benchmarks/fleet.py [--quick] [--part all|scale|late|returning|duty|storm]
+    python benchmarks/fleet/fleet.py [--quick] [--part all|scale|late|returning|duty|storm]
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._common import emit, goal, log  # noqa: E402
-from benchmarks._fleet_late import big_bundle, duty_cycled, late_devices, late_goals, reconnect_storm  # noqa: E402
-from benchmarks._fleet_servers import ServerProcess, tree_cpu_seconds  # noqa: E402
-from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
+from benchmarks.fleet.fleet_late import big_bundle, duty_cycled, late_devices, late_goals, reconnect_storm  # noqa: E402
+from benchmarks.fleet.fleet_servers import ServerProcess, tree_cpu_seconds  # noqa: E402
+from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
 from edgesdk.fleet.archive import pack_bundle  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto  # noqa: E402
@@ -271,7 +271,7 @@ def scale_goals(results: dict[str, Any], sizes: list[int], failover_devices: int
 
 def late_runs(work: Path, pg: LocalPostgres, bundle: Path, sizes: dict[str, dict[str, Any]],
               scenarios: tuple[str, ...] = LATE_SCENARIOS) -> dict[str, Any]:
-    """The late-device scenarios on PostgreSQL (benchmarks/_fleet_late.py)."""
+    """The late-device scenarios on PostgreSQL (benchmarks/fleet/fleet_late.py)."""
     keys = work / "keys"
     results = {}
     if "returning" in scenarios:

@@ -1,8 +1,8 @@
 """Late devices (desired state per group): fleets whose devices are not all there when a release is pushed.
 
-Three scenarios for benchmarks/fleet.py, each on a fresh mosquitto, a fresh fleet database and
+Three scenarios for benchmarks/fleet/fleet.py, each on a fresh mosquitto, a fresh fleet database and
 `edgesdk server` as its own process (with the server's default ``max_catch_up`` of 500), against
-simulated devices (benchmarks/fleet_sim.py) that speak the real protocol:
+simulated devices (benchmarks/shared/fleet_sim.py) that speak the real protocol:
 
 - :func:`late_devices`: a share of the fleet is cut off before the push and comes back at random
   over a window after the online devices are done, and more devices join the group then; how long
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import log
-from benchmarks._fleet_servers import STALL_S, FleetStack
-from benchmarks.fleet_sim import FleetReport, SimulatedFleet
+from benchmarks.fleet.fleet_servers import STALL_S, FleetStack
+from benchmarks.shared.fleet_sim import FleetReport, SimulatedFleet
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus
 from edgesdk.ota_server.devices.chunks import MAX_OUTBOX

@@ -8,7 +8,7 @@ to the rollout's completion.
 
 Run it on two commits to see what a change did to where the time goes (the issue's "profile before and after").
 
-    python benchmarks/fleet_profile.py [--devices 10000] [--replicas 1] [--top 25]
+    python benchmarks/fleet/fleet_profile.py [--devices 10000] [--replicas 1] [--top 25]
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._common import emit, goal, log  # noqa: E402
-from benchmarks.fleet import Run, make_bundles  # noqa: E402
+from benchmarks.fleet.fleet import Run, make_bundles  # noqa: E402
 from edgesdk.fleet.records import TargetStatus  # noqa: E402
 from edgesdk.ota_server.postgres import LocalPostgres  # noqa: E402
 from edgesdk.runtime.signing import generate_keypair  # noqa: E402

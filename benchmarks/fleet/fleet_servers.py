@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import log
-from benchmarks.fleet_sim import FleetReport, SimulatedFleet
+from benchmarks.shared.fleet_sim import FleetReport, SimulatedFleet
 from edgesdk.fleet.admin_client import AdminClient
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetStatus

@@ -27,12 +27,8 @@ from typing import Any
 
 import numpy as np
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-import models  # noqa: E402
-
-from edgesdk.errors import DataError, ModelFormatError  # noqa: E402
+from benchmarks import models
+from edgesdk.errors import DataError, ModelFormatError
 
 #: The new head's classes: index 0 is the CTC blank, then these characters in order.
 CHARSET = string.digits + string.ascii_letters + " .,:;-/#%()"

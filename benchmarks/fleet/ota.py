@@ -3,7 +3,7 @@
 1. Bytes on the wire for an update (one device, every payload byte the broker delivers to
    its topics counted by a listening client: command and chunks):
    - head-only retrain: a real pretrained network (PP-OCRv4's recognizer, 10.9 MB) with its
-     head replaced and trained (version A), then retrained (version B; benchmarks/_head_retrain.py);
+     head replaced and trained (version A), then retrained (version B; benchmarks/fleet/head_retrain.py);
      the device runs A, the figure is bytes for B / B's archive;
    - the same model re-pushed under a new version: bytes / archive.
 2. Fan-out: a fresh ~10 MB bundle to 50 agents, each in its own process (one interpreter
@@ -17,7 +17,7 @@
 4. Retention: 10 consecutive updates to one device (keep_slots=3): slots held and store bytes.
 5. Apply time on one device, and hot swaps under load (4 threads calling predict).
 
-    python benchmarks/ota.py [--quick]
+    python benchmarks/fleet/ota.py [--quick]
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, goal, log  # noqa: E402
-from _fanout_procs import AgentProcesses, raw_verifying_fanout  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks._common import emit, goal, log  # noqa: E402
+from benchmarks.fleet.fanout_procs import AgentProcesses, raw_verifying_fanout  # noqa: E402
 from edgesdk.agent.agent import DeviceAgent  # noqa: E402
 from edgesdk.agent.config import AgentConfig  # noqa: E402
 from edgesdk.agent.managed import ManagedRuntime  # noqa: E402
@@ -110,7 +109,7 @@ def first_event_ts(server: OTAServer, rollout_id: str, kind: str) -> list[float]
 
 def delta_figures(server: OTAServer, broker_url: str, work: Path, key, server_pub, quick: bool) -> dict:
     """Bytes to one device for a head-only retrain of a real network, and for a re-push of the same model."""
-    from _head_retrain import head_retrain_pair
+    from benchmarks.fleet.head_retrain import head_retrain_pair
 
     model_a, model_b, training = head_retrain_pair(work / "retrain", quick=quick)
     line = np.random.default_rng(0).random((1, 3, 48, training["line_shape"][-1]), dtype=np.float32) - 0.5

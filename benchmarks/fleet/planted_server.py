@@ -1,6 +1,6 @@
 """``edgesdk`` with its host's clock set wrong, or with a bug planted on purpose, for the chaos run.
 
-    python benchmarks/_planted_server.py [--skew SECONDS] [--bug BUG] server ...   (the rest as for ``edgesdk``)
+    python benchmarks/fleet/planted_server.py [--skew SECONDS] [--bug BUG] server ...   (the rest as for ``edgesdk``)
 
 ``--skew``: this process's wall clock (``time.time``) runs SECONDS ahead (or behind, when
 negative), as on a host whose clock is wrong; its monotonic clock, which only measures
@@ -77,7 +77,7 @@ def plant(bug: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python benchmarks/_planted_server.py")
+    parser = argparse.ArgumentParser(prog="python benchmarks/fleet/planted_server.py")
     parser.add_argument("--skew", type=float, default=0.0)
     parser.add_argument("--bug", choices=BUGS, default=None)
     args, rest = parser.parse_known_args()

@@ -1,4 +1,4 @@
-"""Part ``boards`` of benchmarks/rollout_safety.py: one release for a fleet of mixed boards (issue 37).
+"""Part ``boards`` of benchmarks/fleet/rollout_safety.py: one release for a fleet of mixed boards (issue 37).
 
 A real :class:`~edgesdk.ota_server.server.OTAServer` (in this process, SQLite store, a real
 repository holding real signed bundles) on a real mosquitto signs and publishes every command.

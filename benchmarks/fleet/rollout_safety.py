@@ -1,6 +1,6 @@
 """Rollout safety benchmark (issue 37): canary analysis on the devices' own figures, and releases for mixed boards.
 
-    python benchmarks/rollout_safety.py [--quick] [--part canary|boards|all] [--runs N] [--devices N]
+    python benchmarks/fleet/rollout_safety.py [--quick] [--part canary|boards|all] [--runs N] [--devices N]
 
 Part ``canary``:
 
@@ -21,7 +21,7 @@ Part ``canary``:
   is promoted to completion in 20 of 20; the time from a stage settling to its verdict is at most the health
   window plus one report interval in every run.
 
-Part ``boards`` comes from ``benchmarks/_rollout_boards.py`` (``run_boards(args)``) when that module exists; else
+Part ``boards`` comes from ``benchmarks/fleet/rollout_boards.py`` (``run_boards(args)``) when that module exists; else
 the part is reported as not run.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import emit, goal, log  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, RolloutState  # noqa: E402
@@ -233,15 +233,15 @@ def main() -> None:
         results["canary"], canary_goals = canary_part(args)
         goals += canary_goals
     if args.part in ("boards", "all"):
-        boards = Path(__file__).resolve().parent / "_rollout_boards.py"
+        boards = Path(__file__).resolve().parent / "rollout_boards.py"
         if boards.is_file():
-            from benchmarks._rollout_boards import run_boards  # type: ignore[import-not-found,unused-ignore]
+            from benchmarks.fleet.rollout_boards import run_boards
 
             part = run_boards(args)
             results["boards"] = part["results"]
             goals += list(part["goals"].values()) if isinstance(part["goals"], dict) else part["goals"]
         else:
-            results["boards"] = {"run": False, "note": "benchmarks/_rollout_boards.py is not there yet"}
+            results["boards"] = {"run": False, "note": "benchmarks/fleet/rollout_boards.py is not there yet"}
     emit("rollout_safety", {"quick": args.quick, "part": args.part, "runs": args.runs, "devices": args.devices},
          results, goals)
 

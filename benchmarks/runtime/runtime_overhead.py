@@ -5,7 +5,7 @@ overhead is measurable in microseconds, and one of >= 1 ms per call, where the r
 matters) it times ``Runtime.predict`` and the raw library call interleaved, with the
 same thread count, and prints one JSON object.
 
-    python benchmarks/runtime_overhead.py [--quick]
+    python benchmarks/runtime/runtime_overhead.py [--quick]
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, goal, interleaved, log, summary  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks._common import emit, goal, interleaved, log, summary  # noqa: E402
 from edgesdk import Runtime, detect_device  # noqa: E402
 from edgesdk.runtime.backends.litert import import_litert  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx, write_mlp_tflite  # noqa: E402

@@ -1,11 +1,11 @@
 """Security benchmark (issues 23 and 36): the root of trust, and hostile input from devices, brokers and keys.
 
-    python benchmarks/security.py [--quick] [--part all|trust|fuzz|poison|replay|archives|floor] [--devices N]
+    python benchmarks/security/security.py [--quick] [--part all|trust|fuzz|poison|replay|archives|floor] [--devices N]
 
 Part ``trust`` (issue 23):
 
 - **Rotation reach.** A real mosquitto, an OTA server (in this process) and N simulated devices
-  (``benchmarks/fleet_sim.py``, 1,000 by default; each verifies root metadata as the agent does) on root v1.
+  (``benchmarks/shared/fleet_sim.py``, 1,000 by default; each verifies root metadata as the agent does) on root v1.
   Root v2 (the commands key rotated) is published retained; the clock runs until the server's fleet store
   shows every device reporting v2.
 - **Revoked key.** Real device agents on a root whose bundles role is then rotated (the old key revoked);
@@ -18,16 +18,16 @@ Part ``trust`` (issue 23):
 
 Issue 36, each part in its own module:
 
-- ``fuzz`` (``_security_fuzz.py``, ``_security_atheris.py``): the fuzz suite's long profile, 100,000
+- ``fuzz`` (``security_fuzz.py``, ``security_atheris.py``): the fuzz suite's long profile, 100,000
   Hypothesis inputs across every network parser (5,000 with ``--quick``), then atheris on the command and tar
   parsers: unhandled exceptions, writes outside the slot, peak RSS growth.
-- ``poison`` (``_security_poison.py``): 1,000 simulated devices, one of them sending a malformed report every
+- ``poison`` (``security_poison.py``): 1,000 simulated devices, one of them sending a malformed report every
   10 ms: the others all recorded, the rollouts complete, ingest lag p99 against clean phases.
-- ``replay`` (``_security_replay.py``): recorded signed commands replayed to another group, another device and
+- ``replay`` (``security_replay.py``): recorded signed commands replayed to another group, another device and
   from an attacker's broker: none admitted; what binding costs.
-- ``archives`` (``_security_archives.py``): sparse, undeclared, oversized, linked members and archives below the
+- ``archives`` (``security_archives.py``): sparse, undeclared, oversized, linked members and archives below the
   bundles threshold through the install and measurement paths: bytes written beyond the signed sizes.
-- ``floor`` (``_security_trust.py``): signed rollbacks below the bundles-signed floor; 400 hostile roots.
+- ``floor`` (``security_trust.py``): signed rollbacks below the bundles-signed floor; 400 hostile roots.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import emit, goal, interleaved, log, summary  # noqa: E402
-from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
+from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
 from edgesdk.agent.agent import DeviceAgent  # noqa: E402
 from edgesdk.agent.config import AgentConfig  # noqa: E402
 from edgesdk.fleet import key_ceremony  # noqa: E402
@@ -258,21 +258,21 @@ def main() -> None:
 
 
 def _fuzz(args: argparse.Namespace) -> dict:
-    from benchmarks import _security_fuzz
+    from benchmarks.security import security_fuzz
 
     examples = args.fuzz_examples or (5_000 if args.quick else 100_000)
-    return _security_fuzz.run(examples, atheris_runs=2_000 if args.quick else 50_000)
+    return security_fuzz.run(examples, atheris_runs=2_000 if args.quick else 50_000)
 
 
 def _module_part(module: str) -> Any:
     def part(args: argparse.Namespace) -> dict:
-        return importlib.import_module(f"benchmarks.{module}").run(args.quick)
+        return importlib.import_module(f"benchmarks.security.{module}").run(args.quick)
 
     return part
 
 
-_PARTS = {"fuzz": _fuzz, "poison": _module_part("_security_poison"), "replay": _module_part("_security_replay"),
-          "archives": _module_part("_security_archives"), "floor": _module_part("_security_trust")}
+_PARTS = {"fuzz": _fuzz, "poison": _module_part("security_poison"), "replay": _module_part("security_replay"),
+          "archives": _module_part("security_archives"), "floor": _module_part("security_trust")}
 
 
 def _trust(args: argparse.Namespace) -> tuple[dict, list]:

@@ -13,7 +13,7 @@ role for two signatures. Figures: the bytes each left on disk (the store and the
 The builders here (:func:`member`, :func:`gnu_sparse`, :func:`pax_sparse`, :func:`tar`) are also what
 tests/unit/test_archive.py feeds the unpacker.
 
-    .venv/bin/python -c "import json; from benchmarks._security_archives import run; print(json.dumps(run(True), indent=2))"
+    .venv/bin/python -c "import json; from benchmarks.security.security_archives import run; print(json.dumps(run(True)))"
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import goal, log  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of the tar and protocol parsers with atheris (libFuzzer), beside Hypothesis.
 
-    python benchmarks/_security_atheris.py {command,archive} RUNS OUT.json
+    python benchmarks/security/security_atheris.py {command,archive} RUNS OUT.json
 
 Runs in its own process (libFuzzer ends the process when it is done): seeds a corpus with a valid
 command manifest or signed bundle archive, mutates from there for RUNS executions, and keeps a tally
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(runs: int) -> dict[str, Any]:

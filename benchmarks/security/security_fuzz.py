@@ -35,7 +35,7 @@ from benchmarks._common import goal, log
 from edgesdk.errors import EdgeSDKError
 from tests.fuzz.targets import ARCHIVES, TARGETS, Target
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _peak_rss_mb() -> float:
@@ -108,7 +108,7 @@ def run(total_examples: int, atheris_runs: int = 0) -> dict[str, Any]:
                     for kind, first in tally["escapes"].items():
                         total["escapes"].setdefault(kind, first)
         log("replaying the corpus in a child process for its memory")
-        child = subprocess.run([sys.executable, "-m", "benchmarks._security_fuzz", str(corpus)], capture_output=True,
+        child = subprocess.run([sys.executable, "-m", "benchmarks.security.security_fuzz", str(corpus)], capture_output=True,
                                text=True, cwd=ROOT, timeout=3600)
         memory = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else \
             {"error": child.stderr[-2000:]}
@@ -126,10 +126,10 @@ def run(total_examples: int, atheris_runs: int = 0) -> dict[str, Any]:
              goal("writes outside the slot", "0", outside, outside == 0),
              goal("peak RSS growth parsing every input, after a warm-up (MB)", "<= 50", growth, growth <= 50)]
     if atheris_runs:
-        from benchmarks import _security_atheris
+        from benchmarks.security import security_atheris
 
         log(f"atheris: the command and tar parsers, {atheris_runs} executions each")
-        results["atheris"] = found = _security_atheris.run(atheris_runs)
+        results["atheris"] = found = security_atheris.run(atheris_runs)
         if found.get("available"):
             escapes = sum(len(found[t].get("escapes", {})) + ("error" in found[t]) for t in ("command", "archive"))
             goals.append(goal("atheris (libFuzzer) on the command and tar parsers: kinds of escape", "0", escapes,

@@ -1,10 +1,10 @@
 """Security benchmark part "a poisoned device" (issue 36): one client publishes malformed states and events on its
 own device topics every 10 ms while rollouts run across a simulated fleet.
 
-    python benchmarks/_security_poison.py [--quick]
+    python benchmarks/security/security_poison.py [--quick]
 
 One real mosquitto, one OTA server (in this process) and one simulated fleet of N-1 devices
-(``benchmarks/fleet_sim.py``; N = 1,000 in all, 200 with ``--quick``) on digits 1.0.0, for the whole run. The
+(``benchmarks/shared/fleet_sim.py``; N = 1,000 in all, 200 with ``--quick``) on digits 1.0.0, for the whole run. The
 bundles (one version per phase) are built and uploaded up front; the connect storm and one warm-up rollout
 (2.0.0, not measured) come before any lag is recorded. Then **clean** and **poisoned** phases alternate on that
 same fleet and server, the order mirrored each round as BENCHMARKS.md asks (C P, P C, C P: 3 of each; quick:
@@ -60,10 +60,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import goal, log  # noqa: E402
-from benchmarks.fleet_sim import SimulatedFleet  # noqa: E402
+from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
 from edgesdk.fleet.archive import pack_bundle  # noqa: E402
 from edgesdk.fleet.protocol import Topics  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy  # noqa: E402

@@ -20,7 +20,7 @@ taken up, or a version change. As a control, the same manifests sealed as a serv
 The cost of binding: one stage's command (a 20 MB bundle's manifest, content-defined chunks) bound to 10,000
 devices, against signing the whole manifest per device, and what a device's check costs with the binding.
 
-    .venv/bin/python -c "import json; from benchmarks._security_replay import run; print(json.dumps(run(True), indent=2))"
+    .venv/bin/python -c "import json; from benchmarks.security.security_replay import run; print(json.dumps(run(True), indent=2))"
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import goal, log  # noqa: E402
 

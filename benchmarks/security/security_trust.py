@@ -1,6 +1,6 @@
 """Security benchmark part "rollback floor and root hygiene" (issue 36, parts 5-6), in this process, no broker.
 
-    python benchmarks/_security_trust.py [--quick]
+    python benchmarks/security/security_trust.py [--quick]
 
 **Rollbacks below the floor**: a device store holds a committed release 3.0.0 whose manifest, signed by the
 bundles key, carries ``rollback_floor: 2.0.0``. Commands signed by the commands key (what its thief can send)
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 

@@ -24,12 +24,12 @@ Use it from a benchmark or a test::
 Each device keeps its own install log (time, deployment, version, outcome) and the times its
 connections were accepted, which the report carries with each device's final version and chunk
 bytes received; ``fleet.fault(...)`` puts devices under the chaos run's faults
-(benchmarks/_sim_faults.py).
+(benchmarks/shared/fleet_sim_faults.py).
 
-Workers are ``python -m benchmarks.fleet_sim worker CONFIG`` processes fed JSON lines on stdin;
+Workers are ``python -m benchmarks.shared.fleet_sim worker CONFIG`` processes fed JSON lines on stdin;
 a worker ends by itself when its stdin closes (the parent died) or after ``max_runtime_s``.
 The manual checks (connect time of 10,000 devices, this client's CPU per message against paho's)
-are in :mod:`benchmarks.fleet_sim_checks`.
+are in :mod:`benchmarks.fleet.fleet_sim_checks`.
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._sim_basics import COUNTERS, SimulationError, device_role
-from benchmarks.fleet_sim_worker import worker_main
+from benchmarks.shared.fleet_sim_basics import COUNTERS, SimulationError, device_role
+from benchmarks.shared.fleet_sim_worker import worker_main
 from edgesdk.errors import RolloutTimeoutError
 from edgesdk.fleet.protocol import check_id
 from edgesdk.runtime.bundle import parse_version
 
 __all__ = ["SimulatedFleet", "FleetReport", "ProcessReport", "SimulationError", "device_role"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class FleetReport:
 
 
 # ------------------------------------------------------------------------------------------------
-# parent side (the devices run in worker processes: benchmarks/fleet_sim_worker.py)
+# parent side (the devices run in worker processes: benchmarks/shared/fleet_sim_worker.py)
 # ------------------------------------------------------------------------------------------------
 
 class _WorkerHandle:
@@ -125,7 +125,7 @@ class _WorkerHandle:
         #: The devices this worker runs.
         self.ids = frozenset(config["ids"])
         self._log = open(log_path, "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.fleet_sim", "worker"],
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.shared.fleet_sim", "worker"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=REPO,
                                         env=env)
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -290,11 +290,11 @@ class SimulatedFleet:
         return {"versions": dict(versions), "counts": dict(counts)}
 
     def fault(self, kind: str, ids: list[str], **params: Any) -> int:
-        """Put the devices ``ids`` under a fault (see benchmarks/_sim_faults.py: ``partition`` and ``crash`` take
+        """Put the devices ``ids`` under a fault (see benchmarks/shared/fleet_sim_faults.py: ``partition`` and ``crash`` take
         ``seconds``, ``corrupt`` takes ``chunks``, ``slow`` takes ``seconds`` and ``delay_s``, ``duty`` takes
         ``awake_s``, ``sleep_s``, ``cycles`` and optionally ``offset_s``, ``claim_group`` takes ``group``, ``heal``
         takes ``seconds``); how many it reached. A numeric parameter may be a dict ``{device id: value}``."""
-        from benchmarks._sim_faults import FAULT_COMMANDS
+        from benchmarks.shared.fleet_sim_faults import FAULT_COMMANDS
 
         if kind not in FAULT_COMMANDS:
             raise SimulationError(f"fault {kind!r} is not one of {', '.join(FAULT_COMMANDS)}")
@@ -379,7 +379,7 @@ def _combine(devices: int, replies: list[dict[str, Any]]) -> FleetReport:
 
 def main(argv: list[str] | None = None) -> None:
     """``worker`` (internal): run one worker process's devices; the manual checks are in fleet_sim_checks."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet_sim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.shared.fleet_sim", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="internal: run one worker process's devices (config: first line on stdin)")
     parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""What the simulated fleet's parent (benchmarks/fleet_sim.py) and its workers (fleet_sim_worker.py) share:
+"""What the simulated fleet's parent (benchmarks/shared/fleet_sim.py) and its workers (fleet_sim_worker.py) share:
 the counters, the error, each device's role, an archive arriving in memory, and what counts as updated twice."""
 
 from __future__ import annotations

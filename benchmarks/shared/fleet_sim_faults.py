@@ -1,4 +1,4 @@
-"""Device-side faults for the chaos run (benchmarks/chaos.py), applied inside the simulated fleet's workers.
+"""Device-side faults for the chaos run (benchmarks/fleet/chaos.py), applied inside the simulated fleet's workers.
 
 - ``partition``: the device's connection drops (the broker publishes its will) and it cannot
   reconnect for ``seconds``; what was sent to it meanwhile is lost, as on a cut network link.

@@ -1,7 +1,7 @@
-"""The worker side of the simulated fleet (:mod:`benchmarks.fleet_sim`): one process's devices on one event loop.
+"""The worker side of the simulated fleet (:mod:`benchmarks.shared.fleet_sim`): one process's devices on one event loop.
 
 Each device speaks the real OTA protocol over its own MQTT connection (see the module doc of
-:mod:`benchmarks.fleet_sim` for what it shows the server). A worker reads its config as the
+:mod:`benchmarks.shared.fleet_sim` for what it shows the server). A worker reads its config as the
 first JSON line on stdin, then requests (``snapshot``, a fault, ``stop``) one per line, and
 answers on stdout; it ends by itself when stdin closes or after ``max_runtime_s``.
 """
@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks._sim_basics import ChunkStore, SimulationError, Transfer, device_role, raise_fd_limit, updated_twice
-from benchmarks._sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut, wait_unblocked
+from benchmarks.shared.fleet_sim_basics import ChunkStore, SimulationError, Transfer, device_role, raise_fd_limit, updated_twice
+from benchmarks.shared.fleet_sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut, wait_unblocked
 from edgesdk.agent.admission import not_newer
 from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.chunk_codec import decode_chunk
@@ -54,7 +54,7 @@ class _Device:
         self.chunk_slots: set[str] = set()
         self.committed: str | None = slot
         self.seen: set[str] = set()
-        #: What this device installed, in order: [time, deployment, version, outcome, rollback?] (chaos.py reads it).
+        #: What this device installed, in order: [time, deployment, version, outcome, rollback?] (the chaos run reads it).
         self.install_log: list[list[Any]] = []
         #: When (time.time()) each of its connections was accepted by the broker; chunk payload bytes it received.
         self.connects: list[float] = []
@@ -73,7 +73,7 @@ class _Device:
     # connection ----------------------------------------------------------------------------------
     async def connect(self) -> None:
         """Connect, subscribe and publish the retained state; returns once the broker acknowledged all of it."""
-        from benchmarks._mqtt_lite import LiteClient
+        from benchmarks.shared.mqtt_lite import LiteClient
 
         sim = self.sim
         self.session = time.time()  # this connection's: its will and its states carry it, as the agent's run does
@@ -333,7 +333,7 @@ class _Worker:
     """The devices of one worker process, their counters, and the control channel to the parent."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        from benchmarks._mqtt_lite import LiteCounters
+        from benchmarks.shared.mqtt_lite import LiteCounters
         from edgesdk.runtime.signing import load_public_key
 
         self.config = config

@@ -440,7 +440,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
 
         click.echo(f"GPU rows: a roofline of each layer's FLOPs and bytes against the accelerator's data-sheet peaks at "
                    f"the power mode's GPU clock, / {EFFICIENCY} efficiency + {PER_KERNEL_US:g} us per kernel (fitted on "
-                   "published TensorRT figures, benchmarks/calibration.py); accuracy from this host's CPU run of the "
+                   "published TensorRT figures, benchmarks/converter/calibration.py); accuracy from this host's CPU run of the "
                    "same file")
     click.echo("int8/DQ-float = Convs and MatMuls ONNX Runtime runs as int8 kernels / leaves as DequantizeLinear -> "
                "float -> QuantizeLinear, in the graph it optimizes on the emulated board")

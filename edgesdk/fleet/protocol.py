@@ -29,7 +29,7 @@ elsewhere. Why per device, not a stage envelope listing its devices: the list wo
 to every target's copy (10,000 devices: 120 KB x 10,000 messages = 1.2 GB of broker traffic per stage), while
 the binding adds 268 bytes and 64 us of signing a device whatever the archive (0.64 s per 10,000-device
 stage; signing the whole manifest per device instead cost 0.77 ms at a 20 MB bundle, 7.7 s per stage, and grows
-with the chunk list; benchmarks/_security_replay.py). Measure commands are bound to their one device too.
+with the chunk list; benchmarks/security/security_replay.py). Measure commands are bound to their one device too.
 
 **Measure** (:func:`sign_measure_command`): "run this candidate model here and tell me how
 it does", without installing it. The signed manifest is ``{"type": "measure",

@@ -1,8 +1,8 @@
-"""The late-devices scenario of benchmarks/fleet.py (benchmarks/_fleet_late.py) at a small size: its counts."""
+"""The late-devices scenario of benchmarks/fleet/fleet.py (benchmarks/fleet/fleet_late.py) at a small size: its counts."""
 
 from __future__ import annotations
 
-from benchmarks._fleet_late import late_devices
+from benchmarks.fleet.fleet_late import late_devices
 
 
 def test_late_devices_scenario_counts_every_late_device(tmp_path, keys, bundles):

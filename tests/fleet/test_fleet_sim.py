@@ -1,4 +1,4 @@
-"""The simulated fleet (benchmarks/fleet_sim.py) against a real mosquitto and a real OTA server."""
+"""The simulated fleet (benchmarks/shared/fleet_sim.py) against a real mosquitto and a real OTA server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from benchmarks.fleet_sim import SimulatedFleet, SimulationError, device_role
+from benchmarks.shared.fleet_sim import SimulatedFleet, SimulationError, device_role
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.protocol import ArchiveInfo, Topics, sign_command
@@ -141,7 +141,7 @@ def test_a_missing_key_file_is_named(tmp_path):
 
 
 def test_updated_twice_reads_the_devices_own_log_whatever_the_deployment_ids():
-    from benchmarks._sim_basics import updated_twice
+    from benchmarks.shared.fleet_sim_basics import updated_twice
 
     once = [[1.0, "r1", "2.0.0", "committed", False]]
     assert not updated_twice(once)

@@ -3,7 +3,7 @@
 The property is the same for all: an input is accepted as a typed record or refused with an
 :class:`~edgesdk.errors.EdgeSDKError` subclass; nothing else is raised. :func:`exercise` checks it
 for one target and one input. ``tests/fuzz/test_parsers.py`` runs each target under the CI
-profile; ``benchmarks/security.py --part fuzz`` runs them long and counts what it tried.
+profile; ``benchmarks/security/security.py --part fuzz`` runs them long and counts what it tried.
 
 Signed inputs (commands, roots, timestamps) are signed here with real keys over mutated
 contents, so the fuzzer reaches the code behind the signature check, as a holder of a stolen

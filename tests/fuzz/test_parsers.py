@@ -1,6 +1,6 @@
 """The fuzz suite's CI profile: every network parser, accepted as a typed record or refused with an EdgeSDKError.
 
-``EDGESDK_FUZZ_EXAMPLES`` sets the examples per parser (150 by default here; ``benchmarks/security.py
+``EDGESDK_FUZZ_EXAMPLES`` sets the examples per parser (150 by default here; ``benchmarks/security/security.py
 --part fuzz`` runs the long profile). Hypothesis's example database is off, so every run is fresh
 and a failure prints the shrunk input that raised.
 """

@@ -183,7 +183,7 @@ def test_profiles_name_the_core_they_are_emulated_on():
 
 
 def test_board_latency_is_instructions_times_cpi_over_clock_scaled_by_threads():
-    # The CPIs are fitted on published figures (benchmarks/calibration.py); the formula is what is pinned here.
+    # The CPIs are fitted on published figures (benchmarks/converter/calibration.py); the formula is what is pinned here.
     count = InstructionCount("cortex-a76", 2.4e9, 1e9, 5e8, 0.0, 1, "test")
     a76, a53 = CYCLES_PER_INSTRUCTION["cortex-a76"], CYCLES_PER_INSTRUCTION["cortex-a53"]
     assert board_latency_ms(count, "cortex-a76", 2400) == pytest.approx(1000.0 * a76)  # 2.4e9 * CPI / 2.4e9 Hz

@@ -27,7 +27,7 @@ POLICY = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=5.0, max_failur
                        min_calls=50)
 #: The same model again, on four agents sharing this 2-core host with the rest of the suite: a p99 of 0.5 ms moved
 #: 1.7x between runs of the same model under CI load. These tests check the mechanics (a healthy release is judged
-#: and passes, manual promotion waits), not the noise: benchmarks/rollout_safety.py measures false aborts at 1.5x.
+#: and passes, manual promotion waits), not the noise: benchmarks/fleet/rollout_safety.py measures false aborts at 1.5x.
 NOISY_HOST = replace(POLICY, max_p99_ratio=3.0)
 
 

@@ -4,7 +4,7 @@ and fails on a planted bug (issue 35: one that skips reconciliation, one without
 
 from __future__ import annotations
 
-from benchmarks._chaos_run import FAULT_KINDS, SEQUENCE, ChaosConfig, run_chaos
+from benchmarks.fleet.chaos_run import FAULT_KINDS, SEQUENCE, ChaosConfig, run_chaos
 
 SMALL = ChaosConfig(devices=60, seed=7, faults=len(FAULT_KINDS), horizon_s=12.0, settle_s=30.0, converge_s=10.0)
 
@@ -41,7 +41,7 @@ def test_a_server_that_skips_reconciliation_leaves_late_devices_behind(tmp_path)
 
 def test_two_drivers_without_the_compare_and_set_send_a_stage_twice(tmp_path):
     """Both replicas drive every rollout (the lease lies) and nothing fences their moves: the checker sees a stage
-    sent twice. The same lying lease with the compare-and-set in place is harmless (benchmarks/chaos.py shows it)."""
+    sent twice. The same lying lease with the compare-and-set in place is harmless (benchmarks/fleet/chaos.py shows it)."""
     result = run_chaos(ChaosConfig(devices=60, seed=7, faults=0, horizon_s=1.0, settle_s=10.0, converge_s=10.0,
                                    plant="no-fence"), tmp_path)
     twice = [v for v in result.violations if v.invariant == "database" and "sent more than once" in v.detail]

@@ -12,8 +12,8 @@ import urllib.request
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._fleet_servers import TOKEN, ServerProcess
-from benchmarks.fleet_sim import SimulatedFleet
+from benchmarks.fleet.fleet_servers import TOKEN, ServerProcess
+from benchmarks.shared.fleet_sim import SimulatedFleet
 from edgesdk.cli import cli
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.protocol import Topics

@@ -1,6 +1,6 @@
 """Verify, then unpack (issue 36): an archive's manifest is checked before a byte of it is written, and only the
 regular files it lists are written, at their signed sizes and hashes. Hostile archives are built by hand
-(benchmarks/_security_archives.py) around a real bundle's signed manifest."""
+(benchmarks/security/security_archives.py) around a real bundle's signed manifest."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks._security_archives import disk_bytes, gnu_sparse, member, pax_sparse, signed_parts, tar
+from benchmarks.security.security_archives import disk_bytes, gnu_sparse, member, pax_sparse, signed_parts, tar
 from edgesdk.agent.store import ModelStore
 from edgesdk.errors import BundleError, SignatureError, TransferError
 from edgesdk.fleet.archive import MAX_META_BYTES, pack_bundle, pack_signed, unpack_bundle

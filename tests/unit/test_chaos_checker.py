@@ -1,4 +1,4 @@
-"""The chaos run's checker (benchmarks/_chaos_checker.py): a correct history passes, and each invariant, broken
+"""The chaos run's checker (benchmarks/fleet/chaos_checker.py): a correct history passes, and each invariant, broken
 on its own, is named with the device or rollout behind it; each fault's effect is judged from the devices' logs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks._chaos_checker import ALL, History, check, fault_effects, minimal_history, online_stretch, releases
+from benchmarks.fleet.chaos_checker import ALL, History, check, fault_effects, minimal_history, online_stretch, releases
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 
 C, RB = TargetStatus.COMMITTED, TargetStatus.REVERTED

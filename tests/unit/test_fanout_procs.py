@@ -1,4 +1,4 @@
-"""The fan-out harness of benchmarks/ota.py (benchmarks/_fanout_procs.py): verifying subscribers and device agents,
+"""The fan-out harness of benchmarks/fleet/ota.py (benchmarks/fleet/fanout_procs.py): verifying subscribers and device agents,
 each in a process of its own, against a real mosquitto and a real OTA server."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks._fanout_procs import AgentProcesses, FanoutError, raw_verifying_fanout
+from benchmarks.fleet.fanout_procs import AgentProcesses, FanoutError, raw_verifying_fanout
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.protocol import ArchiveInfo

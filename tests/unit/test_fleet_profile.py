@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.fleet_profile import summarize_samples
+from benchmarks.fleet.fleet_profile import summarize_samples
 
 
 def test_samples_become_inclusive_and_innermost_shares(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/_nncf_peer.py and _nncf_worker.py: NNCF's accuracy control as the quantization benchmark's peer.
+"""benchmarks/converter/nncf_peer.py and nncf_worker.py: NNCF's accuracy control as the quantization benchmark's peer.
 
 The worker's metrics and target handling, and the peer's error paths, run in edgesdk's own
 environment (the worker imports only numpy until it runs). The end-to-end run needs NNCF's
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import _nncf_worker as worker
-from benchmarks._nncf_peer import REQUIREMENTS, NncfEnv, NncfError, _save_targets, nncf_accuracy_control
+from benchmarks.converter import nncf_worker as worker
+from benchmarks.converter.nncf_peer import REQUIREMENTS, NncfEnv, NncfError, _save_targets, nncf_accuracy_control
 
 
 def logits(classes: list[int], n_classes: int = 4) -> list[list[np.ndarray]]:
