@@ -154,5 +154,9 @@ def _stand_in(name: str) -> _StandIn:
 
 
 if __name__ == "__main__":
-    for model_name in sys.argv[1:] or MODELS:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", metavar="MODEL", help=f"one of {', '.join(MODELS)} (default: all)")
+    for model_name in parser.parse_args().models or MODELS:
         print(build(model_name), file=sys.stderr)

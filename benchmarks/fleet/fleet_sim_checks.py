@@ -1,8 +1,8 @@
 """Manual checks of the simulated fleet (not tests): how fast 10,000 devices connect, and what its MQTT client
 costs per message against paho's.
 
-    PYTHONPATH=. python -m benchmarks.fleet.fleet_sim_checks scale --devices 10000
-    PYTHONPATH=. python -m benchmarks.fleet.fleet_sim_checks mqtt-cost
+    python benchmarks/fleet/fleet_sim_checks.py scale --devices 10000
+    python benchmarks/fleet/fleet_sim_checks.py mqtt-cost
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fleet.fleet_servers import peak_rss_mb
-from benchmarks.shared.fleet_sim import SimulatedFleet, SimulationError
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks.fleet.fleet_servers import peak_rss_mb  # noqa: E402
+from benchmarks.shared.fleet_sim import SimulatedFleet, SimulationError  # noqa: E402
 
 
 def _scale_check(devices: int, processes: int, connect_rate: float | None) -> dict[str, Any]:
@@ -139,7 +140,7 @@ def _paho_round(port: int, messages: int, payload: bytes) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     """``scale`` (connect many devices) or ``mqtt-cost`` (client CPU per message)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet.fleet_sim_checks", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     scale = sub.add_parser("scale", help="connect N devices to a fresh mosquitto; print connect time and CPU")
     scale.add_argument("--devices", type=int, default=10_000)

@@ -280,6 +280,9 @@ def _one_signature(parts: dict[str, bytes]) -> bytes:
 
 
 if __name__ == "__main__":
+    import argparse
     import json
 
-    print(json.dumps(run("--quick" in sys.argv), indent=2))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    print(json.dumps(run(parser.parse_args().quick), indent=2))

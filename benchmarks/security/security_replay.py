@@ -25,6 +25,7 @@ devices, against signing the whole manifest per device, and what a device's chec
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -294,4 +295,6 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(run("--quick" in sys.argv), indent=2))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    print(json.dumps(run(parser.parse_args().quick), indent=2))

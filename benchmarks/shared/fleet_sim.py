@@ -48,11 +48,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.shared.fleet_sim_basics import COUNTERS, SimulationError, device_role
-from benchmarks.shared.fleet_sim_worker import worker_main
 from edgesdk.errors import RolloutTimeoutError
 from edgesdk.fleet.protocol import check_id
 from edgesdk.runtime.bundle import parse_version
+
+if __package__ in (None, ""):  # run as python benchmarks/shared/fleet_sim.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.shared.fleet_sim_basics import COUNTERS, SimulationError, device_role  # noqa: E402
+from benchmarks.shared.fleet_sim_worker import worker_main  # noqa: E402
 
 __all__ = ["SimulatedFleet", "FleetReport", "ProcessReport", "SimulationError", "device_role"]
 
