@@ -21,8 +21,7 @@ Part ``canary``:
   is promoted to completion in 20 of 20; the time from a stage settling to its verdict is at most the health
   window plus one report interval in every run.
 
-Part ``boards`` comes from ``benchmarks/fleet/rollout_boards.py`` (``run_boards(args)``) when that module exists; else
-the part is reported as not run.
+Part ``boards`` is ``run_boards(args)`` of ``benchmarks/fleet/rollout_boards.py``.
 """
 
 from __future__ import annotations
@@ -233,15 +232,11 @@ def main() -> None:
         results["canary"], canary_goals = canary_part(args)
         goals += canary_goals
     if args.part in ("boards", "all"):
-        boards = Path(__file__).resolve().parent / "rollout_boards.py"
-        if boards.is_file():
-            from benchmarks.fleet.rollout_boards import run_boards
+        from benchmarks.fleet.rollout_boards import run_boards
 
-            part = run_boards(args)
-            results["boards"] = part["results"]
-            goals += list(part["goals"].values()) if isinstance(part["goals"], dict) else part["goals"]
-        else:
-            results["boards"] = {"run": False, "note": "benchmarks/fleet/rollout_boards.py is not there yet"}
+        part = run_boards(args)
+        results["boards"] = part["results"]
+        goals += list(part["goals"].values()) if isinstance(part["goals"], dict) else part["goals"]
     emit("rollout_safety", {"quick": args.quick, "part": args.part, "runs": args.runs, "devices": args.devices},
          results, goals)
 
