@@ -24,11 +24,15 @@ import json
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from edgesdk.errors import InputError
+
+from .v2_json import NotExact, Numbers, fast_header
+
+T = TypeVar("T")
 
 _fast_loads: Callable[[bytes], Any] | None
 try:  # the [server] extra installs orjson: several times faster on tensors sent as JSON; a device needs none
@@ -202,17 +206,23 @@ def encode_response(model_name: str, model_version: str | None, outputs: Mapping
     return _body(header, blobs)
 
 
-def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
-    """The JSON header as a dict and the binary part that follows it."""
+def _split(body: bytes, header_length: int | None, fast: bool) -> tuple[dict[str, Any], memoryview]:
+    """The JSON header as a dict and the binary part that follows it.
+
+    ``fast``: tensors' ``data`` lists may come back as :class:`~.v2_json.Numbers` (see :mod:`.v2_json`).
+    """
     if header_length is None:
         header_length = len(body)
     if not 0 < header_length <= len(body):
         raise InputError(f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes; send the length "
                          "of the JSON part of the body")
-    try:
-        header = _loads(bytes(body[:header_length]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"the body is not valid JSON ({exc}); send a KServe V2 inference JSON object") from None
+    text = body if header_length == len(body) and isinstance(body, bytes) else bytes(body[:header_length])
+    header = fast_header(text) if fast else None
+    if header is None:
+        try:
+            header = _loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"the body is not valid JSON ({exc}); send a KServe V2 inference JSON object") from None
     if not isinstance(header, dict):
         raise InputError(f"the body is JSON {type(header).__name__}, not an object; send a KServe V2 inference object")
     return header, memoryview(body)[header_length:]
@@ -260,11 +270,16 @@ def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str,
             continue
         if "data" not in entry:
             raise InputError(f"tensor {name!r} has neither 'data' nor parameters.binary_data_size")
-        try:
-            with np.errstate(over="raise"):  # 1e308 as FP32 would otherwise arrive as inf, silently
-                flat = np.asarray(entry["data"], dtype=dtype).reshape(-1)
-        except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
-            raise InputError(f"tensor {name!r}: data is not a list of {entry['datatype']} values ({exc})") from None
+        data = entry["data"]
+        if isinstance(data, Numbers):
+            flat = data.values(dtype)
+        else:
+            try:
+                with np.errstate(over="raise"):  # 1e308 as FP32 would otherwise arrive as inf, silently
+                    flat = np.asarray(data, dtype=dtype).reshape(-1)
+            except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
+                raise InputError(f"tensor {name!r}: data is not a list of {entry['datatype']} values ({exc})") \
+                    from None
         if flat.size != count:
             raise InputError(f"tensor {name!r}: {flat.size} data values do not fill shape {list(shape)} "
                              f"({count} values)")
@@ -275,12 +290,30 @@ def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str,
     return tensors
 
 
+def _exactly(decode: Callable[[bytes, int | None, bool], T], body: bytes, header_length: int | None) -> T:
+    """``decode`` with the fast JSON path, or the standard one when the fast one is not sure or finds a fault
+    (then the standard path's answer and error message are the ones given)."""
+    try:
+        return decode(body, header_length, True)
+    except (NotExact, InputError):
+        return decode(body, header_length, False)
+
+
 def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     """Decode an inference request body; ``header_length`` is the ``Inference-Header-Content-Length`` (or None).
 
-    Binary input tensors are read-only views of ``body``.
+    Binary input tensors are read-only views of ``body``; JSON ones are parsed as :mod:`.v2_json` says.
     """
-    header, rest = _split(body, header_length)
+    return _exactly(_decode_request, body, header_length)
+
+
+def decode_response(body: bytes, header_length: int | None) -> InferResponse:
+    """Decode an inference response body; ``header_length`` is the ``Inference-Header-Content-Length`` (or None)."""
+    return _exactly(_decode_response, body, header_length)
+
+
+def _decode_request(body: bytes, header_length: int | None, fast: bool) -> InferRequest:
+    header, rest = _split(body, header_length, fast)
     inputs = _tensors(header.get("inputs"), rest, "inputs", copy=False)
     if not inputs:
         raise InputError("the request has no inputs; send at least one tensor in 'inputs'")
@@ -303,9 +336,8 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                         bool(params.get("binary_data_output", False)), params)
 
 
-def decode_response(body: bytes, header_length: int | None) -> InferResponse:
-    """Decode an inference response body; ``header_length`` is the ``Inference-Header-Content-Length`` (or None)."""
-    header, rest = _split(body, header_length)
+def _decode_response(body: bytes, header_length: int | None, fast: bool) -> InferResponse:
+    header, rest = _split(body, header_length, fast)
     if not isinstance(header.get("model_name"), str):
         raise InputError(f"the response has no model_name; not a KServe V2 inference response: {header!r:.200}")
     outputs = _tensors(header.get("outputs"), rest, "outputs", copy=True)
