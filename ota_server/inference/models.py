@@ -166,6 +166,27 @@ class LoadedModel:
             self.batcher.close()
         self._runner.shutdown(wait=False)
 
+    def infer_blocking(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """:meth:`infer` for a thread that may wait for the answer (the gRPC service's workers): the same batcher,
+        ``max_queue`` and runner; a run provably short by :attr:`run_cost` goes in the calling thread instead."""
+        inputs = self.check(inputs)
+        future = self.submit(inputs)
+        if future is not None:
+            return future.result()
+        if not self._slots.acquire(blocking=False):
+            raise QueueFullError(f"model {self.name} {self.version} is running {self.batching.max_queue} requests, "
+                                 "its max_queue; retry later, or raise max_queue in the inference config")
+        try:
+            if self.run_cost.inline(elements(inputs)):
+                return self._run_measured(inputs)
+            try:
+                running = self._runner.submit(self._run_measured, inputs)
+            except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it here
+                return self._run_measured(inputs)
+            return running.result()
+        finally:
+            self._slots.release()
+
 
 class ModelRegistry:
     """The served models over an OTA :class:`ModelRepository`, with an LRU cache of loaded sessions."""

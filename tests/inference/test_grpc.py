@@ -197,3 +197,34 @@ def test_every_message_matches_the_published_proto_field_for_field():
     for name, message in ours.DESCRIPTOR.message_types_by_name.items():
         assert _fields(message) == _fields(published[name]), name
     assert len(ours.DESCRIPTOR.message_types_by_name) == 14
+
+
+def test_health_and_metadata_answer_while_many_calls_wait_for_their_model(grpc_endpoint, client):
+    # Each waiting call holds one of the service's threads; there must be threads left for everything else.
+    model = grpc_endpoint.registry.get("mlp")
+    x = np.ones((1, WIDTH_IN), np.float32)
+    waiting = [triton.InferenceServerClient(grpc_endpoint.grpc_address) for _ in range(8)]
+    with ThreadPoolExecutor(len(waiting)) as pool:
+        with model.batcher.paused():
+            queued = [pool.submit(infer, c, x) for c in waiting]
+            wait_until(lambda: model.batcher.depth == len(waiting), "eight calls waiting for the batcher")
+            assert client.is_server_live(client_timeout=5) and client.is_model_ready("mlp", client_timeout=5)
+            assert client.get_model_metadata("mlp", client_timeout=5).name == "mlp"
+        assert [f.result().as_numpy("probabilities").shape for f in queued] == [(1, WIDTH_OUT)] * len(waiting)
+    for c in waiting:
+        c.close()
+
+
+def test_an_unbatched_model_is_checked_and_run_over_grpc(serve, bundles):
+    endpoint = serve(models=[ServedModel("fixed")], grpc_listen="127.0.0.1:0")  # batch fixed at 1: no batcher
+    client = triton.InferenceServerClient(endpoint.grpc_address)
+    x = np.random.default_rng(8).standard_normal((1, WIDTH_IN)).astype(np.float32)
+    assert endpoint.registry.get("fixed").batcher is None
+    for _ in range(3):
+        np.testing.assert_allclose(infer(client, x, model="fixed").as_numpy("probabilities"),
+                                   reference(bundles["fixed"], x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InferenceServerException) as caught:
+        infer(client, np.ones((2, WIDTH_IN), np.float32), model="fixed")
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT" and "takes [1, 16]" in caught.value.message()
+    assert sample(endpoint, "edgesdk_inference_requests", "_total", model="fixed") == 4
+    client.close()
