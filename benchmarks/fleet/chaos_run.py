@@ -33,6 +33,7 @@ from benchmarks.fleet.chaos_checker import History, Violation, check, fault_effe
 from benchmarks.fleet.chaos_faults import FAULT_KINDS, RECONNECT_S, Injector, schedule
 from benchmarks.fleet.fleet_servers import ServerProcess
 from benchmarks.shared.fleet_sim import SimulatedFleet
+from benchmarks.shared.polling import wait_until
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
@@ -276,8 +277,8 @@ def run_chaos(config: ChaosConfig, work: Path) -> ChaosResult:
     rollouts: list[dict[str, Any]] = []
     refused, phases = 0, {}
     try:
-        _wait(lambda: replicas.client().device_page(GROUP, status="online", limit=1).total == config.devices, 120,
-              "every device online")
+        wait_until(lambda: replicas.client().device_page(GROUP, status="online", limit=1).total == config.devices, 120,
+                   "every device online", interval=0.2)
         for version, archive in archives.items():
             if version != INITIAL:
                 replicas.client().upload(archive)
@@ -419,11 +420,3 @@ def _retry(call: Any, attempts: int = 60) -> Any:
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5)
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise EdgeSDKError(f"chaos run: no {what} after {timeout:g} s")
-        time.sleep(0.2)

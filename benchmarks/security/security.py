@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import emit, goal, interleaved, log, summary  # noqa: E402
 from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
+from benchmarks.shared.polling import wait_until  # noqa: E402
 from edgesdk.agent.agent import DeviceAgent  # noqa: E402
 from edgesdk.agent.config import AgentConfig  # noqa: E402
 from edgesdk.fleet import key_ceremony  # noqa: E402
@@ -64,15 +65,6 @@ from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
 FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0, deploy_timeout_s=60)
 
 
-def _wait(predicate, timeout: float, what: str) -> float:
-    """Seconds until ``predicate()`` held (polling every 10 ms); RuntimeError after ``timeout``."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise RuntimeError(f"no {what} within {timeout:g} s")
-        time.sleep(0.01)
-    return time.monotonic() - started
-
 
 def _fleet(work: Path, key_counts: dict[str, int], thresholds: dict[str, int]) -> tuple[Path, dict]:
     root_path, private = key_ceremony.init_fleet(work / "fleet", key_counts, thresholds)
@@ -90,16 +82,16 @@ def rotation_reach(work: Path, devices: int) -> dict:
                            root=root_path, max_runtime_s=600)
     try:
         fleet.start(timeout=300)
-        _wait(lambda: dict((v, n) for v, _, n in running.ota.db.trust_counts()).get(1, 0) == devices, 120,
-              "fleet on root v1 in the store")
+        wait_until(lambda: dict((v, n) for v, _, n in running.ota.db.trust_counts()).get(1, 0) == devices, 120,
+                   "fleet on root v1 in the store", interval=0.01)
         generate_keypair(work / "new", "commands-2")
         v2 = key_ceremony.rotate(root_path.read_bytes(), "commands", keys["root"],
                                  add=[load_public_key(work / "new" / "commands-2.pub")],
                                  remove=[key_id(keys["commands"][0].public_key())])
         started = time.monotonic()
         publish_retained(broker.url, Topics.root(2), v2.document)
-        _wait(lambda: dict((v, n) for v, _, n in running.ota.db.trust_counts()).get(2, 0) == devices, 300,
-              f"{devices} devices on root v2")
+        wait_until(lambda: dict((v, n) for v, _, n in running.ota.db.trust_counts()).get(2, 0) == devices, 300,
+                   f"{devices} devices on root v2", interval=0.01)
         seconds = time.monotonic() - started
     finally:
         report = fleet.stop()
@@ -132,20 +124,21 @@ def revoked_reach(work: Path, agents: int) -> dict:
                                        retry_interval_s=0.3, broadcast_wait_s=0.5)).start() for i in range(agents)]
     server = running.ota
     try:
-        _wait(lambda: len(server.db.devices("cams")) == agents, 60, "agents online")
+        wait_until(lambda: len(server.db.devices("cams")) == agents, 60, "agents online", interval=0.01)
         server.upload(pack_bundle(_bundle(work, "1.0.0", 1, ci)))
         first = server.start_rollout("digits", "1.0.0", "cams", FAST)
-        _wait(lambda: server.status(first).state != "running", 120, "rollout 1.0.0")
+        wait_until(lambda: server.status(first).state != "running", 120, "rollout 1.0.0", interval=0.01)
         installed_before = sum(a.current_version() == ("digits", "1.0.0") for a in started)
         generate_keypair(work / "new", "bundles-2")
         v2 = key_ceremony.rotate(root_path.read_bytes(), "bundles", keys["root"],
                                  add=[load_public_key(work / "new" / "bundles-2.pub")],
                                  remove=[key_id(ci.public_key())])
         publish_retained(broker.url, Topics.root(2), v2.document)
-        _wait(lambda: all(a.trust is not None and a.trust.root.version == 2 for a in started), 60, "agents on v2")
+        wait_until(lambda: all(a.trust is not None and a.trust.root.version == 2 for a in started), 60, "agents on v2",
+                   interval=0.01)
         server.upload(pack_bundle(_bundle(work, "2.0.0", 2, ci)))  # signed by the revoked key only
         second = server.start_rollout("digits", "2.0.0", "cams", FAST)
-        _wait(lambda: server.status(second).state != "running", 120, "rollout 2.0.0")
+        wait_until(lambda: server.status(second).state != "running", 120, "rollout 2.0.0", interval=0.01)
         reached = sum(a.current_version() == ("digits", "2.0.0") for a in started)
         slots = sum((a.store.slots / "digits-2.0.0").exists() for a in started)
         state = server.status(second).state.value
@@ -184,11 +177,11 @@ def stale_detection(work: Path, rounds: int) -> dict:
                 ServerConfig(broker.url, tick_s=0.05, timestamp_every_s=every, timestamp_expires_s=expires),
                 repo=work / "repo", db=work / f"fleet{round_}.db", signing_key=keys["commands"][0], allow_unsigned=True,
                 timestamp_key=keys["timestamp"][0]))
-            _wait(reported["fresh"].is_set, 30, "a fresh state")
+            wait_until(reported["fresh"].is_set, 30, "a fresh state", interval=0.01)
             time.sleep(every * 2)
             reported["stale"].clear()
             running.stop()  # the timestamps stop
-            latencies.append(_wait(reported["stale"].is_set, expires + 30, "a stale state"))
+            latencies.append(wait_until(reported["stale"].is_set, expires + 30, "a stale state", interval=0.01))
     finally:
         watcher.close()
         agent.stop()

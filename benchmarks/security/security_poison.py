@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import goal, log  # noqa: E402
 from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
+from benchmarks.shared.polling import wait_until  # noqa: E402
 from edgesdk.fleet.archive import pack_bundle  # noqa: E402
 from edgesdk.fleet.protocol import Topics  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy  # noqa: E402
@@ -102,14 +103,6 @@ def _p(seconds: list[float], q: float) -> float:
 def _r(value: float, digits: int = 4) -> float | None:
     return None if value is None or math.isnan(value) else round(value, digits)
 
-
-def _wait(predicate, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise RuntimeError(f"no {what} within {timeout:g} s")
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def _poison(broker_url: str, max_s: float, period_s: float = PERIOD_S) -> None:
@@ -253,12 +246,12 @@ def _phase(server, fleet: SimulatedFleet, recorder: _LagRecorder, broker_url: st
         time.sleep(1.0)  # both conditions: the poison is flowing when the rollout starts
         rollout_started = time.monotonic()
         rollout = server.start_rollout("digits", version, GROUP, FAST)
-        _wait(lambda: server.status(rollout).state != "running", 600, f"the end of the rollout of {version}")
+        wait_until(lambda: server.status(rollout).state != "running", 600, f"the end of the rollout of {version}")
         rollout_s = time.monotonic() - rollout_started
         state = server.status(rollout).state.value
         try:
-            _wait(lambda: _count_on(server, fleet.device_ids, version) == len(fleet.device_ids), 60,
-                  f"every device's final state on {version}")
+            wait_until(lambda: _count_on(server, fleet.device_ids, version) == len(fleet.device_ids), 60,
+                       f"every device's final state on {version}")
         except RuntimeError:
             pass
         recorded = _count_on(server, fleet.device_ids, version)
@@ -335,12 +328,12 @@ def _measure(work: Path, devices: int, rounds: int, min_s: float) -> dict[str, A
             server.upload(archive)
         log(f"poison: connecting {devices} devices")
         fleet.start(timeout=300)
-        _wait(lambda: len(server.db.devices(GROUP)) >= devices, 120, f"{devices} devices in the store")
+        wait_until(lambda: len(server.db.devices(GROUP)) >= devices, 120, f"{devices} devices in the store")
         server.ingest.flush(timeout=60)  # the connect storm is not measured
         log(f"poison: warm-up rollout of {versions[0]} (not measured)")
         warm = server.start_rollout("digits", versions[0], GROUP, FAST)
-        _wait(lambda: server.status(warm).state != "running", 600, "the end of the warm-up rollout")
-        _wait(lambda: _count_on(server, fleet.device_ids, versions[0]) == devices, 60, "the warm-up's final states")
+        wait_until(lambda: server.status(warm).state != "running", 600, "the end of the warm-up rollout")
+        wait_until(lambda: _count_on(server, fleet.device_ids, versions[0]) == devices, 60, "the warm-up's final states")
         server.ingest.flush(timeout=60)
         phases = []
         for i, (condition, version) in enumerate(zip(order, versions[1:])):

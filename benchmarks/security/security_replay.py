@@ -41,19 +41,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import goal, log  # noqa: E402
+from benchmarks.shared.polling import wait_until  # noqa: E402
 
 __all__ = ["run", "binding_cost"]
 
 #: Events that mean a device took a command up.
 _ADMITTED = {"accepted", "downloaded", "committed", "rolled_back", "failed"}
 
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {what} within {timeout:g} s")
-        time.sleep(0.02)
 
 
 def _bundle(work: Path, version: str, seed: int, signer: Any) -> Path:
@@ -128,8 +122,8 @@ def _replay_round(broker_url: str, victims: list[Any], recorded: list[tuple[str,
     deliveries = [(a.config.device_id, envelope) for a in victims for _, envelope in recorded]
     _replay(broker_url, deliveries)
     try:
-        _wait(lambda: all(len(a.events) - before[a.config.device_id] >= len(recorded) for a in victims), 30,
-              "an answer to every replay")
+        wait_until(lambda: all(len(a.events) - before[a.config.device_id] >= len(recorded) for a in victims), 30,
+                   "an answer to every replay", interval=0.02)
     except RuntimeError as exc:
         log(f"replay: {exc}")
     time.sleep(settle_s)  # a command admitted would report more by now
@@ -172,20 +166,21 @@ def replays(work: Path) -> dict[str, Any]:
         fleet.add("cam01", "cams", broker.url, rooted=False)
         fleet.add("c1", "canary", broker.url, rooted=True)
         prod = [fleet.add("p1", "prod", broker.url, rooted=True), fleet.add("p2", "prod", broker.url, rooted=False)]
-        _wait(lambda: all(getattr(server.db.device(d), "status", "") == "online" for d in fleet.agents), 60, "online")
+        wait_until(lambda: all(getattr(server.db.device(d), "status", "") == "online" for d in fleet.agents), 60, "online",
+                   interval=0.02)
         for seed, version in enumerate(("1.0.0", "2.0.0"), 1):
             server.upload(pack_bundle(_bundle(work, version, seed, load_private_key(private["bundles"][0]))))
         policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
         steps = [(v, g, False) for v in ("1.0.0", "2.0.0") for g in ("cams", "canary", "prod")]
         for version, group, rollback in [*steps, ("1.0.0", "canary", True)]:
             rid = server.start_rollout("digits", version, group, policy, rollback=rollback)
-            _wait(lambda rid=rid: server.status(rid).state != "running", 120, f"{group} on {version}")
+            wait_until(lambda rid=rid: server.status(rid).state != "running", 120, f"{group} on {version}", interval=0.02)
         model = write_mlp_onnx(random_mlp([64, 16, 10], seed=7), work / "candidate.onnx")
         import numpy as np
 
         mid = server.request_measurement("cam01", pack_measurement(model, {"input": np.zeros((4, 64), np.float32)}),
                                          "latency", 3)
-        _wait(lambda: server.measurements.status(mid)["status"] in ("done", "failed"), 120, "the measurement")
+        wait_until(lambda: server.measurements.status(mid)["status"] in ("done", "failed"), 120, "the measurement", interval=0.02)
         time.sleep(0.5)
         # Distinct envelopes sent to cam01 and c1 (re-sends repeat the same bytes).
         mine = list(dict.fromkeys((d, p) for d, p in recorded if d in ("cam01", "c1")))
