@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import models
+import benchmarks.models as models
 from edgesdk.errors import DataError, ModelFormatError
 
 #: The new head's classes: index 0 is the CTC blank, then these characters in order.
