@@ -31,6 +31,8 @@ except ImportError:
     _simdjson = None
 
 _local = threading.local()
+#: Bodies up to this size are parsed by a parser kept per thread (a 1x3x224x224 FP32 page as JSON is 2.9 MB).
+KEEP_PARSER_BYTES = 8 * 1024 * 1024
 #: ``dtype.kind`` -> pysimdjson buffer type and the NumPy dtype of that buffer.
 _BUFFERS = {"f": ("d", np.dtype(np.float64)), "i": ("i", np.dtype(np.int64)), "u": ("u", np.dtype(np.uint64))}
 
@@ -40,10 +42,11 @@ class NotExact(Exception):
 
 
 class Numbers:
-    """A tensor's ``data`` list, still in the parsed document: :meth:`values` copies it into an array."""
+    """A tensor's ``data`` list, still in the parsed document (a regular nest of ``arrays`` lists):
+    :meth:`values` copies it into an array."""
 
-    def __init__(self, array: Any, count: int, arrays: int) -> None:
-        self.array, self.count, self.arrays = array, count, arrays
+    def __init__(self, array: Any, arrays: int) -> None:
+        self.array, self.arrays = array, arrays
 
     def values(self, dtype: np.dtype[Any]) -> np.ndarray:
         """The numbers as a flat array of ``dtype``; NotExact when the standard path might answer otherwise."""
@@ -65,21 +68,20 @@ class Numbers:
             raise NotExact(str(exc)) from None
 
 
-def _nest(array: Any) -> tuple[int, int] | None:
-    """(values, arrays) of a regular nest of lists (a flat list: (len, 1)); None when the nest is not regular.
+def _nest(array: Any) -> int | None:
+    """How many lists a regular nest of lists holds (a flat list: 1); None when the nest is not regular.
 
     Only the lists above the innermost level are walked: the innermost lists' values stay in C. A list
     hidden among those values (``[1, [2]]``) is found by :func:`fast_header`'s count of ``[``.
     """
-    level, arrays, count = [array], 0, 1
+    level, arrays = [array], 0
     while True:
         arrays += len(level)
         length = len(level[0])
         if any(len(node) != length for node in level):
             return None
-        count *= length
         if length == 0 or not isinstance(level[0][0], _simdjson.Array):
-            return count, arrays
+            return arrays
         level = [child for node in level for child in node]
         if not all(isinstance(child, _simdjson.Array) for child in level):
             return None
@@ -112,6 +114,10 @@ def _brackets(value: Any) -> int:
 
 
 def _parse(text: bytes) -> Any:
+    """The parsed document; a thread reuses its parser, except for a body over :data:`KEEP_PARSER_BYTES`, whose
+    buffers (several times its size) then go with its document instead of staying with the thread."""
+    if len(text) > KEEP_PARSER_BYTES:
+        return _simdjson.Parser().parse(text)
     parser = getattr(_local, "parser", None)
     if parser is None:
         parser = _local.parser = _simdjson.Parser()
@@ -155,7 +161,7 @@ def fast_header(text: bytes) -> dict[str, Any] | None:
                         nest = _nest(item)
                         if nest is None:
                             return None
-                        tensor[name] = Numbers(item, *nest)
+                        tensor[name] = Numbers(item, nest)
                     else:
                         tensor[name] = _python(item)
                 entries.append(tensor)

@@ -135,3 +135,15 @@ def test_a_document_still_referenced_does_not_block_the_next_parse():
     again = v2_json.fast_header(_body([3, 4], [2]))  # the first one's arrays are alive: a new parser is taken
     assert again is not None and again["inputs"][0]["data"].values(np.dtype(np.float32)).tolist() == [3, 4]
     assert kept["inputs"][0]["data"].values(np.dtype(np.float32)).tolist() == [1, 2]
+
+
+def test_a_big_body_is_parsed_by_a_parser_of_its_own(monkeypatch):
+    # A thread keeps its parser, and a parser keeps buffers several times the largest body it parsed.
+    monkeypatch.setattr(v2_json, "KEEP_PARSER_BYTES", 64)
+    small = v2_json._parse(b"[1]")
+    del small
+    kept = v2_json._local.parser
+    header = v2_json.fast_header(_body(list(range(50)), [50]))
+    assert header is not None and header["inputs"][0]["data"].values(np.dtype(np.int64)).tolist() == list(range(50))
+    assert v2_json._local.parser is kept
+    kept.parse(b"[2]")  # holds no document of the big body (it would refuse to parse while one is alive)
