@@ -59,7 +59,7 @@ def _bundle(work: Path, version: str, seed: int, signer: Any) -> Path:
 
     model = write_mlp_onnx(random_mlp([16, 8, 4], seed=seed), work / f"m{seed}.onnx")
     out = bundle_from_model(work / f"bundle-{version}", model,
-                            BundleSpec("digits", version, "onnx-fp32", "generic-x86_64", "latency"),
+                            BundleSpec("digits", version, "onnx-fp32", "rk3588", "latency"),
                             {"input": np.zeros((1, 16), np.float32)}).path
     sign_bundle(out, signer)
     return out
