@@ -13,7 +13,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -70,7 +72,7 @@ class LoadedModel:
     """One model version in an ONNX Runtime session, with its batcher when batching applies."""
 
     def __init__(self, name: str, version: str, session: Any, batching: BatchingConfig, metrics: ModelMetrics,
-                 instances: int = 1) -> None:
+                 instances: int = 1, single_threaded: bool = False) -> None:
         where = f"model {name} {version}"
         self.name, self.version, self.session, self.metrics = name, version, session, metrics
         self.inputs = tuple(_spec(arg, where) for arg in session.get_inputs())
@@ -87,6 +89,11 @@ class LoadedModel:
                                           initializer=_below_the_event_loop)
         #: Recent unbatched runs: whether the next one may go on the event loop (only when provably short).
         self.run_cost = RunCost()
+        # What a run would block the loop for. A session on one intra-op thread computes on the calling thread, so
+        # that thread's CPU time: its wall time on a worker also counts the loop's own turns on a shared core (at 8
+        # clients on one core, 92% of a tiny MLP's runs measured over the threshold and went to the worker).
+        # A multi-threaded session's calling thread waits for its pool: the wall time.
+        self._run_clock = time.thread_time if single_threaded else time.perf_counter
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """The V2 model metadata object."""
@@ -136,10 +143,7 @@ class LoadedModel:
         future = self.submit(inputs)
         if future is not None:
             return await asyncio.wrap_future(future)
-        if not self._slots.acquire(blocking=False):
-            raise QueueFullError(f"model {self.name} {self.version} is running {self.batching.max_queue} requests, "
-                                 "its max_queue; retry later, or raise max_queue in the inference config")
-        try:
+        with self._slot():
             if self.run_cost.inline(elements(inputs)):
                 return self._run_measured(inputs)
             try:
@@ -147,17 +151,26 @@ class LoadedModel:
             except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it anyway
                 return await asyncio.to_thread(self._run_measured, inputs)
             return await running
+
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        """One of the ``max_queue`` places of an unbatched request, or QueueFullError at once."""
+        if not self._slots.acquire(blocking=False):
+            raise QueueFullError(f"model {self.name} {self.version} is running {self.batching.max_queue} requests, "
+                                 "its max_queue; retry later, or raise max_queue in the inference config")
+        try:
+            yield
         finally:
             self._slots.release()
 
     def _run_measured(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        started = time.perf_counter()
+        started, cost_from = time.perf_counter(), self._run_clock()
         outputs = self.run(inputs)
-        seconds = time.perf_counter() - started
-        self.metrics.compute_seconds.observe(seconds)
+        cost = self._run_clock() - cost_from
+        self.metrics.compute_seconds.observe(time.perf_counter() - started)
         first = next(iter(inputs.values()))
         self.metrics.batch_size.observe(int(first.shape[0]) if first.ndim else 1)
-        self.run_cost.observe(elements(inputs), seconds)
+        self.run_cost.observe(elements(inputs), cost)
         return outputs
 
     def close(self) -> None:
@@ -173,10 +186,7 @@ class LoadedModel:
         future = self.submit(inputs)
         if future is not None:
             return future.result()
-        if not self._slots.acquire(blocking=False):
-            raise QueueFullError(f"model {self.name} {self.version} is running {self.batching.max_queue} requests, "
-                                 "its max_queue; retry later, or raise max_queue in the inference config")
-        try:
+        with self._slot():
             if self.run_cost.inline(elements(inputs)):
                 return self._run_measured(inputs)
             try:
@@ -184,8 +194,6 @@ class LoadedModel:
             except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it here
                 return self._run_measured(inputs)
             return running.result()
-        finally:
-            self._slots.release()
 
 
 class ModelRegistry:
@@ -300,7 +308,8 @@ class ModelRegistry:
             raise ModelFormatError(f"model {name} {version}: ONNX Runtime cannot load it ({exc})") from None
         served = self.served(name)
         batching = served.batching if served is not None else self.config.default_batching
-        return LoadedModel(name, version, session, batching, self.metrics.model(name, version), self._instances())
+        return LoadedModel(name, version, session, batching, self.metrics.model(name, version), self._instances(),
+                           single_threaded=self.config.threads == 1)
 
     def _instances(self) -> int:
         """Unbatched runs at a time: as many as fill this process's CPUs at ``threads`` each (one without a
