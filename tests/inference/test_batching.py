@@ -288,6 +288,11 @@ def test_a_single_threaded_session_is_costed_by_its_cpu_time_not_the_time_others
 
         model.run = off_the_cpu
         x = np.ones((1, WIDTH_IN), np.float32)
-        for _ in range(12):
+        for _ in range(40):  # bounded: a cold first run keeps it off the loop for the next 8
             assert post(endpoint, x)[0] == 200
-        assert (ran_on[-3:] == ["admin-http"] * 3) is inline_expected, (threads, ran_on)
+            if ran_on[-3:] == ["admin-http"] * 3:
+                break
+        if inline_expected:
+            assert ran_on[-3:] == ["admin-http"] * 3, ran_on
+        else:  # by its wall time every run takes 2 ms: none is provably short
+            assert "admin-http" not in ran_on, ran_on
