@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._peer_venv import PeerVenv  # noqa: E402  (the repository root is on the path from here on)
+from benchmarks.shared.peer_venv import PeerVenv  # noqa: E402  (the repository root is on the path from here on)
 
 GRPC_TOOLS = "grpcio-tools==1.76.0"
 #: The protobuf runtime the generated code checks for (grpcio-tools 1.76.0 bundles protoc 31.1).

@@ -29,8 +29,8 @@ command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
 # The operator console's browser tests drive Debian's chromium through its WebDriver (tests/ota/test_console_browser.py).
 command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || apt_packages+=(chromium-driver)
-# benchmarks/endpoint.py's PyTriton peer: Triton's Python backend stub links the system libpython3.11,
-# so its venv is made from the system python3.11 (benchmarks/_endpoint_peers.py).
+# benchmarks/endpoint/endpoint.py's PyTriton peer: Triton's Python backend stub links the system libpython3.11,
+# so its venv is made from the system python3.11 (benchmarks/endpoint/endpoint_peers.py).
 if [ -x /usr/bin/python3.11 ]; then
   /usr/bin/python3.11 -c 'import venv, ensurepip' 2>/dev/null || apt_packages+=(python3.11-venv)
 else

@@ -43,9 +43,9 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks.converter.calibration_counts import A55, COUNTED_ON, count_figure, counter  # noqa: E402
 from benchmarks.converter.calibration_models import build  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters.emulate import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY  # noqa: E402
 from edgesdk.converters.gpu_estimate import (  # noqa: E402

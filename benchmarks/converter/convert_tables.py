@@ -1,6 +1,6 @@
 """The convert tables the README quotes: a real detector planned for a Jetson Orin Nano (GPU engines beside the CPU).
 
-The detector of ``benchmarks/models.py`` (YOLOv8n at 320x320 from nudenet 3.4.2, fetched with
+The detector of ``benchmarks/shared/models.py`` (YOLOv8n at 320x320 from nudenet 3.4.2, fetched with
 pinned SHA-256s; photographs for data, F1 agreement with FP32 as the metric) is converted with
 ``edgesdk.converters.convert`` for each board asked, and the table ``edgesdk convert`` prints is
 kept with its JSON report. No goals: it records what the planner chose and why.
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmarks._common import emit, log  # noqa: E402
-from benchmarks.models import DATA, MODELS, fetch  # noqa: E402
+from benchmarks.shared.common import emit, log  # noqa: E402
+from benchmarks.shared.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk.cli.convert import _table  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
 

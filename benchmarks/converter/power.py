@@ -1,6 +1,6 @@
 """Power budgets on real models and boards, and the energy sensors that check them.
 
-* **Budget sweep.** Three real models of benchmarks/models.py (:data:`SWEPT`: orientation, detector,
+* **Budget sweep.** Three real models of benchmarks/shared/models.py (:data:`SWEPT`: orientation, detector,
   ocr_cls; ``--models`` for others) are converted once for a Raspberry Pi 5 (every variant measured here, counted on the emulated
   Cortex-A76). Each variant is then costed on the Pi 4, the Pi 5, the RK3588 and the Jetson Orin
   Nano (every cluster's core type counted under qemu-user; the Orin's A78AE as neoverse-n1), and
@@ -62,9 +62,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmarks._common import emit, goal, interleaved, log, summary  # noqa: E402
 from benchmarks.converter.power_sweep import RATE_SHARE, STEP_W, planned_candidates, sweep  # noqa: E402
-from benchmarks.models import DATA, MODELS, fetch  # noqa: E402
+from benchmarks.shared.common import emit, goal, interleaved, log, summary  # noqa: E402
+from benchmarks.shared.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
 from edgesdk.converters.config import CalibrationMethod, QuantizationConfig  # noqa: E402

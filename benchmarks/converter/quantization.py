@@ -1,6 +1,6 @@
 """edgesdk convert on real pretrained models, judged on the board's emulated core and on held-out data.
 
-Models and data come from benchmarks/models.py (pinned wheels, SHA-256 checked; real
+Models and data come from benchmarks/shared/models.py (pinned wheels, SHA-256 checked; real
 photographs and rendered text). Per model:
 
 * ``convert()`` for a Raspberry Pi 5 (emulated Cortex-A76) with a 1-point bound on the
@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks.converter.nncf_peer import NncfError, nncf_accuracy_control  # noqa: E402
 from benchmarks.converter.quantization_proxy import fit_errors, proxy_pairs  # noqa: E402
-from benchmarks.models import DATA, MODELS, fetch  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
+from benchmarks.shared.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
 from edgesdk.converters.board_latency import board_cost  # noqa: E402

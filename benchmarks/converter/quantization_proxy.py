@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import interleaved, log
+from benchmarks.shared.common import interleaved, log
 from edgesdk.converters.emulate import Emulator, InstructionCount
 
 __all__ = ["proxy_pairs", "fit_errors"]

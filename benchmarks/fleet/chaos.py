@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks.fleet.chaos_run import FAULT_KINDS, SEQUENCE, ChaosConfig, ChaosResult, run_chaos  # noqa: E402
 from benchmarks.fleet.planted_server import BUGS  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
 
 #: The planted bugs checked by default (the full run): the first two must be caught, the last shown harmless.
 PLANTS = ("no-reconcile", "no-fence", "ignore-lease")

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks._common import log
 from benchmarks.fleet.chaos_checker import ALL, History
+from benchmarks.shared.common import log
 from benchmarks.shared.fleet_sim import SimulatedFleet
 from edgesdk.errors import ConflictError, EdgeSDKError
 

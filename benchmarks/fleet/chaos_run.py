@@ -28,10 +28,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import log
 from benchmarks.fleet.chaos_checker import History, Violation, check, fault_effects, minimal_history, releases
 from benchmarks.fleet.chaos_faults import FAULT_KINDS, RECONNECT_S, Injector, schedule
 from benchmarks.fleet.fleet_servers import ServerProcess
+from benchmarks.shared.common import log
 from benchmarks.shared.fleet_sim import SimulatedFleet
 from benchmarks.shared.polling import wait_until
 from edgesdk.errors import EdgeSDKError

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks._common import emit, goal, log  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus  # noqa: E402
 from edgesdk.ota_server.app import ServerSetup, build_server  # noqa: E402
 from edgesdk.ota_server.broker import LocalMosquitto, free_port  # noqa: E402

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks.fleet.fleet_late import big_bundle, duty_cycled, late_devices, late_goals, reconnect_storm  # noqa: E402
 from benchmarks.fleet.fleet_servers import ServerProcess, tree_cpu_seconds  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
 from edgesdk.fleet.archive import pack_bundle  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus  # noqa: E402

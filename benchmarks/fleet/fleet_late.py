@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import log
 from benchmarks.fleet.fleet_servers import STALL_S, FleetStack
+from benchmarks.shared.common import log
 from benchmarks.shared.fleet_sim import FleetReport, SimulatedFleet
 from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus

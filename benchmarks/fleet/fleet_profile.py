@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks.fleet.fleet import Run, make_bundles  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from edgesdk.fleet.records import TargetStatus  # noqa: E402
 from edgesdk.ota_server.postgres import LocalPostgres  # noqa: E402
 from edgesdk.runtime.signing import generate_keypair  # noqa: E402

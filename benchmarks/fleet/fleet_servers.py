@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import log
+from benchmarks.shared.common import log
 from benchmarks.shared.fleet_sim import FleetReport, SimulatedFleet
 from edgesdk.fleet.admin_client import AdminClient
 from edgesdk.fleet.archive import pack_bundle

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-import benchmarks.models as models
+import benchmarks.shared.models as models
 from edgesdk.errors import DataError, ModelFormatError
 
 #: The new head's classes: index 0 is the CTC blank, then these characters in order.

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmarks._common import emit, goal, log  # noqa: E402
 from benchmarks.fleet.fanout_procs import AgentProcesses, raw_verifying_fanout  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from edgesdk.agent.agent import DeviceAgent  # noqa: E402
 from edgesdk.agent.config import AgentConfig  # noqa: E402
 from edgesdk.agent.managed import ManagedRuntime  # noqa: E402

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import goal, log
+from benchmarks.shared.common import goal, log
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import Topics, parse_command
 from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus

@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._common import emit, goal, log  # noqa: E402
+from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from edgesdk.fleet.records import RolloutPolicy, RolloutState  # noqa: E402
 from edgesdk.ota_server.rollouts.engine import RolloutEngine  # noqa: E402
 from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from benchmarks._common import emit, goal, interleaved, log, summary  # noqa: E402
+from benchmarks.shared.common import emit, goal, interleaved, log, summary  # noqa: E402
 from edgesdk import Runtime, detect_device  # noqa: E402
 from edgesdk.runtime.backends.litert import import_litert  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx, write_mlp_tflite  # noqa: E402

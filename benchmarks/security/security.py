@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._common import emit, goal, interleaved, log, summary  # noqa: E402
+from benchmarks.shared.common import emit, goal, interleaved, log, summary  # noqa: E402
 from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
 from benchmarks.shared.polling import wait_until  # noqa: E402
 from edgesdk.agent.agent import DeviceAgent  # noqa: E402

@@ -31,7 +31,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._common import goal, log  # noqa: E402
+from benchmarks.shared.common import goal, log  # noqa: E402
 
 __all__ = ["run", "member", "gnu_sparse", "pax_sparse", "tar", "hostile", "signed_parts", "disk_bytes"]
 

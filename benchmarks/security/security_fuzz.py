@@ -31,7 +31,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
-from benchmarks._common import goal, log
+from benchmarks.shared.common import goal, log
 from edgesdk.errors import EdgeSDKError
 from tests.fuzz.targets import ARCHIVES, TARGETS, Target
 

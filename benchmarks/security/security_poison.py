@@ -62,7 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._common import goal, log  # noqa: E402
+from benchmarks.shared.common import goal, log  # noqa: E402
 from benchmarks.shared.fleet_sim import SimulatedFleet  # noqa: E402
 from benchmarks.shared.polling import wait_until  # noqa: E402
 from edgesdk.fleet.archive import pack_bundle  # noqa: E402

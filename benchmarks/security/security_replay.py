@@ -40,7 +40,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._common import goal, log  # noqa: E402
+from benchmarks.shared.common import goal, log  # noqa: E402
 from benchmarks.shared.polling import wait_until  # noqa: E402
 
 __all__ = ["run", "binding_cost"]

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
-from benchmarks._common import goal, log  # noqa: E402
+from benchmarks.shared.common import goal, log  # noqa: E402
 from edgesdk.agent.admission import admit  # noqa: E402
 from edgesdk.agent.store import ModelStore  # noqa: E402
 from edgesdk.agent.trust_keeper import TrustKeeper  # noqa: E402

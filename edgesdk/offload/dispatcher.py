@@ -29,7 +29,7 @@ it (re-queuing it at the front would push every one of them back by a service ti
 its future fails with :class:`~edgesdk.errors.OverloadedError`, as a new request would be
 refused: the bound is what keeps local latency bounded, and a cloud that dies under load
 would otherwise add up to ``max_cloud_inflight`` requests to a full queue (measured by
-benchmarks/offload.py: the local p99 rose 27% over local-only at 2x load). Nothing is lost:
+benchmarks/endpoint/offload.py: the local p99 rose 27% over local-only at 2x load). Nothing is lost:
 every future ends with a result or an error.
 
 One worker thread runs local requests one at a time (the model itself uses the runtime's

@@ -55,7 +55,7 @@ def _below_the_event_loop() -> None:
 
     The loop's work is short by design (parsing, health, metrics, runs proven short); a model run
     sharing its core otherwise holds it for a scheduler slice each time the loop wakes: health took
-    up to 10 ms (p99) beside a 0.3 s run on one core (benchmarks/offload.py, event loop section).
+    up to 10 ms (p99) beside a 0.3 s run on one core (benchmarks/endpoint/offload.py, event loop section).
     """
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + RUN_NICENESS)

@@ -1,18 +1,13 @@
-"""The endpoint benchmark's goals (benchmarks/endpoint.py): like for like, and client-bound runs not counted."""
+"""The endpoint benchmark's goals (benchmarks/endpoint/endpoint.py): like for like, and client-bound runs not counted."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture
-def endpoint_bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the benchmarks import their helpers as top-level modules
-    import endpoint
+def endpoint_bench():
+    from benchmarks.endpoint import endpoint
 
     return endpoint
 

@@ -1,9 +1,8 @@
-"""The endpoint benchmark's load driver (benchmarks/_endpoint_load.py) against a real endpoint: what it counts."""
+"""The endpoint benchmark's load driver (benchmarks/endpoint/endpoint_load.py) against a real endpoint: what it counts."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,17 +11,10 @@ from edgesdk.ota_server.inference import BatchingConfig, ServedModel
 from tests.inference.conftest import WIDTH_IN, reference
 from tests.inference.http import sample
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(autouse=True)
-def benchmark_modules(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the benchmarks import their helpers as top-level modules
-
 
 @pytest.mark.parametrize("encoding", ["binary", "json", "grpc"])
 def test_the_pre_encoded_request_gets_the_models_answer(serve, bundles, encoding):
-    from _endpoint_load import connect, encode_request
+    from benchmarks.endpoint.endpoint_load import connect, encode_request
 
     endpoint = serve(grpc_listen="127.0.0.1:0")
     target = f"grpc://{endpoint.grpc_address}" if encoding == "grpc" else endpoint.url
@@ -35,7 +27,7 @@ def test_the_pre_encoded_request_gets_the_models_answer(serve, bundles, encoding
 
 
 def test_closed_loop_counts_every_answered_request_and_each_failure(serve):
-    from _endpoint_load import closed_loop, encode_request
+    from benchmarks.endpoint.endpoint_load import closed_loop, encode_request
 
     endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(enabled=False))])
     x = np.ones((1, WIDTH_IN), np.float32)

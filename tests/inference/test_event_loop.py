@@ -62,7 +62,7 @@ def test_health_answers_while_a_long_request_runs(attention_endpoint):
     runner.join()
     client.close()
     # The long run is ~65,000 times a short one's work: ~400 health answers here while it is in flight. Run inline,
-    # health answers only while its 4 MB body is received (11 here). Counted, not timed: benchmarks/offload.py times it.
+    # health answers only while its 4 MB body is received (11 here). Counted, not timed: benchmarks/endpoint/offload.py times it.
     assert during >= 50, f"health answered only {during} times while the long request was in flight"
     expected = (long_x[0] @ long_x[0].T).sum(axis=1)
     np.testing.assert_allclose(answer["scores"][0], expected, rtol=1e-3, atol=1e-2)

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks._peer_venv import PeerVenv
+from benchmarks.shared.peer_venv import PeerVenv
 from edgesdk.offload import v2_codec as v2
 from tests.offload.third_party import http, kserve_env, kserve_server
 

@@ -3,7 +3,7 @@
 **Why a virtualenv of its own.** ``pip install kserve`` beside edgesdk's dev pins installs, but
 it downgrades protobuf (7.x -> 6.x, which onnx uses) and psutil (7.x -> 5.9) and pulls in the
 Kubernetes client, pandas, grpcio and FastAPI: far too much to ask of every developer for one
-test. So :func:`kserve_env` is a cached virtualenv of its own (``benchmarks/_peer_venv.py``,
+test. So :func:`kserve_env` is a cached virtualenv of its own (``benchmarks/shared/peer_venv.py``,
 under ``~/.cache/edgesdk/venvs/kserve-<version>``; ``$EDGESDK_KSERVE_VENV`` overrides the
 place) holding the pinned ``kserve`` with the same onnxruntime and numpy versions as this
 environment, so the server computes the same bits as a local :class:`edgesdk.Runtime` (about
@@ -42,8 +42,8 @@ import urllib.request
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks._endpoint_peers import PeerServer
-from benchmarks._peer_venv import PeerVenv, clean_env
+from benchmarks.endpoint.endpoint_peers import PeerServer
+from benchmarks.shared.peer_venv import PeerVenv, clean_env
 from edgesdk.ota_server.broker import free_port
 
 __all__ = ["KSERVE_VERSION", "MODEL_SCRIPT", "kserve_env", "kserve_server", "http"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.fleet.head_retrain import CHARSET, HEAD_BIAS, HEAD_WEIGHT, head_retrain_pair, render_lines, run_head, train_head
-from benchmarks.models import fetch
+from benchmarks.shared.models import fetch
 from edgesdk.errors import DataError
 
 

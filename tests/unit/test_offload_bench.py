@@ -11,17 +11,11 @@ import pytest
 
 from edgesdk.testing import random_mlp, write_mlp_onnx
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(autouse=True)
-def benchmark_modules(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the benchmarks import their helpers as top-level modules
-
 
 def test_k_fold_model_answers_as_the_model_and_really_runs_k_copies(tmp_path):
     import onnxruntime as ort
-    from _slow_device import k_fold_model
+
+    from benchmarks.endpoint.slow_device import k_fold_model
 
     model = write_mlp_onnx(random_mlp([16, 32, 4], seed=3), tmp_path / "mlp.onnx")
     folded = k_fold_model(model, 5, tmp_path / "mlp-x5.onnx")
@@ -41,7 +35,7 @@ def test_k_fold_model_answers_as_the_model_and_really_runs_k_copies(tmp_path):
 
 
 def test_quota_periods_start_at_the_shortest_the_kernel_accepts():
-    from _cpu_quota import MIN_QUOTA_US, CpuQuota, periods
+    from benchmarks.endpoint.cpu_quota import MIN_QUOTA_US, CpuQuota, periods
 
     assert periods(10.0) == [10_000, 25_000, 100_000]
     assert periods(40.0) == [40_000, 100_000]
@@ -54,7 +48,7 @@ def test_quota_periods_start_at_the_shortest_the_kernel_accepts():
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists(),
                     reason="needs root and the cgroup v1 cpu controller (the benchmark then reports the quota unavailable)")
 def test_quota_moves_this_process_into_its_group_and_back():
-    from _cpu_quota import V1, CpuQuota
+    from benchmarks.endpoint.cpu_quota import V1, CpuQuota
 
     def cpu_group() -> str:
         return next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
@@ -73,7 +67,7 @@ def test_quota_moves_this_process_into_its_group_and_back():
 
 
 def test_batch_histogram_delta_gives_calls_per_bucket():
-    from _offload_batching import _histogram_delta
+    from benchmarks.endpoint.offload_batching import _histogram_delta
 
     before = {"1.0": 2, "2.0": 2, "4.0": 3, "8.0": 3, "+Inf": 3}
     after = {"1.0": 5, "2.0": 5, "4.0": 9, "8.0": 19, "+Inf": 19}

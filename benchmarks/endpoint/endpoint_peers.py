@@ -58,18 +58,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+from benchmarks.shared.peer_venv import PeerVenv, PeerVenvError, clean_env
 from edgesdk.ota_server.broker import free_port
-
-if str(Path(__file__).resolve().parent) not in sys.path:  # imported as benchmarks._endpoint_peers
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _peer_venv import PeerVenv, PeerVenvError, clean_env  # noqa: E402
 
 __all__ = ["MLSERVER", "PYTRITON", "PEERS", "PeerServer", "PeerUnavailable", "mlserver_peer", "pytriton_peer"]
 

@@ -1,4 +1,4 @@
-"""The load of benchmarks/offload.py: our endpoint as a process on its own CPU, an open-loop
+"""The load of benchmarks/endpoint/offload.py: our endpoint as a process on its own CPU, an open-loop
 Poisson generator for a device runtime, and closed-loop tritonclient clients (loopback only,
 bounded in count and time)."""
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import summary
-from _offload_load import Cloud
 
+from benchmarks.endpoint.offload_load import Cloud
+from benchmarks.shared.common import summary
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.runtime.bundle import BundleSpec
 from edgesdk.runtime.bundling import bundle_from_model

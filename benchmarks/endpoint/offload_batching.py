@@ -1,4 +1,4 @@
-"""The batching figures of benchmarks/offload.py: a model whose compute batches, with dynamic batching on and off.
+"""The batching figures of benchmarks/endpoint/offload.py: a model whose compute batches, with dynamic batching on and off.
 
 Batching pays only where one ONNX Runtime call on N rows costs less than N calls on one.
 :func:`batch_gains` measures that in plain onnxruntime (one thread, the endpoint's CPU) for
@@ -22,18 +22,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import models
 import numpy as np
-from _common import log
-from _offload_load import Cloud, triton_infer, triton_throughput
 
+from benchmarks.endpoint.offload_load import Cloud, triton_infer, triton_throughput
+from benchmarks.shared import models
+from benchmarks.shared.common import log
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.runtime.bundle import BundleSpec
 from edgesdk.runtime.bundling import bundle_from_model
 
 __all__ = ["CANDIDATES", "batch_gains", "pick", "run_batching"]
 
-#: Real pretrained models (benchmarks/models.py) with one input and a dynamic batch dim.
+#: Real pretrained models (benchmarks/shared/models.py) with one input and a dynamic batch dim.
 CANDIDATES = ("orientation", "ocr_cls", "ocr_rec", "detector", "speaker")
 BATCH = 8
 

@@ -1,4 +1,4 @@
-"""A slower device for benchmarks/offload.py: this process under a CFS CPU quota in a cgroup of its own.
+"""A slower device for benchmarks/endpoint/offload.py: this process under a CFS CPU quota in a cgroup of its own.
 
 A Raspberry Pi 4 core is several times slower per request than a server core. The benchmark
 gets there by giving its own process ``1 / factor`` of a CPU: a cgroup with

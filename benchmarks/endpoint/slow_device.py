@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import log
-from _cpu_quota import MIN_QUOTA_US, CpuQuota, QuotaUnavailable, periods
+
+from benchmarks.endpoint.cpu_quota import MIN_QUOTA_US, CpuQuota, QuotaUnavailable, periods
+from benchmarks.shared.common import log
 
 __all__ = ["BOARD", "Slowdown", "pi4_factor", "call_latencies", "k_fold_model", "calibrate"]
 
