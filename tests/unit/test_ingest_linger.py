@@ -1,0 +1,53 @@
+"""Group commit: reports that trickle in share a transaction when they arrive within ``linger_s`` of the oldest,
+and a report that already waited that long is not held back again."""
+
+from __future__ import annotations
+
+import time
+
+from edgesdk.ota_server.devices.ingest import Ingest
+from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
+
+
+def _state(device: str) -> DeviceState:
+    return DeviceState(device, "lab", "online", "digits", "1.0.0", (), time.time())
+
+
+def _trickle(tmp_path, linger_s: float) -> tuple[int, int]:
+    """Five reports 30 ms apart: the batches and reports the writer made of them."""
+    db = FleetDB(tmp_path / f"fleet-{linger_s}.db")
+    ingest = Ingest(db, linger_s=linger_s)
+    try:
+        for i in range(5):
+            ingest.put(_state(f"cam{i}"))
+            time.sleep(0.03)
+        assert ingest.flush()
+        assert len(db.devices("lab")) == 5
+        return ingest.batches, ingest.written
+    finally:
+        ingest.stop()
+        db.close()
+
+
+def test_reports_trickling_in_share_one_transaction_within_the_linger(tmp_path):
+    assert _trickle(tmp_path, linger_s=1.0) == (1, 5)
+
+
+def test_without_a_linger_each_trickling_report_is_its_own_transaction(tmp_path):
+    batches, written = _trickle(tmp_path, linger_s=0.0)
+    assert written == 5 and batches > 1, "reports 30 ms apart all waited for each other without a linger"
+
+
+def test_a_report_is_written_within_the_linger_of_its_arrival(tmp_path):
+    db = FleetDB(tmp_path / "fleet.db")
+    ingest = Ingest(db, linger_s=0.3)
+    try:
+        started = time.monotonic()
+        ingest.put(_state("cam0"))
+        assert ingest.flush(timeout=5.0)
+        waited = time.monotonic() - started
+        assert waited >= 0.25, f"written after {waited:.2f} s, not held for the linger"
+        assert ingest.batches == 1
+    finally:
+        ingest.stop()
+        db.close()
