@@ -88,6 +88,12 @@ class ServerConfig:
     max_catch_up: int = 500
     #: How often the groups with no running rollout are reconciled to their release.
     reconcile_s: float = 1.0
+    #: How long a device report may wait for others to share its database transaction (group commit; see
+    #: :mod:`edgesdk.ota_server.devices.ingest`): devices returning one by one otherwise cost a transaction a report.
+    ingest_linger_s: float = 0.3
+    #: How long chunk requests for a small release's transfer are gathered into one group publish (see
+    #: :mod:`edgesdk.ota_server.devices.chunks`; 0: each request is answered at once, on its device's topic).
+    chunk_coalesce_s: float = 0.2
     #: Refuse the states of devices nobody provisioned (else a device's first report fixes its group).
     require_provisioning: bool = False
 
@@ -119,12 +125,12 @@ class OTAServer:
             self.metrics.report_refused("need", "not_target")
 
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving,
-                                       outbox=self._outbox, on_stranger=stranger)
+                                       outbox=self._outbox, on_stranger=stranger, coalesce_s=config.chunk_coalesce_s)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s,
                                          on_refused=self.reports.refuse, on_stranger=stranger)
         self.groups = GroupGuard(db, config.require_provisioning, on_refused=self.metrics.group_refused)
         self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups,
-                             on_dropped=self.reports.dropped)
+                             on_dropped=self.reports.dropped, linger_s=config.ingest_linger_s)
         self.guard = ReportGuard(config.report_limits, on_refused=self.metrics.report_refused)
         self.metrics.watch_queues(self._outbox, lambda: self.ingest.pending)
         #: The fleet's root of trust, published retained at start (devices take it as the next in their chain).
@@ -312,6 +318,7 @@ class OTAServer:
             return False
         info = self.chunks.open(transfer_id, r.model, r.version, match["artifact"])
         if r.state == RolloutState.COMPLETED:  # a late device resuming the download it began before it went away
+            self.chunks.share(transfer_id, r.group)
             self.engine.serving(r.id)
             return True
         # The whole archive is the plan: which chunks the stage's devices lacked was the first driver's to know.

@@ -8,6 +8,14 @@ An archive's chunks are zstd-compressed once, when it is loaded, where that pays
 (:mod:`edgesdk.fleet.chunk_codec`). A transfer's broadcast may be limited to the chunks some of
 its targets lack (:meth:`ChunkDistributor.plan`); devices ask for the rest one by one.
 
+Requests for a small archive's transfer that has a group (:meth:`ChunkDistributor.share`) are gathered for
+``coalesce_s`` from the first: when two or more devices asked, the chunks any of them asked for go once on the
+group's topic, which every asker subscribed to before it asked (MQTT keeps one client's packets in order), instead of
+a copy each. Devices coming back together (the reconciler sends a pass's late commands at once) then cost the
+server one publish a chunk, not one per device. Archives over ``coalesce_max_bytes`` are always re-sent one by one:
+another device downloading the same archive at that moment would get the union too, and for a big archive those
+bytes cost more than the messages saved.
+
 A device's request is answered only when it is one of the transfer's targets: named when its command went
 out (:meth:`ChunkDistributor.allow`), or confirmed by :attr:`ChunkDistributor.authorize` (the store's targets,
 for a transfer this server did not send). Any other request is dropped and counted in ``refused``, so no
@@ -16,6 +24,7 @@ device can pull a model meant for another group. The group broadcast is unchange
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -33,6 +42,9 @@ log = logging.getLogger(__name__)
 #: Queued messages above which chunk requests wait. Far below the 65,535 message ids one MQTT connection has:
 #: paho numbers queued messages too, and one past the wrap would replace a queued message of the same id.
 MAX_OUTBOX = 20_000
+
+#: Archives up to this size have their requests gathered into one group publish (a few chunks: duplicates are cheap).
+COALESCE_MAX_BYTES = 256 * 1024
 
 #: Loads a model version's archive: (name, version[, artifact]) -> (tar bytes, chunk hashes); the artifact is given only
 #: when a transfer names one.
@@ -58,7 +70,8 @@ class ChunkDistributor:
 
     def __init__(self, load: ArchiveLoader, publish: Publisher, repeat_s: float = 1.0, rebroadcast_after: int = 32,
                  min_saving: float | None = DEFAULT_MIN_SAVING, outbox: Callable[[], int] = lambda: 0,
-                 max_outbox: int = MAX_OUTBOX, on_stranger: Callable[[], None] = lambda: None) -> None:
+                 max_outbox: int = MAX_OUTBOX, on_stranger: Callable[[], None] = lambda: None,
+                 coalesce_s: float = 0.2, coalesce_max_bytes: int = COALESCE_MAX_BYTES) -> None:
         self._load, self._publish = load, publish
         #: Called for each request from a device that is not one of the transfer's targets (the server counts it).
         self._on_stranger = on_stranger
@@ -93,6 +106,20 @@ class ChunkDistributor:
         #: Requests dropped because the device is not one of the transfer's targets (logged once per transfer).
         self.refused = 0
         self._refusals_logged: set[str] = set()
+        #: How long requests for a shared transfer are gathered (0: each is answered at once), and the largest
+        #: archive whose requests are.
+        self.coalesce_s, self.coalesce_max_bytes = coalesce_s, coalesce_max_bytes
+        #: transfer -> the group whose chunk topic its gathered requests may be answered on (:meth:`share`).
+        self._groups: dict[str, str] = {}
+        #: transfer -> device -> chunk indexes asked for, gathered until the transfer's flush.
+        self._gathered: dict[str, dict[str, set[int]]] = {}
+        #: Gathered requests answered by one group publish, and the chunk messages that saved (for tests and benchmarks).
+        self.coalesced = 0
+        self.coalesce_saved = 0
+        #: (when, transfer) flushes due, soonest first, and the thread that runs them (started on first use).
+        self._due: list[tuple[float, str]] = []
+        self._due_changed = threading.Condition()
+        self._flusher: threading.Thread | None = None
 
     def open(self, transfer_id: str, name: str, version: str, artifact: str | None = None) -> ArchiveInfo:
         """Make ``name`` ``version``'s archive (its ``artifact`` for one board; None: the release's only or host's
@@ -124,6 +151,8 @@ class ChunkDistributor:
             self._broadcasts.pop(transfer_id, None)
             self._plans.pop(transfer_id, None)
             self._targets.pop(transfer_id, None)
+            self._groups.pop(transfer_id, None)
+            self._gathered.pop(transfer_id, None)
             self._refusals_logged.discard(transfer_id)
             if key is None:
                 return
@@ -144,6 +173,13 @@ class ChunkDistributor:
         with self._lock:
             if transfer_id in self._transfers:
                 self._targets.setdefault(transfer_id, set()).update(devices)
+
+    def share(self, transfer_id: str, group: str) -> None:
+        """Let requests for the open ``transfer_id`` be gathered and answered on ``group``'s chunk topic (its targets
+        are ``group``'s devices)."""
+        with self._lock:
+            if transfer_id in self._transfers:
+                self._groups[transfer_id] = group
 
     def _is_target(self, device: str, transfer_id: str) -> bool:
         with self._lock:
@@ -185,6 +221,7 @@ class ChunkDistributor:
         with self._lock:
             self._plans[transfer_id] = sorted(indices)
             self._broadcasts.setdefault(transfer_id, (group, float("-inf")))
+            self._groups[transfer_id] = group
 
     def _chunks(self, transfer_id: str) -> _Archive | None:
         with self._lock:
@@ -227,11 +264,65 @@ class ChunkDistributor:
             self.rebroadcasts += 1
             self.broadcast(group, transfer_id)
             return True
-        for index in indices:
-            if 0 <= index < len(archive.info.chunks):
-                self.resent[(device, transfer_id)].append(index)
-                self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", archive.payloads[index])
+        wanted = [i for i in indices if 0 <= i < len(archive.info.chunks)]
+        if not self._gather(transfer_id, archive, device, wanted):
+            self._resend(archive, transfer_id, device, wanted)
         return True
+
+    def _gather(self, transfer_id: str, archive: _Archive, device: str, wanted: list[int]) -> bool:
+        """Hold ``device``'s request for the transfer's next flush; False when its requests are not gathered."""
+        if self.coalesce_s <= 0 or archive.info.size > self.coalesce_max_bytes or not wanted:
+            return False
+        with self._lock:
+            if transfer_id not in self._groups:
+                return False
+            first = transfer_id not in self._gathered
+            self._gathered.setdefault(transfer_id, {}).setdefault(device, set()).update(wanted)
+        if first:
+            self._schedule(time.monotonic() + self.coalesce_s, transfer_id)
+        return True
+
+    def _schedule(self, at: float, transfer_id: str) -> None:
+        """Flush ``transfer_id``'s gathered requests at ``at`` (time.monotonic()), on one long-lived thread: a thread
+        started per window cost more than the chunk messages it saved for two devices."""
+        with self._due_changed:
+            heapq.heappush(self._due, (at, transfer_id))
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_due, name="chunk-flush", daemon=True)
+                self._flusher.start()
+            self._due_changed.notify()
+
+    def _flush_due(self) -> None:
+        while True:
+            with self._due_changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._due_changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, transfer_id = heapq.heappop(self._due)
+            self._flush(transfer_id)
+
+    def _flush(self, transfer_id: str) -> None:
+        """Answer the requests gathered for ``transfer_id``: on its group's topic when two or more devices asked."""
+        archive = self._chunks(transfer_id)
+        with self._lock:
+            gathered, group = self._gathered.pop(transfer_id, {}), self._groups.get(transfer_id)
+        if archive is None or not gathered:
+            return
+        if len(gathered) == 1 or group is None:
+            for device, wanted in gathered.items():
+                self._resend(archive, transfer_id, device, sorted(wanted))
+            return
+        union = sorted(set().union(*gathered.values()))
+        with self._lock:
+            self.coalesced += len(gathered)
+            self.coalesce_saved += sum(len(w) for w in gathered.values()) - len(union)
+        topic = Topics.group_chunks(group, transfer_id)
+        for index in union:
+            self._publish(f"{topic}/{index}", archive.payloads[index])
+
+    def _resend(self, archive: _Archive, transfer_id: str, device: str, indices: list[int]) -> None:
+        for index in indices:
+            self.resent[(device, transfer_id)].append(index)
+            self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", archive.payloads[index])
 
     def broadcast(self, group: str, transfer_id: str) -> None:
         """Publish the chunks of ``transfer_id``'s plan (all, without one) once on ``group``'s chunk topic.
@@ -244,6 +335,12 @@ class ChunkDistributor:
         with self._lock:
             self._broadcasts[transfer_id] = (group, time.monotonic())
             plan = self._plans.get(transfer_id)
+            chunks = plan if plan is not None else range(len(archive.info.chunks))
+            gathered = self._gathered.get(transfer_id, {})
+            for device in list(gathered):  # what this broadcast carries is not sent again at the flush
+                gathered[device].difference_update(chunks)
+                if not gathered[device]:
+                    del gathered[device]
         topic = Topics.group_chunks(group, transfer_id)
-        for index in plan if plan is not None else range(len(archive.info.chunks)):
+        for index in chunks:
             self._publish(f"{topic}/{index}", archive.payloads[index])

@@ -172,9 +172,10 @@ class StageSender:
         return device_ids
 
     def send_late(self, rollout: RolloutRecord, targets: list[TargetRecord]) -> None:
-        """Send late targets their stage's command with no broadcast plan: each device asks at once, on its own
-        topic, for the chunks it cannot copy from its slots (a transfer it had begun before going offline resumes
-        under the same id, so the chunks it holds are kept)."""
+        """Send late targets their stage's command with no broadcast plan: each device asks at once for the chunks
+        it cannot copy from its slots (a transfer it had begun before going offline resumes under the same id, so
+        the chunks it holds are kept). The requests of devices asking together are answered together
+        (:meth:`ChunkDistributor.share`)."""
         r = rollout
         needs = self._needs_archive(r, [t.device_id for t in targets])
         for t in targets:
@@ -191,6 +192,7 @@ class StageSender:
                 self.chunks.open(transfer_id, r.model, r.version, t.artifact)  # reopen after finish(); no-op if open
             if with_archive:
                 self.chunks.allow(transfer_id, [t.device_id])
+                self.chunks.share(transfer_id, r.group)  # devices back together are answered together
             self._publish(Topics.cmd(t.device_id), held[0].bind(t.device_id))
         self.metrics.command_sent(len(targets))
 

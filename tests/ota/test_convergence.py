@@ -81,6 +81,24 @@ def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_de
     wait_for(lambda: all(_on(a, "1.0.0") for a in returned), timeout=60, what="both converging")
 
 
+def test_devices_coming_back_together_get_their_chunks_in_one_group_publish(broker, make_server, make_agent, bundles):
+    """The reconciler sends a pass's late commands at once; their devices' requests are answered by one publish on
+    the group's chunk topic, which each subscribed to before it asked, not one copy each."""
+    server = _server(make_server, broker, bundles, versions=("1.0.0",), chunk_coalesce_s=5.0)
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+    _online(server, 2)
+    for agent in agents:
+        agent.stop()
+    wait_for(lambda: not server.db.devices("cams", status="online"), what="every device offline")
+    one_stage = RolloutPolicy(canary=1.0, waves=(), health_window_s=0.0, max_failure_rate=0.0)  # one transfer
+    push = server.start_rollout("digits", "1.0.0", "cams", one_stage)
+    wait_for(lambda: server.status(push).state == "completed", timeout=30, what="the push")
+    returned = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+    wait_for(lambda: all(_on(a, "1.0.0") for a in returned), timeout=60, what="both converging")
+    assert server.chunks.coalesced == 2 and server.chunks.resent == {}, (server.chunks.coalesced,
+                                                                          dict(server.chunks.resent))
+
+
 def test_a_device_claiming_another_group_is_refused(broker, make_server, make_agent, bundles):
     server = _server(make_server, broker, bundles, versions=("1.0.0",))
     server.provision({"cam0": "cams", "cam1": "cams"}, "devices file")

@@ -1,7 +1,10 @@
-"""The chunk service under a crowd: repeated requests are answered once, and many devices asking at once get
-the archive broadcast again instead of one copy each."""
+"""The chunk service under a crowd: repeated requests are answered once, many devices asking at once get the
+archive broadcast again instead of one copy each, and devices asking together for a small shared transfer get one
+group publish."""
 
 from __future__ import annotations
+
+import time
 
 from edgesdk.fleet.protocol import ArchiveInfo
 from edgesdk.ota_server.devices.chunks import MAX_OUTBOX, ChunkDistributor
@@ -40,7 +43,7 @@ def test_a_crowd_that_missed_the_broadcast_gets_it_again_once():
 def test_a_planned_transfer_gets_a_group_broadcast_for_a_crowd_before_any_broadcast_went_out():
     """A replica that took a rollout over never broadcast its stage: a crowd of requests must not cost one copy per
     device (at 10,000 devices that queued 65,535 messages)."""
-    service, sent = _service(repeat_s=60.0, rebroadcast_after=3)
+    service, sent = _service(repeat_s=60.0, rebroadcast_after=3, coalesce_s=0.0)  # each request answered at once
     service.plan("r1-w0", [0, 1, 2], "cams")
     for device in ("cam0", "cam1", "cam2", "cam3"):
         service.serve(device, "r1-w0", [0, 1, 2])
@@ -55,3 +58,61 @@ def test_requests_wait_unanswered_while_the_outbox_is_full():
     assert service.serve("cam0", "r1-w0", [0, 1]) and sent == [] and service.deferred == 1
     queued[0] = 0
     assert service.serve("cam0", "r1-w0", [0, 1]) and len(sent) == 2, "asked again once the outbox drained"
+
+
+def _flushed(service, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while service._gathered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not service._gathered, "the gathered requests were never answered"
+
+
+def test_devices_asking_together_for_a_shared_transfer_get_one_group_publish_of_what_they_asked():
+    service, sent = _service(coalesce_s=0.2)
+    service.share("r1-w0", "cams")
+    service.serve("cam0", "r1-w0", [0, 1])
+    service.serve("cam1", "r1-w0", [1, 2])
+    assert sent == [], "answered before the gathering window closed"
+    _flushed(service)
+    assert sent == [f"edgesdk/groups/cams/chunks/r1-w0/{i}" for i in range(3)]
+    assert service.coalesced == 2 and service.coalesce_saved == 1 and not service.resent
+
+
+def test_a_device_asking_alone_is_answered_on_its_own_topic_after_the_window():
+    service, sent = _service(coalesce_s=0.05)
+    service.share("r1-w0", "cams")
+    service.serve("cam0", "r1-w0", [2, 0])
+    _flushed(service)
+    assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/0", "edgesdk/devices/cam0/chunks/r1-w0/2"]
+    assert service.coalesced == 0
+
+
+def test_requests_for_a_big_archive_or_an_unshared_transfer_are_answered_at_once_one_by_one():
+    service, sent = _service(coalesce_s=60.0, coalesce_max_bytes=len(DATA) - 1)
+    service.share("r1-w0", "cams")
+    service.serve("cam0", "r1-w0", [0])
+    service.serve("cam1", "r1-w0", [0])
+    assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/0", "edgesdk/devices/cam1/chunks/r1-w0/0"]
+    unshared, sent = _service(coalesce_s=60.0)
+    unshared.serve("cam0", "r1-w0", [1])
+    assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/1"], "a transfer with no group was held back"
+
+
+def test_a_full_broadcast_while_requests_are_gathered_is_not_sent_twice():
+    service, sent = _service(coalesce_s=0.2)
+    service.plan("r1-w0", [0, 1], "cams")  # a stage's transfer: shared with its group
+    service.serve("cam0", "r1-w0", [0, 1, 2])
+    service.serve("cam1", "r1-w0", [1])
+    service.broadcast("cams", "r1-w0")  # the stage's broadcast of its plan goes out meanwhile
+    _flushed(service)
+    assert sent[:2] == ["edgesdk/groups/cams/chunks/r1-w0/0", "edgesdk/groups/cams/chunks/r1-w0/1"]
+    assert sent[2:] == ["edgesdk/devices/cam0/chunks/r1-w0/2"], "what the broadcast did not carry goes to its asker"
+
+
+def test_closing_a_transfer_drops_its_gathered_requests():
+    service, sent = _service(coalesce_s=0.05)
+    service.share("r1-w0", "cams")
+    service.serve("cam0", "r1-w0", [0])
+    service.close("r1-w0")
+    time.sleep(0.2)
+    assert sent == [] and not service._gathered
