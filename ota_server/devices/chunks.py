@@ -283,8 +283,8 @@ class ChunkDistributor:
         return True
 
     def _schedule(self, at: float, transfer_id: str) -> None:
-        """Flush ``transfer_id``'s gathered requests at ``at`` (time.monotonic()), on one long-lived thread: a thread
-        started per window cost more than the chunk messages it saved for two devices."""
+        """Flush ``transfer_id``'s gathered requests at ``at`` (time.monotonic()), on one long-lived thread (a thread
+        started per window showed in the late-device profile)."""
         with self._due_changed:
             heapq.heappush(self._due, (at, transfer_id))
             if self._flusher is None:
@@ -298,7 +298,10 @@ class ChunkDistributor:
                 while not self._due or self._due[0][0] > time.monotonic():
                     self._due_changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
                 _, transfer_id = heapq.heappop(self._due)
-            self._flush(transfer_id)
+            try:
+                self._flush(transfer_id)
+            except Exception:  # the thread must outlive one bad flush: its devices ask again, later flushes go on
+                log.exception("answering the gathered chunk requests of transfer %s failed", transfer_id)
 
     def _flush(self, transfer_id: str) -> None:
         """Answer the requests gathered for ``transfer_id``: on its group's topic when two or more devices asked."""

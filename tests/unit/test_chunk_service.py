@@ -60,11 +60,12 @@ def test_requests_wait_unanswered_while_the_outbox_is_full():
     assert service.serve("cam0", "r1-w0", [0, 1]) and len(sent) == 2, "asked again once the outbox drained"
 
 
-def _flushed(service, timeout=5.0):
+def _published(sent, n, timeout=5.0):
+    """Wait until the gathered requests' flush published ``n`` messages (it runs on the service's own thread)."""
     deadline = time.monotonic() + timeout
-    while service._gathered and time.monotonic() < deadline:
+    while len(sent) < n and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not service._gathered, "the gathered requests were never answered"
+    assert len(sent) >= n, f"the gathered requests were never answered: {sent}"
 
 
 def test_devices_asking_together_for_a_shared_transfer_get_one_group_publish_of_what_they_asked():
@@ -73,7 +74,7 @@ def test_devices_asking_together_for_a_shared_transfer_get_one_group_publish_of_
     service.serve("cam0", "r1-w0", [0, 1])
     service.serve("cam1", "r1-w0", [1, 2])
     assert sent == [], "answered before the gathering window closed"
-    _flushed(service)
+    _published(sent, 3)
     assert sent == [f"edgesdk/groups/cams/chunks/r1-w0/{i}" for i in range(3)]
     assert service.coalesced == 2 and service.coalesce_saved == 1 and not service.resent
 
@@ -82,7 +83,7 @@ def test_a_device_asking_alone_is_answered_on_its_own_topic_after_the_window():
     service, sent = _service(coalesce_s=0.05)
     service.share("r1-w0", "cams")
     service.serve("cam0", "r1-w0", [2, 0])
-    _flushed(service)
+    _published(sent, 2)
     assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/0", "edgesdk/devices/cam0/chunks/r1-w0/2"]
     assert service.coalesced == 0
 
@@ -104,7 +105,8 @@ def test_a_full_broadcast_while_requests_are_gathered_is_not_sent_twice():
     service.serve("cam0", "r1-w0", [0, 1, 2])
     service.serve("cam1", "r1-w0", [1])
     service.broadcast("cams", "r1-w0")  # the stage's broadcast of its plan goes out meanwhile
-    _flushed(service)
+    _published(sent, 3)
+    time.sleep(0.3)  # past the window: nothing more comes
     assert sent[:2] == ["edgesdk/groups/cams/chunks/r1-w0/0", "edgesdk/groups/cams/chunks/r1-w0/1"]
     assert sent[2:] == ["edgesdk/devices/cam0/chunks/r1-w0/2"], "what the broadcast did not carry goes to its asker"
 
@@ -116,3 +118,25 @@ def test_closing_a_transfer_drops_its_gathered_requests():
     service.close("r1-w0")
     time.sleep(0.2)
     assert sent == [] and not service._gathered
+
+
+def test_a_flush_that_fails_does_not_stop_later_ones():
+    failing = [True]
+    sent: list[str] = []
+
+    def publish(topic, payload):
+        if failing[0]:
+            failing[0] = False
+            raise OSError("the broker link dropped")
+        sent.append(topic)
+
+    service = ChunkDistributor(lambda name, version: (DATA, ArchiveInfo.of(DATA, 4096)), publish, coalesce_s=0.05)
+    service.open("r1-w0", "digits", "2.0.0")
+    service.share("r1-w0", "cams")
+    service.serve("cam0", "r1-w0", [0])
+    deadline = time.monotonic() + 5.0
+    while failing[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    service.serve("cam1", "r1-w0", [1])
+    _published(sent, 1)
+    assert sent == ["edgesdk/devices/cam1/chunks/r1-w0/1"], "the flusher died with the first failure"
