@@ -14,7 +14,8 @@ group's topic, which every asker subscribed to before it asked (MQTT keeps one c
 a copy each. Devices coming back together (the reconciler sends a pass's late commands at once) then cost the
 server one publish a chunk, not one per device. Archives over ``coalesce_max_bytes`` are always re-sent one by one:
 another device downloading the same archive at that moment would get the union too, and for a big archive those
-bytes cost more than the messages saved.
+bytes cost more than the messages saved. A stage's own transfer is not shared this way: thousands of its devices
+may be downloading at once, and each would receive every straggler's chunks again.
 
 A device's request is answered only when it is one of the transfer's targets: named when its command went
 out (:meth:`ChunkDistributor.allow`), or confirmed by :attr:`ChunkDistributor.authorize` (the store's targets,
@@ -221,7 +222,6 @@ class ChunkDistributor:
         with self._lock:
             self._plans[transfer_id] = sorted(indices)
             self._broadcasts.setdefault(transfer_id, (group, float("-inf")))
-            self._groups[transfer_id] = group
 
     def _chunks(self, transfer_id: str) -> _Archive | None:
         with self._lock:

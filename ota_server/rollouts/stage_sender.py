@@ -20,7 +20,7 @@ from typing import Any
 from edgesdk.errors import NotFoundError
 from edgesdk.fleet.command_scope import Binder
 from edgesdk.fleet.protocol import COMMAND_TTL_S, ArchiveInfo, Topics, sign_command
-from edgesdk.fleet.records import RolloutRecord, TargetRecord, TargetStatus
+from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.repository import ModelRepository
@@ -192,7 +192,8 @@ class StageSender:
                 self.chunks.open(transfer_id, r.model, r.version, t.artifact)  # reopen after finish(); no-op if open
             if with_archive:
                 self.chunks.allow(transfer_id, [t.device_id])
-                self.chunks.share(transfer_id, r.group)  # devices back together are answered together
+                if r.state == RolloutState.COMPLETED:  # a running stage's transfer may have thousands downloading
+                    self.chunks.share(transfer_id, r.group)  # devices back together are answered together
             self._publish(Topics.cmd(t.device_id), held[0].bind(t.device_id))
         self.metrics.command_sent(len(targets))
 

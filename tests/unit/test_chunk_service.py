@@ -43,7 +43,7 @@ def test_a_crowd_that_missed_the_broadcast_gets_it_again_once():
 def test_a_planned_transfer_gets_a_group_broadcast_for_a_crowd_before_any_broadcast_went_out():
     """A replica that took a rollout over never broadcast its stage: a crowd of requests must not cost one copy per
     device (at 10,000 devices that queued 65,535 messages)."""
-    service, sent = _service(repeat_s=60.0, rebroadcast_after=3, coalesce_s=0.0)  # each request answered at once
+    service, sent = _service(repeat_s=60.0, rebroadcast_after=3)
     service.plan("r1-w0", [0, 1, 2], "cams")
     for device in ("cam0", "cam1", "cam2", "cam3"):
         service.serve(device, "r1-w0", [0, 1, 2])
@@ -101,7 +101,8 @@ def test_requests_for_a_big_archive_or_an_unshared_transfer_are_answered_at_once
 
 def test_a_full_broadcast_while_requests_are_gathered_is_not_sent_twice():
     service, sent = _service(coalesce_s=0.2)
-    service.plan("r1-w0", [0, 1], "cams")  # a stage's transfer: shared with its group
+    service.share("r1-w0", "cams")
+    service.plan("r1-w0", [0, 1], "cams")
     service.serve("cam0", "r1-w0", [0, 1, 2])
     service.serve("cam1", "r1-w0", [1])
     service.broadcast("cams", "r1-w0")  # the stage's broadcast of its plan goes out meanwhile
@@ -140,3 +141,12 @@ def test_a_flush_that_fails_does_not_stop_later_ones():
     service.serve("cam1", "r1-w0", [1])
     _published(sent, 1)
     assert sent == ["edgesdk/devices/cam1/chunks/r1-w0/1"], "the flusher died with the first failure"
+
+
+def test_a_stage_transfer_is_not_gathered_its_stragglers_are_answered_one_by_one():
+    """Thousands of a stage's devices may be downloading at once: a group publish would reach all of them."""
+    service, sent = _service(coalesce_s=60.0)
+    service.plan("r1-w0", [0, 1, 2], "cams")
+    service.serve("cam0", "r1-w0", [0])
+    service.serve("cam1", "r1-w0", [1])
+    assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/0", "edgesdk/devices/cam1/chunks/r1-w0/1"]
