@@ -4,9 +4,10 @@ The MQTT thread only parses and queues; the writer takes whatever has queued up 
 ``max_batch``) and writes it in one transaction: the devices' states, the event log and the
 targets the events move. Under load, batches grow by themselves, so the cost per report
 falls as the fleet grows instead of every report paying its own commit. When reports trickle
-in (devices coming back one by one), a report waits at most ``linger_s`` from its arrival for
-others to share its transaction (group commit): one report per transaction cost a late device
-about six transactions, each with its own round trips and commit.
+in (devices coming back one by one: the last batch was small), a report waits at most ``linger_s``
+from its arrival for others to share its transaction (group commit): one report per transaction
+cost a late device about six transactions, each with its own round trips and commit. Under load
+the writer does not linger.
 
 A batch that fails to write is handled by why it failed:
 
@@ -70,6 +71,12 @@ def connection_error(exc: BaseException) -> bool:
     return False
 
 
+#: The writer lingers only after a batch of fewer reports than this: reports trickling in. Under load batches fill by
+#: themselves, and a linger there only held back the answers a rollout waits for (a 7,000-device stage re-sent most
+#: of its commands, unanswered after 3 s).
+LINGER_BELOW = 32
+
+
 class Ingest:
     """Queues device states and events and writes them in batches (thread-safe)."""
 
@@ -77,8 +84,8 @@ class Ingest:
                  retry_s: float = 1.0, groups: GroupGuard | None = None, on_dropped: Dropped | None = None,
                  linger_s: float = 0.0) -> None:
         self.db, self._observe, self.max_batch, self.retry_s = db, observe, max_batch, retry_s
-        #: How long after the oldest report of a batch the writer waits for more before writing (0: it writes what
-        #: has queued at once). A report that already waited that long is written at once.
+        #: How long after the oldest report of a batch the writer waits for more before writing, when the last batch
+        #: was small (0: it writes what has queued at once). A report that already waited that long is written at once.
         self.linger_s = linger_s
         self._on_dropped = on_dropped
         #: Refuses states naming a group other than the device's provisioned one (None: every state is written).
@@ -118,17 +125,20 @@ class Ingest:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        last = 0
         while True:
             first = self._queue.get()
             if first is None:
                 return
-            self._write_until_done(self._gather(first))
+            batch = self._gather(first, linger=last < LINGER_BELOW)
+            self._write_until_done(batch)
+            last = len(batch)
 
-    def _gather(self, first: _Item) -> list[_Item]:
-        """``first`` and what queues after it: until ``max_batch``, the queue is empty past ``linger_s`` from
-        ``first``'s arrival, or the writer is told to stop."""
+    def _gather(self, first: _Item, linger: bool) -> list[_Item]:
+        """``first`` and what queues after it: until ``max_batch``, the queue is empty (past ``linger_s`` from
+        ``first``'s arrival when ``linger``), or the writer is told to stop."""
         wait = first[0] + self.linger_s - time.monotonic()
-        if wait > 0:  # a sleep, not a wait on the queue: each report put meanwhile would wake the writer for nothing
+        if linger and wait > 0:  # a sleep, not a wait on the queue: each report put meanwhile would wake the writer
             time.sleep(wait)
         batch = [first]
         while len(batch) < self.max_batch:

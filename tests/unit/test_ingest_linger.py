@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from edgesdk.ota_server.devices.ingest import Ingest
+from edgesdk.ota_server.devices.ingest import LINGER_BELOW, Ingest
 from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
 
 
@@ -48,6 +48,27 @@ def test_a_report_is_written_within_the_linger_of_its_arrival(tmp_path):
         waited = time.monotonic() - started
         assert waited >= 0.25, f"written after {waited:.2f} s, not held for the linger"
         assert ingest.batches == 1
+    finally:
+        ingest.stop()
+        db.close()
+
+
+def test_under_load_the_writer_does_not_linger(tmp_path):
+    """After a full batch, the next one is written at once: a linger there holds back the answers a rollout waits
+    for."""
+    db = FleetDB(tmp_path / "fleet.db")
+    ingest = Ingest(db, linger_s=3.0)
+    try:
+        for i in range(LINGER_BELOW + 10):  # a crowd: one batch, gathered over the first report's linger
+            ingest.put(_state(f"cam{i}"))
+        assert ingest.flush(timeout=10.0) and ingest.batches == 1
+        started = time.monotonic()
+        ingest.put(_state("next"))
+        assert ingest.flush(timeout=10.0)
+        waited = time.monotonic() - started
+        assert waited < 2.0, f"a report after a full batch waited {waited:.1f} s: the writer lingered under load"
+        ingest.put(_state("after"))  # the last batch was one report: trickling again, so it lingers
+        assert ingest.flush(timeout=10.0) and time.monotonic() - started >= 3.0
     finally:
         ingest.stop()
         db.close()
