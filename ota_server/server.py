@@ -91,7 +91,7 @@ class ServerConfig:
     #: How long a device report may wait for others to share its database transaction (group commit; see
     #: :mod:`edgesdk.ota_server.devices.ingest`): devices returning one by one otherwise cost a transaction a report.
     ingest_linger_s: float = 0.3
-    #: How long chunk requests for a small release's transfer are gathered into one group publish (see
+    #: How long late devices' chunk requests for a completed small release are gathered into one group publish (see
     #: :mod:`edgesdk.ota_server.devices.chunks`; 0: each request is answered at once, on its device's topic).
     chunk_coalesce_s: float = 0.2
     #: Refuse the states of devices nobody provisioned (else a device's first report fixes its group).

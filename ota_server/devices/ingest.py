@@ -72,8 +72,7 @@ def connection_error(exc: BaseException) -> bool:
 
 
 #: The writer lingers only after a batch of fewer reports than this: reports trickling in. Under load batches fill by
-#: themselves, and a linger there only held back the answers a rollout waits for (a 7,000-device stage re-sent most
-#: of its commands, unanswered after 3 s).
+#: themselves, and a linger there would only delay the answers a rollout waits for.
 LINGER_BELOW = 32
 
 
