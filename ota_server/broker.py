@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -56,17 +55,16 @@ def _wait_listening(port: int, alive: Callable[[], bool], timeout: float = 10.0)
     raise TransferError(f"the broker did not listen on 127.0.0.1:{port} within {timeout:g} s")
 
 
-def _raise_open_files(limit: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that lifts the child's RLIMIT_NOFILE to ``limit`` (the hard limit too when allowed)."""
+def _with_open_files(limit: int, argv: list[str]) -> list[str]:
+    """``argv`` run through ``sh`` with RLIMIT_NOFILE raised to ``limit`` (or to the hard limit when not privileged).
 
-    def preexec() -> None:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, max(limit, hard)))
-        except (ValueError, OSError):  # not privileged: go as far as the hard limit allows
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit, hard), hard))
-
-    return preexec
+    A shell does it rather than a ``preexec_fn``: a ``preexec_fn`` makes Python fork() instead of vfork(), which
+    runs every library's fork handlers in the child. gRPC's, in a process that serves or calls gRPC, sometimes
+    killed the child before it reached exec (CI saw "the broker exited during start-up" with gRPC's epoll error
+    as the log's only line).
+    """
+    script = 'ulimit -n "$1" 2>/dev/null || ulimit -n "$(ulimit -H -n)"; shift; exec "$@"'
+    return ["sh", "-c", script, "sh", str(limit), *argv]
 
 
 class LocalMosquitto:
@@ -108,9 +106,10 @@ class LocalMosquitto:
     def start(self) -> None:
         """Start mosquitto and wait until it listens; TransferError (with the log's tail) if it exits or stays deaf."""
         with open(self.log, "ab") as log:
-            preexec = _raise_open_files(self.max_open_files) if self.max_open_files else None
-            self.process = subprocess.Popen([self.binary, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=preexec)
+            argv = [self.binary, "-c", str(self.conf)]
+            if self.max_open_files:
+                argv = _with_open_files(self.max_open_files, argv)
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         process = self.process
         try:
             _wait_listening(self.port, lambda: process.poll() is None)
