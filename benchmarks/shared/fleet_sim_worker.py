@@ -76,7 +76,9 @@ class _Device:
         from benchmarks.shared.mqtt_lite import LiteClient
 
         sim = self.sim
-        self.session = time.time()  # this connection's: its will and its states carry it, as the agent's run does
+        # A new session per connection, so each is its run's first (the agent numbers the connections of its run):
+        # its will and its states carry it, and the server orders a will against late states by it.
+        self.session = time.time()
         will = (self.state_topic, json.dumps(self.offline()).encode())
         client: LiteClient = LiteClient(f"edgesdk-agent-{self.id}", self.on_message, keepalive=sim.keepalive, will=will,
                             counters=sim.counters, on_lost=lambda: self.on_lost(client))
@@ -130,13 +132,13 @@ class _Device:
     def state(self) -> dict[str, Any]:
         state = {"status": "online", "group": self.group, "model": self.model, "version": self.version,
                  "previous": self.previous, "slots": sorted(self.slots), "chunk_slots": sorted(self.chunk_slots),
-                 "updated": time.time(), "session": self.session}
+                 "updated": time.time(), "session": self.session, "connection": 1}
         if self.root is not None:
             state["trust"] = {"root_version": self.root.version}
         return state
 
     def offline(self) -> dict[str, Any]:
-        return {"status": "offline", "group": self.group, "session": self.session}
+        return {"status": "offline", "group": self.group, "session": self.session, "connection": 1}
 
     def publish_state(self) -> Any:
         return self.publish(self.state_topic, self.state(), retain=True)

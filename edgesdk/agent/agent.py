@@ -122,7 +122,8 @@ class DeviceAgent:
         if self._worker:
             self._worker.join(timeout=10)
         if self.transport:
-            self.transport.publish(Topics.state(self.config.device_id), self.config.offline_state(self.session), retain=True)
+            self.transport.publish(Topics.state(self.config.device_id),
+                                   self.config.offline_state(self.session, self._connection()), retain=True)
             time.sleep(0.05)
             self.transport.close()
         self.measurements.stop()
@@ -143,7 +144,15 @@ class DeviceAgent:
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
         return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session, self.profile,
-                            self.installer.power)
+                            self.installer.power, self._connection())
+
+    def _connection(self) -> int | None:
+        """Which connection of this run a message published now goes out on (a reconnect's, while the link is down:
+        paho sends it after the reconnect); None with a transport that does not count its connections."""
+        connects = getattr(self.transport, "connects", None)
+        if connects is None:
+            return None
+        return connects if getattr(self.transport, "connected", True) else connects + 1
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""

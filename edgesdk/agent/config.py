@@ -103,21 +103,23 @@ class AgentConfig:
                                  "with a root, the commands role names the server's keys")
 
 
-    def offline_state(self, session: float | None = None) -> bytes:
+    def offline_state(self, session: float | None = None, connection: int | None = None) -> bytes:
         """The retained state of this device while it is gone (its last will, and what it says on stopping);
-        ``session`` is when this run of the agent began, which its online states carry too: the server never lets
-        an earlier run's will overwrite a later run's report, whichever replica writes first."""
-        state = {"status": "offline", "group": self.group, **({"session": session} if session is not None else {})}
+        ``session`` is when this run of the agent began and ``connection`` which of its connections ends, which its
+        online states say too: whichever replica writes first, the server never lets an earlier connection's will
+        overwrite a later one's report, nor a report sent before a connection dropped overwrite its will."""
+        state = {"status": "offline", "group": self.group, **({"session": session} if session is not None else {}),
+                 **({"connection": connection} if connection is not None else {})}
         return json.dumps(state).encode()
 
     def connect(self, factory: Callable[..., Transport], on_connect: Callable[[], None],
                 on_refused: Callable[[BrokerError], None], session: float | None = None) -> Transport:
         """A connection to the broker as this device (``factory``: :class:`~edgesdk.fleet.transport.MqttTransport`
-        or a stand-in), with the retained "offline" state (of run ``session``) as its last will; ``on_connect``
-        runs on every (re)connect, since a restarted broker forgets retained messages."""
+        or a stand-in), with the retained "offline" state of each connection (of run ``session``) as its last will;
+        ``on_connect`` runs on every (re)connect, since a restarted broker forgets retained messages."""
+        topic = f"{PREFIX}/devices/{self.device_id}/state"
         return factory(self.broker, client_id=f"edgesdk-agent-{self.device_id}", username=self.username,
-                       password=self.password, will=(f"{PREFIX}/devices/{self.device_id}/state",
-                                                     self.offline_state(session)),
+                       password=self.password, will=lambda connection: (topic, self.offline_state(session, connection)),
                        ca_file=self.ca_file, on_connect=on_connect, on_refused=on_refused)
 
 

@@ -22,18 +22,20 @@ __all__ = ["device_state"]
 def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime | None,
                  energy: EnergyAccount | NoEnergy, trust: TrustKeeper | None = None,
                  session: float | None = None, board: DeviceProfile | None = None,
-                 power: PowerModeKeeper | None = None) -> dict[str, Any]:
-    """The state document: model and version, slots (and which have a chunk layout), disk and retention, and,
-    with a ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran:
-    local, cloud, refused) and its energy per inference since the last report where the board has a power
-    sensor (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``); with a root of trust,
-    its version and expiry (``trust``: ``stale`` when its newest timestamp expired, ``root_expired`` when the root
-    did, and then ``accepts_deploys`` is false); each model's rollback floor and the release that set it
-    (``rollback_floors``, taken from the committed slot as the state is made); ``session``: when this run of the
-    agent began (its last will says it too); ``board``: the profile the agent runs as (``profile`` and ``arch``: the
-    server sends the device its board's artifact of a release); ``power``: with ``--apply-power-mode``, whether the
-    board is in the serving bundle's power mode (``power_mode_applied``) and ``power_mode`` (its name, settings, and
-    otherwise the reason and the commands that apply it by hand; :class:`~edgesdk.agent.power_keeper.PowerModeKeeper`)."""
+                 power: PowerModeKeeper | None = None, connection: int | None = None) -> dict[str, Any]:
+    """The state document: model and version, slots (and which have a chunk layout), disk and retention, and, with a
+    ManagedRuntime, its statistics (calls, latency percentiles, and where predict_async requests ran: local, cloud,
+    refused) and its energy per inference since the last report where the board has a power sensor
+    (:mod:`edgesdk.agent.energy_account`; else ``{"sensor": None, "note": ...}``); with a root of trust, its version and
+    expiry (``trust``: ``stale`` when its newest timestamp expired, ``root_expired`` when the root did, and then
+    ``accepts_deploys`` is false); each model's rollback floor and the release that set it (``rollback_floors``, taken
+    from the committed slot as the state is made); ``session``: when this run of the agent began and ``connection``:
+    which of its connections the state goes out on (its last will says both, so the server never lists the device online
+    from a state sent before that connection dropped); ``board``: the profile the agent runs as (``profile`` and
+    ``arch``: the server sends the device its board's artifact of a release); ``power``: with ``--apply-power-mode``,
+    whether the board is in the serving bundle's power mode (``power_mode_applied``) and ``power_mode`` (its name,
+    settings, and otherwise the reason and the commands that apply it by hand;
+    :class:`~edgesdk.agent.power_keeper.PowerModeKeeper`)."""
     current = store.current_model()
     slots = sorted(p.name for p in store.slots.iterdir() if not p.name.startswith("."))
     state: dict[str, Any] = {
@@ -42,6 +44,7 @@ def device_state(config: AgentConfig, store: ModelStore, runtime: ManagedRuntime
         "chunk_slots": [slot for slot in slots if (store.root / LAYOUTS / f"{slot}.json").is_file()],
         "disk": store.disk_usage(), "keep_slots": config.keep_slots, "pinned": list(config.pinned),
         "updated": time.time(), **({"session": session} if session is not None else {}),
+        **({"connection": connection} if connection is not None else {}),
         **({"profile": board.name, "arch": board.arch} if board is not None else {})}
     if trust is not None:
         state["trust"] = trust.state()

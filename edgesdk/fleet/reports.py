@@ -259,6 +259,9 @@ class StateReport:
     arch: str | None = None
     #: The console's part of the report, checked by :func:`plain`; compact JSON of it is at most MAX_DETAILS_BYTES.
     details: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    #: Which connection of that run sent it (1 for the first; its last will names the connection it ends; None from
+    #: an agent too old to say).
+    connection: int | None = None
 
     def details_json(self) -> str | None:
         """The details as compact JSON (None: the report had none)."""
@@ -291,7 +294,8 @@ def parse_state(device: str, payload: bytes) -> StateReport:
         None if root_version is None else _int(root_version, "trust.root_version", 1, INT64_MAX),
         stale, _number(state.get("updated"), "updated", 0.0, _MAX_TIMESTAMP),
         _number(state.get("session"), "session", 0.0, _MAX_TIMESTAMP), _name(state.get("profile"), "profile"),
-        _name(state.get("arch"), "arch"), details)
+        _name(state.get("arch"), "arch"), details,
+        None if state.get("connection") is None else _int(state["connection"], "connection", 1, INT64_MAX))
 
 
 @dataclass(frozen=True)

@@ -143,10 +143,14 @@ class MqttTransport(Transport):
     A refusal seen later (a denied subscription or publish, or refused credentials on a reconnect)
     is kept in :attr:`refusal` and handed to ``on_refused``; with such a hook a client whose
     credentials are refused stops reconnecting, without one it logs the refusal and keeps trying.
+
+    ``will`` is the retained last will (topic, payload), or a function giving the will of each connection from
+    its number (1 for the first; see :attr:`connects`), so that a will can name the connection it ends.
     """
 
     def __init__(self, url: str, client_id: str, username: str | None = None, password: str | None = None,
-                 will: tuple[str, bytes] | None = None, ca_file: str | None = None, keepalive: int = 10,
+                 will: tuple[str, bytes] | Callable[[int], tuple[str, bytes]] | None = None,
+                 ca_file: str | None = None, keepalive: int = 10,
                  connect_timeout: float = 10.0, on_connect: Callable[[], None] | None = None,
                  on_refused: Callable[[BrokerError], None] | None = None) -> None:
         import paho.mqtt.client as mqtt
@@ -170,12 +174,13 @@ class MqttTransport(Transport):
         self._unsupported = False
         self._opened_at: float | None = None  # when a socket to the broker first opened
         self._ready = False  # the first connection is settled; later refusals are reported, not raised
+        self._will = will
         # MQTT 5 first (it reports refused publishes); a broker that only speaks 3.1.1 gets 3.1.1.
-        self._client = self._connect(mqtt.MQTTv5, username, password, will, ca_file, keepalive)
+        self._client = self._connect(mqtt.MQTTv5, username, password, ca_file, keepalive)
         if not self._speaks_mqtt5(connect_timeout):
             self._client.loop_stop()
             self._answered.clear()
-            self._client = self._connect(mqtt.MQTTv311, username, password, will, ca_file, keepalive)
+            self._client = self._connect(mqtt.MQTTv311, username, password, ca_file, keepalive)
             self._answered.wait(connect_timeout)
         if not self._answered.is_set():
             self._client.loop_stop()
@@ -202,16 +207,15 @@ class MqttTransport(Transport):
                 return True  # nothing reached the broker: the caller reports the timeout
         return not self._unsupported
 
-    def _connect(self, protocol: Any, username: str | None, password: str | None, will: tuple[str, bytes] | None,
-                 ca_file: str | None, keepalive: int) -> Any:
+    def _connect(self, protocol: Any, username: str | None, password: str | None, ca_file: str | None,
+                 keepalive: int) -> Any:
         import paho.mqtt.client as mqtt
 
         client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=self._client_id,
                              protocol=protocol)
         if username is not None:
             client.username_pw_set(username, password)
-        if will is not None:
-            client.will_set(will[0], will[1], qos=1, retain=True)
+        self._set_will(client)
         if self.address.tls:
             client.tls_set(ca_certs=ca_file, cert_reqs=ssl.CERT_REQUIRED)
         client.max_inflight_messages_set(64)
@@ -268,6 +272,14 @@ class MqttTransport(Transport):
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):  # type: ignore[no-untyped-def]
         self._connected.clear()
+        if callable(self._will):
+            self._set_will(client)  # paho sends the will it holds with its next CONNECT
+
+    def _set_will(self, client: Any) -> None:
+        """Give ``client`` the will of the connection it makes next."""
+        if self._will is not None:
+            topic, payload = self._will(self.connects + 1) if callable(self._will) else self._will
+            client.will_set(topic, payload, qos=1, retain=True)
 
     def _acked(self, pending: dict[int, str], mid: int) -> str:
         """Forget an acknowledged mid (or note that it came before :meth:`_track` recorded it)."""

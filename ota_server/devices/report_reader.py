@@ -82,7 +82,7 @@ class ReportReader:
                            time.time(), report.chunk_slots, report.energy_mj, report.avg_watts, report.root_version,
                            report.stale, report.updated, report.session,
                            _compact(details) if details and report.status == "online" else None, report.profile,
-                           report.arch)
+                           report.arch, report.connection)
 
     def event(self, topic: str, payload: bytes) -> EventReport | None:
         """The event on ``topic``, or None when it was refused."""

@@ -80,14 +80,24 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         device in the reconciler's queue (:meth:`to_reconcile`): it may have come back, or be new. A state the device sent
         before the one stored (by its own ``reported`` time) is ignored: with several replicas, each report reaches
         one of them, and one may write it after another wrote a newer one. A device whose clock went back is
-        believed again once the server has heard nothing newer from it for 10 minutes. An offline state (a last
-        will has no time of its own) from an earlier run of the agent than the stored state's (:attr:`DeviceState.session`)
-        is ignored too: written late by another replica, it would list a device that came back as gone.
+        believed again once the server has heard nothing newer from it for 10 minutes.
+
+        A last will has no time of its own, so states and wills are ordered by the connection they came on
+        (:attr:`DeviceState.session` and :attr:`DeviceState.connection`, stored from the last state written):
+
+        - a will of an earlier connection than the stored state's is ignored: written late by another replica, it
+          would list a device that came back as gone;
+        - an online state of the connection whose will is stored, or of an earlier one, is ignored: the device sent
+          it before that connection dropped, and written late it would list a device that is gone as online (the
+          server would send it commands nobody receives, and time them out as failures).
+
+        A report that does not say its connection (an agent of an earlier release) is ordered by session alone.
         """
         self.sql.execute_many(
             """INSERT INTO devices (id, grp, status, model, version, slots, chunk_slots, last_seen, energy_mj, avg_watts,
-                                    root_version, stale, reported, details, reconcile, session, profile, arch)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                                    root_version, stale, reported, details, reconcile, session, profile, arch,
+                                    connection)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                ON CONFLICT(id) DO UPDATE SET grp=excluded.grp, status=excluded.status,
                model=COALESCE(excluded.model, devices.model), version=COALESCE(excluded.version, devices.version),
                slots=CASE WHEN excluded.status='online' THEN excluded.slots ELSE devices.slots END,
@@ -99,16 +109,23 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
                reported=COALESCE(excluded.reported, devices.reported),
                details=COALESCE(excluded.details, devices.details), reconcile=excluded.reconcile,
                profile=COALESCE(excluded.profile, devices.profile), arch=COALESCE(excluded.arch, devices.arch),
-               session=CASE WHEN excluded.status='online' THEN COALESCE(excluded.session, devices.session)
-                            ELSE devices.session END
+               session=COALESCE(excluded.session, devices.session),
+               connection=CASE WHEN excluded.session IS NULL THEN devices.connection ELSE excluded.connection END
                WHERE (excluded.reported IS NULL OR devices.reported IS NULL OR excluded.reported >= devices.reported
                       OR excluded.last_seen - devices.last_seen > 600)
                  AND NOT (excluded.status != 'online' AND excluded.session IS NOT NULL AND devices.session IS NOT NULL
-                          AND excluded.session < devices.session)""",
+                          AND (excluded.session < devices.session
+                               OR (excluded.session = devices.session AND excluded.connection IS NOT NULL
+                                   AND devices.connection IS NOT NULL AND excluded.connection < devices.connection)))
+                 AND NOT (excluded.status = 'online' AND devices.status != 'online' AND excluded.session IS NOT NULL
+                          AND devices.session IS NOT NULL AND excluded.connection IS NOT NULL
+                          AND devices.connection IS NOT NULL
+                          AND (excluded.session < devices.session
+                               OR (excluded.session = devices.session AND excluded.connection <= devices.connection)))""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
               None if s.stale is None else int(s.stale), s.reported, s.details, int(s.status == "online"), s.session,
-              s.profile, s.arch)
+              s.profile, s.arch, s.connection)
              for s in sorted(states, key=lambda s: s.device_id)])  # one lock order across replicas (set_targets)
 
     def upsert_device(self, device_id: str, group: str, status: str, model: str | None, version: str | None,

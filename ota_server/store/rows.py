@@ -75,6 +75,8 @@ class DeviceState:
     #: The profile and CPU architecture the agent runs as; None keeps the stored ones.
     profile: str | None = None
     arch: str | None = None
+    #: Which connection of that run sent it (the will: which one it ends); None: not said.
+    connection: int | None = None
 
 
 @dataclass(frozen=True)

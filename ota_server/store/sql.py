@@ -106,6 +106,10 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "ALTER TABLE rollouts ADD COLUMN verdict TEXT",
         "ALTER TABLE rollouts ADD COLUMN baseline TEXT",
     )),
+    (12, "the connection of the agent's run a stored state came on: a report sent before that connection's will", (
+        # was written never lists the device online again (see FleetDB.upsert_devices).
+        "ALTER TABLE devices ADD COLUMN connection INTEGER",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",

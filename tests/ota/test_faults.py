@@ -368,3 +368,25 @@ def test_hot_swap_under_load_fails_no_request(broker, make_server, make_agent, b
     assert len(outputs) > 100 and runtime.swaps == 2
     assert not np.allclose(runtime.predict(x), v1_out), "the new model is not the one serving"
     runtime.close()
+
+
+def test_a_cut_links_will_names_the_connection_it_ends_and_the_reconnects_state_the_next(broker, make_agent):
+    """The server orders a will against states written late by another replica by these numbers
+    (FleetDB.upsert_devices): a state sent before a connection dropped must not list the device online again."""
+    import socket
+
+    seen: list[dict] = []
+    observer = MqttTransport(broker.url, client_id="observer")
+    observer.subscribe(Topics.state("cam0"), lambda topic, payload: seen.append(json.loads(payload)))
+    try:
+        agent = make_agent("cam0", broker.url)
+        for connection in (1, 2):
+            wait_for(lambda c=connection: any(s["status"] == "online" and s.get("connection") == c for s in seen),
+                     what=f"the state of connection {connection}")
+            agent.transport._client.socket().shutdown(socket.SHUT_RDWR)  # the link dies: no DISCONNECT is sent
+            wait_for(lambda c=connection: any(s["status"] == "offline" and s.get("connection") == c for s in seen),
+                     what=f"the will of connection {connection}")
+        wait_for(lambda: any(s["status"] == "online" and s.get("connection") == 3 for s in seen), what="connection 3")
+        assert {s["session"] for s in seen} == {agent.session}
+    finally:
+        observer.close()

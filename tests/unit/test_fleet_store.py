@@ -233,3 +233,28 @@ def test_an_earlier_runs_last_will_written_late_never_lists_a_device_that_came_b
     db.upsert_devices([state("online", 200.0, 1003.0, reported=250.0)])
     db.upsert_devices([state("offline", None, 1004.0)])  # an agent of an earlier release: no session, counts as before
     assert db.device("cam0").status == "offline"
+
+
+def test_a_state_sent_before_its_connection_dropped_never_lists_the_device_online_after_its_will(db):
+    """Two replicas: the device's last state goes to one, its will (the connection cut right after) to the other,
+    which writes first. Seen in the chaos run (seed 1): the late state listed the device online for 50 s while it
+    was gone, and the next rollout's command to it timed out as a failure instead of waiting for it."""
+    def state(status, connection, seen, reported=None, session=100.0):
+        return DeviceState("cam0", "cams", status, "digits", "5.0.0", (), seen, reported=reported, session=session,
+                           connection=connection)
+
+    db.upsert_devices([state("online", 1, 1000.0, reported=150.0)])
+    db.upsert_devices([state("offline", 1, 1001.0)])  # the will of connection 1, written first
+    db.upsert_devices([state("online", 1, 1000.9, reported=151.0)])  # sent on connection 1 before it dropped
+    assert db.device("cam0").status == "offline"
+    db.upsert_devices([state("online", 2, 1005.0, reported=155.0)])  # the reconnect's
+    assert db.device("cam0").status == "online"
+    db.upsert_devices([state("offline", 1, 1005.1)])  # connection 1's will again, written late: ignored
+    assert db.device("cam0").status == "online"
+    db.upsert_devices([state("offline", 2, 1006.0)])
+    db.upsert_devices([state("online", 1, 1006.1, reported=160.0, session=200.0)])  # a new run of the agent
+    assert db.device("cam0").status == "online"
+    # An agent of an earlier release says no connection: a will and a reconnect in one run order as before.
+    db.upsert_devices([state("offline", None, 1007.0, session=300.0)])
+    db.upsert_devices([state("online", None, 1007.1, reported=170.0, session=300.0)])
+    assert db.device("cam0").status == "online"

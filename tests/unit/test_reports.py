@@ -32,7 +32,7 @@ def _agent_state(tmp_path) -> dict:
     store = ModelStore(tmp_path / "store")
     (store.slots / "digits-1.0.0").mkdir(parents=True)
     config = AgentConfig(device_id="cam1", group="lab", broker="mqtt://127.0.0.1:1", store=tmp_path / "store")
-    state = device_state(config, store, None, NoEnergy("no sensor"), session=1.7e9)
+    state = device_state(config, store, None, NoEnergy("no sensor"), session=1.7e9, connection=2)
     state.update(model="digits", version="1.0.0", previous="digits-0.9.0")  # what an installed bundle's manifest says
     state["runtime"] = LatencyStats().snapshot().as_dict()
     state["energy"] = {"sensor": "ina3221", "scope": "board", "window_s": 5.0, "avg_watts": 3.2, "inferences": 10,
@@ -56,11 +56,12 @@ def test_the_real_agents_state_and_last_will_are_read_whole(tmp_path):
     assert (report.device, report.group, report.status) == ("cam1", "lab", "online")
     assert (report.model, report.version, report.slots) == ("digits", "1.0.0", ("digits-1.0.0",))
     assert (report.energy_mj, report.avg_watts, report.root_version, report.stale) == (12.5, 3.2, 3, False)
-    assert report.session == 1.7e9 and report.updated == state["updated"]
+    assert (report.session, report.connection) == (1.7e9, 2) and report.updated == state["updated"]
     assert json.loads(report.details_json()) == {k: state[k] for k in DETAIL_FIELDS if k in state}
     config = AgentConfig(device_id="cam1", group="lab", broker="mqtt://127.0.0.1:1", store=tmp_path / "store")
-    will = parse_state("cam1", config.offline_state(session=1.7e9))
+    will = parse_state("cam1", config.offline_state(session=1.7e9, connection=2))
     assert (will.status, will.model, will.version, will.details) == ("offline", None, None, {})
+    assert (will.session, will.connection) == (1.7e9, 2)
     assert set(DETAIL_FIELDS) == set(DETAIL_KEYS)  # the store keeps exactly the details the parser checks
 
 
@@ -84,6 +85,8 @@ def test_the_real_agents_state_and_last_will_are_read_whole(tmp_path):
     ({"energy": {"energy_per_inference_mj": "12"}}, "type", "energy.energy_per_inference_mj"),
     ({"updated": -5}, "range", "updated"),
     ({"session": True}, "type", "session"),
+    ({"connection": 0}, "range", "connection"),
+    ({"connection": 1.5}, "type", "connection"),
     ({"runtime": {"count": 2**64}}, "range", "runtime.count"),
     ({"pinned": ["x" * 5000]}, "length", "pinned"),
     ({"disk": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": [1]}}}}}}}}}, "length", "disk.a.b.c.d.e.f.g.h"),
