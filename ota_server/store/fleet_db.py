@@ -87,9 +87,11 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
 
         - a will of an earlier connection than the stored state's is ignored: written late by another replica, it
           would list a device that came back as gone;
-        - an online state of the connection whose will is stored, or of an earlier one, is ignored: the device sent
-          it before that connection dropped, and written late it would list a device that is gone as online (the
-          server would send it commands nobody receives, and time them out as failures).
+        - an online state of the connection whose will is stored, or of an earlier connection of the same run, is
+          ignored: the device sent it before that connection dropped, and written late it would list a device that
+          is gone as online (the server would send it commands nobody receives, and time them out as failures). Only
+          connection numbers of one run are compared here, never sessions: a board without a real-time clock may
+          start its next run at an earlier time than the last, and that run's states must still count.
 
         A report that does not say its connection (an agent of an earlier release) is ordered by session alone.
         """
@@ -119,9 +121,8 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
                                    AND devices.connection IS NOT NULL AND excluded.connection < devices.connection)))
                  AND NOT (excluded.status = 'online' AND devices.status != 'online' AND excluded.session IS NOT NULL
                           AND devices.session IS NOT NULL AND excluded.connection IS NOT NULL
-                          AND devices.connection IS NOT NULL
-                          AND (excluded.session < devices.session
-                               OR (excluded.session = devices.session AND excluded.connection <= devices.connection)))""",
+                          AND devices.connection IS NOT NULL AND excluded.session = devices.session
+                          AND excluded.connection <= devices.connection)""",
             [(s.device_id, s.group, s.status, s.model, s.version, json.dumps(list(s.slots)),
               json.dumps(list(s.chunk_slots)), s.seen, s.energy_mj, s.avg_watts, s.root_version,
               None if s.stale is None else int(s.stale), s.reported, s.details, int(s.status == "online"), s.session,

@@ -254,6 +254,11 @@ def test_a_state_sent_before_its_connection_dropped_never_lists_the_device_onlin
     db.upsert_devices([state("offline", 2, 1006.0)])
     db.upsert_devices([state("online", 1, 1006.1, reported=160.0, session=200.0)])  # a new run of the agent
     assert db.device("cam0").status == "online"
+    # A board without a real-time clock restarts with its clock behind: its new run's session is earlier than the
+    # last run's, and still counts (only connections of one run are compared).
+    db.upsert_devices([state("offline", 1, 1006.5, session=200.0)])
+    db.upsert_devices([state("online", 1, 1006.6, reported=161.0, session=150.0)])
+    assert db.device("cam0").status == "online"
     # An agent of an earlier release says no connection: a will and a reconnect in one run order as before.
     db.upsert_devices([state("offline", None, 1007.0, session=300.0)])
     db.upsert_devices([state("online", None, 1007.1, reported=170.0, session=300.0)])
