@@ -60,6 +60,8 @@ MAX_DETAILS_BYTES = 32 * 1024
 #: Chunk indices one request is answered for.
 MAX_CHUNKS_SERVED = 256
 INT64_MAX = 2**63 - 1
+#: The largest value a PostgreSQL INTEGER column holds (the store keeps root versions and connection numbers in one).
+INT32_MAX = 2**31 - 1
 INT64_MIN = -(2**63)
 MAX_CHUNK_INDEX = 2**31 - 1
 _MAX_TIMESTAMP = float(2**53)
@@ -291,11 +293,11 @@ def parse_state(device: str, payload: bytes) -> StateReport:
         _names(state.get("slots"), "slots"), _names(state.get("chunk_slots"), "chunk_slots"),
         _number(energy.get("energy_per_inference_mj"), "energy.energy_per_inference_mj"),
         _number(energy.get("avg_watts"), "energy.avg_watts", 0.0),
-        None if root_version is None else _int(root_version, "trust.root_version", 1, INT64_MAX),
+        None if root_version is None else _int(root_version, "trust.root_version", 1, INT32_MAX),
         stale, _number(state.get("updated"), "updated", 0.0, _MAX_TIMESTAMP),
         _number(state.get("session"), "session", 0.0, _MAX_TIMESTAMP), _name(state.get("profile"), "profile"),
         _name(state.get("arch"), "arch"), details,
-        None if state.get("connection") is None else _int(state["connection"], "connection", 1, INT64_MAX))
+        None if state.get("connection") is None else _int(state["connection"], "connection", 1, INT32_MAX))
 
 
 @dataclass(frozen=True)

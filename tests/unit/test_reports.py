@@ -74,6 +74,7 @@ def test_the_real_agents_state_and_last_will_are_read_whole(tmp_path):
     ({"group": "a/b"}, "id", "group"),
     ({"status": ["online"]}, "type", "status"),
     ({"trust": {"root_version": 2**70}}, "range", "trust.root_version"),
+    ({"trust": {"root_version": 2**31}}, "range", "trust.root_version"),  # a 32-bit INTEGER column on PostgreSQL
     ({"trust": {"root_version": 0}}, "range", "trust.root_version"),
     ({"trust": {"root_version": "3"}}, "type", "trust.root_version"),
     ({"trust": {"stale": "no"}}, "type", "trust.stale"),
@@ -86,6 +87,7 @@ def test_the_real_agents_state_and_last_will_are_read_whole(tmp_path):
     ({"updated": -5}, "range", "updated"),
     ({"session": True}, "type", "session"),
     ({"connection": 0}, "range", "connection"),
+    ({"connection": 2**31}, "range", "connection"),  # the store's column is a 32-bit INTEGER on PostgreSQL
     ({"connection": 1.5}, "type", "connection"),
     ({"runtime": {"count": 2**64}}, "range", "runtime.count"),
     ({"pinned": ["x" * 5000]}, "length", "pinned"),
