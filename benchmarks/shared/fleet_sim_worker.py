@@ -76,9 +76,7 @@ class _Device:
         from benchmarks.shared.mqtt_lite import LiteClient
 
         sim = self.sim
-        # A new session per connection, so each is its run's first (the agent numbers the connections of its run):
-        # its will and its states carry it, and the server orders a will against late states by it.
-        self.session = time.time()
+        self.session = time.time()  # one per connection (so each is its run's 1st): its will and states carry it
         will = (self.state_topic, json.dumps(self.offline()).encode())
         client: LiteClient = LiteClient(f"edgesdk-agent-{self.id}", self.on_message, keepalive=sim.keepalive, will=will,
                             counters=sim.counters, on_lost=lambda: self.on_lost(client))

@@ -56,8 +56,7 @@ class DeviceAgent:
 
     def __init__(self, config: AgentConfig, runtime: ManagedRuntime | None = None,
                  transport_factory: Callable[..., Transport] = MqttTransport) -> None:
-        self.config = config
-        self.store = ModelStore(config.store)
+        self.config, self.store = config, ModelStore(config.store)
         #: The device's root of trust, when it has one (else commands are checked with ``config.server_key``).
         self.trust = TrustKeeper.open(self.store.root / "trust", config.root, config.device_id,
                                       lambda reason: self._event(None, AgentEvent.REJECTED, reason=reason), self._publish_state)
@@ -122,8 +121,8 @@ class DeviceAgent:
         if self._worker:
             self._worker.join(timeout=10)
         if self.transport:
-            self.transport.publish(Topics.state(self.config.device_id),
-                                   self.config.offline_state(self.session, self._connection()), retain=True)
+            will = self.config.offline_state(self.session, self.transport.connection)
+            self.transport.publish(Topics.state(self.config.device_id), will, retain=True)
             time.sleep(0.05)
             self.transport.close()
         self.measurements.stop()
@@ -144,15 +143,7 @@ class DeviceAgent:
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
         return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session, self.profile,
-                            self.installer.power, self._connection())
-
-    def _connection(self) -> int | None:
-        """Which connection of this run a message published now goes out on (a reconnect's, while the link is down:
-        paho sends it after the reconnect); None with a transport that does not count its connections."""
-        connects = getattr(self.transport, "connects", None)
-        if connects is None:
-            return None
-        return connects if getattr(self.transport, "connected", True) else connects + 1
+                            self.installer.power, self.transport.connection if self.transport else None)
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""

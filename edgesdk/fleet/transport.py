@@ -128,6 +128,12 @@ class Transport(abc.ABC):
         transports that cannot tell."""
         return 0
 
+    @property
+    def connection(self) -> int | None:
+        """Which of this client's connections (1 for the first) a message published now goes out on; None for
+        transports that do not count them."""
+        return None
+
     def confirm_access(self, timeout: float = 10.0) -> None:  # noqa: B027 (optional for transports)
         """Block until the broker answered every subscription and QoS 1 publish so far.
 
@@ -365,6 +371,12 @@ class MqttTransport(Transport):
         rest, so a burst of thousands leaves the process over seconds."""
         with self._lock:
             return len(self._pending_pubs)
+
+    @property
+    def connection(self) -> int:
+        """Which connection a message published now goes out on: the current one, or while the link is down the
+        reconnect's (paho sends it after the reconnect)."""
+        return self.connects if self.connected else self.connects + 1
 
     @property
     def connected(self) -> bool:
