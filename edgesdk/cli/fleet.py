@@ -161,8 +161,11 @@ def _reverts_outcome(r: RolloutRecord) -> None:
 
 
 def _settled(r: RolloutRecord) -> bool:
-    """A rollout is over when it left ``running`` and no device is still being reverted."""
-    return r.state != RolloutState.RUNNING and not r.count(TargetStatus.REVERTING)
+    """A rollout is over when it left ``running``, no device is still being reverted and, once aborted, none is
+    still installing: a canary device mid-health-check when another's failure aborted the rollout reports its own
+    outcome seconds later, and the final state should show it."""
+    return r.state != RolloutState.RUNNING and not r.count(TargetStatus.REVERTING) and not (
+        r.state == RolloutState.ABORTED and r.count(TargetStatus.INSTALLING))
 
 
 def _follow(client: AdminClient, rollout_id: str, timeout: float | None,
