@@ -278,8 +278,7 @@ class MqttTransport(Transport):
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):  # type: ignore[no-untyped-def]
         self._connected.clear()
-        if callable(self._will):
-            self._set_will(client)  # paho sends the will it holds with its next CONNECT
+        self._set_will(client)  # paho sends the will it holds with its next CONNECT
 
     def _set_will(self, client: Any) -> None:
         """Give ``client`` the will of the connection it makes next."""

@@ -390,3 +390,16 @@ def test_a_cut_links_will_names_the_connection_it_ends_and_the_reconnects_state_
         assert {s["session"] for s in seen} == {agent.session}
     finally:
         observer.close()
+
+
+def test_a_state_published_while_the_link_is_down_names_the_reconnects_connection(broker, make_agent):
+    """paho sends what is published during an outage after the reconnect, so it must carry that connection's number
+    (the one its will will name), not the dropped one's."""
+    agent = make_agent("cam0", broker.url)
+    assert agent.state()["connection"] == 1
+    broker.stop()
+    wait_for(lambda: not agent.transport.connected, what="the agent noticing the broker is gone")
+    assert agent.state()["connection"] == 2
+    broker.start()
+    wait_for(lambda: agent.transport.connected, timeout=30, what="the reconnect")
+    assert agent.state()["connection"] == 2
