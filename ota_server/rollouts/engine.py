@@ -252,7 +252,7 @@ class RolloutEngine:
                 log.info("rollout %s: driven by %s from stage %d", summary.id, self.holder, summary.stage + 1)
             try:
                 self._step(self.status(summary.id, targets=False))
-                r = self.status(summary.id, targets=False)
+                r = self.status(summary.id, targets=False, counts=False)
                 if r.state == RolloutState.RUNNING and r.stage >= 0:
                     room -= self.reconciler.run(r, room)
             except EdgeSDKError as exc:  # e.g. a bundle changed on disk after upload
@@ -279,7 +279,7 @@ class RolloutEngine:
             if release.group in busy_groups or not self.db.hold_lease(release.rollout_id, self.holder, now,
                                                                        self.lease_s):
                 continue
-            r = self.db.rollout(release.rollout_id, targets=False)
+            r = self.db.rollout(release.rollout_id, targets=False, counts=False)
             if r is None or r.state != RolloutState.COMPLETED:
                 continue
             releases.add(r.id)

@@ -37,6 +37,9 @@ log = logging.getLogger("edgesdk.ota_server.server")  # operators grep one logge
 #: Targets the reconciler sends to once their stage is out: deferred ones, and late ones added while the cap was full.
 _SENDABLE = (TargetStatus.DEFERRED, TargetStatus.PENDING)
 
+#: The statuses of a late target that failed.
+_FAILED = tuple(s for s in TargetStatus if s.failed)
+
 #: A release is flagged only once at least this many late targets failed (one of one says little).
 MIN_LATE_FAILURES = 3
 
@@ -147,8 +150,8 @@ class Reconciler:
 
     def _flag(self, r: RolloutRecord) -> None:
         """Flag the release when too many of its late targets failed (once; never a revert)."""
-        if r.flagged:
-            return
+        if r.flagged or sum(self.db.late_counts(r.id, _FAILED).values()) < MIN_LATE_FAILURES:
+            return  # the common case, from the index entries of the failed late targets alone
         late = self.db.late_counts(r.id)
         failed = sum(n for status, n in late.items() if status.failed)
         answered = sum(n for status, n in late.items() if status.terminal)

@@ -166,10 +166,11 @@ class DesiredStateStore:
         return int(self.sql.rows(f"SELECT COUNT(*) AS n FROM targets WHERE {where}late = 1 AND status IN ({marks})",
                                  (*args, *IN_FLIGHT))[0]["n"])
 
-    def late_counts(self, rollout_id: str) -> dict[TargetStatus, int]:
-        """How many late targets of ``rollout_id`` are in each status."""
-        rows = self.sql.rows("SELECT status, COUNT(*) AS n FROM targets WHERE rollout_id = ? AND late = 1 "
-                             "GROUP BY status", (rollout_id,))
+    def late_counts(self, rollout_id: str, only: Sequence[TargetStatus] = ()) -> dict[TargetStatus, int]:
+        """How many late targets of ``rollout_id`` are in each status (of those in ``only``, if given)."""
+        among = f" AND status IN ({','.join('?' * len(only))})" if only else ""
+        rows = self.sql.rows(f"SELECT status, COUNT(*) AS n FROM targets WHERE rollout_id = ? AND late = 1{among} "
+                             "GROUP BY status", (rollout_id, *(s.value for s in only)))
         return {TargetStatus(r["status"]): int(r["n"]) for r in rows}
 
     def flag_release(self, rollout_id: str, reason: str) -> bool:

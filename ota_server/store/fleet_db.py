@@ -43,6 +43,7 @@ from edgesdk.ota_server.store.rows import (
     device_record,
     id_chunks,
     target_record,
+    up_to,
     where_clause,
 )
 from edgesdk.ota_server.store.sql import Database, IntegrityError, open_database
@@ -243,18 +244,19 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
 
     def rollout(self, rollout_id: str, *, targets: bool = True, stage: int | None = None,
                 status: TargetStatus | None = None, after: str | None = None,
-                limit: int | None = None) -> RolloutRecord | None:
+                limit: int | None = None, counts: bool = True) -> RolloutRecord | None:
         """A rollout with its policy, counts and targets (by stage, then device), or None.
 
-        ``targets=False`` leaves the targets out (the counts are always there); ``stage``,
-        ``status``, ``after`` (a device id) and ``limit`` select a page of them.
+        ``targets=False`` leaves the targets out; ``stage``, ``status``, ``after`` (a device id) and
+        ``limit`` select a page of them. ``counts=False`` leaves the counts empty: counting reads every
+        target's index entry, which a pass that needs only the rollout's state should not pay for.
         """
         r = self._summary_row(rollout_id)
         if r is None:
             return None
-        counts = self.target_counts(rollout_id)
+        by_stage = self.target_counts(rollout_id) if counts else {}
         overall: dict[TargetStatus, int] = {}
-        for (_, s), n in counts.items():
+        for (_, s), n in by_stage.items():
             overall[s] = overall.get(s, 0) + n
         found: tuple[TargetRecord, ...] = ()
         if targets:
@@ -263,7 +265,7 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
                              RolloutState(r["state"]), r["wave"], r["wave_started"], r["wave_settled"], r["reason"],
                              r["created"], r["updated"], bool(r["rollback"]), found,
                              tuple(json.loads(r["stages"] or "[]")), overall, sum(overall.values()), r["lease_holder"],
-                             self.late_counts(rollout_id), r["flagged"],
+                             self.late_counts(rollout_id) if counts else {}, r["flagged"],
                              verdict=json.loads(r["verdict"]) if r["verdict"] else None)
 
     def targets(self, rollout_id: str, *, stage: int | None = None, status: TargetStatus | None = None,
@@ -399,9 +401,9 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         (:meth:`defer_offline`)."""
         marks = ",".join("?" * len(NOT_TERMINAL))
         return self.sql.execute(
-            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND wave <= ? "
+            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND {up_to(stage)} "
             f"AND status IN ({marks}) AND status != ? AND sent IS NOT NULL AND sent < ? AND {ONLINE_DEVICE}",
-            (TargetStatus.TIMEOUT.value, reason, time.time(), rollout_id, stage, *NOT_TERMINAL,
+            (TargetStatus.TIMEOUT.value, reason, time.time(), rollout_id, *NOT_TERMINAL,
              TargetStatus.DEFERRED.value, sent_before))
 
     def defer_offline(self, rollout_id: str, stage: int) -> int:
@@ -410,10 +412,9 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         coverage): losing the connection is not a failure."""
         marks = ",".join("?" * len(IN_FLIGHT))
         return self.sql.execute(
-            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND wave <= ? "
+            f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND {up_to(stage)} "
             f"AND status IN ({marks}) AND NOT {ONLINE_DEVICE}",
-            (TargetStatus.DEFERRED.value, "went offline before it answered", time.time(), rollout_id, stage,
-             *IN_FLIGHT))
+            (TargetStatus.DEFERRED.value, "went offline before it answered", time.time(), rollout_id, *IN_FLIGHT))
 
     def due_for_resend(self, rollout_id: str, stage: int, sent_before: float, stalled_before: float,
                        late: bool = False) -> list[str]:
@@ -421,9 +422,9 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         stuck in a download or install (a lost report) since ``stalled_before`` (both on the engine's clock); of the
         late targets with ``late`` (each is sent its own stage's command), else of the others."""
         return [r["device_id"] for r in self.sql.rows(
-            "SELECT device_id FROM targets WHERE rollout_id = ? AND wave <= ? AND late = ? AND "
+            f"SELECT device_id FROM targets WHERE rollout_id = ? AND {up_to(stage)} AND late = ? AND "
             "((status = ? AND last_sent < ?) OR (status IN (?, ?) AND last_sent < ?)) ORDER BY device_id",
-            (rollout_id, stage, int(late), TargetStatus.SENT.value, sent_before, TargetStatus.DOWNLOADING.value,
+            (rollout_id, int(late), TargetStatus.SENT.value, sent_before, TargetStatus.DOWNLOADING.value,
              TargetStatus.INSTALLING.value, stalled_before))]
 
     def overdue_untried(self, rollout_id: str, stage: int, sent_before: float) -> list[TargetRecord]:
@@ -432,9 +433,9 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         answer, may have died with a broker restart or a replica)."""
         marks = ",".join("?" * len(IN_FLIGHT))
         return [target_record(r) for r in self.sql.rows(
-            f"SELECT * FROM targets WHERE rollout_id = ? AND wave <= ? AND status IN ({marks}) AND sent < ? "
+            f"SELECT * FROM targets WHERE rollout_id = ? AND {up_to(stage)} AND status IN ({marks}) AND sent < ? "
             f"AND last_sent <= sent AND {ONLINE_DEVICE} ORDER BY device_id",
-            (rollout_id, stage, *IN_FLIGHT, sent_before))]
+            (rollout_id, *IN_FLIGHT, sent_before))]
 
     def unsettled_aborts(self) -> list[str]:
         """Aborted rollouts with devices still to send back: a revert unanswered, or a commit reported late."""

@@ -110,6 +110,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         # was written never lists the device online again (see FleetDB.upsert_devices).
         "ALTER TABLE devices ADD COLUMN connection INTEGER",
     )),
+    (13, "the catch-ups in flight across the fleet, counted from their own index entries (every engine tick asks)", (
+        "CREATE INDEX IF NOT EXISTS late_by_status ON targets (status) WHERE late = 1",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",

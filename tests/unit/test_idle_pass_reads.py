@@ -1,0 +1,84 @@
+"""A converged fleet costs the database little: an engine tick over a group that is on its release reads a few rows,
+not every target of the release (each replica ticks five times a second, and reconciles each release once a second).
+
+Counted on PostgreSQL, from the plans of the very statements a tick runs (``EXPLAIN ANALYZE``, rolled back): rows
+returned and rows filtered out by every scan. A count, not a time, so the test is steady on a busy machine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
+from edgesdk.ota_server.rollouts.engine import RolloutEngine
+from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
+
+DEVICES = 3000
+#: Rows one idle tick may read: a handful per statement (the rollouts, the release, the lease), whatever the fleet.
+MOST_ROWS = 100
+
+
+class _Quiet:
+    """A dispatcher with nothing to send: the fleet is on its release."""
+
+    def busy(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: []
+
+
+def _converged(db: FleetDB) -> None:
+    """``DEVICES`` online on 2.0.0, the release of a completed three-stage rollout; a third of them came late."""
+    now = time.time()
+    ids = [f"cam{i:05d}" for i in range(DEVICES)]
+    db.upsert_devices([DeviceState(d, "cams", "online", "digits", "2.0.0", (), now) for d in ids])
+    stages = [[(d, "1.0.0") for d in part] for part in (ids[:30], ids[30:300], ids[300:])]
+    db.add_rollout("r1", "digits", "2.0.0", "cams", RolloutPolicy(canary=0.01, waves=(0.1, 1.0)), stages)
+    db.sql.execute("UPDATE targets SET status = ?, sent = ?, last_sent = ?, late = CASE WHEN device_id >= ? "
+                   "THEN 1 ELSE 0 END", (TargetStatus.COMMITTED.value, now, now, ids[2 * DEVICES // 3]))
+    db.sql.execute("UPDATE rollouts SET wave = 2")
+    assert db.end_rollout("r1", RolloutState.COMPLETED, "every stage committed")
+
+
+def _rows_read(plan: dict[str, Any]) -> int:
+    """Rows the scans of a plan produced or threw away (over every loop)."""
+    read = 0
+    if "Scan" in plan["Node Type"]:
+        loops = plan.get("Actual Loops", 1)
+        read += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+                 + plan.get("Rows Removed by Index Recheck", 0)) * loops
+    return read + sum(_rows_read(child) for child in plan.get("Plans", ()))
+
+
+def test_an_idle_tick_over_a_converged_release_reads_a_few_rows_not_its_targets(postgres_url):
+    db = FleetDB(postgres_url)
+    try:
+        _converged(db)
+        engine = RolloutEngine(db, _Quiet(), holder="h", reconcile_s=0.0)
+        for _ in range(DEVICES // 500 + 2):  # the reports queued every device: compare each with the release once
+            engine.tick()
+        assert db.to_reconcile("cams", 10) == []
+        db.sql.execute("VACUUM ANALYZE")  # as autovacuum leaves a table that stopped changing
+
+        ran: list[tuple[str, tuple[Any, ...]]] = []
+        run = db.sql._run  # type: ignore[attr-defined]
+        db.sql._run = lambda sql, args: ran.append((sql, tuple(args))) or run(sql, args)  # type: ignore[attr-defined]
+        engine.tick()
+        db.sql._run = run  # type: ignore[attr-defined]
+        assert any("group_releases" in sql for sql, _ in ran), "the tick did not reconcile the release"
+
+        conn = db.sql._conn  # type: ignore[attr-defined]
+        reads = {}
+        for sql, args in ran:
+            with conn.transaction(force_rollback=True):
+                (row,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + db.sql._native(sql),  # type: ignore[attr-defined]
+                                      args).fetchall()
+            reads[sql] = reads.get(sql, 0) + _rows_read(next(iter(row.values()))[0]["Plan"])
+        worst = max(reads, key=reads.__getitem__)
+        assert sum(reads.values()) <= MOST_ROWS, (
+            f"an idle tick read {sum(reads.values())} rows for {DEVICES} converged devices; most: "
+            f"{reads[worst]} by {worst}")
+    finally:
+        db.close()
