@@ -44,9 +44,12 @@ def test_a_signed_rollback_below_the_floor_is_refused_above_it_taken_and_the_flo
 
     # A restarted agent keeps the floor (2.0.0 carries none: the floor is never lowered).
     agent.stop()
+    wait_for(lambda: server.db.device("cam0").status == "offline", what="the stopped agent's last word")
     again = make_agent("cam0", broker.url, keep_slots=3)
     assert again.state()["rollback_floors"] == {"digits": {"floor": "2.0.0", "set_by": "2.5.0"}}
-    wait_for(lambda: server.db.device("cam0").version == "2.0.0", what="the restarted device's report")
+    # The server must see the restarted device online before the push, else its target is deferred, not refused.
+    wait_for(lambda: (d := server.db.device("cam0")).status == "online" and d.version == "2.0.0",
+             what="the restarted device's report")
     refused_again = _finished(server, server.rollback(back.id, to_version="1.0.0"))
     (target,) = refused_again.targets
     assert "below the rollback floor" in (target.reason or ""), target
