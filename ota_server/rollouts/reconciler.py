@@ -10,6 +10,9 @@ queued devices and compares each with the rollout:
   else with the stage;
 - a *deferred* target (its device was offline when its stage went out, or went offline before
   answering) is sent again, late;
+- a device that runs the release while its target is unfinished or timed out has committed, and
+  its commit report was lost (queued in a replica that died, or sent while the broker restarted):
+  the target is marked committed from the state, which the broker retains and every replica reads;
 - anything else (on the release already, or done with the rollout: committed, failed, refused)
   needs nothing.
 
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
-from edgesdk.ota_server.store.fleet_db import FleetDB
+from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
 from edgesdk.runtime.boards import artifact_for
 
 __all__ = ["Reconciler", "LateSender", "MIN_LATE_FAILURES"]
@@ -39,6 +42,9 @@ _SENDABLE = (TargetStatus.DEFERRED, TargetStatus.PENDING)
 
 #: The statuses of a late target that failed.
 _FAILED = tuple(s for s in TargetStatus if s.failed)
+
+#: The reason a target is marked committed from its device's state rather than from its commit report.
+_LOST_COMMIT = "committed by its state: the device reports it runs {} (no commit report had been received)"
 
 #: A release is flagged only once at least this many late targets failed (one of one says little).
 MIN_LATE_FAILURES = 3
@@ -93,9 +99,12 @@ class Reconciler:
         unserved: list[tuple[str, str | None]] = []
         send: list[str] = []
         done: list[str] = []
+        arrived: list[TargetUpdate] = []
         for device in queued:
             target = targets.get(device.id)
             on_release = device.model == r.model and device.version == r.version
+            if on_release and target is not None and target.status in TargetStatus.COMMITTED.follows:
+                arrived.append(TargetUpdate(r.id, device.id, TargetStatus.COMMITTED, _LOST_COMMIT.format(r.version)))
             if device.status != "online" or on_release:
                 done.append(device.id)
             elif target is None:
@@ -115,6 +124,10 @@ class Reconciler:
                     send.append(device.id)
             else:
                 done.append(device.id)
+        if arrived:  # the device runs the release: its commit report died with a replica, or came after its timeout
+            self.db.set_targets(arrived)
+            log.info("rollout %s: %d devices report its version while their targets were unfinished or timed out: "
+                     "committed", r.id, len(arrived))
         if new or unserved:
             self.db.add_late_targets(r.id, last, new, unserved)
         if send:

@@ -241,3 +241,27 @@ def test_a_state_naming_another_group_is_refused_and_a_move_queues_the_device(fl
     assert strict.admit([DeviceState("cam2", "cams", "online", None, None, (), 1.0)]) == []
     assert refused[-1] == "unprovisioned" and db.provisioned_groups(["cam2"]) == {}
     db.close()
+
+
+@pytest.mark.parametrize("lost_at", [TargetStatus.DOWNLOADING, TargetStatus.TIMEOUT, TargetStatus.FAILED])
+def test_a_device_whose_state_shows_the_release_is_committed_though_its_commit_report_was_lost(fleet, lost_at):
+    """A replica killed with reports in its queue loses them, and a resend may die with a broker restart: the
+    device's next state (retained by the broker, read by every replica) names the release, and that closes an
+    unfinished or timed-out target. A target the device itself failed stays failed."""
+    db, clock, recorder, engine = fleet
+    rid = _complete(db, clock, recorder, engine)
+    db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # back: sent the release late
+    _settle(engine, clock, 1)
+    assert recorder.late == [("cam8", 1)]
+    engine.on_event("cam8", "accepted", rid, None)
+    if lost_at != TargetStatus.DOWNLOADING:
+        db.set_target(rid, "cam8", lost_at, "no report in 60 s" if lost_at == TargetStatus.TIMEOUT else "health")
+    db.upsert_device("cam8", "cams", "online", "digits", "2.0.0", ["digits-2.0.0"])  # its state after the commit
+    _settle(engine, clock, 1)
+    (target,) = [t for t in engine.status(rid).targets if t.device_id == "cam8"]
+    if lost_at == TargetStatus.FAILED:
+        assert target.status == TargetStatus.FAILED and target.reason == "health", target
+    else:
+        assert target.status == TargetStatus.COMMITTED, target
+        assert "reports it runs 2.0.0" in target.reason, target
+    assert recorder.late == [("cam8", 1)], "a device on the release is not sent it again"
