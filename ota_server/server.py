@@ -90,7 +90,9 @@ class ServerConfig:
     reconcile_s: float = 1.0
     #: How long a device report may wait for others to share its database transaction (group commit; see
     #: :mod:`edgesdk.ota_server.devices.ingest`): devices returning one by one otherwise cost a transaction a report.
-    ingest_linger_s: float = 0.3
+    ingest_linger_s: float = 1.0
+    #: ... but the wait ends once no other report came for this long (a lone report is written after it).
+    ingest_quiet_s: float = 0.3
     #: How long late devices' chunk requests for a completed small release are gathered into one group publish (see
     #: :mod:`edgesdk.ota_server.devices.chunks`; 0: each request is answered at once, on its device's topic).
     chunk_coalesce_s: float = 0.2
@@ -130,7 +132,8 @@ class OTAServer:
                                          on_refused=self.reports.refuse, on_stranger=stranger)
         self.groups = GroupGuard(db, config.require_provisioning, on_refused=self.metrics.group_refused)
         self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups,
-                             on_dropped=self.reports.dropped, linger_s=config.ingest_linger_s)
+                             on_dropped=self.reports.dropped, linger_s=config.ingest_linger_s,
+                             quiet_s=config.ingest_quiet_s)
         self.guard = ReportGuard(config.report_limits, on_refused=self.metrics.report_refused)
         self.metrics.watch_queues(self._outbox, lambda: self.ingest.pending)
         #: The fleet's root of trust, published retained at start (devices take it as the next in their chain).

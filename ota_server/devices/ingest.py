@@ -4,10 +4,11 @@ The MQTT thread only parses and queues; the writer takes whatever has queued up 
 ``max_batch``) and writes it in one transaction: the devices' states, the event log and the
 targets the events move. Under load, batches grow by themselves, so the cost per report
 falls as the fleet grows instead of every report paying its own commit. When reports trickle
-in (devices coming back one by one: the last batch was small), a report waits at most ``linger_s``
-from its arrival for others to share its transaction (group commit): one report per transaction
-cost a late device about six transactions, each with its own round trips and commit. Under load
-the writer does not linger.
+in (devices coming back one by one: the last batch was small), the writer waits for others to
+share the transaction (group commit) as long as they keep coming: until ``quiet_s`` passes with
+none, or ``linger_s`` from the oldest report's arrival. One report per transaction cost a late
+device about six transactions, each with its own round trips and commit; a lone report waits only
+``quiet_s``. Under load the writer does not linger.
 
 A batch that fails to write is handled by why it failed:
 
@@ -81,11 +82,14 @@ class Ingest:
 
     def __init__(self, db: FleetDB, observe: Observer | None = None, max_batch: int = 2000,
                  retry_s: float = 1.0, groups: GroupGuard | None = None, on_dropped: Dropped | None = None,
-                 linger_s: float = 0.0) -> None:
+                 linger_s: float = 0.0, quiet_s: float | None = None) -> None:
         self.db, self._observe, self.max_batch, self.retry_s = db, observe, max_batch, retry_s
-        #: How long after the oldest report of a batch the writer waits for more before writing, when the last batch
-        #: was small (0: it writes what has queued at once). A report that already waited that long is written at once.
+        #: How long after the oldest report of a batch the writer may wait for more before writing, when the last
+        #: batch was small (0: it writes what has queued at once). A report that already waited that long is written
+        #: at once.
         self.linger_s = linger_s
+        #: The writer stops waiting once this long passes with no new report (None: it waits the whole ``linger_s``).
+        self.quiet_s = quiet_s
         self._on_dropped = on_dropped
         #: Refuses states naming a group other than the device's provisioned one (None: every state is written).
         self.groups = groups
@@ -134,11 +138,10 @@ class Ingest:
             last = len(batch)
 
     def _gather(self, first: _Item, linger: bool) -> list[_Item]:
-        """``first`` and what queues after it: until ``max_batch``, the queue is empty (past ``linger_s`` from
-        ``first``'s arrival when ``linger``), or the writer is told to stop."""
-        wait = first[0] + self.linger_s - time.monotonic()
-        if linger and wait > 0:  # a sleep, not a wait on the queue: each report put meanwhile would wake the writer
-            time.sleep(wait)
+        """``first`` and what queues after it: until ``max_batch``, the queue is empty (after :meth:`_linger` when
+        ``linger``), or the writer is told to stop."""
+        if linger:
+            self._linger(first[0] + self.linger_s)
         batch = [first]
         while len(batch) < self.max_batch:
             try:
@@ -150,6 +153,17 @@ class Ingest:
                 break
             batch.append(item)
         return batch
+
+    def _linger(self, until: float) -> None:
+        """Wait for more reports while they keep coming: until ``until``, a ``quiet_s`` with none new, or a full
+        batch. Sleeps, not waits on the queue: each report put meanwhile would wake the writer."""
+        queued = self._queue.qsize()
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(left if self.quiet_s is None else min(left, self.quiet_s))
+            now_queued = self._queue.qsize()
+            if now_queued == queued or now_queued + 1 >= self.max_batch:
+                return
+            queued = now_queued
 
     def _write_until_done(self, batch: list[_Item]) -> None:
         written = self._write_isolating(batch)

@@ -126,8 +126,8 @@ class Reconciler:
                 done.append(device.id)
         if arrived:  # the device runs the release: its commit report died with a replica, or came after its timeout
             self.db.set_targets(arrived)
-            log.info("rollout %s: %d devices report its version while their targets were unfinished or timed out: "
-                     "committed", r.id, len(arrived))
+            log.info("rollout %s: %d devices run its version and no commit report of theirs was recorded: committed "
+                     "from their states", r.id, len(arrived))
         if new or unserved:
             self.db.add_late_targets(r.id, last, new, unserved)
         if send:
