@@ -243,8 +243,12 @@ class RolloutEngine:
         (and, every ``reconcile_s``, over the groups whose release it leases), and the release of finished reverts."""
         now = self.clock()
         driving = set()
-        room = self.reconciler.room()
-        for summary in self.db.rollouts(RolloutState.RUNNING):
+        running = self.db.rollouts(RolloutState.RUNNING)
+        releases_due = now - self._last_reconcile >= self.reconcile_s
+        # The fleet-wide count behind the cap, only when a pass may send: most ticks of a fleet on its releases have
+        # nothing to run.
+        room = self.reconciler.room() if running or releases_due else 0
+        for summary in running:
             if not self.db.hold_lease(summary.id, self.holder, now, self.lease_s):
                 continue
             driving.add(summary.id)
@@ -264,7 +268,7 @@ class RolloutEngine:
             self._progress.pop(gone, None)  # finished, or driven elsewhere now
             self._last_round.pop(gone, None)
             self._deferred_at.pop(gone, None)
-        if now - self._last_reconcile >= self.reconcile_s:
+        if releases_due:
             self._last_reconcile = now
             self._reconcile_releases(now, room)
         self._finish_reverts(now)

@@ -146,18 +146,18 @@ class DesiredStateStore:
                                      time.time(), rollout_id, TargetStatus.PENDING.value, TargetStatus.DEFERRED.value))
 
     def send_late(self, rollout_id: str, device_ids: Sequence[str], sent_at: float) -> list[str]:
-        """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the devices marked."""
+        """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the devices marked, in
+        the order given."""
         now = time.time()
-        marked = []
-        with self.sql.transaction():
-            for device in device_ids:
-                if self.sql.execute(
-                        "UPDATE targets SET status = ?, late = 1, reason = NULL, sent = ?, last_sent = ?, updated = ? "
-                        "WHERE rollout_id = ? AND device_id = ? AND status IN (?, ?)",
-                        (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, device,
-                         TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)) == 1:
-                    marked.append(device)
-        return marked
+        marked: set[str] = set()
+        for chunk in id_chunks(list(device_ids)):
+            with self.sql.transaction():  # one statement for the pass's devices, not one round trip each
+                marked.update(r["device_id"] for r in self.sql.rows(
+                    "UPDATE targets SET status = ?, late = 1, reason = NULL, sent = ?, last_sent = ?, updated = ? "
+                    f"WHERE rollout_id = ? AND device_id IN ({','.join('?' * len(chunk))}) AND status IN (?, ?) "
+                    "RETURNING device_id", (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, *chunk,
+                                            TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)))
+        return [d for d in device_ids if d in marked]
 
     def late_in_flight(self, rollout_id: str | None = None) -> int:
         """Late targets (of one rollout, or all) whose command is out and unanswered: the catch-ups running."""

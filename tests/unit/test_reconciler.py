@@ -265,3 +265,23 @@ def test_a_device_whose_state_shows_the_release_is_committed_though_its_commit_r
         assert target.status == TargetStatus.COMMITTED, target
         assert "reports it runs 2.0.0" in target.reason, target
     assert recorder.late == [("cam8", 1)], "a device on the release is not sent it again"
+
+
+def test_send_late_marks_only_pending_and_deferred_targets_in_one_statement_and_keeps_the_order(fleet):
+    db, clock, recorder, engine = fleet
+    rid = engine.start("digits", "2.0.0", "cams", FAST)
+    ids = ["cam3", "cam1", "cam2", "cam0"]
+    db.set_target(rid, "cam3", TargetStatus.DEFERRED)
+    db.set_target(rid, "cam2", TargetStatus.SENT)
+    ran: list[str] = []
+    execute = db.sql.rows
+    db.sql.rows = lambda sql, args=(): ran.append(sql) or execute(sql, args)
+    try:
+        marked = db.send_late(rid, ids, clock.now)
+    finally:
+        db.sql.rows = execute
+    assert marked == ["cam3", "cam1", "cam0"], "cam2's command is out already"
+    assert len(ran) == 1, ran
+    targets = db.targets_of(rid, ids)
+    assert all(targets[d].status == TargetStatus.SENT and targets[d].late for d in marked)
+    assert not targets["cam2"].late
