@@ -245,9 +245,7 @@ class RolloutEngine:
         driving = set()
         running = self.db.rollouts(RolloutState.RUNNING)
         releases_due = now - self._last_reconcile >= self.reconcile_s
-        # The fleet-wide count behind the cap, only when a pass may send: most ticks of a fleet on its releases have
-        # nothing to run.
-        room = self.reconciler.room() if running or releases_due else 0
+        room = self.reconciler.room() if running or releases_due else 0  # the cap's fleet-wide count: when a pass runs
         for summary in running:
             if not self.db.hold_lease(summary.id, self.holder, now, self.lease_s):
                 continue
