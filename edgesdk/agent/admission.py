@@ -3,8 +3,10 @@
 A signature says who sent a command, not that it is new. A deployment this device has handled
 before is a replay: it is refused, unless its transfer is still running (the server re-sent it:
 nothing to do) or it is the version this device committed (its first report may have been lost,
-so ``committed`` is reported again). A version at or below the installed one of the same model
-is a downgrade, refused unless the command is a signed rollback. The revert of an aborted rollout applies only
+so ``committed`` is reported again). A deploy of exactly the version the device runs is answered
+``committed`` with ``already_installed`` (another deployment of it got there first, on admission or
+while this one downloaded): nothing to do, and not a failure. A version below the installed one of the
+same model is a downgrade, refused unless the command is a signed rollback. The revert of an aborted rollout applies only
 while the device runs the version it undoes: one that arrives after a later rollout moved the device on is
 refused, or it would take the device back two steps. The refusals are remembered,
 so the same deployment is never weighed twice. A rollback brings no archive, so it needs the version in
@@ -37,12 +39,13 @@ from typing import Any
 from edgesdk.agent.rollback_floor import RollbackFloors
 from edgesdk.agent.store import ModelStore, StoreState
 from edgesdk.agent.trust_keeper import TrustKeeper
-from edgesdk.errors import BundleError, ConflictError
+from edgesdk.errors import BundleError, ConflictError, EdgeSDKError
 from edgesdk.fleet.protocol import Command
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.runtime.bundle import parse_version
 
-__all__ = ["Admission", "admit", "not_newer", "check_still_newer", "below_floor", "root_expired"]
+__all__ = ["Admission", "admit", "not_newer", "already_installed", "check_still_newer", "refused_download", "below_floor",
+           "root_expired", "AlreadyInstalled"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,17 @@ class Admission:
     details: Mapping[str, Any] = field(default_factory=dict)
     #: Record the deployment as handled.
     remember: bool = False
+
+
+class AlreadyInstalled(ConflictError):
+    """A finished download's version is the one the device runs: another deployment of it installed meanwhile."""
+
+
+def already_installed(command: Command, current: tuple[str, str] | None) -> bool:
+    """True when ``command`` is a plain deploy of exactly the version the device runs: there is nothing to do, and
+    nothing failed (Mender's *already-installed*). Two deployments of one version reach a device when it catches up
+    on its group's release while the operator pushes that version again."""
+    return command.reverts is None and not command.rollback and current == (command.name, command.version)
 
 
 def not_newer(command: Command, current: tuple[str, str] | None) -> bool:
@@ -73,12 +87,21 @@ def check_still_newer(command: Command, current: tuple[str, str] | None, store: 
     installed while it downloaded (a straggler of an aborted rollout, say). A rollback is let through, unless it
     reverts a version the device has left, or (with the ``store``) a release committed meanwhile set a rollback
     floor above it."""
+    if already_installed(command, current):
+        raise AlreadyInstalled(f"{command.name} {command.version} was installed by another deployment while it downloaded")
     if not_newer(command, current):
         assert current is not None
         raise ConflictError(f"superseded: {command.name} {current[1]} was installed while {command.version} "
                             "downloaded; not installing an older version")
     if store is not None and (refusal := below_floor(command, store)) is not None:
         raise ConflictError(refusal)
+
+
+def refused_download(exc: EdgeSDKError) -> tuple[AgentEvent, dict[str, Any]]:
+    """The event, and its details, for a finished download that :func:`check_still_newer` or the unpack refused."""
+    if isinstance(exc, AlreadyInstalled):
+        return AgentEvent.COMMITTED, {"already_installed": True}
+    return AgentEvent.FAILED, {"reason": f"bundle rejected: {exc}"}
 
 
 def below_floor(command: Command, store: ModelStore) -> str | None:
@@ -121,6 +144,8 @@ def admit(command: Command, state: StoreState, current: tuple[str, str] | None, 
             return Admission(False, AgentEvent.COMMITTED, {"repeated": True})
         return Admission(False, AgentEvent.REJECTED,
                          {"reason": f"replayed command: deployment {command.deployment_id} was already handled"})
+    if already_installed(command, current):
+        return Admission(False, AgentEvent.COMMITTED, {"already_installed": True}, remember=True)
     if not_newer(command, current):
         assert current is not None
         if command.reverts is not None:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edgesdk.agent.admission import admit, check_still_newer
+from edgesdk.agent.admission import admit, check_still_newer, refused_download
 from edgesdk.agent.config import AgentConfig, resolve_profile
 from edgesdk.agent.downloads import Downloads
 from edgesdk.agent.energy_account import runtime_energy
@@ -64,8 +64,7 @@ class DeviceAgent:
         self.profile = resolve_profile(config, runtime)
         self.installer = Installer(self.store, runtime, lambda: self.trust.root.keyset("bundles") if self.trust else None,
                                    PowerModeKeeper(self.profile, config.sysfs_root) if config.apply_power_mode else None)
-        self._transport_factory = transport_factory
-        me = config.device_id
+        self._transport_factory, me = transport_factory, config.device_id
         self.guard = StorageGuard(self.store, config.min_free_bytes, config.pinned, label=me)
         self.downloads = Downloads(lambda payload: self._publish(Topics.need(me), payload), config.request_window,
                                    config.retry_interval_s, config.broadcast_wait_s, label=me)
@@ -271,7 +270,8 @@ class DeviceAgent:
             check_still_newer(command, self.current_version(), self.store)
             self.installer.unpack(slot, archive, command.archive)
         except EdgeSDKError as exc:
-            self._event(command, AgentEvent.FAILED, reason=f"bundle rejected: {exc}")
+            event, details = refused_download(exc)  # committed when another deployment installed this version meanwhile
+            self._event(command, event, **details)
             self._publish_state()
             return
         finally:

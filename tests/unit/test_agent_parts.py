@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.agent.admission import admit, check_still_newer
+from edgesdk.agent.admission import AlreadyInstalled, admit, check_still_newer, refused_download
 from edgesdk.agent.downloads import Downloads, broadcast_plan
 from edgesdk.agent.local_chunks import LocalChunks
 from edgesdk.agent.measurements import MeasurementService
@@ -80,7 +80,7 @@ def test_a_restarted_agent_takes_up_a_deployment_it_had_seen(keys):
     assert verdict.proceed
 
 
-@pytest.mark.parametrize("installed", ["2.0.0", "3.1.0"])
+@pytest.mark.parametrize("installed", ["2.0.1", "3.1.0"])
 def test_a_downgrade_is_refused_and_remembered_unless_it_is_a_signed_rollback(keys, installed):
     verdict = admit(deploy(keys), StoreState(), ("digits", installed), f"digits-{installed}", in_flight=False,
                     resume=False)
@@ -319,3 +319,23 @@ def test_a_download_that_ends_after_a_newer_install_is_not_installed(keys):
     with pytest.raises(ConflictError, match=r"superseded: digits 6.0.0 was installed while 5.0.0 downloaded"):
         check_still_newer(straggler, ("digits", "6.0.0"))
     check_still_newer(deploy(keys, version="5.0.0", rollback=True), ("digits", "6.0.0"))  # a rollback may go back
+
+
+def test_a_deploy_of_the_version_the_device_runs_is_answered_committed_not_refused(keys):
+    """The device caught up on its group's release (a late target) while the operator pushed that version again: the
+    second deployment finds the device where it wants it, on arrival or when its download ends (Mender's
+    already-installed), and the rollout must not count a failure."""
+    verdict = admit(deploy(keys), StoreState(), ("digits", "2.0.0"), "digits-2.0.0", in_flight=False, resume=False)
+    assert not verdict.proceed and verdict.remember
+    assert (verdict.event, dict(verdict.details)) == (AgentEvent.COMMITTED, {"already_installed": True})
+    with pytest.raises(AlreadyInstalled) as raised:
+        check_still_newer(deploy(keys), ("digits", "2.0.0"))
+    assert refused_download(raised.value) == (AgentEvent.COMMITTED, {"already_installed": True})
+    with pytest.raises(ConflictError) as superseded:
+        check_still_newer(deploy(keys), ("digits", "3.0.0"))
+    assert refused_download(superseded.value) == (
+        AgentEvent.FAILED, {"reason": "bundle rejected: superseded: digits 3.0.0 was installed while 2.0.0 downloaded; "
+                                      "not installing an older version"})
+    # A rollback to the running version is not a plain deploy: its own rules apply, as before.
+    assert admit(deploy(keys, rollback=True), StoreState(), ("digits", "2.0.0"), "digits-2.0.0", in_flight=False,
+                 resume=False, held=True).proceed
