@@ -32,8 +32,8 @@ from edgesdk.ota_server.store.desired_state import DesiredStateStore
 from edgesdk.ota_server.store.rows import (
     DETAIL_KEYS,
     IN_FLIGHT,
-    NOT_TERMINAL,
     ONLINE_DEVICE,
+    TIMEABLE,
     DeviceState,
     EventRecord,
     EventRow,
@@ -51,6 +51,7 @@ from edgesdk.ota_server.store.verdicts import VerdictStore
 
 __all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", "DETAIL_KEYS", "Release",
            "Provisioning"]
+
 
 class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
     """The fleet's devices, rollouts, targets and event log (safe across threads).
@@ -399,13 +400,10 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         """Fail the unfinished targets of stages up to ``stage`` whose command went out before ``sent_before`` and
         whose device is online (silent while reachable); how many. An offline device's target is deferred instead
         (:meth:`defer_offline`)."""
-        # Deferred targets are left out by the status list, not a filter after it: a fleet with thousands of
-        # devices away would otherwise have their index entries read on every pass.
-        unfinished = [s for s in NOT_TERMINAL if s != TargetStatus.DEFERRED.value]
         return self.sql.execute(
             f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE rollout_id = ? AND {up_to(stage)} "
-            f"AND status IN ({','.join('?' * len(unfinished))}) AND sent IS NOT NULL AND sent < ? AND {ONLINE_DEVICE}",
-            (TargetStatus.TIMEOUT.value, reason, time.time(), rollout_id, *unfinished, sent_before))
+            f"AND status IN ({','.join('?' * len(TIMEABLE))}) AND sent IS NOT NULL AND sent < ? AND {ONLINE_DEVICE}",
+            (TargetStatus.TIMEOUT.value, reason, time.time(), rollout_id, *TIMEABLE, sent_before))
 
     def defer_offline(self, rollout_id: str, stage: int) -> int:
         """Defer the in-flight targets (of stages up to ``stage``) whose device went offline; how many. Their device

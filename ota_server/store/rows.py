@@ -14,12 +14,15 @@ from typing import Any
 from edgesdk.fleet.records import DeviceRecord, TargetRecord, TargetStatus
 
 __all__ = ["EventRecord", "DeviceState", "TargetUpdate", "EventRow", "Release", "Provisioning", "DETAIL_KEYS",
-           "device_record", "target_record", "release_record", "where_clause", "NOT_TERMINAL", "IN_FLIGHT", "ONLINE_DEVICE",
-           "id_chunks", "up_to"]
+           "device_record", "target_record", "release_record", "where_clause", "NOT_TERMINAL", "IN_FLIGHT", "TIMEABLE",
+           "ONLINE_DEVICE", "id_chunks", "up_to"]
 
 NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
 #: A command is out and the device has not finished with it.
 IN_FLIGHT = tuple(s.value for s in TargetStatus if s.in_flight)
+#: What a silent target times out from: unfinished, less deferred. The list itself leaves deferred targets out, not a
+#: filter after it, so a fleet with thousands of devices away does not have their index entries read on every pass.
+TIMEABLE = tuple(s for s in NOT_TERMINAL if s != TargetStatus.DEFERRED.value)
 #: The target's device is online: an unfinished target of one times out, an offline one's is deferred. A primary-key
 #: lookup per candidate row, so the cost follows the targets in question, not the fleet.
 ONLINE_DEVICE = "EXISTS (SELECT 1 FROM devices d WHERE d.id = targets.device_id AND d.status = 'online')"
