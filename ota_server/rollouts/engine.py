@@ -18,14 +18,7 @@ from typing import Any, Protocol
 
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
 from edgesdk.fleet.protocol import check_id
-from edgesdk.fleet.records import (
-    AgentEvent,
-    RolloutPolicy,
-    RolloutRecord,
-    RolloutState,
-    TargetRecord,
-    TargetStatus,
-)
+from edgesdk.fleet.records import AgentEvent, RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.rollouts.canary import judge_stage
 from edgesdk.ota_server.rollouts.reconciler import Reconciler
 from edgesdk.ota_server.rollouts.stages import canary_order, stage_sizes
@@ -51,8 +44,9 @@ _EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
 #: to be sent (no artifact for the board), or skipped by an abort.
 _NOT_SENT = frozenset({TargetStatus.DEFERRED, TargetStatus.PENDING, TargetStatus.NO_ARTIFACT, TargetStatus.SKIPPED})
 
-#: While reports keep coming, a re-send round still runs every this many ``resend_s``.
-_ROUND_EVERY = 10
+#: While reports keep coming, a re-send round still runs every this many ``resend_s``, and sends again only the
+#: commands unanswered for ``_ROUND_QUIET`` of them (those of a stage just sent are mostly answers on their way).
+_ROUND_EVERY, _ROUND_QUIET = 10, 5
 
 
 class Dispatcher(Protocol):
@@ -65,8 +59,7 @@ class Dispatcher(Protocol):
         """Send the stage's command again to devices that have not acknowledged it; the devices it was sent to."""
 
     def busy(self) -> bool:
-        """True while what was sent earlier, or the devices' answers to it, are still queued in this server: silence
-        then says nothing about the devices, and a re-send would only queue behind the first send."""
+        """True while what was sent earlier, or the answers to it, are queued in this server (silence says nothing)."""
 
     def send_revert(self, rollout: RolloutRecord, target: TargetRecord) -> None:
         """Send a signed rollback to the target's previous version; an EdgeSDKError when it cannot be sent."""
@@ -87,8 +80,7 @@ class RolloutEngine:
     what was not acknowledged. Every stage move and rollout end is a compare-and-set on the
     rollout's state and stage and on the lease, so a driver whose lease lapsed moves nothing.
     A group's release (its last completed rollout) is leased the same way by whichever engine
-    reconciles the group to it every ``reconcile_s`` (:class:`Reconciler`).
-    """
+    reconciles the group to it every ``reconcile_s`` (:class:`Reconciler`)."""
 
     def __init__(self, db: FleetDB, dispatcher: Dispatcher, clock: Callable[[], float] = time.time, *,
                  resend_s: float = 3.0, holder: str | None = None, lease_s: float = 10.0,
@@ -123,6 +115,12 @@ class RolloutEngine:
     def driving(self) -> frozenset[str]:
         """The running rollouts this engine held the lease of at its last tick, and the releases it reconciles."""
         return frozenset(self._driving | self._releases)
+
+    @property
+    def idle(self) -> bool:
+        """True when this engine drove no rollout and sent back no revert at its last tick: its next tick may wait
+        ``reconcile_s`` (an operator's push, promote or abort through this server wakes it at once)."""
+        return not self._driving and not self._reverting
 
     def serving(self, rollout_id: str) -> None:
         """Note that this engine opened ``rollout_id``'s archive for a release's late targets (a chunk request of a
@@ -347,14 +345,14 @@ class RolloutEngine:
             timed_out = self.db.time_out_targets(r.id, r.stage, now - policy.deploy_timeout_s - 2 * self.resend_s,
                                                  f"no report in {policy.deploy_timeout_s:g} s")
         counts = self.db.target_counts(r.id)
-        if self._stalled(r.id, counts, r.stage, now):
+        if (quiet := self._round_due(r.id, counts, r.stage, now)) is not None:
             self._last_round[r.id] = now
             # A device that is downloading ignores a repeated command and one that committed reports it again, so a
             # report lost with a dead replica's queue costs a re-send, not a timeout.
-            silent = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s)
-            if silent:
+            stuck = now - max(quiet, 4 * self.resend_s)
+            if silent := self.db.due_for_resend(r.id, r.stage, now - quiet, stuck):
                 self.db.mark_resent(r.id, self.dispatcher.resend(r, r.stage, silent), now)
-            late = self.db.due_for_resend(r.id, r.stage, now - self.resend_s, now - 4 * self.resend_s, late=True)
+            late = self.db.due_for_resend(r.id, r.stage, now - quiet, stuck, late=True)
             self._send_again(r, list(self.db.targets_of(r.id, late).values()), now)
         if timed_out:
             log.warning("rollout %s: %d devices of stage %d timed out", r.id, timed_out, r.stage + 1)
@@ -399,24 +397,23 @@ class RolloutEngine:
             sent += self.dispatcher.resend(r, r.stage, [t.device_id for t in targets if not t.late])
         self.db.mark_resent(r.id, sent, now)
 
-    def _stalled(self, rollout_id: str, counts: dict[tuple[int, TargetStatus], int], stage: int, now: float) -> bool:
-        """True once the stage's reports have stopped coming for ``resend_s``, or ``_ROUND_EVERY`` times that has
-        passed since the last re-send round. While reports come, the silent devices' answers are most likely among
-        those still on their way (a big stage takes a while to send and to answer), and re-sending to them would
-        only add to the queue; but at 10,000 devices under faults reports trickle in for minutes, and commands lost
-        in a broker restart must not wait for the deploy timeout."""
+    def _round_due(self, rollout_id: str, counts: dict[tuple[int, TargetStatus], int], stage: int,
+                   now: float) -> float | None:
+        """How long a command must have gone unanswered to be sent again, when a re-send round is due; else None.
+        Due once the stage's reports stopped for ``resend_s``, or ``_ROUND_EVERY`` times that after the last round
+        (reports can trickle for minutes under faults, and a command lost in a broker restart must not wait for the
+        deploy timeout); that round skips commands younger than ``_ROUND_QUIET`` of them, as a stage sent a
+        moment ago is still being answered (at 10,000 devices a round just after the last stage re-sent ~6,000)."""
         unfinished = sum(n for (s, status), n in counts.items() if s == stage and not status.terminal)
         seen = self._progress.get(rollout_id)
         last_round = self._last_round.setdefault(rollout_id, now)
-        # While commands wait in this server's outbox the devices have not even had them: silence starts once they
-        # are out (at 10,000 devices, re-sends piled behind the first send and fed on themselves).
-        if self.dispatcher.busy():
+        if self.dispatcher.busy():  # the devices have not had the commands yet: silence starts once they are out
             self._progress[rollout_id] = (unfinished, now)
-            return False
+            return None
         if seen is None or seen[0] != unfinished:
             self._progress[rollout_id] = (unfinished, now)
-            return now - last_round >= _ROUND_EVERY * self.resend_s
-        return now - seen[1] >= self.resend_s
+            return _ROUND_QUIET * self.resend_s if now - last_round >= _ROUND_EVERY * self.resend_s else None
+        return self.resend_s if now - seen[1] >= self.resend_s else None
 
     def _send_stage(self, r: RolloutRecord, stage: int, fenced: bool = True) -> bool:
         """Move ``r`` to ``stage`` and send it; False when the move was refused (compare-and-set on the rollout's

@@ -145,6 +145,39 @@ def test_a_device_whose_command_was_lost_gets_it_again_while_others_keep_reporti
         "the round re-sends to the devices that have not answered, and only to them"
 
 
+def test_a_round_while_reports_still_come_skips_the_commands_of_a_stage_just_sent(fleet):
+    """At 10,000 devices the round every ``_ROUND_EVERY`` re-send intervals fell, in half the runs, just after the last
+    stage went out, and sent ~6,000 commands again whose answers were on their way. While reports come, a round sends
+    again only commands unanswered for ``_ROUND_QUIET`` intervals; a command lost for good still goes again."""
+    db, clock, recorder, engine = fleet
+    for i in range(10, 20):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,), deploy_timeout_s=600,
+                                                                 health_window_s=0.0))
+    engine.tick()
+    (_, canary), = recorder.stages
+    for device in canary:  # a commit every 2.5 s: the canary settles at +25 s, and the wave goes out
+        clock.now += 2.5
+        _report(engine, rid, [device])
+        engine.tick()
+    while len(recorder.stages) < 2:
+        clock.now += 0.5
+        engine.tick()
+    wave_sent = clock.now
+    (_, wave) = recorder.stages[1]
+    lost, reporting = wave[0], wave[1:]
+    for device in reporting:  # a commit every 2 s, across the round due at +30 s
+        clock.now += 2
+        _report(engine, rid, [device])
+        engine.tick()
+    assert clock.now - 1_000_000.0 >= 10 * engine.resend_s, "the test spans a round"
+    assert recorder.resent == [], "a round re-sent a stage whose answers were still coming"
+    while not recorder.resent and clock.now - wave_sent < 60:
+        clock.now += 1
+        engine.tick()
+    assert recorder.resent == [lost], "the command lost for good goes again (once the reports stop)"
+
+
 def _aborted_with_one_commit(engine, recorder):
     """A canary of two: the first commits, the second fails its health check, and the rollout aborts (40% allowed)."""
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
@@ -290,6 +323,22 @@ def test_a_silent_device_times_out_and_an_unrevertable_one_is_marked(fleet):
     clock.now += engine.resend_s
     engine.tick()
     assert recorder.finished == [rid]
+
+
+def test_the_engine_is_idle_only_with_no_rollout_to_drive_and_no_revert_to_finish(fleet):
+    """The server ticks once a release pass while the engine is idle, five times as often otherwise."""
+    db, clock, recorder, engine = fleet
+    engine.tick()
+    assert engine.idle, "nothing runs"
+    rid, first, _ = _aborted_with_one_commit(engine, recorder)
+    engine.tick()  # the rollout is over; its revert is not
+    assert recorder.reverts == [first] and not engine.idle, "a revert is unanswered: the engine chases it"
+    engine.on_event(first, "committed", f"{rid}-rollback", None)  # the device went back: the revert is answered
+    engine.tick()
+    assert engine.idle, "every revert answered"
+    engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,)))
+    engine.tick()
+    assert not engine.idle, "it drives a rollout"
 
 
 def test_refusals_up_front(fleet):
