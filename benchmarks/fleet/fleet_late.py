@@ -185,6 +185,8 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         online_committed = r.count(TargetStatus.COMMITTED)
         log(f"  online devices done in {online_done['t'] - pushed['t']:.1f} s ({r.state.value}: {r.reason}); the "
             "others return now")
+        idle_serving = stack.idle_rate(idle_s)  # the release set and the late devices away: the window's own idle
+        late_start = _mark(stack, [fleet])
         returns = {d: rng.uniform(0, window_s) for d in offline}
         heal_at = time.time()
         fleet.fault("heal", offline, seconds=returns)
@@ -228,7 +230,8 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
     scheduled = [commits[d] - (heal_at + returns[d]) for d in offline if d in commits]
     finals = {**old.final, **(new.final if new else {})}
     online_phase = _phase(pushed, online_done, idle_before, online_committed)
-    late_phase = _phase(online_done, late_done, idle_after, len(late))
+    idle_late = tuple((a + b) / 2 for a, b in zip(idle_serving, idle_after))
+    late_phase = _phase(late_start, late_done, idle_late, len(late))  # type: ignore[arg-type]
     online_per, late_per = online_phase["ms_per_device"], late_phase["ms_per_device"]
     result = {
         "devices": devices, "offline_at_push": n_off, "joined_later": new_devices, "window_s": window_s,
@@ -248,14 +251,18 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
                                                    sorted(latency, key=latency.__getitem__, reverse=True)[:3]}),
         "updated_twice": old.updated_twice + (new.updated_twice if new else 0),
         "cpu": {"how": "server + PostgreSQL CPU (from /proc) less the idle rate measured over "
-                       f"{idle_s:g} s with nobody asking (before the push for the online phase; after every device "
-                       "converged, a release set, for the late phase) times the phase's wall time; the online phase "
+                       f"{idle_s:g} s with nobody asking (before the push for the online phase; for the late phase "
+                       "the mean of two, both with the release set: once the online devices were done and before "
+                       "the others returned, and after every device converged) times the phase's wall time; the "
+                       "online phase "
                        "(push to rollout completed and the server quiet: outbox and report queue empty; planning the "
                        "deferred targets included) divided by the devices online at the push that committed, the late "
                        "phase (the first return to every late target committed on the server, and quiet) by the late "
                        "devices (returned and joined). Messages: what the "
                        "simulated devices sent (the server hears each) and received, per device of the phase",
-                "online": {**online_phase, "quiet_after_completion_s": round(quiet_s, 2)}, "late": late_phase,
+                "online": {**online_phase, "quiet_after_completion_s": round(quiet_s, 2)},
+                "late": {**late_phase, "idle_before_cpu_per_s": [round(x, 4) for x in idle_serving],
+                         "idle_after_cpu_per_s": [round(x, 4) for x in idle_after]},
                 "late_over_online": round(late_per / online_per, 3) if online_per > 0 else None},
         "server_gauges_at_end": gauges, "server_warnings": warnings}
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}
