@@ -1,9 +1,8 @@
 """The worker side of the simulated fleet (:mod:`benchmarks.shared.fleet_sim`): one process's devices on one event loop.
 
-Each device speaks the real OTA protocol over its own MQTT connection (see the module doc of
-:mod:`benchmarks.shared.fleet_sim` for what it shows the server). A worker reads its config as the
-first JSON line on stdin, then requests (``snapshot``, a fault, ``stop``) one per line, and
-answers on stdout; it ends by itself when stdin closes or after ``max_runtime_s``.
+Each device speaks the real OTA protocol over its own MQTT connection (see the module doc of :mod:`benchmarks.shared.fleet_sim`
+for what it shows the server). A worker reads its config as the first JSON line on stdin, then requests (``snapshot``, a
+fault, ``stop``) one per line, and answers on stdout; it ends by itself when stdin closes or after ``max_runtime_s``.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from typing import Any
 
 from benchmarks.shared.fleet_sim_basics import ChunkStore, SimulationError, Transfer, device_role, raise_fd_limit, updated_twice
 from benchmarks.shared.fleet_sim_faults import FAULT_COMMANDS, DeviceFaults, apply_fault, cut, wait_unblocked
-from edgesdk.agent.admission import not_newer
-from edgesdk.errors import EdgeSDKError, SignatureError, TransferError
+from edgesdk.agent.admission import already_installed, check_still_newer, not_newer, refused_download
+from edgesdk.errors import ConflictError, EdgeSDKError, SignatureError, TransferError
 from edgesdk.fleet.chunk_codec import decode_chunk
 from edgesdk.fleet.measurement import encode_result
 from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, parse_command
@@ -32,15 +31,14 @@ from edgesdk.fleet.trust import Root, parse_root, trust_root, update_root
 
 __all__ = ["worker_main"]
 
-#: Where root versions arrive (edgesdk.fleet.trust), retained.
-ROOT_TOPICS = Topics.ALL_ROOTS.removesuffix("+")
+ROOT_TOPICS = Topics.ALL_ROOTS.removesuffix("+")  # where root versions arrive (edgesdk.fleet.trust), retained
 
 class _Device:
     """One simulated device agent (see the module docstring); all its work runs on the worker's loop."""
 
     __slots__ = ("sim", "id", "device_id", "role", "model", "version", "previous", "slots", "chunk_slots", "committed", "seen",
-                 "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root",
-                 "connects", "chunk_bytes", "session", "link")
+                 "install_log", "faults", "transfers", "client", "state_topic", "events_topic", "cmd_topic", "root", "connects",
+                 "chunk_bytes", "session", "link")
 
     def __init__(self, sim: _Worker, device_id: str, role: str) -> None:
         self.sim, self.id, self.device_id, self.role = sim, device_id, device_id, role  # device_id: as a Recipient
@@ -207,6 +205,9 @@ class _Device:
             self.event(command, AgentEvent.REJECTED,
                        reason=f"replayed command: deployment {command.deployment_id} was already handled")
             return
+        if already_installed(command, self.running()):  # as the agent: another deployment of it got there first
+            self.seen.add(command.deployment_id)
+            return self.event(command, AgentEvent.COMMITTED, already_installed=True)
         if not_newer(command, self.running()):
             self.event(command, AgentEvent.REJECTED, reason=f"refused downgrade: {command.name} {command.version} <= "
                                                             f"installed {self.version}; only a signed rollback may go back")
@@ -292,8 +293,11 @@ class _Device:
         del self.transfers[command.transfer_id]
         if not self.transfers:
             self.sim.active.discard(self)
-        if not_newer(command, self.running()):
-            return self.event(command, AgentEvent.FAILED, reason="bundle rejected: superseded by a newer install")
+        try:
+            check_still_newer(command, self.running())  # another deployment may have installed while it downloaded
+        except ConflictError as exc:
+            event, details = refused_download(exc)
+            return self.event(command, event, **details)
         if self.link is not None and self.link.connected:
             self.link.unsubscribe([Topics.group_chunks(command.group, command.transfer_id) + "/+"])
         self.event(command, AgentEvent.DOWNLOADED, bytes=archive.size, rejected_chunks=transfer.rejected)
@@ -435,8 +439,7 @@ class _Worker:
         """Publish each device offline (retained) and disconnect, as the agent's stop() does."""
         self.stopping = True
         acks = [d.publish(d.state_topic, d.offline(), retain=True) for d in self.devices]
-        pending = [a for a in acks if a is not None]
-        if pending:
+        if pending := [a for a in acks if a is not None]:
             await asyncio.wait(pending, timeout=10)
         for device in self.devices:
             if device.client is not None:
@@ -473,8 +476,7 @@ class _Worker:
                 return
 
     def _expire(self) -> None:
-        print(f"fleet_sim worker {os.getpid()}: max_runtime_s {self.config['max_runtime_s']} s passed; exiting",
-              file=sys.stderr, flush=True)
+        print(f"fleet_sim worker {os.getpid()}: ran max_runtime_s, {self.config['max_runtime_s']} s", file=sys.stderr, flush=True)
         os._exit(3)
 
 
@@ -484,8 +486,7 @@ def _send(message: dict[str, Any]) -> None:
 
 
 def worker_main() -> None:
-    """Entry of a worker process: read its config (the first line on stdin), run its devices until the parent
-    says stop or goes away."""
+    """Entry of a worker process: read its config (the first line on stdin), run its devices until the parent says stop."""
     raise_fd_limit()
     line = b""
     while not line.endswith(b"\n"):  # os.read, not sys.stdin: nothing may sit in a buffer the event loop won't see

@@ -99,6 +99,32 @@ def test_a_command_signed_by_another_key_is_rejected(broker, keys):
             watcher.close()
 
 
+def test_a_second_deployment_of_the_running_version_is_answered_committed_as_the_agent_does(broker, keys):
+    """A device catching up on its group's release while the operator pushes that version again gets two
+    deployments of it: the agent answers the second ``committed`` (already installed), not a refused downgrade."""
+    archive = ArchiveInfo.of(b"a bundle" * 20)
+    with SimulatedFleet(broker.url, keys["dir"] / "server.pub", 1, processes=1, fetch=False) as fleet:
+        device, events = fleet.device_ids[0], []
+        watcher = MqttTransport(broker.url, client_id="test-watcher")
+        try:
+            watcher.subscribe(Topics.events(device), lambda t, p: events.append(json.loads(p)))
+            watcher.confirm_access()
+            for deployment, version in (("first", "2.0.0"), ("again", "2.0.0"), ("older", "1.5.0")):
+                watcher.publish(Topics.cmd(device), sign_command(
+                    keys["server"], type="deploy", deployment_id=deployment, transfer_id=f"{deployment}-w0",
+                    name="digits", version=version, group="sim", archive=archive))
+                wait_for(lambda: any(e.get("deployment_id") == deployment and e["event"] in ("committed", "rejected")
+                                     for e in events), timeout=10, what=f"the answer to {deployment}")
+        finally:
+            watcher.close()
+        report = fleet.stop()
+    answers = [(e["deployment_id"], e["event"], e.get("already_installed"), e.get("reason", "")[:17]) for e in events
+               if e["event"] in ("committed", "rejected")]
+    assert answers == [("first", "committed", None, ""), ("again", "committed", True, ""),
+                       ("older", "rejected", None, "refused downgrade")]
+    assert report.updated_twice == 0 and report.versions == {"2.0.0": 1}
+
+
 def test_silent_devices_count_commands_and_answer_nothing(broker, keys):
     archive = ArchiveInfo.of(b"x" * 100)
     with SimulatedFleet(broker.url, keys["dir"] / "server.pub", 3, processes=1, silent_share=1.0) as fleet:
