@@ -403,7 +403,7 @@ class RolloutEngine:
         Due once the stage's reports stopped for ``resend_s``, or ``_ROUND_EVERY`` times that after the last round
         (reports can trickle for minutes under faults, and a command lost in a broker restart must not wait for the
         deploy timeout); that round skips commands younger than ``_ROUND_QUIET`` of them, as a stage sent a
-        moment ago is still being answered (at 10,000 devices a round just after the last stage re-sent ~6,000)."""
+        moment ago is still being answered (half the 10,000-device runs re-sent ~6,000 commands, likely so)."""
         unfinished = sum(n for (s, status), n in counts.items() if s == stage and not status.terminal)
         seen = self._progress.get(rollout_id)
         last_round = self._last_round.setdefault(rollout_id, now)
