@@ -113,8 +113,8 @@ def test_a_second_deployment_of_the_running_version_is_answered_committed_as_the
                 watcher.publish(Topics.cmd(device), sign_command(
                     keys["server"], type="deploy", deployment_id=deployment, transfer_id=f"{deployment}-w0",
                     name="digits", version=version, group="sim", archive=archive))
-                wait_for(lambda: any(e.get("deployment_id") == deployment and e["event"] in ("committed", "rejected")
-                                     for e in events), timeout=10, what=f"the answer to {deployment}")
+                wait_for(lambda d=deployment: any(e.get("deployment_id") == d and e["event"] in ("committed", "rejected")
+                                                  for e in events), timeout=10, what=f"the answer to {deployment}")
         finally:
             watcher.close()
         report = fleet.stop()
