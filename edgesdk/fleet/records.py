@@ -376,7 +376,9 @@ class RolloutRecord:
         if self.stage < 0:
             return "starting"
         if self.verdict and self.verdict.get("stage") == self.stage + 1 and self.verdict.get("passed"):
-            return "waiting_for_promote" if self.stage + 1 < self.stage_count else "health_window"
+            # An automatic rollout is between its verdict and its next stage's send (two writes): not waiting.
+            manual = not self.policy.auto_promote and self.stage + 1 < self.stage_count
+            return "waiting_for_promote" if manual else "health_window"
         return "deploying" if self.stage_settled is None else "health_window"
 
     def in_stage(self, stage: int) -> list[TargetRecord]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -164,3 +165,15 @@ def test_a_mixed_fleet_is_judged_board_by_board_not_on_the_mix():
     assert by_board == {"jetson-orin-nano": False, "raspberry-pi-5": True}
     healthy = on("jetson-orin-nano", "2.0.0", [5.2, 5.0, 5.1]) + on("raspberry-pi-5", "2.0.0", [20.0, 20.5])
     assert judge_stage(POLICY, 0, "2.0.0", healthy, old, None, 0.0)[0]["passed"] is True
+
+
+def test_an_automatic_rollout_between_its_verdict_and_its_next_stage_is_not_waiting_for_promote(fleet):
+    """`push --wait` stops at ``waiting_for_promote``: read between the stored verdict and the next stage's send, an
+    automatic rollout said so, and the README's demo exited "still running" (CI of this stop)."""
+    db, clock, recorder, engine = fleet
+    r = _canary(db, clock, recorder, engine, RolloutPolicy(canary=0.2, waves=(1.0,), health_window_s=30), 5.1)
+    assert r.phase == "deploying" and len(recorder.stages) == 2, "it promoted itself"
+    between = replace(r, stage=0, verdict={**r.verdict, "stage": 1})  # as read between the two writes
+    assert between.phase == "health_window"
+    manual = replace(between, policy=replace(r.policy, auto_promote=False))
+    assert manual.phase == "waiting_for_promote"
