@@ -136,13 +136,15 @@ def test_a_chosen_variant_whose_board_output_differs_is_rejected_and_another_cho
     """FP16 of the scored features: fewer instructions than FP32 on the A76 and within the bound on this host, so
     chosen first; its score on the board is 1 where this host's is 0.047, so it is rejected and FP32 chosen.
 
-    The bound (1e-5, cosine) keeps the INT8 variants out on accuracy, so the choice is between FP16 and FP32."""
+    The bound (2e-7, cosine) keeps the INT8 variants out on accuracy, so the choice is between FP16 and FP32 (FP16's
+    drop is ~4e-8). INT8's drop depends on the host: 1.1e-6 with AVX512-VNNI, above 1e-5 on a host without VNNI,
+    where ONNX Runtime's u8*s8 sums saturate (a bound of 1e-5 let INT8 in on an EPYC with VNNI, and it was chosen)."""
     model = _scored_features(tmp_path / "scored.onnx")
     x = np.random.default_rng(1).standard_normal((4, 16, 12, 12)).astype(np.float32)
-    report = convert(_request(model, {"x": x}, tmp_path / "out", 1e-5))
+    report = convert(_request(model, {"x": x}, tmp_path / "out", 2e-7))
     rows = {c.name: c for c in report.plan.candidates}
     fp16, fp32 = rows["onnx-fp16"], rows["onnx-fp32"]
-    assert fp16.accuracy_drop <= 1e-5 and fp16.estimate.latency_ms < 0.95 * fp32.estimate.latency_ms
+    assert fp16.accuracy_drop <= 2e-7 and fp16.estimate.latency_ms < 0.95 * fp32.estimate.latency_ms
     assert any(r.startswith("accuracy drop") for r in rows["onnx-int8-static-minmax"].rejected)
     (problem,) = fp16.rejected
     assert problem.startswith("its output on raspberry-pi-5's runtime (emulated cortex-a76) differs from this host's "
