@@ -368,6 +368,9 @@ class OTAServer:
         return self._start(name, version, group, policy, rollback=False), check
 
     def _start(self, name: str, version: str, group: str, policy: RolloutPolicy | None, rollback: bool) -> str:
+        # A push decides on the devices' states: write those still queued (the writer would linger for company), so a
+        # device that reported a moment ago counts (its group was refused as having no device).
+        self.ingest.flush(timeout=5.0, hurry=True)
         rollout_id = self.engine.start(name, version, group, policy, rollback)
         self._wake.set()
         return rollout_id

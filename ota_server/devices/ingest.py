@@ -96,6 +96,7 @@ class Ingest:
         self._queue: queue.Queue[tuple[float, DeviceState | DeviceEvent] | None] = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0  # queued or being written
+        self._hurry = threading.Event()  # set while flush() waits: no lingering then
         self._thread = threading.Thread(target=self._run, name="fleet-ingest", daemon=True)
         self._thread.start()
         #: Batches written so far, and the reports in them (for tests and benchmarks).
@@ -116,10 +117,16 @@ class Ingest:
         """Reports queued or being written."""
         return self._pending
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything queued so far is written; False if that took longer than ``timeout``."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+    def flush(self, timeout: float = 10.0, hurry: bool = False) -> bool:
+        """Wait until everything queued so far is written (with ``hurry``, the writer stops lingering for more); False
+        if that took longer than ``timeout``."""
+        if hurry:
+            self._hurry.set()
+        try:
+            with self._idle:
+                return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        finally:
+            self._hurry.clear()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the writer."""
@@ -155,11 +162,12 @@ class Ingest:
         return batch
 
     def _linger(self, until: float) -> None:
-        """Wait for more reports while they keep coming: until ``until``, a ``quiet_s`` with none new, or a full
-        batch. Sleeps, not waits on the queue: each report put meanwhile would wake the writer."""
+        """Wait for more reports while they keep coming: until ``until``, a ``quiet_s`` with none new, a full batch,
+        or a :meth:`flush`. Not a wait on the queue: each report put meanwhile would wake the writer."""
         queued = self._queue.qsize()
         while (left := until - time.monotonic()) > 0:
-            time.sleep(left if self.quiet_s is None else min(left, self.quiet_s))
+            if self._hurry.wait(left if self.quiet_s is None else min(left, self.quiet_s)):
+                return  # someone waits for what is queued (a push deciding on the devices' states)
             now_queued = self._queue.qsize()
             if now_queued == queued or now_queued + 1 >= self.max_batch:
                 return
