@@ -126,7 +126,8 @@ class Ingest:
             with self._idle:
                 return self._idle.wait_for(lambda: self._pending == 0, timeout)
         finally:
-            self._hurry.clear()
+            if hurry:  # a plain flush (stop(), a test) must not end another caller's hurry
+                self._hurry.clear()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the writer."""
