@@ -136,20 +136,22 @@ class RolloutEngine:
         Online devices come first in the stage order, so the canary runs on devices that can answer
         now; offline ones are deferred when their stage is sent and get the release when they report
         again (:mod:`edgesdk.ota_server.rollouts.reconciler`). Raises ConflictError when the group has
-        no device, a rollout running, every device at that version already, or (unless ``rollback``) a
+        no device (reported or provisioned), a rollout running, every device at that version already, or (unless ``rollback``) a
         newer version. The first stage is sent by the next :meth:`tick`.
         """
         check_id(group, "group")
         devices = self.db.devices(group)
-        if not devices:
+        if not devices and not self.db.provisioning(group):
             raise ConflictError(f"group {group!r} has no device; provision its devices (`edgesdk devices provision "
                                 "ID GROUP`) or start their agents (see `edgesdk devices`)")
         running = [r for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group]
         if running:
             raise ConflictError(f"group {group!r} already has rollout {running[0].id} running; abort or wait for it")
-        targets = needs_release(name, version, group, devices, rollback)
+        # Only provisioned devices, none reported (boards unknown): the rollout completes empty as the group's release,
+        # and each device gets it as a late target on its first report, with the artifact for the board it reports.
+        targets = needs_release(name, version, group, devices, rollback) if devices else []
         artifact_of, unserved = boards_served(self.artifacts and self.artifacts(name, version), name, version, group,
-                                              targets)
+                                              targets) if targets else ({}, [])
         policy = policy or RolloutPolicy()
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S', time.gmtime(self.clock()))}-{uuid.uuid4().hex[:6]}"
         online = [d.id for d in targets if d.status == "online" and d.id in artifact_of]
@@ -373,7 +375,8 @@ class RolloutEngine:
         if now - r.stage_settled < policy.health_window_s or not self._verdict(r):
             return  # in its health window, failed its canary verdict (aborted), or waiting for promote (manual)
         if r.stage >= r.stage_count - 1:
-            summary = f"{sent - failed}/{sent} updated" + (f", {deferred} deferred (offline)" if deferred else "")
+            summary = (f"{sent - failed}/{sent} updated" + (f", {deferred} deferred (offline)" if deferred else "")
+                       if sent or deferred else "no device has reported yet: each gets it on its first report (late)")
             if not self.db.end_rollout(r.id, RolloutState.COMPLETED, summary, stage=r.stage, holder=self.holder,
                                        lease_now=self.clock()):
                 log.warning("rollout %s: not completed by %s: its lease lapsed or another server moved it on", r.id,

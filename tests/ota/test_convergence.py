@@ -81,6 +81,23 @@ def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_de
     wait_for(lambda: all(_on(a, "1.0.0") for a in returned), timeout=60, what="both converging")
 
 
+def test_a_push_to_a_group_whose_devices_are_only_provisioned_becomes_its_release_and_they_converge_on_first_report(
+        broker, make_server, make_agent, bundles):
+    server = _server(make_server, broker, bundles, versions=("1.0.0",))
+    server.provision({"cam0": "cams", "cam1": "cams"}, "devices file")
+    assert server.db.devices("cams") == []  # nothing reported: the push has no board to plan for
+    push = server.start_rollout("digits", "1.0.0", "cams", STAGED)  # accepted, where it was refused "has no device"
+    wait_for(lambda: server.status(push).state == "completed", timeout=30, what="the empty push")
+    assert "no device has reported yet" in server.status(push).reason
+    assert server.db.release("cams").version == "1.0.0"
+    agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
+    wait_for(lambda: all(_on(a, "1.0.0") for a in agents), timeout=60, what="both converging on first report")
+    for device in ("cam0", "cam1"):
+        wait_for(lambda device=device: _target(server, push, device).status == TargetStatus.COMMITTED,
+                 what=f"{device}'s late commit")
+        assert _target(server, push, device).late
+
+
 def test_devices_coming_back_together_get_their_chunks_in_one_group_publish(broker, make_server, make_agent, bundles):
     """The reconciler sends a pass's late commands at once; their devices' requests are answered by one publish on
     the group's chunk topic, which each subscribed to before it asked, not one copy each."""

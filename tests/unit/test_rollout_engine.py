@@ -353,6 +353,25 @@ def test_refusals_up_front(fleet):
         engine.start("digits", "2.0.0", "nowhere")
 
 
+def test_a_push_to_devices_only_provisioned_completes_empty_and_each_gets_it_late_on_first_report(fleet):
+    db, clock, recorder, engine = fleet
+    db.provision({"door0": "doors", "door1": "doors"}, "devices file")
+    rollout_id = engine.start("digits", "2.0.0", "doors", RolloutPolicy(health_window_s=0.0))
+    for _ in range(3):  # send the empty stage, settle it, complete
+        engine.tick()
+        clock.now += 1.0
+    r = engine.status(rollout_id)
+    assert r.state == RolloutState.COMPLETED and r.targets_total == 0, (r.state, r.targets_total)
+    assert r.reason.startswith("no device has reported yet")
+    assert db.release("doors").version == "2.0.0" and recorder.stages == []  # nothing to send
+    db.upsert_device("door0", "doors", "online", "digits", "1.0.0", ["digits-1.0.0"])  # its first report
+    clock.now += engine.reconcile_s
+    engine.tick()
+    assert recorder.late == [("door0", 0)]
+    (target,) = engine.status(rollout_id).targets
+    assert target.device_id == "door0" and target.late and target.status == TargetStatus.SENT
+
+
 def test_a_manual_rollout_waits_for_promote(fleet):
     db, clock, recorder, engine = fleet
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0,
