@@ -270,6 +270,21 @@ def test_a_push_completes_without_an_offline_device_which_converges_when_it_retu
     assert "no rollouts yet in group lobby" in _cli("rollout", "status", "--group", "lobby", *auth)
 
 
+def test_a_push_to_devices_only_provisioned_completes_and_each_converges_on_first_report(server_process, broker,
+                                                                                        make_agent, bundles):
+    auth = ["--server", server_process, "--token", "s3cret"]
+    _cli("devices", "provision", "cam0", "cams", *auth)
+    pushed = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--health-window", "0s",
+                                      "--wait", "60", *auth])
+    assert pushed.exit_code == 0, pushed.output  # was refused: "group 'cams' has no device"
+    assert "no device has reported yet" in pushed.output
+    (cams,) = json.loads(_cli("groups", "--json", *auth))
+    assert (cams["group"], cams["version"], cams["devices"], cams["converged"]) == ("cams", "1.0.0", 1, 0)
+    agent = make_agent("cam0", broker.url)
+    wait_for(lambda: agent.current_version() == ("digits", "1.0.0"), timeout=60, what="cam0 on its first report")
+    wait_for(lambda: json.loads(_cli("groups", "--json", *auth))[0]["converged"] == 1, what="the group converged")
+
+
 def test_devices_are_provisioned_from_the_command_line_and_the_api_checks_what_it_is_given(server_process, tmp_path):
     from edgesdk.errors import TransferError
 
