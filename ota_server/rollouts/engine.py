@@ -136,8 +136,8 @@ class RolloutEngine:
         Online devices come first in the stage order, so the canary runs on devices that can answer
         now; offline ones are deferred when their stage is sent and get the release when they report
         again (:mod:`edgesdk.ota_server.rollouts.reconciler`). Raises ConflictError when the group has
-        no device (reported or provisioned), a rollout running, every device at that version already, or (unless ``rollback``) a
-        newer version. The first stage is sent by the next :meth:`tick`.
+        no device (reported or provisioned), a rollout running, every device at that version already,
+        or (unless ``rollback``) a newer version. The first stage is sent by the next :meth:`tick`.
         """
         check_id(group, "group")
         devices = self.db.devices(group)
@@ -149,9 +149,9 @@ class RolloutEngine:
             raise ConflictError(f"group {group!r} already has rollout {running[0].id} running; abort or wait for it")
         # Only provisioned devices, none reported (boards unknown): the rollout completes empty as the group's release,
         # and each device gets it as a late target on its first report, with the artifact for the board it reports.
-        targets = needs_release(name, version, group, devices, rollback) if devices else []
+        targets = needs_release(name, version, group, devices, rollback)
         artifact_of, unserved = boards_served(self.artifacts and self.artifacts(name, version), name, version, group,
-                                              targets) if targets else ({}, [])
+                                              targets)
         policy = policy or RolloutPolicy()
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S', time.gmtime(self.clock()))}-{uuid.uuid4().hex[:6]}"
         online = [d.id for d in targets if d.status == "online" and d.id in artifact_of]

@@ -17,7 +17,7 @@ def needs_release(name: str, version: str, group: str, devices: list[DeviceRecor
     """The devices that need ``version``; refuses a version the group runs already, or a downgrade."""
     wanted = parse_version(version)
     targets = [d for d in devices if not (d.model == name and d.version == version)]
-    if not targets:
+    if devices and not targets:  # a group of devices only provisioned has nothing to plan and nothing to refuse
         raise ConflictError(f"{name} {version} is already installed on all {len(devices)} devices of group "
                             f"{group!r}; nothing to send")
     newer = sorted({d.version for d in targets if d.model == name and d.version
@@ -37,7 +37,7 @@ def boards_served(stored: Sequence[str] | None, name: str, version: str, group: 
         return dict.fromkeys((d.id for d in devices), None), []
     served = {d.id: artifact_for(stored, d.profile, d.arch) for d in devices}
     unserved = [d for d in devices if served[d.id] is None]
-    if len(unserved) == len(devices):
+    if devices and len(unserved) == len(devices):
         boards = ", ".join(sorted({d.profile or "unknown" for d in devices}))
         raise ConflictError(f"{name} {version} has artifacts for {', '.join(stored) or 'no board'}, and no device "
                             f"of group {group!r} that needs it runs on one of those boards ({boards}); push a bundle "
