@@ -131,11 +131,23 @@ def _release(db: str, group: str) -> Any:
 
 def _mark(stack: FleetStack, fleets: list[SimulatedFleet]) -> dict[str, Any]:
     """What the server, the database and the devices have done so far (a phase is the difference of two)."""
-    server, db = stack.cpu()
+    server, parts = stack.server.cpu_seconds(), stack.db_cpu_parts()
     counts: Counter[str] = Counter()
     for fleet in fleets:
         counts.update(fleet.snapshot()["counts"])
-    return {"t": time.monotonic(), "server": server, "db": db, "counts": counts, "counters": stack.gauges()}
+    return {"t": time.monotonic(), "server": server, "db": sum(parts.values()), "db_parts": parts, "counts": counts,
+            "counters": stack.gauges()}
+
+
+def _idle(stack: FleetStack, seconds: float) -> tuple[tuple[float, float], dict[str, float]]:
+    """CPU seconds per second of the server and of the database while nobody asks anything of them, and the
+    database's by part (:func:`benchmarks.fleet.fleet_servers.tree_cpu_parts`)."""
+    start = _mark(stack, [])
+    time.sleep(seconds)
+    end = _mark(stack, [])
+    wall = end["t"] - start["t"]
+    return (((end["server"] - start["server"]) / wall, (end["db"] - start["db"]) / wall),
+            {k: round((v - start["db_parts"].get(k, 0.0)) / wall, 4) for k, v in end["db_parts"].items()})
 
 
 def _phase(start: dict[str, Any], end: dict[str, Any], idle: tuple[float, float], devices: int) -> dict[str, Any]:
@@ -149,6 +161,7 @@ def _phase(start: dict[str, Any], end: dict[str, Any], idle: tuple[float, float]
                 for k in end["counters"] if "_total" in k}
     return {"wall_s": round(wall, 2), "devices": devices, "server_cpu_s": round(server, 3), "db_cpu_s": round(db, 3),
             "idle_server_cpu_per_s": round(idle[0], 4), "idle_db_cpu_per_s": round(idle[1], 4),
+            "db_cpu_s_by_part": {k: round(v - start["db_parts"].get(k, 0.0), 3) for k, v in end["db_parts"].items()},
             "ms_per_device": round(work / n * 1e3, 3), "raw_ms_per_device": round((server + db) / n * 1e3, 3),
             "server_ms_per_device": round((server - idle[0] * wall) / n * 1e3, 3),
             "db_ms_per_device": round((db - idle[1] * wall) / n * 1e3, 3),
@@ -176,16 +189,18 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         offline = sorted(rng.sample(fleet.device_ids, n_off))
         fleet.fault("partition", offline, seconds=_UNTIL_HEALED_S)
         stack.wait_devices("late", "online", devices - n_off, 120)
-        idle_before = stack.idle_rate(idle_s)
+        idle_before, idle_before_parts = _idle(stack, idle_s)
         pushed = _mark(stack, [fleet])
         rollout_id = stack.client.start_rollout(model, version, "late", LATE_POLICY)
         r = stack.wait_rollout(rollout_id, 900)
         quiet_s = stack.wait_quiet()  # the phase's tail (re-sends still queued, their answers) is the online devices'
+        stack.vacuum()  # the online phase's dead rows are its own to clean up, not autovacuum's in the late window
         online_done = _mark(stack, [fleet])
         online_committed = r.count(TargetStatus.COMMITTED)
         log(f"  online devices done in {online_done['t'] - pushed['t']:.1f} s ({r.state.value}: {r.reason}); the "
             "others return now")
-        idle_serving = stack.idle_rate(idle_s)  # the release set and the late devices away: the window's own idle
+        # the release set and the late devices away: the window's own idle
+        idle_serving, idle_serving_parts = _idle(stack, idle_s)
         late_start = _mark(stack, [fleet])
         returns = {d: rng.uniform(0, window_s) for d in offline}
         heal_at = time.time()
@@ -210,8 +225,9 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
             raise RuntimeError(f"the devices joining later did not connect: {errors[0]}")
         final = stack.wait_late_committed(rollout_id, n_off + new_devices, 60)
         stack.wait_quiet()
+        stack.vacuum()
         late_done = _mark(stack, [fleet, newcomers])
-        idle_after = stack.idle_rate(idle_s)
+        idle_after, idle_after_parts = _idle(stack, idle_s)
         warnings, gauges = stack.warnings(), stack.gauges()
     finally:
         reports = stack.close()
@@ -253,16 +269,19 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         "cpu": {"how": "server + PostgreSQL CPU (from /proc) less the idle rate measured over "
                        f"{idle_s:g} s with nobody asking (before the push for the online phase; for the late phase "
                        "the mean of two, both with the release set: once the online devices were done and before "
-                       "the others returned, and after every device converged) times the phase's wall time; the "
-                       "online phase "
+                       "the others returned, and after every device converged) times the phase's wall time; each "
+                       "phase ends with a VACUUM (ANALYZE) of the store, inside its CPU, so that autovacuum does not "
+                       "clean the online phase's rows up during the late window; the online phase "
                        "(push to rollout completed and the server quiet: outbox and report queue empty; planning the "
                        "deferred targets included) divided by the devices online at the push that committed, the late "
                        "phase (the first return to every late target committed on the server, and quiet) by the late "
                        "devices (returned and joined). Messages: what the "
                        "simulated devices sent (the server hears each) and received, per device of the phase",
-                "online": {**online_phase, "quiet_after_completion_s": round(quiet_s, 2)},
+                "online": {**online_phase, "quiet_after_completion_s": round(quiet_s, 2),
+                           "idle_db_cpu_per_s_by_part": idle_before_parts},
                 "late": {**late_phase, "idle_before_cpu_per_s": [round(x, 4) for x in idle_serving],
-                         "idle_after_cpu_per_s": [round(x, 4) for x in idle_after]},
+                         "idle_after_cpu_per_s": [round(x, 4) for x in idle_after],
+                         "idle_db_cpu_per_s_by_part": {"before": idle_serving_parts, "after": idle_after_parts}},
                 "late_over_online": round(late_per / online_per, 3) if online_per > 0 else None},
         "server_gauges_at_end": gauges, "server_warnings": warnings}
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}

@@ -21,6 +21,7 @@ from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetStatus
 from edgesdk.ota_server.broker import LocalMosquitto, free_port
 from edgesdk.ota_server.postgres import LocalPostgres
+from edgesdk.ota_server.store.fleet_db import FleetDB
 
 TOKEN = "fleet-bench-token"
 #: A FleetStack's waits stop once nothing moved for this long (the result says so; the goals are missed).
@@ -48,17 +49,31 @@ def _stat_fields(pid: int) -> list[str] | None:
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of process ``pid`` and its children, the exited ones included (their time is added to the
     parent's when it reaps them): for PostgreSQL's postmaster, every backend that served a connection."""
-    ticks = 0
+    return sum(tree_cpu_parts(pid).values())
+
+
+def tree_cpu_parts(pid: int) -> dict[str, float]:
+    """:func:`tree_cpu_seconds` by part, for PostgreSQL: ``connections`` (live backends serving a client),
+    ``background`` (the other live children: checkpointer, WAL writer, autovacuum), ``exited`` (children reaped so
+    far, e.g. autovacuum workers) and ``main`` (the postmaster itself)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parts = dict.fromkeys(("connections", "background", "exited", "main"), 0.0)
     own = _stat_fields(pid)
     if own is None:
-        return 0.0
-    ticks += sum(int(own[i]) for i in (11, 12, 13, 14))  # utime, stime, and the reaped children's
+        return parts
+    parts["main"] = (int(own[11]) + int(own[12])) / tick
+    parts["exited"] = (int(own[13]) + int(own[14])) / tick
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != str(pid):
             fields = _stat_fields(int(entry.name))
             if fields is not None and fields[1] == str(pid):  # a live child
-                ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))
-    return ticks / os.sysconf("SC_CLK_TCK")
+                try:
+                    title = (entry / "cmdline").read_bytes()
+                except OSError:
+                    title = b""
+                part = "connections" if b"(" in title or b"[local]" in title else "background"
+                parts[part] += sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick
+    return parts
 
 
 class ServerProcess:
@@ -168,8 +183,23 @@ class FleetStack:
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the server, and of PostgreSQL (every backend; 0 for SQLite, inside the server)."""
-        db = tree_cpu_seconds(self.pg.process.pid) if self.pg is not None and self.pg.process is not None else 0.0
-        return self.server.cpu_seconds(), db
+        return self.server.cpu_seconds(), sum(self.db_cpu_parts().values())
+
+    def db_cpu_parts(self) -> dict[str, float]:
+        """PostgreSQL's CPU seconds so far by part (:func:`tree_cpu_parts`; empty for SQLite)."""
+        return tree_cpu_parts(self.pg.process.pid) if self.pg is not None and self.pg.process is not None else {}
+
+    def vacuum(self) -> None:
+        """``VACUUM (ANALYZE)`` the fleet store (PostgreSQL only): the rows a phase changed are cleaned up by that
+        phase, inside its CPU, instead of by autovacuum during the next one."""
+        if self.pg is None:
+            return
+        store = FleetDB(self.db)
+        try:
+            store.sql.execute("VACUUM (ANALYZE)")
+        finally:
+            store.close()
+        time.sleep(0.5)  # the backend has exited: its CPU is in the postmaster's reaped children once it is reaped
 
     def idle_rate(self, seconds: float) -> tuple[float, float]:
         """CPU seconds per second of the server and of the database while nobody asks anything of them."""
