@@ -65,7 +65,7 @@ def plant(bug: str) -> None:
         if bug == "no-fence":
             FleetDB._fence = staticmethod(lambda stage, holder, lease_now: ("", ()))  # type: ignore[method-assign]
     elif bug == "no-reconcile":
-        def run(self: Reconciler, r: Any, room: int) -> int:
+        def run(self: Reconciler, r: Any, room: int, work: Any) -> int:
             return 0
 
         Reconciler.run = run  # type: ignore[method-assign]

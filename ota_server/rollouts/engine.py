@@ -80,7 +80,8 @@ class RolloutEngine:
     what was not acknowledged. Every stage move and rollout end is a compare-and-set on the
     rollout's state and stage and on the lease, so a driver whose lease lapsed moves nothing.
     A group's release (its last completed rollout) is leased the same way by whichever engine
-    reconciles the group to it every ``reconcile_s`` (:class:`Reconciler`)."""
+    reconciles the group to it (:class:`Reconciler`): every ``reconcile_s`` while devices wait or
+    catch-ups run, every ``lease_s / 2`` otherwise."""
 
     def __init__(self, db: FleetDB, dispatcher: Dispatcher, clock: Callable[[], float] = time.time, *,
                  resend_s: float = 3.0, holder: str | None = None, lease_s: float = 10.0,
@@ -93,11 +94,8 @@ class RolloutEngine:
         self.artifacts = artifacts
         self.reconciler = Reconciler(db, dispatcher, clock, max_catch_up=max_catch_up, resend_s=resend_s,
                                      artifacts=artifacts)
-        #: Releases (completed rollouts) this engine reconciled at its last pass, and when that pass was.
-        self._releases: set[str] = set()
+        #: When this engine last passed over the groups' releases.
         self._last_reconcile = float("-inf")
-        #: Releases whose archive this engine opened for late targets (released once none is in flight).
-        self._serving: set[str] = set()
         #: Rollout -> when this engine last deferred its targets whose device went offline.
         self._deferred_at: dict[str, float] = {}
         #: This engine's name in the rollouts' leases.
@@ -114,7 +112,7 @@ class RolloutEngine:
     @property
     def driving(self) -> frozenset[str]:
         """The running rollouts this engine held the lease of at its last tick, and the releases it reconciles."""
-        return frozenset(self._driving | self._releases)
+        return frozenset(self._driving | self.reconciler.releases)
 
     @property
     def idle(self) -> bool:
@@ -125,8 +123,8 @@ class RolloutEngine:
     def serving(self, rollout_id: str) -> None:
         """Note that this engine opened ``rollout_id``'s archive for a release's late targets (a chunk request of a
         transfer resumed after sleep); it is released once no late target of it is in flight."""
-        if rollout_id in self._releases:
-            self._serving.add(rollout_id)
+        if rollout_id in self.reconciler.releases:
+            self.reconciler.serving.add(rollout_id)
 
     # operator actions ------------------------------------------------------------------------
     def start(self, name: str, version: str, group: str, policy: RolloutPolicy | None = None,
@@ -240,12 +238,14 @@ class RolloutEngine:
     # the clock -------------------------------------------------------------------------------
     def tick(self) -> None:
         """One step of every running rollout this engine holds the lease of, a reconciliation pass over their groups
-        (and, every ``reconcile_s``, over the groups whose release it leases), and the release of finished reverts."""
+        (and, every ``reconcile_s`` while a release has work, over the groups whose release it leases), and the
+        release of finished reverts. What there is to do is read first, in one statement: with nothing queued and
+        no catch-up in flight, a release pass runs only every ``lease_s / 2`` (to keep the releases' leases)."""
         now = self.clock()
+        work = self.db.work()
         driving = set()
-        running = self.db.rollouts(RolloutState.RUNNING)
-        releases_due = now - self._last_reconcile >= self.reconcile_s
-        room = self.reconciler.room() if running or releases_due else 0  # the cap's fleet-wide count: when a pass runs
+        running = self.db.rollouts(RolloutState.RUNNING) if work.running else []
+        room = self.reconciler.room(work.late_in_flight)  # the cap's fleet-wide count
         for summary in running:
             if not self.db.hold_lease(summary.id, self.holder, now, self.lease_s):
                 continue
@@ -256,7 +256,7 @@ class RolloutEngine:
                 self._step(self.status(summary.id, targets=False))
                 r = self.status(summary.id, targets=False, counts=False)
                 if r.state == RolloutState.RUNNING and r.stage >= 0:
-                    room -= self.reconciler.run(r, room)
+                    room -= self.reconciler.run(r, room, work)
             except EdgeSDKError as exc:  # e.g. a bundle changed on disk after upload
                 self._abort(self.status(summary.id, targets=False), f"server error: {exc}")
             except Exception:
@@ -266,41 +266,12 @@ class RolloutEngine:
             self._progress.pop(gone, None)  # finished, or driven elsewhere now
             self._last_round.pop(gone, None)
             self._deferred_at.pop(gone, None)
-        if releases_due:
+        since = now - self._last_reconcile
+        if since >= self.reconcile_s and (not work.releases_idle or self.reconciler.serving or since >= self.lease_s / 2):
             self._last_reconcile = now
-            self._reconcile_releases(now, room)
-        self._finish_reverts(now)
-
-    def _reconcile_releases(self, now: float, room: int) -> None:
-        """Bring the devices of groups with no running rollout to their release (each release leased like a
-        rollout); let go of the archives of releases with nothing in flight."""
-        self.db.drop_unreleased_from_queue()
-        busy_groups = {r.group for r in self.db.rollouts(RolloutState.RUNNING)}
-        releases = set()
-        for release in self.db.releases():
-            if release.group in busy_groups or not self.db.hold_lease(release.rollout_id, self.holder, now,
-                                                                       self.lease_s):
-                continue
-            r = self.db.rollout(release.rollout_id, targets=False, counts=False)
-            if r is None or r.state != RolloutState.COMPLETED:
-                continue
-            releases.add(r.id)
-            try:
-                sent = self.reconciler.run(r, room)
-            except EdgeSDKError as exc:  # e.g. the release's bundle left the repository: say so, keep the others
-                log.error("group %s: cannot bring devices to release %s %s (%s): %s", r.group, r.model, r.version,
-                          r.id, exc)
-                continue
-            room -= sent
-            if sent:
-                self._serving.add(r.id)
-            elif r.id in self._serving and not self.db.late_in_flight(r.id):
-                self._serving.discard(r.id)
-                self.dispatcher.finish(r.id)  # its archive is reopened by the next late send or chunk request
-        for gone in self._serving - releases:  # superseded, or reconciled by another replica now
-            self._serving.discard(gone)
-            self.dispatcher.finish(gone)
-        self._releases = releases
+            self.reconciler.run_releases(now, room, work, self.holder, self.lease_s)
+        if work.reverting or self._reverting:
+            self._finish_reverts(now)
 
     def _finish_reverts(self, now: float) -> None:
         """Send the devices of aborted rollouts back: commits reported after the abort, and reverts a device has not

@@ -16,6 +16,10 @@ queued devices and compares each with the rollout:
 - anything else (on the release already, or done with the rollout: committed, failed, refused)
   needs nothing.
 
+A pass costs what there is to do: the engine reads that first, in one statement
+(``FleetDB.work``); with nobody queued the group's queue is not read, and a release's in-flight
+targets are chased every ``resend_s`` while catch-ups run, not every pass.
+
 Sends are capped by ``max_catch_up`` late targets in flight across the whole fleet, so a
 reconnect storm after a broker restart queues in the store instead of in the broker or the
 outbox; devices over the cap stay queued for the next pass. Late targets that fail flag the
@@ -29,7 +33,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.ota_server.store.desired_state import FleetWork
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
 from edgesdk.runtime.boards import artifact_for
 
@@ -46,6 +52,9 @@ _FAILED = tuple(s for s in TargetStatus if s.failed)
 #: The reason a target is marked committed from its device's state rather than from its commit report.
 _LOST_COMMIT = "committed by its state: the device reports it runs {} (no commit report had been received)"
 
+#: With no catch-up in flight, a release's targets are still chased every this many ``resend_s``.
+_IDLE_CHASE = 5
+
 #: A release is flagged only once at least this many late targets failed (one of one says little).
 MIN_LATE_FAILURES = 3
 
@@ -58,6 +67,9 @@ class LateSender(Protocol):
 
     def busy(self) -> bool:
         """True while earlier sends, or the devices' answers, are still queued in this server."""
+
+    def finish(self, rollout_id: str) -> None:
+        """The rollout needs nothing sent any more: release what was kept for it (archives)."""
 
 
 class Reconciler:
@@ -72,25 +84,64 @@ class Reconciler:
         self.max_catch_up, self.resend_s = max_catch_up, resend_s
         #: Late targets sent by this reconciler so far, and devices it found already on their release.
         self.sent = 0
+        #: Rollout -> when its late targets were last chased, and the fleet's failed late targets when its flag was.
+        self._chased: dict[str, float] = {}
+        self._failed_seen: dict[str, int] = {}
+        #: Releases (completed rollouts) this reconciler leased at its last pass over them, and those whose archive
+        #: it opened for late targets (let go once none is in flight).
+        self.releases: set[str] = set()
+        self.serving: set[str] = set()
 
-    def room(self) -> int:
-        """How many more catch-ups may start now (the cap less those in flight across the fleet)."""
-        return max(0, self.max_catch_up - self.db.late_in_flight())
+    def run_releases(self, now: float, room: int, work: FleetWork, holder: str, lease_s: float) -> None:
+        """One pass over the groups with no rollout running: bring their devices to their release (each release
+        leased by ``holder`` for ``lease_s``, like a rollout); let go of the archives of releases with nothing in
+        flight."""
+        if work.queued:
+            self.db.drop_unreleased_from_queue()
+        releases = set()
+        for r in self.db.lease_releases(holder, now, lease_s):
+            releases.add(r.id)
+            try:
+                sent = self.run(r, room, work)
+            except EdgeSDKError as exc:  # e.g. the release's bundle left the repository: say so, keep the others
+                log.error("group %s: cannot bring devices to release %s %s (%s): %s", r.group, r.model, r.version,
+                          r.id, exc)
+                continue
+            room -= sent
+            if sent:
+                self.serving.add(r.id)
+            elif r.id in self.serving and not self.db.late_in_flight(r.id):
+                self.serving.discard(r.id)
+                self.sender.finish(r.id)  # its archive is reopened by the next late send or chunk request
+        for gone in self.serving - releases:  # superseded, or reconciled by another replica now
+            self.serving.discard(gone)
+            self.sender.finish(gone)
+        self.releases = releases
 
-    def run(self, r: RolloutRecord, room: int) -> int:
+    def room(self, in_flight: int) -> int:
+        """How many more catch-ups may start now, with ``in_flight`` running across the fleet (the cap less those)."""
+        return max(0, self.max_catch_up - in_flight)
+
+    def run(self, r: RolloutRecord, room: int, work: FleetWork) -> int:
         """One pass over ``r``'s group (``r`` runs, or is the group's release); how many late targets it sent
-        (at most ``room``)."""
+        (at most ``room``). ``work`` says what there is to do fleet-wide: with no catch-up in flight there is nothing
+        to chase, with nobody queued nobody to compare."""
         now = self.clock()
         running = r.state == RolloutState.RUNNING
         last = r.stage_count - 1
         reach = r.stage if running else last  # stages whose deferred targets may be sent now
-        if not running:  # a running rollout's engine step defers and chases its own targets
+        # A running rollout's engine step defers and chases its own targets. A release's are chased every resend_s
+        # while catch-ups run (a silent one is sent again after resend_s to 2 resend_s), else now and then: a target
+        # that timed out and answered after all is in flight again, and not late.
+        since = now - self._chased.get(r.id, float("-inf"))
+        if not running and since >= self.resend_s and (work.late_in_flight or since >= _IDLE_CHASE * self.resend_s):
+            self._chased[r.id] = now
             self.db.defer_offline(r.id, reach)
             self._chase(r, last, now)
         sent = 0
-        queued = self.db.to_reconcile(r.group, max(room, 0) + 200)
+        queued = self.db.to_reconcile(r.group, max(room, 0) + 200) if work.queued else []
         if not queued:
-            self._flag(r)
+            self._flag(r, work)
             return 0
         targets = self.db.targets_of(r.id, [d.id for d in queued])
         stored = self.artifacts(r.model, r.version) if self.artifacts is not None and any(
@@ -133,15 +184,14 @@ class Reconciler:
         if send:
             marked = self.db.send_late(r.id, send, now)
             if marked:
-                late = self.db.targets_of(r.id, marked)
-                self.sender.send_late(r, [late[d] for d in marked])
+                self.sender.send_late(r, marked)
                 sent = len(marked)
                 self.sent += sent
                 log.info("rollout %s: sent to %d devices of group %s that came back or joined late", r.id, sent,
                          r.group)
             done += send
         self.db.reconciled(done)
-        self._flag(r)
+        self._flag(r, work)
         return sent
 
     def _chase(self, r: RolloutRecord, last: int, now: float) -> None:
@@ -161,9 +211,13 @@ class Reconciler:
             self.sender.send_late(r, [found[d] for d in silent if d in found])
             self.db.mark_resent(r.id, silent, now)
 
-    def _flag(self, r: RolloutRecord) -> None:
-        """Flag the release when too many of its late targets failed (once; never a revert)."""
-        if r.flagged or sum(self.db.late_counts(r.id, _FAILED).values()) < MIN_LATE_FAILURES:
+    def _flag(self, r: RolloutRecord, work: FleetWork) -> None:
+        """Flag the release when too many of its late targets failed (once; never a revert). Looked at again only
+        when the fleet's count of failed late targets moved."""
+        if r.flagged or work.late_failed < MIN_LATE_FAILURES or self._failed_seen.get(r.id) == work.late_failed:
+            return
+        self._failed_seen[r.id] = work.late_failed
+        if sum(self.db.late_counts(r.id, _FAILED).values()) < MIN_LATE_FAILURES:
             return  # the common case, from the index entries of the failed late targets alone
         late = self.db.late_counts(r.id)
         failed = sum(n for status, n in late.items() if status.failed)

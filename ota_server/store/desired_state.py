@@ -6,22 +6,48 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.fleet.records import DeviceRecord, GroupRelease, RolloutState, TargetRecord, TargetStatus
+from edgesdk.fleet.records import DeviceRecord, GroupRelease, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.store.rows import (
+    FAILED,
     IN_FLIGHT,
+    UNSETTLED_ABORT,
+    UNSETTLED_ABORT_ARGS,
     Provisioning,
     Release,
     device_record,
     id_chunks,
     release_record,
+    rollout_record,
     target_record,
     where_clause,
 )
 from edgesdk.ota_server.store.sql import Database
 
-__all__ = ["DesiredStateStore"]
+__all__ = ["DesiredStateStore", "FleetWork"]
+
+
+@dataclass(frozen=True)
+class FleetWork:
+    """What there is for the rollout engine to do, fleet-wide (:meth:`DesiredStateStore.work`)."""
+
+    #: Rollouts running (whoever drives them).
+    running: int
+    #: Devices that reported online and wait for the reconciler to compare them with their group's release.
+    queued: bool
+    #: Late targets whose command is out and unanswered: the catch-ups running.
+    late_in_flight: int
+    #: Aborted rollouts with devices still to send back.
+    reverting: bool
+    #: Late targets that failed (a change tells the reconciler to look at its releases' flags again).
+    late_failed: int = 0
+
+    @property
+    def releases_idle(self) -> bool:
+        """True when no release has anything for a reconciliation pass: nothing queued, no catch-up running."""
+        return not self.queued and not self.late_in_flight
 
 
 class DesiredStateStore:
@@ -38,6 +64,17 @@ class DesiredStateStore:
     def releases(self) -> list[Release]:
         """Every group's release, by group."""
         return [release_record(r) for r in self.sql.rows("SELECT * FROM group_releases ORDER BY grp")]
+
+    def lease_releases(self, holder: str, now: float, lease_s: float) -> list[RolloutRecord]:
+        """Take or renew for ``lease_s`` the lease of every group's release (the completed rollout that set it) whose
+        group has no rollout running and whose lease is free or ``holder``'s: those releases, by group, without
+        their targets or counts. One statement: a pass over the releases reads and leases them together."""
+        rows = self.sql.rows(
+            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE state = ? "
+            "AND id IN (SELECT rollout_id FROM group_releases) AND grp NOT IN (SELECT grp FROM rollouts WHERE state = ?) "
+            "AND (lease_holder IS NULL OR lease_holder = ? OR lease_expires < ?) RETURNING *",
+            (holder, now + lease_s, RolloutState.COMPLETED.value, RolloutState.RUNNING.value, holder, now))
+        return sorted((rollout_record(r) for r in rows), key=lambda r: r.group)
 
     def group_releases(self) -> list[GroupRelease]:
         """Every group that has devices (reported or only provisioned), a release or a running rollout: its release
@@ -145,19 +182,33 @@ class DesiredStateStore:
             "AND status IN (?, ?)", (TargetStatus.SKIPPED.value, "never sent: the rollout was aborted first",
                                      time.time(), rollout_id, TargetStatus.PENDING.value, TargetStatus.DEFERRED.value))
 
-    def send_late(self, rollout_id: str, device_ids: Sequence[str], sent_at: float) -> list[str]:
-        """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the devices marked, in
-        the order given."""
+    def send_late(self, rollout_id: str, device_ids: Sequence[str], sent_at: float) -> list[TargetRecord]:
+        """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the targets marked, as
+        they are now, in the order given. One statement for the pass's devices (per 500), not a round trip each."""
         now = time.time()
-        marked: set[str] = set()
+        marked: dict[str, TargetRecord] = {}
         for chunk in id_chunks(list(device_ids)):
-            with self.sql.transaction():  # one statement for the pass's devices, not one round trip each
-                marked.update(r["device_id"] for r in self.sql.rows(
+            for row in self.sql.rows(
                     "UPDATE targets SET status = ?, late = 1, reason = NULL, sent = ?, last_sent = ?, updated = ? "
                     f"WHERE rollout_id = ? AND device_id IN ({','.join('?' * len(chunk))}) AND status IN (?, ?) "
-                    "RETURNING device_id", (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, *chunk,
-                                            TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)))
-        return [d for d in device_ids if d in marked]
+                    "RETURNING *", (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, *chunk,
+                                    TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)):
+                marked[row["device_id"]] = target_record(row)
+        return [marked[d] for d in device_ids if d in marked]
+
+    def work(self) -> FleetWork:
+        """What there is to do, in one statement from the partial indexes (an idle server runs this and little else
+        each tick: its cost follows the work, not the fleet)."""
+        marks = ",".join("?" * len(IN_FLIGHT))
+        row = self.sql.rows(
+            "SELECT (SELECT COUNT(*) FROM rollouts WHERE state = ?) AS running, "
+            "EXISTS (SELECT 1 FROM devices WHERE reconcile = 1) AS queued, "
+            f"(SELECT COUNT(*) FROM targets WHERE late = 1 AND status IN ({marks})) AS late_in_flight, "
+            f"EXISTS (SELECT 1 FROM rollouts WHERE {UNSETTLED_ABORT}) AS reverting, "
+            f"(SELECT COUNT(*) FROM targets WHERE late = 1 AND status IN ({','.join('?' * len(FAILED))})) AS failed",
+            (RolloutState.RUNNING.value, *IN_FLIGHT, *UNSETTLED_ABORT_ARGS, *FAILED))[0]
+        return FleetWork(int(row["running"]), bool(row["queued"]), int(row["late_in_flight"]), bool(row["reverting"]),
+                         int(row["failed"]))
 
     def late_in_flight(self, rollout_id: str | None = None) -> int:
         """Late targets (of one rollout, or all) whose command is out and unanswered: the catch-ups running."""

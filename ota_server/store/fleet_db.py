@@ -34,6 +34,8 @@ from edgesdk.ota_server.store.rows import (
     IN_FLIGHT,
     ONLINE_DEVICE,
     TIMEABLE,
+    UNSETTLED_ABORT,
+    UNSETTLED_ABORT_ARGS,
     DeviceState,
     EventRecord,
     EventRow,
@@ -42,6 +44,7 @@ from edgesdk.ota_server.store.rows import (
     TargetUpdate,
     device_record,
     id_chunks,
+    rollout_record,
     target_record,
     up_to,
     where_clause,
@@ -262,12 +265,7 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         found: tuple[TargetRecord, ...] = ()
         if targets:
             found = tuple(self.targets(rollout_id, stage=stage, status=status, after=after, limit=limit))
-        return RolloutRecord(r["id"], r["model"], r["version"], r["grp"], RolloutPolicy.from_dict(json.loads(r["policy"])),
-                             RolloutState(r["state"]), r["wave"], r["wave_started"], r["wave_settled"], r["reason"],
-                             r["created"], r["updated"], bool(r["rollback"]), found,
-                             tuple(json.loads(r["stages"] or "[]")), overall, sum(overall.values()), r["lease_holder"],
-                             self.late_counts(rollout_id) if counts else {}, r["flagged"],
-                             verdict=json.loads(r["verdict"]) if r["verdict"] else None)
+        return rollout_record(r, found, overall, self.late_counts(rollout_id) if counts else {})
 
     def targets(self, rollout_id: str, *, stage: int | None = None, status: TargetStatus | None = None,
                 after: str | None = None, limit: int | None = None) -> list[TargetRecord]:
@@ -438,10 +436,8 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
 
     def unsettled_aborts(self) -> list[str]:
         """Aborted rollouts with devices still to send back: a revert unanswered, or a commit reported late."""
-        return [r["id"] for r in self.sql.rows(
-            "SELECT id FROM rollouts WHERE state = ? AND EXISTS (SELECT 1 FROM targets WHERE rollout_id = rollouts.id "
-            "AND (status = ? OR (status = ? AND previous_version IS NOT NULL))) ORDER BY created",
-            (RolloutState.ABORTED.value, TargetStatus.REVERTING.value, TargetStatus.COMMITTED.value))]
+        return [r["id"] for r in self.sql.rows(f"SELECT id FROM rollouts WHERE {UNSETTLED_ABORT} ORDER BY created",
+                                                UNSETTLED_ABORT_ARGS)]
 
     def due_for_revert(self, rollout_id: str, before: float) -> list[TargetRecord]:
         """Targets told to revert that have not answered since ``before`` (on the engine's clock)."""
@@ -461,14 +457,13 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         return self.sql.now()
 
     def hold_lease(self, rollout_id: str, holder: str, now: float, lease_s: float) -> bool:
-        """Take or renew the right to drive a running rollout (to finish an aborted one's reverts, or to reconcile a
-        completed one that is its group's release to it) for ``lease_s``; False while another holder's is valid."""
+        """Take or renew the right to drive a running rollout (or to finish an aborted one's reverts) for ``lease_s``;
+        False while another holder's is valid. Releases are leased together (:meth:`lease_releases`)."""
         return self.sql.execute(
-            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE id = ? AND (state IN (?, ?) OR (state = ? "
-            "AND id IN (SELECT rollout_id FROM group_releases))) "
+            "UPDATE rollouts SET lease_holder = ?, lease_expires = ? WHERE id = ? AND state IN (?, ?) "
             "AND (lease_holder IS NULL OR lease_holder = ? OR lease_expires < ?)",
-            (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, RolloutState.ABORTED.value,
-             RolloutState.COMPLETED.value, holder, now)) == 1
+            (holder, now + lease_s, rollout_id, RolloutState.RUNNING.value, RolloutState.ABORTED.value, holder,
+             now)) == 1
 
     # events --------------------------------------------------------------------------------
     def log_many(self, events: Sequence[EventRow]) -> None:

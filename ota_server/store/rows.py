@@ -11,21 +11,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.fleet.records import DeviceRecord, TargetRecord, TargetStatus
+from edgesdk.fleet.records import DeviceRecord, RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 
 __all__ = ["EventRecord", "DeviceState", "TargetUpdate", "EventRow", "Release", "Provisioning", "DETAIL_KEYS",
-           "device_record", "target_record", "release_record", "where_clause", "NOT_TERMINAL", "IN_FLIGHT", "TIMEABLE",
-           "ONLINE_DEVICE", "id_chunks", "up_to"]
+           "device_record", "target_record",
+           "rollout_record", "release_record", "where_clause", "NOT_TERMINAL", "IN_FLIGHT", "FAILED", "TIMEABLE",
+           "ONLINE_DEVICE", "UNSETTLED_ABORT", "UNSETTLED_ABORT_ARGS", "id_chunks", "up_to"]
 
 NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
 #: A command is out and the device has not finished with it.
 IN_FLIGHT = tuple(s.value for s in TargetStatus if s.in_flight)
+#: The device is done with the deployment and it failed (the failure rate counts these).
+FAILED = tuple(s.value for s in TargetStatus if s.failed)
 #: What a silent target times out from: unfinished, less deferred. The list itself leaves deferred targets out, not a
 #: filter after it, so a fleet with thousands of devices away does not have their index entries read on every pass.
 TIMEABLE = tuple(s for s in NOT_TERMINAL if s != TargetStatus.DEFERRED.value)
 #: The target's device is online: an unfinished target of one times out, an offline one's is deferred. A primary-key
 #: lookup per candidate row, so the cost follows the targets in question, not the fleet.
 ONLINE_DEVICE = "EXISTS (SELECT 1 FROM devices d WHERE d.id = targets.device_id AND d.status = 'online')"
+#: An aborted rollout (row of ``rollouts``) with devices still to send back: a revert unanswered, or a commit reported
+#: after the abort; its arguments follow.
+UNSETTLED_ABORT = ("state = ? AND EXISTS (SELECT 1 FROM targets WHERE rollout_id = rollouts.id AND (status = ? OR "
+                   "(status = ? AND previous_version IS NOT NULL)))")
+UNSETTLED_ABORT_ARGS = (RolloutState.ABORTED.value, TargetStatus.REVERTING.value, TargetStatus.COMMITTED.value)
 
 
 def up_to(stage: int) -> str:
@@ -140,6 +148,19 @@ def device_record(row: Mapping[str, Any]) -> DeviceRecord:
     """A ``devices`` row as a :class:`DeviceRecord`."""
     return DeviceRecord(row["id"], row["grp"], row["status"], row["model"], row["version"],
                         tuple(json.loads(row["slots"])), row["last_seen"], row["profile"], row["arch"])
+
+
+def rollout_record(r: Mapping[str, Any], targets: tuple[TargetRecord, ...] = (),
+                   counts: Mapping[TargetStatus, int] | None = None,
+                   late_counts: Mapping[TargetStatus, int] | None = None) -> RolloutRecord:
+    """A ``rollouts`` row as a :class:`RolloutRecord`, with what was read of its targets (none, no counts: as a pass
+    that needs only the rollout's state reads it)."""
+    counts = dict(counts or {})
+    return RolloutRecord(r["id"], r["model"], r["version"], r["grp"], RolloutPolicy.from_dict(json.loads(r["policy"])),
+                         RolloutState(r["state"]), r["wave"], r["wave_started"], r["wave_settled"], r["reason"],
+                         r["created"], r["updated"], bool(r["rollback"]), targets,
+                         tuple(json.loads(r["stages"] or "[]")), counts, sum(counts.values()), r["lease_holder"],
+                         dict(late_counts or {}), r["flagged"], verdict=json.loads(r["verdict"]) if r["verdict"] else None)
 
 
 def target_record(row: Mapping[str, Any]) -> TargetRecord:

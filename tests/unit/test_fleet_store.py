@@ -155,10 +155,14 @@ def test_exactly_one_holder_drives_a_rollout_until_its_lease_expires(db):
     assert db.rollout("r1", targets=False).driver == "replica-b" and not db.hold_lease("r1", "replica-a", now=119.0, lease_s=10)
     db.end_rollout("r1", RolloutState.COMPLETED, "done")
     assert db.release("cams").rollout_id == "r1"
-    assert db.hold_lease("r1", "replica-b", now=120.0, lease_s=10), "a completed rollout is leased as its group's release"
+    assert not db.hold_lease("r1", "replica-b", now=120.0, lease_s=10), "a completed rollout is not driven"
+    assert [r.id for r in db.lease_releases("replica-b", now=120.0, lease_s=10)] == ["r1"], "leased as the release"
+    assert db.lease_releases("replica-a", now=125.0, lease_s=10) == [], "one holder reconciles a release"
     db.add_rollout("r2", "digits", "3.0.0", "cams", POLICY, [[(ids[0], "2.0.0")]])
+    assert db.lease_releases("replica-b", now=126.0, lease_s=10) == [], "nobody reconciles a group while a rollout runs"
     db.end_rollout("r2", RolloutState.COMPLETED, "done")
-    assert not db.hold_lease("r1", "replica-b", now=121.0, lease_s=10), "nobody drives a superseded release"
+    assert [r.id for r in db.lease_releases("replica-a", now=131.0, lease_s=10)] == ["r2"], (
+        "a superseded release is not leased; the new one is, its lease free")
 
 
 def test_a_failed_batch_leaves_nothing_behind(db):

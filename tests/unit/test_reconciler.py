@@ -267,7 +267,7 @@ def test_a_device_whose_state_shows_the_release_is_committed_though_its_commit_r
     assert recorder.late == [("cam8", 1)], "a device on the release is not sent it again"
 
 
-def test_send_late_marks_only_pending_and_deferred_targets_in_one_statement_and_keeps_the_order(fleet):
+def test_send_late_marks_only_pending_and_deferred_targets_in_one_statement_and_returns_them_in_order(fleet):
     db, clock, recorder, engine = fleet
     rid = engine.start("digits", "2.0.0", "cams", FAST)
     ids = ["cam3", "cam1", "cam2", "cam0"]
@@ -280,8 +280,48 @@ def test_send_late_marks_only_pending_and_deferred_targets_in_one_statement_and_
         marked = db.send_late(rid, ids, clock.now)
     finally:
         db.sql.rows = execute
-    assert marked == ["cam3", "cam1", "cam0"], "cam2's command is out already"
+    assert [t.device_id for t in marked] == ["cam3", "cam1", "cam0"], "cam2's command is out already"
     assert len(ran) == 1, ran
+    assert all(t.status == TargetStatus.SENT and t.late and t.sent == clock.now for t in marked), "returned as marked"
     targets = db.targets_of(rid, ids)
-    assert all(targets[d].status == TargetStatus.SENT and targets[d].late for d in marked)
+    assert all(targets[t.device_id].status == TargetStatus.SENT and targets[t.device_id].late for t in marked)
     assert not targets["cam2"].late
+
+
+def test_a_pass_while_a_catch_up_runs_costs_three_statements_and_its_chase_runs_every_resend_s(fleet):
+    """Nobody queued and one late target in flight: a tick reads what there is to do, leases the release and counts
+    its catch-ups; the late targets are chased (deferred if offline, sent again if silent) every ``resend_s``, not
+    every pass. An idle tick is one statement."""
+    db, clock, recorder, engine = fleet
+    rid = _complete(db, clock, recorder, engine)
+    _settle(engine, clock, 12)  # past the chase of a release with nothing in flight
+    db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    clock.now += 1.0
+    engine.tick()
+    assert recorder.late == [("cam8", 1)]
+    chased, ran = [], []
+    defer, run = db.defer_offline, db.sql._run
+    db.defer_offline = lambda *args: chased.append(clock.now) or defer(*args)
+    db.sql._run = lambda sql, args: ran.append(sql) or run(sql, args)
+    per_tick = []
+    try:
+        for _ in range(6):
+            clock.now += 1.0
+            ran.clear()
+            engine.tick()
+            per_tick.append(len(ran))
+    finally:
+        db.defer_offline, db.sql._run = defer, run
+    assert len(chased) == 2, f"chased at {chased} in 6 s (resend_s 3)"
+    assert sorted(per_tick)[:4] == [3, 3, 3, 3], f"statements per tick: {per_tick}"
+    assert recorder.late == [("cam8", 1), ("cam8", 1)], "the silent late target was sent again by a chase"
+    _commit(engine, rid, ["cam8"])
+    _settle(engine, clock, 1)  # the pass that sees no catch-up left lets the archive go
+    ran.clear()
+    db.sql._run = lambda sql, args: ran.append(sql) or run(sql, args)
+    try:
+        clock.now += 1.0
+        engine.tick()
+    finally:
+        db.sql._run = run
+    assert len(ran) == 1, f"an idle tick ran {ran}"
