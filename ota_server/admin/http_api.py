@@ -38,6 +38,8 @@ and was merged into the stage before it (``stages`` holds the stages actually se
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import threading
 from typing import Any
@@ -278,6 +280,33 @@ _MAX_SOURCE = 64
 _PAGE, _MAX_PAGE = 1000, 10_000
 
 
+def _quiet_server(config: Any) -> Any:
+    """A uvicorn server whose housekeeping wakes once a second, not ten times (uvicorn's tick refreshes the Date
+    header once a second and checks for exit; ten wake-ups a second were most of an idle server's HTTP thread), and
+    at once when :meth:`HttpServer.stop` asks it to exit."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        wake: asyncio.Event | None = None
+        loop: asyncio.AbstractEventLoop | None = None
+
+        async def main_loop(self) -> None:
+            self.wake, self.loop = asyncio.Event(), asyncio.get_running_loop()
+            counter = 0  # on_tick refreshes the Date header at multiples of 10 (its tenths of a second)
+            while not await self.on_tick(counter):
+                counter = (counter + 10) % 864000
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), 1.0)
+
+        def exit_soon(self) -> None:
+            self.should_exit = True
+            if self.loop is not None and self.wake is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed already
+                    self.loop.call_soon_threadsafe(self.wake.set)
+
+    return QuietServer(config)
+
+
 class HttpServer:
     """uvicorn in a background thread (loopback by default)."""
 
@@ -286,8 +315,8 @@ class HttpServer:
 
         # proxy_headers off: uvicorn would believe X-Forwarded-* from any loopback peer; the console trusts only the
         # proxies named with --behind-proxy (edgesdk.ota_server.console.guard).
-        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                                     proxy_headers=False))
+        self._server = _quiet_server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                                    proxy_headers=False))
         self._thread = threading.Thread(target=self._server.run, name="admin-http", daemon=True)
         self.url = f"http://{host}:{port}"
 
@@ -305,5 +334,5 @@ class HttpServer:
 
     def stop(self) -> None:
         """Ask uvicorn to exit and wait for its thread."""
-        self._server.should_exit = True
+        self._server.exit_soon()
         self._thread.join(timeout=10)
