@@ -194,7 +194,7 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         rollout_id = stack.client.start_rollout(model, version, "late", LATE_POLICY)
         r = stack.wait_rollout(rollout_id, 900)
         quiet_s = stack.wait_quiet()  # the phase's tail (re-sends still queued, their answers) is the online devices'
-        stack.vacuum()  # the online phase's dead rows are its own to clean up, not autovacuum's in the late window
+        stack.clean_up()  # the online phase's dead rows and dirty pages are its own, not the late window's
         online_done = _mark(stack, [fleet])
         online_committed = r.count(TargetStatus.COMMITTED)
         log(f"  online devices done in {online_done['t'] - pushed['t']:.1f} s ({r.state.value}: {r.reason}); the "
@@ -225,7 +225,7 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
             raise RuntimeError(f"the devices joining later did not connect: {errors[0]}")
         final = stack.wait_late_committed(rollout_id, n_off + new_devices, 60)
         stack.wait_quiet()
-        stack.vacuum()
+        stack.clean_up()
         late_done = _mark(stack, [fleet, newcomers])
         idle_after, idle_after_parts = _idle(stack, idle_s)
         warnings, gauges = stack.warnings(), stack.gauges()
@@ -270,8 +270,9 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
                        f"{idle_s:g} s with nobody asking (before the push for the online phase; for the late phase "
                        "the mean of two, both with the release set: once the online devices were done and before "
                        "the others returned, and after every device converged) times the phase's wall time; each "
-                       "phase ends with a VACUUM (ANALYZE) of the store, inside its CPU, so that autovacuum does not "
-                       "clean the online phase's rows up during the late window; the online phase "
+                       "phase ends with a VACUUM (ANALYZE) and a CHECKPOINT of the store, inside its CPU, so that "
+                       "autovacuum and the checkpointer do not clean up after the online phase during the late window; "
+                       "the online phase "
                        "(push to rollout completed and the server quiet: outbox and report queue empty; planning the "
                        "deferred targets included) divided by the devices online at the push that committed, the late "
                        "phase (the first return to every late target committed on the server, and quiet) by the late "

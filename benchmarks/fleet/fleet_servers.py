@@ -189,14 +189,16 @@ class FleetStack:
         """PostgreSQL's CPU seconds so far by part (:func:`tree_cpu_parts`; empty for SQLite)."""
         return tree_cpu_parts(self.pg.process.pid) if self.pg is not None and self.pg.process is not None else {}
 
-    def vacuum(self) -> None:
-        """``VACUUM (ANALYZE)`` the fleet store (PostgreSQL only): the rows a phase changed are cleaned up by that
-        phase, inside its CPU, instead of by autovacuum during the next one."""
+    def clean_up(self) -> None:
+        """``VACUUM (ANALYZE)`` the fleet store, then ``CHECKPOINT`` (PostgreSQL only): a phase's dead rows and dirty
+        pages are dealt with by that phase, inside its CPU, instead of by autovacuum and the checkpointer during the
+        next one."""
         if self.pg is None:
             return
         store = FleetDB(self.db)
         try:
             store.sql.execute("VACUUM (ANALYZE)")
+            store.sql.execute("CHECKPOINT")
         finally:
             store.close()
         time.sleep(0.5)  # the backend has exited: its CPU is in the postmaster's reaped children once it is reaped
