@@ -325,3 +325,20 @@ def test_a_pass_while_a_catch_up_runs_costs_three_statements_and_its_chase_runs_
     finally:
         db.sql._run = run
     assert len(ran) == 1, f"an idle tick ran {ran}"
+
+
+def test_a_release_target_in_flight_again_but_not_late_is_still_timed_out_with_no_catch_up_running(fleet):
+    """A target that timed out and whose device answered after all (``downloading`` again) is in flight but not late:
+    with no catch-up running, the release's targets are still looked at every ``_IDLE_CHASE`` re-send intervals."""
+    db, clock, recorder, engine = fleet
+    rid = _complete(db, clock, recorder, engine)
+    db.sql.execute("UPDATE targets SET status = ? WHERE device_id = 'cam0'", (TargetStatus.TIMEOUT.value,))
+    db.set_target(rid, "cam0", TargetStatus.DOWNLOADING)  # its accepted came after all
+    assert db.targets_of(rid, ["cam0"])["cam0"].status == TargetStatus.DOWNLOADING and db.work().late_in_flight == 0
+    for _ in range(int(FAST.deploy_timeout_s / 1.5) + 20):  # past the deploy timeout, the last try and its wait
+        clock.now += 1.5
+        engine.tick()
+        if engine.status(rid).count(TargetStatus.TIMEOUT):
+            break
+    (target,) = [t for t in engine.status(rid).targets if t.device_id == "cam0"]
+    assert target.status == TargetStatus.TIMEOUT, target
