@@ -370,7 +370,7 @@ def reconnect_storm(work: Path, db: str, keys: Path, bundle: Path, model: str, *
         release = _release(db, "storm")
         log(f"  pushed to the offline group: {pushed.state.value} ({pushed.reason}); release "
             f"{release.rollout_id if release else None}; restarting the broker")
-        idle = stack.idle_rate(idle_s)  # a release set, every device away
+        idle, _ = _idle(stack, idle_s)  # a release set, every device away
         before = _mark(stack, [fleet])
         stack.broker.restart(down_s=1.0)
         restarted_at = time.time()

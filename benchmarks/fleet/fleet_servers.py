@@ -181,10 +181,6 @@ class FleetStack:
         self.fleets.append(fleet)
         return fleet
 
-    def cpu(self) -> tuple[float, float]:
-        """CPU seconds so far of the server, and of PostgreSQL (every backend; 0 for SQLite, inside the server)."""
-        return self.server.cpu_seconds(), sum(self.db_cpu_parts().values())
-
     def db_cpu_parts(self) -> dict[str, float]:
         """PostgreSQL's CPU seconds so far by part (:func:`tree_cpu_parts`; empty for SQLite)."""
         return tree_cpu_parts(self.pg.process.pid) if self.pg is not None and self.pg.process is not None else {}
@@ -202,12 +198,6 @@ class FleetStack:
         finally:
             store.close()
         time.sleep(0.5)  # the backend has exited: its CPU is in the postmaster's reaped children once it is reaped
-
-    def idle_rate(self, seconds: float) -> tuple[float, float]:
-        """CPU seconds per second of the server and of the database while nobody asks anything of them."""
-        before = self.cpu()
-        time.sleep(seconds)
-        return tuple((b - a) / seconds for a, b in zip(before, self.cpu()))  # type: ignore[return-value]
 
     def wait_devices(self, group: str, status: str, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
