@@ -37,6 +37,7 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.store.desired_state import FleetWork
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
+from edgesdk.ota_server.store.rows import FAILED
 from edgesdk.runtime.boards import artifact_for
 
 __all__ = ["Reconciler", "LateSender", "MIN_LATE_FAILURES"]
@@ -47,7 +48,7 @@ log = logging.getLogger("edgesdk.ota_server.server")  # operators grep one logge
 _SENDABLE = (TargetStatus.DEFERRED, TargetStatus.PENDING)
 
 #: The statuses of a late target that failed.
-_FAILED = tuple(s for s in TargetStatus if s.failed)
+_FAILED = tuple(TargetStatus(s) for s in FAILED)
 
 #: The reason a target is marked committed from its device's state rather than from its commit report.
 _LOST_COMMIT = "committed by its state: the device reports it runs {} (no commit report had been received)"

@@ -42,7 +42,7 @@ class FleetWork:
     #: Aborted rollouts with devices still to send back.
     reverting: bool
     #: Late targets that failed (a change tells the reconciler to look at its releases' flags again).
-    late_failed: int = 0
+    late_failed: int
 
     @property
     def releases_idle(self) -> bool:

@@ -14,9 +14,9 @@ from typing import Any
 from edgesdk.fleet.records import DeviceRecord, RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 
 __all__ = ["EventRecord", "DeviceState", "TargetUpdate", "EventRow", "Release", "Provisioning", "DETAIL_KEYS",
-           "device_record", "target_record",
-           "rollout_record", "release_record", "where_clause", "NOT_TERMINAL", "IN_FLIGHT", "FAILED", "TIMEABLE",
-           "ONLINE_DEVICE", "UNSETTLED_ABORT", "UNSETTLED_ABORT_ARGS", "id_chunks", "up_to"]
+           "device_record", "target_record", "rollout_record", "release_record", "where_clause", "NOT_TERMINAL",
+           "IN_FLIGHT", "FAILED", "TIMEABLE", "ONLINE_DEVICE", "UNSETTLED_ABORT", "UNSETTLED_ABORT_ARGS", "id_chunks",
+           "up_to"]
 
 NOT_TERMINAL = tuple(s.value for s in TargetStatus if not s.terminal)
 #: A command is out and the device has not finished with it.
