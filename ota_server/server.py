@@ -86,8 +86,12 @@ class ServerConfig:
     #: Late targets (devices back from offline, or new to their group) downloading at once, across the fleet: a
     #: reconnect storm queues in the store beyond this, not in the broker (:mod:`edgesdk.ota_server.rollouts.reconciler`).
     max_catch_up: int = 500
-    #: How often the groups with no running rollout are reconciled to their release.
-    reconcile_s: float = 1.0
+    #: How often the groups with no running rollout are reconciled to their release. The devices that came back or
+    #: joined since the last pass are sent their commands together, so their answers, chunk requests and database
+    #: writes come in a crowd, as a stage's do: devices returning one by one otherwise cost the server twice what a
+    #: device online at the push costs. A returning device waits up to this long for its command. At most half of
+    #: ``lease_s`` (these passes renew the releases' leases).
+    reconcile_s: float = 5.0
     #: How long a device report may wait for others to share its database transaction (group commit; see
     #: :mod:`edgesdk.ota_server.devices.ingest`): devices returning one by one otherwise cost a transaction a report.
     ingest_linger_s: float = 1.0
@@ -249,7 +253,7 @@ class OTAServer:
         while not self._stop.is_set():
             # With no rollout to drive and no revert to chase, a tick each release pass is enough: three reads of
             # the store five times a second were most of an idle server's CPU.
-            self._wake.wait(max(self.config.tick_s, self.config.reconcile_s) if self.engine.idle else self.config.tick_s)
+            self._wake.wait(max(self.config.tick_s, self.engine.reconcile_s) if self.engine.idle else self.config.tick_s)
             self._wake.clear()
             if self._stop.is_set():
                 return

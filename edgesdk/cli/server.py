@@ -114,6 +114,10 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--max-catch-up", default=500, show_default=True, type=click.IntRange(min=1), metavar="N",
               help="Devices catching up at once (back from offline, or new to their group) across the fleet; the "
                    "rest wait their turn in the store.")
+@click.option("--reconcile-every", default="5s", show_default=True,
+              help="How often devices that came back or joined their group are sent its release: those of one pass "
+                   "go out together and share the server's work. A returning device waits up to this long (at most "
+                   "half of --lease).")
 @click.pass_context
 def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | None, key: str | None,
            bundle_key: str | None, allow_unsigned: bool, http_address: str, token: str | None, console: bool,
@@ -123,7 +127,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
            inference_address: str | None, inference_grpc: str | None, inference_config: str | None,
            inference_threads: int | None, offload_url: str | None, compress_min_saving: float, no_compress: bool,
            root_file: str | None, timestamp_key: str | None, timestamp_every: str, timestamp_expires: str,
-           devices_file: str | None, require_provisioning: bool, max_catch_up: int) -> None:
+           devices_file: str | None, require_provisioning: bool, max_catch_up: int, reconcile_every: str) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
     --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
@@ -145,6 +149,10 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     lease_s = parse_duration(lease)
     if lease_s <= 0:
         raise click.BadParameter(f"{lease!r} must be a positive duration, e.g. 10s", param_hint="--lease")
+    reconcile_s = parse_duration(reconcile_every)
+    if reconcile_s <= 0:
+        raise click.BadParameter(f"{reconcile_every!r} must be a positive duration, e.g. 5s",
+                                 param_hint="--reconcile-every")
     if behind_proxy is not None:
         _check_proxies(behind_proxy, console)
     if inference_grpc and not inference_address:
@@ -179,7 +187,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
                      offload_url=offload_url, share_group="edgesdk" if replica else None, lease_s=lease_s,
                      name=server_name, compress_min_saving=None if no_compress else compress_min_saving,
                      timestamp_every_s=parse_duration(timestamp_every), timestamp_expires_s=parse_duration(timestamp_expires),
-                     max_catch_up=max_catch_up, require_provisioning=require_provisioning),
+                     max_catch_up=max_catch_up, require_provisioning=require_provisioning, reconcile_s=reconcile_s),
         repo=repo, db=db, signing_key=load_private_key(key),
         bundle_key=load_public_key(bundle_key) if bundle_key else None, allow_unsigned=allow_unsigned,
         keep_latest=keep_latest, http=http_address, console=console, behind_proxy=behind_proxy,

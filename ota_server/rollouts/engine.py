@@ -40,6 +40,10 @@ _EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
 }
 
 
+#: How often a running rollout's in-flight targets whose device went offline are deferred, and how often the releases
+#: are passed over while the catch-up cap holds devices back (a reconnect storm: no need to wait for a crowd).
+_DEFER_EVERY_S = _BACKLOG_EVERY_S = 1.0
+
 #: Statuses of targets whose command is not out: offline at their stage, late and waiting for the catch-up cap, never
 #: to be sent (no artifact for the board), or skipped by an abort.
 _NOT_SENT = frozenset({TargetStatus.DEFERRED, TargetStatus.PENDING, TargetStatus.NO_ARTIFACT, TargetStatus.SKIPPED})
@@ -81,14 +85,17 @@ class RolloutEngine:
     rollout's state and stage and on the lease, so a driver whose lease lapsed moves nothing.
     A group's release (its last completed rollout) is leased the same way by whichever engine
     reconciles the group to it (:class:`Reconciler`): every ``reconcile_s`` while devices wait or
-    catch-ups run, every ``lease_s / 2`` otherwise."""
+    catch-ups run, every ``lease_s / 2`` otherwise (``reconcile_s`` is at most that: the passes keep the lease)."""
 
     def __init__(self, db: FleetDB, dispatcher: Dispatcher, clock: Callable[[], float] = time.time, *,
                  resend_s: float = 3.0, holder: str | None = None, lease_s: float = 10.0,
                  max_catch_up: int = 500, reconcile_s: float = 1.0,
                  artifacts: Callable[[str, str], list[str]] | None = None) -> None:
         self.db, self.dispatcher, self.clock = db, dispatcher, clock
-        self.resend_s, self.lease_s, self.reconcile_s = resend_s, lease_s, reconcile_s
+        self.resend_s, self.lease_s = resend_s, lease_s
+        #: How often the groups' releases are passed over: the devices that came back or joined since the last pass
+        #: are sent their commands together. At most half the lease, which these passes renew.
+        self.reconcile_s = min(reconcile_s, lease_s / 2)
         #: A release's artifacts (the target profiles it has a bundle for; the repository's): each device gets its
         #: board's (:func:`edgesdk.runtime.boards.artifact_for`). None: every device gets the release's one bundle.
         self.artifacts = artifacts
@@ -116,9 +123,10 @@ class RolloutEngine:
 
     @property
     def idle(self) -> bool:
-        """True when this engine drove no rollout and sent back no revert at its last tick: its next tick may wait
-        ``reconcile_s`` (an operator's push, promote or abort through this server wakes it at once)."""
-        return not self._driving and not self._reverting
+        """True when this engine drove no rollout, sent back no revert and left no device waiting under the catch-up
+        cap at its last tick: its next tick may wait ``reconcile_s`` (an operator's push, promote or abort through this
+        server wakes it at once)."""
+        return not self._driving and not self._reverting and not self.reconciler.backlog
 
     def serving(self, rollout_id: str) -> None:
         """Note that this engine opened ``rollout_id``'s archive for a release's late targets (a chunk request of a
@@ -267,7 +275,8 @@ class RolloutEngine:
             self._last_round.pop(gone, None)
             self._deferred_at.pop(gone, None)
         since = now - self._last_reconcile
-        if since >= self.reconcile_s and (not work.releases_idle or self.reconciler.serving or since >= self.lease_s / 2):
+        every = _BACKLOG_EVERY_S if self.reconciler.backlog else self.reconcile_s
+        if since >= every and (not work.releases_idle or self.reconciler.serving or since >= self.lease_s / 2):
             self._last_reconcile = now
             self.reconciler.run_releases(now, room, work, self.holder, self.lease_s)
         if work.reverting or self._reverting:
@@ -308,7 +317,7 @@ class RolloutEngine:
             self._send_stage(r, 0)
             return
         now = self.clock()
-        if now - self._deferred_at.get(r.id, float("-inf")) >= self.reconcile_s:
+        if now - self._deferred_at.get(r.id, float("-inf")) >= _DEFER_EVERY_S:
             self._deferred_at[r.id] = now  # a look per in-flight target: once a second, not every tick
             self.db.defer_offline(r.id, r.stage)
         timed_out = 0

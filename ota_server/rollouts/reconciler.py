@@ -92,6 +92,9 @@ class Reconciler:
         #: it opened for late targets (let go once none is in flight).
         self.releases: set[str] = set()
         self.serving: set[str] = set()
+        #: The last pass over the releases left devices queued for want of room under the cap: they are a crowd
+        #: already, so the next pass need not wait for more to gather.
+        self.backlog = False
 
     def run_releases(self, now: float, room: int, work: FleetWork, holder: str, lease_s: float) -> None:
         """One pass over the groups with no rollout running: bring their devices to their release (each release
@@ -100,6 +103,7 @@ class Reconciler:
         if work.queued:
             self.db.drop_unreleased_from_queue()
         releases = set()
+        self.backlog = False
         for r in self.db.lease_releases(holder, now, lease_s):
             releases.add(r.id)
             try:
@@ -171,9 +175,13 @@ class Reconciler:
                     done.append(device.id)  # it goes with the last stage
                 elif len(send) < room:
                     send.append(device.id)
+                else:
+                    self.backlog = True
             elif target.status in _SENDABLE and target.stage <= reach:
                 if len(send) < room:  # else it stays queued for the next pass
                     send.append(device.id)
+                else:
+                    self.backlog = True
             else:
                 done.append(device.id)
         if arrived:  # the device runs the release: its commit report died with a replica, or came after its timeout

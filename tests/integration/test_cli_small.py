@@ -123,3 +123,14 @@ def test_the_embedded_broker_takes_a_loopback_mqtt_address_only():
             embedded_broker_for(broker.url)
     finally:
         broker.stop()
+
+
+@pytest.mark.parametrize("value, says", [("0s", "'0s' must be a positive duration, e.g. 5s"),
+                                         ("soon", "'soon' is not a duration")])
+def test_a_reconcile_interval_that_is_not_a_positive_duration_is_refused_before_the_server_starts(tmp_path, value,
+                                                                                                  says):
+    private, _ = generate_keypair(tmp_path / "keys", "server")
+    result = _run("server", "--broker", "mqtt://127.0.0.1:1", "--repo", str(tmp_path / "repo"), "--db",
+                  str(tmp_path / "fleet.db"), "--key", str(private), "--reconcile-every", value)
+    assert result.exit_code != 0 and says in result.output, result.output
+    assert not (tmp_path / "fleet.db").exists(), "nothing was started"

@@ -164,6 +164,33 @@ def test_a_reconnect_storm_is_capped_at_max_catch_up_and_the_rest_stay_queued(fl
     db.close()
 
 
+def test_devices_held_back_by_the_cap_are_passed_over_every_second_not_every_reconcile_s(fleet_location):
+    """Devices left queued under the catch-up cap are a crowd already: the next pass does not wait ``reconcile_s``
+    for more to gather, so the cap, not the pass interval, paces a reconnect storm."""
+    db = FleetDB(fleet_location)
+    db.upsert_device("cam0", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    for i in range(1, 8):
+        db.upsert_device(f"cam{i}", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])
+    clock, recorder = Clock(), Recorder()
+    engine = RolloutEngine(db, recorder, clock, max_catch_up=3, reconcile_s=5.0)
+    rid = _complete(db, clock, recorder, engine, policy=RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
+    for i in range(1, 8):  # the broker restarted: all seven report at once
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    clock.now += 5.0
+    engine.tick()
+    assert len(recorder.late) == 3 and engine.reconciler.backlog and not engine.idle
+    _commit(engine, rid, [d for d, _ in recorder.late])
+    clock.now += 1.0
+    engine.tick()
+    assert len(recorder.late) == 6, "the next three start a second later, not a reconcile interval later"
+    _commit(engine, rid, [d for d, _ in recorder.late[3:]])
+    clock.now += 1.0
+    engine.tick()
+    assert sorted(d for d, _ in recorder.late) == [f"cam{i}" for i in range(1, 8)]
+    assert not engine.reconciler.backlog and engine.idle, "nobody held back: passes wait reconcile_s again"
+    db.close()
+
+
 def test_late_failures_flag_the_release_and_never_revert_the_group(fleet):
     db, clock, recorder, engine = fleet
     rid = _complete(db, clock, recorder, engine)
@@ -342,3 +369,35 @@ def test_a_release_target_in_flight_again_but_not_late_is_still_timed_out_with_n
             break
     (target,) = [t for t in engine.status(rid).targets if t.device_id == "cam0"]
     assert target.status == TargetStatus.TIMEOUT, target
+
+
+def test_devices_coming_back_between_passes_get_their_commands_together_and_passes_keep_the_lease(fleet_location):
+    """With passes every ``reconcile_s`` (5 s), devices that come back 2 s apart are sent their commands in one pass
+    (one wave), not one each as they come; a pass interval longer than half the lease is cut to that, since the
+    passes renew the release's lease."""
+    db = FleetDB(fleet_location)
+    try:
+        for i in range(10):
+            db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
+        clock, recorder = Clock(), Recorder()
+        engine = RolloutEngine(db, recorder, clock, resend_s=3.0, reconcile_s=5.0, lease_s=10.0)
+        assert RolloutEngine(db, Recorder(), clock, reconcile_s=5.0, lease_s=4.0).reconcile_s == 2.0
+        rid = _complete(db, clock, recorder, engine)
+        _settle(engine, clock, 8)  # the pass that completed it is behind us
+        waves: list[list[str]] = []
+        send = recorder.send_late
+        recorder.send_late = lambda rollout, targets: waves.append([t.device_id for t in targets]) or send(rollout,
+                                                                                                              targets)
+        back = {1: "cam7", 3: "cam8", 5: "cam9"}  # second -> the device reporting then
+        for second in range(1, 13):
+            clock.now += 1.0
+            if second in back:
+                db.upsert_device(back[second], "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+            sent = len(waves)
+            engine.tick()
+            for wave in waves[sent:]:
+                _commit(engine, rid, wave)  # each answers at once: nothing is chased and sent again
+        assert sorted(d for wave in waves for d in wave) == ["cam7", "cam8", "cam9"], waves
+        assert len(waves) <= 2 and any(len(wave) >= 2 for wave in waves), f"one command a pass each: {waves}"
+    finally:
+        db.close()
