@@ -92,8 +92,8 @@ class Reconciler:
         #: it opened for late targets (let go once none is in flight).
         self.releases: set[str] = set()
         self.serving: set[str] = set()
-        #: The last pass over the releases left devices queued for want of room under the cap: they are a crowd
-        #: already, so the next pass need not wait for more to gather.
+        #: The last pass over the releases left devices queued (for want of room under the cap, or beyond what it
+        #: read): they are a crowd already, so the next pass need not wait for more to gather.
         self.backlog = False
 
     def run_releases(self, now: float, room: int, work: FleetWork, holder: str, lease_s: float) -> None:
@@ -144,7 +144,10 @@ class Reconciler:
             self.db.defer_offline(r.id, reach)
             self._chase(r, last, now)
         sent = 0
-        queued = self.db.to_reconcile(r.group, max(room, 0) + 200) if work.queued else []
+        limit = max(room, 0) + 200
+        queued = self.db.to_reconcile(r.group, limit) if work.queued else []
+        if len(queued) >= limit:  # more may wait beyond what one pass reads
+            self.backlog = True
         if not queued:
             self._flag(r, work)
             return 0

@@ -191,6 +191,31 @@ def test_devices_held_back_by_the_cap_are_passed_over_every_second_not_every_rec
     db.close()
 
 
+def test_a_queue_longer_than_a_pass_reads_is_passed_over_again_a_second_later(fleet_location):
+    """A pass reads at most the cap's room plus 200 queued devices. When it read that many (here all on the release
+    already, queued again by their new states), more may wait behind them: the next pass comes a second later, not
+    ``reconcile_s`` later, though no device was held back by the cap."""
+    db = FleetDB(fleet_location)
+    try:
+        for i in range(10):
+            db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
+        clock, recorder = Clock(), Recorder()
+        engine = RolloutEngine(db, recorder, clock, resend_s=3.0, max_catch_up=3, reconcile_s=5.0)
+        _complete(db, clock, recorder, engine)
+        _settle(engine, clock, 8)
+        for i in range(203):  # the cap's room (3) plus 200: one pass's read, all on the release
+            db.upsert_device(f"a{i:03d}", "cams", "online", "digits", "2.0.0", ["digits-2.0.0"])
+        db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # behind them in the queue
+        clock.now += 5.0
+        engine.tick()
+        assert recorder.late == [] and engine.reconciler.backlog, "the first pass read a full page of the queue"
+        clock.now += 1.0
+        engine.tick()
+        assert recorder.late == [("cam8", 1)], "the device behind them is sent a second later"
+    finally:
+        db.close()
+
+
 def test_late_failures_flag_the_release_and_never_revert_the_group(fleet):
     db, clock, recorder, engine = fleet
     rid = _complete(db, clock, recorder, engine)
