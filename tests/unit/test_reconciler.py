@@ -16,11 +16,16 @@ from tests.unit.test_rollout_engine import Clock, Recorder
 FAST = RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0, deploy_timeout_s=60)
 
 
+def _ten_cams(db):
+    """cam0-cam9 in group cams on digits 1.0.0, cam7-cam9 offline."""
+    for i in range(10):
+        db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
+
+
 @pytest.fixture
 def fleet(fleet_location):
     db = FleetDB(fleet_location)
-    for i in range(10):
-        db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
+    _ten_cams(db)
     clock, recorder = Clock(), Recorder()
     yield db, clock, recorder, RolloutEngine(db, recorder, clock, resend_s=3.0)
     db.close()
@@ -197,8 +202,7 @@ def test_a_queue_longer_than_a_pass_reads_is_passed_over_again_a_second_later(fl
     ``reconcile_s`` later, though no device was held back by the cap."""
     db = FleetDB(fleet_location)
     try:
-        for i in range(10):
-            db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
+        _ten_cams(db)
         clock, recorder = Clock(), Recorder()
         engine = RolloutEngine(db, recorder, clock, resend_s=3.0, max_catch_up=3, reconcile_s=5.0)
         _complete(db, clock, recorder, engine)
@@ -402,8 +406,7 @@ def test_devices_coming_back_between_passes_get_their_commands_together_and_pass
     passes renew the release's lease."""
     db = FleetDB(fleet_location)
     try:
-        for i in range(10):
-            db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
+        _ten_cams(db)
         clock, recorder = Clock(), Recorder()
         engine = RolloutEngine(db, recorder, clock, resend_s=3.0, reconcile_s=5.0, lease_s=10.0)
         assert RolloutEngine(db, Recorder(), clock, reconcile_s=5.0, lease_s=4.0).reconcile_s == 2.0
