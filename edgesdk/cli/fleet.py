@@ -209,13 +209,12 @@ def _finish(client: AdminClient, rollout_id: str, timeout: float | None, as_json
     _outcome(r, wait_deferred, _superseded(client, r) if waiting else None)
 
 
-def _seconds(text: str | None, option: str) -> float | None:
-    """A duration option (``90s``, ``10m``, ``2h``) in seconds, or None when not given."""
-    if text is None:
-        return None
+def positive_seconds(text: str, option: str, example: str = "10m") -> float:
+    """A duration option (``90s``, ``10m``, ``2h``) in seconds; a usage error naming ``option`` when it is not
+    positive."""
     seconds = parse_duration(text)
     if seconds <= 0:
-        raise click.BadParameter(f"{text!r} must be a positive duration, e.g. 10m", param_hint=option)
+        raise click.BadParameter(f"{text!r} must be a positive duration, e.g. {example}", param_hint=option)
     return seconds
 
 
@@ -345,7 +344,7 @@ def push(bundles: tuple[str, ...], group: str, replace: str | None, allow_signat
     from edgesdk.fleet.archive import pack_bundle
     from edgesdk.runtime.bundle import read_bundle
 
-    deferred_s = _seconds(wait_deferred, "--wait-deferred")
+    deferred_s = None if wait_deferred is None else positive_seconds(wait_deferred, "--wait-deferred")
     policy = _policy(canary, waves, health_window, max_failure_rate, deploy_timeout, manual, max_late_failure_rate,
                      max_p99_ratio, max_error_rate, max_offload_share)
     manifests = [read_bundle(bundle).manifest for bundle in bundles]
@@ -396,7 +395,7 @@ def status(rollout_id: str | None, group: str | None, follow: bool, wait_deferre
            after: str | None, target_status: str | None, server_url: str, token: str | None, token_file: str | None,
            as_json: bool) -> None:
     """Show one rollout with its counts and devices (a page at a time), or list all rollouts."""
-    deferred_s = _seconds(wait_deferred, "--wait-deferred")
+    deferred_s = None if wait_deferred is None else positive_seconds(wait_deferred, "--wait-deferred")
     if deferred_s is not None and not follow:
         raise click.UsageError("--wait-deferred goes with --follow")
     if rollout_id and group:

@@ -144,15 +144,11 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     if replica and not db.startswith(("postgresql://", "postgres://")):
         raise click.UsageError("--replica needs a PostgreSQL --db (postgresql://USER:PASSWORD@HOST:PORT/DATABASE) "
                                "that every replica shares")
+    from edgesdk.cli.fleet import positive_seconds
     from edgesdk.fleet.records import parse_duration
 
-    lease_s = parse_duration(lease)
-    if lease_s <= 0:
-        raise click.BadParameter(f"{lease!r} must be a positive duration, e.g. 10s", param_hint="--lease")
-    reconcile_s = parse_duration(reconcile_every)
-    if reconcile_s <= 0:
-        raise click.BadParameter(f"{reconcile_every!r} must be a positive duration, e.g. 5s",
-                                 param_hint="--reconcile-every")
+    lease_s = positive_seconds(lease, "--lease", "10s")
+    reconcile_s = positive_seconds(reconcile_every, "--reconcile-every", "5s")
     if behind_proxy is not None:
         _check_proxies(behind_proxy, console)
     if inference_grpc and not inference_address:
