@@ -65,7 +65,8 @@ def test_no_message_a_device_sends_stops_the_server_recording_the_others(server,
         handler(topic_of(device), payload)
         witness = f"witness{n}"  # a fresh one each time, or its own flood limit would hold its states back
         server._on_state(Topics.state(witness), json.dumps({**STATE, "version": f"1.0.{n}"}).encode())
-        assert server.ingest.flush(timeout=60), "the server stopped writing reports"
+        # hurry: written now, not after the writer's linger for company (150 lingers were most of this test's time)
+        assert server.ingest.flush(timeout=60, hurry=True), "the server stopped writing reports"
         record = server.db.device(witness)
         assert record is not None and record.version == f"1.0.{n}", f"{witness} not recorded after {payload!r:.300}"
 
