@@ -246,7 +246,9 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
     scheduled = [commits[d] - (heal_at + returns[d]) for d in offline if d in commits]
     finals = {**old.final, **(new.final if new else {})}
     online_phase = _phase(pushed, online_done, idle_before, online_committed)
-    idle_late = tuple((a + b) / 2 for a, b in zip(idle_serving, idle_after))
+    # The smaller reading of each process: a background job of the online phase (an autovacuum worker, seen as
+    # exited database children) can run in the first and made a mean of the two subtract work as if it were idle.
+    idle_late = tuple(min(a, b) for a, b in zip(idle_serving, idle_after))
     late_phase = _phase(late_start, late_done, idle_late, len(late))  # type: ignore[arg-type]
     online_per, late_per = online_phase["ms_per_device"], late_phase["ms_per_device"]
     result = {
@@ -268,8 +270,9 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         "updated_twice": old.updated_twice + (new.updated_twice if new else 0),
         "cpu": {"how": "server + PostgreSQL CPU (from /proc) less the idle rate measured over "
                        f"{idle_s:g} s with nobody asking (before the push for the online phase; for the late phase "
-                       "the mean of two, both with the release set: once the online devices were done and before "
-                       "the others returned, and after every device converged) times the phase's wall time; each "
+                       "the smaller of two, for the server and the database each, both with the release set: once the "
+                       "online devices were done and before the others returned, and after every device converged) "
+                       "times the phase's wall time; each "
                        "phase ends with a VACUUM (ANALYZE) and a CHECKPOINT of the store, inside its CPU, so that "
                        "autovacuum and the checkpointer do not clean up after the online phase during the late window; "
                        "the online phase "
