@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from edgesdk.errors import BrokerError, TransferError
+from edgesdk.fleet.burst_client import client_class
 
 __all__ = ["Transport", "MqttTransport", "BrokerAddress", "parse_broker_url", "Handler", "load_credentials",
            "publish_retained"]
@@ -217,8 +218,8 @@ class MqttTransport(Transport):
                  keepalive: int) -> Any:
         import paho.mqtt.client as mqtt
 
-        client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=self._client_id,
-                             protocol=protocol)
+        client = client_class()(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=self._client_id,
+                                protocol=protocol)
         if username is not None:
             client.username_pw_set(username, password)
         self._set_will(client)
