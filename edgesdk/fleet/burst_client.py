@@ -34,7 +34,8 @@ def client_class() -> Any:
         """paho's client, reading up to :data:`READ_BURST` waiting packets per wake-up."""
 
         def loop_read(self, max_packets: int = 1) -> Any:
-            for _ in range(max(len(self._out_messages) + len(self._in_messages), READ_BURST)):  # paho's, or more
+            in_flight = len(getattr(self, "_out_messages", ())) + len(getattr(self, "_in_messages", ()))
+            for _ in range(max(in_flight, READ_BURST)):  # paho's count, or more
                 if self._sock is None:
                     return mqtt.MQTT_ERR_NO_CONN
                 rc = self._packet_read()
