@@ -193,7 +193,8 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         pushed = _mark(stack, [fleet])
         rollout_id = stack.client.start_rollout(model, version, "late", LATE_POLICY)
         r = stack.wait_rollout(rollout_id, 900)
-        quiet_s = stack.wait_quiet()  # the phase's tail (re-sends still queued, their answers) is the online devices'
+        # the phase's tail (re-sends still queued, their answers, the reconciler's look at their new states) is theirs
+        quiet_s = stack.wait_quiet()
         stack.clean_up()  # the online phase's dead rows and dirty pages are its own, not the late window's
         online_done = _mark(stack, [fleet])
         online_committed = r.count(TargetStatus.COMMITTED)
@@ -246,8 +247,8 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
     scheduled = [commits[d] - (heal_at + returns[d]) for d in offline if d in commits]
     finals = {**old.final, **(new.final if new else {})}
     online_phase = _phase(pushed, online_done, idle_before, online_committed)
-    # The smaller reading of each process: a background job of the online phase (an autovacuum worker, seen as
-    # exited database children) can run in the first and made a mean of the two subtract work as if it were idle.
+    # The smaller reading of each process: the first can still hold work of the online phase (a mean of the two
+    # subtracted it as if it were idle).
     idle_late = tuple(min(a, b) for a, b in zip(idle_serving, idle_after))
     late_phase = _phase(late_start, late_done, idle_late, len(late))  # type: ignore[arg-type]
     online_per, late_per = online_phase["ms_per_device"], late_phase["ms_per_device"]
@@ -276,7 +277,8 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
                        "phase ends with a VACUUM (ANALYZE) and a CHECKPOINT of the store, inside its CPU, so that "
                        "autovacuum and the checkpointer do not clean up after the online phase during the late window; "
                        "the online phase "
-                       "(push to rollout completed and the server quiet: outbox and report queue empty; planning the "
+                       "(push to rollout completed and the server quiet: outbox and report queue empty, no device waiting "
+                       "for the reconciler; planning the "
                        "deferred targets included) divided by the devices online at the push that committed, the late "
                        "phase (the first return to every late target committed on the server, and quiet) by the late "
                        "devices (returned and joined). Messages: what the "

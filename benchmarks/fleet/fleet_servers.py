@@ -228,14 +228,22 @@ class FleetStack:
             time.sleep(interval)
 
     def wait_quiet(self, timeout: float = 60.0) -> float:
-        """Wait until the server's outbox and its queue of reports to write are empty at two reads 0.5 s apart (what it
-        sent has left, and what came back is written); the seconds that took."""
+        """Wait until the server's outbox and its queue of reports to write are empty, and no device waits for the
+        reconciler, at two reads 0.5 s apart: what it sent has left, what came back is written, and each device that
+        reported has been compared with its group's release (a rollout's devices report their new version, and the
+        reconciler takes them off its queue in passes of a few hundred after the rollout completed). The seconds
+        that took."""
         started = time.monotonic()
         quiet = 0
-        while quiet < 2 and time.monotonic() - started < timeout:
-            gauges = self.gauges()
-            quiet = quiet + 1 if gauges.get("outbox_messages") == 0 and gauges.get("ingest_pending") == 0 else 0
-            time.sleep(0.5)
+        store = FleetDB(self.db)
+        try:
+            while quiet < 2 and time.monotonic() - started < timeout:
+                gauges = self.gauges()
+                done = gauges.get("outbox_messages") == 0 and gauges.get("ingest_pending") == 0
+                quiet = quiet + 1 if done and not store.work().queued else 0
+                time.sleep(0.5)
+        finally:
+            store.close()
         return time.monotonic() - started
 
     def gauges(self) -> dict[str, float]:
