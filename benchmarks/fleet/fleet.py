@@ -270,13 +270,14 @@ def scale_goals(results: dict[str, Any], sizes: list[int], failover_devices: int
 
 
 def late_runs(work: Path, pg: LocalPostgres, bundle: Path, sizes: dict[str, dict[str, Any]],
-              scenarios: tuple[str, ...] = LATE_SCENARIOS) -> dict[str, Any]:
-    """The late-device scenarios on PostgreSQL (benchmarks/fleet/fleet_late.py)."""
+              scenarios: tuple[str, ...] = LATE_SCENARIOS, server_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The late-device scenarios on PostgreSQL (benchmarks/fleet/fleet_late.py); ``server_args`` go to the returning
+    scenario's server."""
     keys = work / "keys"
     results = {}
     if "returning" in scenarios:
         results["returning"] = late_devices(work, pg.create_database("fleet_late"), keys, bundle, MODEL, pg=pg,
-                                            **sizes["returning"])
+                                            server_args=server_args, **sizes["returning"])
     if "duty" in scenarios:
         duty = dict(sizes["duty"])
         big = big_bundle(work, keys, "fleetbig", "2.0.0", duty.pop("bundle_bytes"))
@@ -295,6 +296,9 @@ def main() -> None:
     parser.add_argument("--part", choices=("all", "scale", "late", *LATE_SCENARIOS), default="all",
                         help="scale: the rollouts by size, replicas and fail-over; late: the three late-device "
                              "scenarios; returning (offline at the push, or joining later), duty or storm: that one")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="OPTION",
+                        help="an option for the returning scenario's edgesdk server, repeated for more: "
+                             "--server-arg=--reconcile-every=10s --server-arg=--lease=20s measures longer waves")
     args = parser.parse_args()
     sizes = [100, 1000] if args.quick else [100, 1000, 10000]
     replica_devices = 300 if args.quick else 10000
@@ -313,14 +317,16 @@ def main() -> None:
                 goals += scale_goals(results, sizes, failover_devices)
             if args.part not in ("scale",):
                 scenarios = LATE_SCENARIOS if args.part in ("all", "late") else (args.part,)
-                results["late_devices"] = late_runs(work, pg, bundles["2.0.0"], late_sizes, scenarios)
+                results["late_devices"] = late_runs(work, pg, bundles["2.0.0"], late_sizes, scenarios,
+                                                    tuple(args.server_arg))
                 goals += late_goals(**results["late_devices"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     emit("fleet", {"part": args.part, "load_average_at_end": os.getloadavg(),
                    "sizes": sizes, "policy": POLICY.to_dict(), "replica_devices": replica_devices,
                    "failover_devices": failover_devices, "sim_processes": 2, "late_devices": late_sizes,
-                   "late_database": "postgresql", "max_catch_up": "500 (the server's default)"}, results, goals)
+                   "late_database": "postgresql", "max_catch_up": "500 (the server's default)",
+                   "returning_server_args": args.server_arg}, results, goals)
 
 
 if __name__ == "__main__":

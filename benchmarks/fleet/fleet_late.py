@@ -171,7 +171,8 @@ def _phase(start: dict[str, Any], end: dict[str, Any], idle: tuple[float, float]
 
 def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, devices: int, new_devices: int,
                  window_s: float, offline_share: float = 0.3, pg: LocalPostgres | None = None, idle_s: float = 10.0,
-                 seed: int = 35, processes: int = 2, settle_s: float = 300.0) -> dict[str, Any]:
+                 seed: int = 35, processes: int = 2, settle_s: float = 300.0,
+                 server_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """``devices`` connect; ``offline_share`` of them are cut off and the release is pushed to the group. Once the
     online ones committed (the rollout completed), the cut-off ones return at uniformly random times over
     ``window_s`` and ``new_devices`` more join the group at an even pace over the same window. CPU: see ``cpu`` in
@@ -180,7 +181,7 @@ def late_devices(work: Path, db: str, keys: Path, bundle: Path, model: str, *, d
         f"returns over {window_s:g} s")
     n_off = round(devices * offline_share)
     rng, load_start = random.Random(seed), os.getloadavg()
-    stack = FleetStack(work, "late", devices + new_devices, db, keys, pg)
+    stack = FleetStack(work, "late", devices + new_devices, db, keys, pg, server_args)
     try:
         fleet = stack.fleet(devices, "late", "d", model, processes=processes)
         fleet.start(timeout=300)

@@ -164,11 +164,13 @@ class ServerProcess:
 class FleetStack:
     """A broker, one ``edgesdk server`` on ``db`` (its CPU and, with ``pg``, PostgreSQL's), and simulated fleets."""
 
-    def __init__(self, work: Path, name: str, devices: int, db: str, keys: Path, pg: LocalPostgres | None) -> None:
+    def __init__(self, work: Path, name: str, devices: int, db: str, keys: Path, pg: LocalPostgres | None,
+                 server_args: tuple[str, ...] = ()) -> None:
+        """``server_args`` go to ``edgesdk server`` after the stack's own options."""
         self.keys, self.db, self.pg = keys, db, pg
         self.broker = LocalMosquitto(work / name / "broker", max_open_files=devices + 4096)
         try:
-            self.server = ServerProcess(work / name, self.broker.url, db, keys, name)
+            self.server = ServerProcess(work / name, self.broker.url, db, keys, name, extra=server_args)
         except BaseException:
             self.broker.stop()
             raise
