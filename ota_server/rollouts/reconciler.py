@@ -12,7 +12,9 @@ queued devices and compares each with the rollout:
   answering) is sent again, late;
 - a device that runs the release while its target is unfinished or timed out has committed, and
   its commit report was lost (queued in a replica that died, or sent while the broker restarted):
-  the target is marked committed from the state, which the broker retains and every replica reads;
+  the target is marked committed from the state, which the broker retains and every replica reads.
+  So is its target of an earlier completed rollout whose version it runs, when that state reaches
+  the server only after a later push;
 - anything else (on the release already, or done with the rollout: committed, failed, refused)
   needs nothing.
 
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.fleet.records import DeviceRecord, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.store.desired_state import FleetWork
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
 from edgesdk.ota_server.store.rows import FAILED
@@ -187,10 +189,13 @@ class Reconciler:
                     self.backlog = True
             else:
                 done.append(device.id)
-        if arrived:  # the device runs the release: its commit report died with a replica, or came after its timeout
+        arrived += self._earlier_commits(r, [d for d in queued if d.model == r.model and d.version
+                                             and d.version != r.version])
+        if arrived:  # the device runs the version: its commit report died with a replica, or came after its timeout
             self.db.set_targets(arrived)
-            log.info("rollout %s: %d devices run its version and no commit report of theirs was recorded: committed "
-                     "from their states", r.id, len(arrived))
+            for rollout_id in sorted({u.rollout_id for u in arrived}):
+                log.info("rollout %s: %d devices run its version and no commit report of theirs was recorded: "
+                         "committed from their states", rollout_id, sum(u.rollout_id == rollout_id for u in arrived))
         if new or unserved:
             self.db.add_late_targets(r.id, last, new, unserved)
         if send:
@@ -205,6 +210,23 @@ class Reconciler:
         self.db.reconciled(done)
         self._flag(r, work)
         return sent
+
+    def _earlier_commits(self, r: RolloutRecord, devices: list[DeviceRecord]) -> list[TargetUpdate]:
+        """Unfinished or timed-out targets of ``r``'s group's earlier completed rollouts that ``devices`` (on another
+        version of ``r``'s model) show they reached: each device runs the newest such rollout's version, and its
+        commit report and its state after it were lost before ``r`` was pushed."""
+        by_version: dict[str, list[str]] = {}
+        for device in devices:
+            by_version.setdefault(str(device.version), []).append(device.id)
+        if not by_version:
+            return []
+        arrived = []
+        for version, rollout_id in self.db.newest_completed(r.group, r.model, list(by_version), r.id).items():
+            for target in self.db.targets_of(rollout_id, by_version[version]).values():
+                if target.status in TargetStatus.COMMITTED.follows:
+                    arrived.append(TargetUpdate(rollout_id, target.device_id, TargetStatus.COMMITTED,
+                                                _LOST_COMMIT.format(version)))
+        return arrived
 
     def _chase(self, r: RolloutRecord, last: int, now: float) -> None:
         """For a completed release: time out late targets silent while online, send again those not answering."""

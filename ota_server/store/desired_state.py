@@ -160,6 +160,18 @@ class DesiredStateStore:
                 found[row["device_id"]] = target_record(row)
         return found
 
+    def newest_completed(self, group: str, model: str, versions: Sequence[str], other_than: str) -> dict[str, str]:
+        """Version -> the id of ``group``'s newest completed rollout of ``model`` at that version, for ``versions``
+        (rollouts other than ``other_than``)."""
+        found: dict[str, str] = {}
+        for chunk in id_chunks(list(versions)):
+            for row in self.sql.rows(
+                    f"SELECT id, version FROM rollouts WHERE grp = ? AND model = ? AND state = ? AND id <> ? AND version "
+                    f"IN ({','.join('?' * len(chunk))}) ORDER BY created",
+                    (group, model, RolloutState.COMPLETED.value, other_than, *chunk)):
+                found[row["version"]] = row["id"]  # ordered by creation: the newest stays
+        return found
+
     def add_late_targets(self, rollout_id: str, stage: int, devices: Sequence[tuple[str | None, ...]],
                          unserved: Sequence[tuple[str, str | None]] = ()) -> None:
         """Add devices that joined ``rollout_id``'s group after it started, as late ``pending`` targets of ``stage``

@@ -429,3 +429,26 @@ def test_devices_coming_back_between_passes_get_their_commands_together_and_pass
         assert len(waves) <= 2 and any(len(wave) >= 2 for wave in waves), f"one command a pass each: {waves}"
     finally:
         db.close()
+
+
+def test_a_lost_commit_of_an_earlier_rollout_is_closed_by_a_state_that_arrives_after_the_next_push(fleet):
+    """cam8 installed 2.0.0 as a late target, and both its commit report and its state after it were lost; it went
+    offline, 2.0.1 was pushed without it, and its next state (still naming 2.0.0) reaches the server only now. That
+    state closes its timed-out 2.0.0 target as committed, and cam8 is sent 2.0.1."""
+    db, clock, recorder, engine = fleet
+    first = _complete(db, clock, recorder, engine)
+    db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # back: sent 2.0.0 late
+    _settle(engine, clock, 1)
+    engine.on_event("cam8", "accepted", first, None)
+    db.set_target(first, "cam8", TargetStatus.TIMEOUT, "no report in 60 s")
+    db.upsert_device("cam8", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])  # gone again
+    _settle(engine, clock, 1)
+    second = _complete(db, clock, recorder, engine, version="2.0.1")
+    assert recorder.late == [("cam8", 1)]
+    db.upsert_device("cam8", "cams", "online", "digits", "2.0.0", ["digits-2.0.0"])  # its state, late
+    _settle(engine, clock, 1)
+    (earlier,) = [t for t in engine.status(first).targets if t.device_id == "cam8"]
+    assert earlier.status == TargetStatus.COMMITTED and "reports it runs 2.0.0" in earlier.reason, earlier
+    (now,) = [t for t in engine.status(second).targets if t.device_id == "cam8"]
+    assert now.status == TargetStatus.SENT and now.late, now
+    assert recorder.late[-1] == ("cam8", 1)
