@@ -452,3 +452,21 @@ def test_a_lost_commit_of_an_earlier_rollout_is_closed_by_a_state_that_arrives_a
     (now,) = [t for t in engine.status(second).targets if t.device_id == "cam8"]
     assert now.status == TargetStatus.SENT and now.late, now
     assert recorder.late[-1] == ("cam8", 1)
+
+
+def test_a_state_naming_an_aborted_rollouts_version_leaves_that_rollouts_target_to_its_reverts(fleet):
+    """Only completed rollouts are closed from a device's state: an aborted one's targets are its reverts' business
+    (a commit reported after the abort is reverted, not counted)."""
+    db, clock, recorder, engine = fleet
+    _complete(db, clock, recorder, engine)
+    aborted = engine.start("digits", "3.0.0", "cams", FAST)
+    engine.tick()
+    ((_, (canary,)),) = recorder.stages[-1:]
+    engine.abort(aborted)
+    (before,) = [t for t in engine.status(aborted).targets if t.device_id == canary]
+    later = _complete(db, clock, recorder, engine, version="2.0.1")
+    db.upsert_device(canary, "cams", "online", "digits", "3.0.0", ["digits-3.0.0"])
+    _settle(engine, clock, 1)
+    (after,) = [t for t in engine.status(aborted).targets if t.device_id == canary]
+    assert after.status == before.status != TargetStatus.COMMITTED, (before, after)
+    assert engine.status(later).state == RolloutState.COMPLETED
