@@ -160,12 +160,9 @@ class Reconciler:
         unserved: list[tuple[str, str | None]] = []
         send: list[str] = []
         done: list[str] = []
-        arrived: list[TargetUpdate] = []
         for device in queued:
             target = targets.get(device.id)
             on_release = device.model == r.model and device.version == r.version
-            if on_release and target is not None and target.status in TargetStatus.COMMITTED.follows:
-                arrived.append(TargetUpdate(r.id, device.id, TargetStatus.COMMITTED, _LOST_COMMIT.format(r.version)))
             if device.status != "online" or on_release:
                 done.append(device.id)
             elif target is None:
@@ -189,13 +186,7 @@ class Reconciler:
                     self.backlog = True
             else:
                 done.append(device.id)
-        arrived += self._earlier_commits(r, [d for d in queued if d.model == r.model and d.version
-                                             and d.version != r.version])
-        if arrived:  # the device runs the version: its commit report died with a replica, or came after its timeout
-            self.db.set_targets(arrived)
-            for rollout_id in sorted({u.rollout_id for u in arrived}):
-                log.info("rollout %s: %d devices run its version and no commit report of theirs was recorded: "
-                         "committed from their states", rollout_id, sum(u.rollout_id == rollout_id for u in arrived))
+        self._commit_from_states(r, queued, targets)
         if new or unserved:
             self.db.add_late_targets(r.id, last, new, unserved)
         if send:
@@ -211,22 +202,31 @@ class Reconciler:
         self._flag(r, work)
         return sent
 
-    def _earlier_commits(self, r: RolloutRecord, devices: list[DeviceRecord]) -> list[TargetUpdate]:
-        """Unfinished or timed-out targets of ``r``'s group's earlier completed rollouts that ``devices`` (on another
-        version of ``r``'s model) show they reached: each device runs the newest such rollout's version, and its
-        commit report and its state after it were lost before ``r`` was pushed."""
-        by_version: dict[str, list[str]] = {}
-        for device in devices:
-            by_version.setdefault(str(device.version), []).append(device.id)
-        if not by_version:
-            return []
+    def _commit_from_states(self, r: RolloutRecord, queued: list[DeviceRecord], targets: dict[str, TargetRecord]) -> None:
+        """Mark committed the unfinished or timed-out targets that ``queued`` devices' states show they reached: of
+        ``r`` (``targets``, theirs) for a device on its version, else of the group's newest completed rollout of the
+        version the device runs. Its commit report died with a replica or came after its timeout, and for an earlier
+        rollout its state after the commit was lost too, until after ``r`` was pushed."""
+        found = {r.version: (r.id, targets)}
+        others = {str(d.version) for d in queued if d.model == r.model and d.version and d.version != r.version}
+        if others:
+            earlier = self.db.newest_completed(r.group, r.model, sorted(others), r.id)
+            found.update({version: (rollout_id, self.db.targets_of(rollout_id, [
+                d.id for d in queued if d.model == r.model and d.version == version]))
+                for version, rollout_id in earlier.items()})
         arrived = []
-        for version, rollout_id in self.db.newest_completed(r.group, r.model, list(by_version), r.id).items():
-            for target in self.db.targets_of(rollout_id, by_version[version]).values():
-                if target.status in TargetStatus.COMMITTED.follows:
-                    arrived.append(TargetUpdate(rollout_id, target.device_id, TargetStatus.COMMITTED,
-                                                _LOST_COMMIT.format(version)))
-        return arrived
+        for d in queued:
+            if d.model != r.model or d.version not in found:
+                continue
+            rollout_id, theirs = found[d.version]
+            target = theirs.get(d.id)
+            if target is not None and target.status in TargetStatus.COMMITTED.follows:
+                arrived.append(TargetUpdate(rollout_id, d.id, TargetStatus.COMMITTED, _LOST_COMMIT.format(d.version)))
+        if arrived:
+            self.db.set_targets(arrived)
+            for rollout_id in sorted({u.rollout_id for u in arrived}):
+                log.info("rollout %s: %d devices run its version and no commit report of theirs was recorded: "
+                         "committed from their states", rollout_id, sum(u.rollout_id == rollout_id for u in arrived))
 
     def _chase(self, r: RolloutRecord, last: int, now: float) -> None:
         """For a completed release: time out late targets silent while online, send again those not answering."""
