@@ -4,7 +4,7 @@ The MQTT thread only parses and queues; the writer takes whatever has queued up 
 ``max_batch``) and writes it in one transaction: the devices' states, the event log and the
 targets the events move. Under load, batches grow by themselves, so the cost per report
 falls as the fleet grows instead of every report paying its own commit. When reports trickle
-in (devices coming back one by one: the last batch was small), the writer waits for others to
+in (devices coming back one by one: few wait behind the one it takes), the writer waits for others to
 share the transaction (group commit) as long as they keep coming: until ``quiet_s`` passes with
 none, or ``linger_s`` from the oldest report's arrival. One report per transaction cost a late
 device about six transactions, each with its own round trips and commit; a lone report waits only
@@ -72,8 +72,9 @@ def connection_error(exc: BaseException) -> bool:
     return False
 
 
-#: The writer lingers only after a batch of fewer reports than this: reports trickling in. Under load batches fill by
-#: themselves, and a linger there would only delay the answers a rollout waits for.
+#: The writer lingers only when fewer reports than this wait behind the one it takes: reports trickling in. Under
+#: load they queue up while it writes, batches fill by themselves, and a linger would only delay the answers a rollout
+#: waits for.
 LINGER_BELOW = 32
 
 
@@ -136,14 +137,14 @@ class Ingest:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        last = 0
         while True:
             first = self._queue.get()
             if first is None:
                 return
-            batch = self._gather(first, linger=last < LINGER_BELOW)
+            # Judged by the queue, not by the last batch: a trickle of LINGER_BELOW reports a linger would alternate
+            # with a batch of one written at once (the last batch was full), a transaction that shares nothing.
+            batch = self._gather(first, linger=self._queue.qsize() < LINGER_BELOW)
             self._write_until_done(batch)
-            last = len(batch)
 
     def _gather(self, first: _Item, linger: bool) -> list[_Item]:
         """``first`` and what queues after it: until ``max_batch``, the queue is empty (after :meth:`_linger` when

@@ -81,22 +81,44 @@ def test_a_lone_report_waits_the_quiet_gap_not_the_whole_linger(tmp_path):
         db.close()
 
 
+class _SlowStore(FleetDB):
+    """A store whose first write takes ``slow_s``: reports queue up behind it, as under load."""
+
+    slow_s = 0.5
+
+    def upsert_devices(self, states):
+        if self.slow_s:
+            time.sleep(self.slow_s)
+            self.slow_s = 0.0
+        return super().upsert_devices(states)
+
+
 def test_under_load_the_writer_does_not_linger(tmp_path):
-    """After a full batch, the next one is written at once: a linger there holds back the answers a rollout waits
-    for."""
-    db = FleetDB(tmp_path / "fleet.db")
-    ingest = Ingest(db, linger_s=3.0)
+    """Reports that queued up while the writer wrote are written at once: a linger there holds back the answers a
+    rollout waits for."""
+    db = _SlowStore(tmp_path / "fleet.db")
+    ingest = Ingest(db, linger_s=2.0)
     try:
-        for i in range(LINGER_BELOW + 10):  # a crowd: one batch, gathered over the first report's linger
-            ingest.put(_state(f"cam{i}"))
-        assert ingest.flush(timeout=10.0) and ingest.batches == 1
+        ingest.put(_state("first"))  # lingers 2 s, then its write takes 0.5 s
+        time.sleep(2.1)
         started = time.monotonic()
-        ingest.put(_state("next"))
+        for i in range(LINGER_BELOW + 10):  # a crowd queues behind that write
+            ingest.put(_state(f"cam{i}"))
         assert ingest.flush(timeout=10.0)
         waited = time.monotonic() - started
-        assert waited < 2.0, f"a report after a full batch waited {waited:.1f} s: the writer lingered under load"
-        ingest.put(_state("after"))  # the last batch was one report: trickling again, so it lingers
-        assert ingest.flush(timeout=10.0) and time.monotonic() - started >= 3.0
+        assert waited < 1.5, f"a crowd queued behind a write waited {waited:.1f} s: the writer lingered under load"
+        assert ingest.batches == 2 and ingest.written == LINGER_BELOW + 11
     finally:
         ingest.stop()
         db.close()
+
+
+def test_a_trickle_filling_a_batch_per_linger_is_not_split_into_lone_reports(tmp_path):
+    """Reports trickling in at more than ``LINGER_BELOW`` per linger share one transaction per linger. A rule judging by
+    the last batch's size wrote every other batch at once, mostly a single report: twice the transactions."""
+    started = time.monotonic()
+    batches, written = _trickle(tmp_path, linger_s=0.4, reports=8 * LINGER_BELOW, gap_s=0.005)
+    took = time.monotonic() - started
+    assert written == 8 * LINGER_BELOW
+    assert batches <= took / 0.4 + 1.5, f"{written} reports over {took:.1f} s, with a linger of 0.4 s, took {batches} " \
+                                        "transactions"
