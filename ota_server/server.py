@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edgesdk.fleet.protocol import COMMAND_TTL_S, PREFIX, Topics, check_id
-from edgesdk.fleet.records import GroupRelease, RolloutPolicy, RolloutRecord, RolloutState
+from edgesdk.fleet.records import AgentEvent, GroupRelease, RolloutPolicy, RolloutRecord, RolloutState
 from edgesdk.fleet.reports import MAX_REPORT_BYTES
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.fleet.trust import parse_root
@@ -299,6 +299,8 @@ class OTAServer:
         event = self.reports.event(topic, payload)
         if event is None:
             return
+        if event.kind == AgentEvent.ACCEPTED:  # it subscribed to its group's chunks first: they may go now
+            self.chunks.accepted(event.device, event.deployment_id, event.payload.get("missing"))
         self.ingest.put(DeviceEvent(EventRow(event.kind, dict(event.payload), event.device, event.rollout_id,
                                              time.time()),
                                     self.engine.target_update(event.device, event.kind, event.deployment_id,

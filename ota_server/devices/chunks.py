@@ -17,6 +17,11 @@ another device downloading the same archive at that moment would get the union t
 bytes cost more than the messages saved. A stage's own transfer is not shared this way: thousands of its devices
 may be downloading at once, and each would receive every straggler's chunks again.
 
+The reconciler's late commands need not be asked about at all (:meth:`ChunkDistributor.expect`): their plan
+names what their devices lack, and those chunks go once on the group's topic as soon as every one of them accepted
+(subscribed to that topic first), or after a wait; a device that accepted too late, or lacks more, asks as above. A
+late device so costs the server no chunk request, which was its one message an online device does not send.
+
 A device's request is answered only when it is one of the transfer's targets: named when its command went
 out (:meth:`ChunkDistributor.allow`), or confirmed by :attr:`ChunkDistributor.authorize` (the store's targets,
 for a transfer this server did not send). Any other request is dropped and counted in ``refused``, so no
@@ -32,6 +37,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from edgesdk.fleet.chunk_codec import DEFAULT_MIN_SAVING, compress_chunks
 from edgesdk.fleet.protocol import ArchiveInfo, Topics
@@ -79,7 +85,9 @@ class ChunkDistributor:
         #: Messages published and not yet taken by the broker; above ``max_outbox`` a device's request is dropped
         #: unanswered (it asks again): copies one by one must not bury the commands behind them.
         self._outbox, self.max_outbox = outbox, max_outbox
-        #: Requests dropped because the outbox was full (for tests and benchmarks).
+        #: Requests from the transfers' targets, and those dropped because the outbox was full (for tests and
+        #: benchmarks).
+        self.requests = 0
         self.deferred = 0
         #: Compress a chunk when that saves more than this share of its bytes (None: never).
         self.min_saving = min_saving
@@ -117,6 +125,9 @@ class ChunkDistributor:
         #: Gathered requests answered by one group publish, and the chunk messages that saved (for tests and benchmarks).
         self.coalesced = 0
         self.coalesce_saved = 0
+        #: transfer -> the devices :meth:`expect` waits to accept; device -> the transfers it waits on them for.
+        self._awaiting: dict[str, set[str]] = {}
+        self._awaited: dict[str, set[str]] = defaultdict(set)
         #: (when, transfer) flushes due, soonest first, and the thread that runs them (started on first use).
         self._due: list[tuple[float, str]] = []
         self._due_changed = threading.Condition()
@@ -154,6 +165,7 @@ class ChunkDistributor:
             self._targets.pop(transfer_id, None)
             self._groups.pop(transfer_id, None)
             self._gathered.pop(transfer_id, None)
+            self._forget_awaited(transfer_id)
             self._refusals_logged.discard(transfer_id)
             if key is None:
                 return
@@ -181,6 +193,57 @@ class ChunkDistributor:
         with self._lock:
             if transfer_id in self._transfers:
                 self._groups[transfer_id] = group
+
+    def gathers(self, transfer_id: str) -> bool:
+        """Whether requests for ``transfer_id`` are gathered into group publishes (it is open and shared, its archive
+        small, and gathering on): what :meth:`expect` needs."""
+        archive = self._chunks(transfer_id)
+        with self._lock:
+            shared = transfer_id in self._groups
+        return shared and archive is not None and self.coalesce_s > 0 and archive.info.size <= self.coalesce_max_bytes
+
+    def expect(self, transfer_id: str, devices: Iterable[str], chunks: list[int], wait_s: float) -> None:
+        """Send ``chunks`` of the gathered ``transfer_id`` (:meth:`gathers`) to ``devices`` without their asking: once
+        for all of them, on the group's topic, as soon as each accepted its command (:meth:`accepted`), or ``wait_s``
+        from now. Their commands' plan must name ``chunks``, so that they wait for them instead of asking."""
+        devices = list(devices)
+        with self._lock:
+            gathered = self._gathered.setdefault(transfer_id, {})
+            for device in devices:
+                gathered.setdefault(device, set()).update(chunks)
+                self._awaited[device].add(transfer_id)
+            self._awaiting.setdefault(transfer_id, set()).update(devices)
+        self._schedule(time.monotonic() + wait_s, transfer_id)
+
+    def accepted(self, device: str, deployment_id: str, missing: Any) -> None:
+        """``device`` accepted ``deployment_id``'s command, lacking ``missing`` chunks (from its event): when it is the
+        last one :meth:`expect` waited for, their chunks go now. A device lacking none is not sent any. (A stage's
+        transfer id starts with its deployment's id and a dash.)"""
+        with self._lock:
+            transfer_id = next((t for t in self._awaited.get(device, ()) if t.startswith(f"{deployment_id}-")), None)
+            if transfer_id is None:
+                return
+            self._drop_awaited(device, transfer_id)
+            waiting = self._awaiting.get(transfer_id, set())
+            waiting.discard(device)
+            if missing == 0:
+                self._gathered.get(transfer_id, {}).pop(device, None)
+            last = not waiting
+        if last:
+            self._schedule(time.monotonic(), transfer_id)
+
+    def _forget_awaited(self, transfer_id: str) -> None:
+        """Stop waiting for the devices of ``transfer_id`` to accept (its chunks went, or it closed); under the lock."""
+        for device in self._awaiting.pop(transfer_id, ()):
+            self._drop_awaited(device, transfer_id)
+
+    def _drop_awaited(self, device: str, transfer_id: str) -> None:
+        """``device`` is no longer awaited for ``transfer_id``; under the lock."""
+        transfers = self._awaited.get(device)
+        if transfers is not None:
+            transfers.discard(transfer_id)
+            if not transfers:
+                del self._awaited[device]
 
     def _is_target(self, device: str, transfer_id: str) -> bool:
         with self._lock:
@@ -246,6 +309,7 @@ class ChunkDistributor:
                 log.warning("refusing chunks of transfer %s to %s: not one of its targets (further refusals of this "
                             "transfer are only counted)", transfer_id, device)
             return True
+        self.requests += 1
         if self._outbox() > self.max_outbox:
             self.deferred += 1
             return True
@@ -308,6 +372,7 @@ class ChunkDistributor:
         archive = self._chunks(transfer_id)
         with self._lock:
             gathered, group = self._gathered.pop(transfer_id, {}), self._groups.get(transfer_id)
+            self._forget_awaited(transfer_id)
         if archive is None or not gathered:
             return
         if len(gathered) == 1 or group is None:

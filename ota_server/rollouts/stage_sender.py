@@ -46,6 +46,9 @@ _MAX_BROADCAST_WAIT_S = 120.0
 _BROADCAST_POLL_S = 0.25
 #: Device reports queued for writing above which re-sends wait (the reports may be the answers).
 _RESEND_BACKLOG = 100
+#: How long the chunks of late commands wait for their devices to accept (and subscribe to the group's chunk topic)
+#: before they go anyway: half the agent's default ``broadcast_wait_s``, after which a device asks for them itself.
+_LATE_CHUNKS_WAIT_S = 1.0
 #: Messages not yet acknowledged by the broker above which re-sends wait: a few times paho's in-flight window of 64,
 #: so chunk traffic in flight does not count, a queue of commands does.
 _RESEND_OUTBOX = 256
@@ -93,19 +96,23 @@ class StageSender:
 
         Its broadcast plan is the chunks some of ``device_ids`` lacks, judged by the versions they hold.
         """
-        key, now = (r.id, stage, with_archive, artifact), self._clock()
-        held = self._signed.get(key)
-        if held is None:
+        def first_signing() -> tuple[Any, ...]:
             transfer_id, info, plan = stage_transfer(r.id, stage, artifact), None, None
             if with_archive:
                 info = self.chunks.open(transfer_id, r.model, r.version, artifact)
                 plan = self._lacking(info, device_ids, artifact)
                 self.chunks.plan(transfer_id, plan, r.group)
-            args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, plan)
-        elif now - held[1] > self.command_ttl_s / 2:
-            args = held[2]
-        else:
+            return (r, r.rollback, r.id, r.version, transfer_id, info, plan)
+
+        return self._binder((r.id, stage, with_archive, artifact), first_signing)
+
+    def _binder(self, key: tuple[Any, ...], first_signing: Callable[[], tuple[Any, ...]]) -> Binder:
+        """The binder kept under ``key``; signed from ``first_signing()``'s command arguments the first time, and
+        again from the same arguments once half its validity has passed."""
+        now, held = self._clock(), self._signed.get(key)
+        if held is not None and now - held[1] <= self.command_ttl_s / 2:
             return held[0]
+        args = held[2] if held is not None else first_signing()
         binder = Binder(self.key, self._command(*args))
         self._signed[key] = (binder, now, args)
         return binder
@@ -172,29 +179,36 @@ class StageSender:
         return device_ids
 
     def send_late(self, rollout: RolloutRecord, targets: list[TargetRecord]) -> None:
-        """Send late targets their stage's command with no broadcast plan: each device asks at once for the chunks
-        it cannot copy from its slots (a transfer it had begun before going offline resumes under the same id, so
-        the chunks it holds are kept). The requests of devices asking together are answered together
-        (:meth:`ChunkDistributor.share`)."""
+        """Send late targets their stage's command, with no broadcast of their own.
+
+        For a completed release whose transfer's requests are gathered (a small archive), the command's plan names
+        the chunks these devices lack, and the chunk service sends them once, on the group's topic, when all of them
+        accepted (:meth:`ChunkDistributor.expect`): the devices need not ask. Otherwise the plan is empty and each
+        device asks at once for the chunks it cannot copy from its slots; a transfer it had begun before going
+        offline resumes under the same id, so the chunks it holds are kept.
+        """
         r = rollout
         needs = self._needs_archive(r, [t.device_id for t in targets])
+        sets: dict[tuple[int, bool, str | None], list[str]] = defaultdict(list)
         for t in targets:
-            with_archive = needs[t.device_id]
-            key, now = (r.id, t.stage, with_archive, t.artifact, "late"), self._clock()
-            transfer_id = stage_transfer(r.id, t.stage, t.artifact)
-            held = self._signed.get(key)
-            if held is None or now - held[1] > self.command_ttl_s / 2:
-                info = self.chunks.open(transfer_id, r.model, r.version, t.artifact) if with_archive else None
-                args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, [])
-                held = (Binder(self.key, self._command(*args)), now, args)
-                self._signed[key] = held
-            elif with_archive:
-                self.chunks.open(transfer_id, r.model, r.version, t.artifact)  # reopen after finish(); no-op if open
+            sets[t.stage, needs[t.device_id], t.artifact].append(t.device_id)
+        for (stage, with_archive, artifact), device_ids in sets.items():
+            transfer_id = stage_transfer(r.id, stage, artifact)
+            info, plan = None, []
             if with_archive:
-                self.chunks.allow(transfer_id, [t.device_id])
+                info = self.chunks.open(transfer_id, r.model, r.version, artifact)  # a no-op when it is open
+                self.chunks.allow(transfer_id, device_ids)
                 if r.state == RolloutState.COMPLETED:  # a running stage's transfer may have thousands downloading
-                    self.chunks.share(transfer_id, r.group)  # devices back together are answered together
-            self._publish(Topics.cmd(t.device_id), held[0].bind(t.device_id))
+                    self.chunks.share(transfer_id, r.group)
+                    if self.chunks.gathers(transfer_id):
+                        plan = self._lacking(info, device_ids, artifact)
+                        if plan:
+                            self.chunks.expect(transfer_id, device_ids, plan, _LATE_CHUNKS_WAIT_S)
+            args: tuple[Any, ...] = (r, r.rollback, r.id, r.version, transfer_id, info, plan)
+            binder = self._binder((r.id, stage, with_archive, artifact, "late", tuple(plan)),
+                                  lambda: args)  # noqa: B023 (called before the loop moves on)
+            for device in device_ids:
+                self._publish(Topics.cmd(device), binder.bind(device))
         self.metrics.command_sent(len(targets))
 
     def busy(self) -> bool:

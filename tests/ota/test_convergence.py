@@ -99,8 +99,9 @@ def test_a_push_to_a_group_whose_devices_are_only_provisioned_becomes_its_releas
 
 
 def test_devices_coming_back_together_get_their_chunks_in_one_group_publish(broker, make_server, make_agent, bundles):
-    """The reconciler sends a pass's late commands at once; their devices' requests are answered by one publish on
-    the group's chunk topic, which each subscribed to before it asked, not one copy each."""
+    """The reconciler sends a pass's late commands at once, their plan naming the chunks the devices lack; once both
+    accepted (each subscribed to the group's chunk topic first), the chunks go in one publish there: not one copy
+    each, and neither device asks."""
     server = _server(make_server, broker, bundles, versions=("1.0.0",), chunk_coalesce_s=5.0)
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
     _online(server, 2)
@@ -114,6 +115,7 @@ def test_devices_coming_back_together_get_their_chunks_in_one_group_publish(brok
     wait_for(lambda: all(_on(a, "1.0.0") for a in returned), timeout=60, what="both converging")
     assert server.chunks.coalesced == 2 and server.chunks.resent == {}, (server.chunks.coalesced,
                                                                           dict(server.chunks.resent))
+    assert server.chunks.requests == 0, f"the devices asked for chunks {server.chunks.requests} times"
 
 
 def test_a_device_claiming_another_group_is_refused(broker, make_server, make_agent, bundles):

@@ -150,3 +150,71 @@ def test_a_stage_transfer_is_not_gathered_its_stragglers_are_answered_one_by_one
     service.serve("cam0", "r1-w0", [0])
     service.serve("cam1", "r1-w0", [1])
     assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/0", "edgesdk/devices/cam1/chunks/r1-w0/1"]
+
+
+def test_late_devices_are_sent_what_they_lack_once_on_the_group_topic_when_the_last_one_accepted():
+    """Late commands' chunks go without a request: once for all, as soon as every device accepted (subscribed)."""
+    service, sent = _service(coalesce_s=0.05)
+    service.share("r1-w0", "cams")
+    assert service.gathers("r1-w0")
+    service.expect("r1-w0", ["cam0", "cam1"], [0, 1, 2], wait_s=60.0)
+    service.accepted("cam0", "r1", 3)
+    service.accepted("cam1", "r2", 3)  # another deployment's command: not the one awaited
+    time.sleep(0.2)
+    assert sent == [], "sent before every device accepted (one may not be subscribed yet)"
+    service.accepted("cam1", "r1", 3)
+    _published(sent, 3)
+    assert sent == [f"edgesdk/groups/cams/chunks/r1-w0/{i}" for i in range(3)]
+    assert service.coalesced == 2 and not service.resent and not service._awaited
+
+
+def test_late_chunks_go_after_the_wait_when_a_device_does_not_accept_and_not_to_a_device_that_lacks_none():
+    service, sent = _service(coalesce_s=0.05)
+    service.share("r1-w0", "cams")
+    service.expect("r1-w0", ["cam0", "cam1", "cam2"], [0, 1], wait_s=0.3)
+    service.accepted("cam0", "r1", 0)  # copied every chunk from its own slots
+    service.accepted("cam1", "r1", 2)  # cam2 went offline again
+    time.sleep(0.1)
+    assert sent == []
+    _published(sent, 2)
+    assert sent == [f"edgesdk/groups/cams/chunks/r1-w0/{i}" for i in range(2)]
+    assert service.coalesced == 2 and not service._awaited  # cam1 and cam2; cam2 asks later if it missed them
+
+    lone, sent = _service(coalesce_s=0.05)
+    lone.share("r1-w0", "cams")
+    lone.expect("r1-w0", ["cam0"], [1], wait_s=60.0)
+    lone.accepted("cam0", "r1", 1)
+    _published(sent, 1)
+    assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/1"], "a lone device is answered on its own topic"
+
+    nothing, sent = _service(coalesce_s=0.05)
+    nothing.share("r1-w0", "cams")
+    nothing.expect("r1-w0", ["cam0"], [0], wait_s=60.0)
+    nothing.accepted("cam0", "r1", 0)
+    time.sleep(0.2)
+    assert sent == [], "chunks went to a device that lacked none"
+
+
+def test_only_a_shared_small_archive_is_sent_without_requests():
+    service, _ = _service(coalesce_s=0.05)
+    assert not service.gathers("r1-w0"), "an unshared transfer (a running stage's) was gathered"
+    big, _ = _service(coalesce_s=0.05, coalesce_max_bytes=len(DATA) - 1)
+    big.share("r1-w0", "cams")
+    assert not big.gathers("r1-w0"), "a big archive's chunks would go to every device downloading it"
+    off, _ = _service(coalesce_s=0.0)
+    off.share("r1-w0", "cams")
+    assert not off.gathers("r1-w0") and not off.gathers("closed")
+
+
+def test_a_device_awaited_for_two_releases_at_once_is_matched_by_its_deployment():
+    service, sent = _service(coalesce_s=0.05)
+    service.open("r2-w0", "detector", "1.0.0")
+    for transfer_id in ("r1-w0", "r2-w0"):
+        service.share(transfer_id, "cams")
+        service.expect(transfer_id, ["cam0", "cam1"], [0], wait_s=60.0)
+    service.accepted("cam0", "r2", 1)
+    service.accepted("cam1", "r2", 1)
+    _published(sent, 1)
+    time.sleep(0.2)
+    assert sent == ["edgesdk/groups/cams/chunks/r2-w0/0"], "the other release's chunks went, or these did not"
+    assert service._awaited == {"cam0": {"r1-w0"}, "cam1": {"r1-w0"}}
