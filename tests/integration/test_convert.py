@@ -42,7 +42,9 @@ def test_every_onnx_variant_is_built_measured_and_judged(digits_report):
             "onnx-int8-static-percentile"} <= names
     for c in digits_report.plan.candidates:
         m = c.measurement
-        assert m.size_bytes > 0 and m.latency_p50_ms > 0 and m.peak_rss_mb > m.rss_before_mb
+        # A digits-sized variant may fit in heap pages the worker already held (VmHWM need not rise): measured, not
+        # necessarily above the baseline.
+        assert m.size_bytes > 0 and m.latency_p50_ms > 0 and m.peak_rss_mb >= m.rss_before_mb > 0
         assert c.chosen or c.rejected or c.estimate.latency_ms >= digits_report.plan.chosen.estimate.latency_ms
         assert c.estimate.basis == "estimated"
     sizes = {c.name: c.measurement.size_bytes for c in digits_report.plan.candidates}
