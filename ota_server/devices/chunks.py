@@ -20,7 +20,9 @@ may be downloading at once, and each would receive every straggler's chunks agai
 The reconciler's late commands need not be asked about at all (:meth:`ChunkDistributor.expect`): their plan
 names what their devices lack, and those chunks go once on the group's topic as soon as every one of them accepted
 (subscribed to that topic first), or after a wait; a device that accepted too late, or lacks more, asks as above. A
-late device so costs the server no chunk request, which was its one message an online device does not send.
+late device so sends no chunk request: besides its state on return, it was its one message an online device does not
+send. Its event's ``missing`` count is the device's word: any value but 0 (a wrong type, a huge number) counts as
+lacking, so the worst a lying device gets is chunks it did not need.
 
 A device's request is answered only when it is one of the transfer's targets: named when its command went
 out (:meth:`ChunkDistributor.allow`), or confirmed by :attr:`ChunkDistributor.authorize` (the store's targets,

@@ -218,3 +218,19 @@ def test_a_device_awaited_for_two_releases_at_once_is_matched_by_its_deployment(
     time.sleep(0.2)
     assert sent == ["edgesdk/groups/cams/chunks/r2-w0/0"], "the other release's chunks went, or these did not"
     assert service._awaited == {"cam0": {"r1-w0"}, "cam1": {"r1-w0"}}
+
+
+def test_a_hostile_missing_count_in_an_accepted_event_counts_as_lacking():
+    """``missing`` comes from the device: a wrong type, a 2**70 integer or a 10 MB string raises nothing and only
+    means it lacks chunks; the deployment and device must still match."""
+    for missing in (2**70, "x" * 10_000_000, None, [0], -1):
+        service, sent = _service(coalesce_s=0.05)
+        service.share("r1-w0", "cams")
+        service.expect("r1-w0", ["cam0"], [0], wait_s=60.0)
+        service.accepted("cam0", "r1-w0", missing)  # a transfer id where the deployment goes: not this one
+        service.accepted("cam9", "r1", missing)  # a device nobody waits for
+        time.sleep(0.1)
+        assert sent == [], f"chunks went on a stranger's or a mismatched event ({type(missing).__name__})"
+        service.accepted("cam0", "r1", missing)
+        _published(sent, 1)
+        assert sent == ["edgesdk/devices/cam0/chunks/r1-w0/0"]
