@@ -60,8 +60,10 @@ class Receiver:
             return int(f.read().split()[0]) / 1e9
 
 
-def run_pattern(receiver: Receiver, sender: MqttTransport, messages: int, burst: int, gap_s: float) -> float:
-    """Send ``messages`` in bursts of ``burst`` every ``gap_s``; µs of the receiver's thread CPU per message."""
+def run_pattern(receiver: Receiver, sender: MqttTransport, messages: int, burst: int, gap_s: float,
+                timeout_s: float = 60.0) -> float:
+    """Send ``messages`` in bursts of ``burst`` every ``gap_s``; µs of the receiver's thread CPU per message.
+    RuntimeError when the receiver has not heard them all ``timeout_s`` after the last was sent."""
     start_heard, start_cpu, sent = receiver.heard, receiver.cpu_s(), 0
     while sent < messages:
         for _ in range(min(burst, messages - sent)):
@@ -69,7 +71,7 @@ def run_pattern(receiver: Receiver, sender: MqttTransport, messages: int, burst:
             sent += 1
         if sent < messages:
             time.sleep(gap_s)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while receiver.heard - start_heard < messages and time.monotonic() < deadline:
         time.sleep(0.01)
     if receiver.heard - start_heard < messages:
@@ -81,8 +83,10 @@ def run_pattern(receiver: Receiver, sender: MqttTransport, messages: int, burst:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer messages and rounds (CI smoke run)")
-    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every pattern (default 3, --quick 1)")
     args = parser.parse_args()
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give at least 1 round")
     rounds = args.rounds or (1 if args.quick else 3)
     alone_n = 30 if args.quick else 240
     patterns = {"alone": (alone_n, 1, 1 / 6), "bursts_of_12": (alone_n, 12, 2.0),
