@@ -276,21 +276,24 @@ class SimulatedFleet:
         self.start_s = time.monotonic() - started
         return self
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, by_device: bool = False) -> dict[str, Any]:
         """Live figures from every worker: ``versions`` (version -> devices) and ``counts`` (COUNTERS, and
-        ``messages_in``/``messages_out``, as of the moment each worker answered)."""
+        ``messages_in``/``messages_out``, as of the moment each worker answered); with ``by_device``, also
+        ``by_device`` (device id -> the version it runs, None before its first install)."""
         with self._lock:
             if not self._workers:
                 raise SimulationError("the simulated fleet is not running; call start() first")
             for worker in self._workers:
-                worker.send({"cmd": "snapshot"})
+                worker.send({"cmd": "snapshot", "by_device": by_device})
             replies = [worker.receive("snapshot", 30) for worker in self._workers]
         versions: Counter[str] = Counter()
         counts: Counter[str] = Counter()
+        devices: dict[str, str | None] = {}
         for reply in replies:
             versions.update(reply["versions"])
             counts.update(reply["counts"])
-        return {"versions": dict(versions), "counts": dict(counts)}
+            devices.update(reply.get("by_device", {}))
+        return {"versions": dict(versions), "counts": dict(counts), **({"by_device": devices} if by_device else {})}
 
     def fault(self, kind: str, ids: list[str], **params: Any) -> int:
         """Put the devices ``ids`` under a fault (see benchmarks/shared/fleet_sim_faults.py: ``partition`` and ``crash`` take
@@ -314,6 +317,10 @@ class SimulatedFleet:
     def versions(self) -> dict[str, int]:
         """Version -> number of devices running it now."""
         return dict(self.snapshot()["versions"])
+
+    def device_versions(self) -> dict[str, str | None]:
+        """Device id -> the version it runs now (None before its first install)."""
+        return dict(self.snapshot(by_device=True)["by_device"])
 
     def wait_versions(self, version: str, count: int, timeout: float, interval: float = 0.2) -> None:
         """Wait until at least ``count`` devices run ``version``; RolloutTimeoutError (with the counts) if they do not."""

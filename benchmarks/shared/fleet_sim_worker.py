@@ -415,11 +415,12 @@ class _Worker:
             asyncio.get_running_loop().call_later(self.retry_interval_s / 2, self.request_missing)
 
     # control channel --------------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, by_device: bool = False) -> dict[str, Any]:
         versions = Counter(d.version or "" for d in self.devices)
         c = self.counters
-        return {"versions": dict(versions), "counts": {**self.counts, "messages_in": c.messages_in,
-                                                        "messages_out": c.messages_out}}
+        out = {"versions": dict(versions), "counts": {**self.counts, "messages_in": c.messages_in,
+                                                       "messages_out": c.messages_out}}
+        return {**out, "by_device": {d.id: d.version for d in self.devices}} if by_device else out
 
     def report(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -467,7 +468,7 @@ class _Worker:
                 return
             request = json.loads(line)
             if request["cmd"] == "snapshot":
-                _send({"type": "snapshot", **self.snapshot()})
+                _send({"type": "snapshot", **self.snapshot(bool(request.get("by_device")))})
             elif request["cmd"] in FAULT_COMMANDS:
                 _send({"type": "fault", "touched": apply_fault(self, request)})
             elif request["cmd"] == "stop":
