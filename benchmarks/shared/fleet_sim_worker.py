@@ -418,8 +418,7 @@ class _Worker:
     def snapshot(self, by_device: bool = False) -> dict[str, Any]:
         versions = Counter(d.version or "" for d in self.devices)
         c = self.counters
-        out = {"versions": dict(versions), "counts": {**self.counts, "messages_in": c.messages_in,
-                                                       "messages_out": c.messages_out}}
+        out = {"versions": {**versions}, "counts": {**self.counts, "messages_in": c.messages_in, "messages_out": c.messages_out}}
         return {**out, "by_device": {d.id: d.version for d in self.devices}} if by_device else out
 
     def report(self) -> dict[str, Any]:
