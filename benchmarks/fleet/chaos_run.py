@@ -351,6 +351,10 @@ def _run_step(step: tuple[str, str], replicas: Replicas, history: History, done:
             "started_at": started_at, "ended_at": time.time()}
 
 
+#: What ``_settle`` compares a device with when the server does not list it online (no version is this).
+_UNLISTED = object()
+
+
 def _settle(db: FleetDB, fleets: list[SimulatedFleet], history: History, config: ChaosConfig) -> None:
     """Wait until every device has been back ``converge_s`` since the release changed and since its last offline
     window (or every device runs the release already and no revert is out), and the server lists each device online
@@ -376,10 +380,6 @@ def _settle(db: FleetDB, fleets: list[SimulatedFleet], history: History, config:
         except Exception:  # the database restarting
             pass
         time.sleep(1.0)
-
-
-#: What ``_settle`` compares a device with when the server does not list it online (no version is this).
-_UNLISTED = object()
 
 
 def _collect(db: FleetDB, history: History, fleets: list[SimulatedFleet]) -> None:

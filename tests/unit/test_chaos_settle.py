@@ -19,19 +19,9 @@ class _Fleet:
     def __init__(self) -> None:
         self.looks = 0
 
-    def _now(self) -> dict[str, str | None]:
-        self.looks += 1
-        late = "6.0.0" if self.looks >= 3 else "2.0.0"
-        return {"c1": "6.0.0", "late": late, "claimer": "6.0.0"}
-
     def device_versions(self) -> dict[str, str | None]:
-        return self._now()
-
-    def versions(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for version in self._now().values():
-            counts[version or ""] = counts.get(version or "", 0) + 1
-        return counts
+        self.looks += 1
+        return {"c1": "6.0.0", "late": "6.0.0" if self.looks >= 3 else "2.0.0", "claimer": "6.0.0"}
 
 
 class _Store:
