@@ -83,18 +83,25 @@ class ServerProcess:
                  lease: str = "10s", extra: tuple[str, ...] = (), timeout: float = 60.0,
                  program: tuple[str, ...] | None = None) -> None:
         """``program`` replaces the ``edgesdk`` executable (the chaos run's skewed clocks and planted bugs)."""
-        self.name, self.port = name, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
-        command = [*(program or (str(Path(sys.executable).parent / "edgesdk"),)), "server", "--broker", broker_url,
-                   "--repo", str(workdir / "repo"), "--db", db, "--key", str(keys / "server.key"),
-                   "--bundle-key", str(keys / "converter.pub"), "--http", f"127.0.0.1:{self.port}",
-                   "--token", TOKEN, "--name", name, "--lease", lease, *(["--replica"] if replica else []), *extra]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=log)
-        self.client = AdminClient(self.url, TOKEN)
-        self._wait_up(timeout)
+        for attempt in range(3):  # a free port can be taken by another process before the server binds it
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            command = [*(program or (str(Path(sys.executable).parent / "edgesdk"),)), "server", "--broker", broker_url,
+                       "--repo", str(workdir / "repo"), "--db", db, "--key", str(keys / "server.key"),
+                       "--bundle-key", str(keys / "converter.pub"), "--http", f"127.0.0.1:{self.port}",
+                       "--token", TOKEN, "--name", name, "--lease", lease, *(["--replica"] if replica else []), *extra]
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(command, stdout=log, stderr=log)
+            self.client = AdminClient(self.url, TOKEN)
+            try:
+                self._wait_up(timeout)
+                return
+            except RuntimeError:
+                if attempt == 2 or self.process.poll() is None or "address already in use" not in self.log_tail():
+                    raise
 
     def _wait_up(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

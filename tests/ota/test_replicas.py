@@ -126,3 +126,27 @@ def test_when_a_replica_dies_the_others_read_the_devices_retained_states_again(t
         survivor.db.close()  # the fixture stops servers, and leaves their stores open
     finally:
         broker.stop()
+
+
+def test_a_benchmark_server_whose_port_was_taken_starts_on_another(tmp_path, keys, monkeypatch):
+    import socket
+
+    import benchmarks.fleet.fleet_servers as fleet_servers
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = fleet_servers.free_port
+    monkeypatch.setattr(fleet_servers, "free_port", lambda: next(ports, None) or real())
+    broker = LocalMosquitto(tmp_path / "broker")
+    server = ServerProcess(tmp_path, broker.url, str(tmp_path / "fleet.db"), keys["dir"], "port-taken")
+    try:
+        assert server.port != taken.getsockname()[1]
+        assert "address already in use" in server.log_path.read_text()
+        assert server.client.device_page("cams", limit=1).total == 0
+    finally:
+        server.process.terminate()
+        server.process.wait(10)
+        broker.stop()
+        taken.close()
