@@ -351,10 +351,6 @@ def _run_step(step: tuple[str, str], replicas: Replicas, history: History, done:
             "started_at": started_at, "ended_at": time.time()}
 
 
-#: What ``_settle`` compares a device with when the server does not list it online (no version is this).
-_UNLISTED = object()
-
-
 def _settle(db: FleetDB, fleets: list[SimulatedFleet], history: History, config: ChaosConfig) -> None:
     """Wait until every device has been back ``converge_s`` since the release changed and since its last offline
     window (or every device runs the release already and no revert is out), and the server lists each device online
@@ -372,7 +368,7 @@ def _settle(db: FleetDB, fleets: list[SimulatedFleet], history: History, config:
                 running.update(fleet.device_versions())
             judged = {d: v for d, v in running.items() if d not in history.claims}
             listed = {d.id: d.version for d in db.devices(GROUP, status="online")}
-            agree = all(listed.get(d, _UNLISTED) == v for d, v in judged.items())
+            agree = all(d in listed and listed[d] == v for d, v in judged.items())  # None == None: no install yet
             reverting = any(db.targets(rid, status=TargetStatus.REVERTING) for rid in history.started)
             converged = all(v == release for v in judged.values()) and not reverting
             if agree and (converged or time.time() >= judge_at):
