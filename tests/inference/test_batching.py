@@ -16,6 +16,7 @@ from edgesdk.errors import InputError
 from edgesdk.offload.v2_codec import HEADER_LENGTH, decode_response, encode_request
 from edgesdk.ota_server.inference import BatchingConfig, InferenceConfig, ServedModel
 from edgesdk.ota_server.inference.batcher import Batcher, QueueFullError
+from edgesdk.ota_server.inference.run_cost import RunCost
 from tests.inference.conftest import WIDTH_IN, reference
 from tests.inference.http import error_of, request, sample, wait_until
 
@@ -55,34 +56,44 @@ def test_full_queue_answers_503_at_once_and_queued_requests_still_run(serve):
     assert sample(endpoint, "edgesdk_inference_failures", "_total") == 1
 
 
-def test_unbatched_runs_shorter_than_a_thread_handoff_run_on_the_event_loop_and_longer_ones_in_a_worker(serve):
-    endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(enabled=False))])
+def busy(seconds: float) -> None:
+    """Hold this thread's CPU for ``seconds`` of its own CPU time (a sleep would be off the CPU, and not costed)."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def test_unbatched_runs_under_the_inline_threshold_run_on_the_event_loop_and_longer_ones_in_a_worker(serve):
+    """The wiring of the inline rule (its numbers are tests/unit/test_run_cost.py's). Costed by CPU time (one intra-op
+    thread) against a threshold of 5 ms: a tiny MLP's runs take about 0.1 ms of CPU, the slow model 20 ms, so no
+    preemption on a busy machine moves a run across it (CI once saw wall-clock runs over the real 0.5 ms for 60 runs)."""
+    endpoint = serve(models=[ServedModel("mlp", batching=BatchingConfig(enabled=False))], threads=1)
     model = endpoint.registry.get("mlp")
+    model.run_cost = RunCost(inline_s=5e-3)
     ran_on: list[str] = []
     run = model.run
 
-    def recorded(inputs, delay_s: float = 0.0):
+    def recorded(inputs, busy_s: float = 0.0):
         ran_on.append(threading.current_thread().name)
-        time.sleep(delay_s)
+        busy(busy_s)
         return run(inputs)
 
     model.run = recorded
     x = np.ones((1, WIDTH_IN), np.float32)
     assert post(endpoint, x)[0] == 200
     assert ran_on == ["run-mlp-1.0.0_0"], "the first run has no estimate: it goes to a worker"
-    # Once the MLP is seen taking microseconds in every recent run (the cold first one has left the window of the
-    # last 8), the loop runs it. Bounded retries: one run preempted on a busy machine keeps it off the loop for 8.
-    for _ in range(60):
+    # Once every recent run (the window of the last 8) was short, the loop runs it; bounded, for a cold first run.
+    for _ in range(20):
         assert post(endpoint, x)[0] == 200
         if ran_on[-3:] == ["admin-http"] * 3:
             break
     assert ran_on[-3:] == ["admin-http"] * 3, ran_on
-    model.run = lambda inputs: recorded(inputs, delay_s=0.005)  # now a model slower than the threshold
+    model.run = lambda inputs: recorded(inputs, busy_s=0.02)  # now a model slower than the threshold
     slow_from = len(ran_on)
     for _ in range(6):
         assert post(endpoint, x)[0] == 200
     # The first slow run was decided on the fast ones; from the next on, the slowest recent run keeps it off the loop.
-    assert "admin-http" not in ran_on[slow_from + 1:], ran_on[slow_from:]
+    assert ran_on[slow_from] == "admin-http" and "admin-http" not in ran_on[slow_from + 1:], ran_on[slow_from:]
 
 
 def test_unbatched_runs_take_turns_on_as_many_threads_as_fill_the_cpus(serve):
