@@ -25,10 +25,13 @@ DEVICES = 4
 #: the regression was caught only at stage 2.
 POLICY = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=5.0, max_failure_rate=0.0, deploy_timeout_s=60,
                        min_calls=50)
-#: The same model again, on four agents sharing this 2-core host with the rest of the suite: a p99 of 0.5 ms moved
-#: 1.7x between runs of the same model under CI load. These tests check the mechanics (a healthy release is judged
-#: and passes, manual promotion waits), not the noise: benchmarks/fleet/rollout_safety.py measures false aborts at 1.5x.
-NOISY_HOST = replace(POLICY, max_p99_ratio=3.0)
+#: For the tests of the mechanics (a healthy release is judged on live figures and passes, manual promotion waits):
+#: the p99 check runs and records its figures, but no scheduling noise can fail it. The same model's p99 of about
+#: 0.3 ms, on four agents sharing this 2-core host with the rest of the suite, measured 1.7x and 3.4x between stages
+#: under CI load, which is timing, not behaviour. Whether a ratio fails is judged on given figures in
+#: tests/unit/test_canary.py, a real regression aborts below, and benchmarks/fleet/rollout_safety.py measures false
+#: aborts at 1.5x.
+MECHANICS_ONLY = replace(POLICY, max_p99_ratio=1000.0)
 
 
 @pytest.fixture
@@ -84,11 +87,13 @@ def test_a_p99_regression_aborts_the_canary_with_its_figures(fleet, tmp_path, ke
 def test_a_healthy_release_passes_its_canary_and_completes(fleet, bundles):
     running, agents = fleet
     running.ota.upload(pack_bundle(bundles["2.0.0"]))
-    r = rollout_to(running.ota, "2.0.0", policy=NOISY_HOST)
+    r = rollout_to(running.ota, "2.0.0", policy=MECHANICS_ONLY)
     assert r.state == "completed", r.reason
     assert r.verdict["passed"] and r.verdict["stage"] == 2 and r.phase == "completed"
     stages = [e.payload for e in running.ota.db.events(r.id) if e.type == "stage_verdict"]
     assert [v["stage"] for v in stages] == [1, 2] and stages[0]["canary"]["devices"] == 2, stages
+    p99 = [next(c for c in v["checks"] if c["name"] == "p99_ratio") for v in stages]
+    assert all(c["canary"] > 0 and c["baseline"] > 0 and c["passed"] for c in p99), p99
     assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
 
 
@@ -96,8 +101,8 @@ def test_push_manual_waits_for_promote_and_promote_waits_for_its_stage(fleet, bu
     running, agents = fleet
     auth = ["--server", running.url, "--token", TOKEN]
     pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "50%", "--waves",
-                                      "100", "--health-window", "3s", "--manual", "--max-p99-ratio", "3", "--wait", "60",
-                                      *auth])
+                                      "100", "--health-window", "3s", "--manual",
+                                      "--max-p99-ratio", f"{MECHANICS_ONLY.max_p99_ratio:g}", "--wait", "60", *auth])
     assert pushed.exit_code == 0, pushed.output
     assert "waits for `edgesdk rollout promote" in pushed.stderr and "waiting for promote" in pushed.stdout
     rollout_id = pushed.stdout.split()[1].rstrip(":")
