@@ -245,16 +245,17 @@ def test_adaptive_delay_does_not_hold_a_lone_clients_requests():
 
 
 def test_adaptive_delay_still_fills_batches_for_a_crowd():
-    # Eight closed-loop clients against 20 ms of compute, client i sending i ms after its answer:
-    # each round's requests arrive 1 ms apart, far faster than a batch finishes, so the batcher
+    # Eight closed-loop clients against 100 ms of compute, client i sending 5i ms after its answer:
+    # each round's requests arrive 5 ms apart, far faster than a batch finishes, so the batcher
     # waits for them. Running whatever is queued instead would alternate batches of 1 and 7
-    # (20 calls or more).
-    recorder = SlowRecorder(0.02)
-    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=8, max_queue_delay_us=200_000))
+    # (20 calls or more). At 1 ms apart (a wait of 2 ms for each arrival), a CI host running 4
+    # workers on 2 cores woke the clients late often enough to split batches (15 calls).
+    recorder = SlowRecorder(0.1)
+    batcher = Batcher(recorder, BatchingConfig(preferred_batch_size=8, max_queue_delay_us=1_000_000))
 
     def client(i: int) -> None:
         for _ in range(10):
-            time.sleep(0.001 * i)
+            time.sleep(0.005 * i)
             batcher.submit({"x": np.ones((1, 2), np.float32)}).result(timeout=30)
 
     try:
