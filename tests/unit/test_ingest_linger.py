@@ -4,6 +4,7 @@ oldest, with no gap of ``quiet_s``), a lone report waits only ``quiet_s``, and a
 
 from __future__ import annotations
 
+import threading
 import time
 
 from edgesdk.ota_server.devices.ingest import LINGER_BELOW, Ingest
@@ -85,9 +86,11 @@ class _SlowStore(FleetDB):
     """A store whose first write takes ``slow_s``: reports queue up behind it, as under load."""
 
     slow_s = 0.5
+    writing: threading.Event  # set when the slow write begins
 
     def upsert_devices(self, states):
         if self.slow_s:
+            self.writing.set()
             time.sleep(self.slow_s)
             self.slow_s = 0.0
         return super().upsert_devices(states)
@@ -97,10 +100,11 @@ def test_under_load_the_writer_does_not_linger(tmp_path):
     """Reports that queued up while the writer wrote are written at once: a linger there holds back the answers a
     rollout waits for."""
     db = _SlowStore(tmp_path / "fleet.db")
+    db.writing = threading.Event()
     ingest = Ingest(db, linger_s=2.0)
     try:
         ingest.put(_state("first"))  # lingers 2 s, then its write takes 0.5 s
-        time.sleep(2.1)
+        assert db.writing.wait(10.0), "the first report was never written"
         started = time.monotonic()
         for i in range(LINGER_BELOW + 10):  # a crowd queues behind that write
             ingest.put(_state(f"cam{i}"))
