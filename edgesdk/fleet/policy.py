@@ -53,6 +53,21 @@ class RolloutPolicy:
     #: A device's figures count only once it made this many calls on the new version (its statistics restart
     #: when the model is swapped; the bundle's health check makes about 11 of them, the first one cold).
     min_calls: int = 100
+    #: Judge each stage on its devices' figures (:mod:`edgesdk.ota_server.rollouts.analysis`). False (``push
+    #: --no-analysis``) is an explicit choice for fleets that report no figures: stages then pass on install reports
+    #: alone, and push says what was not judged.
+    analysis: bool = True
+    #: A stage passes only when at least this share of its devices, and of each board's devices in it, made
+    #: ``min_calls`` calls on the new version (or failed in a way that counts against it); at least one device.
+    min_evidence: float = 0.5
+    #: How long after its health window a stage may wait for that evidence; then its verdict is inconclusive.
+    evidence_grace_s: float = 120.0
+    #: What an inconclusive verdict does: ``pause`` (the rollout waits for ``promote`` or ``abort``, saying why) or
+    #: ``abort``.
+    on_inconclusive: str = "pause"
+    #: Baseline figures (a device still on the old version, by when the server last heard from it, or a board's
+    #: snapshot kept from an earlier stage) older than this are not used.
+    max_baseline_age_s: float = 3600.0
 
     def __post_init__(self) -> None:
         fractions = (self.canary, *self.waves)
@@ -78,6 +93,31 @@ class RolloutPolicy:
         if isinstance(self.min_calls, bool) or not isinstance(self.min_calls, int) or self.min_calls < 1:
             raise EdgeSDKError(f"min calls {self.min_calls!r} must be a whole number >= 1 (100 keeps a p99 off "
                                "the model's first, cold call)")
+        if not 0 < self.min_evidence <= 1:
+            raise EdgeSDKError(f"min evidence {self.min_evidence!r} must be a share in (0, 100%] of a stage's devices "
+                               "(50%: half of them must have reported enough calls)")
+        if not self.evidence_grace_s >= 0 or not self.max_baseline_age_s > 0:
+            raise EdgeSDKError(f"evidence grace {self.evidence_grace_s!r} s must be >= 0 and max baseline age "
+                               f"{self.max_baseline_age_s!r} s > 0")
+        if self.on_inconclusive not in ("pause", "abort"):
+            raise EdgeSDKError(f"on_inconclusive {self.on_inconclusive!r} must be pause or abort")
+
+    @property
+    def judged(self) -> bool:
+        """Whether stages are judged on the devices' figures: analysis on and at least one threshold set."""
+        return self.analysis and any(limit is not None for limit in
+                                     (self.max_p99_ratio, self.max_error_rate, self.max_offload_share))
+
+    def not_judged(self) -> list[str]:
+        """What this policy leaves unjudged, in words (empty when everything is judged): push prints it."""
+        if not self.analysis:
+            return ["canary analysis is off (--no-analysis): stages pass on install reports alone"]
+        names = {"max_p99_ratio": "latency (--max-p99-ratio off)", "max_error_rate": "errors (--max-error-rate off)",
+                 "max_offload_share": "offload share (--max-offload-share off)"}
+        unjudged = [text for name, text in names.items() if getattr(self, name) is None]
+        if len(unjudged) == len(names):
+            return ["every threshold is off: stages pass on install reports alone"]
+        return unjudged
 
     @property
     def stages(self) -> tuple[float, ...]:
