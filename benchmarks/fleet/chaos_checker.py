@@ -278,12 +278,14 @@ def _went_backwards(h: History) -> list[Violation]:
 _RANK = {TargetStatus.PENDING: 0, TargetStatus.SENT: 1, TargetStatus.TIMEOUT: 1, TargetStatus.DEFERRED: 1,
          TargetStatus.DOWNLOADING: 2, TargetStatus.INSTALLING: 3, TargetStatus.COMMITTED: 4, TargetStatus.FAILED: 4,
          TargetStatus.ROLLED_BACK: 4, TargetStatus.REJECTED: 4, TargetStatus.REVERTING: 5, TargetStatus.REVERTED: 6,
-         TargetStatus.REVERT_FAILED: 6, TargetStatus.NO_ARTIFACT: 4, TargetStatus.SKIPPED: 4}
+         TargetStatus.REVERT_FAILED: 6, TargetStatus.NO_ARTIFACT: 4, TargetStatus.SKIPPED: 4,
+         TargetStatus.AHEAD: 1}
 #: A command out and unanswered: a device that goes offline mid-download is deferred, then sent the command again
-#: when it returns (and a late answer follows a timeout), so these follow each other in any order (the run polls,
-#: and may miss the deferral in between).
+#: when it returns (and a late answer follows a timeout; a device ahead of the release is sent
+#: it once it went back to an older version), so these follow each other in any order (the run
+#: polls, and may miss the deferral in between).
 _OPEN = frozenset({TargetStatus.SENT, TargetStatus.TIMEOUT, TargetStatus.DEFERRED, TargetStatus.DOWNLOADING,
-                   TargetStatus.INSTALLING})
+                   TargetStatus.INSTALLING, TargetStatus.AHEAD})
 
 
 def _forward(before: TargetStatus, after: TargetStatus) -> bool:

@@ -128,7 +128,9 @@ def _outcome(r: RolloutRecord, wait_deferred: float | None = None, superseded: G
                                   f"{_counts(r)}); follow it with `edgesdk rollout status {r.id} --follow`")
     deferred, late = _catching_up(r)
     updated = r.count(TargetStatus.COMMITTED, TargetStatus.REVERTED)
-    unserved = r.count(TargetStatus.NO_ARTIFACT)  # no bundle for their board: reported by push, left on their version
+    # No bundle for their board (reported by push), or a newer version than the release (ahead):
+    # left on their version.
+    unserved = r.count(TargetStatus.NO_ARTIFACT, TargetStatus.AHEAD)
     if r.state != RolloutState.COMPLETED or updated + deferred + late + unserved != r.targets_total:
         raise RolloutError(f"rollout {r.id} {r.state}: {r.reason or _counts(r)}")
     if not deferred and not late:

@@ -84,6 +84,10 @@ class TargetStatus(StrEnum):
     NO_ARTIFACT = "no_artifact"
     #: The rollout ended (aborted) before the target's stage was sent: the device was never sent the update.
     SKIPPED = "skipped"
+    #: The device joined or came back running a newer version of the model than the release (not
+    #: a rollback): it is not sent a downgrade (the reason names both versions). Not a failure,
+    #: not in flight; it holds no stage back.
+    AHEAD = "ahead"
 
     @property
     def terminal(self) -> bool:
@@ -93,7 +97,8 @@ class TargetStatus(StrEnum):
     @property
     def settled(self) -> bool:
         """True when the target no longer holds its stage back: done with the deployment, or deferred (offline)."""
-        return self in _TERMINAL or self in (TargetStatus.DEFERRED, TargetStatus.NO_ARTIFACT, TargetStatus.SKIPPED)
+        return self in _TERMINAL or self in (TargetStatus.DEFERRED, TargetStatus.NO_ARTIFACT,
+                                             TargetStatus.SKIPPED, TargetStatus.AHEAD)
 
     @property
     def in_flight(self) -> bool:
@@ -119,7 +124,8 @@ _WAITING = frozenset({TargetStatus.PENDING, TargetStatus.SENT, TargetStatus.TIME
 _IN_FLIGHT = _WAITING | {TargetStatus.DOWNLOADING, TargetStatus.INSTALLING}
 _FOLLOWS: dict[TargetStatus, frozenset[TargetStatus]] = {
     # Sent again to a device that returned; deferred when it went offline before answering.
-    TargetStatus.SENT: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED}),
+    # ... and sent to a device that was ahead of the release and went back to an older version.
+    TargetStatus.SENT: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED, TargetStatus.AHEAD}),
     TargetStatus.DEFERRED: frozenset({TargetStatus.PENDING, TargetStatus.SENT, TargetStatus.DOWNLOADING,
                                       TargetStatus.INSTALLING}),
     TargetStatus.DOWNLOADING: _WAITING,
@@ -131,6 +137,7 @@ _FOLLOWS: dict[TargetStatus, frozenset[TargetStatus]] = {
     TargetStatus.REVERT_FAILED: frozenset({TargetStatus.REVERTING, TargetStatus.COMMITTED}),
     TargetStatus.NO_ARTIFACT: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED}),
     TargetStatus.SKIPPED: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED}),
+    TargetStatus.AHEAD: frozenset({TargetStatus.PENDING, TargetStatus.DEFERRED}),
 }
 
 

@@ -3,8 +3,8 @@ each, used by every page (and mirrored by the live view's script where it redraw
 
 Times are relative ("37 s ago", "in 30 s") with the ISO 8601 UTC time in the ``<time>`` element's ``datetime`` and
 shown on hover; stages are 1-based "1 of 3", the canary being stage 1, as the CLI numbers them (the API's JSON stays
-0-based); statuses read as words, and the ones that are not failures (``skipped``, ``no_artifact``, ``deferred``)
-say why on hover.
+0-based); statuses read as words, and the ones that are not failures (``skipped``, ``no_artifact``,
+``deferred``, ``ahead``) say why on hover.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ STATUS_TEXT: dict[str, tuple[str, str]] = {
     TargetStatus.DEFERRED.value: ("deferred", "offline when its stage went out: it gets the release when it "
                                               "reports again"),
     TargetStatus.REVERTED.value: ("reverted", "sent back to its previous version after the abort"),
+    TargetStatus.AHEAD.value: ("ahead", "the device runs a newer version than the release: it is "
+                                        "not sent a downgrade (a rollback of the group would)"),
 }
 
 

@@ -25,7 +25,10 @@ IN_FLIGHT = tuple(s.value for s in TargetStatus if s.in_flight)
 FAILED = tuple(s.value for s in TargetStatus if s.failed)
 #: What a silent target times out from: unfinished, less deferred. The list itself leaves deferred targets out, not a
 #: filter after it, so a fleet with thousands of devices away does not have their index entries read on every pass.
-TIMEABLE = tuple(s for s in NOT_TERMINAL if s != TargetStatus.DEFERRED.value)
+#: A device ahead of the release (``ahead``) is not waited for either, though it may have been
+#: sent a command before.
+TIMEABLE = tuple(s for s in NOT_TERMINAL
+                 if s not in (TargetStatus.DEFERRED.value, TargetStatus.AHEAD.value))
 #: The target's device is online: an unfinished target of one times out, an offline one's is deferred. A primary-key
 #: lookup per candidate row, so the cost follows the targets in question, not the fleet.
 ONLINE_DEVICE = "EXISTS (SELECT 1 FROM devices d WHERE d.id = targets.device_id AND d.status = 'online')"
