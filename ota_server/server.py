@@ -346,7 +346,11 @@ class OTAServer:
         return {"name": manifest.name, "version": manifest.version, "stored": stored}
 
     def _in_use(self) -> set[tuple[str, str]]:
-        return self.db.versions_in_use() | {(r.model, r.version) for r in self.db.rollouts(RolloutState.RUNNING)}
+        """What retention keeps besides the newest versions and pins: what devices run, each
+        group's release and the one before it, running rollouts' versions and their targets'
+        previous ones (reverts), releases with late targets in flight
+        (:meth:`FleetDB.versions_kept`)."""
+        return self.db.versions_in_use() | self.db.versions_kept()
 
     def release_check(self, name: str, version: str, group: str, *, replace: str | None = None,
                       allow_signature_change: bool = False) -> ReleaseCheck:
@@ -391,38 +395,37 @@ class OTAServer:
         self.engine.abort(rollout_id, reason)
         self._wake.set()
 
-    def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
-        """Roll a rollout's group back with a signed rollback, as a new rollout; its id."""
-        rollout_id = self.engine.rollback(rollout_id, to_version)
+    def rollback(self, rollout_id: str, to_version: str | None = None,
+                 all_at_once: bool = False) -> str:
+        """Roll a rollout's group back with a signed rollback, as a new rollout; its id. Only to a
+        version the group ran, older than the one it undoes; staged with the rollout's policy
+        unless ``all_at_once`` (:mod:`edgesdk.ota_server.rollouts.analysis.rollback_rules`)."""
+        rollout_id = self.engine.rollback(rollout_id, to_version, all_at_once)
         self._wake.set()
         return rollout_id
 
-    def rollback_group(self, group: str, to_version: str | None = None) -> str:
-        """Roll ``group`` back, as :meth:`rollback` does for the rollout that matters now; the new rollout's id.
-
-        With a rollout running, that one is aborted and the group goes back to its release (or ``to_version``).
-        Else the rollout that set the release is rolled back to the group's previous completed release: the newest
-        completed rollout of the same model before it with another version (or ``to_version``).
-        """
-        from edgesdk.errors import ConflictError, NotFoundError
+    def rollback_group(self, group: str, to_version: str | None = None,
+                       all_at_once: bool = False) -> str:
+        """Roll ``group`` back, as :meth:`rollback` does for the rollout that matters now (its
+        running one, aborted first, else the one that set its release): to ``to_version``, else
+        the most recent version it ran before; the new rollout's id."""
+        from edgesdk.errors import NotFoundError
 
         check_id(group, "group")
-        release = next((g for g in self.db.group_releases() if g.group == group), None)
-        if release is None or (release.rollout_id is None and release.running is None):
+        running = next((r.id for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group),
+                       None)
+        release = self.db.release(group)
+        undone = running or (release.rollout_id if release is not None else None)
+        if undone is None:
             raise NotFoundError(f"group {group!r} has no rollout to roll back; `edgesdk groups` lists the groups")
-        if release.running is not None:
-            return self.rollback(release.running, to_version or release.version)
-        assert release.rollout_id is not None
-        if to_version is None:
-            done = [r for r in self.db.rollouts(RolloutState.COMPLETED) if r.group == group]
-            current = next((r for r in done if r.id == release.rollout_id), None)
-            earlier = [r for r in done if current is not None and r.created < current.created
-                       and r.model == current.model and r.version != current.version]
-            if not earlier:
-                raise ConflictError(f"group {group!r} has no completed release before {release.model} "
-                                    f"{release.version}; pass --to VERSION")
-            to_version = earlier[-1].version
-        return self.rollback(release.rollout_id, to_version)
+        return self.rollback(undone, to_version, all_at_once)
+
+    def resume(self, rollout_id: str) -> str:
+        """Let a flagged release's catch-up go on (see :meth:`Reconciler.resume`); the flag's
+        reason it cleared."""
+        reason = self.engine.reconciler.resume(rollout_id)
+        self._wake.set()
+        return reason
 
     def provision(self, devices: dict[str, str], source: str = "admin api") -> list[str]:
         """Put devices in groups (device id -> group); the devices that moved. A moved device is queued for its new

@@ -19,10 +19,10 @@ from typing import Any, Protocol
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
 from edgesdk.fleet.protocol import check_id
 from edgesdk.fleet.records import AgentEvent, RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.ota_server.rollouts.analysis.rollback_rules import plan_rollback
 from edgesdk.ota_server.rollouts.canary import judge_stage
 from edgesdk.ota_server.rollouts.reconciler import Reconciler
-from edgesdk.ota_server.rollouts.stages import canary_order, stage_sizes
-from edgesdk.ota_server.rollouts.targets import boards_served, needs_release
+from edgesdk.ota_server.rollouts.targets import plan_rollout
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
 
 __all__ = ["RolloutEngine", "Dispatcher"]
@@ -140,44 +140,41 @@ class RolloutEngine:
         """Plan a rollout of ``name`` ``version`` to every device of ``group`` that needs it; its id.
 
         Online devices come first in the stage order, so the canary runs on devices that can answer
-        now; offline ones are deferred when their stage is sent and get the release when they report
-        again (:mod:`edgesdk.ota_server.rollouts.reconciler`). Raises ConflictError when the group has
-        no device (reported or provisioned), a rollout running, every device at that version already,
-        or (unless ``rollback``) a newer version. The first stage is sent by the next :meth:`tick`.
+        now; offline ones are deferred when their stage is sent and get the release when they
+        report again (:mod:`edgesdk.ota_server.rollouts.reconciler`), the first back filling a
+        stage short of its size. A group whose devices are only provisioned is planned over them,
+        each device's board and version taken from its first report. Raises ConflictError when the
+        group has no device (reported or provisioned), a rollout running, every device at that
+        version already, or (unless ``rollback``) a newer version. The first stage is sent by the
+        next :meth:`tick`.
         """
         check_id(group, "group")
         devices = self.db.devices(group)
-        if not devices and not self.db.provisioning(group):
+        provisioned = [] if devices else [p.device_id for p in self.db.provisioning(group)]
+        if not devices and not provisioned:
             raise ConflictError(f"group {group!r} has no device; provision its devices (`edgesdk devices provision "
                                 "ID GROUP`) or start their agents (see `edgesdk devices`)")
         running = [r for r in self.db.rollouts(RolloutState.RUNNING) if r.group == group]
         if running:
             raise ConflictError(f"group {group!r} already has rollout {running[0].id} running; abort or wait for it")
-        # Only provisioned devices, none reported (boards unknown): the rollout completes empty as the group's release,
-        # and each device gets it as a late target on its first report, with the artifact for the board it reports.
-        targets = needs_release(name, version, group, devices, rollback)
-        artifact_of, unserved = boards_served(self.artifacts and self.artifacts(name, version), name, version, group,
-                                              targets)
         policy = policy or RolloutPolicy()
+        plan = plan_rollout(name, version, group, devices, provisioned, policy,
+                            self.artifacts and self.artifacts(name, version), rollback)
         rollout_id = f"r{time.strftime('%Y%m%d%H%M%S', time.gmtime(self.clock()))}-{uuid.uuid4().hex[:6]}"
-        online = [d.id for d in targets if d.status == "online" and d.id in artifact_of]
-        offline = [d.id for d in targets if d.status != "online" and d.id in artifact_of]
-        order = canary_order(group, online) + canary_order(group, offline)
-        sizes = stage_sizes(len(order), policy)
-        version_of = {d.id: d.version if d.model == name else None for d in targets}
-        stages = [[(d, version_of[d], artifact_of[d]) for d in order[begin:end]]
-                  for begin, end in zip([0, *sizes], sizes)]
-        self.db.add_rollout(rollout_id, name, version, group, policy, stages, rollback,
-                            unserved=[(d.id, version_of[d.id]) for d in unserved])
-        self.db.log("rollout_started", {"name": name, "version": version, "stages": sizes, "rollback": rollback,
-                                        "offline": len(offline), "no_artifact": len(unserved)},
-                    rollout_id=rollout_id)
-        if unserved:
-            log.warning("rollout %s: %d devices of group %s have a board %s %s has no artifact for (%s): left on "
-                        "their version", rollout_id, len(unserved), group, name, version,
-                        ", ".join(sorted({d.profile or "unknown" for d in unserved})))
-        log.info("rollout %s started: %s %s to %d devices of group %s in stages %s (%d offline: deferred until they "
-                 "report)%s", rollout_id, name, version, len(order), group, sizes, len(offline),
+        self.db.add_rollout(rollout_id, name, version, group, policy, plan.stages, rollback,
+                            unserved=plan.unserved)
+        self.db.record_before(group, name, plan.before, rollout_id)  # its release history's start
+        self.db.log("rollout_started", {"name": name, "version": version, "stages": plan.sizes,
+                                        "rollback": rollback, "offline": plan.offline,
+                                        "no_artifact": len(plan.unserved),
+                                        "provisioned": plan.provisioned}, rollout_id=rollout_id)
+        if plan.unserved:
+            log.warning("rollout %s: %d devices of group %s have a board %s %s has no artifact "
+                        "for (%s): left on their version", rollout_id, len(plan.unserved), group,
+                        name, version, plan.unserved_boards)
+        log.info("rollout %s started: %s %s to %d devices of group %s in stages %s (%d offline: "
+                 "deferred until they report)%s", rollout_id, name, version,
+                 plan.sizes[-1] if plan.sizes else 0, group, plan.sizes, plan.offline,
                  " (rollback)" if rollback else "")
         return rollout_id
 
@@ -196,18 +193,23 @@ class RolloutEngine:
         if not self._abort(self._running(rollout_id), reason, fenced=False):
             raise ConflictError(f"rollout {rollout_id} ended while aborting it; see `edgesdk rollout status`")
 
-    def rollback(self, rollout_id: str, to_version: str | None = None) -> str:
-        """Roll a rollout's group back with a signed rollback, as a new rollout (aborting it first if running)."""
-        r = self.status(rollout_id)
+    def rollback(self, rollout_id: str, to_version: str | None = None,
+                 all_at_once: bool = False) -> str:
+        """Roll a rollout's group back with a signed rollback, as a new rollout (aborting it first if
+        running): to ``to_version``, else the most recent version the group ran before; staged with
+        the rollout's policy, or with ``all_at_once`` to every device at once without analysis.
+        Refused (ConflictError, nothing changed) by
+        :mod:`edgesdk.ota_server.rollouts.analysis.rollback_rules`."""
+        r = self.status(rollout_id, targets=False)
+        artifacts = self.artifacts
+        stored = None if artifacts is None else (lambda v: bool(artifacts(r.model, v)))
+        history = self.db.group_history(r.group, r.model)
+        plan = plan_rollback(r, history, to_version, all_at_once, stored)
         if r.state == RolloutState.RUNNING:
             self._abort(r, "rolled back by operator", fenced=False)
-        if to_version is None:
-            previous = [t.previous_version for t in r.targets if t.previous_version]
-            if not previous:
-                raise ConflictError(f"rollout {rollout_id} has no previous version to go back to; pass --to VERSION")
-            to_version = max(set(previous), key=previous.count)
-        policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0, max_failure_rate=0.99)
-        return self.start(r.model, to_version, r.group, policy, rollback=True)
+        self.db.log("rollback_planned", {"to": plan.version, "undoes": plan.undoes,
+                                         "all_at_once": all_at_once}, rollout_id=r.id)
+        return self.start(r.model, plan.version, r.group, plan.policy, rollback=True)
 
     def status(self, rollout_id: str, **page: Any) -> RolloutRecord:
         """A rollout with its counts and targets (``page``: see :meth:`FleetDB.rollout`); NotFoundError if unknown."""

@@ -10,6 +10,16 @@ queued devices and compares each with the rollout:
   else with the stage;
 - a *deferred* target (its device was offline when its stage went out, or went offline before
   answering) is sent again, late;
+- while a running rollout's current stage has fewer devices sent than its planned (cumulative) size,
+  because its devices were offline at the push, a device that comes back whose target waits in a
+  *later* stage (or that joins now) is moved into the current stage and sent: the first devices to
+  return are canaried, with the same stages and analysis (the engine's stage gate waits for them);
+  a device of the current stage that comes back once it has all it planned, never sent yet, is
+  moved to the next stage (the stages keep their sizes);
+- a device that joins or returns running a *newer* version of the model than the rollout sends
+  (not a rollback) is not sent a downgrade: its target reads ``ahead``, with both versions;
+- a target planned before its device ever reported (a group only provisioned at the push) takes
+  the device's board's artifact and version from its report (``no_artifact`` when there is none);
 - a device that runs the release while its target is unfinished or timed out has committed, and
   its commit report was lost (queued in a replica that died, or sent while the broker restarted):
   the target is marked committed from the state, which the broker retains and every replica reads.
@@ -26,7 +36,9 @@ Sends are capped by ``max_catch_up`` late targets in flight across the whole fle
 reconnect storm after a broker restart queues in the store instead of in the broker or the
 outbox; devices over the cap stay queued for the next pass. Late targets that fail flag the
 release past the policy's ``max_late_failure_rate``: each device has already rolled back on its
-own, and the group is never reverted behind the operator's back.
+own, and the group is never reverted behind the operator's back. A flagged release sends nothing
+more (no catch-up, no re-send) until the operator resumes it (:meth:`Reconciler.resume`, which
+counts only the late failures after it) or rolls the group back (a new release).
 """
 
 from __future__ import annotations
@@ -35,19 +47,16 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
 from edgesdk.fleet.records import DeviceRecord, RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.ota_server.rollouts.late_plan import NOT_SENT, PassPlan, plan_pass
 from edgesdk.ota_server.store.desired_state import FleetWork
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
 from edgesdk.ota_server.store.rows import FAILED
-from edgesdk.runtime.boards import artifact_for
 
 __all__ = ["Reconciler", "LateSender", "MIN_LATE_FAILURES"]
 
 log = logging.getLogger("edgesdk.ota_server.server")  # operators grep one logger for rollout transitions
-
-#: Targets the reconciler sends to once their stage is out: deferred ones, and late ones added while the cap was full.
-_SENDABLE = (TargetStatus.DEFERRED, TargetStatus.PENDING)
 
 #: The statuses of a late target that failed.
 _FAILED = tuple(TargetStatus(s) for s in FAILED)
@@ -134,18 +143,16 @@ class Reconciler:
         (at most ``room``). ``work`` says what there is to do fleet-wide: with no catch-up in flight there is nothing
         to chase, with nobody queued nobody to compare."""
         now = self.clock()
-        running = r.state == RolloutState.RUNNING
         last = r.stage_count - 1
-        reach = r.stage if running else last  # stages whose deferred targets may be sent now
         # A running rollout's engine step defers and chases its own targets. A release's are chased every resend_s
         # while catch-ups run (a silent one is sent again after resend_s to 2 resend_s), else now and then: a target
         # that timed out and answered after all is in flight again, and not late.
         since = now - self._chased.get(r.id, float("-inf"))
-        if not running and since >= self.resend_s and (work.late_in_flight or since >= _IDLE_CHASE * self.resend_s):
+        if r.state != RolloutState.RUNNING and since >= self.resend_s and (
+                work.late_in_flight or since >= _IDLE_CHASE * self.resend_s):
             self._chased[r.id] = now
-            self.db.defer_offline(r.id, reach)
+            self.db.defer_offline(r.id, last)
             self._chase(r, last, now)
-        sent = 0
         limit = max(room, 0) + 200
         queued = self.db.to_reconcile(r.group, limit) if work.queued else []
         if len(queued) >= limit:  # more may wait beyond what one pass reads
@@ -154,53 +161,94 @@ class Reconciler:
             self._flag(r, work)
             return 0
         targets = self.db.targets_of(r.id, [d.id for d in queued])
-        stored = self.artifacts(r.model, r.version) if self.artifacts is not None and any(
-            d.id not in targets for d in queued) else None
-        new: list[tuple[str, str | None, str | None]] = []
-        unserved: list[tuple[str, str | None]] = []
-        send: list[str] = []
-        done: list[str] = []
-        for device in queued:
-            target = targets.get(device.id)
-            on_release = device.model == r.model and device.version == r.version
-            if device.status != "online" or on_release:
-                done.append(device.id)
-            elif target is None:
-                previous = device.version if device.model == r.model else None
-                artifact = None if stored is None else artifact_for(stored, device.profile, device.arch)
-                if stored is not None and artifact is None:  # never sent another board's bundle: reported, left
-                    unserved.append((device.id, previous))
-                    done.append(device.id)
-                    continue
-                new.append((device.id, previous, artifact))
-                if running and r.stage < last:
-                    done.append(device.id)  # it goes with the last stage
-                elif len(send) < room:
-                    send.append(device.id)
-                else:
-                    self.backlog = True
-            elif target.status in _SENDABLE and target.stage <= reach:
-                if len(send) < room:  # else it stays queued for the next pass
-                    send.append(device.id)
-                else:
-                    self.backlog = True
-            else:
-                done.append(device.id)
+        stored: list[list[str] | None] = []  # the release's artifacts, read once if needed
+
+        def artifacts() -> list[str] | None:
+            if not stored:
+                stored.append(None if self.artifacts is None
+                              else self.artifacts(r.model, r.version))
+            return stored[0]
+
+        plan = plan_pass(r, queued, targets, room, lambda: self._stage_room(r), artifacts)
+        self.backlog = self.backlog or plan.backlog
         self._commit_from_states(r, queued, targets)
-        if new or unserved:
-            self.db.add_late_targets(r.id, last, new, unserved)
-        if send:
-            marked = self.db.send_late(r.id, send, now)
-            if marked:
-                self.sender.send_late(r, marked)
-                sent = len(marked)
-                self.sent += sent
-                log.info("rollout %s: sent to %d devices of group %s that came back or joined late", r.id, sent,
-                         r.group)
-            done += send
-        self.db.reconciled(done)
+        sent = self._apply(r, plan, now)
+        self.db.reconciled(plan.done)
         self._flag(r, work)
         return sent
+
+    def _stage_room(self, r: RolloutRecord) -> int:
+        """How many devices the current stage of running ``r`` lacks of its planned cumulative
+        size (devices sent to in it and the stages before, whatever they answered)."""
+        if r.stage < 0 or r.stage >= len(r.stage_sizes):
+            return 0
+        sent = sum(n for (stage, status), n in self.db.target_counts(r.id).items()
+                   if stage <= r.stage and status not in NOT_SENT)
+        return r.stage_sizes[r.stage] - sent
+
+    def _apply(self, r: RolloutRecord, plan: PassPlan, now: float) -> int:
+        """Write what the pass decided and send the late commands; how many were sent."""
+        last = r.stage_count - 1
+        if plan.new or plan.unserved:
+            self.db.add_late_targets(r.id, last, plan.new, plan.unserved)
+        if plan.new_now:
+            self.db.add_late_targets(r.id, r.stage, plan.new_now)
+        if plan.ahead:
+            self.db.mark_ahead(r.id, last, plan.ahead)
+            log.info("rollout %s: %d devices of group %s run a newer version than %s: not sent a "
+                     "downgrade (ahead)", r.id, len(plan.ahead), r.group, r.version)
+        if plan.resolve or plan.unresolved:
+            self.db.resolve_targets(r.id, plan.resolve, plan.unresolved)
+        if plan.pull:
+            moved = self.db.pull_forward(r.id, r.stage, plan.pull)
+            self.db.log("pulled_forward", {"stage": r.stage, "devices": moved}, rollout_id=r.id)
+            log.info("rollout %s: %d devices back online join stage %d, short of its planned size",
+                     r.id, len(moved), r.stage + 1)
+        if plan.push_back:
+            moved = self.db.push_back(r.id, r.stage, plan.push_back)
+            self.db.log("pushed_back", {"stage": r.stage + 1, "devices": moved}, rollout_id=r.id)
+        if not plan.send:
+            return 0
+        plan.done += plan.send
+        marked = self.db.send_late(r.id, plan.send, now)
+        if not marked:
+            return 0
+        self.sender.send_late(r, marked)
+        self.sent += len(marked)
+        log.info("rollout %s: sent to %d devices of group %s that came back or joined late", r.id,
+                 len(marked), r.group)
+        return len(marked)
+
+    def resume(self, rollout_id: str) -> str:
+        """Clear the flag of ``rollout_id`` (a running rollout, or its group's release) so its
+        catch-up goes on: the group's online devices behind it are queued again, and from now on
+        only the late installs that fail after this count towards a new flag. Logs a
+        ``release_resumed`` event; the flag's reason it cleared."""
+        r = self.db.rollout(rollout_id, targets=False)
+        if r is None:
+            raise NotFoundError(f"no rollout {rollout_id!r}; `edgesdk rollout status` lists them")
+        if not r.flagged:
+            raise ConflictError(f"rollout {rollout_id} is not flagged: its catch-up is not "
+                                "stopped, nothing to resume")
+        release = self.db.release(r.group)
+        if r.state != RolloutState.RUNNING and (release is None or release.rollout_id != r.id):
+            now = "none" if release is None else f"{release.model} {release.version}"
+            raise ConflictError(f"rollout {rollout_id} is flagged but is no longer group "
+                                f"{r.group!r}'s release ({now}): nothing catches up to it any "
+                                "more, so there is nothing to resume")
+        late = self.db.late_counts(r.id)
+        failed = sum(n for status, n in late.items() if status.failed)
+        answered = sum(n for status, n in late.items() if status.terminal)
+        if not self.db.unflag_release(r.id, r.flagged, failed, answered):
+            raise ConflictError(f"rollout {rollout_id}'s flag changed while resuming it; see "
+                                f"`edgesdk rollout status {rollout_id}`")
+        self.db.log("release_resumed", {"flag": r.flagged, "failed": failed, "answered": answered},
+                    rollout_id=r.id)
+        queued = self.db.requeue_behind(r.group, r.model, r.version)
+        self._failed_seen.pop(r.id, None)
+        log.warning("rollout %s resumed by the operator (it was flagged: %s); %d devices of group "
+                    "%s queued for it", r.id, r.flagged, queued, r.group)
+        return r.flagged
 
     def _commit_from_states(self, r: RolloutRecord, queued: list[DeviceRecord], targets: dict[str, TargetRecord]) -> None:
         """Mark committed the unfinished or timed-out targets that ``queued`` devices' states show they reached: of
@@ -234,12 +282,13 @@ class Reconciler:
         if self.sender.busy():  # silence says nothing while answers queue here, or the broker link is new
             return
         last_try = [t for t in self.db.overdue_untried(r.id, last, now - policy.deploy_timeout_s) if t.late]
-        if last_try:  # one more try before silence counts as a failure (as the engine does)
+        if last_try and not r.flagged:  # one more try before silence is a failure (as the engine)
             self.sender.send_late(r, last_try)
             self.db.mark_resent(r.id, [t.device_id for t in last_try], now)
         self.db.time_out_targets(r.id, last, now - policy.deploy_timeout_s - 2 * self.resend_s,
                                  f"no report in {policy.deploy_timeout_s:g} s (late)")
-        silent = self.db.due_for_resend(r.id, last, now - self.resend_s, now - 4 * self.resend_s, late=True)
+        silent = [] if r.flagged else self.db.due_for_resend(
+            r.id, last, now - self.resend_s, now - 4 * self.resend_s, late=True)
         if silent:
             found = self.db.targets_of(r.id, silent)
             self.sender.send_late(r, [found[d] for d in silent if d in found])
@@ -254,12 +303,16 @@ class Reconciler:
         if sum(self.db.late_counts(r.id, _FAILED).values()) < MIN_LATE_FAILURES:
             return  # the common case, from the index entries of the failed late targets alone
         late = self.db.late_counts(r.id)
-        failed = sum(n for status, n in late.items() if status.failed)
-        answered = sum(n for status, n in late.items() if status.terminal)
+        failed_before, answered_before = self.db.flag_baseline(r.id)  # when it was last resumed
+        failed = sum(n for status, n in late.items() if status.failed) - failed_before
+        answered = sum(n for status, n in late.items() if status.terminal) - answered_before
         if failed < MIN_LATE_FAILURES or failed <= r.policy.max_late_failure_rate * answered:
             return
-        reason = (f"{failed} of {answered} late installs failed (> {r.policy.max_late_failure_rate:.0%}); each "
-                  "device rolled back on its own: look at the failures before the next push")
+        since = " since it was resumed" if answered_before else ""
+        reason = (f"{failed} of {answered} late installs failed{since} "
+                  f"(> {r.policy.max_late_failure_rate:.0%}); each device rolled back on its own; "
+                  "catch-up stopped: look at the failures, then `edgesdk rollout resume "
+                  f"{r.id}` or roll the group back")
         if self.db.flag_release(r.id, reason):
             self.db.log("release_flagged", {"reason": reason, "failed": failed, "answered": answered}, rollout_id=r.id)
             log.warning("rollout %s flagged: %s", r.id, reason)

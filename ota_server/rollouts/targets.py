@@ -1,15 +1,66 @@
-"""Which devices of a group a rollout sends to, and which board's artifact each gets."""
+"""Which devices of a group a rollout sends to, which board's artifact each gets, and the stages
+they form."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from edgesdk.errors import ConflictError
-from edgesdk.fleet.records import DeviceRecord
+from edgesdk.fleet.records import DeviceRecord, RolloutPolicy
+from edgesdk.ota_server.rollouts.stages import canary_order, stage_sizes
+from edgesdk.ota_server.store.release_history import majority_version
 from edgesdk.runtime.boards import artifact_for
 from edgesdk.runtime.bundle import parse_version
 
-__all__ = ["needs_release", "boards_served"]
+__all__ = ["needs_release", "boards_served", "RolloutPlan", "plan_rollout"]
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """A rollout's targets by stage, as :meth:`FleetDB.add_rollout` takes them, and what its start
+    reports."""
+
+    #: Each stage's new devices: (device id, the version it runs now, the artifact it gets).
+    stages: list[list[tuple[str, str | None, str | None]]]
+    #: Cumulative devices per stage.
+    sizes: list[int]
+    #: Devices whose board the release has no artifact for: (device id, the version it runs), and
+    #: their boards in words.
+    unserved: list[tuple[str, str | None]]
+    unserved_boards: str
+    #: Planned devices offline now (deferred when their stage is sent), and of those, provisioned
+    #: ones that never reported (their board, version and artifact come with their first report).
+    offline: int
+    provisioned: int
+    #: The version most of the group runs of the model now (its release history starts with it).
+    before: str | None
+
+
+def plan_rollout(name: str, version: str, group: str, devices: list[DeviceRecord],
+                 provisioned: Sequence[str], policy: RolloutPolicy, stored: Sequence[str] | None,
+                 rollback: bool) -> RolloutPlan:
+    """The stages of a rollout of ``name`` ``version`` to ``group``: its reported ``devices`` that
+    need the version, online ones first so the canary runs on devices that can answer now; with no
+    device reported, its ``provisioned`` ones (all offline: the first to report are canaried,
+    :mod:`.reconciler`). ``stored``: the release's artifacts (None: one bundle for every device).
+    Refusals as :func:`needs_release` and :func:`boards_served` say."""
+    targets = needs_release(name, version, group, devices, rollback)
+    artifact_of, unserved = boards_served(stored, name, version, group, targets)
+    version_of = {d.id: d.version if d.model == name else None for d in targets}
+    online = [d.id for d in targets if d.status == "online" and d.id in artifact_of]
+    offline = [d.id for d in targets if d.status != "online" and d.id in artifact_of]
+    if not devices:
+        offline = list(provisioned)
+        artifact_of = version_of = dict.fromkeys(offline)
+    order = canary_order(group, online) + canary_order(group, offline)
+    sizes = stage_sizes(len(order), policy)
+    stages = [[(d, version_of[d], artifact_of[d]) for d in order[begin:end]]
+              for begin, end in zip([0, *sizes], sizes)]
+    before = majority_version([d.version for d in devices if d.model == name])
+    boards = ", ".join(sorted({d.profile or "unknown" for d in unserved}))
+    return RolloutPlan(stages, sizes, [(d.id, version_of[d.id]) for d in unserved], boards,
+                       len(offline), 0 if devices else len(offline), before)
 
 
 def needs_release(name: str, version: str, group: str, devices: list[DeviceRecord],

@@ -195,18 +195,87 @@ class DesiredStateStore:
                                      time.time(), rollout_id, TargetStatus.PENDING.value, TargetStatus.DEFERRED.value))
 
     def send_late(self, rollout_id: str, device_ids: Sequence[str], sent_at: float) -> list[TargetRecord]:
-        """Mark pending or deferred targets as sent late at ``sent_at`` (the engine's clock); the targets marked, as
-        they are now, in the order given. One statement for the pass's devices (per 500), not a round trip each."""
+        """Mark pending or deferred targets (or ``ahead`` ones whose device went back to an older
+        version) as sent late at ``sent_at`` (the engine's clock); the targets marked, as they are
+        now, in the order given. One statement for the pass's devices (per 500), not a round trip
+        each."""
         now = time.time()
         marked: dict[str, TargetRecord] = {}
+        waiting = (TargetStatus.PENDING.value, TargetStatus.DEFERRED.value,
+                   TargetStatus.AHEAD.value)
         for chunk in id_chunks(list(device_ids)):
+            marks = ",".join("?" * len(chunk))
             for row in self.sql.rows(
-                    "UPDATE targets SET status = ?, late = 1, reason = NULL, sent = ?, last_sent = ?, updated = ? "
-                    f"WHERE rollout_id = ? AND device_id IN ({','.join('?' * len(chunk))}) AND status IN (?, ?) "
-                    "RETURNING *", (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, *chunk,
-                                    TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)):
+                    "UPDATE targets SET status = ?, late = 1, reason = NULL, sent = ?, "
+                    f"last_sent = ?, updated = ? WHERE rollout_id = ? AND device_id IN ({marks}) "
+                    "AND status IN (?, ?, ?) RETURNING *",
+                    (TargetStatus.SENT.value, sent_at, sent_at, now, rollout_id, *chunk, *waiting)):
                 marked[row["device_id"]] = target_record(row)
         return [marked[d] for d in device_ids if d in marked]
+
+    def pull_forward(self, rollout_id: str, stage: int, device_ids: Sequence[str]) -> list[str]:
+        """Move the pending or deferred targets of ``device_ids`` in stages after ``stage`` into
+        ``stage`` (devices back online while their rollout's current stage is short of its planned
+        size: first come, first canaried); the devices moved."""
+        moved: list[str] = []
+        for chunk in id_chunks(list(device_ids)):
+            moved += [r["device_id"] for r in self.sql.rows(
+                f"UPDATE targets SET wave = ?, updated = ? WHERE rollout_id = ? AND device_id IN "
+                f"({','.join('?' * len(chunk))}) AND wave > ? AND status IN (?, ?) "
+                "RETURNING device_id", (stage, time.time(), rollout_id, *chunk, stage,
+                                        TargetStatus.PENDING.value, TargetStatus.DEFERRED.value))]
+        return moved
+
+    def push_back(self, rollout_id: str, stage: int, device_ids: Sequence[str]) -> list[str]:
+        """Move the never-sent pending or deferred targets of ``device_ids`` in ``stage`` to the
+        next stage, pending (their stage has all the devices it planned, from devices back first);
+        the devices moved."""
+        moved: list[str] = []
+        for chunk in id_chunks(list(device_ids)):
+            moved += [r["device_id"] for r in self.sql.rows(
+                "UPDATE targets SET wave = ?, status = ?, reason = NULL, updated = ? "
+                f"WHERE rollout_id = ? AND device_id IN ({','.join('?' * len(chunk))}) "
+                "AND wave = ? AND sent IS NULL AND status IN (?, ?) RETURNING device_id",
+                (stage + 1, TargetStatus.PENDING.value, time.time(), rollout_id, *chunk, stage,
+                 TargetStatus.PENDING.value, TargetStatus.DEFERRED.value))]
+        return moved
+
+    def mark_ahead(self, rollout_id: str, stage: int,
+                   devices: Sequence[tuple[str, str, str]]) -> None:
+        """Record devices running a newer version than ``rollout_id`` sends as ``ahead`` targets
+        (each (device id, the version it runs, why)): a new one joins ``stage`` as a late target;
+        a pending or deferred one keeps its stage. Nothing is sent to them."""
+        now = time.time()
+        self.sql.execute_many(
+            """INSERT INTO targets (rollout_id, device_id, wave, status, reason, previous_version,
+                                    updated, late)
+               VALUES (?,?,?,?,?,?,?,1) ON CONFLICT (rollout_id, device_id) DO UPDATE SET
+               status = excluded.status, reason = excluded.reason, updated = excluded.updated
+               WHERE targets.status IN (?, ?)""",
+            [(rollout_id, device, stage, TargetStatus.AHEAD.value, reason, version, now,
+              TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)
+             for device, version, reason in devices])
+
+    def resolve_targets(self, rollout_id: str,
+                        devices: Sequence[tuple[str, str | None, str | None]],
+                        unserved: Sequence[tuple[str, str | None]] = ()) -> None:
+        """Complete targets planned before their device reported (a group only provisioned at the
+        push) from its report: ``devices``, each (device id, the version it runs, its board's
+        artifact or None for the release's one bundle), get their previous version where it is
+        unknown and their artifact; ``unserved`` (device id, version), whose board the release has
+        no artifact for, become ``no_artifact`` and are never sent."""
+        now = time.time()
+        waiting = (TargetStatus.PENDING.value, TargetStatus.DEFERRED.value)
+        self.sql.execute_many(
+            "UPDATE targets SET previous_version = COALESCE(previous_version, ?), artifact = ?, "
+            "updated = ? WHERE rollout_id = ? AND device_id = ? AND status IN (?, ?)",
+            [(previous, artifact, now, rollout_id, device, *waiting)
+             for device, previous, artifact in devices])
+        self.sql.execute_many(
+            "UPDATE targets SET previous_version = COALESCE(previous_version, ?), status = ?, "
+            "reason = ?, updated = ? WHERE rollout_id = ? AND device_id = ? AND status IN (?, ?)",
+            [(previous, TargetStatus.NO_ARTIFACT.value, "the release has no artifact for the board "
+              "it reported", now, rollout_id, device, *waiting) for device, previous in unserved])
 
     def work(self) -> FleetWork:
         """What there is to do, in one statement from the partial indexes (an idle server runs this and little else
@@ -240,6 +309,30 @@ class DesiredStateStore:
         """Flag a rollout's release (once); False when it was flagged already."""
         return self.sql.execute("UPDATE rollouts SET flagged = ? WHERE id = ? AND flagged IS NULL",
                                 (reason, rollout_id)) == 1
+
+    def unflag_release(self, rollout_id: str, reason: str, failed: int, answered: int) -> bool:
+        """Clear a flag that still reads ``reason``, noting the late installs failed and answered
+        so far (the flag counts only those after: :meth:`flag_baseline`); False when the flag
+        changed meanwhile."""
+        return self.sql.execute(
+            "UPDATE rollouts SET flagged = NULL, late_failed_resumed = ?, "
+            "late_answered_resumed = ? WHERE id = ? AND flagged = ?",
+            (failed, answered, rollout_id, reason)) == 1
+
+    def flag_baseline(self, rollout_id: str) -> tuple[int, int]:
+        """The late installs (failed, answered) of ``rollout_id`` when the operator last resumed it
+        ((0, 0) if never)."""
+        rows = self.sql.rows("SELECT late_failed_resumed AS f, late_answered_resumed AS a "
+                             "FROM rollouts WHERE id = ?", (rollout_id,))
+        return (int(rows[0]["f"]), int(rows[0]["a"])) if rows else (0, 0)
+
+    def requeue_behind(self, group: str, model: str, version: str) -> int:
+        """Queue ``group``'s online devices that do not run ``model`` ``version`` for the
+        reconciler again; how many."""
+        return self.sql.execute(
+            "UPDATE devices SET reconcile = 1 WHERE grp = ? AND status = 'online' AND "
+            "(model IS NULL OR version IS NULL OR model <> ? OR version <> ?)",
+            (group, model, version))
 
     # provisioning: the group an operator put each device in ----------------------------------------------
     def provision(self, devices: Mapping[str, str], source: str) -> list[str]:

@@ -29,6 +29,7 @@ from edgesdk.fleet.records import (
 )
 from edgesdk.ota_server.store.counters import CounterStore
 from edgesdk.ota_server.store.desired_state import DesiredStateStore
+from edgesdk.ota_server.store.release_history import ReleaseHistoryStore
 from edgesdk.ota_server.store.rows import (
     DETAIL_KEYS,
     IN_FLIGHT,
@@ -56,7 +57,7 @@ __all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", 
            "Provisioning"]
 
 
-class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
+class FleetDB(DesiredStateStore, ReleaseHistoryStore, CounterStore, VerdictStore):
     """The fleet's devices, rollouts, targets and event log (safe across threads).
 
     ``location`` is a SQLite file path (the embedded default), ``sqlite:///PATH`` or
@@ -352,7 +353,8 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
         """Leave ``running`` for ``completed`` or ``aborted``, saying why (its last driver stays on record); False
         when it was not running (at ``stage``, by ``holder``'s valid lease: see :meth:`start_stage`).
 
-        A completed rollout becomes its group's release (:meth:`release`), in the same transaction.
+        A completed rollout becomes its group's release (:meth:`release`) and enters its release
+        history, in the same transaction.
         """
         now = time.time()
         fence, args = self._fence(stage, holder, lease_now)
@@ -368,6 +370,7 @@ class FleetDB(DesiredStateStore, CounterStore, VerdictStore):
                        ON CONFLICT(grp) DO UPDATE SET model=excluded.model, version=excluded.version,
                        rollout_id=excluded.rollout_id, updated=excluded.updated""",
                     (row["grp"], row["model"], row["version"], rollout_id, now))
+                self.record_release(row["grp"], row["model"], row["version"], rollout_id, now)
         return True
 
     def set_targets(self, updates: Sequence[TargetUpdate]) -> None:

@@ -113,6 +113,27 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (13, "the catch-ups in flight across the fleet, counted from their own index entries (every engine tick asks)", (
         "CREATE INDEX IF NOT EXISTS late_by_status ON targets (status) WHERE late = 1",
     )),
+    (14, "release history: the releases each group's completed rollouts set and the version it "
+         "ran before its first (where a rollback may go); a flagged release's late installs counted "
+         "when the operator resumed it", (
+        """CREATE TABLE IF NOT EXISTS release_history (
+            id {serial}, grp TEXT NOT NULL, model TEXT NOT NULL, version TEXT NOT NULL,
+            rollout_id TEXT, kind TEXT NOT NULL, at {real} NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS release_history_by_group ON release_history (grp, model, at)",
+        "ALTER TABLE rollouts ADD COLUMN late_failed_resumed INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rollouts ADD COLUMN late_answered_resumed INTEGER NOT NULL DEFAULT 0",
+        # What a store written before this migration ran: its completed rollouts' releases, and for
+        # each group's first rollout of a model, the version most of its targets had before it.
+        "INSERT INTO release_history (grp, model, version, rollout_id, kind, at) SELECT grp, "
+        "model, version, id, 'release', updated FROM rollouts WHERE state = 'completed'",
+        "INSERT INTO release_history (grp, model, version, rollout_id, kind, at) "
+        "SELECT r.grp, r.model, (SELECT t.previous_version FROM targets t "
+        "WHERE t.rollout_id = r.id AND t.previous_version IS NOT NULL GROUP BY t.previous_version "
+        "ORDER BY COUNT(*) DESC, t.previous_version LIMIT 1), r.id, 'before', r.created "
+        "FROM rollouts r WHERE NOT EXISTS (SELECT 1 FROM rollouts o WHERE o.grp = r.grp "
+        "AND o.model = r.model AND o.created < r.created) AND EXISTS (SELECT 1 FROM targets t "
+        "WHERE t.rollout_id = r.id AND t.previous_version IS NOT NULL)",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",

@@ -12,8 +12,11 @@ from edgesdk.ota_server.rollouts.engine import RolloutEngine
 from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
 from tests.unit.test_rollout_engine import Clock, Recorder
 
-#: All stages at once after a one-device canary, no health window: each test steps it by hand.
-FAST = RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0, deploy_timeout_s=60)
+#: All stages at once after a one-device canary, no health window, no canary analysis (these devices report no
+#: traffic): each test steps it by hand.
+FAST = RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0, deploy_timeout_s=60, analysis=False)
+#: One stage to the whole group, no health window, no analysis.
+ONE_STAGE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0, analysis=False)
 
 
 def _ten_cams(db):
@@ -104,7 +107,7 @@ def test_a_device_provisioned_after_the_push_gets_the_release_on_first_report(fl
 def test_a_device_that_joins_during_a_rollout_goes_with_its_last_stage(fleet):
     db, clock, recorder, engine = fleet
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0,
-                                                                 auto_promote=False))
+                                                                 auto_promote=False, analysis=False))
     engine.tick()
     db.upsert_device("cam10", "cams", "online", None, None, [])
     _settle(engine, clock, 2)
@@ -119,8 +122,8 @@ def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_de
         db.upsert_device(f"cam{i}", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])
     clock, recorder = Clock(), Recorder()
     engine = RolloutEngine(db, recorder, clock)
-    rid = engine.start("digits", "2.0.0", "cams", FAST)
-    _settle(engine, clock, 6)
+    rid = engine.start("digits", "2.0.0", "cams", FAST)  # analysis off: the operator chose to judge nothing
+    _settle(engine, clock, 12)
     r = engine.status(rid)
     assert r.state == RolloutState.COMPLETED and r.deferred == 3 and recorder.stages == [], "nothing sent to nobody"
     for i in range(3):
@@ -133,7 +136,8 @@ def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_de
 def test_a_timeout_while_offline_defers_and_while_online_fails(fleet):
     db, clock, recorder, engine = fleet
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0,
-                                                                 deploy_timeout_s=60, max_failure_rate=0.5))
+                                                                 deploy_timeout_s=60, max_failure_rate=0.5,
+                                                                 analysis=False))
     engine.tick()
     (_, canary), = recorder.stages
     gone, silent, *answering = canary
@@ -155,7 +159,7 @@ def test_a_reconnect_storm_is_capped_at_max_catch_up_and_the_rest_stay_queued(fl
         db.upsert_device(f"cam{i}", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])
     clock, recorder = Clock(), Recorder()
     engine = RolloutEngine(db, recorder, clock, max_catch_up=3)
-    rid = _complete(db, clock, recorder, engine, policy=RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
+    rid = _complete(db, clock, recorder, engine, policy=ONE_STAGE)
     for i in range(1, 8):  # the broker restarted: all seven report at once
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
     _settle(engine, clock, 2)
@@ -178,7 +182,7 @@ def test_devices_held_back_by_the_cap_are_passed_over_every_second_not_every_rec
         db.upsert_device(f"cam{i}", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])
     clock, recorder = Clock(), Recorder()
     engine = RolloutEngine(db, recorder, clock, max_catch_up=3, reconcile_s=5.0)
-    rid = _complete(db, clock, recorder, engine, policy=RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
+    rid = _complete(db, clock, recorder, engine, policy=ONE_STAGE)
     for i in range(1, 8):  # the broker restarted: all seven report at once
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
     clock.now += 5.0
@@ -251,11 +255,12 @@ def test_an_abort_leaves_the_release_and_a_completed_rollback_sets_it_back(fleet
     engine.abort(aborted)
     assert db.release("cams").rollout_id == first, "an abort does not move the release"
     back = engine.rollback(first, to_version="1.0.0")
-    for _ in range(6):
+    for _ in range(12):
         engine.tick()
         _commit(engine, back, [d for _, devices in recorder.stages for d in devices])
         clock.now += 1.5
     assert engine.status(back).state == RolloutState.COMPLETED
+    assert engine.status(back).stage_sizes == (1, 7), "staged with the rolled-back rollout's policy"
     assert (db.release("cams").version, db.release("cams").rollout_id) == ("1.0.0", back)
 
 

@@ -353,23 +353,32 @@ def test_refusals_up_front(fleet):
         engine.start("digits", "2.0.0", "nowhere")
 
 
-def test_a_push_to_devices_only_provisioned_completes_empty_and_each_gets_it_late_on_first_report(fleet):
+def test_a_push_to_devices_only_provisioned_is_planned_over_them_and_canaries_the_first_to_report(fleet):
+    """Issue 58: a push to a group none of whose devices reported yet no longer completes empty as the release (each
+    device then got it with no stage): it is planned over the provisioned devices, all deferred, and the first device
+    to report is the canary, whichever stage it was planned in; the next ones wait for their stage."""
     db, clock, recorder, engine = fleet
-    db.provision({"door0": "doors", "door1": "doors"}, "devices file")
-    rollout_id = engine.start("digits", "2.0.0", "doors", RolloutPolicy(health_window_s=0.0))
-    for _ in range(3):  # send the empty stage, settle it, complete
+    db.provision({f"door{i}": "doors" for i in range(4)}, "devices file")
+    rollout_id = engine.start("digits", "2.0.0", "doors", RolloutPolicy(canary=0.25, waves=(1.0,), health_window_s=0.0))
+    for _ in range(3):
         engine.tick()
         clock.now += 1.0
     r = engine.status(rollout_id)
-    assert r.state == RolloutState.COMPLETED and r.targets_total == 0, (r.state, r.targets_total)
-    assert r.reason.startswith("no device has reported yet")
-    assert db.release("doors").version == "2.0.0" and recorder.stages == []  # nothing to send
-    db.upsert_device("door0", "doors", "online", "digits", "1.0.0", ["digits-1.0.0"])  # its first report
+    assert r.state == RolloutState.RUNNING and r.stage_sizes == (1, 4) and r.targets_total == 4, r
+    assert (r.stage, r.count(TargetStatus.DEFERRED), r.count(TargetStatus.PENDING)) == (0, 1, 3)
+    assert recorder.stages == [] and db.release("doors") is None, "nothing sent, and no release set on nothing"
+    first, second = [t.device_id for t in r.targets if t.stage == 1][:2]
+    db.upsert_device(first, "doors", "online", "digits", "1.0.0", ["digits-1.0.0"])  # its first report
     clock.now += engine.reconcile_s
     engine.tick()
-    assert recorder.late == [("door0", 0)]
-    (target,) = engine.status(rollout_id).targets
-    assert target.device_id == "door0" and target.late and target.status == TargetStatus.SENT
+    assert recorder.late == [(first, 0)], "the first device back is the canary"
+    (target,) = [t for t in engine.status(rollout_id).targets if t.device_id == first]
+    assert (target.stage, target.status, target.previous_version) == (0, TargetStatus.SENT, "1.0.0"), target
+    db.upsert_device(second, "doors", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    clock.now += engine.reconcile_s
+    engine.tick()
+    assert recorder.late == [(first, 0)], "the canary has the one device it planned: the next waits for stage 2"
+    assert engine.status(rollout_id).state == RolloutState.RUNNING
 
 
 def test_a_manual_rollout_waits_for_promote(fleet):
