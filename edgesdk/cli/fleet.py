@@ -464,27 +464,54 @@ rollout.command("abort", help="Stop a rollout and roll its updated devices back.
 
 @rollout.command("rollback")
 @click.argument("rollout_id", required=False)
-@click.option("--group", default=None, help="Without ROLLOUT_ID: roll this group back to its previous completed "
-                                            "release (or --to), aborting its running rollout if it has one.")
-@click.option("--to", default=None, help="Version to return to.")
+@click.option("--group", default=None,
+              help="Without ROLLOUT_ID: roll this group back (its running rollout, aborted first, "
+                   "else its release).")
+@click.option("--to", default=None,
+              help="Version to return to: one the group ran, older than what it runs now (default: "
+                   "the most recent such version).")
+@click.option("--all-at-once", is_flag=True,
+              help="An emergency: send it to every device at once, without canary analysis "
+                   "(default: staged with the rolled-back rollout's policy).")
 @server_option
 @token_option
 @token_file_option
 @click.option("--wait", "wait_s", type=float, default=None, help=_WAIT_OUTCOME)
 @json_option
-def rollback(rollout_id: str | None, group: str | None, to: str | None, server_url: str, token: str | None,
-             token_file: str | None, wait_s: float | None, as_json: bool) -> None:
-    """Roll a rollout's group back (to --to VERSION or each device's previous one), or with --group GROUP the
-    group to its previous completed release; the rollback is a new rollout."""
+def rollback(rollout_id: str | None, group: str | None, to: str | None, all_at_once: bool,
+             server_url: str, token: str | None, token_file: str | None, wait_s: float | None,
+             as_json: bool) -> None:
+    """Roll a rollout's group back, or with --group GROUP the group, to a version it ran before
+    (--to VERSION, or the most recent one): the rollback is a new rollout, staged with the same
+    policy and analysis unless --all-at-once. The server refuses a version the group never ran,
+    the one it runs, or a newer one."""
     if bool(rollout_id) == bool(group):
         raise click.UsageError("give a ROLLOUT_ID or --group GROUP, not both" if rollout_id else
                                "give the ROLLOUT_ID to roll back, or --group GROUP to roll the group back to its "
                                "previous release (`edgesdk rollout status` lists the rollouts)")
     client = admin_client(server_url, token, token_file)
-    target = client.act(rollout_id, "rollback", to) if rollout_id else client.rollback_group(str(group), to)
+    target = (client.act(rollout_id, "rollback", to, all_at_once=all_at_once) if rollout_id
+              else client.rollback_group(str(group), to, all_at_once=all_at_once))
     if as_json and wait_s is None:
         click.echo(json.dumps({"id": target}))
         return
     click.echo(f"rollback: rollout {target}", err=as_json)
     if wait_s is not None:
         _finish(client, target, wait_s, as_json)
+
+
+@rollout.command("resume")
+@click.argument("rollout_id")
+@server_option
+@token_option
+@token_file_option
+@json_option
+def resume(rollout_id: str, server_url: str, token: str | None, token_file: str | None,
+           as_json: bool) -> None:
+    """Let a flagged release send itself to late devices again (a flag stops its catch-up); only
+    late installs that fail from now on count towards a new flag."""
+    flag = admin_client(server_url, token, token_file).resume(rollout_id)
+    if as_json:
+        click.echo(json.dumps({"id": rollout_id, "flag": flag}))
+        return
+    click.echo(f"resume: rollout {rollout_id}: catch-up goes on (it was flagged: {flag})")

@@ -58,6 +58,12 @@ class Provisioned:
         return cls(str(data["device_id"]), str(data["group"]), str(data["source"]), parse_time(data["updated"]))
 
 
+def _rollback_body(to: str | None, all_at_once: bool) -> dict[str, Any] | None:
+    """The body of a rollback request (None: empty, the server's defaults)."""
+    body = {**({"to": to} if to else {}), **({"all_at_once": True} if all_at_once else {})}
+    return body or None
+
+
 def _query(**params: Any) -> str:
     """``?a=1&b=x`` of the parameters that are not None (empty when none is)."""
     given = {k: v for k, v in params.items() if v is not None}
@@ -134,20 +140,36 @@ class AdminClient:
         """Every rollout, oldest first."""
         return [RolloutSummary.from_json(r) for r in self._json("GET", "/api/rollouts")]
 
-    def act(self, rollout_id: str, action: str, to: str | None = None) -> str:
-        """``promote``, ``abort`` or ``rollback`` (to version ``to``) a rollout; the id of the rollout to follow.
+    def act(self, rollout_id: str, action: str, to: str | None = None, *,
+            all_at_once: bool = False) -> str:
+        """``promote``, ``abort``, ``rollback`` or ``resume`` a rollout; the id of the rollout to
+        follow.
 
-        For ``rollback`` that is the new rollout sending the old version; else ``rollout_id``.
+        For ``rollback`` (to version ``to``: one the group ran, older than what it runs; None: the
+        most recent such) that is the new rollout sending the old version, staged with the
+        rolled-back rollout's policy, or with ``all_at_once`` to every device at once without
+        analysis; else ``rollout_id``. A refusal of the rollback rules is a ConflictError naming
+        the versions the group may go to.
         """
         answer = self._json("POST", f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}/{action}",
-                            {"to": to} if to else None)
+                            _rollback_body(to, all_at_once))
         return str(answer["id"])
 
-    def rollback_group(self, group: str, to: str | None = None) -> str:
-        """Roll ``group`` back to its previous completed release (or version ``to``); the rollback rollout's id."""
+    def rollback_group(self, group: str, to: str | None = None, *,
+                       all_at_once: bool = False) -> str:
+        """Roll ``group`` back (its running rollout, else its release) to version ``to``, else the
+        most recent version it ran before, as :meth:`act` does; the rollback rollout's id."""
         answer = self._json("POST", f"/api/groups/{urllib.parse.quote(group, safe='')}/rollback",
-                            {"to": to} if to else None)
+                            _rollback_body(to, all_at_once))
         return str(answer["id"])
+
+    def resume(self, rollout_id: str) -> str:
+        """Let a flagged release's catch-up go on (late devices are sent it again); the flag's
+        reason it cleared. A ConflictError when the rollout is not flagged, or no longer its
+        group's release."""
+        path = f"/api/rollouts/{urllib.parse.quote(rollout_id, safe='')}/resume"
+        answer = self._json("POST", path)
+        return str(answer["flag"])
 
     def device_page(self, group: str | None = None, *, status: str | None = None, after: str | None = None,
                     limit: int | None = None) -> DevicePage:

@@ -17,8 +17,14 @@ number it; 0 before the first stage is sent.
                                                anything is sent (another model, other inputs/outputs)
     GET  /api/rollouts                         list
     GET  /api/rollouts/{id}                    rollout with per-device targets and its "plan"
-    POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version}
-    POST /api/groups/{group}/rollback          {"to": version} optional -> {"id"} of the rollback rollout (201)
+    POST /api/rollouts/{id}/promote|abort|rollback   rollback takes {"to": version,
+                                               "all_at_once": bool}, both optional -> {"id"} of
+                                               the rollback rollout (201); 409 when the rules
+                                               refuse it (rollouts.analysis.rollback_rules)
+    POST /api/rollouts/{id}/resume             a flagged release's catch-up goes on ->
+                                               {"id", "flag": the reason it cleared}
+    POST /api/groups/{group}/rollback          {"to": version, "all_at_once": bool} optional ->
+                                               {"id"} (201)
 
 A rollout's ``plan`` lists every stage its policy asked for over the group's devices at the start:
 ``[{"percent", "devices" (cumulative), "added", "collapsed"}]``; a collapsed wave added no device
@@ -176,17 +182,19 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
             await run_in_threadpool(server.abort, rollout_id)
             return JSONResponse({"id": rollout_id})
         if verb == "rollback":
-            data = await request.json() if await request.body() else {}
-            new_id = await run_in_threadpool(server.rollback, rollout_id, data.get("to"))
+            body = await request.json() if await request.body() else {}
+            to, all_at_once = _rollback_request(body)
+            new_id = await run_in_threadpool(server.rollback, rollout_id, to, all_at_once)
             return JSONResponse({"id": new_id}, status_code=201)
-        return error(404, f"unknown action {verb!r}; use promote, abort or rollback")
+        if verb == "resume":
+            flag = await run_in_threadpool(server.resume, rollout_id)
+            return JSONResponse({"id": rollout_id, "flag": flag})
+        return error(404, f"unknown action {verb!r}; use promote, abort, rollback or resume")
 
     async def group_rollback(request: Request) -> JSONResponse:
-        data = await request.json() if await request.body() else {}
-        to = data.get("to") if isinstance(data, dict) else None
-        if to is not None and not isinstance(to, str):
-            raise EdgeSDKError(f'the body must be {{"to": VERSION}} or empty, got {str(data)[:200]}')
-        new_id = await run_in_threadpool(server.rollback_group, request.path_params["group"], to)
+        to, all_at_once = _rollback_request(await request.json() if await request.body() else {})
+        new_id = await run_in_threadpool(server.rollback_group, request.path_params["group"], to,
+                                         all_at_once)
         return JSONResponse({"id": new_id}, status_code=201)
 
     async def devices(request: Request) -> JSONResponse:
@@ -254,6 +262,18 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         Route("/api/measurements/{id}", guarded(measurement), methods=["GET"]),
         Route("/metrics", guarded(prometheus), methods=["GET"]),
     ])
+
+
+def _rollback_request(data: Any) -> tuple[str | None, bool]:
+    """The version (None: the rules' default) and ``all_at_once`` of a rollback's body, or
+    EdgeSDKError (400)."""
+    to = data.get("to") if isinstance(data, dict) else None
+    all_at_once = data.get("all_at_once", False) if isinstance(data, dict) else False
+    if (not isinstance(data, dict) or (to is not None and not isinstance(to, str))
+            or not isinstance(all_at_once, bool)):
+        raise EdgeSDKError('the body must be {"to": VERSION, "all_at_once": true|false} (both '
+                           f"optional) or empty, got {str(data)[:200]}")
+    return to or None, all_at_once
 
 
 def _provisioning_request(data: Any) -> tuple[dict[str, str], str]:

@@ -9,8 +9,12 @@ Server-rendered Jinja2 pages, a stylesheet and one small script (the live rollou
     GET  /ui/devices/{id}                              one device
     GET  /ui/rollouts, /ui/rollouts/{id}               rollouts; one rollout's stages, failures, versions
     GET  /ui/rollouts/{id}/live                        server-sent events: the rollout's progress as it changes
-    POST /ui/rollouts/{id}/{promote|abort|rollback}    a confirmation page, then the action (the API's code path);
-                                                       a rollback that would undo nothing gets 409 (views.rollback_refusal)
+    POST /ui/rollouts/{id}/{promote|abort|rollback|resume}
+                                                       a confirmation page, then the action (the
+                                                       API's code path); a rollback the rules
+                                                       refuse gets 409 with the API's message
+                                                       (views.rollback_refusal); resume: a
+                                                       flagged release
     GET  /ui/repository                                models, versions, sizes, signers, conversion figures
 
 Every page but the login needs the session cookie (a GET without one is sent to the login page,
@@ -217,20 +221,25 @@ def create_console(server: OTAServer, token: str, proxies: Proxies | None = None
 
     async def action(request: Request) -> Response:
         rollout_id, verb = request.path_params["id"], request.path_params["action"]
-        if verb not in ("promote", "abort", "rollback"):
-            raise NotFoundError(f"unknown action {verb!r}; use promote, abort or rollback")
+        if verb not in ("promote", "abort", "rollback", "resume"):
+            raise NotFoundError(f"unknown action {verb!r}; use promote, abort, rollback or resume")
         fields = request.state.fields
         summary = await run_in_threadpool(server.status, rollout_id, targets=False)
-        if verb == "rollback" and (why := await run_in_threadpool(views.rollback_refusal, server, summary)):
-            raise ConflictError(f"no rollback of rollout {rollout_id}: {why}")
+        to = fields.get("to") or None
+        refusal = views.rollback_refusal
+        if verb == "rollback" and (why := await run_in_threadpool(refusal, server, summary, to)):
+            raise ConflictError(why)  # the API's words: one set of rules
         if fields.get("confirm") != "yes":
             return render("confirm.html", csrf=request.state.csrf, verb=verb, rollout=summary.to_json())
         if verb == "promote":
             await run_in_threadpool(server.promote, rollout_id)
         elif verb == "abort":
             await run_in_threadpool(server.abort, rollout_id, "aborted from the console")
+        elif verb == "resume":
+            await run_in_threadpool(server.resume, rollout_id)
         else:
-            rollout_id = await run_in_threadpool(server.rollback, rollout_id, fields.get("to") or None)
+            at_once = fields.get("all_at_once") == "yes"
+            rollout_id = await run_in_threadpool(server.rollback, rollout_id, to, at_once)
         return RedirectResponse(f"{PREFIX}/rollouts/{quote(rollout_id, safe='')}", status_code=303)
 
     async def repository(request: Request) -> Response:

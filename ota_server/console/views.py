@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetStatus
+from edgesdk.ota_server.rollouts.analysis.rollback_rules import rollback_refusal as refusal_of
 from edgesdk.ota_server.server import OTAServer
 
 from .details import TEXT_MAX, DeviceDetails, Figures, parse_details
 from .display import STATUS_TEXT, board, stage_label, verdict_view
 
 __all__ = ["STALE_AFTER_S", "PAGE", "fleet", "groups", "device", "rollouts", "rollout", "progress", "repository",
-           "VersionFigures", "rollback_refusal", "phase_of"]
+           "VersionFigures", "rollback_refusal", "resumable", "phase_of"]
 
 #: A device silent for longer than this is shown as stale (its agent reports state every 30 s by default).
 STALE_AFTER_S = 300.0
@@ -164,33 +165,24 @@ def progress(server: OTAServer, rollout_id: str) -> dict[str, Any]:
             "flagged": record.flagged, "labels": {k: list(v) for k, v in STATUS_TEXT.items()}}
 
 
-def rollback_refusal(server: OTAServer, record: RolloutRecord) -> str | None:
-    """Why the console offers no "Rollback…" on ``record`` (a rollback there would do nothing, or not what its name
-    says), or None when it does offer it.
+def rollback_refusal(server: OTAServer, record: RolloutRecord, to: str | None = None) -> str | None:
+    """Why rolling ``record`` back (to version ``to``; None: the most recent version allowed) is
+    refused, in the words the API refuses it with, or None when the console offers it: the rules
+    are one function (:func:`edgesdk.ota_server.rollouts.analysis.rollback_rules.plan_rollback`),
+    read with the group's release history and the repository as the engine reads them."""
+    history = server.db.group_history(record.group, record.model)
+    return refusal_of(record, history, to,
+                      stored=lambda version: bool(server.repo.artifacts(record.model, version)))
 
-    - running: abort it instead (an abort sends the devices already updated back);
-    - a rollback itself: "rolling it back" would re-install the release it undid; push that release instead;
-    - aborted: the abort already sent the updated devices back; offered only while some device is still on the
-      release (committed, or its revert failed);
-    - completed: offered only for the group's current release (rolling back an older one would not undo what the
-      group runs now) and when some device committed it.
-    """
-    if record.state == RolloutState.RUNNING:
-        return "it is running: abort it instead (the devices already updated go back to their previous version)"
-    if record.rollback:
-        return ("it is itself a rollback: rolling it back would re-install the release it undid; to go forward "
-                "again, push that release")
-    if record.state == RolloutState.ABORTED:
-        if record.count(TargetStatus.COMMITTED, TargetStatus.REVERT_FAILED):
-            return None
-        return "it was aborted and its updated devices were sent back to their previous version: nothing to undo"
-    release = next((g for g in server.groups_status() if g.group == record.group), None)
-    if release is not None and release.rollout_id not in (None, record.id):
-        return (f"group {record.group} has moved on to {release.model} {release.version} (rollout "
-                f"{release.rollout_id}): roll that one back instead")
-    if not record.count(TargetStatus.COMMITTED):
-        return "no device committed it: nothing to undo"
-    return None
+
+def resumable(server: OTAServer, record: RolloutRecord) -> bool:
+    """Whether the console offers "Resume…" on ``record``: it is flagged, and running or its
+    group's release (the check :meth:`OTAServer.resume` makes)."""
+    if not record.flagged:
+        return False
+    release = server.db.release(record.group)
+    return record.state == RolloutState.RUNNING or (release is not None
+                                                    and release.rollout_id == record.id)
 
 
 @dataclass
@@ -256,11 +248,13 @@ def rollout(server: OTAServer, rollout_id: str) -> dict[str, Any]:
     actions: tuple[str, ...] = ("promote", "abort") if record.state == RolloutState.RUNNING else ()
     if refusal is None:
         actions += ("rollback",)
+    if resumable(server, record):
+        actions += ("resume",)
     return {"rollout": {**record.to_json(), "stage_label": stage_label(record.stage, count)},
             "progress": progress(server, rollout_id), "failures": failures, "targets": targets,
             "targets_total": record.targets_total, "versions": _by_version(server, rollout_id),
-            "verdict": verdict, "phase": phase_of(record),
-            "actions": actions, "no_rollback": refusal if record.state != RolloutState.RUNNING else None}
+            "verdict": verdict, "phase": phase_of(record), "actions": actions,
+            "no_rollback": refusal}
 
 
 def repository(server: OTAServer) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ from edgesdk.fleet.records import RolloutPolicy, TargetStatus
 from tests.ota.conftest import wait_for
 from tests.ota.test_faults import _agent_process, _target
 
-#: Canary first, then the rest; no health window.
-STAGED = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+#: Canary first, then the rest; no health window; no canary analysis (these agents serve no app traffic).
+STAGED = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0, analysis=False)
 
 
 def _server(make_server, broker, bundles, versions=("1.0.0", "2.0.0"), **config):
@@ -81,21 +81,31 @@ def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_de
     wait_for(lambda: all(_on(a, "1.0.0") for a in returned), timeout=60, what="both converging")
 
 
-def test_a_push_to_a_group_whose_devices_are_only_provisioned_becomes_its_release_and_they_converge_on_first_report(
+def test_a_push_to_a_group_whose_devices_are_only_provisioned_is_canaried_on_the_first_device_to_report(
         broker, make_server, make_agent, bundles):
+    """Issue 58: nothing reported, so the push is planned over the provisioned devices (it used to complete empty as
+    the release, and each device got it on its first report with no stage). The first agent to start is the canary,
+    though planned for the second stage; the device planned for the canary, starting next, waits for the second
+    stage, since the canary has its one device (its verdict waits for figures these agents do not report)."""
     server = _server(make_server, broker, bundles, versions=("1.0.0",))
     server.provision({"cam0": "cams", "cam1": "cams"}, "devices file")
     assert server.db.devices("cams") == []  # nothing reported: the push has no board to plan for
-    push = server.start_rollout("digits", "1.0.0", "cams", STAGED)  # accepted, where it was refused "has no device"
-    wait_for(lambda: server.status(push).state == "completed", timeout=30, what="the empty push")
-    assert "no device has reported yet" in server.status(push).reason
-    assert server.db.release("cams").version == "1.0.0"
-    agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
-    wait_for(lambda: all(_on(a, "1.0.0") for a in agents), timeout=60, what="both converging on first report")
-    for device in ("cam0", "cam1"):
-        wait_for(lambda device=device: _target(server, push, device).status == TargetStatus.COMMITTED,
-                 what=f"{device}'s late commit")
-        assert _target(server, push, device).late
+    push = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,),
+                                                                         health_window_s=0.0))
+    planned = server.status(push)
+    assert planned.stage_sizes == (1, 2) and planned.count(TargetStatus.PENDING) == 2
+    wait_for(lambda: server.status(push, targets=False).stage == 0, what="the canary's stage out, to nobody")
+    (first,) = [t.device_id for t in planned.targets if t.stage == 1]
+    (second,) = [t.device_id for t in planned.targets if t.stage == 0]
+    canary = make_agent(first, broker.url)
+    wait_for(lambda: _on(canary, "1.0.0"), timeout=60, what="the first device to report, canaried")
+    wait_for(lambda: _target(server, push, first).status == TargetStatus.COMMITTED, what="its commit")
+    assert _target(server, push, first).stage == 0 and _target(server, push, first).previous_version is None
+    other = make_agent(second, broker.url)
+    wait_for(lambda: server.db.device(second) is not None and not server.db.to_reconcile("cams", 10),
+             what="the second device reported and passed over")
+    assert other.current_version() is None and _target(server, push, second).stage == 1
+    assert server.status(push, targets=False).state == "running"
 
 
 def test_devices_coming_back_together_get_their_chunks_in_one_group_publish(broker, make_server, make_agent, bundles):
@@ -108,7 +118,8 @@ def test_devices_coming_back_together_get_their_chunks_in_one_group_publish(brok
     for agent in agents:
         agent.stop()
     wait_for(lambda: not server.db.devices("cams", status="online"), what="every device offline")
-    one_stage = RolloutPolicy(canary=1.0, waves=(), health_window_s=0.0, max_failure_rate=0.0)  # one transfer
+    one_stage = RolloutPolicy(canary=1.0, waves=(), health_window_s=0.0, max_failure_rate=0.0,  # one transfer
+                              analysis=False)
     push = server.start_rollout("digits", "1.0.0", "cams", one_stage)
     wait_for(lambda: server.status(push).state == "completed", timeout=30, what="the push")
     returned = [make_agent(f"cam{i}", broker.url) for i in range(2)]

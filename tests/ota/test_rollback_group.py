@@ -1,5 +1,6 @@
 """Issue 37: push's policy options are usage errors (exit 2), a collapsed wave is reported, and `edgesdk rollout
-rollback --group G` rolls a group back with no rollout id (real server process, real broker, real agents)."""
+rollback --group G` rolls a group back with no rollout id, staged as the release was and never forward (issue 58)
+(real server process, real broker, real agents)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ from click.testing import CliRunner
 
 from edgesdk.cli import cli
 from edgesdk.fleet.admin_client import AdminClient
+from edgesdk.fleet.records import RolloutPolicy
 from tests.ota.conftest import wait_for
 from tests.ota.test_cli_fleet import _cli, server_process  # noqa: F401 (a fixture, used by name)
 
 NOWHERE = ["--server", "http://127.0.0.1:9", "--token", "t"]  # answers nothing: a request would exit 1
+
+
+def state_policy(state: dict) -> RolloutPolicy:
+    """The policy of a rollout, from its JSON."""
+    return RolloutPolicy.from_dict(state["policy"])
 
 
 def test_every_policy_option_out_of_range_exits_2_before_any_request(bundles):
@@ -40,11 +47,13 @@ def test_a_collapsed_wave_is_reported_and_a_group_rolls_back_without_a_rollout_i
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(3)]
     wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == 3, what="devices")
-    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait",
-         "60", *auth)
+    # No canary analysis: these agents serve no app traffic to judge (a rollback is staged with the same policy).
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s",
+         "--no-analysis", "--wait", "60", *auth)
     # 67% of 3 devices is all 3: the 100% wave adds none, and push says so (stderr) as the plan in the JSON does.
     pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "34%", "--waves",
-                                      "67,100", "--health-window", "0s", "--wait", "60", "--json", *auth])
+                                      "67,100", "--health-window", "0s", "--no-analysis", "--wait", "60", "--json",
+                                      *auth])
     assert pushed.exit_code == 0, pushed.output
     assert "warning: group cams has 3 devices" in pushed.stderr and "wave 100% (3 devices, 0 new)" in pushed.stderr
     state = json.loads(pushed.stdout)
@@ -54,15 +63,17 @@ def test_a_collapsed_wave_is_reported_and_a_group_rolls_back_without_a_rollout_i
     assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
 
     client = AdminClient(server_process, "s3cret")
-    rollback_id = client.rollback_group("cams")  # to the previous completed release, 1.0.0
+    rollback_id = client.rollback_group("cams")  # to the version it ran before, 1.0.0, staged as 2.0.0 was
     out = _cli("rollout", "status", rollback_id, "--follow", *auth)
     assert "completed" in out and "committed 3" in out, out
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
-    assert client.rollout(rollback_id).rollback
+    back = client.rollout(rollback_id)
+    assert back.rollback and back.stage_sizes == (2, 3) and back.policy == state_policy(state)
 
-    # From the shell, with --to: forward again to 2.0.0 as a signed rollback of the group's release.
-    out = _cli("rollout", "rollback", "--group", "cams", "--to", "2.0.0", "--wait", "60", *auth)
-    assert "completed" in out and "committed 3" in out, out
-    assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
+    # From the shell, with --to: a rollback never goes forward (2.0.0 is a push now), and says where it may go.
+    forward = CliRunner().invoke(cli, ["rollout", "rollback", "--group", "cams", "--to", "2.0.0", *auth])
+    assert forward.exit_code != 0 and "digits 2.0.0 is newer than 1.0.0, the version group 'cams' runs now" in \
+        forward.output and "it ran no version of digits older than 1.0.0" in forward.output, forward.output
+    assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
     unknown = CliRunner().invoke(cli, ["rollout", "rollback", "--group", "nobody", *auth])
     assert unknown.exit_code != 0 and "group 'nobody' has no rollout to roll back" in unknown.output, unknown.output
