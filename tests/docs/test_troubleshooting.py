@@ -104,6 +104,16 @@ def _fallback(model: Path) -> str:
         return runtime.info.fallbacks[-1]
 
 
+def _rollback_refused(ran: tuple[str, ...], to: str) -> str:
+    """The rollback rules' refusal of rolling group cams back from its release (the last of ``ran``) to ``to``."""
+    from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState
+    from edgesdk.ota_server.rollouts.analysis.rollback_rules import GroupHistory, plan_rollback
+
+    release = RolloutRecord("r9", "digits", ran[-1], "cams", RolloutPolicy(), RolloutState.COMPLETED, 0, None, None,
+                            None, 0.0, 0.0, False)
+    return _message(lambda: plan_rollback(release, GroupHistory("cams", "digits", ran, "r9", ran[-1]), to))
+
+
 CASES = {
     "wrong-shape": lambda model, tmp: _wrong_input(model, np.zeros((1, 32), np.float32)),
     "wrong-dtype": lambda model, tmp: _wrong_input(model, np.zeros((1, 64), np.float64)),
@@ -118,6 +128,8 @@ CASES = {
     "unprovisioned": lambda model, tmp: _refused_group(tmp, provisioned=False),
     "unknown-accelerator": lambda model, tmp: _message(lambda: Runtime(model, profile="raspberry-pi-5",
                                                                        accelerator="hailo")),
+    "rollback-never-ran": lambda model, tmp: _rollback_refused(("1.0.0", "2.0.0", "3.0.0"), "9.9.9"),
+    "rollback-forward": lambda model, tmp: _rollback_refused(("1.0.0", "2.0.0", "3.0.0", "2.0.0"), "3.0.0"),
 }
 
 
