@@ -324,6 +324,15 @@ class Runtime(AsyncPredictions):
         """
         return self._with_paths(self._stats.snapshot())
 
+    def counters(self) -> tuple[int, int, list[int]]:
+        """Calls and failed calls since loading, and the latency histogram of the successful ones
+        (a count per bucket of :mod:`edgesdk.runtime.latency_histogram`), read at once.
+
+        Two readings' difference is what the runtime served in between
+        (:meth:`edgesdk.runtime.stats.LatencyStats.counters`).
+        """
+        return self._stats.counters()
+
     def close(self) -> None:
         """Stop the predict_async workers (waiting requests fail with BackendError), then free the model. Safe twice."""
         if not self._closed:

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.runtime.latency_histogram import N_BUCKETS
+
 __all__ = ["LatencyStats", "StatsSnapshot"]
 
 
@@ -55,7 +57,13 @@ _PATH_FIELDS = ("count", "errors", "window", "p50_ms", "p95_ms", "p99_ms", "mean
 
 
 class LatencyStats:
-    """Thread-safe recorder; ``record`` is O(1), percentiles are computed on ``snapshot``."""
+    """Thread-safe recorder; ``record`` is O(1), percentiles are computed on ``snapshot``.
+
+    Besides the window of the last ``window`` latencies it keeps a cumulative log-bucket
+    histogram of every successful call's latency (:mod:`edgesdk.runtime.latency_histogram`),
+    read with the counts by :meth:`counters`: the difference of two readings is what the
+    runtime served in between, which is how an app's traffic reaches the device agent.
+    """
 
     def __init__(self, window: int = 1000) -> None:
         if window < 1:
@@ -64,18 +72,34 @@ class LatencyStats:
         self._latencies_ns: deque[int] = deque(maxlen=window)
         self._count = 0
         self._errors = 0
+        self._buckets = [0] * N_BUCKETS
 
     def record(self, latency_ns: int) -> None:
         """Count a successful call that took ``latency_ns`` nanoseconds."""
+        # latency_histogram.bucket_of, inlined: this runs on every prediction.
+        if latency_ns < 8:
+            index = latency_ns if latency_ns > 0 else 0
+        else:
+            b = latency_ns.bit_length()
+            index = (b - 3) * 8 + ((latency_ns >> (b - 4)) & 7)
+            if index >= N_BUCKETS:
+                index = N_BUCKETS - 1
         with self._lock:
             self._count += 1
             self._latencies_ns.append(latency_ns)
+            self._buckets[index] += 1
 
     def record_error(self) -> None:
         """Count a failed call; it adds no latency sample."""
         with self._lock:
             self._count += 1
             self._errors += 1
+
+    def counters(self) -> tuple[int, int, list[int]]:
+        """Calls and failed calls so far and a copy of the latency histogram (a count per bucket),
+        read at once."""
+        with self._lock:
+            return self._count, self._errors, self._buckets.copy()
 
     def snapshot(self) -> StatsSnapshot:
         """The counts so far and percentiles over the last ``window`` successful calls (O(window))."""
