@@ -50,6 +50,7 @@ import base64
 import hashlib
 import itertools
 import json
+import math
 import re
 import time
 from collections.abc import Iterable
@@ -64,7 +65,7 @@ from edgesdk.runtime.bundle import parse_version, safe_name
 
 __all__ = ["PREFIX", "COMMAND_TTL_S", "Topics", "ArchiveInfo", "Command", "MeasureCommand", "sign_command",
            "sign_measure_command", "parse_command", "MAX_ARCHIVE_BYTES",
-           "MAX_MEASURE_RUNS", "MAX_CHUNK_BYTES", "archive_info"]
+           "MAX_MEASURE_RUNS", "MAX_CHUNK_BYTES", "archive_info", "MAX_JUDGE_S", "check_judge_s"]
 
 PREFIX = "edgesdk"
 #: Largest archive a device accepts (a manifest claiming more is refused before any write).
@@ -76,6 +77,8 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 #: Largest chunk a manifest may name (content-defined chunks are at most edgesdk.fleet.chunking.MAX_CHUNK).
 MAX_CHUNK_BYTES = 8 * 1024**2
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: Longest a command may ask its device to report at the fast cadence after committing (a week).
+MAX_JUDGE_S = 7 * 86400.0
 
 
 def check_id(value: str, what: str) -> str:
@@ -265,6 +268,9 @@ class Command:
     reverts: str | None = None
     #: The device the server bound the command to (None: a server of an earlier release bound it to none).
     device: str | None = None
+    #: Seconds after committing it during which the device is judged on its traffic: its agent
+    #: reports every ``traffic_every_s`` (its apps hand over as often) until then. None: not judged.
+    judge_s: float | None = None
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
@@ -304,6 +310,21 @@ def check_measure(mode: object, runs: object) -> None:
         raise TransferError(f"measure runs {runs!r} is out of range; ask for 1..{MAX_MEASURE_RUNS} timed runs")
 
 
+def check_judge_s(value: object) -> float | None:
+    """``value`` as seconds when it is None or a number in (0, :data:`MAX_JUDGE_S`], else
+    TransferError.
+
+    Called before signing and after parsing, so neither side trusts the other.
+    """
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 < value <= MAX_JUDGE_S):
+        raise TransferError(f"command judge_s {value!r:.40} is out of range; the seconds a device "
+                            f"is judged after committing must be in (0, {MAX_JUDGE_S:g}]")
+    return float(value)
+
+
 def _archive_dict(archive: ArchiveInfo | None) -> dict[str, Any] | None:
     return None if archive is None else archive.to_json()
 
@@ -325,7 +346,8 @@ def _seal(private_key: Any, manifest: dict[str, Any]) -> bytes:
 def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id: str, name: str, version: str,
                  group: str, rollback: bool = False, archive: ArchiveInfo | None = None,
                  offload_url: str | None = None, broadcast: Iterable[int] | None = None,
-                 ttl_s: float = COMMAND_TTL_S, reverts: str | None = None, device: str | None = None) -> bytes:
+                 ttl_s: float = COMMAND_TTL_S, reverts: str | None = None,
+                 device: str | None = None, judge_s: float | None = None) -> bytes:
     """The signed envelope of a deploy or rollback command, ready to publish; devices refuse it after ``ttl_s``.
 
     ``device``: bind it to that device (:class:`~edgesdk.fleet.command_scope.Binder`; to bind one stage's
@@ -333,8 +355,11 @@ def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id
     ``offload_url`` is the KServe V2 endpoint devices may offload to; the command names it with
     this model and version, which the endpoint serves from the same repository. ``broadcast``
     lists the archive's chunks the server will broadcast (None: all). ``reverts`` is the version an aborted
-    rollout's revert undoes.
+    rollout's revert undoes. ``judge_s``: the device is judged on its traffic for that long after
+    committing (its agent reports at its fast cadence meanwhile); outside (0, 7 days] it is a
+    TransferError.
     """
+    judge_s = check_judge_s(judge_s)
     body: dict[str, Any] = {"type": type, "deployment_id": deployment_id, "transfer_id": transfer_id, "name": name,
                             "version": version, "group": group, "rollback": rollback, "issued_at": (now := time.time()),
                             "expires_at": now + ttl_s, "archive": _archive_dict(archive)}
@@ -344,6 +369,8 @@ def sign_command(private_key: Any, *, type: str, deployment_id: str, transfer_id
         body["broadcast"] = sorted(broadcast)
     if reverts is not None:
         body["reverts"] = reverts
+    if judge_s is not None:
+        body["judge_s"] = judge_s
     envelope = _seal(private_key, body)
     return envelope if device is None else Binder(private_key, envelope).bind(check_id(device, "device id"))
 
@@ -441,7 +468,7 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
                           issued_at=float(m["issued_at"]), archive=archive, raw=envelope,
                           offload=_parse_offload(m.get("offload"), m["name"], m["version"]),
                           broadcast=_parse_broadcast(m.get("broadcast"), archive), reverts=m.get("reverts"),
-                          device=bound)
+                          device=bound, judge_s=check_judge_s(m.get("judge_s")))
         parse_version(command.version)
         if command.reverts is not None:
             parse_version(command.reverts)
