@@ -34,9 +34,14 @@ from edgesdk.fleet.reports import (
     parse_state,
 )
 from edgesdk.ota_server.admin.metrics import REFUSAL_REASONS, REFUSED_KINDS
-from edgesdk.ota_server.store.fleet_db import DETAIL_KEYS, DeviceState
+from edgesdk.ota_server.store.fleet_db import DETAIL_KEYS as _STORED_KEYS
+from edgesdk.ota_server.store.fleet_db import DeviceState
 
-__all__ = ["ReportReader"]
+__all__ = ["ReportReader", "DETAIL_KEYS"]
+
+#: The keys of a state report the server keeps as the device's details: the console's, and
+#: ``traffic`` (the apps' figures per version, :mod:`edgesdk.fleet.traffic`) the canary judge reads.
+DETAIL_KEYS = tuple(dict.fromkeys((*_STORED_KEYS, "traffic")))
 
 _Report = TypeVar("_Report")
 
