@@ -6,7 +6,9 @@ and the app is a separate process. :class:`StoreFollower` watches the store's ``
 committed slot whenever it changes. Only committed versions are followed: the agent points
 ``current`` at a new slot *before* its health check, but records it as committed only after,
 so a version that fails its check on the device is never loaded by the app, and a rollback
-is followed like any other commit. :meth:`edgesdk.ManagedRuntime.follow` builds on it.
+is followed like any other commit. :meth:`edgesdk.ManagedRuntime.follow` builds on it
+(:func:`follow_store`), and hands what the app serves to the agent
+(:class:`edgesdk.agent.app_stats.AppExporter`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,15 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.store import STATE_FILE, committed_slot
 
-__all__ = ["StoreFollower"]
+if TYPE_CHECKING:
+    from edgesdk.agent.managed import ManagedRuntime
+    from edgesdk.offload.policy import OffloadPolicy
+
+__all__ = ["StoreFollower", "follow_store"]
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +137,57 @@ class StoreFollower:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
+
+
+def follow_store(cls: type[ManagedRuntime], store: str | os.PathLike[str], poll_s: float,
+                 watch: str, app: str | None, offload: OffloadPolicy | None = None,
+                 **options: Any) -> ManagedRuntime:
+    """What :meth:`edgesdk.ManagedRuntime.follow` does: a ``cls`` on the store's committed slot,
+    a :class:`StoreFollower` that swaps it on each commit, and the exporter of its traffic."""
+    from edgesdk.agent.app_stats import AppExporter
+    from edgesdk.fleet.protocol import check_id
+
+    if app is not None:
+        check_id(app, "app name")  # before loading anything
+    slot = committed_slot(store)
+    from_store = offload is None
+    if from_store and slot is not None:
+        offload = _store_policy(store, slot.name, None)
+    managed = cls(slot, offload=offload, **options)
+
+    def switch(slot_dir: Path) -> None:
+        managed.swap(slot_dir)
+        if from_store and managed.offload is not None:
+            policy = _store_policy(store, slot_dir.name, managed.offload)
+            if policy is not None:
+                managed._model_changed(policy)
+
+    try:
+        managed.exporter = AppExporter(managed, store, app).start()
+        follower = StoreFollower(store, switch, poll_s=poll_s, watch=watch)
+        managed.follower = follower.start(current=slot)
+    except BaseException:
+        managed.close()
+        raise
+    return managed
+
+
+def _store_policy(store: str | os.PathLike[str], slot: str,
+                  base: OffloadPolicy | None) -> OffloadPolicy | None:
+    """The offload policy for the endpoint the server named for ``slot`` (None when it named none).
+
+    ``base`` gives the tuning (SLO, queues, timeouts) of a policy already in use; the endpoint's
+    URL, model and version replace its own.
+    """
+    from dataclasses import replace
+
+    from edgesdk.agent.store import offload_endpoint
+    from edgesdk.offload.policy import OffloadPolicy
+
+    endpoint = offload_endpoint(store, slot)
+    if endpoint is None:
+        return None
+    url, model, version = endpoint["url"], endpoint["model"], endpoint["version"]
+    if base is None:
+        return OffloadPolicy(url=url, model=model, version=version)
+    return replace(base, url=url, model=model, version=version)

@@ -16,6 +16,12 @@ active model and a KServe V2 endpoint (:mod:`edgesdk.offload`). There is one dis
 the ManagedRuntime's lifetime: its local runs go to whichever model is active, so the queue,
 the breaker and the statistics survive swaps; after a swap the cloud model is checked again
 against the new model before the next cloud request.
+
+Every ManagedRuntime keeps a traffic ledger (``traffic``,
+:class:`~edgesdk.agent.traffic_ledger.TrafficLedger`): what each model version served, per minute,
+health checks left out. In the agent's process the agent reads it when it reports; an app that
+follows the agent's store from another process (:meth:`ManagedRuntime.follow`) hands it over
+through a file (:mod:`edgesdk.agent.app_stats`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgesdk.agent.traffic_ledger import Meter, TrafficLedger
 from edgesdk.errors import BackendError, HealthCheckError
 from edgesdk.runtime.async_predictions import AsyncPredictions
 from edgesdk.runtime.bench import time_predictions
@@ -39,6 +46,7 @@ from edgesdk.runtime.stats import StatsSnapshot
 from edgesdk.runtime.tensors import TensorSpec
 
 if TYPE_CHECKING:
+    from edgesdk.agent.app_stats import AppExporter
     from edgesdk.agent.follow import StoreFollower
     from edgesdk.offload.policy import OffloadPolicy
 
@@ -84,10 +92,10 @@ def health_check(runtime: Runtime, bundle: Bundle, runs: int = 5) -> HealthRepor
 
 
 class _Active:
-    """A runtime plus the count of requests running on it."""
+    """A runtime plus the count of requests running on it, and its meter in the traffic ledger."""
 
-    def __init__(self, runtime: Runtime, bundle: Bundle) -> None:
-        self.runtime, self.bundle = runtime, bundle
+    def __init__(self, runtime: Runtime, bundle: Bundle, meter: Meter) -> None:
+        self.runtime, self.bundle, self.meter = runtime, bundle, meter
         self.inflight = 0
         self.retired = False
 
@@ -121,10 +129,14 @@ class ManagedRuntime(AsyncPredictions):
         self.swaps = 0
         #: Set by :meth:`follow`: what watches the agent's store.
         self.follower: StoreFollower | None = None
+        #: What each model version served, per minute (health checks left out; see the module doc).
+        self.traffic = TrafficLedger()
+        #: Set by :meth:`follow`: what hands :attr:`traffic` to the agent (edgesdk.agent.app_stats).
+        self.exporter: AppExporter | None = None
         self._closed = False
         if model is not None:
             bundle = read_bundle(model)
-            self._active = _Active(self._load(bundle), bundle)
+            self._active = self._serve(self._load(bundle), bundle)
         try:
             self._init_async(offload, max_local_queue)
         except BaseException:
@@ -152,6 +164,34 @@ class ManagedRuntime(AsyncPredictions):
         with self._cond:
             active = self._active
         return self._with_paths(active.runtime.stats() if active else StatsSnapshot(0, 0, 0, None, None, None, None))
+
+    def _serve(self, runtime: Runtime, bundle: Bundle) -> _Active:
+        """``runtime`` as the one to serve: the ledger takes its zero point now (after its health
+        check, so those calls never count)."""
+        manifest = bundle.manifest
+        meter = self.traffic.activate(manifest.version, manifest.name, runtime.counters)
+        return _Active(runtime, bundle, meter)
+
+    def _close_runtime(self, active: _Active) -> None:
+        """Close a retired runtime, its last calls folded into its own version."""
+        self.traffic.fold(active.meter)
+        active.runtime.close()
+
+    def _activated(self) -> None:
+        """A model started serving: an exporter writes now (so a crash right after still shows)."""
+        exporter = self.exporter
+        if exporter is not None:
+            exporter.activated()
+
+    def fold_traffic(self) -> bool:
+        """Fold what the active model served since the last fold into :attr:`traffic`.
+
+        Returns whether it added anything. The exporter calls it every second; the agent, for its
+        own ManagedRuntime, before each report.
+        """
+        with self._cond:
+            active = self._active
+        return active is not None and self.traffic.fold(active.meter, self._path_totals)
 
     def _load(self, bundle: Bundle) -> Runtime:
         return Runtime(bundle.path, profile=self.profile, mode=self.mode, **self._options)
@@ -185,7 +225,7 @@ class ManagedRuntime(AsyncPredictions):
             with self._cond:
                 active.inflight -= 1
                 if active.retired and active.inflight == 0:
-                    active.runtime.close()
+                    self._close_runtime(active)
                     self._cond.notify_all()
 
     def _unload_first(self, bundle: Bundle) -> bool:
@@ -202,7 +242,7 @@ class ManagedRuntime(AsyncPredictions):
             return
         old.retired = True
         if old.inflight == 0:
-            old.runtime.close()
+            self._close_runtime(old)
 
     def swap(self, bundle_dir: str | os.PathLike[str] | Path) -> HealthReport:
         """Load the bundle, health-check it, and make it serve; on failure the old model keeps serving."""
@@ -213,10 +253,14 @@ class ManagedRuntime(AsyncPredictions):
             started = time.perf_counter()
             runtime, report = self._load_checked(bundle)
             with self._cond:
-                old, self._active = self._active, _Active(runtime, bundle)
+                old = self._active
+                if old is not None:  # predict_async's requests so far were the old model's
+                    self.traffic.fold(old.meter, self._path_totals)
+                self._active = self._serve(runtime, bundle)
                 self._retire(old)
                 self._cond.notify_all()
             self.swaps += 1
+            self._activated()
             self._model_changed()
             return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
 
@@ -225,21 +269,24 @@ class ManagedRuntime(AsyncPredictions):
         with self._cond:
             old, self._active = self._active, None  # new requests wait from here
             if old is not None:
+                self.traffic.fold(old.meter, self._path_totals)
                 old.retired = True
                 self._cond.wait_for(lambda: old.inflight == 0)
-                old.runtime.close()
+                self._close_runtime(old)
         try:
             runtime, report = self._load_checked(bundle)
         except Exception:
             if old is not None:  # bring the old model back before reporting the failure
                 with self._cond:
-                    self._active = _Active(self._load(old.bundle), old.bundle)
+                    self._active = self._serve(self._load(old.bundle), old.bundle)
                     self._cond.notify_all()
+                self._activated()
             raise
         with self._cond:
-            self._active = _Active(runtime, bundle)
+            self._active = self._serve(runtime, bundle)
             self._cond.notify_all()
         self.swaps += 1
+        self._activated()
         self._model_changed()
         return HealthReport(report.max_abs_error, report.latency_ms, (time.perf_counter() - started) * 1e3)
 
@@ -253,7 +300,7 @@ class ManagedRuntime(AsyncPredictions):
     @classmethod
     def follow(cls, store: str | os.PathLike[str], profile: str | DeviceProfile | None = None, mode: str | None = None,
                offload: OffloadPolicy | None = None, poll_s: float = 1.0, watch: str = "auto",
-               **options: Any) -> ManagedRuntime:
+               app: str | None = None, **options: Any) -> ManagedRuntime:
         """Serve the model an agent in another process committed in ``store``, and each one it commits next.
 
         The app starts on the store's committed slot (or waits, as :meth:`predict` does, until the
@@ -262,25 +309,16 @@ class ManagedRuntime(AsyncPredictions):
         followed too (:class:`edgesdk.agent.follow.StoreFollower`; ``follower.mode`` says whether
         inotify or polling noticed). Without ``offload``, the endpoint the server named for the
         committed version (if any) is used, pinned to that version and retargeted on each commit.
+
+        What the app serves reaches the agent, per model version, through a file,
+        ``STORE/apps/<app>-<pid>.json`` (:class:`edgesdk.agent.app_stats.AppExporter`, in
+        :attr:`exporter`): ``app`` names this app there (default: the script's name), so the agent
+        tells two apps apart and sees one restarting.
         """
-        from edgesdk.agent.follow import StoreFollower
-        from edgesdk.agent.store import committed_slot
+        from edgesdk.agent.follow import follow_store
 
-        slot = committed_slot(store)
-        from_store = offload is None
-        if from_store and slot is not None:
-            offload = _store_policy(store, slot.name, None)
-        managed = cls(slot, profile=profile, mode=mode, offload=offload, **options)
-
-        def switch(slot_dir: Path) -> None:
-            managed.swap(slot_dir)
-            if from_store and managed.offload is not None:
-                policy = _store_policy(store, slot_dir.name, managed.offload)
-                if policy is not None:
-                    managed._model_changed(policy)
-
-        managed.follower = StoreFollower(store, switch, poll_s=poll_s, watch=watch).start(current=slot)
-        return managed
+        return follow_store(cls, store, poll_s, watch, app, profile=profile, mode=mode,
+                            offload=offload, **options)
 
     def close(self) -> None:
         """Stop the predict_async workers (waiting requests fail), then release the model once requests finish."""
@@ -290,7 +328,11 @@ class ManagedRuntime(AsyncPredictions):
         self._close_async()
         with self._cond:
             active, self._active = self._active, None
+            if active is not None:
+                self.traffic.fold(active.meter, self._path_totals)
             self._retire(active)
+        if self.exporter is not None:
+            self.exporter.stop()  # the last figures reach the agent
 
     def __enter__(self) -> ManagedRuntime:
         return self
@@ -298,21 +340,3 @@ class ManagedRuntime(AsyncPredictions):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _store_policy(store: str | os.PathLike[str], slot: str, base: OffloadPolicy | None) -> OffloadPolicy | None:
-    """The offload policy for the endpoint the server named for ``slot`` (None when it named none).
-
-    ``base`` gives the tuning (SLO, queues, timeouts) of a policy already in use; the endpoint's
-    URL, model and version replace its own.
-    """
-    from dataclasses import replace
-
-    from edgesdk.agent.store import offload_endpoint
-    from edgesdk.offload.policy import OffloadPolicy
-
-    endpoint = offload_endpoint(store, slot)
-    if endpoint is None:
-        return None
-    if base is None:
-        return OffloadPolicy(url=endpoint["url"], model=endpoint["model"], version=endpoint["version"])
-    return replace(base, url=endpoint["url"], model=endpoint["model"], version=endpoint["version"])

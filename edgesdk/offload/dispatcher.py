@@ -405,6 +405,10 @@ class Dispatcher:
                        refused=refused, fallbacks=fallbacks, breaker=self._breaker_state(),
                        calibration=self.predictor.calibration())
 
+    def path_counts(self) -> tuple[int, int]:
+        """Running totals of requests run locally and sent to the cloud, failed ones included."""
+        return self._paths["local"].counters()[0], self._paths["cloud"].counters()[0]
+
     def close(self) -> None:
         """Stop taking requests, fail the waiting ones, let the running ones finish; safe to call twice."""
         with self._lock:

@@ -87,6 +87,11 @@ class AsyncPredictions:
         dispatcher = self._dispatcher
         return dispatcher.snapshot(overall) if dispatcher is not None else overall
 
+    def _path_totals(self) -> tuple[int, int]:
+        """predict_async requests run locally and sent to the cloud so far ((0, 0) before any)."""
+        dispatcher = self._dispatcher
+        return dispatcher.path_counts() if dispatcher is not None else (0, 0)
+
     def _close_async(self) -> None:
         """Stop the dispatcher: waiting requests fail, the running one finishes (it still needs the model)."""
         with self._dispatcher_lock:
