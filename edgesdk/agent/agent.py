@@ -14,6 +14,13 @@ A ``measure`` command is verified the same way and handed to the measurement ser
 (:mod:`edgesdk.agent.downloads`). Whether an archive fits on disk, and which old slots go
 to make room, is the storage guard's call (:mod:`edgesdk.agent.storage_guard`); this module
 keeps the protocol and the order of the steps.
+
+The retained state (:class:`~edgesdk.agent.state_report.StateReporter`) carries the app traffic
+per model version, from the apps' files and the agent's own ManagedRuntime
+(:mod:`edgesdk.agent.app_traffic`). It goes out on every change, every ``state_interval_s``
+(300 s by default) and, after a commit of a command that carries ``judge_s`` (a stage with
+this device is being judged), every ``traffic_every_s`` (10 s) until ``judge_s`` passed
+(:mod:`edgesdk.agent.report_cadence`).
 """
 
 from __future__ import annotations
@@ -29,14 +36,13 @@ from typing import Any
 from edgesdk.agent.admission import admit, check_still_newer, refused_download
 from edgesdk.agent.config import AgentConfig, resolve_profile
 from edgesdk.agent.downloads import Downloads
-from edgesdk.agent.energy_account import runtime_energy
 from edgesdk.agent.events import EventLog
 from edgesdk.agent.install import Installer, InstallOutcome
 from edgesdk.agent.local_chunks import LocalChunks
 from edgesdk.agent.managed import ManagedRuntime
 from edgesdk.agent.measurements import MeasurementService
 from edgesdk.agent.power_keeper import PowerModeKeeper
-from edgesdk.agent.state_report import device_state
+from edgesdk.agent.state_report import StateReporter
 from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.agent.trust_keeper import TrustKeeper
@@ -81,11 +87,12 @@ class DeviceAgent:
         self.event_log = EventLog(me, config.event_history, lambda payload: self._publish(Topics.events(me), payload))
         #: The latest protocol events as published (oldest first), ``config.event_history`` at most.
         self.events = self.event_log.events
+        #: What the device reports as its retained state (app traffic, energy...), and when.
+        self.reporter = StateReporter(config, self.store, runtime, self.profile, self.trust,
+                                      self.installer.power, self.event_log)
+        self.energy, self.session = self.reporter.energy, self.reporter.session
         #: Payload bytes this agent received as chunks and published (state, events, requests).
         self.bytes_received = self.bytes_published = 0
-        self.energy = runtime_energy(self.profile, runtime, config.sysfs_root)
-        self._state_due = time.monotonic() + (config.state_interval_s or 0)
-        self.session = time.time()  # when this run began: its states and its will carry it (AgentConfig.offline_state)
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> DeviceAgent:
@@ -141,8 +148,7 @@ class DeviceAgent:
 
     def state(self) -> dict[str, Any]:
         """What the agent reports as its retained state (:func:`edgesdk.agent.state_report.device_state`)."""
-        return device_state(self.config, self.store, self.runtime, self.energy, self.trust, self.session, self.profile,
-                            self.installer.power, self.transport.connection if self.transport else None)
+        return self.reporter.state(self.transport.connection if self.transport else None)
 
     def _event(self, about: Command | PendingInstall | None, event: AgentEvent, **details: Any) -> None:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""
@@ -179,8 +185,7 @@ class DeviceAgent:
                 self.downloads.request_missing()
                 if self.trust is not None:
                     self.trust.check_freshness()
-                if self.config.state_interval_s and time.monotonic() >= self._state_due:
-                    self._state_due = time.monotonic() + self.config.state_interval_s
+                if self.reporter.cadence.due():  # fast while the device is judged
                     self._publish_state()
                 continue
             try:
@@ -281,7 +286,8 @@ class DeviceAgent:
     def _install(self, command: Command, slot: str, downloaded: bool, started: float | None = None, **details: Any) -> None:
         """Install a slot for a command; ``details`` (facts of its transfer) go with a commit's report."""
         outcome = self.installer.install(slot, deployment_id=command.deployment_id, name=command.name,
-                                         version=command.version, verify=not downloaded, started=started)
+                                         version=command.version, verify=not downloaded,
+                                         started=started, judge_s=command.judge_s)
         self._report_install(outcome, downloaded=downloaded, **details)
 
     def _report_install(self, outcome: InstallOutcome, **details: Any) -> None:

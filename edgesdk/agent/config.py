@@ -75,9 +75,12 @@ class AgentConfig:
     #: Where sysfs is: the board's power sensor is found below it (edgesdk.runtime.energy.find_sensor). Tests feed a
     #: recorded tree.
     sysfs_root: str = "/sys"
-    #: Publish the retained state (runtime statistics, energy) this often besides on every change; None: only
-    #: on changes. Every device's state reaches the server, so fleets set it in minutes, not seconds.
-    state_interval_s: float | None = None
+    #: Publish the retained state (runtime statistics, app traffic, energy) this often besides on
+    #: every change; None: only on changes. Every device's state reaches the server: minutes.
+    state_interval_s: float | None = 300.0
+    #: While the device is judged in a rollout (after committing a command with ``judge_s``),
+    #: publish the state this often instead, and have the apps hand over their traffic as often.
+    traffic_every_s: float = 10.0
     #: Put the board in the power mode of each bundle installed (cpufreq governor, clock cap, online cores below
     #: ``sysfs_root``, or ``nvpmodel -m`` on a Jetson) and report ``power_mode_applied``; off: the board is left as is.
     apply_power_mode: bool = False
@@ -94,6 +97,11 @@ class AgentConfig:
                 raise StorageError(f"{name}={value!r} is out of range; pass a whole number of 0 or more")
         if self.state_interval_s is not None and not self.state_interval_s > 0:
             raise EdgeSDKError(f"state_interval_s={self.state_interval_s!r} must be > 0 seconds, or None")
+        every = self.traffic_every_s
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every <= 3600:
+            raise EdgeSDKError(f"traffic_every_s={every!r} is out of range; pass the seconds "
+                               "between reports while the device is judged, in (0, 3600] "
+                               "(default 10)")
         if isinstance(self.pinned, str) or not all(isinstance(p, str) and p for p in self.pinned):
             raise StorageError(f"pinned={self.pinned!r} is not a list of slot names or versions; pass e.g. "
                                "('digits-1.2.0', '1.1.0')")

@@ -100,14 +100,17 @@ class Installer:
             log.warning("could not record the chunk layout of %s (%s)", slot, exc)
 
     def install(self, slot: str, *, deployment_id: str | None = None, name: str | None = None,
-                version: str | None = None, verify: bool = True, started: float | None = None) -> InstallOutcome:
+                version: str | None = None, verify: bool = True, started: float | None = None,
+                judge_s: float | None = None) -> InstallOutcome:
         """Install the named slot: verify it (unless the caller just did), record it, then :meth:`activate` it.
 
         ``started`` is when applying began (e.g. the archive check), so ``apply_ms`` covers
-        verify + switch + load; by default it is now.
+        verify + switch + load; by default it is now. ``judge_s`` (the command's) is kept with the
+        pending install, so its commit starts the judged window even after a restart.
         """
         started = started or time.perf_counter()
-        pending = PendingInstall(slot, self.store.pointer("current"), deployment_id, name, version)
+        pending = PendingInstall(slot, self.store.pointer("current"), deployment_id, name, version,
+                                 judge_s)
         if verify:
             try:
                 self.store.verify_slot(slot, self.bundle_keys())

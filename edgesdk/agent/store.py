@@ -9,6 +9,8 @@ Layout::
     store/scratch/<measurement>/    a candidate model being measured (never a slot; removed afterwards)
     store/offload/<slot>.json       the cloud endpoint the server named for that version (offload), if any
     store/layouts/<slot>.json       where that version's chunks sit in its slot (chunk reuse), if recorded
+    store/apps/<app>-<pid>.json     what each app process served, per version (app_stats)
+    store/apps/cadence.json         how often apps write while the device is judged (the agent's)
 
 Retention (:meth:`ModelStore.prune`): slots are removed oldest first by install order
 (``installed`` in ``state.json``), never the one ``current``, ``previous``, ``committed`` or
@@ -18,7 +20,9 @@ removes) and then deleting it with its sidecar files (:data:`SLOT_SIDECARS`).
 
 Slots, pointers and ``state.json`` are readable by every user and writable only by the
 agent's, so an app in another process (and as another user) can follow the committed model
-(:mod:`edgesdk.agent.follow`); ``incoming/`` stays private to the agent.
+(:mod:`edgesdk.agent.follow`); ``incoming/`` stays private to the agent. ``apps/`` is sticky and
+writable by all (mode 1777, made by the agent: :mod:`edgesdk.agent.app_traffic`), so an app of any
+user hands its traffic to the agent in a file of its own that no other user can touch.
 
 Only a slot that was fully written, fsynced and verified is ever named under ``slots/``,
 and ``current`` only ever points at such a slot, so after a crash at any step the device
@@ -82,12 +86,17 @@ class PendingInstall:
     deployment_id: str | None = None
     name: str | None = None
     version: str | None = None
+    #: The command's ``judge_s``: once committed, the device is judged on its traffic that long
+    #: (:mod:`edgesdk.agent.report_cadence`), also when the commit follows a restart.
+    judge_s: float | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PendingInstall:
         """Read the record as :meth:`to_json` (and the agent before it had this class) wrote it."""
+        judge_s = data.get("judge_s")
         return cls(slot=str(data["slot"]), previous=data.get("previous"), deployment_id=data.get("deployment_id"),
-                   name=data.get("name"), version=data.get("version"))
+                   name=data.get("name"), version=data.get("version"),
+                   judge_s=float(judge_s) if isinstance(judge_s, (int, float)) else None)
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object for ``state.json``."""

@@ -31,8 +31,16 @@ import click
               help="Never delete this version: a slot name (digits-1.2.0) or a version (1.2.0). Repeatable.")
 @click.option("--min-free", "min_free", type=click.IntRange(min=0), default=0, show_default=True, metavar="BYTES",
               help="Disk bytes to leave free for the rest of the device; an update that would not fit is refused.")
-@click.option("--state-every", "state_every", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
-              help="Also publish the device's state (runtime statistics, energy per inference) every S seconds.")
+@click.option("--state-every", "state_every", type=click.FloatRange(min=0, min_open=True),
+              default=300.0, show_default=True, metavar="S",
+              help="Also publish the device's state (app traffic, runtime statistics, energy per "
+                   "inference) every S seconds, besides on every change.")
+@click.option("--traffic-every", "traffic_every",
+              type=click.FloatRange(min=0, max=3600, min_open=True), default=10.0,
+              show_default=True, metavar="S",
+              help="While a rollout judges this device (after it commits a release that asks), "
+                   "publish its state every S seconds instead, and have its apps hand over their "
+                   "traffic as often.")
 @click.option("--sysfs-root", default="/sys", show_default=True,
               help="Where sysfs is: the board's power sensor is read, and power modes written, below it.")
 @click.option("--apply-power-mode", is_flag=True,
@@ -42,7 +50,8 @@ import click
 def agent(device_id: str, group: str, broker: str, store: str, server_key: str | None, root: str | None,
           credentials: str | None, require_tls: bool,
           ca_file: str | None, profile: str | None, keep_slots: int, pins: tuple[str, ...], min_free: int,
-          state_every: float | None, sysfs_root: str, apply_power_mode: bool, allow_unsigned: bool) -> None:
+          state_every: float, traffic_every: float, sysfs_root: str, apply_power_mode: bool,
+          allow_unsigned: bool) -> None:
     """Keep this device's model up to date: verify, install, health-check, roll back, report."""
     from edgesdk.agent.agent import DeviceAgent
     from edgesdk.agent.config import AgentConfig
@@ -62,7 +71,8 @@ def agent(device_id: str, group: str, broker: str, store: str, server_key: str |
                          allow_unsigned=allow_unsigned,
                          username=username, password=password, ca_file=ca_file, require_tls=require_tls,
                          profile=profile, keep_slots=keep_slots, pinned=pins, min_free_bytes=min_free,
-                         state_interval_s=state_every, sysfs_root=sysfs_root, apply_power_mode=apply_power_mode)
+                         state_interval_s=state_every, traffic_every_s=traffic_every,
+                         sysfs_root=sysfs_root, apply_power_mode=apply_power_mode)
     runtime = ManagedRuntime(profile=profile)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

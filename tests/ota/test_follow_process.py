@@ -1,4 +1,6 @@
-"""The agent and the app as separate processes: the app follows what the agent commits, never a failing version."""
+"""The agent and the app as separate processes: the app follows what the agent commits, never a
+failing version, and hands its traffic per version to the agent through the store (also as another
+user)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from edgesdk.fleet.records import RolloutPolicy
 
 from .conftest import wait_for
 
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+#: Installs only: this test is about following the store (verdicts on traffic are tested elsewhere).
+FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0,
+                     analysis=False)
 
 APP = """
 import json, os, sys, time
@@ -80,6 +84,12 @@ def _python_for(user: int, where: Path) -> tuple[list[str], dict[str, str]]:
     return command, env
 
 
+def _traffic(server, version: str) -> dict:
+    """The figures on ``version`` of cam0's last state, as the server keeps them."""
+    traffic = (server.db.details(["cam0"]).get("cam0") or {}).get("traffic") or {}
+    return traffic.get("versions", {}).get(version) or {}
+
+
 def _rollout(server, version, policy=FAST):
     rollout = server.start_rollout("digits", version, "cams", policy)
     wait_for(lambda: server.status(rollout).state != "running", timeout=90, what=f"rollout of {version}")
@@ -119,10 +129,19 @@ def test_an_app_process_follows_the_agent_to_v2_and_never_runs_the_failing_v3(br
         wait_for(lambda: any(r.get("ok") == "1.0.0" for r in served()), timeout=60, what="the app on v1")
         assert _rollout(server, "2.0.0").state == "completed"
         wait_for(lambda: served()[-1].get("ok") == "2.0.0", timeout=30, what="the app on v2")
+        handed = store / "apps" / f"app-{app.pid}.json"  # the script's name, its pid
+        wait_for(lambda: handed.exists() and "2.0.0" in json.loads(handed.read_text())["versions"],
+                 timeout=30, what="the app's file with its swap to v2")
         failed = _rollout(server, "3.0.0")
         assert failed.state in ("aborted", "failed"), failed
         count = len(served())
         wait_for(lambda: len(served()) > count + 20, timeout=30, what="requests after the failed v3")
+        on_v1 = sum(1 for r in served() if r.get("ok") == "1.0.0")
+        # The state the agent published on rolling v3 back has what the app handed over at its swap.
+        wait_for(lambda: abs(_traffic(server, "1.0.0").get("calls", -9) - on_v1) <= 2, timeout=30,
+                 what=f"the app's {on_v1} calls on v1 in the device's traffic")
+        assert _traffic(server, "2.0.0")["starts"] == 1 and _traffic(server, "1.0.0")["errors"] == 0
+        app_file = handed.stat()
     finally:
         stop.touch()
         if app is not None:
@@ -131,6 +150,7 @@ def test_an_app_process_follows_the_agent_to_v2_and_never_runs_the_failing_v3(br
         agent.wait(timeout=30)
     records = served()
     state_mode = stat.S_IMODE(os.stat(store / "state.json").st_mode)
+    apps_mode = os.stat(store / "apps").st_mode
     shutil.rmtree(root, ignore_errors=True)
     errors = [r for r in records if "error" in r]
     assert not errors, f"{len(errors)} failed requests, first: {errors[0]}\n{(root / 'app.err').read_text()}"
@@ -141,3 +161,5 @@ def test_an_app_process_follows_the_agent_to_v2_and_never_runs_the_failing_v3(br
     assert records[-1]["uid"] == (app_user if app_user is not None else os.getuid())
     assert app_user is None or app_user != os.getuid(), "as root, the app must run as another user than the agent"
     assert state_mode & stat.S_IROTH and not state_mode & stat.S_IWOTH
+    assert stat.S_IMODE(apps_mode) == 0o1777
+    assert app_file.st_uid == (app_user if app_user is not None else os.getuid())

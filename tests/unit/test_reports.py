@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from edgesdk.agent.app_traffic import TrafficReporter
 from edgesdk.agent.config import AgentConfig
 from edgesdk.agent.energy_account import NoEnergy
 from edgesdk.agent.events import EventLog
@@ -23,7 +24,7 @@ from edgesdk.fleet.reports import (
     parse_event,
     parse_state,
 )
-from edgesdk.ota_server.store.fleet_db import DETAIL_KEYS
+from edgesdk.ota_server.devices.report_reader import DETAIL_KEYS
 from edgesdk.runtime.stats import LatencyStats
 
 
@@ -32,7 +33,8 @@ def _agent_state(tmp_path) -> dict:
     store = ModelStore(tmp_path / "store")
     (store.slots / "digits-1.0.0").mkdir(parents=True)
     config = AgentConfig(device_id="cam1", group="lab", broker="mqtt://127.0.0.1:1", store=tmp_path / "store")
-    state = device_state(config, store, None, NoEnergy("no sensor"), session=1.7e9, connection=2)
+    state = device_state(config, store, None, NoEnergy("no sensor"), session=1.7e9, connection=2,
+                         traffic=TrafficReporter(store.root).report())
     state.update(model="digits", version="1.0.0", previous="digits-0.9.0")  # what an installed bundle's manifest says
     state["runtime"] = LatencyStats().snapshot().as_dict()
     state["energy"] = {"sensor": "ina3221", "scope": "board", "window_s": 5.0, "avg_watts": 3.2, "inferences": 10,
@@ -62,7 +64,7 @@ def test_the_real_agents_state_and_last_will_are_read_whole(tmp_path):
     will = parse_state("cam1", config.offline_state(session=1.7e9, connection=2))
     assert (will.status, will.model, will.version, will.details) == ("offline", None, None, {})
     assert (will.session, will.connection) == (1.7e9, 2)
-    assert set(DETAIL_FIELDS) == set(DETAIL_KEYS)  # the store keeps exactly the details the parser checks
+    assert set(DETAIL_FIELDS) == set(DETAIL_KEYS)  # the server keeps the details the parser checks
 
 
 @pytest.mark.parametrize(("change", "reason", "field"), [
