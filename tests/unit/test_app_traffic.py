@@ -130,6 +130,10 @@ def test_bad_and_oversized_files_are_skipped_with_one_log_line_each(device, capl
     (apps / "liar-2.json").write_text(json.dumps({
         "format": 1, "app": "liar", "pid": 2, "session": T0, "written": T0, "versions": {"1.0.0": {
             "model": "digits", "activated": T0, "slots": [[int(T0 // 60 * 60), 5, 9, 0, 0, []]]}}}))
+    (apps / "fast-6.json").write_text(json.dumps({  # a million calls in the second since it loaded
+        "format": 1, "app": "fast", "pid": 6, "session": T0, "written": T0, "versions": {"1.0.0": {
+            "model": "digits", "activated": T0,
+            "slots": [[int(T0 // 60 * 60), 10**6, 10**6, 0, 0, []]]}}}))
     (apps / "huge-3.json").write_bytes(b" " * (MAX_APP_FILE_BYTES + 1))
     os.mkfifo(apps / "fifo-4.json")  # never blocks the agent
     os.symlink("/etc/passwd", apps / "link-5.json")
@@ -138,9 +142,10 @@ def test_bad_and_oversized_files_are_skipped_with_one_log_line_each(device, capl
         second = reporter.report()
     assert first["versions"]["1.0.0"]["calls"] == second["versions"]["1.0.0"]["calls"] == 10
     skipped = [r.getMessage() for r in caplog.records if "skipping app file" in r.getMessage()]
-    assert len(skipped) == 5, skipped  # one line per file, not one per report
+    assert len(skipped) == 6, skipped  # one line per file, not one per report
     assert any("liar-2.json" in line and "errors" in line for line in skipped)
     assert any("huge-3.json" in line and "cap" in line for line in skipped)
+    assert any("fast-6.json" in line and "calls/s" in line for line in skipped)
 
 
 def test_files_of_processes_gone_are_removed_once_out_of_the_horizon(device):
