@@ -47,6 +47,7 @@ def plant(bug: str) -> None:
     """Patch the server's code in this process with ``bug``."""
     from edgesdk.ota_server.rollouts.engine import RolloutEngine
     from edgesdk.ota_server.rollouts.reconciler import Reconciler
+    from edgesdk.ota_server.rollouts.reverts import Reverts
     from edgesdk.ota_server.store.fleet_db import FleetDB
 
     if bug in ("ignore-lease", "no-fence"):
@@ -70,10 +71,10 @@ def plant(bug: str) -> None:
 
         Reconciler.run = run  # type: ignore[method-assign]
     elif bug == "no-revert":
-        def revert_committed(self: RolloutEngine, r: Any, reason: str) -> None:
+        def revert_committed(self: Reverts, r: Any, reason: str) -> None:
             return None
 
-        RolloutEngine._revert_committed = revert_committed  # type: ignore[method-assign]
+        Reverts.revert_committed = revert_committed  # type: ignore[method-assign]
 
 
 def main() -> None:

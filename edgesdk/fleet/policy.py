@@ -37,21 +37,22 @@ class RolloutPolicy:
     #: (devices that installed it after their stage, on their return) failed, and at least 3 did. A flag never
     #: reverts the group: each failed device already rolled back on its own.
     max_late_failure_rate: float = 0.2
-    #: Canary analysis (:mod:`edgesdk.ota_server.rollouts.canary`): a stage fails when its devices' p99 latency (the
-    #: median of each device's p99 on the new version) is more than this many times the baseline's, the group's
-    #: devices still on the old version (or, when none is left, their figures when the previous stage passed).
+    #: Canary analysis (:mod:`edgesdk.ota_server.rollouts.analysis`): a device fails when its p99 latency on the new
+    #: version is more than this many times its board's baseline (the median p99 of the board's devices still on the
+    #: old version, else kept from an earlier stage, else its own on its previous version).
     #: None: latency is not judged.
     max_p99_ratio: float | None = 1.5
-    #: A stage fails when its devices' error rate (failed calls / calls on the new version) is more than this above
-    #: the baseline's (an increase in points, 0.01 = one point; absolute when there is no baseline), so a fleet whose
-    #: inputs already fail at some rate can still ship a release that does no worse. None: not judged.
+    #: A device fails when its error rate (failed calls / calls on the new version) is above its board's baseline
+    #: (the median rate) by more than this, with 95% confidence (an increase in points, 0.01 = one point; absolute
+    #: when there is no baseline), so a fleet whose inputs already fail at some rate can still ship a release that
+    #: does no worse, and 2 errors in 100 calls is not a failure. None: not judged.
     max_error_rate: float | None = 0.01
-    #: A stage fails when the share of its devices' predict_async requests sent to the cloud (cloud / (local +
-    #: cloud)) is more than this above the baseline's share: a slower model saturates the device and offloads more,
-    #: which costs money before it costs latency. None: not judged.
+    #: A device fails when the share of its predict_async requests sent to the cloud (cloud / (local + cloud)) is
+    #: more than this above its board's baseline share: a slower model saturates the device and offloads more, which
+    #: costs money before it costs latency. None: not judged.
     max_offload_share: float | None = 0.25
-    #: A device's figures count only once it made this many calls on the new version (its statistics restart
-    #: when the model is swapped; the bundle's health check makes about 11 of them, the first one cold).
+    #: A device's figures are evidence only once it made this many calls on the new version (the app's calls, not
+    #: the bundle's health check); a device failing its calls significantly more often fails with fewer.
     min_calls: int = 100
     #: Judge each stage on its devices' figures (:mod:`edgesdk.ota_server.rollouts.analysis`). False (``push
     #: --no-analysis``) is an explicit choice for fleets that report no figures: stages then pass on install reports

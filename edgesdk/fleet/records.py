@@ -339,8 +339,9 @@ class RolloutRecord:
     late_counts: dict[TargetStatus, int] = field(default_factory=dict)
     #: Why the release is flagged (too many late targets failed), or None.
     flagged: str | None = None
-    #: The canary analysis of the last stage judged (:mod:`edgesdk.ota_server.rollouts.canary`): ``stage`` (1-based),
-    #: ``passed``, ``reason`` with the figures, ``canary`` and ``baseline`` figures, ``checks``, ``limits``; or None.
+    #: The canary analysis of the last stage judged (:mod:`edgesdk.ota_server.rollouts.analysis`): ``stage``
+    #: (1-based), ``outcome`` (passed, failed, inconclusive, or waiting for evidence), ``passed``, ``reason`` with the
+    #: devices and figures, ``canary`` and ``baseline`` summaries, ``boards``, ``devices``, ``checks``, ``limits``.
     verdict: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -377,11 +378,18 @@ class RolloutRecord:
     def phase(self) -> str:
         """What the rollout is doing: ``completed`` or ``aborted`` once over; while running ``starting`` (no stage
         sent), ``deploying`` (a stage's devices are installing), ``health_window`` (they all reported; the window and
-        the canary verdict are pending) or ``waiting_for_promote`` (a manual rollout whose stage passed)."""
+        the canary verdict are pending), ``waiting_for_evidence`` (the window passed, and too few devices have
+        reported enough figures yet, or the canary's devices are offline) or ``waiting_for_promote`` (a manual
+        rollout whose stage passed, or a stage whose verdict was inconclusive: the verdict's ``reason`` says why)."""
         if self.state != RolloutState.RUNNING:
             return self.state.value
         if self.stage < 0:
             return "starting"
+        current = self.verdict if self.verdict and self.verdict.get("stage") == self.stage + 1 else None
+        if current is not None and current.get("outcome") == "inconclusive":
+            return "waiting_for_promote"
+        if current is not None and current.get("outcome") == "waiting":
+            return "waiting_for_evidence"
         if self.verdict and self.verdict.get("stage") == self.stage + 1 and self.verdict.get("passed"):
             # An automatic rollout is between its verdict and its next stage's send (two writes): not waiting.
             manual = not self.policy.auto_promote and self.stage + 1 < self.stage_count

@@ -20,8 +20,9 @@ from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
 from edgesdk.fleet.protocol import check_id
 from edgesdk.fleet.records import AgentEvent, RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.rollouts.analysis.rollback_rules import plan_rollback
-from edgesdk.ota_server.rollouts.canary import judge_stage
 from edgesdk.ota_server.rollouts.reconciler import Reconciler
+from edgesdk.ota_server.rollouts.reverts import Reverts
+from edgesdk.ota_server.rollouts.stage_gate import NOT_SENT, StageGate, action
 from edgesdk.ota_server.rollouts.targets import plan_rollout
 from edgesdk.ota_server.store.fleet_db import FleetDB, TargetUpdate
 
@@ -43,10 +44,6 @@ _EVENT_STATUS: dict[AgentEvent, tuple[TargetStatus, TargetStatus]] = {
 #: How often a running rollout's in-flight targets whose device went offline are deferred, and how often the releases
 #: are passed over while the catch-up cap holds devices back (a reconnect storm: no need to wait for a crowd).
 _DEFER_EVERY_S = _BACKLOG_EVERY_S = 1.0
-
-#: Statuses of targets whose command is not out: offline at their stage, late and waiting for the catch-up cap, never
-#: to be sent (no artifact for the board), or skipped by an abort.
-_NOT_SENT = frozenset({TargetStatus.DEFERRED, TargetStatus.PENDING, TargetStatus.NO_ARTIFACT, TargetStatus.SKIPPED})
 
 #: While reports keep coming, a re-send round still runs every this many ``resend_s``, and sends again only the
 #: commands unanswered for ``_ROUND_QUIET`` of them (those of a stage just sent are mostly answers on their way).
@@ -107,14 +104,16 @@ class RolloutEngine:
         self._deferred_at: dict[str, float] = {}
         #: This engine's name in the rollouts' leases.
         self.holder = holder or f"engine-{uuid.uuid4().hex[:8]}"
-        #: Aborted rollouts whose reverts this engine sent and whose archives it keeps open until they settle.
-        self._reverting: set[str] = set()
         #: Running rollouts this engine drove at its last tick (to log take-overs once).
         self._driving: set[str] = set()
         #: Rollout -> (its stage's unfinished targets, since when that count has not changed).
         self._progress: dict[str, tuple[int, float]] = {}
         #: Rollout -> when this engine last looked for devices to send its command again.
         self._last_round: dict[str, float] = {}
+        #: When a settled stage may move on: its canary verdict, on evidence (:mod:`.stage_gate`).
+        self.gate = StageGate(db, clock)
+        #: Sends the devices of aborted rollouts back (:mod:`.reverts`).
+        self.reverts = Reverts(db, dispatcher, clock, self.holder, lease_s, resend_s)
 
     @property
     def driving(self) -> frozenset[str]:
@@ -126,7 +125,7 @@ class RolloutEngine:
         """True when this engine drove no rollout, sent back no revert and left no device waiting under the catch-up
         cap at its last tick: its next tick may wait ``reconcile_s`` (an operator's push, promote or abort through this
         server wakes it at once)."""
-        return not self._driving and not self._reverting and not self.reconciler.backlog
+        return not self._driving and not self.reverts.reverting and not self.reconciler.backlog
 
     def serving(self, rollout_id: str) -> None:
         """Note that this engine opened ``rollout_id``'s archive for a release's late targets (a chunk request of a
@@ -179,9 +178,18 @@ class RolloutEngine:
         return rollout_id
 
     def promote(self, rollout_id: str) -> None:
-        """Send the next stage now, without waiting for the health window."""
+        """Send the next stage now, without waiting for the health window or the canary verdict; on a last stage
+        paused by an inconclusive verdict, complete the rollout (the operator accepts the release as it is)."""
         r = self._running(rollout_id)
+        verdict = r.verdict if r.verdict and r.verdict.get("stage") == r.stage + 1 else {}
+        self.db.log("stage_promoted", {"stage": r.stage + 1, "verdict": verdict.get("outcome")}, rollout_id=r.id)
         if r.stage + 1 >= r.stage_count:
+            if verdict.get("outcome") == "inconclusive":
+                log.warning("rollout %s: completed by the operator past an inconclusive verdict", r.id)
+                if self._complete(r, self.db.target_counts(r.id), by="completed by the operator past an "
+                                  f"inconclusive verdict ({verdict.get('reason')})"):
+                    return
+                raise ConflictError(f"rollout {r.id} moved on while completing it; see `edgesdk rollout status`")
             raise ConflictError(f"rollout {r.id} has no stage {r.stage + 2}: its last stage was sent already")
         log.info("rollout %s promoted by operator to stage %d", rollout_id, r.stage + 2)
         if not self._send_stage(r, r.stage + 1, fenced=False):
@@ -276,42 +284,14 @@ class RolloutEngine:
             self._progress.pop(gone, None)  # finished, or driven elsewhere now
             self._last_round.pop(gone, None)
             self._deferred_at.pop(gone, None)
+        self.gate.keep_only(driving)
         since = now - self._last_reconcile
         every = _BACKLOG_EVERY_S if self.reconciler.backlog else self.reconcile_s
         if since >= every and (not work.releases_idle or self.reconciler.serving or since >= self.lease_s / 2):
             self._last_reconcile = now
             self.reconciler.run_releases(now, room, work, self.holder, self.lease_s)
-        if work.reverting or self._reverting:
-            self._finish_reverts(now)
-
-    def _finish_reverts(self, now: float) -> None:
-        """Send the devices of aborted rollouts back: commits reported after the abort, and reverts a device has not
-        answered for ``resend_s`` (lost with a broker restart, a partition, or a dead replica). The work is read
-        from the store and shared by lease, so whichever replica is alive finishes it."""
-        unsettled = self.db.unsettled_aborts()
-        busy = self.dispatcher.busy()
-        for rollout_id in unsettled:
-            if not self.db.hold_lease(rollout_id, self.holder, now, self.lease_s):
-                continue
-            r = self.db.rollout(rollout_id, targets=False)
-            if r is None:
-                continue
-            self._reverting.add(rollout_id)
-            self._revert_committed(r, r.reason or "rollout aborted")
-            resent = []
-            unanswered = [] if busy else self.db.due_for_revert(rollout_id, now - self.resend_s)
-            for t in self._still_to_revert(r, unanswered):
-                try:
-                    self.dispatcher.send_revert(r, t)
-                    resent.append(t.device_id)
-                except EdgeSDKError as exc:  # e.g. the previous version left the repository meanwhile
-                    self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED, str(exc))
-            if resent:
-                self.db.mark_resent(rollout_id, resent, now)
-                log.info("rollout %s: revert sent again to %d devices", rollout_id, len(resent))
-        for rollout_id in self._reverting - set(unsettled):
-            self._reverting.discard(rollout_id)
-            self.dispatcher.finish(rollout_id)
+        if work.reverting or self.reverts.reverting:
+            self.reverts.finish(now)
 
     def _step(self, r: RolloutRecord) -> None:
         policy = r.policy
@@ -341,35 +321,47 @@ class RolloutEngine:
         if timed_out:
             log.warning("rollout %s: %d devices of stage %d timed out", r.id, timed_out, r.stage + 1)
         # Deferred targets (offline) and late ones not sent yet neither count nor hold a stage back.
-        sent = sum(n for (stage, status), n in counts.items() if stage <= r.stage and status not in _NOT_SENT)
+        sent = sum(n for (stage, status), n in counts.items() if stage <= r.stage and status not in NOT_SENT)
         failed = sum(n for (stage, status), n in counts.items() if stage <= r.stage and status.failed)
-        deferred = sum(n for (_, status), n in counts.items() if status == TargetStatus.DEFERRED)
         if sent and failed / sent > policy.max_failure_rate:
             reasons = "; ".join(f"{t.device_id}: {t.reason}" for t in self.db.failed_targets(r.id, 3))
             self._abort(r, f"{failed}/{sent} devices failed (> {policy.max_failure_rate:.0%}): {reasons}")
             return
-        if any(not status.settled and status not in _NOT_SENT for (stage, status), n in counts.items()
+        if any(not status.settled and status not in NOT_SENT for (stage, status), n in counts.items()
                if stage == r.stage and n):
             return
         if r.stage_settled is None:
-            self.db.settle_stage(r.id, now)
+            if not self.gate.waits_for_devices(r, counts):  # a canary whose devices were offline waits for them
+                self.db.settle_stage(r.id, now)
             return
         if now - r.stage_settled < policy.health_window_s or not self._verdict(r):
-            return  # in its health window, failed its canary verdict (aborted), or waiting for promote (manual)
+            return  # in its health window, failed its canary verdict (aborted), or waiting (evidence, or promote)
         if r.stage >= r.stage_count - 1:
-            summary = (f"{sent - failed}/{sent} updated" + (f", {deferred} deferred (offline)" if deferred else "")
-                       if sent or deferred else "no device has reported yet: each gets it on its first report (late)")
-            if not self.db.end_rollout(r.id, RolloutState.COMPLETED, summary, stage=r.stage, holder=self.holder,
-                                       lease_now=self.clock()):
-                log.warning("rollout %s: not completed by %s: its lease lapsed or another server moved it on", r.id,
-                            self.holder)
-                return
-            self.db.log("rollout_completed", {"failed": failed, "deferred": deferred, "holder": self.holder},
-                        rollout_id=r.id)
-            log.info("rollout %s completed: %s; it is group %s's release now", r.id, summary, r.group)
-            self.dispatcher.finish(r.id)
+            self._complete(r, counts)
         elif policy.auto_promote:
             self._send_stage(r, r.stage + 1)
+
+    def _complete(self, r: RolloutRecord, counts: dict[tuple[int, TargetStatus], int], by: str | None = None) -> bool:
+        """End ``r`` as completed, the group's release (``by``: the operator who accepted its last stage; else fenced
+        on this engine's lease); False when it moved on meanwhile."""
+        sent = sum(n for (_, status), n in counts.items() if status not in NOT_SENT)
+        failed = sum(n for (_, status), n in counts.items() if status.failed)
+        deferred = sum(n for (_, status), n in counts.items() if status == TargetStatus.DEFERRED)
+        summary = (f"{sent - failed}/{sent} updated" + (f", {deferred} deferred (offline)" if deferred else "")
+                   if sent or deferred else "no device has reported yet: each gets it on its first report (late)")
+        if by is not None:
+            summary += f"; {by}"
+        holder, now = (None, None) if by is not None else (self.holder, self.clock())
+        if not self.db.end_rollout(r.id, RolloutState.COMPLETED, summary, stage=r.stage, holder=holder,
+                                   lease_now=now):
+            log.warning("rollout %s: not completed by %s: its lease lapsed or another server moved it on", r.id,
+                        self.holder)
+            return False
+        self.db.log("rollout_completed", {"failed": failed, "deferred": deferred, "holder": holder or "operator"},
+                    rollout_id=r.id)
+        log.info("rollout %s completed: %s; it is group %s's release now", r.id, summary, r.group)
+        self.dispatcher.finish(r.id)
+        return True
 
     def _send_again(self, r: RolloutRecord, targets: list[TargetRecord], now: float) -> None:
         """Send targets their command again: a late one its own stage's (no broadcast), the others the stage's."""
@@ -429,54 +421,17 @@ class RolloutEngine:
         self.db.log("rollout_aborted", {"reason": reason, "holder": holder or "operator", "skipped": skipped},
                     rollout_id=r.id)
         log.warning("rollout %s aborted: %s", r.id, reason)
-        self._revert_committed(r, reason)
-        self._reverting.add(r.id)
+        self.reverts.revert_committed(r, reason)
         return True
 
-    def _revert_committed(self, r: RolloutRecord, reason: str) -> None:
-        """Send every committed target of an aborted rollout back to its previous version."""
-        sent = []
-        committed = [t for t in self.db.targets(r.id, status=TargetStatus.COMMITTED) if t.previous_version]
-        for t in self._still_to_revert(r, committed):
-            try:
-                self.dispatcher.send_revert(r, t)
-            except EdgeSDKError as exc:  # e.g. the previous version is no longer in the repository
-                self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED, str(exc))
-                continue
-            self.db.set_target(r.id, t.device_id, TargetStatus.REVERTING, reason)
-            sent.append(t.device_id)
-        if sent:
-            self.db.mark_resent(r.id, sent, self.clock())  # when a revert is due again (see _finish_reverts)
-
-
-    def _still_to_revert(self, r: RolloutRecord, targets: list[TargetRecord]) -> list[TargetRecord]:
-        """``targets`` less those whose device a later rollout moved on to a third version: a revert now would take
-        it back past that rollout (they end ``revert_failed``, saying so)."""
-        running = self.db.running(t.device_id for t in targets)
-        keep = []
-        for t in targets:
-            model, version = running.get(t.device_id, (None, None))
-            if model == r.model and version not in (None, r.version, t.previous_version):
-                self.db.set_target(r.id, t.device_id, TargetStatus.REVERT_FAILED,
-                                   f"not reverted: the device runs {version} now (a later rollout moved it on)")
-            else:
-                keep.append(t)
-        return keep
-
     def _verdict(self, r: RolloutRecord) -> bool:
-        """Judge ``r``'s stage once on its devices' own figures (:mod:`edgesdk.ota_server.rollouts.canary`), store the
-        verdict, and abort with the figures when it failed; whether it passed (a manual rollout then waits for
-        promote: ``RolloutRecord.phase`` reads ``waiting_for_promote``)."""
-        if r.verdict and r.verdict.get("stage") == r.stage + 1:
-            return bool(r.verdict.get("passed"))
-        new, old = self.db.stage_reports(r.id, r.stage)
-        verdict, snapshot = judge_stage(r.policy, r.stage, r.version, new, old, self.db.baseline(r.id), self.clock(),
-                                        r.rollback)
-        if not self.db.set_verdict(r.id, r.stage, verdict, snapshot):
-            return False
-        self.db.log("stage_verdict", verdict, rollout_id=r.id)
-        log.info("rollout %s: stage %d %s its canary analysis: %s", r.id, r.stage + 1,
-                 "passed" if verdict["passed"] else "failed", verdict["reason"])
-        if not verdict["passed"]:
-            self._abort(r, f"stage {r.stage + 1} failed its canary analysis: {verdict['reason']}")
-        return bool(verdict["passed"])
+        """Whether ``r``'s settled stage may move on, by its canary verdict (:class:`StageGate`): aborts with the
+        figures when it failed (or was inconclusive and the policy says abort); False while it waits for evidence or,
+        inconclusive or manual, for the operator (``RolloutRecord.phase`` reads ``waiting_for_promote``)."""
+        outcome = self.gate.judge(r)
+        todo = action(outcome, r.policy.on_inconclusive)
+        if todo == "abort":
+            verdict = self.status(r.id, targets=False, counts=False).verdict or {}
+            self._abort(r, f"stage {r.stage + 1} {'failed' if outcome == 'failed' else 'was inconclusive in'} its "
+                           f"canary analysis: {verdict.get('reason', outcome)}")
+        return todo == "advance"

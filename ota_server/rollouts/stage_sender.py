@@ -20,7 +20,7 @@ from typing import Any
 from edgesdk.errors import NotFoundError
 from edgesdk.fleet.command_scope import Binder
 from edgesdk.fleet.protocol import COMMAND_TTL_S, ArchiveInfo, Topics, sign_command
-from edgesdk.fleet.records import RolloutRecord, RolloutState, TargetRecord, TargetStatus
+from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetRecord, TargetStatus
 from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.repository import ModelRepository
@@ -29,9 +29,19 @@ from edgesdk.runtime.boards import artifact_for
 
 __all__ = ["StageSender", "stage_transfer", "STAGE_TRANSFER"]
 
+
 #: A rollout stage's transfer id: ``<rollout id>-w<stage>``, then ``.<artifact>`` when the release has artifacts per
 #: board (each board's devices fetch their own archive); a revert's is ``<rollout id>-rb[.<artifact>]``.
 STAGE_TRANSFER = re.compile(r"^(?P<rollout>.+?)-(?:w(?P<stage>\d+)|(?P<revert>rb))(?:\.(?P<artifact>[A-Za-z0-9_.-]+))?$")
+
+
+def judged_for(policy: RolloutPolicy) -> float | None:
+    """How long after committing a device of a judged rollout reports its traffic at its fast cadence: until the
+    latest its stage can be judged (its stage may settle up to the deploy timeout after it was sent, then waits the
+    health window and the evidence grace). None when the policy judges nothing."""
+    if not policy.judged:
+        return None
+    return policy.deploy_timeout_s + policy.health_window_s + policy.evidence_grace_s
 
 
 def stage_transfer(rollout_id: str, stage: int | str, artifact: str | None) -> str:
@@ -86,7 +96,8 @@ class StageSender:
         return sign_command(self.key, type=kind, deployment_id=deployment_id, transfer_id=transfer_id, name=r.model,
                             version=version, group=r.group, rollback=rollback, archive=archive,
                             offload_url=self.offload_url, broadcast=broadcast if archive is not None else None,
-                            ttl_s=self.command_ttl_s, reverts=reverts, device=device)
+                            ttl_s=self.command_ttl_s, reverts=reverts, device=device,
+                            judge_s=judged_for(r.policy) if reverts is None else None)
 
     def _stage_binder(self, r: RolloutRecord, stage: int, with_archive: bool, device_ids: list[str],
                       artifact: str | None) -> Binder:

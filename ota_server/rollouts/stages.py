@@ -8,21 +8,25 @@ least one more device than the stage before, and never more than the group: a wa
 with no device of its own (``--waves 67,100`` on 3 devices: 67% already takes all 3) is
 **collapsed** into the stage before it; :func:`stage_plan` reports it so the operator
 hears of it. Devices are ordered by SHA-256 of ``group/device``, so the same devices are
-canaries every time and the order needs no state.
+canaries every time and the order needs no state; with boards known, the order takes the
+boards in turn (:func:`board_balanced_order`), so a canary of a mixed group holds devices of
+every board in proportion, and each board's verdict (a majority of its devices) rests on more
+than one device wherever the stage is big enough.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord
 
 #: RolloutPolicy is re-exported for server-side code that imported it from here.
-__all__ = ["RolloutPolicy", "PlannedStage", "stage_plan", "stage_sizes", "collapsed", "plan_json", "canary_order"]
+__all__ = ["RolloutPolicy", "PlannedStage", "stage_plan", "stage_sizes", "collapsed", "plan_json", "canary_order",
+           "board_balanced_order"]
 
 #: ``0.07 * 100`` is ``7.000000000000001`` in floating point: a product this close to an integer is that integer,
 #: so 7% of 100 devices is 7, not 8.
@@ -88,3 +92,23 @@ def plan_json(r: RolloutRecord) -> list[dict[str, Any]]:
 def canary_order(group: str, device_ids: Iterable[str]) -> list[str]:
     """``device_ids`` in the group's fixed rollout order (SHA-256 of ``group/device``): canaries first."""
     return sorted(device_ids, key=lambda d: hashlib.sha256(f"{group}/{d}".encode()).hexdigest())
+
+
+def board_balanced_order(group: str, boards: Mapping[str, str | None]) -> list[str]:
+    """The devices of ``boards`` (device id -> its board) in the group's rollout order, taking the boards in turn in
+    proportion to their size: each board's devices keep their :func:`canary_order`; every board's first device comes
+    before any board's second (a canary at least as big as the number of boards holds each board), then the board
+    furthest behind its share goes next, so any stage holds about every board's share of it."""
+    by_board: dict[str, list[str]] = {}
+    for device in canary_order(group, boards):
+        by_board.setdefault(boards[device] or "", []).append(device)
+    total = len(boards)
+    taken = dict.fromkeys(by_board, 0)
+    order: list[str] = []
+    while len(order) < total:
+        # The board furthest behind its share of the order so far goes next (ties: the larger board, then by name).
+        board = min((b for b in by_board if taken[b] < len(by_board[b])),
+                    key=lambda b: (taken[b] / len(by_board[b]), -len(by_board[b]), b))
+        order.append(by_board[board][taken[board]])
+        taken[board] += 1
+    return order

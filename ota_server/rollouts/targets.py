@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from edgesdk.errors import ConflictError
 from edgesdk.fleet.records import DeviceRecord, RolloutPolicy
-from edgesdk.ota_server.rollouts.stages import canary_order, stage_sizes
+from edgesdk.ota_server.rollouts.stages import board_balanced_order, stage_sizes
 from edgesdk.ota_server.store.release_history import majority_version
 from edgesdk.runtime.boards import artifact_for
 from edgesdk.runtime.bundle import parse_version
@@ -53,7 +53,9 @@ def plan_rollout(name: str, version: str, group: str, devices: list[DeviceRecord
     if not devices:
         offline = list(provisioned)
         artifact_of = version_of = dict.fromkeys(offline)
-    order = canary_order(group, online) + canary_order(group, offline)
+    board_of = {d.id: d.profile for d in targets}  # the boards in turn: every board's share in every stage
+    order = (board_balanced_order(group, {d: board_of.get(d) for d in online})
+             + board_balanced_order(group, {d: board_of.get(d) for d in offline}))
     sizes = stage_sizes(len(order), policy)
     stages = [[(d, version_of[d], artifact_of[d]) for d in order[begin:end]]
               for begin, end in zip([0, *sizes], sizes)]

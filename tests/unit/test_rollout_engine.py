@@ -1,4 +1,7 @@
-"""The rollout state machine on its own: a real fleet store, a fake clock, a dispatcher that records; no broker."""
+"""The rollout state machine on its own: a real fleet store, a fake clock, a dispatcher that records; no broker.
+
+The devices here run no app, so their rollouts turn the canary analysis off (``analysis=False``, as ``push
+--no-analysis`` does); the engine acting on verdicts is tested in ``test_canary_engine.py``."""
 
 from __future__ import annotations
 
@@ -69,7 +72,7 @@ def _report(engine, rollout_id, devices, event="committed", reason=None):
 
 def test_stages_wait_for_every_report_and_the_health_window_then_complete(fleet):
     db, clock, recorder, engine = fleet
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(0.5, 1.0), health_window_s=60))
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.1, waves=(0.5, 1.0), health_window_s=60))
     engine.tick()
     (stage, canary), = recorder.stages
     assert stage == 0 and len(canary) == 1
@@ -104,7 +107,7 @@ def test_nothing_is_sent_again_while_the_first_send_is_still_queued(fleet):
     """At 10,000 devices the first send of a stage took seconds to leave the server; re-sends queued behind it,
     delayed it more and fed on themselves. Silence counts only from when the queue is empty."""
     db, clock, recorder, engine = fleet
-    engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,)))
+    engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.1, waves=(1.0,)))
     engine.tick()
     recorder.queued = True
     for _ in range(4):
@@ -126,7 +129,7 @@ def test_a_device_whose_command_was_lost_gets_it_again_while_others_keep_reporti
     db, clock, recorder, engine = fleet
     for i in range(10, 30):
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,), deploy_timeout_s=600))
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), deploy_timeout_s=600))
     engine.tick()
     (_, devices), = recorder.stages
     lost, reporting = devices[0], devices[1:]
@@ -153,7 +156,7 @@ def test_a_round_while_reports_still_come_skips_the_commands_of_a_stage_just_sen
     db, clock, recorder, engine = fleet
     for i in range(10, 20):
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,), deploy_timeout_s=600,
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.5, waves=(1.0,), deploy_timeout_s=600,
                                                                  health_window_s=0.0))
     engine.tick()
     (_, canary), = recorder.stages
@@ -181,7 +184,7 @@ def test_a_round_while_reports_still_come_skips_the_commands_of_a_stage_just_sen
 
 def _aborted_with_one_commit(engine, recorder):
     """A canary of two: the first commits, the second fails its health check, and the rollout aborts (40% allowed)."""
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.2, waves=(1.0,), max_failure_rate=0.4))
     engine.tick()
     first, second = recorder.stages[0][1]
     _report(engine, rid, [first])
@@ -266,7 +269,7 @@ def test_a_revert_is_not_sent_again_to_a_device_a_later_rollout_moved_on(fleet):
 def test_a_commit_reported_after_the_abort_is_reverted_too(fleet):
     """Reports are written in batches: a device's commit can land just after the abort that missed it."""
     db, clock, recorder, engine = fleet
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.4))
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.2, waves=(1.0,), max_failure_rate=0.4))
     engine.tick()
     first, second = recorder.stages[0][1]
     _report(engine, rid, [second], "rolled_back", "health check failed")
@@ -282,7 +285,7 @@ def test_a_target_never_sent_again_gets_one_more_try_before_it_times_out(fleet):
     """A command lost with a broker restart, or a commit lost with a dead replica's queue, costs a re-send, not a
     failure: while reports keep coming no re-send round runs, so the timeout itself tries once more first."""
     db, clock, recorder, engine = fleet
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), deploy_timeout_s=30,
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.2, waves=(1.0,), deploy_timeout_s=30,
                                                                  max_failure_rate=0.9))
     engine.tick()
     first, second = recorder.stages[0][1]
@@ -300,11 +303,11 @@ def test_a_target_never_sent_again_gets_one_more_try_before_it_times_out(fleet):
 
 
 def test_a_silent_device_times_out_and_an_unrevertable_one_is_marked(fleet):
-    db, clock, _, engine = fleet
-    engine.dispatcher = recorder = Recorder(unrevertable={"cam0", "cam1", "cam2", "cam3", "cam4", "cam5", "cam6",
-                                                          "cam7", "cam8", "cam9"})
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,), max_failure_rate=0.0,
-                                                                 deploy_timeout_s=300))
+    db, clock, _, _ = fleet
+    recorder = Recorder(unrevertable={f"cam{i}" for i in range(10)})
+    engine = RolloutEngine(db, recorder, clock, resend_s=3.0)
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.2, waves=(1.0,),
+                                                                 max_failure_rate=0.0, deploy_timeout_s=300))
     engine.tick()
     committed, silent = recorder.stages[0][1]
     _report(engine, rid, [committed])
@@ -337,7 +340,7 @@ def test_the_engine_is_idle_only_with_no_rollout_to_drive_and_no_revert_to_finis
     engine.on_event(first, "committed", f"{rid}-rollback", None)  # the device went back: the revert is answered
     engine.tick()
     assert engine.idle, "every revert answered"
-    engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.2, waves=(1.0,)))
+    engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.2, waves=(1.0,)))
     engine.tick()
     assert not engine.idle, "it drives a rollout"
 
@@ -359,6 +362,7 @@ def test_a_push_to_devices_only_provisioned_is_planned_over_them_and_canaries_th
     to report is the canary, whichever stage it was planned in; the next ones wait for their stage."""
     db, clock, recorder, engine = fleet
     db.provision({f"door{i}": "doors" for i in range(4)}, "devices file")
+    # Judged (the default): a canary none of whose devices could be sent waits for them instead of settling empty.
     rollout_id = engine.start("digits", "2.0.0", "doors", RolloutPolicy(canary=0.25, waves=(1.0,), health_window_s=0.0))
     for _ in range(3):
         engine.tick()
@@ -383,7 +387,7 @@ def test_a_push_to_devices_only_provisioned_is_planned_over_them_and_canaries_th
 
 def test_a_manual_rollout_waits_for_promote(fleet):
     db, clock, recorder, engine = fleet
-    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0,
+    rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.1, waves=(1.0,), health_window_s=0,
                                                                  auto_promote=False))
     engine.tick()
     _report(engine, rid, recorder.stages[0][1])
