@@ -70,6 +70,7 @@ __all__ = [
     "HealthCheckError",
     "RolloutError",
     "RolloutTimeoutError",
+    "RolloutInconclusiveError",
     "NotFoundError",
     "ConflictError",
     "ReleaseCheckError",
@@ -222,6 +223,13 @@ class RolloutTimeoutError(RolloutError):
     """A rollout was still running when the caller's ``--wait`` ran out."""
 
     exit_code = 18
+
+
+class RolloutInconclusiveError(RolloutError):
+    """A rollout paused because a stage's canary verdict was inconclusive: too few of its devices reported enough
+    figures on the release by the stage's deadline (the operator promotes or aborts it)."""
+
+    exit_code = 31
 
 
 class NotFoundError(EdgeSDKError):

@@ -26,7 +26,7 @@ _COMMANDS = {
     "verify": ("edgesdk.cli.keys", "verify", "Verify a bundle's hashes and signature."),
     "agent": ("edgesdk.cli.agent", "agent", "Run the device agent (OTA updates over MQTT)."),
     "server": ("edgesdk.cli.server", "server", "Run the OTA server; write a mosquitto ACL config."),
-    "push": ("edgesdk.cli.fleet", "push", "Upload a bundle and start a canary rollout to a group."),
+    "push": ("edgesdk.cli.push", "push", "Upload a bundle and start a canary rollout to a group."),
     "rollout": ("edgesdk.cli.fleet", "rollout", "Show, promote, abort or roll back rollouts."),
     "devices": ("edgesdk.cli.devices", "devices", "List devices and their versions; put devices in groups."),
     "groups": ("edgesdk.cli.devices", "groups", "Show each group's release and how many devices run it."),

@@ -13,13 +13,11 @@ import click
 
 from edgesdk.fleet.records import (
     GroupRelease,
-    RolloutPolicy,
     RolloutRecord,
     RolloutState,
     TargetStatus,
     iso_time,
     parse_duration,
-    parse_percent,
 )
 
 if TYPE_CHECKING:
@@ -85,10 +83,12 @@ def _print_rollout(r: RolloutRecord, as_json: bool, plan: list[dict[str, Any]] |
     if r.reason:
         click.echo(f"  reason: {r.reason}")
     if r.verdict:
-        click.echo(f"  canary analysis, stage {r.verdict['stage']}: {'passed' if r.verdict['passed'] else 'FAILED'}: "
-                   f"{r.verdict['reason']}")
+        outcome = str(r.verdict.get("outcome") or ("passed" if r.verdict.get("passed") else "failed"))
+        shown = outcome if outcome == "passed" else outcome.upper()
+        click.echo(f"  canary analysis, stage {r.verdict.get('stage')}: {shown}: {r.verdict.get('reason')}")
     if r.phase == "waiting_for_promote":
-        click.echo(f"  waiting for `edgesdk rollout promote {r.id}` to send stage {r.stage + 2}")
+        after = "complete it" if r.stage + 1 >= r.stage_count else f"send stage {r.stage + 2}"
+        click.echo(f"  waiting for `edgesdk rollout promote {r.id}` to {after}")
     click.echo(f"  devices: {_counts(r)}")
     if r.deferred:
         click.echo(f"  deferred: {r.deferred} (offline when their stage went out; each gets {r.version} when it "
@@ -117,8 +117,14 @@ def _outcome(r: RolloutRecord, wait_deferred: float | None = None, superseded: G
     """Raise unless the rollout completed with every reachable device updated (the exit code scripts rely on), and,
     with ``wait_deferred`` (s), every deferred and late device too, unless a later release ``superseded`` it; say on
     stderr how many are still to come."""
-    from edgesdk.errors import RolloutError, RolloutTimeoutError
+    from edgesdk.errors import RolloutError, RolloutInconclusiveError, RolloutTimeoutError
 
+    if r.phase == "waiting_for_promote" and (r.verdict or {}).get("outcome") == "inconclusive":
+        accept = "complete it" if r.stage + 1 >= r.stage_count else f"send stage {r.stage + 2}"
+        raise RolloutInconclusiveError(f"rollout {r.id} paused at stage {r.stage + 1} of {r.stage_count}: "
+                                       f"{(r.verdict or {}).get('reason')}; `edgesdk rollout promote {r.id}` accepts "
+                                       f"the release as it is and {accept}, `edgesdk rollout abort {r.id}` rolls it "
+                                       "back")
     if r.phase == "waiting_for_promote":
         click.echo(f"rollout {r.id}: stage {r.stage + 1} of {r.stage_count} passed; it waits for `edgesdk rollout "
                    f"promote {r.id}` to send stage {r.stage + 2}", err=True)
@@ -222,154 +228,6 @@ def positive_seconds(text: str, option: str, example: str = "10m") -> float:
 
 _WAIT_DEFERRED = ("Once the rollout completed, also wait for the devices that were offline (deferred) or joined "
                   "late to update, up to this long from the start (e.g. 10m); 18 if some still have not.")
-
-
-def _option(parse: Callable[[str], float], text: str, option: str) -> float:
-    """``parse(text)``, a malformed value being a usage error (exit 2) that names ``option``."""
-    from edgesdk.errors import EdgeSDKError
-
-    try:
-        return parse(text)
-    except EdgeSDKError as exc:
-        raise click.BadParameter(str(exc), param_hint=option) from None
-
-
-def _ratio(text: str) -> float:
-    """``1.5`` or ``1.5x`` as 1.5 (an EdgeSDKError naming the value when malformed)."""
-    from edgesdk.errors import EdgeSDKError
-
-    try:
-        return float(text.strip().lower().removesuffix("x"))
-    except ValueError:
-        raise EdgeSDKError(f"{text!r} is not a ratio; write e.g. 1.5 (or 1.5x), or off") from None
-
-
-def _limit(parse: Callable[[str], float], text: str, option: str) -> float | None:
-    """A canary analysis limit: ``off`` (None: not judged) or ``parse(text)`` (see :func:`_option`)."""
-    return None if text.strip().lower() == "off" else _option(parse, text, option)
-
-
-def _policy(canary: str, waves: str | None, health_window: str, max_failure_rate: str, deploy_timeout: str,
-            manual: bool, max_late_failure_rate: str, max_p99_ratio: str = "1.5", max_error_rate: str = "1%",
-            max_offload_share: str = "25%") -> RolloutPolicy:
-    """push's options as a policy; a value out of range, or stages that do not increase to 100%, exit 2 (usage)
-    with the message that says how to write them, as click's own option errors do."""
-    from edgesdk.errors import EdgeSDKError
-
-    first = _option(parse_percent, canary, "--canary")
-    stages = (tuple(_option(parse_percent, w, "--waves") for w in waves.split(",")) if waves
-              else tuple(w for w in (0.5, 1.0) if w > first))
-    try:
-        return RolloutPolicy(canary=first, waves=stages,
-                             health_window_s=_option(parse_duration, health_window, "--health-window"),
-                             max_failure_rate=_option(parse_percent, max_failure_rate, "--max-failure-rate"),
-                             deploy_timeout_s=_option(parse_duration, deploy_timeout, "--deploy-timeout"),
-                             auto_promote=not manual,
-                             max_late_failure_rate=_option(parse_percent, max_late_failure_rate,
-                                                           "--max-late-failure-rate"),
-                             max_p99_ratio=_limit(_ratio, max_p99_ratio, "--max-p99-ratio"),
-                             max_error_rate=_limit(parse_percent, max_error_rate, "--max-error-rate"),
-                             max_offload_share=_limit(parse_percent, max_offload_share, "--max-offload-share"))
-    except EdgeSDKError as exc:
-        raise click.UsageError(str(exc)) from None
-
-
-def _say_release(group: str, answer: dict[str, Any]) -> None:
-    """Say on stderr what the push changes: inputs or outputs (allowed with --allow-signature-change), a replaced
-    model, and devices whose board the release has no bundle for."""
-    check = answer.get("check") or {}
-    for change in check.get("signature_changes") or ():
-        click.echo(f"signature change (allowed): {change}", err=True)
-    if answer.get("no_artifact"):
-        click.echo(f"warning: {answer['no_artifact']} devices of group {group} run on a board this release has no "
-                   f"bundle for (it has {', '.join(answer.get('artifacts') or ()) or 'none'}): they stay on their "
-                   "version; `edgesdk devices --group " + group + "` shows each device's board", err=True)
-
-
-def _warn_collapsed(group: str, plan: list[dict[str, Any]]) -> None:
-    """Say on stderr which waves of the plan add no device of their own (the group is too small for them)."""
-    merged = [s for s in plan if s.get("collapsed")]
-    if not merged:
-        return
-    shown = ", ".join(f"{s['percent']:g}% ({s['devices']} devices, 0 new)" for s in merged)
-    waves, verb = ("waves", "add no device and are") if len(merged) > 1 else ("wave", "adds no device and is")
-    click.echo(f"warning: group {group} has {plan[-1]['devices']} devices, too few for every stage: {waves} {shown} "
-               f"{verb} merged into the stage before; {len(plan) - len(merged)} stages go out (fewer --waves, or a "
-               "larger group, avoids this)", err=True)
-
-
-@click.command()
-@click.argument("bundles", metavar="BUNDLE...", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--group", required=True)
-@click.option("--replace", metavar="MODEL", default=None,
-              help="Let this release replace MODEL, the other model the group runs now (else refused).")
-@click.option("--allow-signature-change", is_flag=True,
-              help="Let the release's inputs or outputs differ from the version the group runs (else refused).")
-@click.option("--canary", default="10%", show_default=True, help="First stage, as a share of the group.")
-@click.option("--waves", default=None,
-              help="The later stages after the canary: increasing cumulative percentages ending at 100 "
-                   "[default: 50,100, or those of them above --canary].")
-@click.option("--health-window", default="60s", show_default=True, help="Wait after each stage before the next.")
-@click.option("--max-failure-rate", default="5%", show_default=True, help="Abort and roll back above this.")
-@click.option("--deploy-timeout", default="300s", show_default=True, help="A silent device counts as failed after it.")
-@click.option("--manual", is_flag=True, help="Wait for `edgesdk rollout promote` between stages.")
-@click.option("--max-late-failure-rate", default="20%", show_default=True,
-              help="Flag the release when more of the devices it reaches late (back from offline, or new to the "
-                   "group) fail to install it.")
-@click.option("--max-p99-ratio", default="1.5", show_default=True,
-              help="Canary analysis: fail a stage whose devices' p99 latency (the median of each device's) is more "
-                   "than this many times the baseline's, the devices still on the old version ('off': not judged).")
-@click.option("--max-error-rate", default="1%", show_default=True,
-              help="Canary analysis: fail a stage whose devices' error rate is more than this above the baseline's "
-                   "(absolute without a baseline; 'off': not judged).")
-@click.option("--max-offload-share", default="25%", show_default=True,
-              help="Canary analysis: fail a stage whose devices send more than this larger a share of their "
-                   "predict_async requests to the cloud than the baseline ('off': not judged).")
-@click.option("--wait", "wait_s", type=float, default=None, help=_WAIT_OUTCOME)
-@click.option("--wait-deferred", metavar="DURATION", default=None, help=_WAIT_DEFERRED)
-@server_option
-@token_option
-@token_file_option
-@json_option
-def push(bundles: tuple[str, ...], group: str, replace: str | None, allow_signature_change: bool, canary: str,
-         waves: str | None, health_window: str, max_failure_rate: str,
-         deploy_timeout: str, manual: bool, max_late_failure_rate: str, max_p99_ratio: str, max_error_rate: str,
-         max_offload_share: str, wait_s: float | None, wait_deferred: str | None,
-         server_url: str, token: str | None, token_file: str | None, as_json: bool) -> None:
-    """Upload each BUNDLE (unless the identical bundle is stored) and start a rollout of their release to every
-    device of GROUP; devices offline then are deferred and get it when they report again.
-
-    Several bundles of one name and version, converted for different boards (--profile), are one release: each
-    device gets its board's bundle (else the generic-<arch> one), and a device of a board with none is reported
-    and left on its version. A push refuses, before anything is sent, another model than the group runs (pass
-    --replace MODEL) and other inputs or outputs than the version it runs (pass --allow-signature-change)."""
-    from edgesdk.fleet.archive import pack_bundle
-    from edgesdk.runtime.bundle import read_bundle
-
-    deferred_s = None if wait_deferred is None else positive_seconds(wait_deferred, "--wait-deferred")
-    policy = _policy(canary, waves, health_window, max_failure_rate, deploy_timeout, manual, max_late_failure_rate,
-                     max_p99_ratio, max_error_rate, max_offload_share)
-    manifests = [read_bundle(bundle).manifest for bundle in bundles]
-    releases = sorted({(m.name, m.version) for m in manifests})
-    if len(releases) > 1:
-        raise click.UsageError(f"the bundles are {len(releases)} releases ({', '.join(' '.join(r) for r in releases)})"
-                               "; push one name and version at a time (one bundle per board)")
-    manifest = manifests[0]
-    client = admin_client(server_url, token, token_file)
-    for bundle, m in zip(bundles, manifests):
-        stored = client.upload(pack_bundle(bundle))["stored"]
-        click.echo(f"{'uploaded' if stored else 'already stored:'} {m.name} {m.version} for {m.target_profile}",
-                   err=True)
-    answer = client.start_release(manifest.name, manifest.version, group, policy, replace=replace,
-                                  allow_signature_change=allow_signature_change)
-    rollout_id, plan = str(answer["id"]), list(answer["plan"])
-    _warn_collapsed(group, plan)
-    _say_release(group, answer)
-    if wait_s is None and deferred_s is None:
-        click.echo(json.dumps(answer) if as_json else f"started rollout {rollout_id}")
-        return
-    click.echo(f"started rollout {rollout_id}", err=True)
-    _finish(client, rollout_id, wait_s, as_json, wait_deferred=deferred_s, plan=plan)
 
 
 @click.group()

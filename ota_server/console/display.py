@@ -114,7 +114,11 @@ def _figure(value: Any, longest: int = 120) -> str:
 #: Prefixes of flat verdict figures that name the side they were measured on (``canary_p99_ms``).
 _SIDES = ("canary", "baseline")
 #: Verdict keys shown apart from the figures table.
-_VERDICT_META = ("passed", "reason", "stage", "version", "judged_at", "checks", "limits")
+_VERDICT_META = ("passed", "outcome", "final", "reason", "stage", "version", "judged_at", "checks", "limits", "boards",
+                 "devices")
+#: A verdict's outcome as the page words it.
+_OUTCOMES = {"passed": "passed", "failed": "failed", "inconclusive": "inconclusive: paused",
+             "waiting": "waiting for evidence"}
 
 
 def _checks(raw: Any) -> list[dict[str, str]]:
@@ -130,6 +134,15 @@ def _checks(raw: Any) -> list[dict[str, str]]:
                         "limit": _figure(check.get("limit")),
                         "passed": "passed" if passed is True else "failed" if passed is False else "—"})
     return out
+
+
+def _device_rows(raw: Any) -> list[dict[str, str]]:
+    """The devices a verdict names (failed and thin first), as text: device, board, outcome, reason."""
+    if not isinstance(raw, list):
+        return []
+    return [{"device": _figure(d.get("device")), "board": _figure(d.get("board")),
+             "outcome": _figure(d.get("outcome")), "reason": _figure(d.get("reason"), 300)}
+            for d in raw[:50] if isinstance(d, dict)]
 
 
 def verdict_view(raw: Any) -> dict[str, Any] | None:
@@ -167,7 +180,11 @@ def verdict_view(raw: Any) -> dict[str, Any] | None:
             put(name, "value", value)
     stage = raw.get("stage")
     limits = raw.get("limits")
+    outcome = raw.get("outcome") if raw.get("outcome") in _OUTCOMES else (
+        "passed" if passed is True else "failed" if passed is False else None)
     return {"passed": passed if isinstance(passed, bool) else None,
+            "outcome": outcome, "outcome_text": _OUTCOMES.get(str(outcome), "not said"),
+            "devices": _device_rows(raw.get("devices")),
             "reason": _figure(raw["reason"], 1000) if raw.get("reason") is not None else None,
             "stage": stage if isinstance(stage, int) and not isinstance(stage, bool) and stage > 0 else None,
             "version": _figure(raw["version"]) if raw.get("version") is not None else None,

@@ -177,13 +177,14 @@ def console_fleet(broker, start_server, make_agent, bundles) -> tuple[RunningSer
     server.upload(pack_bundle(bundles["2.0.0"]))
     for group in ("cams", "lobby"):
         rollout = server.start_rollout("digits", "1.0.0", group, RolloutPolicy(canary=1.0, waves=(1.0,),
-                                                                                health_window_s=0))
+                                                                                health_window_s=0, analysis=False))
         wait_for(lambda r=rollout: server.status(r, targets=False).state != "running", timeout=60, what="1.0.0")
     return running, agents
 
 
-#: A rollout with no canary wait and no failures allowed: one stage to the whole group.
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+#: A rollout with no canary wait and no failures allowed: one stage to the whole group. These tests' agents run no
+#: app (no traffic to judge), so the canary analysis is off: an explicit choice, as ``push --no-analysis`` is.
+FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0, analysis=False)
 
 
 def rollout_to(server: OTAServer, version: str, group: str = "cams", policy: RolloutPolicy = FAST) -> RolloutRecord:
