@@ -162,6 +162,7 @@ def _figures(parts: list[_Part], sessions: list[AppSession], window: float) -> d
     for name, q in (("p50_ms", 50), ("p95_ms", 95), ("p99_ms", 99)):
         value = percentile(histogram, q)
         figures[name] = None if value is None else round(value, 6)
+    figures["hist"] = histogram
     figures["local"] = sum(slot.local for slot in slots)
     figures["cloud"] = sum(slot.cloud for slot in slots)
     figures["apps"] = len(parts)

@@ -7,20 +7,23 @@ and publishes it in its retained state::
       "versions": {
         "2.0.0": {"from": 1732860100.0, "to": 1732860300.0, "calls": 5231, "errors": 3,
                   "p50_ms": 0.21, "p95_ms": 0.35, "p99_ms": 0.61, "local": 0, "cloud": 0,
-                  "apps": 2, "starts": 2, "restarts": 0}}}
+                  "apps": 2, "starts": 2, "restarts": 0, "hist": [[137, 12], [138, 40], ...]}}}
 
 Per version, over the last ``horizon_s`` seconds: ``from``/``to`` the window the figures cover
 (device clock), ``calls`` and failed ``errors`` run on the device's model, latency percentiles
 of the successful ones (null when there is none), predict_async requests run ``local`` and sent
 to the ``cloud``, the app sessions that served it (``apps``), those that started on it in the
 window (``starts``) and those that started while an earlier session of the same app was in the
-window (``restarts``: an app restarting).
+window (``restarts``: an app restarting), and, optionally, ``hist``: the successful calls' latency
+histogram (:mod:`edgesdk.runtime.latency_histogram`'s sparse form), from which the server reads how
+sure a p99 over few calls is.
 
 A rollout's verdict rests on these figures, so :func:`parse_traffic` checks them as hostile
 input (:class:`~edgesdk.errors.ReportError` naming the field and the value): counts are whole
 numbers in 0 .. 2**53-1, ``errors <= calls``, ``from <= to``, ``to - from <= 2 * horizon_s``, no
 more calls than the window allows at :data:`MAX_CALLS_PER_S`, percentiles finite, ordered and
-null exactly when no call succeeded, versions dotted integers, at most
+null exactly when no call succeeded, a histogram of increasing bucket indices and positive counts
+that add up to the successful calls, versions dotted integers, at most
 :data:`MAX_TRAFFIC_VERSIONS` of them. Standard library only: the agent runs it too.
 """
 
@@ -31,6 +34,7 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError, ReportError
 from edgesdk.runtime.bundle import parse_version
+from edgesdk.runtime.latency_histogram import N_BUCKETS
 
 __all__ = ["TRAFFIC_FORMAT", "MAX_CALLS_PER_S", "MAX_TRAFFIC_VERSIONS", "MAX_COUNT", "COUNTS",
            "PERCENTILES", "parse_traffic", "check_count", "check_time", "check_version", "refuse"]
@@ -117,6 +121,30 @@ def _percentiles(entry: dict[str, Any], where: str, succeeded: int) -> dict[str,
     return values
 
 
+def _histogram(value: Any, where: str, succeeded: int) -> list[list[int]]:
+    """The version's latency histogram, checked: ``[[bucket, count], ...]`` with increasing buckets in
+    0 .. N_BUCKETS-1 and positive counts adding up to the successful calls."""
+    field = f"{where}.hist"
+    if not isinstance(value, list) or len(value) > N_BUCKETS:
+        raise refuse("type", field, f"{field} {_show(value)} must be a list of at most {N_BUCKETS} "
+                                    "[bucket, count] pairs")
+    checked, last, seen = [], -1, 0
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)):
+            raise refuse("type", field, f"{field} item {_show(pair)} must be [bucket, count]")
+        index, count = pair
+        if not last < index < N_BUCKETS or count < 1:
+            raise refuse("range", field, f"{field} item {_show(pair)}: buckets increase within "
+                                         f"0..{N_BUCKETS - 1} and counts are at least 1")
+        checked.append([index, count])
+        last, seen = index, seen + count
+    if seen != succeeded:
+        raise refuse("range", field, f"{field} holds {seen} calls, not the {succeeded} that "
+                                     "succeeded; send the histogram of the window's calls")
+    return checked
+
+
 def _window(entry: dict[str, Any], where: str, horizon_s: float) -> tuple[float, float]:
     start, end = check_time(entry["from"], f"{where}.from"), check_time(entry["to"], f"{where}.to")
     if start > end:
@@ -146,7 +174,10 @@ def _version_entry(entry: Any, where: str, horizon_s: float) -> dict[str, Any]:
         raise refuse("range", f"{where}.calls",
                      f"{where}.calls {calls} in {end - start:g} s is over the {MAX_CALLS_PER_S} "
                      f"calls/s one device serves ({most:.0f} at most)")
-    return {"from": start, "to": end, **counts, **_percentiles(entry, where, calls - errors)}
+    checked = {"from": start, "to": end, **counts, **_percentiles(entry, where, calls - errors)}
+    if entry.get("hist") is not None:
+        checked["hist"] = _histogram(entry["hist"], where, calls - errors)
+    return checked
 
 
 def parse_traffic(obj: Any) -> dict[str, Any]:

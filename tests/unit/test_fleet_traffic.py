@@ -38,7 +38,10 @@ def test_what_the_agent_publishes_is_accepted_as_it_is(agent_traffic):
 
 
 def _bad(traffic: dict, version: str, **fields) -> dict:
+    """``traffic`` with ``fields`` of ``version`` changed (its histogram dropped when the calls no longer match it)."""
     bad = copy.deepcopy(traffic)
+    if {"calls", "errors"} & fields.keys() and "hist" not in fields:
+        bad["versions"][version].pop("hist", None)
     bad["versions"][version].update(fields)
     return bad
 
@@ -58,6 +61,11 @@ def _bad(traffic: dict, version: str, **fields) -> dict:
     ({"from": 2e9}, "range", "from", "is after"),
     ({"to": "soon"}, "type", "to", "'soon'"),
     ({"calls": 10**9, "errors": 0}, "range", "calls", f"{MAX_CALLS_PER_S} calls/s"),
+    ({"hist": [[130, 320], [129, 0]]}, "range", "hist", "buckets increase"),
+    ({"hist": [[130, 300]]}, "range", "hist", "holds 300 calls, not the 320 that succeeded"),
+    ({"hist": [[360, 320]]}, "range", "hist", "0..359"),
+    ({"hist": [[130, 320.0]]}, "type", "hist", "[bucket, count]"),
+    ({"hist": "many"}, "type", "hist", "'many'"),
 ])
 def test_each_bad_figure_is_refused_naming_its_field_and_value(agent_traffic, change, reason, field,
                                                                says):

@@ -8,15 +8,19 @@ failed healthy devices at a 1% limit whose rate was near it.
 
 **A p99 from few calls.** Over ``n`` calls, the 95% lower confidence bound of the 99th percentile is the order
 statistic of rank ``n * 0.99 - 1.645 * sqrt(n * 0.99 * 0.01)`` (97th of 100 calls, 985th of 1,000): a device's p99 is
-above a limit with 95% confidence only when the latency at that rank is. The agent reports p50, p95 and p99 per
-version; the latency at the rank's quantile (between 0.95 and 0.99) is interpolated between p95 and p99 on a log
-scale, the shape of a latency tail.
+above a limit with 95% confidence only when the latency at that rank is. It is read from the latency histogram the
+agent reports with each version (the lower edge of the bucket that holds that rank, so never above the true
+value); a report without one is held to its p95. Interpolating between the p95 and the p99 is no bound: a latency
+tail with a few far slower calls (a page fault, a preempted thread) puts a p99 over 300 calls in that far tail one
+time in four, and the interpolation with it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from edgesdk.runtime.latency_histogram import bucket_bounds
 
 __all__ = ["rate_lower", "rate_upper", "p99_lower", "Z_95"]
 
@@ -84,17 +88,23 @@ def rate_upper(errors: int, calls: int) -> float:
     return _solve(lambda p: _betainc(errors + 1, calls - errors, p), 1.0 - _ALPHA)
 
 
-def p99_lower(calls: int, p95_ms: float | None, p99_ms: float | None) -> float | None:
-    """The 95% lower confidence bound of the p99 over ``calls`` successful calls, from their p95 and p99."""
+def p99_rank(calls: int) -> int:
+    """The rank (from 1) of the order statistic that is a 95% lower confidence bound of the p99 over ``calls``."""
+    return max(1, math.floor(calls * 0.99 - Z_95 * math.sqrt(calls * 0.99 * 0.01)))
+
+
+def p99_lower(calls: int, p95_ms: float | None, p99_ms: float | None,
+              histogram: Sequence[Sequence[int]] | None = None) -> float | None:
+    """The 95% lower confidence bound of the p99 over ``calls`` successful calls (ms): the lower edge of the
+    histogram's bucket that holds the order statistic of :func:`p99_rank`; without a histogram, the p95 (never
+    above that bound once there are 60 calls or more)."""
     if p99_ms is None or calls <= 0:
         return None
-    rank = calls * 0.99 - Z_95 * math.sqrt(calls * 0.99 * 0.01)
-    quantile = rank / calls
-    if quantile >= 0.99 or p95_ms is None:
-        return p99_ms
-    if quantile <= 0.95:
-        return p95_ms
-    if p95_ms <= 0 or p99_ms <= 0:
-        return p95_ms + (p99_ms - p95_ms) * (quantile - 0.95) / 0.04
-    share = (quantile - 0.95) / 0.04
-    return math.exp(math.log(p95_ms) + share * (math.log(p99_ms) - math.log(p95_ms)))
+    if not histogram:
+        return p95_ms if p95_ms is not None else p99_ms
+    rank, seen = p99_rank(calls), 0
+    for index, count in sorted((int(i), int(c)) for i, c in histogram):
+        seen += count
+        if seen >= rank:
+            return bucket_bounds(index)[0] / 1e6
+    return p99_ms

@@ -83,7 +83,8 @@ def _checks(figures: VersionFigures, baseline: Baseline | None, policy: RolloutP
             return THIN, "no baseline for its board (no device on the old version with figures, no figures kept " \
                          "from an earlier stage, none of its own previous version)"
         ratio = figures.p99_ms / baseline.p99_ms
-        surely = (p99_lower(figures.calls - figures.errors, figures.p95_ms, figures.p99_ms) or 0.0) / baseline.p99_ms
+        lower = p99_lower(figures.calls - figures.errors, figures.p95_ms, figures.p99_ms, figures.histogram)
+        surely = (lower or 0.0) / baseline.p99_ms
         if surely > policy.max_p99_ratio:
             return FAIL, (f"p99 {_ms(figures.p99_ms)} ms is {ratio:.1f}x the {baseline.source} baseline's "
                           f"{_ms(baseline.p99_ms)} ms (> {policy.max_p99_ratio:g}x; at least {surely:.1f}x with 95% "

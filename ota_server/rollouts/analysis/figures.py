@@ -35,6 +35,8 @@ class VersionFigures:
     restarts: int
     #: Seconds the figures cover.
     window_s: float
+    #: The successful calls' latency histogram (sparse bucket counts), when the agent sent one.
+    histogram: tuple[tuple[int, int], ...] | None = None
 
     @property
     def error_rate(self) -> float | None:
@@ -69,9 +71,10 @@ def version_figures(details: Mapping[str, Any] | None, version: str | None) -> V
     entry = checked["versions"].get(version)
     if entry is None:
         return f"reports no traffic on {version}"
+    histogram = tuple((int(i), int(c)) for i, c in entry["hist"]) if entry.get("hist") else None
     return VersionFigures(version, int(entry["calls"]), int(entry["errors"]), entry.get("p95_ms"), entry.get("p99_ms"),
                           int(entry.get("local", 0)), int(entry.get("cloud", 0)), int(entry.get("restarts", 0)),
-                          float(entry["to"]) - float(entry["from"]))
+                          float(entry["to"]) - float(entry["from"]), histogram)
 
 
 def error_verdict(figures: VersionFigures, floor: float, limit: float) -> bool | None:
