@@ -25,7 +25,9 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── BundleError                  exit 15  a bundle directory or manifest is missing fields or malformed
     ├── HealthCheckError             exit 16  a new model failed its on-device health or latency check
     ├── RolloutError                 exit 17  a rollout aborted or ended with failed devices
-    │   └── RolloutTimeoutError      exit 18  `--wait` ran out while the rollout was still running
+    │   ├── RolloutTimeoutError      exit 18  `--wait` ran out while the rollout was still running
+    │   └── RolloutInconclusiveError exit 31  a stage paused: too few devices reported enough figures on the
+    │                                          release by its deadline (promote accepts it, abort rolls it back)
     ├── NotFoundError                exit 19  the server has no such rollout, bundle, device or measurement
     ├── ConflictError                exit 20  the request contradicts the server's state (a version already
     │   │                                     stored with other content, already installed, a rollout running)

@@ -1,5 +1,10 @@
 """Fleet part of the demo: a real broker, the OTA server, 20 device agents, canary rollouts from the CLI.
 
+Every device runs an app on a ManagedRuntime (in the agent's process here; on a board, its own process following
+the store) whose traffic the agent reports, and each stage of a push is judged on it: the first release goes out
+with --no-analysis (nothing to compare it with yet), the next one passes its canary analysis on the apps' calls,
+and one whose health check fails is rolled back by its canaries and aborted.
+
 Run by examples/quickstart.py (step 6) with the bundle it converted; on its own:
     python examples/fleet.py BUNDLE_DIR KEYS_DIR OUT_DIR
 """
@@ -53,26 +58,26 @@ def run(bundle_dir: Path, keys: Path, out: Path) -> bool:
                                        http=f"127.0.0.1:{free_port()}", token=token))
     server, url = running.ota, running.url
     server_key = load_public_key(keys / "server.pub")
-    app = ManagedRuntime(profile="generic-x86_64", swap_order="load-first")  # device 00 also serves an app
+    apps = [ManagedRuntime(profile="generic-x86_64", swap_order="load-first") for _ in range(N_DEVICES)]
     # The agents stand in for RK3588 boards (the bundle was converted for one): a device is sent only bundles of its
     # own board, and a real board detects its profile; this x86 host would report generic-x86_64.
     agents = [DeviceAgent(AgentConfig(f"cam{i:02d}", "cams", broker.url, out / "devices" / f"cam{i:02d}",
-                                      server_key=server_key, profile="rk3588"), runtime=app if i == 0 else None).start()
+                                      server_key=server_key, profile="rk3588"), runtime=apps[i]).start()
               for i in range(N_DEVICES)]
     while len(server.db.devices("cams")) < N_DEVICES:
         time.sleep(0.1)
-    print(f"   {N_DEVICES} agents online; admin API on {url}")
+    print(f"   {N_DEVICES} agents online, each with an app; admin API on {url}")
 
-    served, failed, stop = [0], [0], threading.Event()
+    served, failed, stop = [0] * N_DEVICES, [0] * N_DEVICES, threading.Event()
     sample, _ = read_bundle(bundle_dir).health_sample()
 
-    def traffic() -> None:
-        while not stop.is_set():
+    def traffic(i: int) -> None:  # an app's camera: about 100 frames a second
+        while not stop.wait(0.01):
             try:
-                app.predict(sample)
-                served[0] += 1
+                apps[i].predict(sample)
+                served[i] += 1
             except Exception:  # the app's view: any exception is a failed request
-                failed[0] += 1
+                failed[i] += 1
 
     env = {**os.environ, "EDGESDK_SERVER": url, "EDGESDK_TOKEN": token}
     edgesdk = str(Path(sys.executable).parent / "edgesdk")
@@ -86,29 +91,36 @@ def run(bundle_dir: Path, keys: Path, out: Path) -> bool:
 
     ok = True
     try:
+        # The first release: no app serves yet, and there is nothing to compare its figures with.
         first = cli("push", str(bundle_dir), "--group", "cams", "--canary", "10%", "--waves", "50,100",
-                    "--health-window", "1s", "--wait", "180")
+                    "--health-window", "1s", "--no-analysis", "--wait", "180")
         ok &= "completed" in first
-        worker = threading.Thread(target=traffic, daemon=True)
-        worker.start()  # from here on, the app on cam00 answers requests through every update
+        workers = [threading.Thread(target=traffic, args=(i,), daemon=True) for i in range(N_DEVICES)]
+        for worker in workers:
+            worker.start()  # from here on, every app answers requests through every update
+        while min(served) < 300:  # each device's figures on the running version: its canary's baseline
+            time.sleep(0.1)
         name = read_bundle(bundle_dir).manifest.name
         good = release(bundle_dir, out / "bundle-1.0.1", keys, "1.0.1")
-        ok &= "completed" in cli("push", str(good), "--group", "cams", "--canary", "10%", "--waves", "50,100",
-                                 "--health-window", "1s", "--wait", "180")
+        judged = cli("push", str(good), "--group", "cams", "--canary", "10%", "--waves", "50,100",
+                     "--health-window", "2s", "--wait", "300")
+        ok &= "completed" in judged and "canary analysis, stage 3: passed" in judged
         bad = release(bundle_dir, out / "bundle-1.1.0", keys, "1.1.0", broken=True)
         ok &= "aborted" in cli("push", str(bad), "--group", "cams", "--canary", "10%", "--waves", "50,100",
-                               "--health-window", "1s", "--max-failure-rate", "5%", "--wait", "180")
+                               "--health-window", "2s", "--max-failure-rate", "5%", "--wait", "180")
         stop.set()
-        worker.join()
+        for worker in workers:
+            worker.join()
         versions = {a.current_version() for a in agents}
-        print(f"   after the aborted canary every device runs {sorted(versions)}; the app on cam00 swapped models "
-              f"{app.swaps - 1} time(s) under load and served {served[0]} requests with {failed[0]} failures")
-        ok &= versions == {(name, "1.0.1")} and failed[0] == 0 and served[0] > 0 and app.swaps == 2
+        print(f"   after the aborted canary every device runs {sorted(versions)}; the apps swapped models under load "
+              f"and served {sum(served)} requests with {sum(failed)} failures")
+        ok &= versions == {(name, "1.0.1")} and sum(failed) == 0 and min(served) > 0 and apps[0].swaps == 2
     finally:
         stop.set()
         for agent in agents:
             agent.stop()
-        app.close()
+        for app in apps:
+            app.close()
         running.stop()
         broker.stop()
     return ok

@@ -6,9 +6,9 @@
 4. benchmark them here, and show how the power modes would schedule threads on each shipped board;
 5. convert the model for an RK3588 board: build, measure and choose a variant, write a signed bundle,
    verify it and run its health check;
-6. update a fleet: a real MQTT broker, the OTA server and 20 device agents; push the bundle from the
-   CLI with a 10% canary, then push a release whose health check fails and watch the canary roll
-   back by itself while an app on one device keeps answering.
+6. update a fleet: a real MQTT broker, the OTA server and 20 device agents, each with an app; push the
+   bundle from the CLI with a 10% canary, push a new release judged on the apps' traffic, then push a
+   release whose health check fails and watch the canary roll back by itself while the apps keep answering.
 
     python examples/quickstart.py [--out demo-output] [--runs 200]
 """

@@ -141,8 +141,9 @@ def main() -> None:
                 server.upload(pack_bundle(make_bundle(work / f"bundle-{version}", version, keys, seed=seed)))
             log(f"writing {args.devices} devices")
             ids = populate(server, args.devices)
-            rollout = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,),
-                                                                                   health_window_s=3600))
+            # Its devices are written to the store, not run: nothing to judge, so the canary analysis is off.
+            policy = RolloutPolicy(analysis=False, canary=0.1, waves=(1.0,), health_window_s=3600)
+            rollout = server.start_rollout("digits", "2.0.0", "cams", policy)
             client = ConsoleClient(base)
             assert client.login(TOKEN).status == 200
             pages = {"fleet first page": "/ui/", "fleet, one group": "/ui/?group=doors",

@@ -47,7 +47,8 @@ from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
 from edgesdk.runtime.signing import generate_keypair, load_private_key  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
 
-POLICY = RolloutPolicy(canary=0.01, waves=(0.1, 1.0), health_window_s=0.0, max_failure_rate=0.05,
+#: Its devices run no app: nothing to judge, so the canary analysis is off (as ``push --no-analysis``).
+POLICY = RolloutPolicy(analysis=False, canary=0.01, waves=(0.1, 1.0), health_window_s=0.0, max_failure_rate=0.05,
                        deploy_timeout_s=600.0)
 MODEL = "fleetbench"
 

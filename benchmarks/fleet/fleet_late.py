@@ -44,8 +44,9 @@ from edgesdk.testing import random_mlp, write_mlp_onnx
 
 __all__ = ["LATE_POLICY", "late_devices", "duty_cycled", "reconnect_storm", "big_bundle", "late_goals"]
 
-#: The fleet benchmark's policy: canary 1%, waves 10%/100%, no health window.
-LATE_POLICY = RolloutPolicy(canary=0.01, waves=(0.1, 1.0), health_window_s=0.0, max_failure_rate=0.05,
+#: The fleet benchmark's policy: canary 1%, waves 10%/100%, no health window; its simulated devices run no app, so
+#: there is nothing to judge and the canary analysis is off (as ``push --no-analysis``).
+LATE_POLICY = RolloutPolicy(analysis=False, canary=0.01, waves=(0.1, 1.0), health_window_s=0.0, max_failure_rate=0.05,
                             deploy_timeout_s=600.0)
 #: A partition that lasts until a ``heal`` ends it.
 _UNTIL_HEALED_S = 24 * 3600.0

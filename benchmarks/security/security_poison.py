@@ -77,7 +77,9 @@ from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
 from edgesdk.runtime.signing import generate_keypair, load_private_key  # noqa: E402
 from edgesdk.testing import random_mlp, write_mlp_onnx  # noqa: E402
 
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0, deploy_timeout_s=120)
+#: Its devices run no app: nothing to judge, so the canary analysis is off (as ``push --no-analysis``).
+FAST = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0,
+                     deploy_timeout_s=120)
 GROUP = "sec"
 POISONER = "evil"
 #: Seconds between two poison messages.

@@ -170,7 +170,8 @@ def replays(work: Path) -> dict[str, Any]:
                    interval=0.02)
         for seed, version in enumerate(("1.0.0", "2.0.0"), 1):
             server.upload(pack_bundle(_bundle(work, version, seed, load_private_key(private["bundles"][0]))))
-        policy = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+        # Its agents run no app: nothing to judge, so the canary analysis is off (as ``push --no-analysis``).
+        policy = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
         steps = [(v, g, False) for v in ("1.0.0", "2.0.0") for g in ("cams", "canary", "prod")]
         for version, group, rollback in [*steps, ("1.0.0", "canary", True)]:
             rid = server.start_rollout("digits", version, group, policy, rollback=rollback)

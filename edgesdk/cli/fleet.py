@@ -120,7 +120,7 @@ def _outcome(r: RolloutRecord, wait_deferred: float | None = None, superseded: G
     from edgesdk.errors import RolloutError, RolloutInconclusiveError, RolloutTimeoutError
 
     if r.phase == "waiting_for_promote" and (r.verdict or {}).get("outcome") == "inconclusive":
-        accept = "complete it" if r.stage + 1 >= r.stage_count else f"send stage {r.stage + 2}"
+        accept = "completes it" if r.stage + 1 >= r.stage_count else f"sends stage {r.stage + 2}"
         raise RolloutInconclusiveError(f"rollout {r.id} paused at stage {r.stage + 1} of {r.stage_count}: "
                                        f"{(r.verdict or {}).get('reason')}; `edgesdk rollout promote {r.id}` accepts "
                                        f"the release as it is and {accept}, `edgesdk rollout abort {r.id}` rolls it "

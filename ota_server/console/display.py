@@ -114,8 +114,9 @@ def _figure(value: Any, longest: int = 120) -> str:
 #: Prefixes of flat verdict figures that name the side they were measured on (``canary_p99_ms``).
 _SIDES = ("canary", "baseline")
 #: Verdict keys shown apart from the figures table.
-_VERDICT_META = ("passed", "outcome", "final", "reason", "stage", "version", "judged_at", "checks", "limits", "boards",
-                 "devices")
+_VERDICT_META = ("passed", "outcome", "final", "reason", "stage", "version", "judged_at", "checks", "limits")
+#: Verdict keys whose lists are shown apart (the boards and devices a verdict names); a number by that name is a figure.
+_VERDICT_LISTS = ("boards", "devices")
 #: A verdict's outcome as the page words it.
 _OUTCOMES = {"passed": "passed", "failed": "failed", "inconclusive": "inconclusive: paused",
              "waiting": "waiting for evidence"}
@@ -167,7 +168,7 @@ def verdict_view(raw: Any) -> dict[str, Any] | None:
 
     for key, value in raw.items():
         name = str(key)
-        if name in _VERDICT_META:
+        if name in _VERDICT_META or (name in _VERDICT_LISTS and isinstance(value, list)):
             continue
         if isinstance(value, dict):
             for figure, number in value.items():

@@ -114,6 +114,26 @@ def _rollback_refused(ran: tuple[str, ...], to: str) -> str:
     return _message(lambda: plan_rollback(release, GroupHistory("cams", "digits", ran, "r9", ran[-1]), to))
 
 
+def _inconclusive() -> str:
+    """What `push --wait` says when the canary's two devices made too few calls on the release by its deadline."""
+    from edgesdk.cli.fleet import _outcome
+    from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState
+    from edgesdk.fleet.records import TargetStatus as Status
+    from edgesdk.ota_server.rollouts.analysis.evidence import StageDevice
+    from edgesdk.ota_server.rollouts.analysis.stage import judge_stage
+
+    now = 1_800_000_000.0
+    figures = {"from": now - 60, "to": now, "calls": 30, "errors": 0, "p50_ms": 4.0, "p95_ms": 5.0, "p99_ms": 6.0,
+               "local": 0, "cloud": 0, "apps": 1, "starts": 1, "restarts": 0}
+    devices = [StageDevice(d, "rk3588", Status.COMMITTED, None, "1.0.0", True, now - 5, now - 90,
+                           {"traffic": {"format": 1, "at": now, "horizon_s": 900, "versions": {"2.0.0": figures}}})
+               for d in ("cam01", "cam02")]
+    verdict, _ = judge_stage(RolloutPolicy(), 0, "2.0.0", devices, [], None, now, final=True)
+    paused = RolloutRecord("r9", "digits", "2.0.0", "cams", RolloutPolicy(), RolloutState.RUNNING, 0, now - 200,
+                           now - 190, None, now - 300, now, False, stage_sizes=(2, 20), verdict=verdict)
+    return _message(lambda: _outcome(paused))
+
+
 CASES = {
     "wrong-shape": lambda model, tmp: _wrong_input(model, np.zeros((1, 32), np.float32)),
     "wrong-dtype": lambda model, tmp: _wrong_input(model, np.zeros((1, 64), np.float64)),
@@ -130,6 +150,7 @@ CASES = {
                                                                        accelerator="hailo")),
     "rollback-never-ran": lambda model, tmp: _rollback_refused(("1.0.0", "2.0.0", "3.0.0"), "9.9.9"),
     "rollback-forward": lambda model, tmp: _rollback_refused(("1.0.0", "2.0.0", "3.0.0", "2.0.0"), "3.0.0"),
+    "inconclusive": lambda model, tmp: _inconclusive(),
 }
 
 

@@ -15,7 +15,9 @@ from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from tests.ota.conftest import wait_for
 
-FAST = RolloutPolicy(canary=0.01, waves=(0.1, 1.0), health_window_s=0, max_failure_rate=0.05, deploy_timeout_s=60)
+#: Its devices run no app: nothing to judge, so the canary analysis is off (as ``push --no-analysis``).
+FAST = RolloutPolicy(analysis=False, canary=0.01, waves=(0.1, 1.0), health_window_s=0, max_failure_rate=0.05,
+                     deploy_timeout_s=60)
 #: The agent's patience as the OTA tests set it, so a device that missed the broadcast asks soon.
 PATIENCE = {"broadcast_wait_s": 0.5, "retry_interval_s": 0.3}
 

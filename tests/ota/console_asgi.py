@@ -141,7 +141,7 @@ def console_server(folder: Path, keys: dict, bundle: Path, devices: dict[str, st
     repo.add(bundle)
     db.upsert_devices([DeviceState(d, "cams", "online", "digits", "0.9.0", ("a",), time.time(), details=details)
                        for d, details in devices.items()])
-    rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=0.3, waves=(1.0,),
+    rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(analysis=False, canary=0.3, waves=(1.0,),
                                                                             health_window_s=3600))
     app = create_app(server, TOKEN, metrics=server.metrics)
     app.mount(PREFIX, create_console(server, TOKEN, proxies=Proxies(proxies), limiter=limiter))

@@ -144,7 +144,7 @@ def test_the_cli_agent_logs_each_install_rollback_and_refusal(secured, tmp_path,
         for version in ("1.0.0", "3.0.0-bad"):
             server.upload(pack_bundle(bundles[version]))
             rollout = server.start_rollout("digits", version.split("-")[0], "cams",
-                                           RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0))
+                                           RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0))
             wait_for(lambda r=rollout: server.status(r).state != "running", timeout=60, what=f"rollout {version}")
         server.transport.publish(Topics.cmd("cam01"), b"not a command")
         wait_for(lambda: "cam01: rejected" in log_path.read_text(), what="the refusal in the agent's log")

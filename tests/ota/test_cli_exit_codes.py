@@ -20,15 +20,15 @@ def test_a_wait_that_runs_out_exits_18_with_the_state_and_a_downgrade_is_refused
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
     wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
-    _cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait", "60",
-         *auth)
-    older = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", *auth])
+    _cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window", "0s",
+         "--wait", "60", *auth)
+    older = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", *auth])
     assert older.exit_code == ConflictError.exit_code, older.output
     assert "newer than 1.0.0" in older.output and "rollout rollback" in older.output
     # The canary's health window lasts a minute: a 2 s wait ends while it is still running (a manual rollout that
     # reached waiting_for_promote exits 0 instead: tests/ota/test_canary_analysis.py).
     newer = make_bundle(tmp_path / "2.1.0", "2.1.0", keys, seed=21)
-    result = CliRunner().invoke(cli, ["push", str(newer), "--group", "cams", "--canary", "50%", "--waves", "100",
+    result = CliRunner().invoke(cli, ["push", str(newer), "--group", "cams", "--no-analysis", "--canary", "50%", "--waves", "100",
                                       "--health-window", "60s", "--manual", "--wait", "2", "--json", *auth])
     assert result.exit_code == RolloutTimeoutError.exit_code, result.output
     state = json.loads(result.stdout)
@@ -41,9 +41,9 @@ def test_an_aborted_rollout_exits_17_with_its_final_state_and_an_operator_abort_
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
     wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
-    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait", "60",
-         *auth)
-    bad = CliRunner().invoke(cli, ["push", str(bundles["3.0.0-bad"]), "--group", "cams", "--canary", "100%",
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window", "0s",
+         "--wait", "60", *auth)
+    bad = CliRunner().invoke(cli, ["push", str(bundles["3.0.0-bad"]), "--group", "cams", "--no-analysis", "--canary", "100%",
                                    "--health-window", "0s", "--wait", "60", "--json", *auth])
     assert bad.exit_code == RolloutError.exit_code, bad.output
     state = json.loads(bad.stdout)  # the final state on stdout; the id, progress and error on stderr
@@ -54,7 +54,8 @@ def test_an_aborted_rollout_exits_17_with_its_final_state_and_an_operator_abort_
     followed = CliRunner().invoke(cli, ["rollout", "status", state["id"], "--follow", *auth])
     assert followed.exit_code == RolloutError.exit_code and "aborted" in followed.output, followed.output
 
-    started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "50%", "--waves", "100",
+    started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "50%",
+                              "--waves", "100",
                               "--health-window", "0s", "--manual", "--json", *auth))["id"]
     wait_for(lambda: [t["status"] for t in json.loads(_cli("rollout", "status", started, "--json", *auth))["targets"]
                       if t["stage"] == 1] == ["committed"], what="the canary")

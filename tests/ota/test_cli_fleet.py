@@ -69,13 +69,13 @@ def test_canary_rollout_and_automatic_rollback_from_the_cli(server_process, brok
     wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == N_AGENTS,
              what="20 devices registered")
 
-    out = _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "10%", "--waves", "50,100",
+    out = _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "10%", "--waves", "50,100",
                "--health-window", "0.5s", "--wait", "120", *auth)
     assert "completed" in out and "committed 20" in out, out
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
 
     started = time.monotonic()
-    out = _cli("push", str(bundles["3.0.0-bad"]), "--group", "cams", "--canary", "10%", "--waves", "50,100",
+    out = _cli("push", str(bundles["3.0.0-bad"]), "--group", "cams", "--no-analysis", "--canary", "10%", "--waves", "50,100",
                "--health-window", "0.5s", "--max-failure-rate", "5%", "--wait", "120", *auth,
                exit_code=RolloutError.exit_code)  # an aborted rollout is a failed push, for every CI script
     assert "aborted" in out and "rolled_back 2" in out and "skipped 18" in out, out
@@ -103,9 +103,9 @@ def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(4)]
     wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == 4, what="devices")
-    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait",
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window", "0s", "--wait",
          "60", *auth)
-    started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "25%", "--waves", "100",
+    started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "25%", "--waves", "100",
                               "--health-window", "0s", "--manual", "--json", *auth))
     rollout_id = started["id"]
 
@@ -125,7 +125,7 @@ def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker
     assert "completed" in out and "committed 4" in out
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
 
-    third = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "25%", "--waves", "100",
+    third = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "25%", "--waves", "100",
                             "--health-window", "0s", "--manual", "--json", *auth))["id"]
     wait_for(lambda: json.loads(_cli("rollout", "status", third, "--json", *auth))["targets"][0]["status"] != "pending",
              what="third rollout started")
@@ -167,13 +167,13 @@ def test_versions_are_immutable_and_what_a_group_runs_is_not_pushed_again(server
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
     wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
-    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--wait", "60",
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window", "0s", "--wait", "60",
          *auth)
     impostor = make_bundle(tmp_path / "impostor", "1.0.0", keys, seed=99)  # same name and version, other weights
-    out = CliRunner().invoke(cli, ["push", str(impostor), "--group", "cams", *auth])
+    out = CliRunner().invoke(cli, ["push", str(impostor), "--group", "cams", "--no-analysis", *auth])
     assert out.exit_code == ConflictError.exit_code, out.output
     assert "other content" in out.output and "sha256" in out.output and "higher --version" in out.output
-    again = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", *auth])
+    again = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", *auth])
     assert again.exit_code == ConflictError.exit_code, again.output
     assert "already stored" in again.output and "already installed on all 2 devices" in again.output
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
@@ -183,7 +183,7 @@ def test_versions_are_immutable_and_what_a_group_runs_is_not_pushed_again(server
 def test_wave_lists_must_increase_to_100_before_anything_is_sent(bundles):
     # The server URL answers nothing: the policy is refused before any request.
     for waves in ("100,50", "50", "50,50,100"):
-        out = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--waves", waves,
+        out = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--waves", waves,
                                        "--server", "http://127.0.0.1:9", "--token", "t"])
         assert out.exit_code == 2 and "must increase and end at 100%" in out.output, (waves, out.output)
 
@@ -198,7 +198,7 @@ def test_tables_json_words_iso_times_and_follow(server_process, broker, make_age
     (device,) = json.loads(_cli("devices", "--json", *auth))["devices"]
     assert "grp" not in device and device["group"] == "cams" and device["profile"] == "generic-x86_64"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", device["last_seen"]), device["last_seen"]
-    rollout_id = json.loads(_cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%",
+    rollout_id = json.loads(_cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%",
                                  "--health-window", "0s", "--json", *auth))["id"]
     result = CliRunner().invoke(cli, ["rollout", "status", rollout_id, "--follow", "--json", *auth])
     assert result.exit_code == 0, result.output
@@ -223,7 +223,7 @@ def test_a_push_completes_without_an_offline_device_which_converges_when_it_retu
     agents[1].stop()  # asleep, out of coverage: it misses the push
     wait_for(lambda: json.loads(_cli("devices", "--status", "offline", "--json", *auth))["total"] == 1,
              what="cam1 offline")
-    once = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%",
+    once = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%",
                                     "--health-window", "0s", "--max-late-failure-rate", "10%", "--wait", "60", *auth])
     assert once.exit_code == 0, once.output  # every reachable device updated: done, the offline one deferred
     assert "completed" in once.stdout and "devices: committed 1, deferred 1" in once.stdout
@@ -239,7 +239,7 @@ def test_a_push_completes_without_an_offline_device_which_converges_when_it_retu
     assert table[1].split()[:7] == ["cams", "digits", "1.0.0", "2", "1", "0", "1"]
 
     # Waiting for the deferred device too: it stays away, so the wait runs out (the "still running" exit code).
-    waited = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "100%",
+    waited = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%",
                                       "--health-window", "0s", "--wait", "60", "--wait-deferred", "2s", "--json",
                                       *auth])
     assert waited.exit_code == RolloutTimeoutError.exit_code, waited.output
@@ -275,8 +275,8 @@ def test_a_push_to_devices_only_provisioned_is_planned_over_them_and_each_conver
     auth = ["--server", server_process, "--token", "s3cret"]
     _cli("devices", "provision", "cam0", "cams", *auth)
     # Analysis off (the agent serves no traffic): the canary, planned over the provisioned device, passes deferred.
-    pushed = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--health-window", "0s",
-                                      "--no-analysis", "--wait", "60", *auth])
+    pushed = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--health-window", "0s",
+                                      "--wait", "60", *auth])
     assert pushed.exit_code == 0, pushed.output  # was refused: "group 'cams' has no device"
     assert "devices: deferred 1" in pushed.output and "1 deferred (offline) get 1.0.0 when they report" in \
         pushed.output, pushed.output
@@ -377,7 +377,7 @@ def test_wait_and_follow_options_are_checked_before_any_request(bundles):
     for args, says in ((["rollout", "status", "--follow"], "--follow needs a rollout ID (or --group GROUP"),
                        (["rollout", "status", "--wait-deferred", "1m"], "--wait-deferred goes with --follow"),
                        (["rollout", "status", "r1", "--group", "cams"], "a ROLLOUT_ID or --group, not both"),
-                       (["push", str(bundles["1.0.0"]), "--group", "cams", "--wait-deferred", "0s"],
+                       (["push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--wait-deferred", "0s"],
                         "'0s' must be a positive duration")):
         out = CliRunner().invoke(cli, [*args, *nowhere])
         assert out.exit_code == 2 and says in out.output, (args, out.output)

@@ -24,7 +24,7 @@ from edgesdk.testing import random_mlp, write_mlp_onnx
 from tests.ota.conftest import FAST, wait_for
 
 #: Sends to one of two devices and holds there (no promotion).
-HELD = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0, auto_promote=False)
+HELD = RolloutPolicy(analysis=False, canary=0.5, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0, auto_promote=False)
 #: What a device reports when it takes a command up (a deploy, a rollback, or a measurement).
 ADMITTED = {"accepted", "downloaded", "committed", "rolled_back", "failed"}
 

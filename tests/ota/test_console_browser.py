@@ -115,7 +115,7 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     shots("device")
 
     # A rollout started from the command line, watched without a reload.
-    pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "30%",
+    pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "30%",
                                       "--waves", "60,100", "--manual", "--health-window", "0s", "--server", base,
                                       "--token", TOKEN, "--json"], catch_exceptions=False)
     assert pushed.exit_code == 0, pushed.output

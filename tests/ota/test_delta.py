@@ -13,7 +13,9 @@ from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.testing import MLPWeights, random_mlp
 from tests.ota.conftest import make_bundle, wait_for
 
-ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.5, deploy_timeout_s=60)
+#: Its agents run no app: nothing to judge, so the canary analysis is off (as ``push --no-analysis``).
+ALL_AT_ONCE = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.5,
+                            deploy_timeout_s=60)
 BACKBONE = random_mlp([64, 1024, 10], seed=5)  # 64x1024 weights: ~260 KB that a head-only update keeps
 
 

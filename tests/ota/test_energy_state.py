@@ -17,7 +17,9 @@ from edgesdk.fleet.records import RolloutPolicy
 from tests.ota.conftest import wait_for
 
 POWER = Path(__file__).resolve().parents[1] / "data" / "power"
-ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.5, deploy_timeout_s=60)
+#: Its agents run no app: nothing to judge, so the canary analysis is off (as ``push --no-analysis``).
+ALL_AT_ONCE = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.5,
+                            deploy_timeout_s=60)
 
 
 def _gauge(ota, name: str, **labels: str) -> float | None:

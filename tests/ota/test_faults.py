@@ -26,7 +26,7 @@ from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.signing import generate_keypair, load_private_key
 from tests.ota.conftest import make_bundle, wait_for
 
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+FAST = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
 
 
 def _rollout(server, version, group="cams", policy=FAST, timeout=60):
@@ -145,7 +145,7 @@ def test_broker_restarted_mid_rollout_and_the_rollout_completes(broker, make_ser
     agents = [make_agent(f"cam{i}", broker.url) for i in range(3)]
     wait_for(lambda: len(server.db.devices("cams")) == 3, what="devices")
     server.upload(pack_bundle(big_bundles["1.0.0"]))
-    policy = RolloutPolicy(canary=0.34, waves=(1.0,), health_window_s=1.0, max_failure_rate=0.0)
+    policy = RolloutPolicy(analysis=False, canary=0.34, waves=(1.0,), health_window_s=1.0, max_failure_rate=0.0)
     rollout = server.start_rollout("digits", "1.0.0", "cams", policy)
     wait_for(lambda: server.status(rollout).stage >= 0, what="first stage sent")
     broker.restart(down_s=1.0)
@@ -292,7 +292,7 @@ def test_agent_killed_between_write_and_switch_restarts_consistent(tmp_path, bro
 def test_failed_health_check_rolls_the_device_back_and_aborts_the_canary(broker, make_server, make_agent, bundles):
     server, agents = _setup(broker, make_server, make_agent, bundles, n=4, versions=("1.0.0", "3.0.0-bad"))
     assert _rollout(server, "1.0.0").state == "completed"
-    r = _rollout(server, "3.0.0", policy=RolloutPolicy(canary=0.25, waves=(1.0,), health_window_s=0.5,
+    r = _rollout(server, "3.0.0", policy=RolloutPolicy(analysis=False, canary=0.25, waves=(1.0,), health_window_s=0.5,
                                                        max_failure_rate=0.05))
     assert r.state == "aborted" and "1/1 devices failed" in r.reason
     (canary,) = [t for t in r.targets if t.stage == 0]

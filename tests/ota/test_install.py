@@ -144,7 +144,7 @@ def test_a_state_file_of_the_previous_agent_still_loads(store):
     assert state.pending == PendingInstall(V2, V1, "d2", "digits", "2.0.0") and state.seen == ["d1", "d2"]
     store.save_state(state)
     assert json.loads((store.root / "state.json").read_text())["pending"] == {
-        "slot": V2, "previous": V1, "deployment_id": "d2", "name": "digits", "version": "2.0.0"}
+        "slot": V2, "previous": V1, "deployment_id": "d2", "name": "digits", "version": "2.0.0", "judge_s": None}
     installer = Installer(store)
     resume = installer.recover()
     assert resume == state.pending and installer.activate(resume).event == "committed"

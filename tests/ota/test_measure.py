@@ -76,7 +76,7 @@ def test_measured_on_the_board_without_touching_the_serving_model(admin, broker,
     _online(server, "rk1")
     _online(server, "pi1")
     server.upload(pack_bundle(bundles["1.0.0-aarch64"]))  # both boards are aarch64: sent an aarch64 bundle only
-    rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,),
+    rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,),
                                                                             health_window_s=0))
     wait_for(lambda: server.status(rollout).state != "running", timeout=60, what="the first install")
     assert board.current_version() == ("digits", "1.0.0")

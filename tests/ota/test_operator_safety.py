@@ -121,7 +121,7 @@ def test_devices_at_the_version_are_not_targeted_and_transitions_are_logged(brok
         server.upload(pack_bundle(bundles[version]))
     first = make_agent("cam0", broker.url)
     wait_for(lambda: server.db.devices("cams"), what="cam0 registered")
-    now = RolloutPolicy(canary=1.0, waves=(), health_window_s=0)
+    now = RolloutPolicy(analysis=False, canary=1.0, waves=(), health_window_s=0)
     with caplog.at_level(logging.INFO, logger="edgesdk.ota_server.server"):
         done = server.start_rollout("digits", "1.0.0", "cams", now)
         wait_for(lambda: server.status(done).state == "completed", what="first rollout")
@@ -132,7 +132,7 @@ def test_devices_at_the_version_are_not_targeted_and_transitions_are_logged(brok
         second = server.start_rollout("digits", "1.0.0", "cams", now)
         assert [t.device_id for t in server.status(second).targets] == ["cam1"]
         wait_for(lambda: server.status(second).state == "completed", what="cam1 updated")
-        bad = server.start_rollout("digits", "3.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,),
+        bad = server.start_rollout("digits", "3.0.0", "cams", RolloutPolicy(analysis=False, canary=0.5, waves=(1.0,),
                                                                              health_window_s=0, auto_promote=False))
         wait_for(lambda: server.status(bad).state == "aborted", what="the bad canary to abort")
     assert first.current_version() == ("digits", "1.0.0")
@@ -149,7 +149,7 @@ def test_promote_is_logged(broker, make_server, make_agent, bundles, caplog):
     for i in range(2):
         make_agent(f"cam{i}", broker.url)
     wait_for(lambda: len(server.db.devices("cams")) == 2, what="devices registered")
-    policy = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0, auto_promote=False)
+    policy = RolloutPolicy(analysis=False, canary=0.5, waves=(1.0,), health_window_s=0, auto_promote=False)
     with caplog.at_level(logging.INFO, logger="edgesdk.ota_server.server"):
         rollout_id = server.start_rollout("digits", "1.0.0", "cams", policy)
         wait_for(lambda: server.status(rollout_id).targets[0].status == "committed", what="the canary")

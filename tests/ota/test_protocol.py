@@ -22,6 +22,7 @@ from edgesdk.fleet.measurement import (
     unpack_measurement,
 )
 from edgesdk.fleet.protocol import ArchiveInfo, MeasureCommand, parse_command, sign_command, sign_measure_command
+from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.testing import random_mlp, write_mlp_onnx
 from tests.ota.conftest import make_bundle
@@ -228,7 +229,8 @@ def test_a_stage_command_is_signed_again_once_half_its_validity_has_passed(keys)
     clock = [1000.0]
     sender = StageSender(None, None, None, keys["server"], lambda *a, **k: None, None, lambda: 0, lambda: 0,  # type: ignore[arg-type]
                          threading.Event(), command_ttl_s=100, clock=lambda: clock[0])
-    rollout = SimpleNamespace(id="r1", rollback=True, model="digits", version="1.0.0", group="cams")
+    rollout = SimpleNamespace(id="r1", rollback=True, model="digits", version="1.0.0", group="cams",
+                              policy=RolloutPolicy())
     first = sender._stage_binder(rollout, 0, False, [], None).envelope  # type: ignore[arg-type]
     clock[0] += 40
     assert sender._stage_binder(rollout, 0, False, [], None).envelope == first  # type: ignore[arg-type]
@@ -253,7 +255,8 @@ def test_a_revert_names_the_version_it_undoes(keys):
     metrics = SimpleNamespace(command_sent=lambda n=1: None)
     sender = StageSender(db, None, None, keys["server"], lambda t, p: sent.append((t, p)), metrics,  # type: ignore[arg-type]
                          lambda: 0, lambda: 0, threading.Event())
-    aborted = SimpleNamespace(id="r5", rollback=False, model="digits", version="5.0.0", group="cams")
+    aborted = SimpleNamespace(id="r5", rollback=False, model="digits", version="5.0.0", group="cams",
+                              policy=RolloutPolicy())
     target = SimpleNamespace(device_id="cam0", previous_version="1.0.0")
     sender.send_revert(aborted, target)  # type: ignore[arg-type]
     (topic, envelope), = sent
@@ -262,5 +265,6 @@ def test_a_revert_names_the_version_it_undoes(keys):
     assert (revert.deployment_id, revert.version, revert.rollback, revert.reverts) == ("r5-rollback", "1.0.0", True,
                                                                                        "5.0.0")
     rollback_stage = sender._stage_binder(SimpleNamespace(id="r6", rollback=True, model="digits", version="1.0.0",
-                                                           group="cams"), 0, False, [], None).envelope  # type: ignore[arg-type]
+                                                           group="cams", policy=RolloutPolicy()), 0, False, [],
+                                          None).envelope  # type: ignore[arg-type]
     assert parse_command(rollback_stage, keys["server_pub"]).reverts is None  # type: ignore[union-attr]

@@ -43,7 +43,7 @@ def fleet(broker, start_server, make_agent, bundles):
 
 
 def _push(running, *args: str):
-    return CliRunner().invoke(cli, ["push", *args, "--group", "cams", *POLICY, "--server", running.url,
+    return CliRunner().invoke(cli, ["push", *args, "--group", "cams", "--no-analysis", *POLICY, "--server", running.url,
                                     "--token", "t"])
 
 
@@ -80,7 +80,7 @@ def test_one_push_of_two_boards_bundles_sends_each_board_its_own(fleet, others):
     running, agents = fleet
     assert agents[2].current_version() is None  # 1.0.0 has no Pi 5 artifact: the Pi 5 was left alone
 
-    pushed = CliRunner().invoke(cli, ["push", str(others["x86"]), str(others["pi5"]), "--group", "cams", *POLICY,
+    pushed = CliRunner().invoke(cli, ["push", str(others["x86"]), str(others["pi5"]), "--group", "cams", "--no-analysis", *POLICY,
                                       "--wait", "60", "--json", "--server", running.url, "--token", "t"])
 
     assert pushed.exit_code == 0, pushed.output
@@ -95,7 +95,7 @@ def test_one_push_of_two_boards_bundles_sends_each_board_its_own(fleet, others):
 
 
 def test_bundles_of_two_releases_are_one_push_too_many(others):
-    out = CliRunner().invoke(cli, ["push", str(others["x86"]), str(others["faces"]), "--group", "cams",
+    out = CliRunner().invoke(cli, ["push", str(others["x86"]), str(others["faces"]), "--group", "cams", "--no-analysis",
                                    "--server", "http://127.0.0.1:9", "--token", "t"])
     assert out.exit_code == 2 and "push one name and version at a time" in out.output, out.output
 

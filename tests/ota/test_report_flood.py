@@ -19,7 +19,7 @@ from edgesdk.ota_server.devices.report_guard import ReportLimits
 from edgesdk.ota_server.mosquitto import write_mosquitto_config
 from tests.ota.conftest import wait_for
 
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+FAST = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
 FLOOD = 4000  # messages of each kind
 LIMITS = ReportLimits(report_every_s=0.5)  # the default burst and rate; flood events every 0.5 s, not 60 s
 

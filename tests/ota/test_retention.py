@@ -15,7 +15,7 @@ from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
 from tests.ota.conftest import make_bundle, wait_for
 
-FAST = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+FAST = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
 UPDATES = 10
 
 

@@ -31,7 +31,7 @@ def test_every_policy_option_out_of_range_exits_2_before_any_request(bundles):
                           (["--deploy-timeout", "0s"], "timeout > 0"),
                           (["--health-window", "soon"], "--health-window"),
                           (["--max-late-failure-rate", "150%"], "max late failure rate")):
-        out = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", *options, *NOWHERE])
+        out = CliRunner().invoke(cli, ["push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", *options, *NOWHERE])
         assert out.exit_code == 2 and says in out.output, (options, out.output)
 
 
@@ -48,11 +48,12 @@ def test_a_collapsed_wave_is_reported_and_a_group_rolls_back_without_a_rollout_i
     agents = [make_agent(f"cam{i}", broker.url) for i in range(3)]
     wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == 3, what="devices")
     # No canary analysis: these agents serve no app traffic to judge (a rollback is staged with the same policy).
-    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--canary", "100%", "--health-window", "0s",
-         "--no-analysis", "--wait", "60", *auth)
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window", "0s",
+         "--wait", "60", *auth)
     # 67% of 3 devices is all 3: the 100% wave adds none, and push says so (stderr) as the plan in the JSON does.
-    pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--canary", "34%", "--waves",
-                                      "67,100", "--health-window", "0s", "--no-analysis", "--wait", "60", "--json",
+    pushed = CliRunner().invoke(cli, ["push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary",
+                                      "34%", "--waves",
+                                      "67,100", "--health-window", "0s", "--wait", "60", "--json",
                                       *auth])
     assert pushed.exit_code == 0, pushed.output
     assert "warning: group cams has 3 devices" in pushed.stderr and "wave 100% (3 devices, 0 new)" in pushed.stderr

@@ -22,7 +22,7 @@ def test_canary_then_waves_update_every_device(broker, make_server, make_agent, 
     _online(server, 5)
     server.upload(pack_bundle(bundles["1.0.0"]))
     rollout = server.start_rollout("digits", "1.0.0", "cams",
-                                   RolloutPolicy(canary=0.2, waves=(0.6, 1.0), health_window_s=0.2))
+                                   RolloutPolicy(analysis=False, canary=0.2, waves=(0.6, 1.0), health_window_s=0.2))
     r = _finished(server, rollout)
     assert r.state == "completed", r
     assert [sum(t.stage == w for t in r.targets) for w in range(3)] == [1, 2, 2]
@@ -42,8 +42,8 @@ def test_embedded_broker_carries_a_rollout_when_mosquitto_is_absent(make_server,
         agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
         _online(server, 2)
         server.upload(pack_bundle(bundles["1.0.0"]))
-        r = _finished(server, server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,),
-                                                                                         health_window_s=0)))
+        policy = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0)
+        r = _finished(server, server.start_rollout("digits", "1.0.0", "cams", policy))
         assert r.state == "completed"
         assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
     finally:

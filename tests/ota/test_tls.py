@@ -58,7 +58,7 @@ def test_rollout_over_tls(tls_broker, make_server, make_agent, bundles):
     agent = make_agent("cam0", url, ca_file=ca)
     wait_for(lambda: server.db.device("cam0"), what="device over TLS")
     server.upload(pack_bundle(bundles["1.0.0"]))
-    rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=1.0, waves=(1.0,),
+    rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,),
                                                                              health_window_s=0))
     wait_for(lambda: server.status(rollout).state != "running", what="rollout")
     assert server.status(rollout).state == "completed" and agent.current_version() == ("digits", "1.0.0")

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edgesdk.errors import SignatureError, TransferError, TrustError
 from edgesdk.fleet.command_scope import Binder, CommandTargetError
 from edgesdk.fleet.protocol import ArchiveInfo, Command, _seal, parse_command, sign_command, sign_measure_command
+from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.rollouts.stage_sender import StageSender
 from edgesdk.runtime.signing import KeySet
@@ -153,13 +154,16 @@ def test_the_stage_sender_binds_each_device_and_names_the_transfers_targets_from
     metrics = SimpleNamespace(command_sent=lambda n=1: None, command_resent=lambda n=1: None)
     sender = StageSender(db, repo, service, KEY, lambda t, p: published.append((t, p)), metrics,  # type: ignore[arg-type]
                          lambda: 0, lambda: 0, threading.Event())
-    rollout = SimpleNamespace(id="r1", rollback=False, model="digits", version="2.0.0", group="cams")
+    rollout = SimpleNamespace(id="r1", rollback=False, model="digits", version="2.0.0", group="cams",
+                              policy=RolloutPolicy())
     sender.resend(rollout, 0, ["cam0", "cam2"])  # type: ignore[arg-type]
     envelopes = dict(published)
     assert {t: parse_command(p, PUB).device for t, p in envelopes.items()} == {
         "edgesdk/devices/cam0/cmd": "cam0", "edgesdk/devices/cam2/cmd": "cam2"}
     manifests = {base64.b64decode(json.loads(p)["manifest"]) for p in envelopes.values()}
     assert len(manifests) == 1, "one manifest, signed once, for the whole stage"
+    assert {parse_command(p, PUB).judge_s for p in envelopes.values()} == {300 + 60 + 120}, \
+        "a judged rollout's devices report fast until their stage's latest verdict"
     assert sender.is_target("cam0", "r1-w0") and not sender.is_target("cam1", "r1-w0")
     assert sender.is_target("cam1", "r1-w1") and sender.is_target("cam1", "r1-rb")
     assert not sender.is_target("cam9", "r1-rb") and not sender.is_target("cam0", "m1")

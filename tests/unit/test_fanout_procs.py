@@ -20,7 +20,7 @@ from edgesdk.ota_server.server import ServerConfig
 from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 from tests.ota.conftest import make_bundle, wait_for
 
-ALL_AT_ONCE = RolloutPolicy(canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
+ALL_AT_ONCE = RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0.0, max_failure_rate=0.0)
 
 
 @pytest.fixture

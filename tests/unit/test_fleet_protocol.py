@@ -33,7 +33,7 @@ ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 def test_enum_values_are_the_strings_on_the_wire_in_the_database_and_in_json():
     assert [s.value for s in TargetStatus] == ["pending", "sent", "downloading", "installing", "committed", "failed",
                                                "rolled_back", "rejected", "timeout", "deferred", "reverting", "reverted",
-                                               "revert_failed", "no_artifact", "skipped"]
+                                               "revert_failed", "no_artifact", "skipped", "ahead"]
     assert [s.value for s in RolloutState] == ["running", "completed", "aborted"]
     assert {e.value for e in AgentEvent} == {"accepted", "progress", "downloaded", "committed", "failed", "rolled_back",
                                              "rejected"}

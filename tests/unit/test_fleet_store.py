@@ -11,7 +11,7 @@ from edgesdk.fleet.records import RolloutPolicy, RolloutState, TargetStatus
 from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB, TargetUpdate
 from edgesdk.ota_server.store.sql import MIGRATIONS, open_database
 
-POLICY = RolloutPolicy(canary=0.1, waves=(1.0,))
+POLICY = RolloutPolicy(analysis=False, canary=0.1, waves=(1.0,))
 
 
 @pytest.fixture

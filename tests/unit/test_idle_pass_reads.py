@@ -40,7 +40,7 @@ def _converged(db: FleetDB, away: int) -> None:
     db.upsert_devices([DeviceState(d, "cams", "online", "digits", "2.0.0", (), now) for d in here]
                       + [DeviceState(d, "cams", "offline", "digits", "1.0.0", (), now) for d in gone])
     stages = [[(d, "1.0.0") for d in part] for part in (ids[:30], ids[30:300], ids[300:])]
-    db.add_rollout("r1", "digits", "2.0.0", "cams", RolloutPolicy(canary=0.01, waves=(0.1, 1.0)), stages)
+    db.add_rollout("r1", "digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=0.01, waves=(0.1, 1.0)), stages)
     db.sql.execute("UPDATE targets SET status = ?, sent = ?, last_sent = ?, late = CASE WHEN device_id >= ? "
                    "THEN 1 ELSE 0 END", (TargetStatus.COMMITTED.value, now, now, ids[DEVICES // 2]))
     if gone:
