@@ -103,10 +103,10 @@ def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(4)]
     wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == 4, what="devices")
-    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window", "0s", "--wait",
-         "60", *auth)
-    started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "25%", "--waves", "100",
-                              "--health-window", "0s", "--manual", "--json", *auth))
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window",
+         "0s", "--wait", "60", *auth)
+    started = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "25%",
+                              "--waves", "100", "--health-window", "0s", "--manual", "--json", *auth))
     rollout_id = started["id"]
 
     def status() -> dict:
@@ -121,12 +121,13 @@ def test_manual_promotion_abort_and_rollback_from_the_cli(server_process, broker
     wait_for(lambda: status()["state"] == "completed", what="completion after promotion")
     assert all(a.current_version() == ("digits", "2.0.0") for a in agents)
 
-    out = _cli("rollout", "rollback", rollout_id, "--to", "1.0.0", "--wait", "60", *auth)
+    # A rollback is staged with the policy of the rollout it undoes (here manual); --all-at-once is the emergency path.
+    out = _cli("rollout", "rollback", rollout_id, "--to", "1.0.0", "--all-at-once", "--wait", "60", *auth)
     assert "completed" in out and "committed 4" in out
     assert all(a.current_version() == ("digits", "1.0.0") for a in agents)
 
-    third = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "25%", "--waves", "100",
-                            "--health-window", "0s", "--manual", "--json", *auth))["id"]
+    third = json.loads(_cli("push", str(bundles["2.0.0"]), "--group", "cams", "--no-analysis", "--canary", "25%",
+                            "--waves", "100", "--health-window", "0s", "--manual", "--json", *auth))["id"]
     wait_for(lambda: json.loads(_cli("rollout", "status", third, "--json", *auth))["targets"][0]["status"] != "pending",
              what="third rollout started")
     _cli("rollout", "abort", third, *auth)
@@ -167,7 +168,8 @@ def test_versions_are_immutable_and_what_a_group_runs_is_not_pushed_again(server
     auth = ["--server", server_process, "--token", "s3cret"]
     agents = [make_agent(f"cam{i}", broker.url) for i in range(2)]
     wait_for(lambda: json.loads(_cli("devices", "--json", *auth))["total"] == 2, what="devices")
-    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%", "--health-window", "0s", "--wait", "60",
+    _cli("push", str(bundles["1.0.0"]), "--group", "cams", "--no-analysis", "--canary", "100%",
+         "--health-window", "0s", "--wait", "60",
          *auth)
     impostor = make_bundle(tmp_path / "impostor", "1.0.0", keys, seed=99)  # same name and version, other weights
     out = CliRunner().invoke(cli, ["push", str(impostor), "--group", "cams", "--no-analysis", *auth])

@@ -153,7 +153,8 @@ def test_the_groups_view_and_a_rollout_page_show_deferred_late_and_flagged_relea
 
     agents[2].stop()  # cam2 is away for the push: deferred, not failed
     wait_for(lambda: server.db.device("cam2").status == "offline", what="cam2 offline")
-    push = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,), health_window_s=0))
+    push = server.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(analysis=False, canary=1.0, waves=(1.0,),
+                                                                         health_window_s=0))
     wait_for(lambda: server.status(push, targets=False).state == "completed", timeout=60, what="the push")
     groups = client.get("/ui/groups")
     assert _row(groups.html, 'data-group="cams"')[:7] == ["cams", "digits 2.0.0", PER_BOARD.format(2), "3", "2", "0",

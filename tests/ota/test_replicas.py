@@ -47,8 +47,8 @@ def test_a_killed_driver_hands_its_rollout_to_another_replica(tmp_path, keys, bu
         wait_for(lambda: all(s.client.device_page("cams", status="online", limit=1).total == DEVICES for s in servers),
                  what="every replica lists the whole fleet")
         servers[0].client.upload(pack_bundle(bundles["2.0.0"]))
-        rollout_id = servers[1].client.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(
-            canary=0.1, waves=(1.0,), health_window_s=0, max_failure_rate=0.0, deploy_timeout_s=120))
+        rollout_id = servers[1].client.start_rollout("digits", "2.0.0", "cams", RolloutPolicy(  # no app: no analysis
+            canary=0.1, waves=(1.0,), health_window_s=0, max_failure_rate=0.0, deploy_timeout_s=120, analysis=False))
 
         def last_stage_sent():
             r = servers[0].client.rollout(rollout_id, limit=0)
