@@ -174,7 +174,7 @@ def _version_entry(entry: Any, where: str, horizon_s: float) -> dict[str, Any]:
         raise refuse("range", f"{where}.calls",
                      f"{where}.calls {calls} in {end - start:g} s is over the {MAX_CALLS_PER_S} "
                      f"calls/s one device serves ({most:.0f} at most)")
-    checked = {"from": start, "to": end, **counts, **_percentiles(entry, where, calls - errors)}
+    checked: dict[str, Any] = {"from": start, "to": end, **counts, **_percentiles(entry, where, calls - errors)}
     if entry.get("hist") is not None:
         checked["hist"] = _histogram(entry["hist"], where, calls - errors)
     return checked
