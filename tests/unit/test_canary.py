@@ -177,6 +177,18 @@ def test_half_the_stage_with_evidence_is_enough_and_one_device_is_never_too_few(
     assert judge(one_in_three, old_fleet())[0]["outcome"] == "inconclusive"
 
 
+def test_a_board_is_judged_as_if_its_one_failing_device_were_not_there():
+    """Two pass, the liar fails, two are thin: without the liar, 2 of 4 devices passed, which is half: passed. With
+    only one pass besides the liar, 1 of 4 is not: inconclusive, as it would be without the liar."""
+    liar = canary("liar", traffic("2.0.0", 500.0, calls=1000, errors=500))
+    thin = [canary(f"thin{i}", traffic("2.0.0", 5.0, calls=10)) for i in range(2)]
+    verdict, _ = judge(new_fleet([5.0, 5.1]) + [liar] + thin, old_fleet())
+    assert verdict["outcome"] == "passed" and "outvoted: liar" in verdict["reason"], verdict["reason"]
+    fewer, _ = judge(new_fleet([5.0]) + [liar] + thin + [canary("thin9", traffic("2.0.0", 5.0, calls=10))],
+                     old_fleet())
+    assert fewer["outcome"] == "inconclusive"
+
+
 def test_one_failing_device_is_outvoted_but_a_split_board_is_inconclusive():
     assert judge(new_fleet([5.0, 15.0]), old_fleet())[0]["outcome"] == "passed"
     split, _ = judge(new_fleet([5.0, 5.1, 15.0, 15.2]), old_fleet())

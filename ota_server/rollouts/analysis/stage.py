@@ -2,9 +2,10 @@
 
 **Per board, by majority.** ``needed`` is ``min_evidence`` of the board's devices in the stage (at least one). A
 board fails when at least that many of its devices failed, more than passed, and at least two (or its only device
-in the stage): noisy first figures of a few devices, or one device lying, cannot abort a stage. A board passes when
-at least that many passed and more passed than failed, or only one failed: one device, lying or unlucky, cannot
-hold back a board whose other devices passed. Otherwise it is inconclusive (too little evidence, or a split).
+in the stage): noisy first figures of a few devices cannot abort a stage. A single failing device among others is
+judged as if it were not there (``needed`` of the others must pass): one device, lying or unlucky, can neither
+abort a stage nor hold back a board whose other devices passed. A board passes when at least ``needed`` passed and
+more passed than failed. Otherwise it is inconclusive (too little evidence, or a split).
 
 **The stage.** It fails when any board failed; it passes when every board passed and at least ``min_evidence`` of
 all its devices have evidence; otherwise it is inconclusive. Before the stage's deadline (its health window plus
@@ -79,11 +80,15 @@ def _judge_board(board: str, verdicts: list[DeviceVerdict], policy: RolloutPolic
     need = needed(policy, len(verdicts))
     p99s = [v.figures["p99_ms"] for v in passed + failed if v.figures and v.figures.get("p99_ms") is not None]
     fails, passes = len(failed), len(passed)
-    if fails > passes and fails >= max(need, min(2, len(verdicts))):
+    # One failing device among others is judged as if it were not there: alone it cannot steer the board's verdict.
+    alone = fails == 1 and len(verdicts) > 1
+    if alone:
+        need = needed(policy, len(verdicts) - 1)
+    if not alone and fails > passes and fails >= max(need, min(2, len(verdicts))):
         outcome, reason = FAILED, f"{fails} of {len(verdicts)} devices failed: {_named(failed)}"
-    elif passes >= need and (passes > fails or fails == 1):  # one failing device among passing ones: outvoted
+    elif passes >= need and (passes > fails or alone):
         outcome = PASSED
-        reason = f"{passes} of {len(verdicts)} devices passed" + (f"; failed: {_named(failed)}" if failed else "")
+        reason = f"{passes} of {len(verdicts)} devices passed" + (f"; outvoted: {_named(failed)}" if failed else "")
     elif passes + fails < need:
         outcome = INCONCLUSIVE
         reason = f"{passes + fails} of {len(verdicts)} devices have evidence, {need} needed: {_named(thin)}"
