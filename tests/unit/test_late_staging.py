@@ -11,20 +11,11 @@ from edgesdk.errors import ConflictError
 from edgesdk.fleet.records import RolloutPolicy, RolloutRecord, RolloutState, TargetStatus
 from edgesdk.ota_server.rollouts.engine import RolloutEngine
 from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
-from tests.unit.test_reconciler import FAST, _commit, _complete, _settle, _ten_cams
+from tests.unit.test_reconciler import FAST, _commit, _complete, _settle
 from tests.unit.test_rollout_engine import Clock, Recorder
 
 #: A judged canary of 2 devices of 10, then the rest: what a push to a fleet with analysis looks like.
 JUDGED = RolloutPolicy(canary=0.2, waves=(1.0,), health_window_s=0)
-
-
-@pytest.fixture
-def fleet(fleet_location):
-    db = FleetDB(fleet_location)
-    _ten_cams(db)
-    clock, recorder = Clock(), Recorder()
-    yield db, clock, recorder, RolloutEngine(db, recorder, clock, resend_s=3.0)
-    db.close()
 
 
 def _all_offline(db, n=10):
@@ -41,11 +32,11 @@ def _targets(engine, rollout_id):
     return {t.device_id: t for t in engine.status(rollout_id).targets}
 
 
-def test_devices_back_online_are_pulled_into_a_canary_short_of_its_size_first_come_first_canaried(fleet):
+def test_devices_back_online_are_pulled_into_a_canary_short_of_its_size_first_come_first_canaried(ten_cams):
     """The whole group was offline at the push: the canary (2 devices) waits, nothing sent. The first devices to
     return, though planned for the second stage, are moved into the canary and sent, one pass or the next; once it
     has its 2, the next one back waits for the second stage."""
-    db, clock, recorder, engine = fleet
+    db, clock, recorder, engine = ten_cams
     _all_offline(db)
     rid = engine.start("digits", "2.0.0", "cams", JUDGED)
     _settle(engine, clock, 3)
@@ -73,8 +64,8 @@ def test_devices_back_online_are_pulled_into_a_canary_short_of_its_size_first_co
     assert engine.status(rid).stage == 0 and [s for s, _ in recorder.stages] == [], "no stage sent meanwhile"
 
 
-def test_a_device_joining_while_the_canary_is_short_is_canaried_and_one_joining_later_waits(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_device_joining_while_the_canary_is_short_is_canaried_and_one_joining_later_waits(ten_cams):
+    db, clock, recorder, engine = ten_cams
     _all_offline(db)
     rid = engine.start("digits", "2.0.0", "cams", JUDGED)
     _settle(engine, clock, 2)
@@ -88,8 +79,8 @@ def test_a_device_joining_while_the_canary_is_short_is_canaried_and_one_joining_
     assert targets["new2"].status == TargetStatus.PENDING
 
 
-def test_a_canary_with_its_devices_online_takes_no_device_from_a_later_stage(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_canary_with_its_devices_online_takes_no_device_from_a_later_stage(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = engine.start("digits", "2.0.0", "cams", JUDGED)  # cam0-cam6 online: the canary is sent to two of them
     engine.tick()
     (_, canary), = recorder.stages
@@ -124,8 +115,8 @@ def test_a_provisioned_device_gets_its_boards_artifact_and_version_from_its_firs
         db.close()
 
 
-def test_a_newcomer_on_a_newer_version_is_recorded_ahead_and_not_sent_a_downgrade(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_newcomer_on_a_newer_version_is_recorded_ahead_and_not_sent_a_downgrade(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = _complete(db, clock, recorder, engine)  # release 2.0.0; cam7-cam9 offline, deferred
     db.upsert_device("cam10", "cams", "online", "digits", "3.0.0", ["digits-3.0.0"])  # joins on 3.0.0
     _back(db, "cam8", version="3.0.0")  # back, and someone installed 3.0.0 meanwhile
@@ -144,9 +135,9 @@ def test_a_newcomer_on_a_newer_version_is_recorded_ahead_and_not_sent_a_downgrad
     assert _targets(engine, rid)["cam8"].status == TargetStatus.SENT
 
 
-def test_a_device_ahead_of_a_rollback_release_is_sent_it(fleet):
+def test_a_device_ahead_of_a_rollback_release_is_sent_it(ten_cams):
     """A rollback sends a group back on purpose: a device on the version it undid is sent the rollback too."""
-    db, clock, recorder, engine = fleet
+    db, clock, recorder, engine = ten_cams
     first = _complete(db, clock, recorder, engine)
     for i in range(7):
         _back(db, f"cam{i}", version="2.0.0")
@@ -182,8 +173,8 @@ def _flagged(db, clock, recorder, engine):
     return rid
 
 
-def test_a_flagged_release_stops_catch_up_until_the_operator_resumes_it(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_flagged_release_stops_catch_up_until_the_operator_resumes_it(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = _flagged(db, clock, recorder, engine)
     sent = len(recorder.late)
     db.upsert_device("cam10", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # joins while flagged
@@ -203,8 +194,8 @@ def test_a_flagged_release_stops_catch_up_until_the_operator_resumes_it(fleet):
         engine.reconciler.resume(rid)
 
 
-def test_a_flag_after_a_resume_counts_only_the_new_failures(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_flag_after_a_resume_counts_only_the_new_failures(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = _flagged(db, clock, recorder, engine)
     engine.reconciler.resume(rid)
     newcomers = [f"new{i}" for i in range(3)]
@@ -217,8 +208,8 @@ def test_a_flag_after_a_resume_counts_only_the_new_failures(fleet):
     assert flag and "3 of 3 late installs failed since it was resumed" in flag, flag
 
 
-def test_only_a_flagged_rollout_that_is_running_or_its_groups_release_can_be_resumed(fleet):
-    db, clock, recorder, engine = fleet
+def test_only_a_flagged_rollout_that_is_running_or_its_groups_release_can_be_resumed(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = _flagged(db, clock, recorder, engine)
     for i in range(7):
         _back(db, f"cam{i}", version="2.0.0")

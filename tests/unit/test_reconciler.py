@@ -25,15 +25,6 @@ def _ten_cams(db):
         db.upsert_device(f"cam{i}", "cams", "online" if i < 7 else "offline", "digits", "1.0.0", ["digits-1.0.0"])
 
 
-@pytest.fixture
-def fleet(fleet_location):
-    db = FleetDB(fleet_location)
-    _ten_cams(db)
-    clock, recorder = Clock(), Recorder()
-    yield db, clock, recorder, RolloutEngine(db, recorder, clock, resend_s=3.0)
-    db.close()
-
-
 def _commit(engine, rollout_id, devices, event="committed", reason=None):
     for device in devices:
         engine.on_event(device, event, rollout_id, reason)
@@ -58,8 +49,8 @@ def _complete(db, clock, recorder, engine, version="2.0.0", policy=FAST):
     return rid
 
 
-def test_offline_devices_are_deferred_not_failed_and_the_canary_runs_online(fleet):
-    db, clock, recorder, engine = fleet
+def test_offline_devices_are_deferred_not_failed_and_the_canary_runs_online(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = engine.start("digits", "2.0.0", "cams", FAST)
     engine.tick()
     (stage, canary), = recorder.stages
@@ -78,8 +69,8 @@ def test_offline_devices_are_deferred_not_failed_and_the_canary_runs_online(flee
     assert (release.model, release.version, release.rollout_id) == ("digits", "2.0.0", rid)
 
 
-def test_a_device_back_online_gets_the_release_as_a_late_target_of_the_rollout_that_set_it(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_device_back_online_gets_the_release_as_a_late_target_of_the_rollout_that_set_it(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = _complete(db, clock, recorder, engine)
     assert recorder.late == []
     db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # it reports: it is back
@@ -94,8 +85,8 @@ def test_a_device_back_online_gets_the_release_as_a_late_target_of_the_rollout_t
     assert recorder.late == [("cam8", 1)], "a device that reported its commit is not sent the release again"
 
 
-def test_a_device_provisioned_after_the_push_gets_the_release_on_first_report(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_device_provisioned_after_the_push_gets_the_release_on_first_report(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = _complete(db, clock, recorder, engine)
     db.upsert_device("cam10", "cams", "online", None, None, [])
     _settle(engine, clock, 1)
@@ -104,8 +95,8 @@ def test_a_device_provisioned_after_the_push_gets_the_release_on_first_report(fl
     assert target.late and target.previous_version is None and target.stage == 1
 
 
-def test_a_device_that_joins_during_a_rollout_goes_with_its_last_stage(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_device_that_joins_during_a_rollout_goes_with_its_last_stage(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.1, waves=(1.0,), health_window_s=0,
                                                                  auto_promote=False, analysis=False))
     engine.tick()
@@ -133,8 +124,8 @@ def test_a_push_to_a_group_with_no_device_online_is_accepted_and_converges_as_de
     db.close()
 
 
-def test_a_timeout_while_offline_defers_and_while_online_fails(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_timeout_while_offline_defers_and_while_online_fails(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = engine.start("digits", "2.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0,
                                                                  deploy_timeout_s=60, max_failure_rate=0.5,
                                                                  analysis=False))
@@ -224,8 +215,8 @@ def test_a_queue_longer_than_a_pass_reads_is_passed_over_again_a_second_later(fl
         db.close()
 
 
-def test_late_failures_flag_the_release_and_never_revert_the_group(fleet):
-    db, clock, recorder, engine = fleet
+def test_late_failures_flag_the_release_and_never_revert_the_group(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = _complete(db, clock, recorder, engine)
     for i in (7, 8, 9):
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
@@ -245,8 +236,8 @@ def test_late_failures_flag_the_release_and_never_revert_the_group(fleet):
     assert (gates.group, gates.devices, gates.version, gates.behind_offline) == ("gates", 1, None, 0)
 
 
-def test_an_abort_leaves_the_release_and_a_completed_rollback_sets_it_back(fleet):
-    db, clock, recorder, engine = fleet
+def test_an_abort_leaves_the_release_and_a_completed_rollback_sets_it_back(ten_cams):
+    db, clock, recorder, engine = ten_cams
     first = _complete(db, clock, recorder, engine)
     for i in range(7):
         db.upsert_device(f"cam{i}", "cams", "online", "digits", "2.0.0", ["digits-1.0.0", "digits-2.0.0"])
@@ -264,8 +255,8 @@ def test_an_abort_leaves_the_release_and_a_completed_rollback_sets_it_back(fleet
     assert (db.release("cams").version, db.release("cams").rollout_id) == ("1.0.0", back)
 
 
-def test_a_driver_whose_lease_lapsed_cannot_move_a_stage_or_end_the_rollout(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_driver_whose_lease_lapsed_cannot_move_a_stage_or_end_the_rollout(ten_cams):
+    db, clock, recorder, engine = ten_cams
     other = RolloutEngine(db, Recorder(), clock, holder="replica-b", lease_s=10)
     rid = engine.start("digits", "2.0.0", "cams", FAST)
     engine.tick()  # engine holds the lease, sends the canary
@@ -305,11 +296,11 @@ def test_a_state_naming_another_group_is_refused_and_a_move_queues_the_device(fl
 
 
 @pytest.mark.parametrize("lost_at", [TargetStatus.DOWNLOADING, TargetStatus.TIMEOUT, TargetStatus.FAILED])
-def test_a_device_whose_state_shows_the_release_is_committed_though_its_commit_report_was_lost(fleet, lost_at):
+def test_a_device_whose_state_shows_the_release_is_committed_though_its_commit_report_was_lost(ten_cams, lost_at):
     """A replica killed with reports in its queue loses them, and a resend may die with a broker restart: the
     device's next state (retained by the broker, read by every replica) names the release, and that closes an
     unfinished or timed-out target. A target the device itself failed stays failed."""
-    db, clock, recorder, engine = fleet
+    db, clock, recorder, engine = ten_cams
     rid = _complete(db, clock, recorder, engine)
     db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # back: sent the release late
     _settle(engine, clock, 1)
@@ -328,8 +319,8 @@ def test_a_device_whose_state_shows_the_release_is_committed_though_its_commit_r
     assert recorder.late == [("cam8", 1)], "a device on the release is not sent it again"
 
 
-def test_send_late_marks_only_pending_and_deferred_targets_in_one_statement_and_returns_them_in_order(fleet):
-    db, clock, recorder, engine = fleet
+def test_send_late_marks_only_pending_and_deferred_targets_in_one_statement_and_returns_them_in_order(ten_cams):
+    db, clock, recorder, engine = ten_cams
     rid = engine.start("digits", "2.0.0", "cams", FAST)
     ids = ["cam3", "cam1", "cam2", "cam0"]
     db.set_target(rid, "cam3", TargetStatus.DEFERRED)
@@ -349,11 +340,11 @@ def test_send_late_marks_only_pending_and_deferred_targets_in_one_statement_and_
     assert not targets["cam2"].late
 
 
-def test_a_pass_while_a_catch_up_runs_costs_three_statements_and_its_chase_runs_every_resend_s(fleet):
+def test_a_pass_while_a_catch_up_runs_costs_three_statements_and_its_chase_runs_every_resend_s(ten_cams):
     """Nobody queued and one late target in flight: a tick reads what there is to do, leases the release and counts
     its catch-ups; the late targets are chased (deferred if offline, sent again if silent) every ``resend_s``, not
     every pass. An idle tick is one statement."""
-    db, clock, recorder, engine = fleet
+    db, clock, recorder, engine = ten_cams
     rid = _complete(db, clock, recorder, engine)
     _settle(engine, clock, 12)  # past the chase of a release with nothing in flight
     db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
@@ -388,10 +379,10 @@ def test_a_pass_while_a_catch_up_runs_costs_three_statements_and_its_chase_runs_
     assert len(ran) == 1, f"an idle tick ran {ran}"
 
 
-def test_a_release_target_in_flight_again_but_not_late_is_still_timed_out_with_no_catch_up_running(fleet):
+def test_a_release_target_in_flight_again_but_not_late_is_still_timed_out_with_no_catch_up_running(ten_cams):
     """A target that timed out and whose device answered after all (``downloading`` again) is in flight but not late:
     with no catch-up running, the release's targets are still looked at every ``_IDLE_CHASE`` re-send intervals."""
-    db, clock, recorder, engine = fleet
+    db, clock, recorder, engine = ten_cams
     rid = _complete(db, clock, recorder, engine)
     db.sql.execute("UPDATE targets SET status = ? WHERE device_id = 'cam0'", (TargetStatus.TIMEOUT.value,))
     db.set_target(rid, "cam0", TargetStatus.DOWNLOADING)  # its accepted came after all
@@ -436,11 +427,11 @@ def test_devices_coming_back_between_passes_get_their_commands_together_and_pass
         db.close()
 
 
-def test_a_lost_commit_of_an_earlier_rollout_is_closed_by_a_state_that_arrives_after_the_next_push(fleet):
+def test_a_lost_commit_of_an_earlier_rollout_is_closed_by_a_state_that_arrives_after_the_next_push(ten_cams):
     """cam8 installed 2.0.0 as a late target, and both its commit report and its state after it were lost; it went
     offline, 2.0.1 was pushed without it, and its next state (still naming 2.0.0) reaches the server only now. That
     state closes its timed-out 2.0.0 target as committed, and cam8 is sent 2.0.1."""
-    db, clock, recorder, engine = fleet
+    db, clock, recorder, engine = ten_cams
     first = _complete(db, clock, recorder, engine)
     db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # back: sent 2.0.0 late
     _settle(engine, clock, 1)
@@ -459,10 +450,10 @@ def test_a_lost_commit_of_an_earlier_rollout_is_closed_by_a_state_that_arrives_a
     assert recorder.late[-1] == ("cam8", 1)
 
 
-def test_a_state_naming_an_aborted_rollouts_version_leaves_that_rollouts_target_to_its_reverts(fleet):
+def test_a_state_naming_an_aborted_rollouts_version_leaves_that_rollouts_target_to_its_reverts(ten_cams):
     """Only completed rollouts are closed from a device's state: an aborted one's targets are its reverts' business
     (a commit reported after the abort is reverted, not counted)."""
-    db, clock, recorder, engine = fleet
+    db, clock, recorder, engine = ten_cams
     _complete(db, clock, recorder, engine)
     aborted = engine.start("digits", "3.0.0", "cams", FAST)
     engine.tick()

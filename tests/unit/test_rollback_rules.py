@@ -17,11 +17,9 @@ from edgesdk.ota_server.rollouts.analysis.rollback_rules import (
     plan_rollback,
     rollback_refusal,
 )
-from edgesdk.ota_server.rollouts.engine import RolloutEngine
 from edgesdk.ota_server.store.fleet_db import FleetDB
 from edgesdk.ota_server.store.sql import MIGRATIONS, PostgresDatabase, SQLiteDatabase
-from tests.unit.test_reconciler import _commit, _ten_cams
-from tests.unit.test_rollout_engine import Clock, Recorder
+from tests.unit.test_reconciler import _commit
 
 POLICY = RolloutPolicy(canary=0.2, waves=(0.5, 1.0), health_window_s=30, deploy_timeout_s=120)
 #: The group ran 1.0.0, then 2.0.0, was rolled back to 1.0.0, then took 3.0.0 (its release, rollout r4).
@@ -104,15 +102,6 @@ def test_all_at_once_sends_to_every_device_in_one_stage_without_analysis_keeping
 STAGED = RolloutPolicy(canary=0.2, waves=(1.0,), health_window_s=0, analysis=False)
 
 
-@pytest.fixture
-def fleet(fleet_location):
-    db = FleetDB(fleet_location)
-    _ten_cams(db)
-    clock, recorder = Clock(), Recorder()
-    yield db, clock, recorder, RolloutEngine(db, recorder, clock, resend_s=3.0)
-    db.close()
-
-
 def _run(engine, clock, recorder, rollout_id):
     """Tick, committing every device sent anything, until the rollout is over; the rollout."""
     for _ in range(40):
@@ -129,8 +118,8 @@ def _all_on(db, version):
         db.upsert_device(f"cam{i}", "cams", "online", "digits", version, [f"digits-{version}"])
 
 
-def test_the_release_history_records_what_the_group_ran_before_and_every_release(fleet):
-    db, clock, recorder, engine = fleet
+def test_the_release_history_records_what_the_group_ran_before_and_every_release(ten_cams):
+    db, clock, recorder, engine = ten_cams
     first = _run(engine, clock, recorder, engine.start("digits", "2.0.0", "cams", STAGED))
     _all_on(db, "2.0.0")
     aborted = engine.start("digits", "3.0.0", "cams", STAGED)
@@ -142,8 +131,8 @@ def test_the_release_history_records_what_the_group_ran_before_and_every_release
     assert first.state == RolloutState.COMPLETED and db.group_history("lobby", "digits").ran == ()
 
 
-def test_a_refused_rollback_changes_nothing_and_names_the_versions_it_may_go_to(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_refused_rollback_changes_nothing_and_names_the_versions_it_may_go_to(ten_cams):
+    db, clock, recorder, engine = ten_cams
     _run(engine, clock, recorder, engine.start("digits", "2.0.0", "cams", STAGED))
     _all_on(db, "2.0.0")
     running = engine.start("digits", "3.0.0", "cams", STAGED)
@@ -158,8 +147,8 @@ def test_a_refused_rollback_changes_nothing_and_names_the_versions_it_may_go_to(
     assert len(db.rollouts()) == 2, "and starts nothing"
 
 
-def test_a_newer_version_the_group_ran_is_refused_through_the_engine(fleet):
-    db, clock, recorder, engine = fleet
+def test_a_newer_version_the_group_ran_is_refused_through_the_engine(ten_cams):
+    db, clock, recorder, engine = ten_cams
     first = _run(engine, clock, recorder, engine.start("digits", "2.0.0", "cams", STAGED))
     _all_on(db, "2.0.0")
     back = _run(engine, clock, recorder, engine.rollback(first.id, "1.0.0"))
@@ -169,8 +158,8 @@ def test_a_newer_version_the_group_ran_is_refused_through_the_engine(fleet):
         engine.rollback(back.id, "2.0.0")
 
 
-def test_an_allowed_rollback_is_staged_with_the_rollouts_policy_and_all_at_once_is_one_stage_without_analysis(fleet):
-    db, clock, recorder, engine = fleet
+def test_an_allowed_rollback_is_staged_with_the_rollouts_policy_and_all_at_once_is_one_stage_without_analysis(ten_cams):
+    db, clock, recorder, engine = ten_cams
     pushed = replace(STAGED, max_p99_ratio=2.0, deploy_timeout_s=77)  # analysis off: these devices report no traffic
     release = _run(engine, clock, recorder, engine.start("digits", "2.0.0", "cams", pushed))
     assert release.state == RolloutState.COMPLETED, release
