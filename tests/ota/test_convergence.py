@@ -90,8 +90,7 @@ def test_a_push_to_a_group_whose_devices_are_only_provisioned_is_canaried_on_the
     server = _server(make_server, broker, bundles, versions=("1.0.0",))
     server.provision({"cam0": "cams", "cam1": "cams"}, "devices file")
     assert server.db.devices("cams") == []  # nothing reported: the push has no board to plan for
-    push = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(analysis=False, canary=0.5, waves=(1.0,),
-                                                                         health_window_s=0.0))
+    push = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0.0))
     planned = server.status(push)
     assert planned.stage_sizes == (1, 2) and planned.count(TargetStatus.PENDING) == 2
     wait_for(lambda: server.status(push, targets=False).stage == 0, what="the canary's stage out, to nobody")
