@@ -153,8 +153,10 @@ def recommended(tmp_path_factory, keys) -> Iterator[tuple[list[str], list[Device
         wait_for(lambda: json.loads(_cli("devices", "--group", "cams", "--json", *auth))["total"] == 2, 60,
                  what="both agents online")
         first = _bundle(tmp_path, "1.0.0", keys)
-        _cli("push", str(first), "--group", "cams", "--canary", "100%", "--health-window", "0s", "--no-analysis",
-             "--wait", "120", *auth)
+        pushed = CliRunner().invoke(cli, ["push", str(first), "--group", "cams", "--canary", "100%", "--health-window",
+                                          "0s", "--no-analysis", "--wait", "120", *auth], catch_exceptions=False)
+        assert pushed.exit_code == 0, pushed.output
+        assert "not judged: canary analysis is off (--no-analysis)" in pushed.stderr, "push says what it did not judge"
         for i, device in enumerate(devices):
             with open(tmp_path / f"app-{device.name}.log", "ab") as log:
                 device.app = subprocess.Popen([sys.executable, "-c", APP, str(device.store), str(stop), str(i),
