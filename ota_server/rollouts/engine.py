@@ -179,15 +179,16 @@ class RolloutEngine:
 
     def promote(self, rollout_id: str) -> None:
         """Send the next stage now, without waiting for the health window or the canary verdict; on a last stage
-        paused by an inconclusive verdict, complete the rollout (the operator accepts the release as it is)."""
+        paused by an inconclusive verdict, or waiting for evidence or devices, complete the rollout (the operator
+        accepts the release as it is)."""
         r = self._running(rollout_id)
         verdict = r.verdict if r.verdict and r.verdict.get("stage") == r.stage + 1 else {}
         self.db.log("stage_promoted", {"stage": r.stage + 1, "verdict": verdict.get("outcome")}, rollout_id=r.id)
         if r.stage + 1 >= r.stage_count:
-            if verdict.get("outcome") == "inconclusive":
-                log.warning("rollout %s: completed by the operator past an inconclusive verdict", r.id)
-                if self._complete(r, self.db.target_counts(r.id), by="completed by the operator past an "
-                                  f"inconclusive verdict ({verdict.get('reason')})"):
+            if verdict.get("outcome") in ("inconclusive", "waiting"):
+                log.warning("rollout %s: completed by the operator past a verdict %s", r.id, verdict["outcome"])
+                if self._complete(r, self.db.target_counts(r.id), by="completed by the operator past a verdict "
+                                  f"{verdict['outcome']}: {verdict.get('reason')}"):
                     return
                 raise ConflictError(f"rollout {r.id} moved on while completing it; see `edgesdk rollout status`")
             raise ConflictError(f"rollout {r.id} has no stage {r.stage + 2}: its last stage was sent already")

@@ -2,9 +2,10 @@
 
 The engine (:mod:`edgesdk.ota_server.rollouts.engine`) asks the gate two things:
 
-- :meth:`StageGate.waits_for_devices`: a canary stage none (or too few) of whose devices could be sent to, because
-  they were offline at the push, is not settled yet: the first devices that come back are canaried (the reconciler
-  moves them into the stage) and the stage settles once ``min_evidence`` of its planned devices were sent;
+- :meth:`StageGate.waits_for_devices`: a stage none (or too few) of whose devices could be sent to, because they
+  were offline when it went out, is not settled yet: the first devices that come back take their place (the
+  reconciler moves them into the stage) and the stage settles once ``min_evidence`` of its planned devices were
+  sent. A stage is never passed on devices that were not there;
 - :meth:`StageGate.judge`: once a stage settled and its health window passed, its verdict
   (:mod:`edgesdk.ota_server.rollouts.analysis.stage`), judged again every few seconds while it is *waiting* for
   evidence, until it passes, fails, or its deadline (settled + health window + ``evidence_grace_s``) makes it
@@ -59,22 +60,26 @@ class StageGate:
         return True
 
     def waits_for_devices(self, r: RolloutRecord, counts: Mapping[tuple[int, TargetStatus], int]) -> bool:
-        """True while ``r``'s canary stage has too few devices sent to settle (see the module doc): stages after the
-        canary, and rollouts whose policy judges nothing, settle on whatever was sent."""
-        if r.stage != 0 or not r.policy.judged or not r.stage_sizes:
+        """True while ``r``'s current stage has too few devices sent to settle (see the module doc): fewer than
+        ``min_evidence`` of the devices planned for it, some still offline. Rollouts whose policy judges nothing
+        settle on whatever was sent."""
+        if not r.policy.judged or len(r.stage_sizes) <= r.stage:
             return False
-        waiting = sum(n for (stage, status), n in counts.items()
-                      if stage == 0 and status in (TargetStatus.DEFERRED, TargetStatus.PENDING))
-        sent = sum(n for (stage, status), n in counts.items() if stage == 0 and status not in NOT_SENT)
-        need = needed(r.policy, r.stage_sizes[0])
+        stage = r.stage
+        waiting = sum(n for (s, status), n in counts.items()
+                      if s == stage and status in (TargetStatus.DEFERRED, TargetStatus.PENDING))
+        sent = sum(n for (s, status), n in counts.items() if s == stage and status not in NOT_SENT)
+        planned = r.stage_sizes[stage] - (r.stage_sizes[stage - 1] if stage else 0)
+        need = needed(r.policy, planned)
         if not waiting or sent >= need:
             return False
-        now = self.clock()
-        if self._due(r.id, now):
-            reason = (f"waiting for the canary's devices: {sent} of the {need} needed were sent, {waiting} are offline "
-                      "(the first devices of the group to come back online are canaried)")
-            self._store(r, {"stage": 1, "version": r.version, "outcome": WAITING, "passed": False, "final": False,
-                            "reason": reason, "judged_at": iso_time(now)}, None)
+        which = "the canary's devices" if stage == 0 else f"stage {stage + 1}'s devices"
+        reason = (f"waiting for {which}: {sent} of the {need} needed were sent, {waiting} are offline (the first "
+                  "devices of the group to come back online take their place)")
+        stored = r.verdict if r.verdict and r.verdict.get("stage") == stage + 1 else None
+        if stored is None or stored.get("reason") != reason:  # written when the counts move, not every tick
+            self._store(r, {"stage": stage + 1, "version": r.version, "outcome": WAITING, "passed": False,
+                            "final": False, "reason": reason, "judged_at": iso_time(self.clock())}, None)
         return True
 
     def judge(self, r: RolloutRecord) -> str:

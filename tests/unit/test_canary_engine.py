@@ -89,7 +89,7 @@ def test_thin_evidence_waits_then_pauses_and_promote_past_it_completes_the_last_
     assert engine.status(r.id).state == RolloutState.RUNNING, "an inconclusive stage waits for the operator"
     engine.promote(r.id)
     done = engine.status(r.id)
-    assert done.state == RolloutState.COMPLETED and "past an inconclusive verdict" in done.reason
+    assert done.state == RolloutState.COMPLETED and "past a verdict inconclusive" in done.reason
     with pytest.raises(ConflictError):
         engine.promote(r.id)
 
@@ -143,18 +143,53 @@ def test_a_push_while_the_whole_group_is_offline_waits_for_its_devices_and_canar
     assert r.state == RolloutState.ABORTED and r.verdict["outcome"] == "failed", r.verdict
 
 
-def test_a_later_stage_whose_devices_are_all_offline_has_nothing_to_judge_and_completes(fleet):
+def test_a_later_stage_whose_devices_are_all_offline_waits_for_them_and_is_judged_on_those_back(fleet):
+    """No stage passes on devices that were not there: a later stage whose devices all went away before taking the
+    release waits for them (the operator may accept it as it is), and is judged on the first back."""
     db, clock, recorder, engine = fleet
     r = _canary(db, clock, recorder, engine, POLICY, 5.0)
     assert r.verdict["outcome"] == "passed" and len(recorder.stages) == 2, r.verdict
     rest = recorder.stages[1][1]
     for device in rest:  # gone before they answered: deferred
         _state(db, clock, device, "1.0.0", status="offline")
-    for _ in range(3):  # deferred (looked at once a second), then settled
+    for _ in range(3):  # deferred (looked at once a second)
         clock.now += 1
         engine.tick()
-    clock.now += WINDOW
+    clock.now += WINDOW + 120 + REJUDGE_EVERY_S
     engine.tick()
     r = engine.status(r.id)
-    assert r.state == RolloutState.COMPLETED and r.verdict["reason"].startswith("nothing to judge"), r.verdict
-    assert r.deferred == len(rest)
+    assert (r.state, r.phase) == (RolloutState.RUNNING, "waiting_for_evidence"), r.verdict
+    assert r.verdict["reason"].startswith("waiting for stage 2's devices: 0 of the 4 needed were sent, 8 are offline")
+    back = rest[:4]
+    for device in back:  # four come back: the reconciler sends them their stage
+        _state(db, clock, device, "1.0.0")
+    clock.now += engine.reconcile_s
+    engine.tick()
+    assert {d for d, _ in recorder.late} == set(back)
+    for device in back:
+        engine.on_event(device, "committed", r.id, None)
+        _state(db, clock, device, "2.0.0", 5.0)
+    clock.now += 1
+    engine.tick()  # settles on the four
+    clock.now += WINDOW
+    for device in back:
+        _state(db, clock, device, "2.0.0", 5.0)
+    engine.tick()
+    r = engine.status(r.id)
+    assert r.state == RolloutState.COMPLETED and r.verdict["outcome"] == "passed", r.verdict
+    assert r.verdict["canary"]["devices"] == 4 and r.deferred == 4
+
+
+def test_an_operator_may_accept_a_last_stage_still_waiting_for_its_devices(fleet):
+    db, clock, recorder, engine = fleet
+    r = _canary(db, clock, recorder, engine, POLICY, 5.0)
+    for device in recorder.stages[1][1]:
+        _state(db, clock, device, "1.0.0", status="offline")
+    for _ in range(3):
+        clock.now += 1
+        engine.tick()
+    assert engine.status(r.id).phase == "waiting_for_evidence"
+    engine.promote(r.id)
+    done = engine.status(r.id)
+    assert done.state == RolloutState.COMPLETED and "past a verdict waiting: waiting for stage 2's devices" in \
+        done.reason
