@@ -66,6 +66,10 @@ def _bad(traffic: dict, version: str, **fields) -> dict:
     ({"hist": [[360, 320]]}, "range", "hist", "0..359"),
     ({"hist": [[130, 320.0]]}, "type", "hist", "[bucket, count]"),
     ({"hist": "many"}, "type", "hist", "'many'"),
+    ({"calls": 2**70}, "range", "calls", "2**53"),
+    ({"hist": [[130, 2**70]]}, "range", "hist", "not the 320 that succeeded"),
+    ({"p99_ms": "x" * 10_000_000}, "type", "p99_ms", "must be a number"),
+    ({"apps": "x" * 10_000_000}, "type", "apps", "whole number"),
 ])
 def test_each_bad_figure_is_refused_naming_its_field_and_value(agent_traffic, change, reason, field,
                                                                says):
@@ -73,7 +77,8 @@ def test_each_bad_figure_is_refused_naming_its_field_and_value(agent_traffic, ch
         parse_traffic(_bad(agent_traffic, "1.0.0", **change))
     assert (caught.value.reason, caught.value.field) == (reason, f"traffic.versions.1.0.0.{field}")
     message = str(caught.value)
-    assert says in message and "traffic.versions.1.0.0" in message, message
+    assert says in message and "traffic.versions.1.0.0" in message, message[:300]
+    assert len(message) < 400, "a refusal quotes a hostile value cut short, never whole"
 
 
 def test_calls_beyond_what_the_window_allows_at_the_stated_rate_are_refused(agent_traffic):
