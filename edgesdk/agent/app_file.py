@@ -27,9 +27,8 @@ from edgesdk.agent.traffic_ledger import HORIZON_S, MAX_VERSIONS, SLOT_S
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import check_id
 from edgesdk.fleet.reports import loads
-from edgesdk.fleet.traffic import MAX_CALLS_PER_S, check_count, check_time, check_version, refuse
+from edgesdk.fleet.traffic import MAX_CALLS_PER_S, check_count, check_histogram, check_time, check_version, refuse
 from edgesdk.runtime.bundle import safe_name
-from edgesdk.runtime.latency_histogram import N_BUCKETS
 
 __all__ = ["APP_FORMAT", "MAX_APP_FILE_BYTES", "APPS_DIR", "CADENCE_FILE", "AppSlot", "AppVersion",
            "AppSession", "app_file_name", "encode_app_file", "parse_app_file"]
@@ -108,25 +107,6 @@ def encode_app_file(app: str, pid: int, document: Mapping[str, Any], written: fl
         del body["versions"][oldest]["slots"][0]
 
 
-def _histogram(value: Any, where: str, succeeded: int) -> tuple[tuple[int, int], ...]:
-    if not isinstance(value, list) or len(value) > N_BUCKETS:
-        raise refuse("type", where, f"{where} must list at most {N_BUCKETS} [bucket, count]")
-    pairs, previous, samples = [], -1, 0
-    for pair in value:
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise refuse("type", where, f"{where} holds {pair!r:.40}; an entry is [bucket, count]")
-        index, count = check_count(pair[0], where), check_count(pair[1], where)
-        if not previous < index < N_BUCKETS or count == 0:
-            raise refuse("range", where, f"{where}: bucket {index} (count {count}) is out of "
-                                         f"order, beyond {N_BUCKETS - 1} or empty")
-        pairs.append((index, count))
-        previous, samples = index, samples + count
-    if samples != succeeded:
-        raise refuse("range", where, f"{where} holds {samples} latencies for {succeeded} "
-                                     "successful calls; they must match")
-    return tuple(pairs)
-
-
 def _slot(value: Any, where: str, written: float) -> AppSlot:
     if not isinstance(value, list) or len(value) != 6:
         raise refuse("type", where, f"{where} {value!r:.60} must be [start, calls, errors, local, "
@@ -143,8 +123,8 @@ def _slot(value: Any, where: str, written: float) -> AppSlot:
     if errors > calls or calls > 2 * SLOT_S * MAX_CALLS_PER_S:
         raise refuse("range", f"{where}.calls", f"{where}: {errors} errors in {calls} calls is "
                                                 f"impossible in a {SLOT_S} s slot")
-    return AppSlot(start, calls, errors, local, cloud, _histogram(value[5], f"{where}.histogram",
-                                                                   calls - errors))
+    histogram = check_histogram(value[5], f"{where}.histogram", calls - errors)
+    return AppSlot(start, calls, errors, local, cloud, tuple((i, c) for i, c in histogram))
 
 
 def _version(value: Any, where: str, session: float, written: float) -> AppVersion:

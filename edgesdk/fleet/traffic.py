@@ -37,7 +37,8 @@ from edgesdk.runtime.bundle import parse_version
 from edgesdk.runtime.latency_histogram import N_BUCKETS
 
 __all__ = ["TRAFFIC_FORMAT", "MAX_CALLS_PER_S", "MAX_TRAFFIC_VERSIONS", "MAX_COUNT", "COUNTS",
-           "PERCENTILES", "parse_traffic", "check_count", "check_time", "check_version", "refuse"]
+           "PERCENTILES", "parse_traffic", "check_count", "check_time", "check_version", "check_histogram",
+           "refuse"]
 
 TRAFFIC_FORMAT = 1
 #: The stated maximum rate of calls one device serves on one version: more calls than a window
@@ -121,10 +122,9 @@ def _percentiles(entry: dict[str, Any], where: str, succeeded: int) -> dict[str,
     return values
 
 
-def _histogram(value: Any, where: str, succeeded: int) -> list[list[int]]:
-    """The version's latency histogram, checked: ``[[bucket, count], ...]`` with increasing buckets in
-    0 .. N_BUCKETS-1 and positive counts adding up to the successful calls."""
-    field = f"{where}.hist"
+def check_histogram(value: Any, field: str, succeeded: int) -> list[list[int]]:
+    """A sparse latency histogram, checked: ``[[bucket, count], ...]`` with increasing buckets in
+    0 .. N_BUCKETS-1 and positive counts adding up to ``succeeded`` calls; else ReportError."""
     if not isinstance(value, list) or len(value) > N_BUCKETS:
         raise refuse("type", field, f"{field} {_show(value)} must be a list of at most {N_BUCKETS} "
                                     "[bucket, count] pairs")
@@ -176,7 +176,7 @@ def _version_entry(entry: Any, where: str, horizon_s: float) -> dict[str, Any]:
                      f"calls/s one device serves ({most:.0f} at most)")
     checked: dict[str, Any] = {"from": start, "to": end, **counts, **_percentiles(entry, where, calls - errors)}
     if entry.get("hist") is not None:
-        checked["hist"] = _histogram(entry["hist"], where, calls - errors)
+        checked["hist"] = check_histogram(entry["hist"], f"{where}.hist", calls - errors)
     return checked
 
 
