@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 __all__ = ["N_BUCKETS", "bucket_of", "bucket_bounds", "bucket_value_ns", "to_sparse", "merge",
-           "subtract", "total", "percentile"]
+           "subtract", "total", "percentile", "bucket_at_rank"]
 
 #: Buckets of a histogram: they reach 2**47 ns (about 39 hours); the last also holds anything above.
 N_BUCKETS = 360
@@ -110,11 +110,24 @@ def percentile(histogram: Sequence[Sequence[int]], q: float) -> float | None:
     return (below + (above - below) * (rank - low_rank)) / 1e6
 
 
-def _sample(ordered: Sequence[tuple[int, int]], rank: int) -> float:
-    """The value (ns) of the ``rank``-th smallest sample (from 0) of an ordered sparse histogram."""
+def bucket_at_rank(histogram: Sequence[Sequence[int]], rank: int) -> int:
+    """The bucket holding the ``rank``-th smallest sample (from 0) of a sparse histogram (the last bucket
+    for a rank past its samples); ValueError when it is empty."""
+    ordered = sorted((index, count) for index, count in histogram if count > 0)
+    if not ordered:
+        raise ValueError("an empty histogram has no sample of any rank")
+    return _bucket_at(ordered, rank)
+
+
+def _bucket_at(ordered: Sequence[tuple[int, int]], rank: int) -> int:
     seen = 0
     for index, count in ordered:
         seen += count
         if rank < seen:
-            return bucket_value_ns(index)
-    return bucket_value_ns(ordered[-1][0])
+            return index
+    return ordered[-1][0]
+
+
+def _sample(ordered: Sequence[tuple[int, int]], rank: int) -> float:
+    """The value (ns) of the ``rank``-th smallest sample (from 0) of an ordered sparse histogram."""
+    return bucket_value_ns(_bucket_at(ordered, rank))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from edgesdk.runtime.latency_histogram import bucket_bounds
+from edgesdk.runtime.latency_histogram import bucket_at_rank, bucket_bounds
 
 __all__ = ["rate_lower", "rate_upper", "p99_lower", "Z_95"]
 
@@ -102,9 +102,4 @@ def p99_lower(calls: int, p95_ms: float | None, p99_ms: float | None,
         return None
     if not histogram:
         return p95_ms if p95_ms is not None else p99_ms
-    rank, seen = p99_rank(calls), 0
-    for index, count in sorted((int(i), int(c)) for i, c in histogram):
-        seen += count
-        if seen >= rank:
-            return bucket_bounds(index)[0] / 1e6
-    return p99_ms
+    return bucket_bounds(bucket_at_rank(histogram, p99_rank(calls) - 1))[0] / 1e6
