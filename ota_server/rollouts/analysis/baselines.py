@@ -1,17 +1,22 @@
 """What a board's canary devices are compared with: the baseline of each board.
 
-A Pi 5's p99 says nothing about a Jetson's, so every figure is compared board by board. For a board, in order:
+A Pi 5's p99 says nothing about a Jetson's, so every figure is compared board by board. For a board,
+in order:
 
-1. **live**: the group's devices of that board still on another version of the model (not sent this rollout's
-   stages yet), whose figures the server heard within ``max_baseline_age_s`` and that made ``min_calls`` calls;
-2. **snapshot**: that board's live baseline as it was when an earlier stage of this rollout passed (kept in the
-   store), when it is younger than ``max_baseline_age_s`` (the last stage, or a board whose devices are all canaries);
-3. **the device's own previous version**: a canary device's figures on the version it ran before, when its
-   agent still reports them (they cover the minutes before its swap) and they have ``min_calls`` calls;
+1. **live**: the group's devices of that board still on another version of the model (not sent this
+  rollout's stages yet), whose figures the server heard within ``max_baseline_age_s`` and that made
+  ``min_calls`` calls;
+2. **snapshot**: that board's live baseline as it was when an earlier stage of this rollout passed
+  (kept in the store), when it is younger than ``max_baseline_age_s`` (the last stage, or a board
+  whose devices are all canaries);
+3. **the device's own previous version**: a canary device's figures on the version it ran before,
+  when its agent still reports them (they cover the minutes before its swap) and they have
+  ``min_calls`` calls;
 4. none: the board's latency cannot be judged, and its verdict is inconclusive, never skipped.
 
-A board's baseline figure is the **median** over its devices (p99, error rate, offload share), so one device
-reporting a low p99 or a high error rate does not move the floor the canaries are held to.
+A board's baseline figure is the **median** over its devices (p99, error rate, offload share), so
+one device reporting a low p99 or a high error rate does not move the floor the canaries are held
+to.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ __all__ = ["Baseline", "live_baselines", "stored_baselines", "own_baseline", "sn
 
 @dataclass(frozen=True)
 class Baseline:
-    """One board's baseline: where it comes from, over how many devices, its medians, and when it was measured."""
+    """One board's baseline: where it comes from, over how many devices, its medians, and when it
+    was measured."""
 
     source: str
     devices: int
@@ -55,11 +61,14 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def _baseline(source: str, figures: list[VersionFigures], at: float) -> Baseline:
     return Baseline(source, len(figures), _median(f.p99_ms for f in figures),
-                    _median(f.error_rate for f in figures), _median(f.offload_share for f in figures), at)
+                    _median(f.error_rate for f in figures),
+                    _median(f.offload_share for f in figures), at)
 
 
-def live_baselines(devices: Iterable[BaselineDevice], policy: RolloutPolicy, now: float) -> dict[str, Baseline]:
-    """Each board's live baseline, from the devices still on another version (see the module doc)."""
+def live_baselines(devices: Iterable[BaselineDevice], policy: RolloutPolicy,
+                   now: float) -> dict[str, Baseline]:
+    """Each board's live baseline, from the devices still on another version (see the module
+    doc)."""
     found: dict[str, list[tuple[VersionFigures, float]]] = {}
     for device in devices:
         if device.heard_at is None or now - device.heard_at > policy.max_baseline_age_s:
@@ -71,15 +80,18 @@ def live_baselines(devices: Iterable[BaselineDevice], policy: RolloutPolicy, now
             for board, entries in found.items()}
 
 
-def stored_baselines(snapshot: Mapping[str, Any] | None, policy: RolloutPolicy, now: float) -> dict[str, Baseline]:
-    """The boards' baselines an earlier stage kept (:func:`snapshot_of`), those young enough to use."""
+def stored_baselines(snapshot: Mapping[str, Any] | None, policy: RolloutPolicy,
+                     now: float) -> dict[str, Baseline]:
+    """The boards' baselines an earlier stage kept (:func:`snapshot_of`), those young enough to
+    use."""
     boards = (snapshot or {}).get("boards")
     if not isinstance(boards, Mapping):
         return {}
     found = {}
     for board, data in boards.items():
         try:
-            kept = Baseline("snapshot", int(data["devices"]), data.get("p99_ms"), data.get("error_rate"),
+            kept = Baseline("snapshot", int(data["devices"]), data.get("p99_ms"),
+                            data.get("error_rate"),
                             data.get("offload_share"), float(data["at"]))
         except (KeyError, TypeError, ValueError):
             continue
@@ -90,16 +102,20 @@ def stored_baselines(snapshot: Mapping[str, Any] | None, policy: RolloutPolicy, 
 
 def own_baseline(details: Mapping[str, Any] | None, previous: str | None, policy: RolloutPolicy,
                  heard_at: float | None) -> Baseline | None:
-    """A canary device's figures on the version it ran before, when it still reports enough of them."""
+    """A canary device's figures on the version it ran before, when it still reports enough of
+    them."""
     figures = version_figures(details, previous)
-    if not isinstance(figures, VersionFigures) or figures.calls < policy.min_calls or heard_at is None:
+    if not isinstance(figures, VersionFigures) or heard_at is None:
+        return None
+    if figures.calls < policy.min_calls:
         return None
     return _baseline("own previous version", [figures], heard_at)
 
 
 def snapshot_of(live: Mapping[str, Baseline], kept: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The snapshot to keep after a stage passed: each board's live baseline now, and the boards kept before that
-    have no live baseline any more."""
+    """The snapshot to keep after a stage passed: each board's live baseline now, and the boards
+    kept before that have no live baseline any more."""
     boards = dict((kept or {}).get("boards") or {})
-    boards.update({board: {k: v for k, v in asdict(b).items() if k != "source"} for board, b in live.items()})
+    for board, baseline in live.items():
+        boards[board] = {k: v for k, v in asdict(baseline).items() if k != "source"}
     return {"boards": boards}

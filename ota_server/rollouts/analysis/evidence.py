@@ -1,7 +1,7 @@
-"""What a stage is judged on, as the store hands it over: the stage's devices and the baseline devices.
+"""What a stage is judged on, as the store hands it over: its devices and the baseline devices.
 
-Plain records (no store, no clock), so the engine, the tests and the benchmarks feed the judge the same way
-(:meth:`edgesdk.ota_server.store.verdicts.VerdictStore.stage_evidence` reads them).
+Plain records (no store, no clock), so the engine, the tests and the benchmarks feed the judge the
+same way (:meth:`edgesdk.ota_server.store.verdicts.VerdictStore.stage_evidence` reads them).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from edgesdk.fleet.records import TargetStatus
 
 __all__ = ["StageDevice", "BaselineDevice", "UNKNOWN_BOARD"]
 
-#: The board of a device whose agent did not say (its figures are compared with other such devices only).
+#: The board of a device whose agent did not say (its figures are compared with other such devices
+#: only).
 UNKNOWN_BOARD = "unknown"
 
 
@@ -40,7 +41,8 @@ class StageDevice:
 
 @dataclass(frozen=True)
 class BaselineDevice:
-    """A device of the group still on another version of the model, not sent any of the stages judged so far."""
+    """A device of the group still on another version of the model, not sent any of the stages
+    judged so far."""
 
     device_id: str
     board: str

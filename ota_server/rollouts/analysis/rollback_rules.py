@@ -1,5 +1,4 @@
-"""Which version a group may be rolled back to, and how: one set of rules for the API, the CLI
-and the console.
+"""Which version a group may be rolled back to, and how: one set of rules for API, CLI and console.
 
 A rollback names a rollout (``edgesdk rollout rollback ID``; with ``--group G``, the group's
 running rollout, else the one that set its release) and undoes it:
