@@ -10,13 +10,13 @@ users write ``from edgesdk.converters import ...``::
                                        Output("out", name="digits", version="1.4.0")))
 
 The request's parts are in :mod:`.request`, the steps in :mod:`.pipeline`, the
-quantization settings in :mod:`.config` and measuring on a board of the fleet in
-:mod:`.remote`.
+quantization settings in :mod:`edgesdk.converters.quantization.config` and measuring on a board of the fleet in
+:mod:`edgesdk.converters.board.remote`.
 """
 
-from edgesdk.converters.config import CalibrationMethod, QuantizationConfig, QuantType
+from edgesdk.converters.board.remote import board_measure
 from edgesdk.converters.pipeline import ConversionReport, Progress, convert
-from edgesdk.converters.remote import board_measure
+from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig, QuantType
 from edgesdk.converters.request import BoardMeasure, Bounds, ConversionRequest, Data, Output, Source, Target
 
 __all__ = ["convert", "ConversionRequest", "Source", "Target", "Data", "Bounds", "Output", "ConversionReport",

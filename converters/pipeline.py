@@ -3,15 +3,15 @@
 Steps: load (ONNX, PyTorch export, or a TFLite file passed through) → check and fix
 shapes → split the evaluation samples → shrink → build variants (FP32, FP16, INT8 dynamic;
 one streaming calibration pass, then INT8 static per calibration method; when static INT8
-misses the accuracy bound, the mixed-precision search of :mod:`.search`; TFLite variants
+misses the accuracy bound, the mixed-precision search of :mod:`edgesdk.converters.quantization.search`; TFLite variants
 via onnx2tf when asked) → measure each in its own process → plan → write the bundle.
 
 **Selection and held-out samples.** The evaluation samples are split once
-(:func:`~edgesdk.converters.data.split_evaluation`). Every choice is made on the
+(:func:`~edgesdk.converters.planning.data.split_evaluation`). Every choice is made on the
 *selection* drop: the calibration method, the mixed-precision search, the planner. Each
 variant runs once on all evaluation samples; its outputs are sliced by sample index into
 the selection drop (``Candidate.accuracy_drop``) and the *held-out* drop
-(``Candidate.holdout_drop``), which only checks the chosen variant (:mod:`.planner`,
+(``Candidate.holdout_drop``), which only checks the chosen variant (:mod:`edgesdk.converters.planning.planner`,
 "Held-out check"). When the calibration data is the evaluation data itself (the CLI
 without ``--calibration``), only the selection samples calibrate. A model whose first
 output is not one row per sample cannot be split by sample: it gets no held-out check,
@@ -29,22 +29,22 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.accelerator_plan import accelerator_candidates
 from edgesdk.converters.arguments import check_out_dir
-from edgesdk.converters.board_latency import ConversionCosts, target_point
-from edgesdk.converters.calibrate import batches, calibrate
-from edgesdk.converters.config import QuantizationConfig
-from edgesdk.converters.data import EvaluationSplit, split_evaluation
-from edgesdk.converters.measure import Measurement, adapt_layout, latency_ratio, measure_variant
-from edgesdk.converters.metrics import Metric, resolve_metric
-from edgesdk.converters.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
-from edgesdk.converters.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
-from edgesdk.converters.power import PowerBudget
-from edgesdk.converters.quantize import quantize_dynamic_int8, quantize_static_int8, to_fp16
+from edgesdk.converters.board.accelerator_plan import accelerator_candidates
+from edgesdk.converters.board.board_latency import ConversionCosts, target_point
+from edgesdk.converters.board.measure import Measurement, adapt_layout, latency_ratio, measure_variant
+from edgesdk.converters.board.power import PowerBudget
+from edgesdk.converters.formats.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify
+from edgesdk.converters.planning.data import EvaluationSplit, split_evaluation
+from edgesdk.converters.planning.metrics import Metric, resolve_metric
+from edgesdk.converters.planning.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
+from edgesdk.converters.quantization.calibrate import batches, calibrate
+from edgesdk.converters.quantization.config import QuantizationConfig
+from edgesdk.converters.quantization.quantize import quantize_dynamic_int8, quantize_static_int8, to_fp16
+from edgesdk.converters.quantization.search import SearchResult
 from edgesdk.converters.quiet import held_output, warnings_once
 from edgesdk.converters.report import ConversionReport
 from edgesdk.converters.request import ConversionRequest, Source
-from edgesdk.converters.search import SearchResult
 from edgesdk.converters.staging import moved_paths, staged_output
 from edgesdk.errors import ConversionError, DataError, EdgeSDKError, UnsupportedOpError
 from edgesdk.runtime.backends.tensorrt import GPU_PROVIDERS
@@ -126,7 +126,7 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     fp32_path = _prepare_source(request.source, variants_dir)
     source_sha = source_sha or read_model(fp32_path).sha256
     inputs, outputs = _specs(fp32_path, board)
-    from edgesdk.converters.data import check_arrays
+    from edgesdk.converters.planning.data import check_arrays
 
     data = request.data
     calibration = check_arrays(data.calibration, inputs, "calibration data")
@@ -329,13 +329,13 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
            config: QuantizationConfig, cfg_dict: Mapping[str, Any], bound: float, fp32_latency_ms: float,
            measure: Callable[..., Measurement], drop: Callable[[Measurement], float], notify: Progress,
            scorer: Metric | None, board_ms: Callable[[str], float] | None = None) -> SearchResult:
-    """Sensitivity per block on calibration samples, then the timed search (:mod:`.search`).
+    """Sensitivity per block on calibration samples, then the timed search (:mod:`edgesdk.converters.quantization.search`).
 
     ``scorer`` (a metric that compares with FP32, so needs no labels) also scores each block's own drop.
     ``board_ms(label)``, when given, is a measured candidate's emulated board latency: the search's cost.
     """
-    from edgesdk.converters.qdq import QdqGraph
-    from edgesdk.converters.search import block_sensitivity, search_mixed
+    from edgesdk.converters.quantization.qdq import QdqGraph
+    from edgesdk.converters.quantization.search import block_sensitivity, search_mixed
 
     graph = QdqGraph(qdq_path, fp32_path)
     sample = next(batches(calibration, config.sensitivity_samples))
@@ -379,8 +379,8 @@ def _listed(names: Sequence[str], shown: int = 6) -> str:
 def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[str, np.ndarray],
                      evaluation: Mapping[str, np.ndarray], measure: Callable[..., Measurement],
                      notify: Progress) -> tuple[str | None, float | None]:
-    from edgesdk.converters.onnx2tf_tool import Onnx2TfTool
-    from edgesdk.converters.tflite import convert_to_tflite
+    from edgesdk.converters.formats.onnx2tf_tool import Onnx2TfTool
+    from edgesdk.converters.formats.tflite import convert_to_tflite
 
     sample = {k: v[:32] for k, v in evaluation.items()}
     try:
@@ -403,7 +403,7 @@ def _tflite_variants(fp32_path: Path, variants_dir: Path, calibration: Mapping[s
 
 def _tflite_passthrough(request: ConversionRequest, out: Path, notify: Progress) -> ConversionReport:
     """An existing .tflite is measured and planned as is (its accuracy is the reference)."""
-    from edgesdk.converters.data import check_arrays
+    from edgesdk.converters.planning.data import check_arrays
     from edgesdk.runtime.runtime import Runtime
 
     target, bound = request.target, request.bounds.max_accuracy_drop

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.converters.calibrate import CalibrationResult
-from edgesdk.converters.data import EvaluationSplit
-from edgesdk.converters.emulate import InstructionCount
-from edgesdk.converters.planner import PlanResult
-from edgesdk.converters.search import SearchResult
+from edgesdk.converters.board.emulate import InstructionCount
+from edgesdk.converters.planning.data import EvaluationSplit
+from edgesdk.converters.planning.planner import PlanResult
+from edgesdk.converters.quantization.calibrate import CalibrationResult
+from edgesdk.converters.quantization.search import SearchResult
 from edgesdk.runtime.bundle import Bundle
 
 __all__ = ["ConversionReport"]

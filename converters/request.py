@@ -41,9 +41,9 @@ from edgesdk.converters.arguments import (
     check_version,
     parse_formats,
 )
-from edgesdk.converters.config import QuantizationConfig
-from edgesdk.converters.metrics import check_metric
-from edgesdk.converters.power import PowerBudget, check_feasible
+from edgesdk.converters.board.power import PowerBudget, check_feasible
+from edgesdk.converters.planning.metrics import check_metric
+from edgesdk.converters.quantization.config import QuantizationConfig
 from edgesdk.errors import ConversionError, DataError
 from edgesdk.runtime.profiles import DeviceProfile, RuntimeMode, load_profile
 from edgesdk.runtime.scheduling import plan_cores
@@ -51,7 +51,7 @@ from edgesdk.runtime.scheduling import plan_cores
 __all__ = ["BoardMeasure", "Source", "Target", "Data", "Bounds", "Output", "ConversionRequest"]
 
 #: measure_on(model path, evaluation inputs) -> what a board of the fleet measured
-#: (:func:`edgesdk.converters.remote.board_measure` makes one).
+#: (:func:`edgesdk.converters.board.remote.board_measure` makes one).
 BoardMeasure = Callable[[Path, Mapping[str, np.ndarray]], Any]
 
 
@@ -91,7 +91,7 @@ class Target:
     """The board (a profile name, YAML path or :class:`DeviceProfile`), its power mode, and its latencies' source.
 
     A variant's board latency is counted on the board's own core type under qemu-user
-    (:mod:`edgesdk.converters.emulate`) when the emulator is set up (``emulate``: None, the
+    (:mod:`edgesdk.converters.board.emulate`) when the emulator is set up (``emulate``: None, the
     default, uses it when present; True requires it; False never), and otherwise scaled from
     this host's measurement (``host``: this machine's profile, detected when None).
     ``board_figures`` maps a variant's model SHA-256 to a latency measured on the board
@@ -138,7 +138,7 @@ class Data:
     ``holdout`` is the share of the evaluation samples held out of every choice the
     conversion makes and used only to check the chosen variant (0 to 0.5; 0: no check);
     ``holdout_seed`` fixes which ones; a split is made only with at least ``holdout_min``
-    samples on each side (see :func:`edgesdk.converters.data.split_evaluation` for the
+    samples on each side (see :func:`edgesdk.converters.planning.data.split_evaluation` for the
     rule). When ``calibration`` is ``evaluation`` itself, only the selection part calibrates.
     """
 
@@ -171,7 +171,7 @@ class Bounds:
     that sleeps between bursts, ``wake_every_s`` with ``frames_per_wake``. ``power_budget_w``
     (average watts) or ``energy_budget_mwh_per_h`` bounds the board's average power at that
     rate; the planner then moves the model between power modes and thread counts to meet it
-    (:mod:`edgesdk.converters.power`).
+    (:mod:`edgesdk.converters.board.power`).
     """
 
     max_accuracy_drop: float = 0.5
@@ -180,7 +180,8 @@ class Bounds:
     energy_budget_mwh_per_h: float | None = None
     wake_every_s: float | None = None
     frames_per_wake: int | None = None
-    #: What the choice minimises among what fits: "latency" (default) or "energy" (:data:`.power.OBJECTIVES`).
+    #: What the choice minimises among what fits: "latency" (default) or "energy"
+    #: (:data:`edgesdk.converters.board.power.OBJECTIVES`).
     objective: str = "latency"
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || apt_packag
 command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || apt_packages+=(postgresql)
 # The converter's board estimates run each variant with the board's aarch64 wheels under qemu-user
 # (the dynamic build: it loads the instruction-counting plugin). The userland is made from Debian's
-# arm64 packages, so apt must list them (see converters/userland.py).
+# arm64 packages, so apt must list them (see converters/board/userland.py).
 command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
 # The operator console's browser tests drive Debian's chromium through its WebDriver (tests/ota/test_console_browser.py).
 command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)

@@ -5,19 +5,19 @@ runtime, model, input, precision, threads, source). This script:
 
 1. rebuilds each figure's model from its public definition (``calibration_models.py``);
 2. **CPU figures**: counts the model's instructions per inference on the figure's core with the
-   converter's own :class:`~edgesdk.converters.emulate.Emulator` (the board's aarch64 ONNX Runtime
+   converter's own :class:`~edgesdk.converters.board.emulate.Emulator` (the board's aarch64 ONNX Runtime
    under qemu-user; the Cortex-A55 on the stand-in of ``calibration_counts.py``), and estimates
    ``count * CPI / clock / (1 + e * (threads - 1))``, the formula of
-   :func:`~edgesdk.converters.emulate.board_latency_ms`;
+   :func:`~edgesdk.converters.board.emulate.board_latency_ms`;
 3. **GPU figures** (Jetson Orin Nano, TensorRT): the roofline of
-   :mod:`edgesdk.converters.gpu_estimate` against the data-sheet ceilings of the figure's power
+   :mod:`edgesdk.converters.board.gpu_estimate` against the data-sheet ceilings of the figure's power
    mode, divided by an efficiency, plus a fixed cost per kernel;
 4. splits the figures deterministically into a **fit half** and a **validation half**, stratified by
    board, core and runtime (:func:`split`: each source's figures alternately to the two halves);
 5. fits, on the fit half only, one CPI per core type and a time factor per runtime relative to ONNX
    Runtime (whose kernels the converter counts; most published CPU figures are ncnn's), by least squares
    of log error, with the converter's own thread rule
-   (:data:`~edgesdk.converters.emulate.PARALLEL_EFFICIENCY`), so the goals judge what the converter
+   (:data:`~edgesdk.converters.board.emulate.PARALLEL_EFFICIENCY`), so the goals judge what the converter
    computes; and the GPU efficiency and per-kernel cost. It also fits the thread efficiency the fit
    half supports and reports the errors with it;
 6. reports each validation figure's error (estimate / published - 1) and, per board, the median
@@ -47,8 +47,8 @@ from benchmarks.converter.calibration_counts import A55, COUNTED_ON, count_figur
 from benchmarks.converter.calibration_models import build  # noqa: E402
 from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
-from edgesdk.converters.emulate import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY  # noqa: E402
-from edgesdk.converters.gpu_estimate import (  # noqa: E402
+from edgesdk.converters.board.emulate import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY  # noqa: E402
+from edgesdk.converters.board.gpu_estimate import (  # noqa: E402
     EFFICIENCY,
     PER_KERNEL_US,
     GpuPeak,
@@ -236,7 +236,7 @@ def main() -> None:
     cpu, skipped = cpu_rows(data, half, args.quick)
     fit_rows = [r for r in cpu if r["half"] == "fit"]
     # The goals judge the converter's own formula: CPIs fitted with its PARALLEL_EFFICIENCY (what
-    # converters/emulate.py ships). The thread efficiency the fit half itself supports is fitted too, and the
+    # converters/board/emulate.py ships). The thread efficiency the fit half itself supports is fitted too, and the
     # errors with it are reported beside (applying it is the thread-scaling rule's business, not the CPIs').
     efficiency = PARALLEL_EFFICIENCY
     cpis, factors = fit_cpi(fit_rows, efficiency)

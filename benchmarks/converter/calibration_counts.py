@@ -38,13 +38,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.converter.calibration_models import build
-from edgesdk.converters.emulate import Emulator, InstructionCount
-from edgesdk.converters.userland import CORES
+from edgesdk.converters.board.emulate import Emulator, InstructionCount
+from edgesdk.converters.board.userland import CORES
 
 __all__ = ["A55", "counter", "count_figure"]
 
 #: The Cortex-A55 stand-in is the converter's own now (``CORES["cortex-a55"]``): qemu's cortex-a76 ISA behind an
-#: A55 r2p0's cpuinfo and MIDR (edgesdk.converters.userland).
+#: A55 r2p0's cpuinfo and MIDR (edgesdk.converters.board.userland).
 A55 = CORES["cortex-a55"]
 #: The emulated CPU each figure's core is counted on.
 COUNTED_ON = {"cortex-a72": "cortex-a72", "cortex-a76": "cortex-a76", "cortex-a55": "cortex-a55"}
@@ -68,7 +68,7 @@ def count_figure(emulator: Emulator, figure: dict, cached_only: bool = False) ->
 
 
 def _is_cached(emulator: Emulator, model: Path, cpu: str, inputs: dict[str, np.ndarray]) -> bool:
-    from edgesdk.converters.emulate import _checked
+    from edgesdk.converters.board.emulate import _checked
 
     key = emulator._key(_checked(model), cpu, emulator._runtime(CORES[cpu].arch), inputs)
     return (emulator.counts_dir / f"{key}.json").is_file()

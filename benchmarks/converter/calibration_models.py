@@ -23,7 +23,7 @@ import types
 import zipfile
 from pathlib import Path
 
-from edgesdk.converters.userland import emulator_cache
+from edgesdk.converters.board.userland import emulator_cache
 
 __all__ = ["MODELS", "build", "models_dir"]
 

@@ -37,7 +37,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from benchmarks.shared.peer_venv import VENVS, PeerVenv, clean_env, log_tail
-from edgesdk.converters.onnx2tf_tool import run_logged  # the onnx2tf tool's runner: log file, process group killed on timeout
+from edgesdk.converters.formats.onnx2tf_tool import (
+    run_logged,  # the onnx2tf tool's runner: log file, process group killed on timeout
+)
 
 __all__ = ["NNCF_VERSION", "REQUIREMENTS", "NncfEnv", "NncfError", "NncfResult", "nncf_accuracy_control"]
 

@@ -67,9 +67,9 @@ from benchmarks.shared.common import emit, goal, interleaved, log, summary  # no
 from benchmarks.shared.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
-from edgesdk.converters.config import CalibrationMethod, QuantizationConfig  # noqa: E402
-from edgesdk.converters.emulate import Emulator  # noqa: E402
-from edgesdk.converters.planner import CLEAR_GAIN, Candidate  # noqa: E402
+from edgesdk.converters.board.emulate import Emulator  # noqa: E402
+from edgesdk.converters.planning.planner import CLEAR_GAIN, Candidate  # noqa: E402
+from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig  # noqa: E402
 from edgesdk.runtime.energy import Sampler, Trace, find_sensor, sensor_read_cost  # noqa: E402
 
 RECORDED = Path(__file__).resolve().parents[2] / "tests" / "data" / "power"

@@ -12,11 +12,11 @@ from dataclasses import replace
 import numpy as np
 
 from edgesdk import load_profile
-from edgesdk.converters.accelerator_plan import accelerator_candidates
-from edgesdk.converters.board_latency import OperatingPoint, board_cost, operating_points
-from edgesdk.converters.emulate import Emulator
-from edgesdk.converters.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
-from edgesdk.converters.power import PowerBudget, power_at
+from edgesdk.converters.board.accelerator_plan import accelerator_candidates
+from edgesdk.converters.board.board_latency import OperatingPoint, board_cost, operating_points
+from edgesdk.converters.board.emulate import Emulator
+from edgesdk.converters.board.power import PowerBudget, power_at
+from edgesdk.converters.planning.planner import CLEAR_GAIN, Candidate, PlanResult, choose, estimate_on_board
 from edgesdk.errors import BudgetError, InfeasibleBudgetError
 from edgesdk.runtime.profiles import DeviceProfile
 

@@ -6,7 +6,7 @@ photographs and rendered text). Per model:
 * ``convert()`` for a Raspberry Pi 5 (emulated Cortex-A76) with a 1-point bound on the
   model's task metric and 30% of the evaluation samples held out of every choice; each
   variant's board latency is its instruction count on the emulated core
-  (:mod:`edgesdk.converters.emulate`), its drop is reported on the selection and the
+  (:mod:`edgesdk.converters.board.emulate`), its drop is reported on the selection and the
   held-out samples, with ONNX Runtime's int8 fusions on aarch64; the TFLite variants
   (onnx2tf; full int8 runs on LiteRT's XNNPACK QS8 kernels) are built, counted and chosen
   from with the ONNX ones (not in ``--quick``: onnx2tf's tool environment is 2.6 GB);
@@ -47,12 +47,12 @@ from benchmarks.shared.common import emit, goal, log  # noqa: E402
 from benchmarks.shared.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk import load_profile  # noqa: E402
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert  # noqa: E402
-from edgesdk.converters.board_latency import board_cost  # noqa: E402
-from edgesdk.converters.config import CalibrationMethod, QuantizationConfig  # noqa: E402
-from edgesdk.converters.emulate import Emulator  # noqa: E402
-from edgesdk.converters.metrics import resolve_metric  # noqa: E402
-from edgesdk.converters.onnx_model import fix_input_shapes, load_onnx, save_onnx  # noqa: E402
-from edgesdk.converters.search import run_model  # noqa: E402
+from edgesdk.converters.board.board_latency import board_cost  # noqa: E402
+from edgesdk.converters.board.emulate import Emulator  # noqa: E402
+from edgesdk.converters.formats.onnx_model import fix_input_shapes, load_onnx, save_onnx  # noqa: E402
+from edgesdk.converters.planning.metrics import resolve_metric  # noqa: E402
+from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig  # noqa: E402
+from edgesdk.converters.quantization.search import run_model  # noqa: E402
 
 PROFILE, REPORTED = "raspberry-pi-5", "raspberry-pi-4"
 BOUND = 1.0
@@ -213,7 +213,7 @@ def run_digits(work: Path, config: QuantizationConfig, epochs: int) -> dict:
     """A CNN trained on scikit-learn's digits: accuracy against real labels, not agreement."""
     import torch
 
-    from edgesdk.converters.onnx_model import export_torch
+    from edgesdk.converters.formats.onnx_model import export_torch
     from edgesdk.testing import digits_cnn, load_digits_data
 
     data = load_digits_data()

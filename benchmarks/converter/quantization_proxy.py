@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.shared.common import interleaved, log
-from edgesdk.converters.emulate import Emulator, InstructionCount
+from edgesdk.converters.board.emulate import Emulator, InstructionCount
 
 __all__ = ["proxy_pairs", "fit_errors"]
 

@@ -1,7 +1,7 @@
 """How much slower a Raspberry Pi 4 runs a model than this host, and the CPU quota that reproduces it.
 
 :func:`pi4_factor` takes the Pi 4's single-thread latency from the converter's own estimate:
-the instructions one inference retires on an emulated Cortex-A72 (:mod:`edgesdk.converters.emulate`,
+the instructions one inference retires on an emulated Cortex-A72 (:mod:`edgesdk.converters.board.emulate`,
 cached per model), turned into milliseconds at the profile's clock; when the emulator is not
 installed, the profiles' performance model (``perf``) scales this host's time instead. Either
 way the basis is printed with the figure.
@@ -44,14 +44,14 @@ BOARD = "raspberry-pi-4"
 
 def pi4_factor(model_path: Path, sample: np.ndarray, input_name: str, host_ms: float) -> dict[str, Any]:
     """The Pi 4's single-thread latency of the model, its basis, and ``factor`` = that / ``host_ms``."""
-    from edgesdk.converters.board_latency import LatencyModel, target_point
+    from edgesdk.converters.board.board_latency import LatencyModel, target_point
     from edgesdk.errors import EdgeSDKError
     from edgesdk.runtime.profiles import load_profile
 
     board = load_profile(BOARD)
     cluster = board.clusters[0]
     try:
-        from edgesdk.converters.emulate import Emulator, board_latency_ms
+        from edgesdk.converters.board.emulate import Emulator, board_latency_ms
 
         count = Emulator().count(model_path, {input_name: sample}, cluster.emulated_cpu or "cortex-a72")
         board_ms = board_latency_ms(count, cluster.microarchitecture, cluster.max_mhz, threads=1)

@@ -62,7 +62,7 @@ def _dir_bytes(path: Path) -> int:
 
 
 def _run_logged(command: list[str], log_path: Path, timeout_s: float, env: Mapping[str, str]) -> int:
-    from edgesdk.converters.onnx2tf_tool import run_logged  # its own process group, killed on timeout
+    from edgesdk.converters.formats.onnx2tf_tool import run_logged  # its own process group, killed on timeout
 
     return run_logged(command, log_path.parent, log_path, timeout_s, env)
 

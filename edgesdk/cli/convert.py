@@ -339,9 +339,9 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target
     from edgesdk.converters import convert as run_convert
     from edgesdk.converters.arguments import check_name
-    from edgesdk.converters.data import check_class_names, load_arrays, load_class_names, load_labels, model_inputs
-    from edgesdk.converters.metrics import check_metric
-    from edgesdk.converters.power import check_feasible
+    from edgesdk.converters.board.power import check_feasible
+    from edgesdk.converters.planning.data import check_class_names, load_arrays, load_class_names, load_labels, model_inputs
+    from edgesdk.converters.planning.metrics import check_metric
     from edgesdk.converters.quiet import held_output
     from edgesdk.runtime.model_file import read_model
     from edgesdk.runtime.runtime import Runtime
@@ -380,7 +380,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     check_feasible(target.board, bounds.budget)  # a budget below the board's idle power fails before any work
     if measure_on:
         from edgesdk.cli.fleet import admin_client
-        from edgesdk.converters.remote import board_measure as remote
+        from edgesdk.converters.board.remote import board_measure as remote
 
         target = replace(target, measure_on=remote(admin_client(server_url, token, token_file), measure_on,
                                                    target.mode, sign_keys=measure_signers))
@@ -436,7 +436,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
                "at the asked rate")
     click.echo(f"~ = not measured on the board: {data['board_estimates']}")
     if any(v["estimate_basis"].startswith("estimated GPU roofline") for v in data["variants"]):
-        from edgesdk.converters.gpu_estimate import EFFICIENCY, PER_KERNEL_US
+        from edgesdk.converters.board.gpu_estimate import EFFICIENCY, PER_KERNEL_US
 
         click.echo(f"GPU rows: a roofline of each layer's FLOPs and bytes against the accelerator's data-sheet peaks at "
                    f"the power mode's GPU clock, / {EFFICIENCY} efficiency + {PER_KERNEL_US:g} us per kernel (fitted on "

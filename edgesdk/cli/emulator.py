@@ -16,8 +16,8 @@ def emulator() -> None:
 @click.option("--force", is_flag=True, help="Rebuild the userland even if one exists for these versions.")
 def setup(force: bool) -> None:
     """Build the aarch64 userland for this host's onnxruntime/LiteRT versions (about 10 s; cached)."""
-    from edgesdk.converters.emulate import Emulator
-    from edgesdk.converters.userland import build_userland
+    from edgesdk.converters.board.emulate import Emulator
+    from edgesdk.converters.board.userland import build_userland
 
     userland = build_userland(force=force, log=lambda line: click.echo(line, err=True))
     Emulator()  # builds the counting plugin now rather than during the first conversion
@@ -28,7 +28,7 @@ def setup(force: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def status(as_json: bool) -> None:
     """Say whether board estimates are emulated here, and if not, how to enable them."""
-    from edgesdk.converters.emulate import Emulator
+    from edgesdk.converters.board.emulate import Emulator
     from edgesdk.errors import EmulatorError
 
     try:
@@ -52,7 +52,7 @@ def count(model: str, cpu: str, as_json: bool) -> None:
     """Instructions one inference of MODEL (random input of its shape) retires on an emulated CPU."""
     from dataclasses import asdict
 
-    from edgesdk.converters.emulate import Emulator
+    from edgesdk.converters.board.emulate import Emulator
     from edgesdk.runtime.bench import random_inputs
     from edgesdk.runtime.runtime import Runtime
 

@@ -1,7 +1,7 @@
 """A board's power facts besides its power modes: its power sensor and, for duty-cycled use, sleep and wake costs.
 
 Part of a :class:`~edgesdk.runtime.profiles.DeviceProfile` (its ``power`` section); read by
-:mod:`edgesdk.runtime.energy` (the sensor) and :mod:`edgesdk.converters.power` (sleep and wake).
+:mod:`edgesdk.runtime.energy` (the sensor) and :mod:`edgesdk.converters.board.power` (sleep and wake).
 """
 
 from __future__ import annotations

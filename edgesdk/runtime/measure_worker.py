@@ -1,6 +1,6 @@
 """Measuring a model in a child process with :class:`edgesdk.Runtime`.
 
-Shared by the converter (:mod:`edgesdk.converters.measure`, figures on the host) and the
+Shared by the converter (:mod:`edgesdk.converters.board.measure`, figures on the host) and the
 device agent (the OTA ``measure`` command, figures on the board). A fresh process per
 model keeps the figures clean: its peak RSS is that model's alone (``VmHWM``, see
 :mod:`edgesdk.runtime.memory`) and a crashing kernel cannot take the caller down.

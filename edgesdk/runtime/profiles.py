@@ -91,11 +91,11 @@ class CoreCluster:
     #: for Cortex-A55, which qemu lacks); None: chosen from ``microarchitecture``, or not emulated.
     emulated_cpu: str | None = None
     #: What each thread beyond the first adds, as a share of one thread's speed (0.7: four threads run 3.1x one);
-    #: None: the converter's default (:data:`edgesdk.converters.emulate.PARALLEL_EFFICIENCY`). A figure measured on
+    #: None: the converter's default (:data:`edgesdk.converters.board.emulate.PARALLEL_EFFICIENCY`). A figure measured on
     #: the board replaces the model at its point.
     parallel_efficiency: float | None = None
     #: The share of the cluster's active power drawn as soon as any of its cores is busy (shared cache,
-    #: interconnect, DRAM traffic); None: the converter's default (:data:`edgesdk.converters.power.SHARED_ACTIVE_SHARE`).
+    #: interconnect, DRAM traffic); None: the converter's default (:data:`edgesdk.converters.board.power.SHARED_ACTIVE_SHARE`).
     shared_power_share: float | None = None
 
     def __post_init__(self) -> None:
@@ -123,7 +123,7 @@ class PowerMode:
     Power figures are of the whole board where the profile's sources measured it at the wall
     (``DeviceProfile.power_scope``), in watts. ``active_watts`` maps a compute unit (a cluster
     name, or an accelerator name) to the power it adds above ``idle_watts`` with all of its
-    cores busy at this mode's clock; :mod:`edgesdk.converters.power` turns those into energy
+    cores busy at this mode's clock; :mod:`edgesdk.converters.board.power` turns those into energy
     per inference and average power.
     """
 
@@ -173,7 +173,7 @@ class Accelerator:
     litert_delegates: tuple[str, ...] = ()
     #: ONNX Runtime execution providers, best first (CPU is always appended last).
     onnxruntime_providers: tuple[str, ...] = ()
-    #: Optional data-sheet ceilings for the converter's roofline (edgesdk.converters.gpu_estimate): dense peak per
+    #: Optional data-sheet ceilings for the converter's roofline (edgesdk.converters.board.gpu_estimate): dense peak per
     #: precision (``fp32``/``fp16``/``int8``, TFLOPS or TOPS) and memory bandwidth in GB/s; empty/None: not costed.
     peak_tflops: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     memory_gbps: float | None = None

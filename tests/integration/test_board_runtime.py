@@ -12,8 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesdk.converters.board_latency import ConversionCosts
-from edgesdk.converters.emulate import Emulator
+from edgesdk.converters.board.board_latency import ConversionCosts
+from edgesdk.converters.board.emulate import Emulator
 from edgesdk.errors import BoardRuntimeError
 from edgesdk.runtime.profiles import load_profile
 
@@ -100,10 +100,10 @@ def test_the_boards_output_is_kept_per_input_values_not_per_shapes(models, tmp_p
 def test_emulated_counts_under_a_budget_move_a_two_cluster_board_to_its_little_cores(tmp_path_factory):
     """Issue 38: no power test used emulated counts. An RK3588 counted on both clusters' emulated cores, at a rate
     and budget that the big cluster cannot meet but the little one can: the choice moves there, on counts."""
-    from edgesdk.converters.board_latency import operating_points
-    from edgesdk.converters.measure import Measurement
-    from edgesdk.converters.planner import Candidate, choose, estimate_on_board
-    from edgesdk.converters.power import PowerBudget, power_at
+    from edgesdk.converters.board.board_latency import operating_points
+    from edgesdk.converters.board.measure import Measurement
+    from edgesdk.converters.board.power import PowerBudget, power_at
+    from edgesdk.converters.planning.planner import Candidate, choose, estimate_on_board
     from tests.integration.test_emulate import _conv_net
 
     rk3588 = load_profile("rk3588")

@@ -13,10 +13,10 @@ from onnx import TensorProto, helper
 from edgesdk import Runtime
 from edgesdk.cli import cli
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, QuantizationConfig, Source, Target, convert
-from edgesdk.converters.data import split_evaluation
-from edgesdk.converters.metrics import resolve_metric
-from edgesdk.converters.remote import RemoteMeasurement
-from edgesdk.converters.search import run_model
+from edgesdk.converters.board.remote import RemoteMeasurement
+from edgesdk.converters.planning.data import split_evaluation
+from edgesdk.converters.planning.metrics import resolve_metric
+from edgesdk.converters.quantization.search import run_model
 from edgesdk.errors import BudgetError, DataError, ModelFormatError
 from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.profiles import list_profiles, profile_from_dict

@@ -190,7 +190,7 @@ def test_third_party_noise_and_repeated_warnings_show_only_with_verbose(sample, 
 
 
 def test_the_tool_environment_install_is_announced_before_it_starts(tmp_path):
-    from edgesdk.converters.onnx2tf_tool import Onnx2TfTool
+    from edgesdk.converters.formats.onnx2tf_tool import Onnx2TfTool
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")  # the install cannot even create its directory here, so it stops right after announcing

@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert
-from edgesdk.converters.config import QuantizationConfig
-from edgesdk.converters.emulate import Emulator
+from edgesdk.converters.board.emulate import Emulator
+from edgesdk.converters.quantization.config import QuantizationConfig
 from edgesdk.errors import EmulatorError
 
 

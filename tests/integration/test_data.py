@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgesdk.converters.data import ImagePreprocessing, check_arrays, load_arrays, load_labels, model_inputs
+from edgesdk.converters.planning.data import ImagePreprocessing, check_arrays, load_arrays, load_labels, model_inputs
 from edgesdk.errors import DataError
 from edgesdk.runtime.tensors import TensorSpec
 

@@ -15,8 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesdk.converters.board_latency import board_cost
-from edgesdk.converters.emulate import (
+from edgesdk.converters.board.board_latency import board_cost
+from edgesdk.converters.board.emulate import (
     CYCLES_PER_INSTRUCTION,
     PARALLEL_EFFICIENCY,
     Emulator,
@@ -24,7 +24,7 @@ from edgesdk.converters.emulate import (
     board_latency_ms,
     emulated_cpu,
 )
-from edgesdk.converters.userland import build_userland
+from edgesdk.converters.board.userland import build_userland
 from edgesdk.errors import EmulatorError, ModelFormatError
 from edgesdk.runtime.profiles import load_profile
 

@@ -12,11 +12,11 @@ import onnx
 import pytest
 
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert
-from edgesdk.converters.calibrate import calibrate
-from edgesdk.converters.config import CalibrationMethod, QuantizationConfig
-from edgesdk.converters.qdq import OUTPUTS_BLOCK, QdqGraph
-from edgesdk.converters.quantize import quantize_static_int8
-from edgesdk.converters.search import block_sensitivity, run_model, search_mixed
+from edgesdk.converters.quantization.calibrate import calibrate
+from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig
+from edgesdk.converters.quantization.qdq import OUTPUTS_BLOCK, QdqGraph
+from edgesdk.converters.quantization.quantize import quantize_static_int8
+from edgesdk.converters.quantization.search import block_sensitivity, run_model, search_mixed
 from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
 
 

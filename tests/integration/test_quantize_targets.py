@@ -1,7 +1,7 @@
 """Static INT8 per target on real ONNX Runtime: the presets' quantization parameters, and decomposed activations.
 
 Fusion is judged on ONNX Runtime's optimized graph for this (x86-64) host; an aarch64 graph
-needs the board's own wheels (:mod:`edgesdk.converters.emulate`).
+needs the board's own wheels (:mod:`edgesdk.converters.board.emulate`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesdk.converters.calibrate import calibrate
-from edgesdk.converters.config import CalibrationMethod, QuantizationConfig
-from edgesdk.converters.decompose import decompose_activations
-from edgesdk.converters.qdq import QdqGraph, fusion_counts, host_optimized_model
-from edgesdk.converters.quantize import quantize_dynamic_int8, quantize_static_int8
-from edgesdk.converters.search import run_model
+from edgesdk.converters.quantization.calibrate import calibrate
+from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig
+from edgesdk.converters.quantization.decompose import decompose_activations
+from edgesdk.converters.quantization.qdq import QdqGraph, fusion_counts, host_optimized_model
+from edgesdk.converters.quantization.quantize import quantize_dynamic_int8, quantize_static_int8
+from edgesdk.converters.quantization.search import run_model
 
 MINMAX = CalibrationMethod.MINMAX
 
@@ -105,8 +105,8 @@ def test_x86_preset_with_decomposition_runs_every_activation_in_int8(mobile_bloc
 
 def test_arm64_preset_with_decomposition_runs_every_activation_in_int8_on_emulated_a76(mobile_block, samples,
                                                                                         tmp_path):
-    """The graph ONNX Runtime's aarch64 wheel optimizes under qemu -cpu cortex-a76 (edgesdk.converters.emulate)."""
-    from edgesdk.converters.emulate import Emulator
+    """The graph ONNX Runtime's aarch64 wheel optimizes under qemu -cpu cortex-a76 (edgesdk.converters.board.emulate)."""
+    from edgesdk.converters.board.emulate import Emulator
 
     config = QuantizationConfig.arm64()
     whole = _quantized(mobile_block, samples, dataclasses.replace(config, decompose_activations=False),
@@ -210,8 +210,8 @@ def _tflite_ops(path: Path) -> set[str]:
 
 
 def test_tflite_rewrite_of_hardswish_and_hardsigmoid_keeps_the_floats():
-    """The form XNNPACK runs in int8 (:func:`edgesdk.converters.tflite._xnnpack_activations`) computes the same values."""
-    from edgesdk.converters.tflite import _xnnpack_activations
+    """The form XNNPACK runs in int8 (:func:`edgesdk.converters.formats.tflite._xnnpack_activations`) computes the same values."""
+    from edgesdk.converters.formats.tflite import _xnnpack_activations
 
     nodes = [helper.make_node("HardSwish", ["x"], ["a"], name="hswish"),
              helper.make_node("HardSigmoid", ["a"], ["s"], name="hsig", alpha=1 / 6, beta=0.5),
@@ -238,8 +238,8 @@ def test_tflite_rewrite_of_hardswish_and_hardsigmoid_keeps_the_floats():
 @pytest.mark.tflite
 def test_full_int8_tflite_has_only_ops_xnnpack_runs_in_int8(mobile_block, samples, tmp_path):
     """No HARD_SWISH (XNNPACK: float only) or RELU_0_TO_1 (XNNPACK: none): each cut the int8 graph apart."""
-    from edgesdk.converters.onnx2tf_tool import Onnx2TfTool
-    from edgesdk.converters.tflite import convert_to_tflite
+    from edgesdk.converters.formats.onnx2tf_tool import Onnx2TfTool
+    from edgesdk.converters.formats.tflite import convert_to_tflite
 
     result = convert_to_tflite(mobile_block, tmp_path / "tflite", calibration={"x": samples["x"][:16]},
                                eval_inputs={"x": samples["x"][16:]}, tool=Onnx2TfTool().ensure())

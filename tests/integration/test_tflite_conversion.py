@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgesdk import Runtime
-from edgesdk.converters.onnx2tf_tool import ONNX2TF_VERSION, Onnx2TfTool
-from edgesdk.converters.tflite import TFLiteInput, convert_to_tflite
+from edgesdk.converters.formats.onnx2tf_tool import ONNX2TF_VERSION, Onnx2TfTool
+from edgesdk.converters.formats.tflite import TFLiteInput, convert_to_tflite
 from edgesdk.errors import ConversionError, UnsupportedOpError
 
 pytestmark = pytest.mark.tflite

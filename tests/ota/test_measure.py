@@ -15,7 +15,7 @@ import pytest
 
 from edgesdk import Runtime
 from edgesdk.agent.managed import ManagedRuntime
-from edgesdk.converters.remote import measure_on_device
+from edgesdk.converters.board.remote import measure_on_device
 from edgesdk.errors import TransferError
 from edgesdk.fleet.admin_client import AdminClient
 from edgesdk.fleet.archive import pack_bundle
@@ -204,7 +204,7 @@ def test_convert_plans_with_the_figures_a_board_of_the_fleet_measured(admin, bro
 
 
 def test_measure_on_a_device_the_fleet_does_not_have_fails_before_any_work(admin):
-    from edgesdk.converters.remote import board_measure
+    from edgesdk.converters.board.remote import board_measure
 
     _, client = admin
     with pytest.raises(TransferError, match="not in the fleet.*edgesdk devices"):

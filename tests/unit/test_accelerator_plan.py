@@ -12,11 +12,11 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from edgesdk import load_profile  # noqa: E402
-from edgesdk.converters.accelerator_plan import accelerator_candidates, engine_costs, planned_accelerator  # noqa: E402
-from edgesdk.converters.board_latency import operating_points, target_point  # noqa: E402
-from edgesdk.converters.measure import Measurement  # noqa: E402
-from edgesdk.converters.planner import Candidate, choose, estimate_on_board  # noqa: E402
-from edgesdk.converters.power import PowerBudget, busy_watts  # noqa: E402
+from edgesdk.converters.board.accelerator_plan import accelerator_candidates, engine_costs, planned_accelerator  # noqa: E402
+from edgesdk.converters.board.board_latency import operating_points, target_point  # noqa: E402
+from edgesdk.converters.board.measure import Measurement  # noqa: E402
+from edgesdk.converters.board.power import PowerBudget, busy_watts  # noqa: E402
+from edgesdk.converters.planning.planner import Candidate, choose, estimate_on_board  # noqa: E402
 from edgesdk.errors import BundleError, ConversionError  # noqa: E402
 from edgesdk.runtime.bundle import BundleSpec  # noqa: E402
 from edgesdk.runtime.profile_json import profile_to_dict  # noqa: E402

@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesdk.converters.decompose import Derived, RangeStep, decompose_activations
-from edgesdk.converters.qdq import FusionCounts, fusion_counts
+from edgesdk.converters.quantization.decompose import Derived, RangeStep, decompose_activations
+from edgesdk.converters.quantization.qdq import FusionCounts, fusion_counts
 
 #: Where the pieces of HardSwish/HardSigmoid change behaviour, and values far outside them.
 EDGES = np.array([-3, 3, 0, -0.0, 2.9999998, -2.9999998, 3.0000002, -3.0000002, 2.5, -2.5, 0.5, -0.5, 1e-30, -1e-30,

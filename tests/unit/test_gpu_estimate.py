@@ -8,7 +8,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from edgesdk.converters.gpu_estimate import GpuPeak, estimate_ms, node_costs, roofline_ms  # noqa: E402
+from edgesdk.converters.board.gpu_estimate import GpuPeak, estimate_ms, node_costs, roofline_ms  # noqa: E402
 
 
 def _model(nodes: list, inputs: list, outputs: list, initializers: list) -> onnx.ModelProto:

@@ -1,11 +1,11 @@
-"""The held-out split of the evaluation samples: its rule, determinism and class balance (converters/data.py)."""
+"""The held-out split of the evaluation samples: its rule, determinism and class balance (converters/planning/data.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edgesdk.converters.data import split_evaluation
+from edgesdk.converters.planning.data import split_evaluation
 
 
 @pytest.mark.parametrize(("count", "fraction", "minimum", "held"), [

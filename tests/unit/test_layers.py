@@ -224,7 +224,7 @@ def test_planted_imports_that_break_each_rule_are_each_named(tmp_path):
                                    "edgesdk.offload imports nothing from edgesdk.fleet"),
         "edgesdk.errors": ("def _h():\n    from edgesdk.runtime import runtime\n",
                            "edgesdk.errors imports nothing from edgesdk.runtime"),
-        "edgesdk.runtime.profiles": ("def _i():\n    import edgesdk.converters.planner\n",
+        "edgesdk.runtime.profiles": ("def _i():\n    import edgesdk.converters.planning.planner\n",
                                      "the device package never imports the converter or server wing"),
         "edgesdk.cli.server": ("from edgesdk.ota_server.app import build_app\n",
                                "the CLI imports the wings only inside commands"),

@@ -115,7 +115,7 @@ def test_nncf_quantizes_a_digits_cnn_within_one_point(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from edgesdk.converters.onnx_model import export_torch
+    from edgesdk.converters.formats.onnx_model import export_torch
     from edgesdk.testing import digits_cnn, load_digits_data
 
     data = load_digits_data()

@@ -7,9 +7,9 @@ import copy
 import numpy as np
 import pytest
 
-from edgesdk.converters.emulate import PARALLEL_EFFICIENCY
-from edgesdk.converters.measure import Measurement
-from edgesdk.converters.planner import Candidate, choose, estimate_on_board
+from edgesdk.converters.board.emulate import PARALLEL_EFFICIENCY
+from edgesdk.converters.board.measure import Measurement
+from edgesdk.converters.planning.planner import Candidate, choose, estimate_on_board
 from edgesdk.errors import BudgetError
 from edgesdk.runtime.profiles import profile_from_dict
 from tests.unit.test_scheduling import BIG_LITTLE

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgesdk.converters.board_latency import OperatingPoint, operating_points, target_point
-from edgesdk.converters.measure import Measurement
-from edgesdk.converters.planner import Candidate, choose, estimate_on_board
-from edgesdk.converters.power import SHARED_ACTIVE_SHARE, PowerBudget, busy_watts, check_feasible, power_at
+from edgesdk.converters.board.board_latency import OperatingPoint, operating_points, target_point
+from edgesdk.converters.board.measure import Measurement
+from edgesdk.converters.board.power import SHARED_ACTIVE_SHARE, PowerBudget, busy_watts, check_feasible, power_at
+from edgesdk.converters.planning.planner import Candidate, choose, estimate_on_board
 from edgesdk.errors import BudgetError, ConversionError, InfeasibleBudgetError, ProfileError
 from edgesdk.runtime.profiles import load_profile
 from tests.unit.test_planner import HOST
@@ -205,7 +205,7 @@ def test_nothing_fits_a_budget_names_it():
 
 
 def test_thread_scaling_and_the_shared_power_share_are_the_profiles_own_parameters():
-    from edgesdk.converters.board_latency import perf
+    from edgesdk.converters.board.board_latency import perf
     from edgesdk.runtime.profile_json import profile_to_dict
     from edgesdk.runtime.profiles import profile_from_dict
 
@@ -216,7 +216,7 @@ def test_thread_scaling_and_the_shared_power_share_are_the_profiles_own_paramete
     one = OperatingPoint(four.power_mode, four.cores, 1)
     # Four threads: 1 + 3e singles by default (e the fitted PARALLEL_EFFICIENCY), 1 + 3 x 0.35 = 2.05 with the
     # profile's figure.
-    from edgesdk.converters.emulate import PARALLEL_EFFICIENCY
+    from edgesdk.converters.board.emulate import PARALLEL_EFFICIENCY
 
     assert perf(PI5, four) / perf(PI5, one) == pytest.approx(1 + 3 * PARALLEL_EFFICIENCY)
     assert perf(measured, four) / perf(measured, one) == pytest.approx(2.05)
@@ -241,11 +241,11 @@ def test_host_timings_alone_never_veto_an_arm_int8_variant_but_do_on_this_hosts_
 def test_an_arm_board_without_the_emulator_warns_how_to_set_it_up(tmp_path, monkeypatch, caplog):
     import logging
 
-    from edgesdk.converters.board_latency import ConversionCosts
+    from edgesdk.converters.board.board_latency import ConversionCosts
 
     monkeypatch.setenv("EDGESDK_EMULATOR_CACHE", str(tmp_path))  # an empty cache: no userland built
     monkeypatch.delenv("EDGESDK_EMULATE", raising=False)
-    with caplog.at_level(logging.WARNING, logger="edgesdk.converters.board_latency"):
+    with caplog.at_level(logging.WARNING, logger="edgesdk.converters.board.board_latency"):
         costs = ConversionCosts(None, PI5, "latency", {"input": np.zeros((1, 4), np.float32)})
     assert not costs.active and costs.note.startswith("board latency scaled from this host's timings, not emulated")
     (warning,) = [r.getMessage() for r in caplog.records]

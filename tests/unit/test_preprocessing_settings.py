@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgesdk.converters.data import check_class_names, load_class_names
+from edgesdk.converters.planning.data import check_class_names, load_class_names
 from edgesdk.errors import DataError
 from edgesdk.runtime.preprocess import ImagePreprocessing, class_names, image_layout, image_to_tensor
 from edgesdk.runtime.tensors import TensorSpec

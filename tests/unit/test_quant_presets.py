@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from edgesdk.converters.config import QuantizationConfig, QuantType
+from edgesdk.converters.quantization.config import QuantizationConfig, QuantType
 from edgesdk.errors import ConversionError
 from edgesdk.runtime.profiles import load_profile
 

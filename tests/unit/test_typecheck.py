@@ -37,7 +37,7 @@ def test_a_type_error_planted_in_each_wing_on_its_own_type_is_caught_where_it_wa
     result = subprocess.run([sys.executable, str(copy / "scripts" / "typecheck.py")], capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 1, result.stdout
-    assert (f'converters/power.py:{converters}: error: Incompatible return value type (got "PowerBudget", expected '
+    assert (f'converters/board/power.py:{converters}: error: Incompatible return value type (got "PowerBudget", expected '
             '"int")') in result.stdout, result.stdout
     assert (f'ota_server/store/fleet_db.py:{server}: error: Incompatible return value type (got "DeviceState", expected '
             '"int")') in result.stdout, result.stdout

@@ -4,11 +4,11 @@
 while loaded and running (measured here, in its own process) are both within the
 profile's ``model_budget_mb``; when a frame rate (or a wake cycle) is asked for, when the
 board keeps up with it (duty ≤ 1); and when a power budget is stated, when its average
-power there is within it (:class:`~edgesdk.converters.power.PowerBudget`).
+power there is within it (:class:`~edgesdk.converters.board.power.PowerBudget`).
 
-**Board latency** comes from the best source there is (:mod:`.board_latency`): measured on
+**Board latency** comes from the best source there is (:mod:`edgesdk.converters.board.board_latency`): measured on
 the board, else instructions counted on its emulated cores, else this host's timings scaled;
-every figure names its ``basis``. **Power** (:mod:`.power`): energy per inference is the
+every figure names its ``basis``. **Power** (:mod:`edgesdk.converters.board.power`): energy per inference is the
 busy power of the cores it runs on times its latency (or the board's measured figure), and
 average power is idle plus rate times that energy.
 
@@ -23,7 +23,7 @@ its online cores) is tried; a variant's point is the fastest that fits (latency;
 lower energy) or the one of least energy per inference that fits and keeps the rate
 (energy; ties to the lower latency). The bundle records the power mode and thread count.
 On a board with a GPU that ONNX Runtime drives (a Jetson), each variant's TensorRT and CUDA
-engines are candidates too (:mod:`.accelerator_plan`), at one point per power mode on the
+engines are candidates too (:mod:`edgesdk.converters.board.accelerator_plan`), at one point per power mode on the
 accelerator; the CPU variants stay candidates, the same rules pick among all of them, and the
 bundle records the engine (``runs_on``), which the device's runtime then takes.
 A budget below the board's idle power in every mode is an
@@ -44,7 +44,7 @@ same source, on the same engine) is never chosen, unless FP32 does not fit and s
 samples, the ones every choice of the conversion saw (calibration method, mixed-precision
 search, this choice); picking the best of many variants by a drop makes that drop look
 better than it is. So ``holdout_drop``, measured on evaluation samples nothing was chosen
-on (:func:`edgesdk.converters.data.split_evaluation`), checks the choice: the choice is
+on (:func:`edgesdk.converters.planning.data.split_evaluation`), checks the choice: the choice is
 made on the selection drop alone; if the chosen variant's held-out drop exceeds the same
 bound, it is rejected ("held-out drop X > bound Y"), and the choice is made again among
 the rest, until one passes (FP32's drop is 0 on any samples, so one does when it fits).
@@ -59,17 +59,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgesdk.converters.board_latency import (
+from edgesdk.converters.board.board_latency import (
     BoardCost,
     LatencyModel,
     OperatingPoint,
     operating_points,
     target_point,
 )
-from edgesdk.converters.emulate import InstructionCount
-from edgesdk.converters.gpu_estimate import EngineCost
-from edgesdk.converters.measure import Measurement
-from edgesdk.converters.power import PowerBudget, PowerFigures, busy_watts, check_feasible, power_at
+from edgesdk.converters.board.emulate import InstructionCount
+from edgesdk.converters.board.gpu_estimate import EngineCost
+from edgesdk.converters.board.measure import Measurement
+from edgesdk.converters.board.power import PowerBudget, PowerFigures, busy_watts, check_feasible, power_at
 from edgesdk.errors import BudgetError
 from edgesdk.runtime.profiles import DeviceProfile
 

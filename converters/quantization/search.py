@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.calibrate import batches
-from edgesdk.converters.onnx_model import save_onnx
-from edgesdk.converters.qdq import Block, QdqGraph
+from edgesdk.converters.formats.onnx_model import save_onnx
+from edgesdk.converters.quantization.calibrate import batches
+from edgesdk.converters.quantization.qdq import Block, QdqGraph
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ graph's outputs form a block of their own ("graph outputs"): quantizing a softma
 probabilities to 8 bits can flip an argmax by itself.
 
 :func:`fusion_counts` reads ONNX Runtime's *optimized* graph of a QDQ model (for this host:
-:func:`host_optimized_model`; for a board's architecture: :mod:`.emulate`) and counts which
+:func:`host_optimized_model`; for a board's architecture: :mod:`edgesdk.converters.board.emulate`) and counts which
 Convs and MatMuls became integer kernels and which were left as DequantizeLinear -> float
 -> QuantizeLinear.
 """

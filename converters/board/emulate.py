@@ -14,7 +14,7 @@ variants, which is the wrong order for the board. So each variant is run:
   second window divided by ``runs``; the two windows agree to well under 1% (``spread``).
   Instruction counts are deterministic: no noise, no side-by-side rounds;
 * with ONNX Runtime's optimized graph for that architecture saved and read by
-  :func:`.qdq.fusion_counts`, so a report can say how many Convs and MatMuls ran as int8
+  :func:`edgesdk.converters.quantization.qdq.fusion_counts`, so a report can say how many Convs and MatMuls ran as int8
   kernels on the board and how many were left as DequantizeLinear → float → QuantizeLinear.
 
 Results are cached by model SHA-256 × emulated CPU × runtime (library versions, qemu,
@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.converters.qdq import FusionCounts, fusion_counts
-from edgesdk.converters.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
+from edgesdk.converters.board.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
+from edgesdk.converters.quantization.qdq import FusionCounts, fusion_counts
 from edgesdk.errors import BoardRuntimeError, EmulatorError, ModelFormatError
 from edgesdk.files import write_atomic
 from edgesdk.runtime.model_file import read_model

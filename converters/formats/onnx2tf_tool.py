@@ -33,7 +33,7 @@ from edgesdk.files import write_atomic
 
 __all__ = ["run_logged", "Onnx2TfTool", "ToolRun", "ONNX2TF_VERSION", "TOOLS_DIR_ENV"]
 
-log = logging.getLogger("edgesdk.converters.tflite")
+log = logging.getLogger("edgesdk.converters.formats.tflite")
 
 #: The onnx2tf release edgesdk installs and drives (its flags and log format are parsed).
 ONNX2TF_VERSION = "1.29.24"

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from edgesdk.converters.board_latency import OperatingPoint
+from edgesdk.converters.board.board_latency import OperatingPoint
 from edgesdk.errors import ConversionError, InfeasibleBudgetError
 from edgesdk.runtime.profiles import DeviceProfile, PowerMode
 

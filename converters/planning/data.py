@@ -197,7 +197,7 @@ def model_inputs(specs: tuple[TensorSpec, ...], input_shapes: Mapping[str, Seque
 
     A runtime reports a model's inputs as they are in the file; older exporters write a
     dynamic dim as -1 or 0 (ONNX Runtime keeps 0 as a size), and the conversion fixes the
-    dims ``input_shapes`` names (:func:`edgesdk.converters.onnx_model.fix_input_shapes`).
+    dims ``input_shapes`` names (:func:`edgesdk.converters.formats.onnx_model.fix_input_shapes`).
     """
     fixed = input_shapes or {}
     made = []

@@ -1,4 +1,4 @@
-"""Runs one model under qemu-user for :mod:`edgesdk.converters.emulate`: one warm-up, then two marked windows.
+"""Runs one model under qemu-user for :mod:`edgesdk.converters.board.emulate`: one warm-up, then two marked windows.
 
 Executed by the emulated interpreter, which has numpy, onnxruntime and ai-edge-litert but not
 edgesdk, so this file imports nothing else. Usage::

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.config import CalibrationMethod
+from edgesdk.converters.quantization.config import CalibrationMethod
 from edgesdk.converters.quiet import held_output
 from edgesdk.errors import ConversionError
 

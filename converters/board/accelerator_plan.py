@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.gpu_estimate import EngineCost, node_costs, with_shapes
-from edgesdk.converters.planner import Candidate, estimate_on_board
+from edgesdk.converters.board.gpu_estimate import EngineCost, node_costs, with_shapes
+from edgesdk.converters.planning.planner import Candidate, estimate_on_board
 from edgesdk.runtime.backends.tensorrt import CUDA_PROVIDER, GPU_PROVIDERS, TRT_PROVIDER
 from edgesdk.runtime.profiles import Accelerator, DeviceProfile
 
@@ -62,7 +62,7 @@ def engine_costs(path: Path, precision: str, accelerator: Accelerator,
     its nodes' costs at the input ``shapes`` (one sample)."""
     import onnx
 
-    from edgesdk.converters.onnx_model import fix_input_shapes
+    from edgesdk.converters.formats.onnx_model import fix_input_shapes
 
     providers = accelerator.onnxruntime_providers
     trt = _TRT_PRECISION.get(precision)

@@ -1,6 +1,6 @@
 /*
  * edgesdk's QEMU TCG plugin: guest instructions retired, in total and by class, reported at
- * marks the guest sets with a syscall of its own number (edgesdk.converters.emulate).
+ * marks the guest sets with a syscall of its own number (edgesdk.converters.board.emulate).
  *
  * Counting is inline (no helper call per block): each translated block adds its instruction
  * counts to the counters when it runs, so the guest runs at close to plain TCG speed.

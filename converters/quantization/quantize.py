@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edgesdk.converters.config import CalibrationMethod, QuantizationConfig, QuantType
-from edgesdk.converters.decompose import decompose_activations
-from edgesdk.converters.onnx_model import save_onnx
+from edgesdk.converters.formats.onnx_model import save_onnx
+from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig, QuantType
+from edgesdk.converters.quantization.decompose import decompose_activations
 from edgesdk.converters.quiet import held_output
 from edgesdk.errors import ConversionError
 from edgesdk.files import fsync_file

@@ -24,7 +24,7 @@ The sources, best first (:class:`LatencyModel`; every figure carries its ``basis
 
 An accelerator engine (TensorRT or CUDA on a Jetson's GPU, :mod:`.accelerator_plan`) has its
 own points, one per power mode (``OperatingPoint.accelerator``), and its own source:
-4. ``estimated GPU roofline (<engine>)``: :class:`~edgesdk.converters.gpu_estimate.EngineCost`,
+4. ``estimated GPU roofline (<engine>)``: :class:`~edgesdk.converters.board.gpu_estimate.EngineCost`,
    the roofline at the mode's GPU clock (``max_mhz`` of the accelerator in the mode) over
    a fitted efficiency; a board measurement on the accelerator outranks it, scaled between
    modes by the GPU clock.
@@ -40,15 +40,15 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.converters.emulate import (
+from edgesdk.converters.board.emulate import (
     PARALLEL_EFFICIENCY,
     Emulator,
     InstructionCount,
     board_latency_ms,
     emulated_cpu,
 )
-from edgesdk.converters.gpu_estimate import EngineCost, clock_share
-from edgesdk.converters.userland import CORES
+from edgesdk.converters.board.gpu_estimate import EngineCost, clock_share
+from edgesdk.converters.board.userland import CORES
 from edgesdk.errors import BoardRuntimeError, EmulatorError
 from edgesdk.runtime.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode
 from edgesdk.runtime.scheduling import plan_cores

@@ -1,6 +1,6 @@
 """TFLite variants of an ONNX model, made by onnx2tf in a tool environment of its own.
 
-**The tool environment** (:mod:`edgesdk.converters.onnx2tf_tool`): onnx2tf runs in a virtualenv of
+**The tool environment** (:mod:`edgesdk.converters.formats.onnx2tf_tool`): onnx2tf runs in a virtualenv of
 its own, made on first use, as a subprocess, offline.
 
 **The variants** (files in ``out_dir``):
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.converters.data import check_arrays
-from edgesdk.converters.onnx2tf_tool import ONNX2TF_VERSION, Onnx2TfTool, ToolRun
-from edgesdk.converters.onnx_model import load_onnx, save_onnx
+from edgesdk.converters.formats.onnx2tf_tool import ONNX2TF_VERSION, Onnx2TfTool, ToolRun
+from edgesdk.converters.formats.onnx_model import load_onnx, save_onnx
+from edgesdk.converters.planning.data import check_arrays
 from edgesdk.converters.quiet import held_output
 from edgesdk.errors import ConversionError, DataError, UnsupportedOpError
 from edgesdk.files import write_atomic

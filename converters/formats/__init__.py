@@ -1,0 +1,1 @@
+"""Model formats: loading and shrinking ONNX, and the TFLite variants made by onnx2tf in its own environment."""
