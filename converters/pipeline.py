@@ -31,7 +31,8 @@ import numpy as np
 
 from edgesdk.converters.arguments import check_out_dir
 from edgesdk.converters.board.accelerator_plan import accelerator_candidates
-from edgesdk.converters.board.board_latency import ConversionCosts, target_point
+from edgesdk.converters.board.board_latency import target_point
+from edgesdk.converters.board.conversion_costs import ConversionCosts
 from edgesdk.converters.board.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.board.power import PowerBudget
 from edgesdk.converters.formats.onnx_model import export_torch, fix_input_shapes, load_onnx, save_onnx, simplify

@@ -36,7 +36,6 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -49,14 +48,14 @@ from edgesdk.converters.board.emulate import (
 )
 from edgesdk.converters.board.gpu_estimate import EngineCost, clock_share
 from edgesdk.converters.board.userland import CORES
-from edgesdk.errors import BoardRuntimeError, EmulatorError
+from edgesdk.errors import EmulatorError
 from edgesdk.runtime.profiles import CoreCluster, DeviceProfile, PowerMode, RuntimeMode
 from edgesdk.runtime.scheduling import plan_cores
 
 log = logging.getLogger(__name__)
 
 __all__ = ["IPC", "OperatingPoint", "operating_points", "target_point", "perf", "LatencyModel", "BoardCost",
-           "board_cost", "ConversionCosts"]
+           "board_cost"]
 
 IPC = {
     "cortex-a53": 0.40, "cortex-a55": 0.45, "cortex-a57": 0.60, "cortex-a72": 0.75, "cortex-a73": 0.75,
@@ -266,89 +265,3 @@ def board_cost(emulator: Emulator, model: str | os.PathLike[str], inputs: Mappin
             counts[cpu] = emulator.count(model, inputs, cpu)
     latency = LatencyModel.emulated(tuple(counts.values()))
     return BoardCost(latency.at(board, point)[0], latency.counts)
-
-
-class ConversionCosts:
-    """The board costs of one conversion's variants, or why the conversion falls back to scaling host timings.
-
-    ``emulate``: True requires the emulator (:class:`EmulatorError` when it is missing or a
-    variant fails under it); False never uses it; None (the default) uses it when it is set up
-    and ``EDGESDK_EMULATE`` is not ``0``, and otherwise says in :attr:`note` how to enable it.
-    Every variant gets the same basis: a failure of the emulator itself turns emulation off for all; a variant the
-    board's own runtime refuses (:class:`BoardRuntimeError`) is recorded in :attr:`failures` and rejected, and the
-    others keep their emulated figures.
-    """
-
-    def __init__(self, emulate: bool | None, board: DeviceProfile, mode: str, sample: Mapping[str, np.ndarray],
-                 emulator: Emulator | None = None, every_cluster: bool = False) -> None:
-        self.board, self.mode, self.sample, self.required = board, mode, dict(sample), emulate is True
-        self.every_cluster = every_cluster
-        self.costs: dict[str, BoardCost] = {}
-        #: Variants the board's own runtime refused (label -> its error): rejected, while the others keep their counts.
-        self.failures: dict[str, str] = {}
-        self.emulator: Emulator | None = None
-        self.note = ""
-        if emulate is False or (emulate is None and os.environ.get("EDGESDK_EMULATE") == "0"):
-            self.note = "board latency scaled from this host's timings (emulation turned off)"
-            return
-        if board.arch not in ("aarch64", "arm64"):
-            self.note = f"board latency scaled from this host's timings ({board.name} is {board.arch}, not emulated)"
-            if self.required:
-                raise EmulatorError(f"profile {board.name!r} is {board.arch}; only aarch64 boards are emulated: leave out "
-                                   "--emulate (emulate=True) to scale this host's timings")
-            return
-        try:
-            self.emulator = emulator or Emulator()
-        except EmulatorError as exc:
-            if self.required:
-                raise
-            self.note = f"board latency scaled from this host's timings, not emulated: {exc}"
-            log.warning("%s is %s and the board emulator is not set up, so its latencies are this host's timings "
-                        "scaled (an int8 kernel for arm64 says little on x86): set it up once with `edgesdk emulator "
-                        "setup` (%s) to count instructions on the board's own cores", board.name, board.arch, exc)
-
-    def output_difference(self, label: str, path: Path, host_output: np.ndarray, tolerance: float) -> str | None:
-        """Why ``label``'s first output on the board's runtime (emulated) is not this host's within ``tolerance``
-        (absolute and relative, the bundle's health-check tolerance), or None when it is, or cannot be told (not
-        emulated, or counted before outputs were kept)."""
-        cost = self.costs.get(label)
-        if cost is None or self.emulator is None:
-            return None
-        board = self.emulator.first_output(path, self.sample, cost.counts[0].cpu)
-        if board is None:
-            return None
-        host = np.asarray(host_output)[: len(board)]
-        if board.shape != host.shape:
-            return (f"its output on {self.board.name}'s runtime has shape {list(board.shape)}, this host's "
-                    f"{list(host.shape)}")
-        if np.allclose(board.astype(np.float64), host.astype(np.float64), atol=tolerance, rtol=tolerance):
-            return None
-        worst = float(np.max(np.abs(board.astype(np.float64) - host.astype(np.float64))))
-        return (f"its output on {self.board.name}'s runtime (emulated {cost.counts[0].cpu}) differs from this host's "
-                f"by up to {worst:.3g} (tolerance {tolerance:g}): the board's kernels do not compute what was measured")
-
-    @property
-    def active(self) -> bool:
-        """Variants are costed by emulation."""
-        return self.emulator is not None
-
-    def count(self, label: str, path: Path) -> BoardCost | None:
-        """Emulate ``path`` (cached); None when not emulating. A failure in auto mode turns emulation off for all."""
-        if self.emulator is None:
-            return None
-        try:
-            cost = self.costs[label] = board_cost(self.emulator, path, self.sample, self.board, self.mode,
-                                                       self.every_cluster)
-        except BoardRuntimeError as exc:  # the variant, not the emulator: only it is rejected
-            self.failures[label] = str(exc)
-            log.warning("%s rejected: %s", label, exc)
-            return None
-        except EmulatorError as exc:
-            if self.required:
-                raise
-            self.emulator, self.costs = None, {}
-            self.note = f"board latency scaled from this host's timings: {label} could not be emulated ({exc})"
-            return None
-        cpus = " and ".join(c.cpu for c in cost.counts)
-        self.note = f"board latency from instructions counted on emulated {cpus} ({cost.counts[0].runtime})"
-        return cost

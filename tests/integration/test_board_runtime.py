@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesdk.converters.board.board_latency import ConversionCosts
+from edgesdk.converters.board.conversion_costs import ConversionCosts
 from edgesdk.converters.board.emulate import Emulator
 from edgesdk.errors import BoardRuntimeError
 from edgesdk.runtime.profiles import load_profile

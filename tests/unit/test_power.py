@@ -241,7 +241,7 @@ def test_host_timings_alone_never_veto_an_arm_int8_variant_but_do_on_this_hosts_
 def test_an_arm_board_without_the_emulator_warns_how_to_set_it_up(tmp_path, monkeypatch, caplog):
     import logging
 
-    from edgesdk.converters.board.board_latency import ConversionCosts
+    from edgesdk.converters.board.conversion_costs import ConversionCosts
 
     monkeypatch.setenv("EDGESDK_EMULATOR_CACHE", str(tmp_path))  # an empty cache: no userland built
     monkeypatch.delenv("EDGESDK_EMULATE", raising=False)
