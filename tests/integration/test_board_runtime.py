@@ -17,7 +17,7 @@ from edgesdk.converters.board.emulate import Emulator
 from edgesdk.errors import BoardRuntimeError
 from edgesdk.runtime.profiles import load_profile
 
-GUEST = Path(__file__).resolve().parents[2] / "converters" / "_guest_count.py"
+GUEST = Path(__file__).resolve().parents[2] / "converters" / "board" / "_guest_count.py"
 X = {"x": np.arange(12, dtype=np.float32).reshape(4, 3)}
 
 

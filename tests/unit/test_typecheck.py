@@ -31,7 +31,7 @@ def test_a_type_error_planted_in_each_wing_on_its_own_type_is_caught_where_it_wa
     cache = ROOT / "build" / "mypy-cache"  # warm start: mypy re-checks the planted modules and what depends on them
     if cache.is_dir():
         shutil.copytree(cache, copy / "build" / "mypy-cache")
-    converters = _plant(copy / "converters" / "power.py",
+    converters = _plant(copy / "converters" / "board" / "power.py",
                         "def _planted(budget: PowerBudget) -> int:\n    return budget\n")
     server = _plant(copy / "ota_server" / "store" / "fleet_db.py", "def _planted(state: DeviceState) -> int:\n    return state\n")
     result = subprocess.run([sys.executable, str(copy / "scripts" / "typecheck.py")], capture_output=True, text=True,
