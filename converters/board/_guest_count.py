@@ -75,6 +75,14 @@ def _litert(model, inputs):  # type: ignore[no-untyped-def]
 
     interpreter = Interpreter(model_path=model, num_threads=1)  # XNNPACK is LiteRT's default CPU delegate
     interpreter.allocate_tensors()
+    litert_feed(interpreter, inputs)
+    output = interpreter.get_output_details()[0]["index"]
+    return interpreter.invoke, {"backend": "litert", "version": version}, lambda: interpreter.get_tensor(output)
+
+
+def litert_feed(interpreter, inputs):  # type: ignore[no-untyped-def]
+    """Set ``inputs`` on a LiteRT interpreter: NCHW arrays moved to NHWC where the model takes that, quantized for a
+    full-integer model's input (also used by ``_guest_outputs.py``)."""
     details = interpreter.get_input_details()
     by_name = {d["name"]: d for d in details}
     for i, (name, value) in enumerate(inputs.items()):
@@ -87,8 +95,6 @@ def _litert(model, inputs):  # type: ignore[no-untyped-def]
             limits = np.iinfo(detail["dtype"])
             value = np.clip(np.round(value / scale + zero_point), limits.min, limits.max)
         interpreter.set_tensor(detail["index"], np.ascontiguousarray(value, dtype=detail["dtype"]))
-    output = interpreter.get_output_details()[0]["index"]
-    return interpreter.invoke, {"backend": "litert", "version": version}, lambda: interpreter.get_tensor(output)
 
 
 if __name__ == "__main__":
