@@ -16,6 +16,11 @@ Each model's metric compares a variant's outputs with FP32's the way its user wo
 * ``ocr_rec`` (rapidocr-onnxruntime 1.4.4, PP-OCRv4 recognizer, 10.9 MB): text
   agreement, 100 x (1 - character edit distance / length) of the CTC-decoded strings,
   on rendered text lines;
+* ``ocr_det`` (the same wheel's PP-OCRv4 text detector, DBNet: PP-LCNetV3 backbone, an FPN neck with
+  upsampling and a DB head with transposed convolutions, 4.7 MB), at 320x320 to keep emulation
+  affordable: text-box agreement, F1 of the text boxes read from the probability map as DB's
+  post-processing does (threshold 0.3, connected regions, box score >= 0.5, sides >= 3 px)
+  matched at IoU >= 0.5 against FP32's, on rendered text pages;
 * ``ocr_cls`` (the same wheel's text-line direction classifier, PP-OCR mobile v2.0, 0.6 MB,
   2 classes: upright or upside down): top-1 agreement on rendered lines at 48x192, half of
   them turned by 180 degrees (the labels give FP32 accuracy);
@@ -199,6 +204,16 @@ def ocr_lines(n: int, seed: int) -> np.ndarray:
     return np.stack([o.transpose(2, 0, 1) for o in out]).astype(np.float32)
 
 
+def ocr_pages(n: int, seed: int) -> np.ndarray:
+    """NCHW float32 text pages at 320x320 (ImageNet mean/std, as PP-OCR's detector takes them)."""
+    rng = np.random.default_rng(seed)
+    photos = photographs()
+    mean, std = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
+    out = [((_render_page(rng, photos, 320).astype(np.float32) / 255 - mean) / std).transpose(2, 0, 1)
+           for _ in range(n)]
+    return np.stack(out).astype(np.float32)
+
+
 def ocr_direction_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """NCHW float32 text lines at 48x192 (PP-OCR normalisation), every other one turned by 180 degrees; 1 = turned."""
     rng = np.random.default_rng(seed)
@@ -294,6 +309,50 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(inter / union) if union > 0 else 0.0
 
 
+def text_boxes(probability: np.ndarray, threshold: float = 0.3, box_score: float = 0.5,
+               min_side: int = 3) -> list[tuple[int, int, int, int]]:
+    """DB post-processing, axis-aligned: an HxW text probability map -> (x1, y1, x2, y2) boxes.
+
+    Pixels above ``threshold`` joined 8-connected into regions; a region's box is kept when the
+    mean probability inside the box is at least ``box_score`` and both sides are at least
+    ``min_side`` pixels (PaddleOCR's thresh, box_thresh and min_size; no unclip, no rotated boxes).
+    scipy's labelling, not OpenCV's: this also runs in NNCF's environment, which has scipy only.
+    """
+    from scipy import ndimage
+
+    regions, _ = ndimage.label(probability > threshold, structure=np.ones((3, 3), dtype=bool))
+    boxes = []
+    for found in ndimage.find_objects(regions):
+        if found is None:
+            continue
+        rows, cols = found
+        if rows.stop - rows.start >= min_side and cols.stop - cols.start >= min_side \
+                and float(probability[found].mean()) >= box_score:
+            boxes.append((cols.start, rows.start, cols.stop, rows.stop))
+    return boxes
+
+
+def text_box_agreement(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None = None) -> float:
+    """100 x F1 of a variant's text boxes against FP32's (IoU >= 0.5, one to one), pooled over pages.
+
+    ``reference`` and ``outputs`` are DB probability maps, N x 1 x H x W (:func:`text_boxes`).
+    """
+    matched = ref_total = out_total = 0
+    for r, o in zip(reference, outputs):
+        ref_boxes = [np.array(b, float) for b in text_boxes(np.asarray(r).reshape(r.shape[-2:]))]
+        out_boxes = [np.array(b, float) for b in text_boxes(np.asarray(o).reshape(o.shape[-2:]))]
+        ref_total, out_total = ref_total + len(ref_boxes), out_total + len(out_boxes)
+        used: set[int] = set()
+        for box in ref_boxes:
+            hit = next((j for j, b in enumerate(out_boxes) if j not in used and _iou(box, b) >= 0.5), None)
+            if hit is not None:
+                used.add(hit)
+                matched += 1
+    if ref_total + out_total == 0:
+        return 100.0
+    return 100.0 * 2 * matched / (ref_total + out_total)
+
+
 def embedding_agreement(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None = None) -> float:
     """100 x the mean cosine similarity of each sample's embedding with FP32's."""
     dot = (reference * outputs).sum(axis=1)
@@ -335,6 +394,11 @@ MODELS = {
         "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
         "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", "x", (1, 3, 48, 320), text_agreement,
         "points"),
+    "ocr_det": RealModel(
+        "ocr_det", "rapidocr-onnxruntime", "1.4.4", "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", "x", (1, 3, 320, 320),
+        text_box_agreement, "points"),
     "ocr_cls": RealModel(
         "ocr_cls", "rapidocr-onnxruntime", "1.4.4", "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
         "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -384,6 +448,7 @@ DATA: dict[str, Callable[[int, int], np.ndarray]] = {
     "orientation": lambda n, seed: orientation_data(n, seed)[0],
     "detector": detector_data,
     "ocr_rec": ocr_lines,
+    "ocr_det": ocr_pages,
     "ocr_cls": lambda n, seed: ocr_direction_data(n, seed)[0],
     "speaker": lambda n, seed: speaker_data(n, seed),
 }
