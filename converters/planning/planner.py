@@ -50,6 +50,11 @@ bound, it is rejected ("held-out drop X > bound Y"), and the choice is made agai
 the rest, until one passes (FP32's drop is 0 on any samples, so one does when it fits).
 The held-out drop never ranks variants; it only vetoes the chosen one, and the reason
 names the vetoed ones. ``holdout_drop`` None (no held-out samples) skips the check.
+
+**Accuracy on the board.** A variant whose outputs were computed by the board's own runtime
+(:mod:`edgesdk.converters.board.board_accuracy`) is judged on its drop vs FP32 on that board
+(``board_drop``, ``board_holdout_drop``) in place of this host's, everywhere above
+(:attr:`Candidate.judged_drop`, :attr:`Candidate.judged_holdout_drop`); ``accuracy_basis`` says which.
 """
 
 from __future__ import annotations
@@ -143,6 +148,22 @@ class Candidate:
     accelerator: str | None = None
     engine: str = ""
     provider: str | None = None
+    #: Its drops vs FP32 computed from both on the board's runtime (module doc, "Accuracy on the board"), the largest
+    #: difference of its board outputs from this host's (reported, never a veto), and which machine's outputs judge it.
+    board_drop: float | None = None
+    board_holdout_drop: float | None = None
+    host_board_difference: float | None = None
+    accuracy_basis: str = "this host"
+
+    @property
+    def judged_drop(self) -> float:
+        """The selection drop the planner judges: on the board when it ran there, else this host's."""
+        return self.accuracy_drop if self.board_drop is None else self.board_drop
+
+    @property
+    def judged_holdout_drop(self) -> float | None:
+        """The held-out drop the planner checks, from the same machine as :attr:`judged_drop`."""
+        return self.holdout_drop if self.board_drop is None else self.board_holdout_drop
 
     @property
     def runs_on(self) -> str:
@@ -204,8 +225,9 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
             reasons.append(power.problem if not budget.constrains else
                            f"no power mode and thread count meets {budget.describe()}; the lowest average power: "
                            f"{power.problem}")
-        if c.accuracy_drop > max_accuracy_drop:
-            reasons.append(f"accuracy drop {c.accuracy_drop:.3g} > bound {max_accuracy_drop:g}")
+        if c.judged_drop > max_accuracy_drop:
+            on = "" if c.board_drop is None else f" ({c.accuracy_basis})"
+            reasons.append(f"accuracy drop {c.judged_drop:.3g} > bound {max_accuracy_drop:g}{on}")
         fp32 = fp32_on.get(c.accelerator)
         if (c.is_quantized and fp32 is not None and not memory_reasons(fp32)
                 and c.estimate.latency_ms > fp32.estimate.latency_ms and not _other_isa_scaled(c, board)):
@@ -219,13 +241,14 @@ def choose(candidates: Sequence[Candidate], board: DeviceProfile, mode: str, max
         if not fitting:
             raise _nothing_fits(judged, board, mode, memory_mb, budget, max_accuracy_drop)
         winner, reason = _pick(fitting, board, max_accuracy_drop, budget)
-        if winner.holdout_drop is None or winner.holdout_drop <= max_accuracy_drop:
+        held_out = winner.judged_holdout_drop
+        if held_out is None or held_out <= max_accuracy_drop:
             break
         # Chosen on the selection samples, but it does not hold on samples nothing was chosen on: choose again.
         index = next(i for i, c in enumerate(judged) if c is winner)
         judged[index] = replace(winner, rejected=(
-            f"held-out drop {winner.holdout_drop:.3g} > bound {max_accuracy_drop:g} (selection drop "
-            f"{winner.accuracy_drop:.3g})",))
+            f"held-out drop {held_out:.3g} > bound {max_accuracy_drop:g} (selection drop "
+            f"{winner.judged_drop:.3g})",))
         vetoed.append(winner)
     if vetoed:
         reason += (f"; {', '.join(c.name for c in vetoed)} chosen first and rejected: held-out drop over the bound "
@@ -272,7 +295,8 @@ def _other_isa_scaled(c: Candidate, board: DeviceProfile) -> bool:
 
 def _worst_drop(c: Candidate) -> float:
     """The larger of the selection and held-out drops."""
-    return max(c.accuracy_drop, c.holdout_drop if c.holdout_drop is not None else c.accuracy_drop)
+    held_out = c.judged_holdout_drop
+    return max(c.judged_drop, held_out if held_out is not None else c.judged_drop)
 
 
 def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, budget: float,
@@ -285,11 +309,11 @@ def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, 
 
     best = min(judged, key=closeness)
     m = best.measurement
-    held = "" if best.holdout_drop is None else f" (held-out {best.holdout_drop:.3g})"
+    held = "" if best.judged_holdout_drop is None else f" (held-out {best.judged_holdout_drop:.3g})"
     return BudgetError(
         f"no variant fits {board.name} ({mode}, model budget {budget} MiB, {power.describe()}, max accuracy drop "
         f"{max_accuracy_drop:g}); closest: {best.name} — file {m.size_bytes / 2**20:.2f} MiB, peak memory "
-        f"{m.model_memory_mb:.1f} MiB, accuracy drop {best.accuracy_drop:.3g}{held}, {best.estimate.latency_ms:.2f} ms "
+        f"{m.model_memory_mb:.1f} MiB, accuracy drop {best.judged_drop:.3g}{held}, {best.estimate.latency_ms:.2f} ms "
         f"({best.estimate.basis}); rejected because: {'; '.join(best.rejected)}. Loosen --max-accuracy-drop, "
         "raise the power budget, lower the frame rate, choose a larger board or a smaller model"
     )
@@ -306,16 +330,16 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
 
     best = min(fitting, key=figure)
     near = [c for c in fitting if figure(best) > CLEAR_GAIN * figure(c)]
-    winner = min(near, key=lambda c: (c.measurement.size_bytes, c.accuracy_drop))  # min keeps the first of equals
+    winner = min(near, key=lambda c: (c.measurement.size_bytes, c.judged_drop))  # min keeps the first of equals
     power = winner.power
     assert power is not None
-    held = "" if winner.holdout_drop is None else f", held-out {winner.holdout_drop:.3g}"
+    held = "" if winner.judged_holdout_drop is None else f", held-out {winner.judged_holdout_drop:.3g}"
     where = (f" in power mode {power.point.power_mode} with {power.point.threads} thread(s)"
              if (budget.constrains or energy) and winner.accelerator is None else
              f" on {winner.runs_on} in power mode {power.point.power_mode}" if winner.accelerator else "")
     watts = f", average {power.avg_watts:.3g} W" if power.avg_watts is not None else ""
     figures = (f"{power.latency_ms:.3f} ms on {board.name}{where}, {power.basis}, {power.energy_mj:.3g} mJ per "
-               f"inference ({power.energy_basis}){watts}, accuracy drop {winner.accuracy_drop:.3g}{held} <= {bound:g}")
+               f"inference ({power.energy_basis}){watts}, accuracy drop {winner.judged_drop:.3g}{held} <= {bound:g}")
     what = "lowest energy per inference" if energy else "fastest variant"
     within = f" at {budget.describe()}" if budget.constrains else " within budget"
     others = [c for c in near if c is not winner]
@@ -324,7 +348,7 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
     size = winner.measurement.size_bytes
     if all(c.measurement.size_bytes > size for c in others):
         why = "the smaller"
-    elif all(c.accuracy_drop > winner.accuracy_drop for c in others if c.measurement.size_bytes == size):
+    elif all(c.judged_drop > winner.judged_drop for c in others if c.measurement.size_bytes == size):
         why = "the more accurate of the smallest"
     else:
         why = "the first built of equally small and accurate ones"
