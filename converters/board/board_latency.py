@@ -28,6 +28,14 @@ own points, one per power mode (``OperatingPoint.accelerator``), and its own sou
    the roofline at the mode's GPU clock (``max_mhz`` of the accelerator in the mode) over
    a fitted efficiency; a board measurement on the accelerator outranks it, scaled between
    modes by the GPU clock.
+
+**Labels and bands** (:func:`latency_band`). Reports name each figure's source with one of four labels,
+``measured`` (1), ``emulated`` (2), ``scaled`` (3) and ``roofline`` (4), and carry the band the
+calibration's held-out half supports for that label on that board (``12 ms +/-30%``; the numbers and
+how they are made: :mod:`.calibration_constants`): the 90th percentile of the held-out error of
+emulated (per core) and roofline figures; 5% for a board measurement at its own point; and no band
+("unvalidated") where nothing validates the figure: a host timing scaled by clocks and :data:`IPC`,
+a board measurement scaled to another point, a board or core without published figures.
 """
 
 from __future__ import annotations
@@ -39,6 +47,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgesdk.converters.board.calibration_constants import (
+    FIT,
+    HOST_NOISE,
+    MEASURED_BAND,
+    absolute_band,
+    ratio_band,
+)
 from edgesdk.converters.board.emulate import (
     PARALLEL_EFFICIENCY,
     Emulator,
@@ -55,7 +70,7 @@ from edgesdk.runtime.scheduling import plan_cores
 log = logging.getLogger(__name__)
 
 __all__ = ["IPC", "OperatingPoint", "operating_points", "target_point", "perf", "LatencyModel", "BoardCost",
-           "board_cost"]
+           "board_cost", "Band", "basis_label", "latency_band", "comparison_band", "BASIS_LABELS"]
 
 IPC = {
     "cortex-a53": 0.40, "cortex-a55": 0.45, "cortex-a57": 0.60, "cortex-a72": 0.75, "cortex-a73": 0.75,
@@ -265,3 +280,88 @@ def board_cost(emulator: Emulator, model: str | os.PathLike[str], inputs: Mappin
             counts[cpu] = emulator.count(model, inputs, cpu)
     latency = LatencyModel.emulated(tuple(counts.values()))
     return BoardCost(latency.at(board, point)[0], latency.counts)
+
+
+#: What each label means, for reports and the converting guide.
+BASIS_LABELS = {
+    "measured": "measured on the board (--measure-on, --board-figures)",
+    "emulated": "instructions counted on the board's emulated core, x cycles per instruction / clock",
+    "scaled": "this host's timing scaled by clock, IPC and threads (unvalidated)",
+    "roofline": "the accelerator's roofline estimate (FLOPs and bytes against data-sheet peaks)",
+}
+
+
+@dataclass(frozen=True)
+class Band:
+    """How far a board latency may be from the board's own: its basis label and a relative band (None: unvalidated)."""
+
+    label: str
+    relative: float | None
+
+    @property
+    def text(self) -> str:
+        """``+/-30%`` or ``unvalidated``."""
+        return "unvalidated" if self.relative is None else f"+/-{self.relative:.0%}"
+
+    def describe(self, ms: float) -> str:
+        """``12 ms +/-30%``: the figure to the digits its band supports (2 significant, 3 under a 10% band)."""
+        digits = 3 if self.relative is not None and self.relative < 0.1 else 2
+        rounded = float(f"{ms:.{digits}g}")
+        shown = f"{rounded:.{max(0, digits - 1 - int(np.floor(np.log10(abs(rounded)))))}f}" if rounded else "0"
+        return f"{shown} ms {self.text}"
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: ``{"basis": "emulated", "band": 0.3}`` (band None: unvalidated)."""
+        return {"basis": self.label, "band": self.relative}
+
+
+def basis_label(basis: str) -> str:
+    """The label of a :class:`LatencyModel` basis: measured, emulated, scaled or roofline."""
+    if basis.startswith("measured"):
+        return "measured"
+    if basis.startswith("emulated"):
+        return "emulated"
+    return "roofline" if "roofline" in basis else "scaled"
+
+
+def _cores(basis: str) -> tuple[str, ...]:
+    return tuple(basis.removeprefix("emulated ").split("+")) if basis.startswith("emulated ") else ()
+
+
+def _accelerator_keys(board: str) -> tuple[str, ...]:
+    return tuple(k.split("/", 1)[1] for k in FIT["bands"].get("roofline", {}) if k.startswith(f"{board}/"))
+
+
+def latency_band(board: str, basis: str) -> Band:
+    """The band of a ``basis`` figure on profile ``board`` (module doc)."""
+    label = basis_label(basis)
+    if label == "measured":
+        return Band(label, MEASURED_BAND if ", scaled to" not in basis else None)
+    if label == "emulated":
+        return Band(label, absolute_band("emulated", board, _cores(basis)))
+    if label == "roofline":
+        return Band(label, absolute_band("roofline", board, _accelerator_keys(board)))
+    return Band(label, None)
+
+
+def comparison_band(board: str, basis_a: str, basis_b: str) -> float | None:
+    """How far apart two figures on ``board`` must be before one is known to be faster (a relative gap), or None
+    when the two bases cannot be compared beyond noise.
+
+    Two figures of one basis share its systematic error: two variants counted on the same cores share the
+    CPI, the clock and the thread rule, so their *ratio* is off by far less than either figure
+    (:func:`~edgesdk.converters.board.calibration_constants.ratio_band`, where the held-out half has pairs;
+    else the absolute band, the safe side). Two host timings scaled alike differ by this host's noise; two
+    board measurements at one point by theirs. Figures of different bases are compared by their absolute
+    bands (their intervals overlap or not); an unvalidated one gives None.
+    """
+    a, b = latency_band(board, basis_a), latency_band(board, basis_b)
+    if basis_a == basis_b:
+        if a.label == "emulated":
+            return ratio_band("emulated", board, _cores(basis_a)) or a.relative
+        if a.label == "scaled":
+            return HOST_NOISE
+        return a.relative
+    if a.relative is None or b.relative is None:
+        return None
+    return a.relative + b.relative

@@ -49,6 +49,9 @@ from pathlib import Path
 
 import numpy as np
 
+# CYCLES_PER_INSTRUCTION and PARALLEL_EFFICIENCY are fitted on the fit half of the published board figures and
+# shipped with their validated bands (calibration_constants); re-exported here, where counts become milliseconds.
+from edgesdk.converters.board.calibration_constants import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY
 from edgesdk.converters.board.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
 from edgesdk.converters.quantization.qdq import FusionCounts, fusion_counts
 from edgesdk.errors import BoardRuntimeError, EmulatorError, ModelFormatError
@@ -65,34 +68,6 @@ _GUEST = Path(__file__).with_name("_guest_count.py")
 _BOARD_ERROR_EXIT, _BOARD_ERROR = 3, "edgesdk-board-error: "
 _MARK = re.compile(r"^edgesdk-mark (\d) total=(\d+) simd=(\d+) memory=(\d+)$", re.MULTILINE)
 
-#: Board cycles per instruction that ONNX Runtime's kernels retire under emulation, per real core: what
-#: turns a count into milliseconds. They set the absolute milliseconds (and so a frame-rate check), never
-#: the order of a board's variants.
-#:
-#: * **Fitted** (``benchmarks/converter/calibration.py`` on the fit half of ``benchmarks/converter/data/published_latency.yaml``,
-#:   least squares of log error, together with :data:`PARALLEL_EFFICIENCY`): A76 0.51, A72 2.37, A55 1.31
-#:   (the A55 counted on its stand-in ``cortex-a55``: qemu's cortex-a76 ISA as CPU part 0xd05 r2p0). Validation
-#:   half, |estimate / published - 1|: Pi 4 median 13% (worst 39%), Pi 5 16% (42%), RK3588 37% (127%: its two
-#:   A55 sources disagree about 2x with each other; its A76 cluster alone 30%, 77%). With the old 0.7 thread
-#:   rule: Pi 4 21% (49%), Pi 5 16% (51%), RK3588 34% (102%).
-#: * Weakest: almost all published CPU figures are ncnn's; a runtime factor (ncnn 0.34x ONNX Runtime's time)
-#:   is assumed equal on every core. ncnn computes in FP16 on Armv8.2 cores (A76, A55) and not on the A72, so
-#:   the A72's CPI for ONNX Runtime is likely overstated (up to ~2x); no ONNX Runtime figure on a Pi 4 was
-#:   found to check it.
-#: * **Derived** (no figures): the other cores keep their ratio to the fitted core of their family
-#:   (A75/A77/A78/A78AE/Neoverse-N1 to the A76, A57/A73 to the A72, A53 to the A55); x86_64, the host model
-#:   checked against real timings by ``benchmarks/converter/quantization.py``, is unchanged.
-CYCLES_PER_INSTRUCTION = {
-    "cortex-a53": 1.57, "cortex-a55": 1.31, "cortex-a57": 2.71, "cortex-a72": 2.37, "cortex-a73": 2.37,
-    "cortex-a75": 0.56, "cortex-a76": 0.51, "cortex-a77": 0.46, "cortex-a78": 0.46, "cortex-a78ae": 0.46,
-    "neoverse-n1": 0.51, "x86_64": 0.5,
-}
-#: Speed-up of each thread beyond the first, as a share of one thread (the planner's scaling rule; a count is
-#: for one thread): fitted by ``benchmarks/converter/calibration.py`` with the CPIs above on the published multi-thread
-#: figures (0.39: four threads run 2.2x one). It was 0.7, an assumption; the fit with 0.7 missed the Pi 5's
-#: worst-error goal. A profile's cluster may set its own (``parallel_efficiency``), and a board measurement
-#: replaces the model at its point.
-PARALLEL_EFFICIENCY = 0.39
 #: The qemu CPU model of each microarchitecture, when a profile's cluster does not name one.
 _EMULATED_AS = {"cortex-a53": "cortex-a53", "cortex-a55": "cortex-a55", "cortex-a57": "cortex-a57",
                 "cortex-a72": "cortex-a72", "cortex-a73": "cortex-a72", "cortex-a75": "cortex-a76",
