@@ -318,7 +318,7 @@ def text_boxes(probability: np.ndarray, threshold: float = 0.3, box_score: float
     ``min_side`` pixels (PaddleOCR's thresh, box_thresh and min_size; no unclip, no rotated boxes).
     scipy's labelling, not OpenCV's: this also runs in NNCF's environment, which has scipy only.
     """
-    from scipy import ndimage
+    from scipy import ndimage  # type: ignore[import-untyped]
 
     regions, _ = ndimage.label(probability > threshold, structure=np.ones((3, 3), dtype=bool))
     boxes = []
