@@ -208,9 +208,10 @@ def ocr_pages(n: int, seed: int) -> np.ndarray:
     """NCHW float32 text pages at 320x320 (ImageNet mean/std, as PP-OCR's detector takes them)."""
     rng = np.random.default_rng(seed)
     photos = photographs()
-    mean, std = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
-    out = [((_render_page(rng, photos, 320).astype(np.float32) / 255 - mean) / std).transpose(2, 0, 1)
-           for _ in range(n)]
+    mean = np.array([0.485, 0.456, 0.406], np.float32)
+    std = np.array([0.229, 0.224, 0.225], np.float32)
+    out = [((_render_page(rng, photos, 320).astype(np.float32) / 255 - mean) / std)
+           .transpose(2, 0, 1) for _ in range(n)]
     return np.stack(out).astype(np.float32)
 
 
@@ -332,8 +333,9 @@ def text_boxes(probability: np.ndarray, threshold: float = 0.3, box_score: float
     return boxes
 
 
-def text_box_agreement(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None = None) -> float:
-    """100 x F1 of a variant's text boxes against FP32's (IoU >= 0.5, one to one), pooled over pages.
+def text_box_agreement(reference: np.ndarray, outputs: np.ndarray,
+                       labels: np.ndarray | None = None) -> float:
+    """100 x F1 of a variant's text boxes against FP32's (IoU >= 0.5, one to one), over all pages.
 
     ``reference`` and ``outputs`` are DB probability maps, N x 1 x H x W (:func:`text_boxes`).
     """
@@ -344,7 +346,8 @@ def text_box_agreement(reference: np.ndarray, outputs: np.ndarray, labels: np.nd
         ref_total, out_total = ref_total + len(ref_boxes), out_total + len(out_boxes)
         used: set[int] = set()
         for box in ref_boxes:
-            hit = next((j for j, b in enumerate(out_boxes) if j not in used and _iou(box, b) >= 0.5), None)
+            hit = next((j for j, b in enumerate(out_boxes)
+                        if j not in used and _iou(box, b) >= 0.5), None)
             if hit is not None:
                 used.add(hit)
                 matched += 1
@@ -395,7 +398,8 @@ MODELS = {
         "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", "x", (1, 3, 48, 320), text_agreement,
         "points"),
     "ocr_det": RealModel(
-        "ocr_det", "rapidocr-onnxruntime", "1.4.4", "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+        "ocr_det", "rapidocr-onnxruntime", "1.4.4",
+        "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
         "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
         "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", "x", (1, 3, 320, 320),
         text_box_agreement, "points"),
