@@ -21,7 +21,6 @@ and the report says so.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -330,33 +329,37 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
            config: QuantizationConfig, cfg_dict: Mapping[str, Any], bound: float, fp32_latency_ms: float,
            measure: Callable[..., Measurement], drop: Callable[[Measurement], float], notify: Progress,
            scorer: Metric | None, board_ms: Callable[[str], float] | None = None) -> SearchResult:
-    """Sensitivity per block on calibration samples, then the timed search (:mod:`edgesdk.converters.quantization.search`).
+    """The error each block adds in context, on calibration samples, then the timed search (issue 59).
 
-    ``scorer`` (a metric that compares with FP32, so needs no labels) also scores each block's own drop.
+    :func:`~edgesdk.converters.quantization.added_error.added_error_path` floats blocks one
+    greedy step at a time until the calibration drop is a quarter of the bound;
+    :func:`~edgesdk.converters.quantization.search.search_path` measures some of those steps.
+    ``scorer`` (a metric that compares with FP32, so needs no labels) scores the error each
+    block adds; without it, the output noise does.
     ``board_ms(label)``, when given, is a measured candidate's emulated board latency: the search's cost.
     """
+    from edgesdk.converters.quantization.added_error import added_error_path
     from edgesdk.converters.quantization.qdq import QdqGraph
-    from edgesdk.converters.quantization.search import block_sensitivity, search_mixed
+    from edgesdk.converters.quantization.search import search_path
 
     graph = QdqGraph(qdq_path, fp32_path)
     sample = next(batches(calibration, config.sensitivity_samples))
-    notify("mixed precision: sensitivity per block", 0, len(graph.blocks))
-    started = time.perf_counter()
+    notify("mixed precision: error each block adds", 0, len(graph.blocks))
     score = None
     if scorer is not None:
         def score(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
             return scorer.drop(reference[0], outputs[0], None)
 
-    sensitivities = block_sensitivity(
-        graph, fp32_path, sample, score=score,
-        progress=lambda done, total: notify(f"mixed precision: sensitivity ({done}/{total} blocks)", done, total))
-    sensitivity_s = time.perf_counter() - started
+    path = added_error_path(
+        graph, fp32_path, sample, score, stop_drop=0.25 * bound,
+        progress=lambda done, total: notify(f"mixed precision: added error ({done}/{total} options)", done, total))
 
     def measure_candidate(label: str, path: Path, float_nodes: tuple[str, ...]) -> tuple[float, float]:
         notify(f"mixed precision: measuring {label}", 0, 1)
         m = measure(label, path, "onnx", "mixed", {**cfg_dict, "calibration_method": method,
                                                    "float_nodes": list(float_nodes)},
-                    (f"{label.rsplit('-', 1)[-1]} most harmful block(s) kept in float: {_listed(float_nodes)}",))
+                    (f"{label.rsplit('-', 1)[-1]} block(s) kept in float for the error they add: "
+                     f"{_listed(float_nodes)}",))
         if board_ms is not None:  # counted, not timed: no noise to guard against
             return drop(m), board_ms(label)
         if m.latency_p50_ms < fp32_latency_ms or m.measured_on != "this host":
@@ -366,9 +369,9 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
         ratio = latency_ratio(path, fp32_path, board, mode, threads, sample)
         return drop(m), fp32_latency_ms * ratio
 
-    result = search_mixed(graph, sensitivities, variants_dir, measure_candidate, bound, fp32_latency_ms,
-                          config.max_search_candidates)
-    return replace(result, sensitivity_seconds=sensitivity_s)
+    result = search_path(graph, path, variants_dir, measure_candidate, bound, fp32_latency_ms,
+                         config.max_search_candidates)
+    return replace(result, sensitivity_seconds=path.seconds)
 
 
 def _listed(names: Sequence[str], shown: int = 6) -> str:

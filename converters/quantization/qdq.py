@@ -304,3 +304,44 @@ def host_optimized_model(src: Path, dst: Path) -> Path:
     options.log_severity_level = 3  # it warns that an NCHWc graph is specific to this machine: that is the point
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
     return dst
+
+
+# units: blocks that only make sense together ------------------------------------------------------
+def units(graph: QdqGraph, max_blocks: int = 12) -> list[tuple[Block, ...]]:
+    """Runs of consecutive blocks between two tensors every path goes through (residual or attention units).
+
+    Walking the compute nodes in graph order, a tensor is a *cut* when it is the only value
+    still waiting to be read: everything before it reaches everything after it through it
+    alone. The blocks between two cuts form one unit (a residual block with its Add, an
+    attention block from its projections to its output). Errors inside a unit can need
+    each other to matter (a skip connection carries what one branch loses); the search
+    offers each unit of 2 to ``max_blocks`` blocks as one option besides its blocks.
+    """
+    nodes = graph.model.graph.node
+    position = {index: p for p, index in enumerate(graph.compute)}
+    last_use: dict[int, int] = {}  # producer position -> position of its last reader (-1: the graph inputs)
+    for p, index in enumerate(graph.compute):
+        for tensor in nodes[index].input:
+            if not tensor or graph._kind(tensor) == "weight" or tensor in graph._initializers:
+                continue
+            source = graph._source(tensor)
+            if source is not None and nodes[source].op_type == "Constant":
+                continue  # a constant waits for no one
+            producer = position[source] if source is not None else -1
+            last_use[producer] = max(last_use.get(producer, p), p)
+    for output in graph.model.graph.output:  # a graph output is read after the last node
+        source = graph._source(output.name)
+        if source is not None:
+            last_use[position[source]] = len(graph.compute)
+    segment: dict[int, int] = {}
+    current = 0
+    for p in range(len(graph.compute)):
+        segment[graph.compute[p]] = current
+        live = [q for q, last in last_use.items() if q <= p < last]
+        if live == [p]:
+            current += 1
+    grouped: dict[int, list[Block]] = {}
+    for block in graph.blocks:
+        if block.nodes:
+            grouped.setdefault(segment[min(block.nodes, key=lambda i: position[i])], []).append(block)
+    return [tuple(blocks) for blocks in grouped.values() if 2 <= len(blocks) <= max_blocks]

@@ -30,12 +30,14 @@ from typing import Any
 import numpy as np
 
 from edgesdk.converters.formats.onnx_model import save_onnx
+from edgesdk.converters.quantization.added_error import AddedErrorPath
 from edgesdk.converters.quantization.calibrate import batches
 from edgesdk.converters.quantization.qdq import Block, QdqGraph
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sensitivity", "SearchPoint", "SearchResult", "block_sensitivity", "search_mixed", "run_model"]
+__all__ = ["Sensitivity", "SearchPoint", "SearchResult", "block_sensitivity", "search_mixed", "search_path",
+           "run_model", "relative_noise"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class SearchPoint:
     float_blocks: tuple[str, ...]
     accuracy_drop: float
     latency_ms: float
+    #: Why these blocks are float (the error that chose each, in the order they went to float).
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,18 +80,26 @@ class SearchResult:
     #: Seconds spent measuring sensitivities.
     sensitivity_seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The added-error path the candidates were taken from (None: the own-sensitivity rule).
+    path: AddedErrorPath | None = None
+    #: "added error" or "own sensitivity": which rule ordered the blocks.
+    rule: str = "own sensitivity"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, for ``convert --json`` (the front, and the most sensitive blocks)."""
-        return {
-            "stopped_because": self.stopped_because, "seconds": round(self.seconds, 2),
+        """JSON-ready, for ``convert --json`` (the front and why; the path's steps, or the most sensitive blocks)."""
+        out: dict[str, Any] = {
+            "rule": self.rule, "stopped_because": self.stopped_because, "seconds": round(self.seconds, 2),
             "sensitivity_seconds": round(self.sensitivity_seconds, 2),
             "front": [{"label": p.label, "float_blocks": len(p.float_blocks), "accuracy_drop": round(p.accuracy_drop, 4),
-                       "latency_ms": round(p.latency_ms, 4)} for p in self.front],
+                       "latency_ms": round(p.latency_ms, 4), "why": p.why} for p in self.front],
             "most_sensitive": [{"block": s.block.name, "metric_drop": round(s.drop, 4), "noise": float(f"{s.noise:.4g}"),
                                 "macs": s.block.macs}
-                               for s in sorted(self.sensitivities, key=lambda s: (-s.drop, -s.noise))[:10]],
-        }
+                               for s in sorted(self.sensitivities, key=lambda s: (-s.drop, -s.noise))[:10]]}
+        if self.path is not None:
+            out["added_error"] = {"steps": [s.to_dict() for s in self.path.steps],
+                                  "start_drop": round(self.path.start.drop, 4), "evaluations": self.path.evaluations,
+                                  "seconds": round(self.path.seconds, 2), "stopped_because": self.path.stopped_because}
+        return out
 
 
 def run_model(model: Any, samples: Mapping[str, np.ndarray], threads: int = 0) -> list[np.ndarray]:
@@ -109,7 +121,7 @@ def run_model(model: Any, samples: Mapping[str, np.ndarray], threads: int = 0) -
     return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
 
-def _relative_noise(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+def relative_noise(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
     """Noise power / signal power, per channel (axis 1) and then averaged, summed over outputs.
 
     Per channel because outputs mix scales: a detector's box coordinates (0-320) would
@@ -153,7 +165,7 @@ def block_sensitivity(graph: QdqGraph, float_model: Path, samples: Mapping[str, 
                         block.name, str(exc).splitlines()[0])
             results.append(Sensitivity(block, float("inf")))
             continue
-        results.append(Sensitivity(block, _relative_noise(reference, outputs),
+        results.append(Sensitivity(block, relative_noise(reference, outputs),
                                    score(reference, outputs) if score is not None else 0.0))
         if progress:
             progress(i + 1, len(graph.blocks))
@@ -166,42 +178,81 @@ Measure = Callable[[str, Path, tuple[str, ...]], tuple[float, float]]
 
 def search_mixed(graph: QdqGraph, sensitivities: Sequence[Sensitivity], out_dir: Path, measure: Measure,
                  bound: float, fp32_latency_ms: float, max_candidates: int = 8) -> SearchResult:
-    """Keep the most harmful blocks in float, fewest first, until the bound holds (module doc, step 3)."""
+    """Keep the blocks of most own error in float, fewest first, until the bound holds (the rule before issue 59)."""
     started = time.perf_counter()
     order = [s.block for s in sorted(sensitivities, key=lambda s: tuple(-p for p in s.priority))
              if s.noise > 0 or s.drop > 0]
-    front: list[SearchPoint] = []
-    tried: dict[int, SearchPoint] = {}
-
-    def evaluate(k: int) -> SearchPoint:
-        chosen = order[:k]
-        label = f"onnx-mixed-{k}"
-        path = save_onnx(graph.with_float(chosen), out_dir / f"{label}.onnx")
-        drop, latency = measure(label, path, tuple(graph.node_names(chosen)))
-        point = SearchPoint(label, tuple(b.name for b in chosen), drop, latency)
-        front.append(point)
-        tried[k] = point
-        return point
-
     if not order:
         return SearchResult(tuple(sensitivities), (), "no block adds measurable error", time.perf_counter() - started)
-    k, passing, failing = 1, None, 0
-    reason = f"all {len(order)} blocks in float would be FP32"
+    prefixes = [tuple(order[:k]) for k in range(1, len(order) + 1)]
+    front, reason = _timed(graph, prefixes, [f"own error rank {k}" for k in range(1, len(order) + 1)], out_dir,
+                           measure, bound, fp32_latency_ms, max_candidates, start=1, failing=0)
+    return SearchResult(tuple(sensitivities), tuple(front), reason, time.perf_counter() - started,
+                        rule="own sensitivity")
+
+
+def search_path(graph: QdqGraph, path: AddedErrorPath, out_dir: Path, measure: Measure, bound: float,
+                fp32_latency_ms: float, max_candidates: int = 8, margin: float = 0.5) -> SearchResult:
+    """Measure the steps of an added-error path (:mod:`.added_error`), fewest float blocks that meet the bound.
+
+    The first candidate is the first step whose calibration drop is within ``margin`` x
+    ``bound`` (the evaluation samples are other samples: a step just inside the bound on
+    calibration often is not); steps whose calibration drop exceeds the bound are taken as
+    failing without being measured. Without a calibration score the search starts at step 1.
+    """
+    started = time.perf_counter()
+    steps = path.steps
+    if not steps:
+        return SearchResult((), (), f"nothing to float: {path.stopped_because}", time.perf_counter() - started,
+                            path=path, rule="added error")
+    scored = any(s.drop != 0 for s in steps) or path.start.drop != 0
+    start, failing = 1, 0
+    if scored:
+        start = next((k for k, s in enumerate(steps, 1) if s.drop <= margin * bound), len(steps))
+        failing = max((k for k, s in enumerate(steps[:start - 1], 1) if s.drop > bound), default=0)
+    why = ["; ".join(s.why() for s in steps[:k]) for k in range(1, len(steps) + 1)]
+    front, reason = _timed(graph, list(path.prefixes), why, out_dir, measure, bound, fp32_latency_ms,
+                           max_candidates, start, failing)
+    return SearchResult((), tuple(front), reason, time.perf_counter() - started, path=path, rule="added error")
+
+
+def _timed(graph: QdqGraph, prefixes: Sequence[tuple[Block, ...]], why: Sequence[str], out_dir: Path,
+           measure: Measure, bound: float, fp32_latency_ms: float, max_candidates: int, start: int,
+           failing: int) -> tuple[list[SearchPoint], str]:
+    """Measure prefix ``start``, then further ones (gaps doubling) until one meets the bound; bisect back.
+
+    Prefix k is ``prefixes[k - 1]``; ``failing`` is a prefix known (or taken) to miss the bound.
+    """
+    front: list[SearchPoint] = []
+
+    def evaluate(k: int) -> SearchPoint:
+        chosen = prefixes[k - 1]
+        label = f"onnx-mixed-{len(chosen)}"
+        path = save_onnx(graph.with_float(chosen), out_dir / f"{label}.onnx")
+        drop, latency = measure(label, path, tuple(graph.node_names(chosen)))
+        point = SearchPoint(label, tuple(b.name for b in chosen), drop, latency, why[k - 1])
+        front.append(point)
+        return point
+
+    n = len(prefixes)
+    k, gap, passing = start, 1, None
+    reason = f"every step of the path ({n}) measured"
     while len(front) < max_candidates:
         point = evaluate(k)
         if point.latency_ms >= fp32_latency_ms:
-            reason = (f"{k} block(s) in float: {point.latency_ms:.3f} ms >= FP32 {fp32_latency_ms:.3f} ms; the INT8 "
-                      "part left cannot beat FP32")
+            reason = (f"{len(point.float_blocks)} block(s) in float: {point.latency_ms:.3f} ms >= FP32 "
+                      f"{fp32_latency_ms:.3f} ms; the INT8 part left cannot beat FP32")
             break
         if point.accuracy_drop <= bound:
             passing = k
-            reason = f"{k} block(s) in float meet the bound"
+            reason = f"{len(point.float_blocks)} block(s) in float meet the bound"
             break
         failing = k
-        if k == len(order):
-            reason = f"even with every block but the cheapest in float the drop is {point.accuracy_drop:.3g}"
+        if k == n:
+            reason = f"with all {len(point.float_blocks)} blocks of the last candidate in float the drop is " \
+                     f"{point.accuracy_drop:.3g}"
             break
-        k = min(2 * k, len(order))
+        k, gap = min(k + gap, n), 2 * gap
     else:
         reason = f"candidate budget ({max_candidates}) spent"
     # Bisect towards fewer float blocks (faster) while the bound still holds.
@@ -210,7 +261,7 @@ def search_mixed(graph: QdqGraph, sensitivities: Sequence[Sensitivity], out_dir:
         point = evaluate(mid)
         if point.accuracy_drop <= bound and point.latency_ms < fp32_latency_ms:
             passing = mid
-            reason = f"{mid} block(s) in float meet the bound (bisected)"
+            reason = f"{len(point.float_blocks)} block(s) in float meet the bound (bisected)"
         else:
             failing = mid
-    return SearchResult(tuple(sensitivities), tuple(front), reason, time.perf_counter() - started)
+    return front, reason

@@ -12,11 +12,12 @@ import onnx
 import pytest
 
 from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, Target, convert
+from edgesdk.converters.quantization.added_error import added_error_path
 from edgesdk.converters.quantization.calibrate import calibrate
 from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig
 from edgesdk.converters.quantization.qdq import OUTPUTS_BLOCK, QdqGraph
 from edgesdk.converters.quantization.quantize import quantize_static_int8
-from edgesdk.converters.quantization.search import block_sensitivity, run_model, search_mixed
+from edgesdk.converters.quantization.search import block_sensitivity, run_model, search_mixed, search_path
 from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
 
 
@@ -169,7 +170,8 @@ def test_mixed_precision_search_runs_on_a_fixed_batch_model_and_reports_its_fron
     assert "kept in float" in first.notes[0]
     assert static.accuracy_drop > 1e-4
     as_json = report.to_dict()["search"]
-    assert as_json["front"][0]["label"] == first.name and as_json["most_sensitive"]
+    assert as_json["front"][0]["label"] == first.name and as_json["rule"] == "added error"
+    assert as_json["added_error"]["steps"][0]["recovered_drop"] > 0 and as_json["front"][0]["why"]
 
 
 def test_search_floats_the_harmful_blocks_fewest_first_until_the_bound_holds(qdq, outlier_mlp, samples, tmp_path):
@@ -192,3 +194,87 @@ def test_search_floats_the_harmful_blocks_fewest_first_until_the_bound_holds(qdq
     assert sum(names[b].noise > 0.1 for b in best.float_blocks) == 2
     assert all(p.accuracy_drop > 0.02 for p in result.front if len(p.float_blocks) < len(best.float_blocks))
     assert "meet the bound" in result.stopped_because
+
+
+@pytest.fixture(scope="module")
+def cancelling(tmp_path_factory) -> tuple[QdqGraph, Path, dict[str, np.ndarray]]:
+    """y = A(x) - B(x) + C(x) where A and B are one layer twice (the minus is F's weights [I; -I; I]).
+
+    Fully quantized, A and B round alike and cancel exactly; either one alone quantized (its
+    *own* error) spoils y badly. C reads an input with an outlier column it ignores, so its
+    rounding is the error that really hurts. F carries the rest.
+    """
+    rng = np.random.default_rng(0)
+    wa = rng.standard_normal((16, 16)).astype(np.float32)
+    wc = rng.standard_normal((16, 16)).astype(np.float32)
+    wc[0, :] = 0
+    eye = np.eye(16, dtype=np.float32)
+    weights = {"wa": wa, "wb": wa.copy(), "wc": wc, "wf": np.concatenate([eye, -eye, eye])}
+    nodes = [onnx.helper.make_node("MatMul", ["x", w], [w[1]], name=w[1].upper()) for w in ("wa", "wb", "wc")]
+    nodes += [onnx.helper.make_node("Concat", ["a", "b", "c"], ["abc"], axis=1, name="cat"),
+              onnx.helper.make_node("MatMul", ["abc", "wf"], ["y"], name="F")]
+    graph = onnx.helper.make_graph(
+        nodes, "cancelling", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 16])],
+        [onnx.numpy_helper.from_array(v, k) for k, v in weights.items()])
+    folder = tmp_path_factory.mktemp("cancelling")
+    source = folder / "cancelling.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), source)
+    x = rng.standard_normal((128, 16)).astype(np.float32)
+    x[:, 0] *= 100
+    ranges = calibrate(source, {"x": x[:64]}, [CalibrationMethod.MINMAX], folder)
+    logging.disable(logging.WARNING)
+    try:
+        path = quantize_static_int8(source, folder / "int8.onnx", ranges.caches[CalibrationMethod.MINMAX],
+                                    QuantizationConfig(), CalibrationMethod.MINMAX)
+    finally:
+        logging.disable(logging.NOTSET)
+    return QdqGraph(path, source), source, {"x": x}
+
+
+def _relative_error(reference, outputs) -> float:
+    """Mean absolute error in % of the mean absolute FP32 output (a metric needing no labels)."""
+    return float(np.mean(np.abs(reference[0] - outputs[0])) / np.mean(np.abs(reference[0])) * 100)
+
+
+def test_added_error_floats_what_hurts_in_context_where_own_error_floats_a_cancelling_pair(cancelling, tmp_path):
+    graph, source, data = cancelling
+    calibration, evaluation = {"x": data["x"][:64]}, {"x": data["x"][64:]}
+    reference = run_model(source, evaluation)
+
+    def measure(label: str, path: Path, float_nodes: tuple[str, ...]) -> tuple[float, float]:
+        return _relative_error(reference, run_model(path, evaluation)), 1.0  # latency is not what this tests
+
+    own = {s.block.name: s for s in block_sensitivity(graph, source, calibration, score=_relative_error)}
+    assert min(own["A"].drop, own["B"].drop) > own["C"].drop, "A and B alone must look worst for this test"
+    old = search_mixed(graph, list(own.values()), tmp_path / "old", measure, bound=2.0, fp32_latency_ms=2.0)
+    path = added_error_path(graph, source, calibration, _relative_error, stop_drop=0.5)
+    new = search_path(graph, path, tmp_path / "new", measure, bound=2.0, fp32_latency_ms=2.0)
+
+    # In the fully quantized model, putting A or B back in float breaks the cancellation: negative added error.
+    first = {name: drop for name, drop, _ in path.first_round}
+    assert first["A"] < 0 and first["B"] < 0 and first["C"] > 0
+    assert [s.option for s in path.steps][:2] == ["C", "F"], path.steps
+    assert path.steps[0].recovered_drop == pytest.approx(first["C"])
+    best_new = min((p for p in new.front if p.accuracy_drop <= 2.0), key=lambda p: len(p.float_blocks))
+    assert set(best_new.float_blocks) == {"C", "F"} and "C: recovered" in new.front[0].why
+    # The own-error rule floats A and B first and finds nothing short of every block in float.
+    best_old = min((p for p in old.front if p.accuracy_drop <= 2.0), key=lambda p: len(p.float_blocks))
+    assert {"A", "B"} <= set(best_old.float_blocks) and len(best_old.float_blocks) > 2
+    assert new.to_dict()["added_error"]["steps"][0]["option"] == "C" and new.rule == "added error"
+
+
+def test_added_error_search_measures_at_most_its_candidate_budget(cancelling, tmp_path):
+    graph, source, data = cancelling
+    calibration = {"x": data["x"][:64]}
+    path = added_error_path(graph, source, calibration, _relative_error, stop_drop=-1.0)  # never met: every step
+    assert len(path.steps) >= 2
+    measured: list[str] = []
+
+    def never_within(label: str, file: Path, float_nodes: tuple[str, ...]) -> tuple[float, float]:
+        measured.append(label)
+        return 1000.0, 1.0
+
+    # A loose bound: step 1 is predicted within it, measured outside it, and the budget ends the search.
+    result = search_path(graph, path, tmp_path, never_within, bound=100.0, fp32_latency_ms=2.0, max_candidates=1)
+    assert measured == ["onnx-mixed-1"] and "budget (1) spent" in result.stopped_because
