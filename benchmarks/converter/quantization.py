@@ -51,6 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from benchmarks.converter.quantization_peers import (  # noqa: E402
+    MAX_SAMPLES,
     PROFILE,
     board_reference,
     nncf_row,
@@ -76,9 +77,8 @@ BOUND = 1.0
 HOLDOUT = 0.3
 #: The benchmark's models (benchmarks/shared/models.py) and their evaluation sample counts.
 EVAL = {"orientation": 128, "detector": 200, "ocr_rec": 128, "ocr_det": 128}
-#: Held-out samples whose board outputs score the peers (one emulated run each: about a minute
-#: for ocr_det, as many at once as this host has cores).
-PEER_BOARD_SAMPLES = 24
+#: Evaluation samples whose board outputs score the peers: as many as convert() judges ours on.
+PEER_BOARD_SAMPLES = MAX_SAMPLES
 #: TFLite variants too (onnx2tf, its own tool environment): full int8 runs on LiteRT's XNNPACK QS8 kernels on
 #: the board, counted on the emulated A76 like the ONNX ones and chosen on the same terms (issue 38).
 FORMATS = ("onnx", "tflite")
@@ -99,7 +99,7 @@ def _ours(c: Candidate) -> dict:
     difference = getattr(c, "host_board_difference", None)
     return {"selection_drop": round(c.accuracy_drop, 4),
             "holdout_drop": None if held is None else round(held, 4),
-            "accuracy_basis": basis if basis is not None else "host",
+            "accuracy_basis": basis if basis is not None else "this host",
             "host_holdout_drop": None if c.holdout_drop is None else round(c.holdout_drop, 4),
             "board_drop": getattr(c, "board_drop", None), "board_holdout_drop": board_held,
             "host_board_difference": difference if difference is None
@@ -208,7 +208,7 @@ def bench_model(name: str, work: Path, n_cal: int, n_eval: int, quick: bool, emu
                   "input": {spec.input_name: list(spec.shape)}},
         "metric": report.metric, "metric_unit": report.metric_unit, "preset": config.preset,
         "board_estimates": report.board_estimates, "holdout": None if split is None else split.to_dict(),
-        "peer_board_samples": 0 if board is None else len(board["samples"]),
+        "peer_board_samples": 0 if board is None else len(board["fp32"]),
         "chosen": chosen.name, "chosen_reason": report.plan.reason,
         "chosen_selection_drop": ours["selection_drop"],
         "chosen_holdout_drop": ours["holdout_drop"], "chosen_accuracy_basis": ours["accuracy_basis"],
@@ -387,8 +387,9 @@ def _arguments() -> argparse.Namespace:
                         help="models only: no estimate-cost, digits or RSS runs (one process per "
                              "model)")
     parser.add_argument("--peer-board-samples", type=int, default=PEER_BOARD_SAMPLES,
-                        help="held-out samples on which the peers are scored from the emulated "
-                             "board's outputs (one emulated run each; 0: from this host's outputs)")
+                        help="evaluation samples on which the peers are scored from the emulated "
+                             "board's outputs, the rows convert() judges ours on (0: from this "
+                             "host's outputs)")
     parser.add_argument("--combine", type=Path, default=None,
                         help="run nothing: read DIR/NAME.json (and DIR/extras.json) written by --partial runs, which "
                              "may have run in separate processes, and print the goals over all of them")
@@ -422,7 +423,7 @@ def main() -> None:
     names = args.names
     params = {"profile": PROFILE, "reported_profile": REPORTED, "mode": "latency", "quick": args.quick,
               "bound_points": BOUND, "holdout": HOLDOUT, "models": names,
-              "peer_board_samples": 2 if args.quick else args.peer_board_samples}
+              "peer_board_samples": args.peer_board_samples}
     if args.combine is not None:
         combine(args.combine, names, params, args.quick)
         return

@@ -3,10 +3,11 @@
 ONNX Runtime's ``quantize_static`` with its defaults and NNCF's ``quantize_with_accuracy_control``
 (its own venv, :mod:`benchmarks.converter.nncf_peer`): each counted on the emulated A76 of the
 benchmark's board and scored on the same selection and held-out samples as ``convert()``'s
-variants. The held-out drop is computed from the emulated board's outputs on the first held-out
-samples (:func:`board_reference`, :func:`board_outputs`: ``Emulator.first_output``, one emulated
-run per sample), against FP32's board outputs on the same samples; without them, from this
-host's outputs, and the row's ``accuracy_basis`` says which.
+variants. Their drops are computed from the emulated board's outputs, against FP32's there, on
+the rows the converter's own board accuracy uses (``board_accuracy.board_rows``, at most
+``MAX_SAMPLES``; :func:`board_reference`, ``board_outputs``: FP32's are then read from the
+converter's cache); with no board samples asked, from this host's outputs. The row's
+``accuracy_basis`` says which.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from benchmarks.shared.common import log
 from benchmarks.shared.models import MODELS
 from edgesdk import load_profile
 from edgesdk.converters.board.board_latency import board_cost
+from edgesdk.converters.board.board_outputs import MAX_SAMPLES, board_outputs
 from edgesdk.converters.board.emulate import Emulator
 from edgesdk.converters.planning.data import EvaluationSplit
 from edgesdk.converters.planning.metrics import Metric
 
-__all__ = ["NNCF_METRIC", "board_outputs", "board_reference", "nncf_row", "ort_defaults",
-           "peer_row"]
+__all__ = ["MAX_SAMPLES", "NNCF_METRIC", "board_reference", "nncf_row", "ort_defaults", "peer_row"]
 
-PROFILE = "raspberry-pi-5"
+PROFILE, CPU = "raspberry-pi-5", "cortex-a76"
 #: name -> (NNCF's metric, whether it comes from nncf_metrics.py, NNCF's max drop in its units).
 NNCF_METRIC = {"orientation": ("top1_agreement", None, 0.01),
                "detector": ("detection_agreement", "metric", 1.0),
@@ -61,29 +62,39 @@ def ort_defaults(src: Path, dst: Path, calibration: np.ndarray, input_name: str)
     return dst
 
 
-def board_outputs(emulator: Emulator, path: Path, samples: np.ndarray,
-                   input_name: str) -> np.ndarray:
-    """The emulated A76's first output on each sample (a run each, as many at once as cores)."""
-    from concurrent.futures import ThreadPoolExecutor
+def _rows(split: EvaluationSplit, max_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation rows the converter's own board accuracy runs on (its ``board_rows``), so the
+    peers' board drops are on ours' samples; the held-out rows alone where that is not there."""
+    try:
+        from edgesdk.converters.board.board_accuracy import board_rows
+    except ImportError:
+        return split.selection[:0], split.holdout[:max_samples]
+    selection, holdout = board_rows(split, max_samples)
+    return np.asarray(selection), np.asarray(holdout)
 
-    def one(i: int) -> np.ndarray:
-        out = emulator.first_output(path, {input_name: samples[i:i + 1]}, "cortex-a76")
-        if out is None:
-            raise RuntimeError(f"{path.name}: the emulated board gave no output for sample {i}")
-        return out
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return np.concatenate(list(pool.map(one, range(len(samples)))))
+def board_reference(emulator: Emulator, fp32_path: Path, evaluation: np.ndarray,
+                    split: EvaluationSplit | None, input_name: str,
+                    max_samples: int) -> dict | None:
+    """FP32's emulated-A76 outputs on the board-accuracy rows (the peers' reference), or None."""
+    if max_samples <= 0 or split is None or not split.is_split:
+        return None
+    selection, holdout = _rows(split, max_samples)
+    rows = np.concatenate([selection, holdout])
+    inputs = {input_name: evaluation[rows]}
+    log(f"  FP32: board outputs on {len(selection)} + {len(holdout)} held-out samples")
+    fp32 = board_outputs(emulator, fp32_path, inputs, CPU, max_samples=len(inputs[input_name]))
+    return {"inputs": inputs, "rows": rows, "selection": len(selection), "fp32": fp32.outputs}
 
 
 def peer_row(path: Path, fp32_ms: float, emulator: Emulator, sample: dict, outputs: np.ndarray,
-              reference: np.ndarray, split: EvaluationSplit, metric: Metric,
-              board: dict | None) -> dict:
+             reference: np.ndarray, split: EvaluationSplit, metric: Metric,
+             board: dict | None) -> dict:
     """A peer's model on our footing: A76 estimate, drops on our selection and held-out samples.
 
-    With ``board`` (FP32's board outputs on the first held-out samples, and those samples), the
-    held-out drop is computed from the emulated board's outputs on them (basis ``board``); else
-    from this host's (basis ``host``).
+    With ``board`` (:func:`board_reference`), its drops are also computed from the emulated A76's
+    outputs against FP32's there, on the rows the converter's board accuracy uses, and the
+    held-out one is the row's ``holdout_drop`` (basis ``board ...``); else this host's is.
     """
     cost = board_cost(emulator, path, sample, load_profile(PROFILE), "latency")
     fusion = cost.counts[0].fusion
@@ -92,26 +103,21 @@ def peer_row(path: Path, fp32_ms: float, emulator: Emulator, sample: dict, outpu
     row = {"a76_ms": round(cost.latency_ms, 4),
            "a76_ratio_vs_fp32": round(cost.latency_ms / fp32_ms, 4),
            "selection_drop": round(selected, 4), "holdout_drop": round(host_held, 4),
-           "host_holdout_drop": round(host_held, 4), "accuracy_basis": "host",
+           "host_holdout_drop": round(host_held, 4), "accuracy_basis": "this host",
            "fusion": None if fusion is None else {k: v for k, v in fusion.to_dict().items()
                                                   if k != "op_types"}}
     if board is not None:
-        log(f"  {path.name}: board outputs on {len(board['samples'])} held-out samples")
-        mine = board_outputs(emulator, path, board["samples"], board["input_name"])
-        row.update({"holdout_drop": round(metric.drop(board["fp32"], mine, None), 4),
-                    "board_samples": len(mine), "accuracy_basis": "board"})
+        count, n = len(board["fp32"]), board["selection"]
+        log(f"  {path.name}: board outputs on {count} samples (emulated A76)")
+        mine = board_outputs(emulator, path, board["inputs"], CPU, max_samples=count).outputs
+        fp32 = board["fp32"]
+        held = round(metric.drop(fp32[n:], mine[n:], None), 4)
+        row.update({"holdout_drop": held, "board_holdout_drop": held,
+                    "board_drop": round(metric.drop(fp32[:n], mine[:n], None), 4) if n else None,
+                    "host_board_difference": round(float(np.abs(mine - outputs[board["rows"]])
+                                                         .max()), 4),
+                    "accuracy_basis": f"board (emulated {CPU}, {count} samples)"})
     return row
-
-
-def board_reference(emulator: Emulator, fp32_path: Path, evaluation: np.ndarray,
-                     split: EvaluationSplit | None, input_name: str, n: int) -> dict | None:
-    """FP32's emulated-board outputs on the first ``n`` held-out samples (the peers' reference)."""
-    if n <= 0 or split is None or not split.is_split:
-        return None
-    samples = evaluation[split.holdout[:n]]
-    log(f"  FP32: board outputs on {len(samples)} held-out samples (emulated A76)")
-    return {"samples": samples, "input_name": input_name,
-            "fp32": board_outputs(emulator, fp32_path, samples, input_name)}
 
 
 def nncf_row(name: str, fixed: Path, work: Path, feeds_cal: dict, evaluation: np.ndarray,

@@ -22,7 +22,7 @@ def _met(goals: dict[str, bool], *words: str) -> bool:
 
 
 def test_a_model_counts_as_fast_and_accurate_only_when_its_accuracy_came_from_the_board():
-    results = {"a": _result(0.6, 0.5, "board"), "b": _result(0.6, 0.5, "host"),
+    results = {"a": _result(0.6, 0.5, "board"), "b": _result(0.6, 0.5, "this host"),
                "c": _result(0.8, 0.2, "board"), "d": _result(0.5, 1.5, "board")}
     goals = _goals(results)
     assert results["fast_and_accurate_models"] == ["a"]
@@ -34,7 +34,7 @@ def test_a_model_counts_as_fast_and_accurate_only_when_its_accuracy_came_from_th
 
 
 def test_three_of_four_on_the_board_meet_the_count():
-    results = {n: _result(0.7, 0.4, "emulated board") for n in "abc"}
+    results = {n: _result(0.7, 0.4, "board (emulated cortex-a76, 64 samples)") for n in "abc"}
     results["d"] = _result(1.0, 0.0, "board")
     assert _met(_goals(results), "models whose chosen variant")
 
@@ -57,7 +57,7 @@ def test_ours_against_nncf_within_the_bound():
 
 def test_ours_reads_the_board_fields_when_the_candidate_has_them():
     before = SimpleNamespace(accuracy_drop=0.3, holdout_drop=0.4)
-    assert _ours(before)["accuracy_basis"] == "host" and _ours(before)["holdout_drop"] == 0.4
+    assert _ours(before)["accuracy_basis"] == "this host" and _ours(before)["holdout_drop"] == 0.4
     after = SimpleNamespace(accuracy_drop=0.3, holdout_drop=0.4, board_holdout_drop=0.9,
                             accuracy_basis="board", board_drop=0.2, host_board_difference=0.05)
     row = _ours(after)
