@@ -1,4 +1,4 @@
-"""Adaptive rounding of a QDQ model's int8 weights (AdaRound, Nagel et al. 2020), in numpy, bounded in time.
+"""Adaptive rounding of a QDQ model's int8 weights (AdaRound, Nagel et al. 2020), time-bounded.
 
 Round-to-nearest minimises each weight's own error, not the layer's output error: the errors
 of one output channel's weights add up through the inputs they multiply. AdaRound chooses, per
@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -43,7 +44,7 @@ ROWS_PER_LAYER = 4096
 
 @dataclass(frozen=True)
 class _Layer:
-    """One quantized layer as a grouped matrix product: its int8 weight, the FP32 one and its input."""
+    """One quantized layer as a grouped matrix product: its int8 weight, FP32 weight and input."""
 
     node: str
     weight: str  # the int8 initializer in the QDQ model
@@ -54,7 +55,9 @@ class _Layer:
     source: str  # the layer's float input in the FP32 model
     act: tuple[float, int, int, int] | None  # the input's QDQ scale, zero point, qmin, qmax
     conv: tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int], tuple[int, int]] | None
-    layout: tuple[str, tuple[int, ...], bool]  # op, weight shape, transposed (Gemm transB=0, MatMul)
+    layout: tuple[
+        str, tuple[int, ...], bool
+    ]  # op, weight shape, transposed (Gemm transB=0, MatMul)
 
     @property
     def flops(self) -> float:
@@ -63,12 +66,12 @@ class _Layer:
         return 2.0 * groups * out * d * d
 
     def cost(self, steps: int) -> float:
-        """Flops of the whole layer: its moments over ``ROWS_PER_LAYER`` rows, then ``steps`` steps."""
+        """Flops of the whole layer: moments over ``ROWS_PER_LAYER`` rows, then ``steps`` steps."""
         groups, out, d = self.fp32.shape
         return 2.0 * ROWS_PER_LAYER * groups * d * (d + 2 * out) + steps * self.flops
 
 
-def _attrs(node: onnx.NodeProto) -> dict[str, object]:
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
@@ -87,7 +90,9 @@ def _layers(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
             readers[name] = readers.get(name, 0) + 1
     fp32_nodes = {n.name: n for n in fp32.graph.node if n.name}
     fp32_inits = {i.name: i for i in fp32.graph.initializer}
-    fp32_tensors = {o for n in fp32.graph.node for o in n.output} | {i.name for i in fp32.graph.input}
+    fp32_tensors = {o for n in fp32.graph.node for o in n.output} | {
+        i.name for i in fp32.graph.input
+    }
     found = []
     for node in qdq.graph.node:
         original = fp32_nodes.get(node.name)
@@ -98,58 +103,90 @@ def _layers(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> list[_Layer]:
             continue
         if dq.input[0] not in inits or readers.get(dq.input[0]) != 1:
             continue
-        layer = _layer(node, dq, inits, numpy_helper.to_array(fp32_inits[original.input[1]]),
-                       _source(node.input[0], producer, inits))
+        layer = _layer(
+            node,
+            dq,
+            inits,
+            numpy_helper.to_array(fp32_inits[original.input[1]]),
+            _source(node.input[0], producer, inits),
+        )
         if layer is not None and layer.source in fp32_tensors:
             found.append(layer)
     return found
 
 
-def _source(tensor: str, producer: Mapping[str, onnx.NodeProto],
-            inits: Mapping[str, onnx.TensorProto]) -> tuple[str, tuple[float, int, int, int] | None]:
-    """The float tensor behind a layer's input and the (scale, zero point, qmin, qmax) it is quantized with."""
+def _source(
+    tensor: str, producer: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]
+) -> tuple[str, tuple[float, int, int, int] | None]:
+    """The float tensor behind a layer's input and its (scale, zero point, qmin, qmax)."""
     dq = producer.get(tensor)
     q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
     if q is None or q.op_type != "QuantizeLinear" or dq is None:
         return tensor, None
     scale = numpy_helper.to_array(inits[dq.input[1]]) if dq.input[1] in inits else None
-    zero = numpy_helper.to_array(inits[dq.input[2]]) if len(dq.input) > 2 and dq.input[2] in inits else None
+    zero = (
+        numpy_helper.to_array(inits[dq.input[2]])
+        if len(dq.input) > 2 and dq.input[2] in inits
+        else None
+    )
     if scale is None or scale.size != 1 or zero is None:
         return q.input[0], None
     return q.input[0], (float(scale), int(zero), *_qrange(zero.dtype))
 
 
-def _layer(node: onnx.NodeProto, dq: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto], w: np.ndarray,
-           source: tuple[str, tuple[float, int, int, int] | None]) -> _Layer | None:
+def _layer(
+    node: onnx.NodeProto,
+    dq: onnx.NodeProto,
+    inits: Mapping[str, onnx.TensorProto],
+    w: np.ndarray,
+    source: tuple[str, tuple[float, int, int, int] | None],
+) -> _Layer | None:
     q = numpy_helper.to_array(inits[dq.input[0]])
     scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
-    zero = (numpy_helper.to_array(inits[dq.input[2]]) if len(dq.input) > 2 and dq.input[2] in inits
-            else np.zeros_like(scale, dtype=q.dtype))
+    zero = (
+        numpy_helper.to_array(inits[dq.input[2]])
+        if len(dq.input) > 2 and dq.input[2] in inits
+        else np.zeros_like(scale, dtype=q.dtype)
+    )
     if q.shape != w.shape or q.dtype not in (np.int8, np.uint8):
         return None
     attrs = _attrs(node)
-    conv = None
+    conv: Any = None
     if node.op_type == "Conv":
         if w.ndim != 4 or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             return None
-        groups = int(attrs.get("group", 1))  # type: ignore[call-overload]
+        groups = int(attrs.get("group", 1))
         rows = w.reshape(groups, w.shape[0] // groups, -1)
         out_axis, transposed = 0, False
-        conv = (tuple(attrs.get("strides", (1, 1))), tuple(attrs.get("dilations", (1, 1))),
-                tuple(attrs.get("pads", (0, 0, 0, 0))), (w.shape[2], w.shape[3]))
+        conv = (
+            tuple(attrs.get("strides", (1, 1))),
+            tuple(attrs.get("dilations", (1, 1))),
+            tuple(attrs.get("pads", (0, 0, 0, 0))),
+            (w.shape[2], w.shape[3]),
+        )
     else:
         if w.ndim != 2 or attrs.get("transA", 0):
             return None
         transposed = node.op_type == "MatMul" or not attrs.get("transB", 0)
         rows = (w.T if transposed else w)[None]
         out_axis = 1 if transposed else 0
-    if scale.size > 1 and (int(_attrs(dq).get("axis", 1)) % w.ndim != out_axis  # type: ignore[call-overload]
-                           or scale.size != w.shape[out_axis]):
+    if scale.size > 1 and (
+        int(_attrs(dq).get("axis", 1)) % w.ndim != out_axis or scale.size != w.shape[out_axis]
+    ):
         return None
     shape = rows.shape[:2] + (1,)
-    return _Layer(node.name, dq.input[0], rows.astype(np.float64), _per_row(scale, shape),
-                  _per_row(zero.astype(np.float64), shape), _qrange(q.dtype), source[0], source[1],
-                  conv, (node.op_type, tuple(w.shape), transposed))  # type: ignore[arg-type]
+    return _Layer(
+        node.name,
+        dq.input[0],
+        rows.astype(np.float64),
+        _per_row(scale, shape),
+        _per_row(zero.astype(np.float64), shape),
+        _qrange(q.dtype),
+        source[0],
+        source[1],
+        conv,
+        (node.op_type, tuple(w.shape), transposed),
+    )
 
 
 def _per_row(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -161,11 +198,16 @@ def _fake_quant(x: np.ndarray, act: tuple[float, int, int, int] | None) -> np.nd
     if act is None:
         return x
     scale, zero, low, high = act
-    return ((np.clip(np.round(x / np.float32(scale)) + zero, low, high) - zero) * np.float32(scale)).astype(x.dtype)
+    return (
+        (np.clip(np.round(x / np.float32(scale)) + zero, low, high) - zero) * np.float32(scale)
+    ).astype(x.dtype)
 
 
 def _rows(layer: _Layer, x: np.ndarray, rng: np.random.Generator, limit: int) -> np.ndarray:
-    """At most ``limit`` random rows of the layer's input as a product's left side: ``[groups, rows, d]``."""
+    """At most ``limit`` random rows of the layer's input as a product's left side.
+
+    Shape ``[groups, rows, d]``.
+    """
     groups, _, d = layer.fp32.shape
     if layer.conv is None:
         flat = x.reshape(-1, x.shape[-1])
@@ -175,7 +217,7 @@ def _rows(layer: _Layer, x: np.ndarray, rng: np.random.Generator, limit: int) ->
     padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     span = tuple((k - 1) * r + 1 for k, r in zip(kernel, dilations))
     windows = np.lib.stride_tricks.sliding_window_view(padded, span, axis=(2, 3))
-    windows = windows[..., ::dilations[0], ::dilations[1]]
+    windows = windows[..., :: dilations[0], :: dilations[1]]
     out_h = (padded.shape[2] - span[0]) // strides[0] + 1
     out_w = (padded.shape[3] - span[1]) // strides[1] + 1
     total = x.shape[0] * out_h * out_w
@@ -187,7 +229,7 @@ def _rows(layer: _Layer, x: np.ndarray, rng: np.random.Generator, limit: int) ->
 
 
 class _Moments:
-    """What a layer's quadratic output error needs, summed over rows: xq^T xq, (x W^T)^T xq and |x W^T|^2."""
+    """A layer's quadratic output error, summed over rows: xq^T xq, (x W^T)^T xq, |x W^T|^2."""
 
     def __init__(self, layer: _Layer) -> None:
         groups, out, d = layer.fp32.shape
@@ -207,7 +249,9 @@ class _Moments:
     def error(self, weights: np.ndarray) -> float:
         """Mean squared output error per row of ``xq @ weights^T`` against FP32's ``x @ W^T``."""
         quad = np.einsum("god,gde,goe->", weights, self.gram, weights)
-        return float((quad - 2 * np.sum(weights * self.cross) + self.energy.sum()) / max(self.rows, 1))
+        return float(
+            (quad - 2 * np.sum(weights * self.cross) + self.energy.sum()) / max(self.rows, 1)
+        )
 
 
 def _rectified(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +267,9 @@ def _nearest(layer: _Layer) -> np.ndarray:
     return np.clip(np.round(layer.fp32 / layer.scale) + layer.zero, low, high)
 
 
-def _optimise(layer: _Layer, moments: _Moments, steps: int, lam: float = 1.0, lr: float = 0.05) -> np.ndarray:
+def _optimise(
+    layer: _Layer, moments: _Moments, steps: int, lam: float = 1.0, lr: float = 0.05
+) -> np.ndarray:
     """The adaptive integer weights ``[groups, out, d]`` (Adam on V, then h >= 0.5 rounds up)."""
     low, high = layer.qrange
     ratio = layer.fp32 / layer.scale + layer.zero
@@ -245,19 +291,32 @@ def _optimise(layer: _Layer, moments: _Moments, steps: int, lam: float = 1.0, lr
         if step >= warmup:
             beta = 20 + (2 - 20) * (step - warmup) / max(steps - warmup - 1, 1)
             centred = 2 * h - 1
-            grad = grad - np.float32(lam * beta * 2 / h.size) * np.abs(centred) ** np.float32(beta - 1) * np.sign(centred)
+            grad = grad - np.float32(lam * beta * 2 / h.size) * np.abs(centred) ** np.float32(
+                beta - 1
+            ) * np.sign(centred)
         grad = grad * slope
         first = 0.9 * first + 0.1 * grad
         second = 0.999 * second + 0.001 * grad**2
-        v -= lr * (first / (1 - 0.9 ** (step + 1))) / (np.sqrt(second / (1 - 0.999 ** (step + 1))) + 1e-8)
+        v -= (
+            lr
+            * (first / (1 - 0.9 ** (step + 1)))
+            / (np.sqrt(second / (1 - 0.999 ** (step + 1))) + 1e-8)
+        )
     return np.clip(floor.astype(np.float64) + (_rectified(v)[0] >= 0.5), low, high)
 
 
-def _collect(fp32: onnx.ModelProto, layers: list[_Layer], calibration: Mapping[str, np.ndarray],
-             samples: int, seed: int, deadline: float) -> tuple[dict[str, _Moments], int]:
-    """Run the FP32 model on the calibration samples in batches; fold each layer's input rows into its moments.
+def _collect(
+    fp32: onnx.ModelProto,
+    layers: list[_Layer],
+    calibration: Mapping[str, np.ndarray],
+    samples: int,
+    seed: int,
+    deadline: float,
+) -> tuple[dict[str, _Moments], int]:
+    """Run the FP32 model on the calibration samples in batches; fold layer inputs into moments.
 
-    Batches stop at ``deadline`` (a ``time.perf_counter()`` value) once one has run: fewer samples, not
+    Batches stop at ``deadline`` (a ``time.perf_counter()`` value) once one has run: fewer
+    samples, not
     an overrun of the budget. Returns the moments and the number of samples they hold.
     """
     import onnxruntime as ort
@@ -271,7 +330,9 @@ def _collect(fp32: onnx.ModelProto, layers: list[_Layer], calibration: Mapping[s
     model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(s) for s in sources)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     n = min(samples, len(next(iter(calibration.values()))))
     batch = model_batch_size(fp32) or 4
     n -= n % batch if n >= batch else 0
@@ -290,7 +351,7 @@ def _collect(fp32: onnx.ModelProto, layers: list[_Layer], calibration: Mapping[s
 
 
 def _rate() -> float:
-    """This machine's float32 matrix-product speed now (flops per second), to plan the budget with."""
+    """This machine's float32 matrix-product speed now (flops per second), to plan with."""
     a = np.ones((256, 256), np.float32)
     begun = time.perf_counter()
     for _ in range(8):
@@ -300,46 +361,40 @@ def _rate() -> float:
 
 def _write(model: onnx.ModelProto, layer: _Layer, integers: np.ndarray) -> None:
     op, shape, transposed = layer.layout
-    values = integers.reshape(shape) if op == "Conv" else (integers[0].T if transposed else integers[0])
+    values = (
+        integers.reshape(shape) if op == "Conv" else (integers[0].T if transposed else integers[0])
+    )
     init = next(i for i in model.graph.initializer if i.name == layer.weight)
     dtype = numpy_helper.to_array(init).dtype
     init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(values).astype(dtype), layer.weight))
 
 
-def adaround(qdq: onnx.ModelProto, fp32: onnx.ModelProto, calibration: Mapping[str, np.ndarray],
-             time_budget_s: float = 120.0, *, steps: int = 300, samples: int = 32, seed: int = 0) -> MethodResult:
-    """Re-round the int8 weights of ``qdq`` (made from ``fp32`` by ONNX Runtime's static quantizer) adaptively.
-
-    ``calibration`` feeds ``fp32`` (at most ``samples`` of it are used). Layers are optimised cheapest
-    first while ``time_budget_s`` lasts (the input pass counts against it); a layer whose adaptive
-    rounding does not lower its output error on the calibration rows keeps nearest rounding.
-    ``changed`` is the number of layers whose weights were rewritten.
-    """
-    if time_budget_s < 0 or steps < 1 or samples < 1:
-        raise ConversionError(f"AdaRound: time_budget_s must be >= 0 and steps, samples >= 1; got {time_budget_s}, "
-                              f"{steps}, {samples}")
-    started = time.perf_counter()
-    out = onnx.ModelProto()
-    out.CopyFrom(qdq)
-    layers = _layers(out, fp32)
-    if not layers or time_budget_s == 0:
-        why = "no int8 Conv/Gemm/MatMul weight behind a DequantizeLinear" if not layers else "time budget 0 s"
-        return MethodResult(out, 0, f"AdaRound: {why}; 0 of {len(layers)} layer(s) rounded adaptively, "
-                                    f"{len(layers)} kept nearest", time.perf_counter() - started)
-    rate = _rate()
-    planned, spent = [], time.perf_counter() - started
-    for layer in sorted(layers, key=lambda item: item.cost(steps)):  # cheapest first: most layers in the budget
+def _plan(layers: list[_Layer], steps: int, seconds: float, rate: float) -> list[_Layer]:
+    """The cheapest layers whose estimated cost fits in ``seconds`` (the most layers a budget buys)."""
+    planned, spent = [], 0.0
+    for layer in sorted(layers, key=lambda item: item.cost(steps)):
         spent += layer.cost(steps) / rate
-        if spent > time_budget_s:
+        if spent > seconds:
             break
         planned.append(layer)
-    # The inputs may take half the budget (their pass is costed by the plan only in its products).
-    deadline = started + time_budget_s / 2
-    moments, used = _collect(fp32, planned, calibration, samples, seed, deadline) if planned else ({}, 0)
-    collected = time.perf_counter() - started
-    changed, tried, gains = 0, 0, []
+    return planned
+
+
+def _round(
+    out: onnx.ModelProto,
+    planned: list[_Layer],
+    moments: Mapping[str, _Moments],
+    steps: int,
+    rate: float,
+    deadline: float,
+) -> tuple[int, list[float]]:
+    """Optimise the planned layers until ``deadline``; write those that gain into ``out``.
+
+    Returns how many layers were tried and, per layer written, its error relative to nearest's.
+    """
+    tried, gains = 0, []
     for layer in planned:
-        if time.perf_counter() - started + layer.flops * steps / rate > time_budget_s:
+        if time.perf_counter() + layer.flops * steps / rate > deadline:
             break
         begun = time.perf_counter()
         integers = _optimise(layer, moments[layer.node], steps)
@@ -349,10 +404,65 @@ def adaround(qdq: onnx.ModelProto, fp32: onnx.ModelProto, calibration: Mapping[s
         adaptive = moments[layer.node].error((integers - layer.zero) * layer.scale)
         if adaptive < nearest:
             _write(out, layer, integers)
-            changed += 1
             gains.append(adaptive / max(nearest, 1e-30))
+    return tried, gains
+
+
+def adaround(
+    qdq: onnx.ModelProto,
+    fp32: onnx.ModelProto,
+    calibration: Mapping[str, np.ndarray],
+    time_budget_s: float = 120.0,
+    *,
+    steps: int = 300,
+    samples: int = 32,
+    seed: int = 0,
+) -> MethodResult:
+    """Re-round the int8 weights of ``qdq`` (ONNX Runtime's static QDQ of ``fp32``) adaptively.
+
+    ``calibration`` feeds ``fp32`` (at most ``samples`` of it are used). Layers are optimised
+    cheapest first while ``time_budget_s`` lasts (the input pass counts against it); a layer
+    whose adaptive rounding does not lower its output error on the calibration rows keeps
+    nearest rounding.
+    ``changed`` is the number of layers whose weights were rewritten.
+    """
+    if time_budget_s < 0 or steps < 1 or samples < 1:
+        raise ConversionError(
+            f"AdaRound: time_budget_s must be >= 0 and steps, samples >= 1; got {time_budget_s}, "
+            f"{steps}, {samples}"
+        )
+    started = time.perf_counter()
+    out = onnx.ModelProto()
+    out.CopyFrom(qdq)
+    layers = _layers(out, fp32)
+    if not layers or time_budget_s == 0:
+        why = (
+            "no int8 Conv/Gemm/MatMul weight behind a DequantizeLinear"
+            if not layers
+            else "time budget 0 s"
+        )
+        return MethodResult(
+            out,
+            0,
+            f"AdaRound: {why}; 0 of {len(layers)} layer(s) rounded adaptively, "
+            f"{len(layers)} kept nearest",
+            time.perf_counter() - started,
+        )
+    rate = _rate()
+    planned = _plan(layers, steps, time_budget_s - (time.perf_counter() - started), rate)
+    # The inputs may take half the budget (the plan costs their pass only in its products).
+    deadline = started + time_budget_s / 2
+    moments, used = (
+        _collect(fp32, planned, calibration, samples, seed, deadline) if planned else ({}, 0)
+    )
+    collected = time.perf_counter() - started
+    tried, gains = _round(out, planned, moments, steps, rate, started + time_budget_s)
+    changed = len(gains)
     median = f", median output error {np.median(gains):.0%} of nearest's" if gains else ""
-    note = (f"AdaRound ({steps} Adam steps, budget {time_budget_s:g} s): {changed} of "
-            f"{len(layers)} layer(s) rounded adaptively{median}; {tried - changed} tried without gain, "
-            f"{len(layers) - tried} kept nearest for lack of time (inputs of {used} sample(s) in {collected:.1f} s)")
+    note = (
+        f"AdaRound ({steps} Adam steps, budget {time_budget_s:g} s): {changed} of "
+        f"{len(layers)} layer(s) rounded adaptively{median}; {tried - changed} tried without gain, "
+        f"{len(layers) - tried} kept nearest for lack of time "
+        f"(inputs of {used} sample(s) in {collected:.1f} s)"
+    )
     return MethodResult(out, changed, note, time.perf_counter() - started)

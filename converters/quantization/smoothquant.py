@@ -32,14 +32,14 @@ from edgesdk.errors import ConversionError
 
 __all__ = ["smooth", "activation_channel_max"]
 
-#: Ops that move data without mixing channels when their output's last axis is their input's last axis.
+#: Ops that move data without mixing channels when their output's last axis is their input's.
 _PASS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
 _FLOOR = 1e-5  # below this a channel's max is treated as empty: its scale stays 1
 
 
 @dataclass(frozen=True)
 class _Edit:
-    """One constant scaled per channel: along its last axis when broadcast (``axis`` -1), else along ``axis``."""
+    """A constant scaled per channel: on its last axis if broadcast (``axis`` -1), else ``axis``."""
 
     name: str
     kind: str  # "divide" (x/s), "multiply" (x*s: a Div's divisor)
@@ -48,7 +48,7 @@ class _Edit:
 
 @dataclass(frozen=True)
 class _Site:
-    """An activation tensor, the layers that read it (with their weight's input-channel axis) and its folds."""
+    """An activation, the layers reading it (with their weight's input-channel axis), its folds."""
 
     tensor: str
     layers: tuple[tuple[str, str, int], ...]  # (node name, weight initializer, input-channel axis)
@@ -70,7 +70,9 @@ class _Graph:
         self.shapes: dict[str, tuple[int, ...]] = {}
         for info in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
             dims = info.type.tensor_type.shape.dim
-            self.shapes[info.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+            self.shapes[info.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else -1 for d in dims
+            )
         for name, init in self.inits.items():
             self.shapes[name] = tuple(init.dims)
 
@@ -80,8 +82,12 @@ class _Graph:
     def own_constant(self, name: str) -> bool:
         """A float initializer read by exactly one node (so changing it changes nothing else)."""
         init = self.inits.get(name)
-        return (init is not None and init.data_type == onnx.TensorProto.FLOAT
-                and len(self.readers.get(name, [])) == 1 and name not in self.outputs)
+        return (
+            init is not None
+            and init.data_type == onnx.TensorProto.FLOAT
+            and len(self.readers.get(name, [])) == 1
+            and name not in self.outputs
+        )
 
     def last_dim(self, name: str) -> int:
         shape = self.shapes.get(name, ())
@@ -96,7 +102,11 @@ def _layer(graph: _Graph, node: onnx.NodeProto) -> tuple[str, int] | None:
     """The weight initializer and its input-channel axis, when ``node`` is x @ constant."""
     if node.op_type == "MatMul" and len(node.input) == 2 and graph.own_constant(node.input[1]):
         return (node.input[1], 0) if len(graph.inits[node.input[1]].dims) == 2 else None
-    if node.op_type == "Gemm" and graph.own_constant(node.input[1]) and not _attr(node, "transA", 0):
+    if (
+        node.op_type == "Gemm"
+        and graph.own_constant(node.input[1])
+        and not _attr(node, "transA", 0)
+    ):
         return node.input[1], 1 if _attr(node, "transB", 0) else 0
     return None
 
@@ -109,34 +119,52 @@ def _folds(graph: _Graph, tensor: str) -> tuple[_Edit, ...] | None:
         node = graph.producer.get(current)
         if node is None or channels <= 0:
             return None
-        if current != tensor and (len(graph.readers.get(current, [])) != 1 or current in graph.outputs):
+        if current != tensor and (
+            len(graph.readers.get(current, [])) != 1 or current in graph.outputs
+        ):
             return None
-        op, inputs = node.op_type, list(node.input)
-        const = [i for i in inputs if graph.own_constant(i)]
-        if op in _PASS:
-            if graph.last_dim(inputs[0]) != channels or (op == "Transpose" and not _keeps_last(graph, node)):
+        inputs = list(node.input)
+        if node.op_type in _PASS:
+            if graph.last_dim(inputs[0]) != channels or (
+                node.op_type == "Transpose" and not _keeps_last(graph, node)
+            ):
                 return None
             current = inputs[0]
-        elif op in ("Add", "Sub") and len(const) == 1 and len(inputs) == 2 and (op == "Add" or const[0] == inputs[1]):
+            continue
+        const = [i for i in inputs if graph.own_constant(i)]
+        if node.op_type in ("Add", "Sub") and len(inputs) == 2 and len(const) == 1:
+            # (x +- c) / s = x / s +- c / s, and c - x likewise: the constant takes 1/s, x goes on
             if not _vector(graph, const[0], channels):
                 return None
             edits.append(_Edit(const[0], "divide", -1))
             current = inputs[0] if inputs[1] == const[0] else inputs[1]
-        elif op == "Mul" and len(const) == 1 and len(inputs) == 2 and _vector(graph, const[0], channels):
-            return (*edits, _Edit(const[0], "divide", -1))
-        elif op == "Div" and len(inputs) == 2 and const == [inputs[1]] and _vector(graph, inputs[1], channels):
-            return (*edits, _Edit(inputs[1], "multiply", -1))
-        elif op == "LayerNormalization" and _attr(node, "axis", -1) in (-1, len(graph.shapes.get(inputs[0], ())) - 1):
-            tail = [i for i in inputs[1:3] if i]
-            return (*edits, *(_Edit(i, "divide", -1) for i in tail)) if all(map(graph.own_constant, tail)) else None
-        elif (upstream := _layer(graph, node)) is not None:
-            weight, in_axis = upstream
-            bias = [i for i in inputs[2:3] if i]
-            if bias and not (graph.own_constant(bias[0]) and _vector(graph, bias[0], channels)):
-                return None
-            return (*edits, _Edit(weight, "divide", 1 - in_axis), *(_Edit(b, "divide", -1) for b in bias))
-        else:
+            continue
+        last = _last_fold(graph, node, channels)
+        return None if last is None else (*edits, *last)
+
+
+def _last_fold(graph: _Graph, node: onnx.NodeProto, channels: int) -> tuple[_Edit, ...] | None:
+    """The edits that end a fold at ``node`` (a Mul, Div, LayerNorm or constant-weight layer)."""
+    op, inputs = node.op_type, list(node.input)
+    const = [i for i in inputs if graph.own_constant(i)]
+    if op == "Mul" and len(inputs) == 2 and len(const) == 1:
+        return (_Edit(const[0], "divide", -1),) if _vector(graph, const[0], channels) else None
+    if op == "Div" and len(inputs) == 2 and const == [inputs[1]]:
+        return (_Edit(inputs[1], "multiply", -1),) if _vector(graph, inputs[1], channels) else None
+    if op == "LayerNormalization":
+        rank = len(graph.shapes.get(inputs[0], ()))
+        tail = [i for i in inputs[1:3] if i]
+        if _attr(node, "axis", -1) not in (-1, rank - 1) or not all(map(graph.own_constant, tail)):
             return None
+        return tuple(_Edit(i, "divide", -1) for i in tail)
+    upstream = _layer(graph, node)
+    if upstream is None:
+        return None
+    weight, in_axis = upstream
+    bias = [i for i in inputs[2:3] if i]
+    if bias and not (graph.own_constant(bias[0]) and _vector(graph, bias[0], channels)):
+        return None
+    return (_Edit(weight, "divide", 1 - in_axis), *(_Edit(b, "divide", -1) for b in bias))
 
 
 def _keeps_last(graph: _Graph, node: onnx.NodeProto) -> bool:
@@ -160,15 +188,20 @@ def _sites(graph: _Graph) -> list[_Site]:
         tensor = node.input[0]
         seen.add(tensor)
         readers = graph.readers.get(tensor, [])
-        members = [(r.name, *layer) for r in readers if (layer := _layer(graph, r)) and r.input[0] == tensor]
+        members = [
+            (r.name, *layer)
+            for r in readers
+            if (layer := _layer(graph, r)) and r.input[0] == tensor
+        ]
         whole = len(members) == len(readers) and tensor not in graph.outputs
         sites.append(_Site(tensor, tuple(members), _folds(graph, tensor) if whole else None))
     return sites
 
 
-def activation_channel_max(model: onnx.ModelProto, calibration: Mapping[str, np.ndarray],
-                           tensors: list[str]) -> dict[str, np.ndarray]:
-    """max |x| per last-axis channel of each named tensor over the calibration samples (ONNX Runtime, CPU)."""
+def activation_channel_max(
+    model: onnx.ModelProto, calibration: Mapping[str, np.ndarray], tensors: list[str]
+) -> dict[str, np.ndarray]:
+    """max |x| per last-axis channel of each named tensor over the samples (ONNX Runtime, CPU)."""
     import onnxruntime as ort
 
     from edgesdk.converters.quantization.calibrate import batches, model_batch_size
@@ -181,7 +214,9 @@ def activation_channel_max(model: onnx.ModelProto, calibration: Mapping[str, np.
     augmented.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in tensors)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(augmented.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        augmented.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     found: dict[str, np.ndarray] = {}
     for chunk in batches(calibration, model_batch_size(model) or 8):
         for name, value in zip(tensors, session.run(tensors, chunk)):
@@ -193,7 +228,9 @@ def activation_channel_max(model: onnx.ModelProto, calibration: Mapping[str, np.
 def _scales(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
     live = (x_max > _FLOOR) & (w_max > _FLOOR)
     s = np.ones_like(x_max, dtype=np.float64)
-    s[live] = x_max[live].astype(np.float64) ** alpha / w_max[live].astype(np.float64) ** (1 - alpha)
+    s[live] = x_max[live].astype(np.float64) ** alpha / w_max[live].astype(np.float64) ** (
+        1 - alpha
+    )
     return s
 
 
@@ -208,16 +245,23 @@ def _apply(graph: _Graph, edit: _Edit, s: np.ndarray) -> None:
     graph.inits[edit.name].CopyFrom(numpy_helper.from_array(value.astype(np.float32), edit.name))
 
 
-def smooth(model: onnx.ModelProto, calibration: Mapping[str, np.ndarray], alpha: float = 0.5, *,
-           insert_mul: bool = False) -> MethodResult:
-    """SmoothQuant on an FP32 model: the same function, with activation outliers moved into MatMul/Gemm weights.
+def smooth(
+    model: onnx.ModelProto,
+    calibration: Mapping[str, np.ndarray],
+    alpha: float = 0.5,
+    *,
+    insert_mul: bool = False,
+) -> MethodResult:
+    """SmoothQuant on an FP32 model: the same function, activation outliers moved into the weights.
 
     ``changed`` counts the activation tensors smoothed (each may feed several layers, e.g. the
     query, key and value projections after one LayerNorm, which then share one scale). Sites whose
     scale cannot be folded upstream are skipped and counted in the note, unless ``insert_mul``.
     """
     if not 0.0 <= alpha <= 1.0:
-        raise ConversionError(f"SmoothQuant alpha must be in [0, 1], got {alpha}; 0.5 is the paper's default")
+        raise ConversionError(
+            f"SmoothQuant alpha must be in [0, 1], got {alpha}; 0.5 is the paper's default"
+        )
     started = time.perf_counter()
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -227,7 +271,9 @@ def smooth(model: onnx.ModelProto, calibration: Mapping[str, np.ndarray], alpha:
     x_max = activation_channel_max(out, calibration, [s.tensor for s in sites])
     layers = inserted = 0
     for site in sites:
-        w_max = np.max([np.abs(graph.array(w)).max(axis=1 - axis) for _, w, axis in site.layers], axis=0)
+        w_max = np.max(
+            [np.abs(graph.array(w)).max(axis=1 - axis) for _, w, axis in site.layers], axis=0
+        )
         s = _scales(x_max[site.tensor], w_max, alpha)
         for _, weight, axis in site.layers:
             _apply(graph, _Edit(weight, "multiply", axis), s)
@@ -238,18 +284,28 @@ def smooth(model: onnx.ModelProto, calibration: Mapping[str, np.ndarray], alpha:
         else:
             _insert_mul(graph, site, s)
             inserted += 1
-    note = (f"SmoothQuant (alpha {alpha}): {len(sites)} MatMul/Gemm input(s) smoothed over {layers} layer(s), "
-            f"{len(sites) - inserted} folded upstream, {inserted} by an inserted Mul; "
-            f"{skipped} left (scale could not be folded)")
+    note = (
+        f"SmoothQuant (alpha {alpha}): {len(sites)} MatMul/Gemm input(s) smoothed over "
+        f"{layers} layer(s), "
+        f"{len(sites) - inserted} folded upstream, {inserted} by an inserted Mul; "
+        f"{skipped} left (scale could not be folded)"
+    )
     return MethodResult(out, len(sites), note, time.perf_counter() - started)
 
 
 def _insert_mul(graph: _Graph, site: _Site, s: np.ndarray) -> None:
     scale_name, smoothed = f"{site.tensor}_smooth_scale", f"{site.tensor}_smoothed"
-    graph.model.graph.initializer.append(numpy_helper.from_array((1 / s).astype(np.float32), scale_name))
+    graph.model.graph.initializer.append(
+        numpy_helper.from_array((1 / s).astype(np.float32), scale_name)
+    )
     for node in graph.readers[site.tensor]:
         if _layer(graph, node) is not None and node.input[0] == site.tensor:
             node.input[0] = smoothed
     nodes = graph.model.graph.node
     at = min(i for i, n in enumerate(nodes) if n.input and n.input[0] == smoothed)
-    nodes.insert(at, onnx.helper.make_node("Mul", [site.tensor, scale_name], [smoothed], name=f"{site.tensor}_smooth"))
+    nodes.insert(
+        at,
+        onnx.helper.make_node(
+            "Mul", [site.tensor, scale_name], [smoothed], name=f"{site.tensor}_smooth"
+        ),
+    )

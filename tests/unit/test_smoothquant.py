@@ -1,4 +1,4 @@
-"""SmoothQuant keeps the FP32 model's function and flattens the outlier channels its MatMul inputs carry."""
+"""SmoothQuant keeps the FP32 model's function and flattens its MatMul inputs' outlier channels."""
 
 from __future__ import annotations
 
@@ -15,28 +15,52 @@ CHANNELS, OUT = 16, 12
 
 
 def _model(head: str) -> onnx.ModelProto:
-    """x [N, 8, 16] -> ``head`` -> MatMul by a constant -> Add a bias; ``h`` is the MatMul's input."""
+    """x [N, 8, 16] -> ``head`` -> MatMul by a constant -> Add a bias; ``h``: the MatMul input."""
     rng = np.random.default_rng(0)
     gamma = np.ones(CHANNELS, np.float32)
-    gamma[[3, 11]] = [40.0, -25.0]  # the outlier channels a trained LayerNorm's gamma gives (SmoothQuant's case)
-    inits = [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(rng.normal(size=CHANNELS)
-                                                                              .astype(np.float32), "beta"),
-             numpy_helper.from_array(rng.normal(size=(CHANNELS, OUT)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.normal(size=OUT).astype(np.float32), "bias"),
-             numpy_helper.from_array(rng.normal(size=(CHANNELS, CHANNELS)).astype(np.float32), "w0")]
+    gamma[[3, 11]] = [
+        40.0,
+        -25.0,
+    ]  # the outlier channels a trained LayerNorm's gamma gives (SmoothQuant's case)
+    inits = [
+        numpy_helper.from_array(gamma, "gamma"),
+        numpy_helper.from_array(rng.normal(size=CHANNELS).astype(np.float32), "beta"),
+        numpy_helper.from_array(rng.normal(size=(CHANNELS, OUT)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(size=OUT).astype(np.float32), "bias"),
+        numpy_helper.from_array(rng.normal(size=(CHANNELS, CHANNELS)).astype(np.float32), "w0"),
+    ]
     nodes = {
-        "layernorm": [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], axis=-1)],
+        "layernorm": [
+            helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], axis=-1)
+        ],
         # a LayerNorm decomposed by an exporter ends in Mul(gamma) and Add(beta)
-        "mul_add": [helper.make_node("Mul", ["x", "gamma"], ["g"]), helper.make_node("Add", ["g", "beta"], ["h"])],
+        "mul_add": [
+            helper.make_node("Mul", ["x", "gamma"], ["g"]),
+            helper.make_node("Add", ["g", "beta"], ["h"]),
+        ],
         # a MatMul after a MatMul and its bias: the scale goes into the first one's output columns
-        "matmul": [helper.make_node("MatMul", ["x", "w0"], ["m"]), helper.make_node("Add", ["m", "gamma"], ["h"])],
+        "matmul": [
+            helper.make_node("MatMul", ["x", "w0"], ["m"]),
+            helper.make_node("Add", ["m", "gamma"], ["h"]),
+        ],
         # a ReLU in between: nothing linear to fold the scale into
-        "relu": [helper.make_node("Mul", ["x", "gamma"], ["g"]), helper.make_node("Relu", ["g"], ["h"])],
+        "relu": [
+            helper.make_node("Mul", ["x", "gamma"], ["g"]),
+            helper.make_node("Relu", ["g"], ["h"]),
+        ],
     }[head]
-    nodes += [helper.make_node("MatMul", ["h", "w"], ["y0"]), helper.make_node("Add", ["y0", "bias"], ["y"])]
+    nodes += [
+        helper.make_node("MatMul", ["h", "w"], ["y0"]),
+        helper.make_node("Add", ["y0", "bias"], ["y"]),
+    ]
     inits = [i for i in inits if any(i.name in n.input for n in nodes)]
-    graph = helper.make_graph(nodes, head, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, CHANNELS])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, OUT])], inits)
+    graph = helper.make_graph(
+        nodes,
+        head,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, CHANNELS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, OUT])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     return model
@@ -65,7 +89,9 @@ def test_smoothing_keeps_the_fp32_outputs_and_flattens_the_matmul_inputs_outlier
     np.testing.assert_allclose(_run(result.model, held), _run(model, held), rtol=1e-4, atol=1e-4)
     before, after = _outlier_ratio(model, "h", held), _outlier_ratio(result.model, "h", held)
     assert after < before / 2, (before, after)
-    assert [n.op_type for n in result.model.graph.node] == [n.op_type for n in model.graph.node]  # folded, no op added
+    assert [n.op_type for n in result.model.graph.node] == [
+        n.op_type for n in model.graph.node
+    ]  # folded, no op added
 
 
 def test_an_input_that_cannot_be_folded_is_left_and_counted_unless_a_mul_is_asked_for():
@@ -83,10 +109,15 @@ def test_an_input_that_cannot_be_folded_is_left_and_counted_unless_a_mul_is_aske
 
 
 def test_a_model_without_a_constant_weight_matmul_is_returned_unchanged():
-    graph = helper.make_graph([helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
-                               helper.make_node("MatMul", ["x", "t"], ["y"])], "self-attention-like",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, CHANNELS])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 8])])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["x", "t"], ["y"]),
+        ],
+        "self-attention-like",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, CHANNELS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 8])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     result = smooth(model, _data(8, 1))
     assert result.changed == 0
