@@ -30,13 +30,19 @@ A budget below the board's idle power in every mode is an
 :class:`~edgesdk.errors.InfeasibleBudgetError` before anything is measured against it.
 
 **Which variant.** Among variants that fit and whose accuracy drop is within the bound, the
-fastest at its point wins (energy: the lowest energy per inference), unless others are within
-noise of it: a variant is better only when its figure is at most :data:`CLEAR_GAIN` (0.95)
-times the other's, the gain edgesdk can tell from run-to-run noise (the same rule as the
-side-by-side check in :func:`edgesdk.converters.pipeline.convert`), for both objectives.
-Among the variants within noise of the best, the smaller file wins, then the smaller accuracy
-drop, then the one built first, and the reason says so ("within noise of X; chose the
-smaller"): the same inputs give the same bundle run after run. A quantized variant slower than FP32 on the board (by the
+fastest at its point wins (energy: the lowest energy per inference), unless others are tied with
+it: within the band of the comparison or within noise, whichever is wider. A band is what the
+calibration's held-out half says a figure may be off by (:func:`~edgesdk.converters.board.board_latency.latency_band`);
+two variants counted on the same emulated cores share their CPI's error, so their comparison takes
+the held-out band of the *ratio* of two such figures (much narrower than either figure's absolute
+band); figures of two bases (a measured one and an emulated one) tie within the sum of their absolute
+bands; an unvalidated comparison (host timings scaled, a board without published figures) and two
+board measurements tie within noise, :data:`CLEAR_GAIN` (0.95: the gain edgesdk can tell from
+run-to-run noise, as the side-by-side check in :func:`edgesdk.converters.pipeline.convert`). Among the
+tied ones the most accurate wins (the smaller accuracy drop), then the smaller file, then the one built
+first, and the reason says so ("within the emulated band (...) of X; chose the more accurate"): a
+choice inside the figures' own uncertainty is made on what is known (accuracy, size), and the same
+inputs give the same bundle run after run. A quantized variant slower than FP32 on the board (by the
 same source, on the same engine) is never chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
 :class:`BudgetError` naming the closest variant's figures and the budget.
 
@@ -68,6 +74,9 @@ from edgesdk.converters.board.board_latency import (
     BoardCost,
     LatencyModel,
     OperatingPoint,
+    basis_label,
+    comparison_band,
+    latency_band,
     operating_points,
     target_point,
 )
@@ -321,7 +330,7 @@ def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, 
 
 def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: PowerBudget) -> tuple[Candidate, str]:
     """The best for the objective at its planned point (the fastest, or the least energy per inference); among
-    those within noise of it, the smallest file, then the most accurate, then the first built."""
+    those tied with it (:func:`_tolerance`), the most accurate, then the smallest file, then the first built."""
     energy = budget.objective == "energy"
 
     def figure(c: Candidate) -> float:
@@ -329,8 +338,8 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
         return c.power.energy_mj if energy else c.power.latency_ms
 
     best = min(fitting, key=figure)
-    near = [c for c in fitting if figure(best) > CLEAR_GAIN * figure(c)]
-    winner = min(near, key=lambda c: (c.measurement.size_bytes, c.judged_drop))  # min keeps the first of equals
+    near = [c for c in fitting if figure(c) < figure(best) * (1 + _tolerance(best, c, board)[0])]
+    winner = min(near, key=lambda c: (c.judged_drop, c.measurement.size_bytes))  # min keeps the first of equals
     power = winner.power
     assert power is not None
     held = "" if winner.judged_holdout_drop is None else f", held-out {winner.judged_holdout_drop:.3g}"
@@ -338,23 +347,48 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
              if (budget.constrains or energy) and winner.accelerator is None else
              f" on {winner.runs_on} in power mode {power.point.power_mode}" if winner.accelerator else "")
     watts = f", average {power.avg_watts:.3g} W" if power.avg_watts is not None else ""
-    figures = (f"{power.latency_ms:.3f} ms on {board.name}{where}, {power.basis}, {power.energy_mj:.3g} mJ per "
-               f"inference ({power.energy_basis}){watts}, accuracy drop {winner.judged_drop:.3g}{held} <= {bound:g}")
+    band = latency_band(board.name, power.basis)
+    basis = power.basis if power.basis.startswith(band.label) else f"{band.label}: {power.basis}"
+    figures = (f"{band.describe(power.latency_ms)} on {board.name}{where}, {basis}, "
+               f"{power.energy_mj:.3g} mJ per inference ({power.energy_basis}){watts}, accuracy drop "
+               f"{winner.judged_drop:.3g}{held} <= {bound:g}")
     what = "lowest energy per inference" if energy else "fastest variant"
     within = f" at {budget.describe()}" if budget.constrains else " within budget"
     others = [c for c in near if c is not winner]
     if not others:
         return winner, f"{what}{within} ({figures})"
-    size = winner.measurement.size_bytes
-    if all(c.measurement.size_bytes > size for c in others):
-        why = "the smaller"
-    elif all(c.judged_drop > winner.judged_drop for c in others if c.measurement.size_bytes == size):
-        why = "the more accurate of the smallest"
+    drop, size = winner.judged_drop, winner.measurement.size_bytes
+    if all(c.judged_drop > drop for c in others):
+        why = "the more accurate"
+    elif all(c.measurement.size_bytes > size for c in others if c.judged_drop == drop):
+        why = "the smaller" if all(c.judged_drop == drop for c in others) else "the smaller of the most accurate"
     else:
-        why = "the first built of equally small and accurate ones"
+        why = "the first built of equally accurate and small ones"
+    tied = _tolerance(best, winner if winner is not best else others[0], board)[1]
     if winner is best:
-        return winner, (f"{what}{within}, and {why} of those within noise of it "
+        return winner, (f"{what}{within}, and {why} of those within {tied} of it "
                         f"({', '.join(c.name for c in others)}) ({figures})")
     unit = "mJ" if energy else "ms"
-    return winner, (f"within noise of {best.name} ({figure(best):.3f} {unit}: less than {1 - CLEAR_GAIN:.0%} better, "
-                    f"which is measurement noise); chose {why} ({figures})")
+    gap, _ = _tolerance(best, winner, board)
+    return winner, (f"within {tied} of {best.name} ({figure(best):.3g} {unit}: less than {gap:.0%} better, "
+                    f"{'which is measurement noise' if tied == 'noise' else 'inside that band'}); chose {why} "
+                    f"(accuracy, then size) ({figures})")
+
+
+def _tolerance(best: Candidate, other: Candidate, board: DeviceProfile) -> tuple[float, str]:
+    """How much slower than ``best`` ``other`` may be and still tie with it, and what says so.
+
+    The band of the comparison (:func:`~edgesdk.converters.board.board_latency.comparison_band`): two
+    variants counted on the same emulated cores share the CPI's error, so the held-out band of a
+    *ratio* of two such figures applies, not the absolute band of either; figures of two bases tie
+    within the sum of their absolute bands. Never less than measurement noise (:data:`CLEAR_GAIN`),
+    and noise alone where the comparison is unvalidated.
+    """
+    assert best.power is not None and other.power is not None
+    noise = 1 / CLEAR_GAIN - 1
+    band = comparison_band(board.name, best.power.basis, other.power.basis)
+    if band is None or band <= noise:
+        return noise, "noise"
+    label = basis_label(best.power.basis)
+    kind = "between variants counted on the same cores" if best.power.basis == other.power.basis else "combined"
+    return band, f"the {label} band ({kind}, +/-{band:.0%})"
