@@ -154,8 +154,9 @@ def added_error_path(graph: QdqGraph, float_model: Path | Any, samples: Mapping[
             progress(i + 1, len(options))
     start = greedy.now
     first = tuple((o.name, *greedy.gain(o)) for o in options if o.name in greedy.gains)
-    reason = "" if len(greedy.gains) == len(options) else (
-        f"time budget ({budget_s:.0f} s) spent measuring {len(greedy.gains)} of {len(options)} options alone")
+    # Out of time in the first round: one step from what was measured, rather than nothing.
+    partial = "" if len(greedy.gains) == len(options) else f" ({len(greedy.gains)} of {len(options)} options measured)"
+    reason = "" if greedy.gains else f"time budget ({budget_s:.0f} s) spent before any option was measured"
     while not reason:
         now = greedy.now
         if (now.drop <= stop_drop if score is not None else now.noise <= stop_noise * start.noise):
@@ -172,7 +173,7 @@ def added_error_path(graph: QdqGraph, float_model: Path | Any, samples: Mapping[
             break
         greedy.take(best)
         if greedy.out_of_time():
-            reason = f"time budget ({budget_s:.0f} s) spent after {len(greedy.steps)} steps"
+            reason = f"time budget ({budget_s:.0f} s) spent after {len(greedy.steps)} steps{partial}"
     return AddedErrorPath(start, tuple(greedy.steps), tuple(greedy.prefixes), greedy.measured.runs,
                           time.perf_counter() - greedy.started, reason, first)
 

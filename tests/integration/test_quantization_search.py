@@ -15,7 +15,7 @@ from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Source, 
 from edgesdk.converters.quantization.added_error import added_error_path
 from edgesdk.converters.quantization.calibrate import calibrate
 from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig
-from edgesdk.converters.quantization.qdq import OUTPUTS_BLOCK, QdqGraph
+from edgesdk.converters.quantization.qdq import OUTPUTS_BLOCK, QdqGraph, units
 from edgesdk.converters.quantization.quantize import quantize_static_int8
 from edgesdk.converters.quantization.search import block_sensitivity, run_model, search_mixed, search_path
 from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
@@ -278,3 +278,41 @@ def test_added_error_search_measures_at_most_its_candidate_budget(cancelling, tm
     # A loose bound: step 1 is predicted within it, measured outside it, and the budget ends the search.
     result = search_path(graph, path, tmp_path, never_within, bound=100.0, fp32_latency_ms=2.0, max_candidates=1)
     assert measured == ["onnx-mixed-1"] and "budget (1) spent" in result.stopped_because
+
+
+def test_two_blocks_that_recover_nothing_alone_go_to_float_as_a_pair(qdq, outlier_mlp, samples):
+    # Layer 0 makes the outlier and layer 1 reads it: floating either alone leaves the coarse
+    # rounding between them, so each alone recovers exactly nothing in the INT8 model.
+    graph, _ = qdq
+    path = added_error_path(graph, outlier_mlp, {"input": samples["input"][:16]}, _relative_error, stop_drop=0.5)
+    first, second = graph.blocks[0].name, graph.blocks[1].name
+    alone = {name: drop for name, drop, _ in path.first_round}
+    assert alone[first] == 0 and alone[second] == 0
+    assert path.steps[0].blocks == (first, second) and path.steps[0].recovered_drop > 50
+    assert path.steps[-1].drop <= 0.5 and "calibration drop" in path.stopped_because
+
+
+def test_a_residual_unit_is_one_option_and_a_spent_budget_measures_nothing(tmp_path):
+    # x -> A -> Relu -> B -> + x -> C: A and B (with the Add) lie between two cuts, C after the second.
+    rng = np.random.default_rng(1)
+    weights = {w: rng.standard_normal((8, 8)).astype(np.float32) for w in ("wa", "wb", "wc")}
+    nodes = [onnx.helper.make_node("MatMul", ["x", "wa"], ["a"], name="A"),
+             onnx.helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             onnx.helper.make_node("MatMul", ["r", "wb"], ["b"], name="B"),
+             onnx.helper.make_node("Add", ["b", "x"], ["s"], name="skip"),
+             onnx.helper.make_node("MatMul", ["s", "wc"], ["y"], name="C")]
+    model = onnx.helper.make_graph(
+        nodes, "residual", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 8])],
+        [onnx.numpy_helper.from_array(v, k) for k, v in weights.items()])
+    source = tmp_path / "residual.onnx"
+    onnx.save(onnx.helper.make_model(model, opset_imports=[onnx.helper.make_opsetid("", 17)]), source)
+    data = {"x": rng.standard_normal((32, 8)).astype(np.float32)}
+    ranges = calibrate(source, data, [CalibrationMethod.MINMAX], tmp_path)
+    graph = QdqGraph(quantize_static_int8(source, tmp_path / "int8.onnx", ranges.caches[CalibrationMethod.MINMAX],
+                                          QuantizationConfig(), CalibrationMethod.MINMAX), source)
+    assert [[b.name for b in unit] for unit in units(graph)] == [["A", "B"]]
+    path = added_error_path(graph, source, data, _relative_error, stop_drop=0.0)
+    assert "unit A .. B (2 blocks)" in {name for name, _, _ in path.first_round}
+    spent = added_error_path(graph, source, data, _relative_error, stop_drop=0.0, budget_s=0.0)
+    assert spent.steps == () and "before any option was measured" in spent.stopped_because
