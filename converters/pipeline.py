@@ -15,7 +15,8 @@ the selection drop (``Candidate.accuracy_drop``) and the *held-out* drop
 "Held-out check"). When the calibration data is the evaluation data itself (the CLI
 without ``--calibration``), only the selection samples calibrate. A model whose first
 output is not one row per sample cannot be split by sample: it gets no held-out check,
-and the report says so.
+and the report says so. Emulated, the variants that could be chosen are judged on the board's
+outputs instead (:mod:`edgesdk.converters.board.board_accuracy`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 
 from edgesdk.converters.arguments import check_out_dir
 from edgesdk.converters.board.accelerator_plan import accelerator_candidates
+from edgesdk.converters.board.board_accuracy import BoardEvaluation, judge_on_board
 from edgesdk.converters.board.board_latency import target_point
 from edgesdk.converters.board.conversion_costs import ConversionCosts
 from edgesdk.converters.board.measure import Measurement, adapt_layout, latency_ratio, measure_variant
@@ -196,18 +198,22 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
                        percentile=config.percentile, symmetric=bool(config.activation_symmetric),
                        max_samples=config.max_calibration_samples,
                        progress=lambda done, total: notify(f"calibrating ({done}/{total} samples)", done, total))
-    static: list[tuple[float, str, Path]] = []
+    static: list[tuple[float, str, Path, Path]] = []  # drop, calibration method, variant, its float source
     for method in config.calibration_methods:
         label = f"onnx-int8-static-{method.value}"
         notify(f"building {label}", 0, 1)
         path = quantize_static_int8(fp32_path, variants_dir / f"{label}.onnx", ranges.caches[method], config, method)
         m = measure(label, path, "onnx", "int8_static", {**cfg_dict, "calibration_method": method.value})
-        static.append((drop(m), method.value, path))
-    best_drop, best_method, best_path = min(static)
+        static.append((drop(m), method.value, path, fp32_path))
+    best_drop, best_method, best_path, best_source = min(static)
+    if best_drop > bound:  # the recipes (equalization, bias correction, trap fixes, ...) with the best calibration
+        static += _recipe_variants(fp32_path, calibration, config, best_method, ranges.caches, variants_dir,
+                                   measure, drop, cfg_dict, notify)
+        best_drop, best_method, best_path, best_source = min(static)
     search = None
     if best_drop > bound and config.max_search_candidates > 0:
         unlabelled = None if labels is not None else scorer
-        search = _mixed(fp32_path, best_path, best_method, variants_dir, calibration, board, mode, threads, config, cfg_dict,
+        search = _mixed(best_source, best_path, best_method, variants_dir, calibration, board, mode, threads, config, cfg_dict,
                         bound, board_ms("onnx-fp32"), measure, drop, notify, unlabelled,
                         board_ms if costs.active else None)
 
@@ -226,19 +232,16 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
         estimate = estimate_on_board(m.latency_p50_ms, host, threads, board, mode,
                                      figures.get(m.sha256) if on_cpu else None, costs.costs.get(label),
                                      energy if on_cpu else None, energy_basis)
-        if fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}":
+        if (fmt == "onnx" and precision == "int8_static" and label != f"onnx-int8-static-{best_method}"
+                and "recipe" not in (cfg or {})):
             notes = (*notes, f"calibration {best_method} was more accurate")
         refused = costs.failures.get(label)
         candidates.append(Candidate(label, fmt, path, precision, m, drop(m), estimate, cfg, notes=notes,
                                     holdout_drop=drops.holdout(m),
                                     rejected=(f"fails on {board.name}'s own runtime: {refused}",) if refused else ()))
     candidates += accelerator_candidates(candidates, board, mode, {k: v[:1] for k, v in evaluation.items()})
+    candidates = judge_on_board(candidates, costs, BoardEvaluation(scorer, evaluation, labels, split, bound), notify)
     plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
-    while problem := costs.output_difference(plan.chosen.name, plan.chosen.path, plan.chosen.measurement.outputs,
-                                             _tolerance(plan.chosen.precision)):  # the board must agree before a bundle
-        index = next(i for i, c in enumerate(candidates) if c.name == plan.chosen.name)
-        candidates[index] = replace(candidates[index], rejected=(problem,))
-        plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
     bundle = _bundle(plan, out, evaluation, source_sha, scorer, request, notify, split, drops.reference_score())
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,
                             tflite_error, parity, ranges, search, split, costs.note,
@@ -374,6 +377,27 @@ def _mixed(fp32_path: Path, qdq_path: Path, method: str, variants_dir: Path, cal
     return replace(result, sensitivity_seconds=path.seconds)
 
 
+def _recipe_variants(fp32_path: Path, calibration: Mapping[str, np.ndarray], config: QuantizationConfig,
+                     method: str, caches: Mapping[Any, Path], variants_dir: Path, measure: Callable[..., Measurement],
+                     drop: Callable[[Measurement], float], cfg_dict: Mapping[str, Any],
+                     notify: Progress) -> list[tuple[float, str, Path, Path]]:
+    """The recipes' static INT8 variants that change something (:mod:`.quantization.recipes`), measured.
+
+    Returns (drop, calibration method, variant, the FP32 model it was quantized from) per variant.
+    """
+    from edgesdk.converters.quantization.config import CalibrationMethod
+    from edgesdk.converters.quantization.recipes import build_recipes
+
+    chosen = CalibrationMethod(method)
+    notify(f"building the accuracy-keeping recipes (calibration {method})", 0, 1)
+    made = []
+    for variant in build_recipes(fp32_path, calibration, config, chosen, variants_dir / "recipes", caches[chosen]):
+        m = measure(variant.label, variant.path, "onnx", "int8_static", {**cfg_dict, **variant.config()},
+                    variant.notes)
+        made.append((drop(m), method, variant.path, variant.fp32_path))
+    return made
+
+
 def _listed(names: Sequence[str], shown: int = 6) -> str:
     """``a, b, c`` or ``a, b, c and 4 more (7 nodes)``."""
     more = f" and {len(names) - shown} more ({len(names)} nodes)" if len(names) > shown else ""
@@ -454,9 +478,12 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
         "size_bytes": m.size_bytes,
         # The headline drop_vs_fp32 is the held-out drop (on samples nothing was chosen on), when there are held-out
         # samples: the selection drop, which every choice saw, flatters the winner. Both are kept.
-        "accuracy": {"metric": scorer.name, "unit": scorer.unit,
-                     "drop_vs_fp32": chosen.holdout_drop if chosen.holdout_drop is not None else chosen.accuracy_drop,
+        "accuracy": {"metric": scorer.name, "unit": scorer.unit, "basis": chosen.accuracy_basis,
+                     "drop_vs_fp32": chosen.judged_holdout_drop if chosen.judged_holdout_drop is not None
+                     else chosen.judged_drop,
                      "selection_drop": chosen.accuracy_drop, "holdout_drop": chosen.holdout_drop,
+                     "board_drop": chosen.board_drop, "board_holdout_drop": chosen.board_holdout_drop,
+                     "host_board_difference": chosen.host_board_difference,
                      "fp32_score": fp32_score, **split.to_dict()},
         "chosen_because": plan.reason,
     }

@@ -44,6 +44,9 @@ class ConversionReport:
 
         ``accuracy_drop`` is on the selection samples, ``holdout_drop`` on the held-out ones
         (None when none were held out); ``holdout`` has the split's sizes and settings.
+        ``accuracy_basis`` says whose outputs judge a variant: ``this host`` or ``board (emulated cortex-a76, 64
+        samples)``, with ``board_drop``/``board_holdout_drop`` (vs FP32 on the same board) and
+        ``host_board_difference`` (largest difference of its board outputs from this host's; None when not run).
         ``board_latency_ms``/``energy_mj`` are at the asked mode's point; ``power`` has each
         variant's planned point (power mode, threads, accelerator), its energy per inference and average
         power with their bases; ``runs_on`` is ``cpu`` or the accelerator and engine (``ampere-gpu TensorRT
@@ -59,6 +62,11 @@ class ConversionReport:
                 "measured_on": m.measured_on,
                 "accuracy_drop": round(c.accuracy_drop, 4),
                 "holdout_drop": None if c.holdout_drop is None else round(c.holdout_drop, 4),
+                # Accuracy judged on the board's own outputs when it ran there (issue 59): its drops vs FP32 on that
+                # board, and how far its board outputs are from this host's (reported, not a veto).
+                "accuracy_basis": c.accuracy_basis, "board_drop": _rounded(c.board_drop),
+                "board_holdout_drop": _rounded(c.board_holdout_drop),
+                "host_board_difference": _rounded(c.host_board_difference, 6),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
                 "estimate_basis": c.estimate.basis, "emulated": [_count_row(n) for n in c.estimate.counts],
                 # Where the planner would run it (the target point, or under a power budget the best that fits).
@@ -80,6 +88,10 @@ class ConversionReport:
                 "search": None if self.search is None else self.search.to_dict(),
                 "holdout": None if self.holdout is None else self.holdout.to_dict(),
                 "board_estimates": self.board_estimates}
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _count_row(count: InstructionCount) -> dict[str, Any]:

@@ -63,26 +63,6 @@ class ConversionCosts:
                         "scaled (an int8 kernel for arm64 says little on x86): set it up once with `edgesdk emulator "
                         "setup` (%s) to count instructions on the board's own cores", board.name, board.arch, exc)
 
-    def output_difference(self, label: str, path: Path, host_output: np.ndarray, tolerance: float) -> str | None:
-        """Why ``label``'s first output on the board's runtime (emulated) is not this host's within ``tolerance``
-        (absolute and relative, the bundle's health-check tolerance), or None when it is, or cannot be told (not
-        emulated, or counted before outputs were kept)."""
-        cost = self.costs.get(label)
-        if cost is None or self.emulator is None:
-            return None
-        board = self.emulator.first_output(path, self.sample, cost.counts[0].cpu)
-        if board is None:
-            return None
-        host = np.asarray(host_output)[: len(board)]
-        if board.shape != host.shape:
-            return (f"its output on {self.board.name}'s runtime has shape {list(board.shape)}, this host's "
-                    f"{list(host.shape)}")
-        if np.allclose(board.astype(np.float64), host.astype(np.float64), atol=tolerance, rtol=tolerance):
-            return None
-        worst = float(np.max(np.abs(board.astype(np.float64) - host.astype(np.float64))))
-        return (f"its output on {self.board.name}'s runtime (emulated {cost.counts[0].cpu}) differs from this host's "
-                f"by up to {worst:.3g} (tolerance {tolerance:g}): the board's kernels do not compute what was measured")
-
     @property
     def active(self) -> bool:
         """Variants are costed by emulation."""

@@ -38,6 +38,7 @@ from edgesdk.converters.quantization.config import CalibrationMethod, Quantizati
 from edgesdk.converters.quantization.graph_fixes import find_traps, ranges_from_cache
 from edgesdk.converters.quantization.methods import MethodResult
 from edgesdk.converters.quantization.quantize import quantize_static_int8
+from edgesdk.errors import EdgeSDKError
 
 __all__ = ["Recipe", "RecipeVariant", "RECIPES", "build_recipes", "ADAROUND_BUDGET_S"]
 
@@ -125,6 +126,9 @@ def build_recipes(fp32_path: Path, calibration: Mapping[str, np.ndarray], config
             variant = _build(recipe, sources, calibration, config, method, work, adaround_budget_s)
         except _Missing as missing:
             log.info("recipe %s skipped: %s", recipe.name, missing)
+            continue
+        except EdgeSDKError as exc:  # one recipe failing (a quantizer error, a method's) leaves the others
+            log.warning("recipe %s failed: %s", recipe.name, exc)
             continue
         key = (variant.applied, variant.float_nodes)
         if not variant.applied and not variant.float_nodes:

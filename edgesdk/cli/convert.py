@@ -138,7 +138,8 @@ def _board_figures(paths: tuple[str, ...]) -> tuple[dict[str, float], dict[str, 
 
 def _table(report: dict[str, Any]) -> str:
     header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "runs on (power mode)", "board ms", "mJ", "avg W",
-              "int8/DQ-float", f"drop ({report['metric_unit']})", "held-out drop", "verdict")
+              "int8/DQ-float", f"drop ({report['metric_unit']})", "held-out drop", "accuracy on", "host-board diff",
+              "verdict")
     rows = [header]
     for v in report["variants"]:
         verdict = "CHOSEN" if v["chosen"] else ("; ".join(v["rejected"]) or "fits (not chosen)")
@@ -150,11 +151,21 @@ def _table(report: dict[str, Any]) -> str:
                      _runs_on(v),
                      f"{basis}{p['latency_ms']:.3f}", f"{energy}{p['energy_mj']:.2f}",
                      "-" if p["avg_watts"] is None else f"{energy}{p['avg_watts']:.2f}", _fused(v),
-                     f"{v['accuracy_drop']:.3f}", "-" if v["holdout_drop"] is None else f"{v['holdout_drop']:.3f}",
-                     verdict))
+                     *_accuracy(v), verdict))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
     return "\n".join(lines)
+
+
+def _accuracy(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The drops the planner judged (the board's when the variant ran there), whose outputs they are from, and how far
+    its board outputs are from this host's (reported, not a veto)."""
+    board = row.get("board_drop") is not None
+    drop, held = ((row["board_drop"], row["board_holdout_drop"]) if board
+                  else (row["accuracy_drop"], row["holdout_drop"]))
+    difference = row.get("host_board_difference")
+    return (f"{drop:.3f}", "-" if held is None else f"{held:.3f}", row.get("accuracy_basis", "this host"),
+            "-" if difference is None else f"{difference:.3g}")
 
 
 def _runs_on(row: dict[str, Any]) -> str:
