@@ -65,22 +65,37 @@ def test_a_variant_the_boards_runtime_refuses_is_rejected_and_the_others_stay_em
         "board latency from instructions counted on emulated cortex-a76")
 
 
-def test_the_boards_own_output_is_compared_with_this_hosts_before_a_bundle(models, tmp_path_factory):
-    """The emulated board's answer (kept from the counting run) against this host's: equal within the health check's
-    tolerance passes; a host output 0.5 away, as a board kernel computing something else would give, is named."""
+def test_the_boards_own_outputs_are_this_hosts_and_a_refusal_is_a_board_runtime_error(tmp_path):
+    """Issue 59: the board's answers are computed on every sample, not compared on one. For a model
+    both run (column 2 of each row) they are this host's; a column the model does not have is
+    refused by the board's runtime, and that refusal, not a difference, fails the variant
+    (BoardRuntimeError naming the board's error)."""
     import onnxruntime as ort
 
-    emulator = Emulator(counts_dir=tmp_path_factory.mktemp("counts"))
-    costs = ConversionCosts(True, load_profile("raspberry-pi-5"), "latency", X, emulator=emulator)
-    good = models[0]
-    costs.count("onnx-fp32", good)
-    host = ort.InferenceSession(str(good), providers=["CPUExecutionProvider"]).run(None, X)[0]
-    board = emulator.first_output(good, X, "cortex-a76")
-    assert board is not None and np.array_equal(board, X["x"][2:3])  # Gather row 2, computed on the board's runtime
-    assert costs.output_difference("onnx-fp32", good, host, 1e-2) is None
-    problem = costs.output_difference("onnx-fp32", good, host + 0.5, 1e-2)
-    assert problem is not None and "differs from this host's by up to 0.5 (tolerance 0.01)" in problem
-    assert "raspberry-pi-5's runtime (emulated cortex-a76)" in problem
+    from edgesdk.converters.board.board_outputs import board_outputs
+
+    emulator = Emulator(counts_dir=tmp_path / "emulator" / "counts")
+    rows = {"x": np.arange(12, dtype=np.float32).reshape(4, 3)}
+    good, bad = _column(tmp_path / "column.onnx", 2), _column(tmp_path / "missing.onnx", 7)
+    session = ort.InferenceSession(str(good), providers=["CPUExecutionProvider"])
+    host = np.concatenate([session.run(None, {"x": rows["x"][i:i + 1]})[0] for i in range(4)])
+    board = board_outputs(emulator, good, rows, "cortex-a76")
+    assert np.array_equal(board.outputs, host)
+    assert np.array_equal(board.outputs[:, 0], rows["x"][:, 2])
+    refused = r"missing\.onnx on emulated cortex-a76 \(.*\) fails in the board's runtime: .*bounds"
+    with pytest.raises(BoardRuntimeError, match=refused):
+        board_outputs(emulator, bad, rows, "cortex-a76")
+
+
+def _column(path: Path, index: int) -> Path:
+    """y = Gather(x, [index], axis=1) over x [1, 3]: refused at run time for index >= 3."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["y"], axis=1)], "column",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(np.array([index], dtype=np.int64), "i")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
 
 
 def test_the_boards_output_is_kept_per_input_values_not_per_shapes(models, tmp_path_factory):

@@ -1,0 +1,245 @@
+"""Accuracy judged on the board's outputs: a variant's drop vs FP32, both run on the board.
+
+INT8 kernels round differently on Arm and x86, so a variant's output on the board differing from
+this host's says nothing about which machine answers worse. The converter used to veto a variant
+whose board output on one sample differed from this host's by more than a tolerance; it now measures
+how well the variant answers on the board.
+
+**What runs.** With emulation active
+(:class:`~edgesdk.converters.board.conversion_costs.ConversionCosts`), FP32 and the variants that
+could be chosen run on the emulated core the counts used
+(:func:`~edgesdk.converters.board.board_outputs.board_outputs`), on the same rows of the evaluation
+samples:
+
+* **Rows.** At most ``max_samples`` (64): the held-out rows get their share of them, as in the
+  evaluation split (``round(max_samples * held-out / all)``, at least one when any are held out and
+  ``max_samples`` > 1), the selection rows the rest; in each part evenly spaced rows, in order. So a
+  board drop exists on both parts, and the planner's held-out check reads the board's. Without a
+  split, every row comes from the selection.
+* **Variants.** A variant is run when it could be chosen on accuracy: emulated, not refused by the
+  board's runtime already, on the CPU, and with a host selection drop within ``MARGIN`` (2) times
+  the bound (a variant far over the bound on this host is not rescued by another machine's
+  rounding). Of those, the ``max_variants`` (6) fastest by their emulated latency; the rest keep
+  this host's accuracy, and a note says why. Accelerator engines (a Jetson's TensorRT) keep their
+  CPU file's host accuracy: the emulated core does not run their kernels.
+
+**The drop.** ``board_drop = metric(FP32 on the board, variant on the board, labels)`` on the
+selection rows, ``board_holdout_drop`` the same on the held-out rows (FP32's own are 0). The planner
+judges on them (:attr:`~edgesdk.converters.planning.planner.Candidate.judged_drop`);
+``accuracy_basis`` names the board, its core and the row count. ``host_board_difference``, the
+largest absolute difference of a variant's board outputs from this host's on the same rows, is
+reported, never a veto.
+
+**Vetoes.** A variant whose board run crashes, hangs or answers NaN or infinity is rejected with
+the board's reason. When FP32 itself fails on the board there is no board reference: FP32 is
+rejected and every variant keeps this host's accuracy, with a note. An emulator that stops working
+(not a variant's failure) leaves every variant on this host's accuracy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from edgesdk.converters.board.board_outputs import MAX_SAMPLES, board_outputs
+from edgesdk.converters.board.conversion_costs import ConversionCosts
+from edgesdk.converters.planning.data import EvaluationSplit
+from edgesdk.converters.planning.metrics import Metric
+from edgesdk.converters.planning.planner import Candidate
+from edgesdk.errors import BoardRuntimeError, EmulatorError
+
+__all__ = ["BoardEvaluation", "board_rows", "judge_on_board", "MARGIN", "MAX_VARIANTS"]
+
+log = logging.getLogger(__name__)
+
+#: A variant runs on the board when its host selection drop is at most this many times the bound.
+MARGIN = 2.0
+#: At most this many variants (besides FP32) run on the board: the fastest by their emulated
+#: latency.
+MAX_VARIANTS = 6
+
+
+@dataclass(frozen=True)
+class BoardEvaluation:
+    """What a board drop is computed from: the metric, the evaluation samples, labels and split."""
+
+    scorer: Metric
+    evaluation: Mapping[str, np.ndarray]
+    labels: np.ndarray | None
+    split: EvaluationSplit
+    bound: float
+    max_samples: int = MAX_SAMPLES
+    max_variants: int = MAX_VARIANTS
+
+
+def board_rows(split: EvaluationSplit, max_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The selection rows and the held-out rows run on the board (module doc, "Rows")."""
+    total = len(split.selection) + len(split.holdout)
+    held = 0
+    if split.is_split:
+        held = min(
+            len(split.holdout),
+            max(1, round(max_samples * len(split.holdout) / total)),
+            max_samples - 1,
+        )
+    chosen = min(len(split.selection), max_samples - held)
+    return _spaced(split.selection, chosen), _spaced(split.holdout, held)
+
+
+def _spaced(rows: np.ndarray, count: int) -> np.ndarray:
+    if count <= 0:
+        return rows[:0]
+    return rows[np.unique(np.linspace(0, len(rows) - 1, count).round().astype(np.int64))]
+
+
+def judge_on_board(
+    candidates: Sequence[Candidate],
+    costs: ConversionCosts,
+    data: BoardEvaluation,
+    notify: Callable[[str, int, int], None],
+) -> list[Candidate]:
+    """``candidates`` with their board accuracy (module doc); unchanged when not emulating."""
+    fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
+    cost = costs.costs.get("onnx-fp32")
+    if costs.emulator is None or fp32 is None or cost is None:
+        return list(candidates)
+    cpu, board = cost.counts[0].cpu, costs.board.name
+    selection, holdout = board_rows(data.split, data.max_samples)
+    rows = np.concatenate([selection, holdout])
+    inputs = {k: v[rows] for k, v in data.evaluation.items()}
+    basis = f"board (emulated {cpu}, {len(rows)} samples)"
+
+    def run(c: Candidate) -> np.ndarray:
+        assert costs.emulator is not None
+        return board_outputs(
+            costs.emulator,
+            c.path,
+            inputs,
+            cpu,
+            max_samples=len(rows),
+            progress=lambda d, t: notify(f"accuracy on the board: {c.name} {d}/{t} samples", d, t),
+        ).outputs
+
+    judged = list(candidates)
+    try:
+        reference = run(fp32)
+    except BoardRuntimeError as exc:
+        note = (
+            f"accuracy from this host: FP32 fails on {board}'s runtime, so there is no board "
+            "reference"
+        )
+        return [
+            replace(c, rejected=(*c.rejected, f"fails on {board}'s own runtime: {exc}"))
+            if c is fp32
+            else replace(c, notes=(*c.notes, note))
+            for c in judged
+        ]
+    except EmulatorError as exc:
+        log.warning("accuracy judged on this host's outputs: the board emulator failed (%s)", exc)
+        return judged
+    score = _Scorer(data, reference, len(selection), rows)
+    runnable = _runnable(judged, costs, data)
+    for i, c in enumerate(judged):
+        if c.accelerator is not None:
+            continue
+        if c is fp32:
+            judged[i] = score.judged(c, reference, basis)
+            continue
+        if c.name not in runnable:
+            if c.name in costs.costs and not c.rejected:
+                judged[i] = replace(c, notes=(*c.notes, _not_run(c, data, runnable)))
+            continue
+        try:
+            outputs = run(c)
+        except BoardRuntimeError as exc:
+            judged[i] = replace(
+                c,
+                rejected=(*c.rejected, f"fails on {board}'s own runtime: {exc}"),
+                accuracy_basis=basis,
+            )
+            continue
+        except EmulatorError as exc:
+            log.warning(
+                "%s: accuracy judged on this host's outputs, the board emulator failed (%s)",
+                c.name,
+                exc,
+            )
+            continue
+        judged[i] = score.judged(c, outputs, basis)
+    return judged
+
+
+def _runnable(
+    candidates: Sequence[Candidate], costs: ConversionCosts, data: BoardEvaluation
+) -> set[str]:
+    """Names of the variants that run on the board (module doc, "Variants")."""
+    eligible = [
+        c
+        for c in candidates
+        if c.name != "onnx-fp32"
+        and c.accelerator is None
+        and not c.rejected
+        and c.name in costs.costs
+        and c.name not in costs.failures
+        and c.accuracy_drop <= MARGIN * data.bound
+    ]
+    eligible.sort(key=lambda c: costs.costs[c.name].latency_ms)
+    return {c.name for c in eligible[: data.max_variants]}
+
+
+def _not_run(c: Candidate, data: BoardEvaluation, runnable: set[str]) -> str:
+    if c.accuracy_drop > MARGIN * data.bound:
+        return (
+            f"accuracy from this host: not run on the board (host drop {c.accuracy_drop:.3g} > "
+            f"{MARGIN:g} x the bound)"
+        )
+    return f"accuracy from this host: not run on the board ({len(runnable)} faster variants were)"
+
+
+class _Scorer:
+    """Drops vs FP32 on the board on the selection and held-out rows; the host-board difference."""
+
+    def __init__(
+        self, data: BoardEvaluation, reference: np.ndarray, selected: int, rows: np.ndarray
+    ) -> None:
+        self.data, self.reference, self.rows = data, reference, rows
+        per_sample = len(reference) == len(rows)
+        self.parts = (
+            [np.arange(selected), np.arange(selected, len(rows))]
+            if per_sample
+            else [np.arange(len(reference)), np.arange(0)]
+        )
+        self.labels = None if data.labels is None or not per_sample else data.labels[rows]
+
+    def _drop(self, outputs: np.ndarray, part: np.ndarray) -> float | None:
+        if not len(part):
+            return None
+        labels = None if self.labels is None else self.labels[part]
+        return float(self.data.scorer.drop(self.reference[part], outputs[part], labels))
+
+    def judged(self, c: Candidate, outputs: np.ndarray, basis: str) -> Candidate:
+        if outputs.shape != self.reference.shape:
+            note = (
+                f"accuracy from this host: its board output has shape {list(outputs.shape)}, "
+                f"FP32's {list(self.reference.shape)}"
+            )
+            return replace(c, notes=(*c.notes, note))
+        host = np.asarray(c.measurement.outputs)
+        count = len(next(iter(self.data.evaluation.values())))
+        difference = None
+        if len(host) == count and host[self.rows].shape == outputs.shape:
+            difference = float(
+                np.max(np.abs(host[self.rows].astype(np.float64) - outputs.astype(np.float64)))
+            )
+        selection, holdout = (self._drop(outputs, part) for part in self.parts)
+        assert selection is not None
+        return replace(
+            c,
+            board_drop=selection,
+            board_holdout_drop=holdout,
+            host_board_difference=difference,
+            accuracy_basis=basis,
+        )
