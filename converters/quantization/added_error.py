@@ -78,14 +78,17 @@ class Step:
 
     def why(self) -> str:
         """One line for the report."""
-        return (f"{self.option}: recovered {self.recovered_drop:.3g} metric drop and {self.recovered_noise:.3g} "
-                f"noise for {self.macs_share:.1%} of the MACs (calibration drop then {self.drop:.3g})")
+        return (f"{self.option}: recovered {self.recovered_drop:.3g} metric drop and "
+                f"{self.recovered_noise:.3g} noise for {self.macs_share:.1%} of the MACs "
+                f"(calibration drop then {self.drop:.3g})")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return {"option": self.option, "blocks": list(self.blocks), "recovered_drop": round(self.recovered_drop, 4),
-                "recovered_noise": float(f"{self.recovered_noise:.4g}"), "macs_share": round(self.macs_share, 4),
-                "drop": round(self.drop, 4), "noise": float(f"{self.noise:.4g}")}
+        return {"option": self.option, "blocks": list(self.blocks),
+                "recovered_drop": round(self.recovered_drop, 4),
+                "recovered_noise": float(f"{self.recovered_noise:.4g}"),
+                "macs_share": round(self.macs_share, 4), "drop": round(self.drop, 4),
+                "noise": float(f"{self.noise:.4g}")}
 
 
 @dataclass(frozen=True)
@@ -136,8 +139,8 @@ def _options(graph: QdqGraph, max_unit_blocks: int) -> list[_Option]:
 
 
 def added_error_path(graph: QdqGraph, float_model: Path | Any, samples: Mapping[str, np.ndarray],
-                     score: Score | None, stop_drop: float, budget_s: float = BUDGET_S, recheck: int = 3,
-                     max_unit_blocks: int = 12, stop_noise: float = 0.05,
+                     score: Score | None, stop_drop: float, budget_s: float = BUDGET_S,
+                     recheck: int = 3, max_unit_blocks: int = 12, stop_noise: float = 0.05,
                      progress: Callable[[int, int], None] | None = None) -> AddedErrorPath:
     """Float the option recovering the most error per cost, re-measured in context (module doc).
 
@@ -155,13 +158,15 @@ def added_error_path(graph: QdqGraph, float_model: Path | Any, samples: Mapping[
     start = greedy.now
     first = tuple((o.name, *greedy.gain(o)) for o in options if o.name in greedy.gains)
     # Out of time in the first round: one step from what was measured, rather than nothing.
-    partial = "" if len(greedy.gains) == len(options) else f" ({len(greedy.gains)} of {len(options)} options measured)"
-    reason = "" if greedy.gains else f"time budget ({budget_s:.0f} s) spent before any option was measured"
+    measured = len(greedy.gains)
+    partial = "" if measured == len(options) else f" ({measured} of {len(options)} options)"
+    reason = "" if measured else f"time budget ({budget_s:.0f} s) spent before any option"
     while not reason:
         now = greedy.now
         if (now.drop <= stop_drop if score is not None else now.noise <= stop_noise * start.noise):
-            reason = f"calibration drop {now.drop:.3g} <= {stop_drop:.3g}" if score is not None else (
-                f"output noise {now.noise:.3g} <= {stop_noise:g} x INT8's {start.noise:.3g}")
+            reason = (f"calibration drop {now.drop:.3g} <= {stop_drop:.3g}" if score is not None
+                      else f"output noise {now.noise:.3g} <= {stop_noise:g} x INT8's "
+                           f"{start.noise:.3g}")
             break
         open_options = [o for o in options if o.name in greedy.gains and greedy.new_blocks(o)]
         if not open_options:
@@ -169,11 +174,13 @@ def added_error_path(graph: QdqGraph, float_model: Path | Any, samples: Mapping[
             break
         best = _pick(open_options, greedy, recheck) or greedy.unstuck(open_options, options)
         if best is None:
-            reason = "no block left in INT8 recovers any error in the current model, alone or with its neighbour"
+            reason = ("no block left in INT8 recovers any error in the current model, alone "
+                      "or with its neighbour")
             break
         greedy.take(best)
         if greedy.out_of_time():
-            reason = f"time budget ({budget_s:.0f} s) spent after {len(greedy.steps)} steps{partial}"
+            reason = (f"time budget ({budget_s:.0f} s) spent after {len(greedy.steps)} "
+                      f"steps{partial}")
     return AddedErrorPath(start, tuple(greedy.steps), tuple(greedy.prefixes), greedy.measured.runs,
                           time.perf_counter() - greedy.started, reason, first)
 
@@ -200,14 +207,14 @@ class _Greedy:
         return [b for b in option.blocks if b not in self.floated]
 
     def measure(self, option: _Option) -> None:
-        self.gains[option.name] = (self.now, self.measured([*self.floated, *self.new_blocks(option)]),
-                                   len(self.steps))
+        after = self.measured([*self.floated, *self.new_blocks(option)])
+        self.gains[option.name] = (self.now, after, len(self.steps))
 
     def stale(self, option: _Option) -> bool:
         return self.gains[option.name][2] < len(self.steps)
 
     def gain(self, option: _Option) -> tuple[float, float]:
-        """Metric drop and noise recovered, as measured (a stale one in the model it was measured in)."""
+        """Metric drop and noise recovered, as measured (a stale one: in the model of its time)."""
         before, after, _ = self.gains[option.name]
         return before.drop - after.drop, before.noise - after.noise
 
@@ -218,33 +225,35 @@ class _Greedy:
         return drop / cost, noise / cost
 
     def unstuck(self, open_options: Sequence[_Option], options: list[_Option]) -> _Option | None:
-        """Nothing fresh recovers error: every option once more in this model, then adjacent pairs of blocks."""
+        """Nothing fresh recovers error: every option again in this model, then adjacent pairs."""
         for option in open_options:  # masked errors show once what masked them is float
             if self.stale(option) and not self.out_of_time():
                 self.measure(option)
         blocks = [b for b in self.graph.blocks if b not in self.floated]
         known = {o.blocks for o in options}
-        for a, b in zip(blocks, blocks[1:]):  # errors that matter only together (an outlier made and read)
+        # Errors that matter only together: an outlier made by one block and read by the next.
+        for a, b in zip(blocks, blocks[1:]):
             if (a, b) not in known and not self.out_of_time():
                 options.append(_Option(f"{a.name} + {b.name}", (a, b)))
                 self.measure(options[-1])
-        fresh = [o for o in options if o.name in self.gains and self.new_blocks(o) and not self.stale(o)]
+        fresh = [o for o in options
+                 if o.name in self.gains and self.new_blocks(o) and not self.stale(o)]
         best = max(fresh, key=self.key, default=None)
         return best if best is not None and max(self.key(best)) > 0 else None
 
     def take(self, option: _Option) -> None:
         level = self.gains[option.name][1]
         added = self.new_blocks(option)
-        self.steps.append(Step(option.name, tuple(b.name for b in added), self.now.drop - level.drop,
-                               self.now.noise - level.noise, sum(b.macs for b in added) / self.total,
-                               level.drop, level.noise))
+        self.steps.append(Step(option.name, tuple(b.name for b in added),
+                               self.now.drop - level.drop, self.now.noise - level.noise,
+                               sum(b.macs for b in added) / self.total, level.drop, level.noise))
         self.floated.extend(added)
         self.prefixes.append(tuple(self.floated))
         self.now = level
 
 
 def _pick(options: Sequence[_Option], greedy: _Greedy, recheck: int) -> _Option | None:
-    """Lazy greedy: best stale key first; re-measure stale ones until a fresh key beats all the stale ones left.
+    """Lazy greedy: best stale key first, re-measured until a fresh key beats every stale one left.
 
     None when the best fresh option recovers nothing.
     """

@@ -308,7 +308,7 @@ def host_optimized_model(src: Path, dst: Path) -> Path:
 
 # units: blocks that only make sense together ------------------------------------------------------
 def units(graph: QdqGraph, max_blocks: int = 12) -> list[tuple[Block, ...]]:
-    """Runs of consecutive blocks between two tensors every path goes through (residual or attention units).
+    """Runs of blocks between two tensors every path goes through (residual or attention units).
 
     Walking the compute nodes in graph order, a tensor is a *cut* when it is the only value
     still waiting to be read: everything before it reaches everything after it through it
@@ -319,7 +319,7 @@ def units(graph: QdqGraph, max_blocks: int = 12) -> list[tuple[Block, ...]]:
     """
     nodes = graph.model.graph.node
     position = {index: p for p, index in enumerate(graph.compute)}
-    last_use: dict[int, int] = {}  # producer position -> position of its last reader (-1: the graph inputs)
+    last_use: dict[int, int] = {}  # producer position -> its last reader's (-1: the graph inputs)
     for p, index in enumerate(graph.compute):
         for tensor in nodes[index].input:
             if not tensor or graph._kind(tensor) == "weight" or tensor in graph._initializers:
@@ -343,5 +343,6 @@ def units(graph: QdqGraph, max_blocks: int = 12) -> list[tuple[Block, ...]]:
     grouped: dict[int, list[Block]] = {}
     for block in graph.blocks:
         if block.nodes:
-            grouped.setdefault(segment[min(block.nodes, key=lambda i: position[i])], []).append(block)
+            first = min(block.nodes, key=lambda i: position[i])
+            grouped.setdefault(segment[first], []).append(block)
     return [tuple(blocks) for blocks in grouped.values() if 2 <= len(blocks) <= max_blocks]

@@ -36,8 +36,8 @@ from edgesdk.converters.quantization.qdq import Block, QdqGraph
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sensitivity", "SearchPoint", "SearchResult", "block_sensitivity", "search_mixed", "search_path",
-           "run_model", "relative_noise"]
+__all__ = ["Sensitivity", "SearchPoint", "SearchResult", "block_sensitivity", "search_mixed",
+           "search_path", "run_model", "relative_noise"]
 
 
 @dataclass(frozen=True)
@@ -86,19 +86,25 @@ class SearchResult:
     rule: str = "own sensitivity"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, for ``convert --json`` (the front and why; the path's steps, or the most sensitive blocks)."""
+        """JSON-ready, for ``convert --json``: the front and why, the path or the worst blocks."""
+        ranked = sorted(self.sensitivities, key=lambda s: (-s.drop, -s.noise))[:10]
         out: dict[str, Any] = {
-            "rule": self.rule, "stopped_because": self.stopped_because, "seconds": round(self.seconds, 2),
+            "rule": self.rule, "stopped_because": self.stopped_because,
+            "seconds": round(self.seconds, 2),
             "sensitivity_seconds": round(self.sensitivity_seconds, 2),
-            "front": [{"label": p.label, "float_blocks": len(p.float_blocks), "accuracy_drop": round(p.accuracy_drop, 4),
+            "front": [{"label": p.label, "float_blocks": len(p.float_blocks),
+                       "accuracy_drop": round(p.accuracy_drop, 4),
                        "latency_ms": round(p.latency_ms, 4), "why": p.why} for p in self.front],
-            "most_sensitive": [{"block": s.block.name, "metric_drop": round(s.drop, 4), "noise": float(f"{s.noise:.4g}"),
-                                "macs": s.block.macs}
-                               for s in sorted(self.sensitivities, key=lambda s: (-s.drop, -s.noise))[:10]]}
+            "most_sensitive": [{"block": s.block.name, "metric_drop": round(s.drop, 4),
+                                "noise": float(f"{s.noise:.4g}"), "macs": s.block.macs}
+                               for s in ranked]}
         if self.path is not None:
-            out["added_error"] = {"steps": [s.to_dict() for s in self.path.steps],
-                                  "start_drop": round(self.path.start.drop, 4), "evaluations": self.path.evaluations,
-                                  "seconds": round(self.path.seconds, 2), "stopped_because": self.path.stopped_because}
+            path = self.path
+            out["added_error"] = {"steps": [s.to_dict() for s in path.steps],
+                                  "start_drop": round(path.start.drop, 4),
+                                  "evaluations": path.evaluations,
+                                  "seconds": round(path.seconds, 2),
+                                  "stopped_because": path.stopped_because}
         return out
 
 
@@ -178,22 +184,25 @@ Measure = Callable[[str, Path, tuple[str, ...]], tuple[float, float]]
 
 def search_mixed(graph: QdqGraph, sensitivities: Sequence[Sensitivity], out_dir: Path, measure: Measure,
                  bound: float, fp32_latency_ms: float, max_candidates: int = 8) -> SearchResult:
-    """Keep the blocks of most own error in float, fewest first, until the bound holds (the rule before issue 59)."""
+    """Float the blocks of most own error, fewest first, until the bound holds (before issue 59)."""
     started = time.perf_counter()
     order = [s.block for s in sorted(sensitivities, key=lambda s: tuple(-p for p in s.priority))
              if s.noise > 0 or s.drop > 0]
     if not order:
-        return SearchResult(tuple(sensitivities), (), "no block adds measurable error", time.perf_counter() - started)
+        return SearchResult(tuple(sensitivities), (), "no block adds measurable error",
+                            time.perf_counter() - started)
     prefixes = [tuple(order[:k]) for k in range(1, len(order) + 1)]
-    front, reason = _timed(graph, prefixes, [f"own error rank {k}" for k in range(1, len(order) + 1)], out_dir,
-                           measure, bound, fp32_latency_ms, max_candidates, start=1, failing=0)
+    why = [f"the {k} block(s) of most own error" for k in range(1, len(order) + 1)]
+    front, reason = _timed(graph, prefixes, why, out_dir, measure, bound, fp32_latency_ms,
+                           max_candidates, start=1, failing=0)
     return SearchResult(tuple(sensitivities), tuple(front), reason, time.perf_counter() - started,
                         rule="own sensitivity")
 
 
-def search_path(graph: QdqGraph, path: AddedErrorPath, out_dir: Path, measure: Measure, bound: float,
-                fp32_latency_ms: float, max_candidates: int = 8, margin: float = 0.5) -> SearchResult:
-    """Measure the steps of an added-error path (:mod:`.added_error`), fewest float blocks that meet the bound.
+def search_path(graph: QdqGraph, path: AddedErrorPath, out_dir: Path, measure: Measure,
+                bound: float, fp32_latency_ms: float, max_candidates: int = 8,
+                margin: float = 0.5) -> SearchResult:
+    """Measure steps of an added-error path (:mod:`.added_error`): the fewest that meet the bound.
 
     The first candidate is the first step whose calibration drop is within ``margin`` x
     ``bound`` (the evaluation samples are other samples: a step just inside the bound on
@@ -203,23 +212,24 @@ def search_path(graph: QdqGraph, path: AddedErrorPath, out_dir: Path, measure: M
     started = time.perf_counter()
     steps = path.steps
     if not steps:
-        return SearchResult((), (), f"nothing to float: {path.stopped_because}", time.perf_counter() - started,
-                            path=path, rule="added error")
+        return SearchResult((), (), f"nothing to float: {path.stopped_because}",
+                            time.perf_counter() - started, path=path, rule="added error")
     scored = any(s.drop != 0 for s in steps) or path.start.drop != 0
     start, failing = 1, 0
     if scored:
         start = next((k for k, s in enumerate(steps, 1) if s.drop <= margin * bound), len(steps))
         failing = max((k for k, s in enumerate(steps[:start - 1], 1) if s.drop > bound), default=0)
     why = ["; ".join(s.why() for s in steps[:k]) for k in range(1, len(steps) + 1)]
-    front, reason = _timed(graph, list(path.prefixes), why, out_dir, measure, bound, fp32_latency_ms,
-                           max_candidates, start, failing)
-    return SearchResult((), tuple(front), reason, time.perf_counter() - started, path=path, rule="added error")
+    front, reason = _timed(graph, list(path.prefixes), why, out_dir, measure, bound,
+                           fp32_latency_ms, max_candidates, start, failing)
+    return SearchResult((), tuple(front), reason, time.perf_counter() - started, path=path,
+                        rule="added error")
 
 
-def _timed(graph: QdqGraph, prefixes: Sequence[tuple[Block, ...]], why: Sequence[str], out_dir: Path,
-           measure: Measure, bound: float, fp32_latency_ms: float, max_candidates: int, start: int,
-           failing: int) -> tuple[list[SearchPoint], str]:
-    """Measure prefix ``start``, then further ones (gaps doubling) until one meets the bound; bisect back.
+def _timed(graph: QdqGraph, prefixes: Sequence[tuple[Block, ...]], why: Sequence[str],
+           out_dir: Path, measure: Measure, bound: float, fp32_latency_ms: float,
+           max_candidates: int, start: int, failing: int) -> tuple[list[SearchPoint], str]:
+    """Measure prefix ``start``, then later ones (gaps doubling) until one meets the bound; bisect.
 
     Prefix k is ``prefixes[k - 1]``; ``failing`` is a prefix known (or taken) to miss the bound.
     """
@@ -240,8 +250,8 @@ def _timed(graph: QdqGraph, prefixes: Sequence[tuple[Block, ...]], why: Sequence
     while len(front) < max_candidates:
         point = evaluate(k)
         if point.latency_ms >= fp32_latency_ms:
-            reason = (f"{len(point.float_blocks)} block(s) in float: {point.latency_ms:.3f} ms >= FP32 "
-                      f"{fp32_latency_ms:.3f} ms; the INT8 part left cannot beat FP32")
+            reason = (f"{len(point.float_blocks)} block(s) in float: {point.latency_ms:.3f} ms >= "
+                      f"FP32 {fp32_latency_ms:.3f} ms; the INT8 part left cannot beat FP32")
             break
         if point.accuracy_drop <= bound:
             passing = k
@@ -249,8 +259,8 @@ def _timed(graph: QdqGraph, prefixes: Sequence[tuple[Block, ...]], why: Sequence
             break
         failing = k
         if k == n:
-            reason = f"with all {len(point.float_blocks)} blocks of the last candidate in float the drop is " \
-                     f"{point.accuracy_drop:.3g}"
+            reason = (f"with all {len(point.float_blocks)} blocks of the last candidate in float "
+                      f"the drop is {point.accuracy_drop:.3g}")
             break
         k, gap = min(k + gap, n), 2 * gap
     else:
