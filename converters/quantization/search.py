@@ -1,21 +1,25 @@
 """Mixed precision: find the fastest mostly-INT8 model within the accuracy bound, by measuring.
 
-1. **Sensitivity that isolates each block's own error.** For every block of the fully
-   quantized model (:mod:`.qdq`), a model with *only that block* quantized and
-   everything else float runs on calibration samples; the block's sensitivity is what the
-   user's metric loses against FP32 there (when the metric needs no labels), and the
-   output's noise relative to FP32's, per channel. Its inputs are float, so error made
-   upstream is not blamed on it (output SQNR in the fully quantized graph does that).
-   Evaluation data is never used here: it is what the result is judged on.
-2. **Order by accuracy bought per speed given up**: metric drop, then noise, per
-   multiply-accumulate, so a cheap block that makes much of the error goes back to float
-   first (an argmax or a decoded string reacts to some errors far more than their power says).
-3. **Timed search.** Candidates keep the first k blocks of that order in float, k = 1, 2,
-   4, ...; each is measured (latency, memory, accuracy on the evaluation data) by the
-   caller. The search stops at the first k within the bound, then bisects back towards
-   fewer float blocks; or when a candidate is no faster than FP32 (what is left in INT8
-   cannot pay for its conversions); or when the candidate budget is spent. Every
-   measured point is kept: that is the accuracy/latency front in the report.
+Which blocks go back to float is chosen one of two ways; the converter uses the first.
+
+* **Added error** (:mod:`.added_error`, issue 59): from the fully quantized model, what
+  floating each block (or residual/attention unit) recovers in the model as it stands,
+  greedily per share of MACs and re-measured in context. :func:`search_path` measures its
+  steps, starting at the first whose calibration drop is within half the bound.
+* **Own sensitivity** (:func:`block_sensitivity`, :func:`search_mixed`, the rule before issue
+  59, kept to compare with): a model with *only that block* quantized and everything else
+  float runs on calibration samples; blocks are floated in order of metric drop, then noise,
+  per multiply-accumulate. On real models that order misranks blocks: errors compound,
+  cancel and matter only together.
+
+Both score on calibration samples only: the evaluation data is what the result is judged on.
+
+**Timed search.** Candidates keep the first k steps (or blocks) in float, k growing with
+doubling gaps; each is measured (latency, memory, accuracy on the evaluation data) by the
+caller. The search stops at the first k within the bound, then bisects back towards fewer
+float blocks; or when a candidate is no faster than FP32 (what is left in INT8 cannot pay
+for its conversions); or when the candidate budget is spent. Every measured point is kept:
+that is the accuracy/latency front in the report.
 """
 
 from __future__ import annotations
