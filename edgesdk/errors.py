@@ -286,9 +286,10 @@ class EmulatorError(EdgeSDKError):
 
 
 class BoardRuntimeError(EmulatorError):
-    """A variant fails to load or run in the board's own runtime (its aarch64 onnxruntime or LiteRT, under the
-    emulator) while it runs on this host: the converter rejects that variant with the board's error and keeps the
-    others' emulated figures."""
+    """A variant fails in the board's own runtime (its aarch64 onnxruntime or LiteRT, under the
+    emulator) while it runs on this host: refused with an error, crashed with a signal, not
+    finished in the emulator's time, or stopped before its counted runs ended. The converter
+    rejects that variant with the board's reason and keeps the others' emulated figures."""
 
     exit_code = 30
 

@@ -11,12 +11,22 @@ the two windows. Prints one JSON line: the backend and its version.
 
 A model the runtime here cannot load or run (the board's own build, which may reject what this
 host's accepts) exits :data:`BOARD_ERROR_EXIT` with one stderr line ``edgesdk-board-error: TYPE:
-MESSAGE``, before any mark: the converter then rejects that variant, naming the error. With
-``EDGESDK_GUEST_OUTPUTS`` set, the first run's first output is saved there (``.npy``): the
-converter compares the board's answer with this host's before it writes a bundle.
+MESSAGE``: the converter then rejects that variant, naming the error. An error in the counted runs
+is reported the same way (after the first mark). With ``EDGESDK_GUEST_OUTPUTS`` set, the first
+run's first output is saved there (``.npy``): the converter compares the board's answer with this
+host's before it writes a bundle.
+
+**Test-only fault hook.** ``EDGESDK_GUEST_FAULT=KIND:WHICH[,KIND:WHICH...]`` makes the run of
+the model whose file name is ``WHICH``, or whose SHA-256 starts with ``WHICH`` (8 hex digits or
+more), fail for real inside its counted window (after the first mark): ``segv`` reads the
+unmapped first page (a genuine SIGSEGV of the emulated process, as a native kernel crash would
+be), ``hang`` blocks forever reading a pipe nobody writes (as a kernel that loops would, until
+the host's timeout). It exists so that tests can show the converter vetoing one crashing or
+hanging variant and keeping the others; nothing in edgesdk sets it.
 """
 
 import ctypes
+import hashlib
 import json
 import os
 import sys
@@ -45,12 +55,44 @@ def main() -> None:
         sys.stderr.write(f"{BOARD_ERROR}{type(exc).__name__}: {message}\n")
         sys.exit(BOARD_ERROR_EXIT)
     libc = ctypes.CDLL(None, use_errno=True)
-    for tag in range(3):
-        libc.syscall(MARK, tag)
-        if tag < 2:
-            for _ in range(runs):
-                run()
+    fault = _fault(model)
+    try:
+        for tag in range(3):
+            libc.syscall(MARK, tag)
+            if tag == 0 and fault:
+                _fail(fault)
+            if tag < 2:
+                for _ in range(runs):
+                    run()
+    except Exception as exc:  # the board's runtime failed while counted: the same one line
+        message = " ".join(str(exc).split())
+        sys.stderr.write(f"{BOARD_ERROR}{type(exc).__name__} in the counted runs: {message}\n")
+        sys.exit(BOARD_ERROR_EXIT)
     print(json.dumps(backend))
+
+
+def _fault(model):  # type: ignore[no-untyped-def]
+    """The test-only fault EDGESDK_GUEST_FAULT asks for this model (see the module doc), or None."""
+    asked = os.environ.get("EDGESDK_GUEST_FAULT", "")
+    wanted = [item.split(":", 1) for item in asked.split(",") if ":" in item]
+    if not wanted:
+        return None
+    name = os.path.basename(model)
+    if any(which == name for _, which in wanted):
+        return next(kind for kind, which in wanted if which == name)
+    with open(model, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    return next((kind for kind, which in wanted if len(which) >= 8 and sha.startswith(which)), None)
+
+
+def _fail(kind):  # type: ignore[no-untyped-def]
+    sys.stderr.flush()
+    if kind == "segv":
+        ctypes.string_at(8, 1)  # the unmapped first page: SIGSEGV (string_at(0) reads nothing)
+    elif kind == "hang":
+        read_end, _ = os.pipe()
+        os.read(read_end, 1)  # nobody writes: blocks until killed
+    raise RuntimeError(f"EDGESDK_GUEST_FAULT: unknown kind {kind!r} (segv or hang)")
 
 
 def _onnxruntime(model, inputs, optimized):  # type: ignore[no-untyped-def]

@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -52,6 +53,7 @@ import numpy as np
 # CYCLES_PER_INSTRUCTION and PARALLEL_EFFICIENCY are fitted on the fit half of the published board figures and
 # shipped with their validated bands (calibration_constants); re-exported here, where counts become milliseconds.
 from edgesdk.converters.board.calibration_constants import CYCLES_PER_INSTRUCTION, PARALLEL_EFFICIENCY
+from edgesdk.converters.board.guest_process import GuestExit, GuestProcesses, signal_name
 from edgesdk.converters.board.userland import CORES, Userland, emulator_cache, find_userland, qemu_binary
 from edgesdk.converters.quantization.qdq import FusionCounts, fusion_counts
 from edgesdk.errors import BoardRuntimeError, EmulatorError, ModelFormatError
@@ -120,14 +122,17 @@ class Emulator:
     ``Emulator()`` finds the aarch64 userland for this host's runtime versions (or raises
     :class:`EmulatorError` saying how to build it, unless ``require_userland=False``, which
     leaves only the x86 ``haswell`` model usable) and builds the counting plugin if needed.
-    Counts are kept in ``counts_dir`` (default: ``counts/`` in the cache).
+    Counts are kept in ``counts_dir`` (default: ``counts/`` in the cache). A run that does not
+    finish in ``timeout_s`` (default: ``$EDGESDK_EMULATOR_TIMEOUT_S``, else 900 s) is killed
+    with its process group, and that variant fails (:class:`BoardRuntimeError`). Counts may run
+    on several threads at once.
     """
 
-    def __init__(self, cache: Path | None = None, require_userland: bool = True, timeout_s: float = 900.0,
-                 counts_dir: Path | None = None) -> None:
+    def __init__(self, cache: Path | None = None, require_userland: bool = True,
+                 timeout_s: float | None = None, counts_dir: Path | None = None) -> None:
         self.cache = cache or emulator_cache()
         self.counts_dir = counts_dir or self.cache / "counts"
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s if timeout_s is not None else _default_timeout()
         self.userland: Userland | None = None
         try:
             self.userland = find_userland(self.cache)
@@ -135,6 +140,12 @@ class Emulator:
             if require_userland:
                 raise
         self.plugin = _plugin(self.cache)
+        self.guests = GuestProcesses()
+        # One lock per count key: two threads counting the same model on the same core run it once,
+        # the second reads the first's cached count (the file is written atomically, safe across
+        # processes).
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     def count(self, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray], cpu: str,
               runs: int = 1) -> InstructionCount:
@@ -148,14 +159,27 @@ class Emulator:
         key = self._key(_checked(path), cpu, runtime, arrays)
         cached = self.counts_dir / f"{key}.json"
         output = _output_file(cached, arrays)
-        if cached.is_file():  # a count is per shapes; first_output runs again for other values' output
-            data = json.loads(cached.read_text())
-            fusion = FusionCounts(**data.pop("fusion")) if data.get("fusion") else None
-            return InstructionCount(**{**data, "fusion": fusion, "seconds": 0.0, "cached": True})
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        count = self._run(path, arrays, cpu, runs, runtime, output)
-        write_atomic(cached, json.dumps({k: v for k, v in asdict(count).items() if k != "cached"}).encode())
+        with self._lock(key):
+            # a count is per shapes; first_output runs again for other values' output
+            if cached.is_file():
+                data = json.loads(cached.read_text())
+                fusion = FusionCounts(**data.pop("fusion")) if data.get("fusion") else None
+                return InstructionCount(**{**data, "fusion": fusion, "seconds": 0.0,
+                                           "cached": True})
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            count = self._run(path, arrays, cpu, runs, runtime, output)
+            kept = {k: v for k, v in asdict(count).items() if k != "cached"}
+            write_atomic(cached, json.dumps(kept).encode())
         return count
+
+    def abort(self) -> int:
+        """Kill every count of this emulator still running (they raise :class:`EmulatorError`);
+        returns how many."""
+        return self.guests.abort()
+
+    def _lock(self, key: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(key, threading.Lock())
 
     def first_output(self, model: str | os.PathLike[str], inputs: Mapping[str, np.ndarray],
                      cpu: str) -> np.ndarray | None:
@@ -212,22 +236,11 @@ class Emulator:
             command += [str(_GUEST), str(model.resolve()), str(work / "inputs.npz"), str(runs)]
             if optimized is not None:
                 command.append(str(optimized))
-            try:
-                done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=self.timeout_s,
-                                      check=False)
-            except subprocess.TimeoutExpired:
-                raise EmulatorError(f"{model.name} on emulated {cpu} did not finish in {self.timeout_s:.0f} s; "
-                                    "give the Emulator a longer timeout_s") from None
+            # in work: a crash's core file stays there
+            done = self.guests.run(command, env, self.timeout_s, cwd=work)
             marks = {int(m[0]): tuple(int(v) for v in m[1:]) for m in _MARK.findall(log.read_text())} \
                 if log.exists() else {}
-            refused = [line for line in done.stderr.splitlines() if line.startswith(_BOARD_ERROR)]
-            if done.returncode == _BOARD_ERROR_EXIT and refused:
-                raise BoardRuntimeError(f"{model.name} fails in the board's runtime on emulated {cpu} ({runtime}): "
-                                        f"{refused[-1][len(_BOARD_ERROR):]}")
-            if done.returncode != 0 or len(marks) != 3:
-                tail = "\n".join(done.stderr.strip().splitlines()[-8:])
-                raise EmulatorError(f"{model.name} failed on emulated {cpu} (exit {done.returncode}, {len(marks)} of "
-                                    f"3 marks): {tail}")
+            _check_exit(done, model.name, cpu, runtime, len(marks), self.timeout_s)
             fusion = fusion_counts(optimized) if optimized is not None and optimized.exists() else None
             if (work / "first_output.npy").is_file():  # kept beside the count, for the output check before a bundle
                 write_atomic(output_to, (work / "first_output.npy").read_bytes())
@@ -236,6 +249,55 @@ class Emulator:
         total, simd, memory = (v / runs for v in second)
         return InstructionCount(cpu, total, simd, memory, abs(second[0] - first[0]) / max(second[0], 1), runs,
                                 runtime, fusion, time.perf_counter() - started)
+
+
+def _default_timeout() -> float:
+    """``$EDGESDK_EMULATOR_TIMEOUT_S`` (seconds a count may run), else 900."""
+    text = os.environ.get("EDGESDK_EMULATOR_TIMEOUT_S", "").strip()
+    if not text:
+        return 900.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise EmulatorError(f"EDGESDK_EMULATOR_TIMEOUT_S={text!r}: give the seconds a count may "
+                            "run, a number over 0 (default 900), or unset it")
+    return value
+
+
+def _check_exit(done: GuestExit, name: str, cpu: str, runtime: str, marks: int,
+                timeout_s: float) -> None:
+    """Raise why a guest run gave no count: :class:`BoardRuntimeError` for what the variant did on
+    the board (its runtime refused it, crashed, hung, exited or stopped before its counted runs
+    ended): that variant alone is vetoed; :class:`EmulatorError` when the run was ended from here
+    (:meth:`Emulator.abort`)."""
+    where = "before its counted runs" if marks == 0 else f"in its counted runs ({marks} of 3 marks)"
+    # qemu's own "uncaught target signal" line says again what the return code says
+    said_lines = [ln.strip() for ln in done.stderr.strip().splitlines() if ln.strip()
+                  and not ln.startswith("qemu: uncaught target signal")]
+    tail = " | ".join(said_lines[-3:])
+    said = f": {tail}" if tail else ""
+    if done.aborted:
+        raise EmulatorError(f"the count of {name} on emulated {cpu} was stopped: emulation was "
+                            "turned off")
+    if done.timed_out:
+        raise BoardRuntimeError(f"{name} did not finish in {timeout_s:.0f} s on the emulated "
+                                f"{cpu}, stopped {where}: it loops or hangs in the board's "
+                                "runtime, or needs longer (EDGESDK_EMULATOR_TIMEOUT_S)")
+    refused = [line for line in done.stderr.splitlines() if line.startswith(_BOARD_ERROR)]
+    if done.returncode == _BOARD_ERROR_EXIT and refused:
+        raise BoardRuntimeError(f"{name} fails in the board's runtime on emulated {cpu} "
+                                f"({runtime}): {refused[-1][len(_BOARD_ERROR):]}")
+    if done.returncode < 0:
+        raise BoardRuntimeError(f"{name} crashed on the emulated {cpu} "
+                                f"({signal_name(done.returncode)}) {where}{said}")
+    if done.returncode != 0:
+        raise BoardRuntimeError(f"{name} exited with status {done.returncode} on the emulated "
+                                f"{cpu} {where} ({runtime}){said}")
+    if marks != 3:
+        raise BoardRuntimeError(f"{name} ended on the emulated {cpu} with {marks} of 3 marks: its "
+                                f"counted runs did not complete ({runtime}){said}")
 
 
 def _output_file(count: Path, inputs: Mapping[str, np.ndarray]) -> Path:
