@@ -156,15 +156,15 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
             notify(f"measuring {label} on the board", len(measured), len(measured) + 1)
             m = _on_board(m, target.measure_on(path, evaluation), outputs)
             figures[m.sha256] = m.latency_p50_ms
-        elif costs.active and m.sha256 not in figures:
+        elif costs.active and m.sha256 not in figures:  # counted alongside the next steps; waited for to choose
             notify(f"counting {label} on the board's emulated cores", len(measured), len(measured) + 1)
-            costs.count(label, path)
+            costs.submit(label, path)
         measured[label] = (path, fmt, precision, m, cfg, notes)
         return m
 
     def board_ms(label: str) -> float:
         """What the search compares: the emulated board latency, or this host's."""
-        cost = costs.costs.get(label)
+        cost = costs.cost(label)  # waits for this count only
         return cost.latency_ms if cost is not None else measured[label][3].latency_p50_ms
 
     reference = measure("onnx-fp32", fp32_path, "onnx", "fp32", None).outputs
@@ -221,6 +221,7 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
     if "tflite" in request.formats:
         tflite_error, parity = _tflite_variants(fp32_path, variants_dir, calibration, evaluation, measure, notify)
 
+    costs.wait_all(notify)  # every count in before any choice
     notify("choosing a variant", 0, 1)
     host = target.host_profile()
     candidates = []
