@@ -233,7 +233,7 @@ def test_cli_convert_prints_the_table_and_signs(tmp_path, digits_onnx, digits):
     assert result.exit_code == 0, result.output
     assert "CHOSEN" in result.output and "onnx-int8-static-minmax" in result.output and "(signed)" in result.output
     header = next(line for line in result.output.splitlines() if "size KiB" in line)
-    assert "drop (points)  held-out drop  verdict" in header
+    assert "drop (points)  held-out drop  accuracy on  host-board diff  verdict" in header
     assert "on 315 selection samples" in result.output and "135 samples nothing was chosen on" in result.output
     verified = runner.invoke(cli, ["verify", str(tmp_path / "o" / "bundle"), "--pub", str(tmp_path / "keys" / "edgesdk.pub")])
     assert verified.exit_code == 0 and "signed by" in verified.output
@@ -254,6 +254,9 @@ def test_cli_convert_json(tmp_path, digits_onnx, digits):
     assert (data["holdout"]["selection_samples"], data["holdout"]["holdout_samples"]) == (70, 30)
     assert data["calibration"]["samples"] == 70
     assert all(isinstance(v["holdout_drop"], float) for v in data["variants"])
+    # Emulation is off in these tests: every variant is judged on this host's outputs, none on a board's.
+    assert {(v["accuracy_basis"], v["board_drop"], v["host_board_difference"]) for v in data["variants"]} == {
+        ("this host", None, None)}
     again = CliRunner().invoke(cli, ["convert", str(digits_onnx), "--profile", "jetson-orin-nano", "--eval",
                                      str(tmp_path / "eval.npy"), "--out", str(tmp_path / "o2"), "--json",
                                      "--holdout", "0"])
