@@ -53,6 +53,7 @@ class _Layer:
     zero: np.ndarray  # same shape as scale
     qrange: tuple[int, int]
     source: str  # the layer's float input in the FP32 model
+    quantized: str  # the same input as the QDQ model's layer reads it
     act: tuple[float, int, int, int] | None  # the input's QDQ scale, zero point, qmin, qmax
     conv: tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int], tuple[int, int]] | None
     layout: tuple[
@@ -183,6 +184,7 @@ def _layer(
         _per_row(zero.astype(np.float64), shape),
         _qrange(q.dtype),
         source[0],
+        node.input[0],
         source[1],
         conv,
         (node.op_type, tuple(w.shape), transposed),
@@ -203,29 +205,35 @@ def _fake_quant(x: np.ndarray, act: tuple[float, int, int, int] | None) -> np.nd
     ).astype(x.dtype)
 
 
-def _rows(layer: _Layer, x: np.ndarray, rng: np.random.Generator, limit: int) -> np.ndarray:
-    """At most ``limit`` random rows of the layer's input as a product's left side.
+def _rows(
+    layer: _Layer, arrays: list[np.ndarray], rng: np.random.Generator, limit: int
+) -> list[np.ndarray]:
+    """The same ``limit`` random rows of each of the layer's input arrays, as ``[groups, rows, d]``.
 
-    Shape ``[groups, rows, d]``.
+    Each row is what one output position multiplies: a Conv's patch (im2col), a Gemm's row.
     """
     groups, _, d = layer.fp32.shape
+    x = arrays[0]
     if layer.conv is None:
-        flat = x.reshape(-1, x.shape[-1])
-        picked = flat[rng.choice(len(flat), min(limit, len(flat)), replace=False)]
-        return picked[None].astype(np.float32)
+        total = x.size // x.shape[-1]
+        pick = rng.choice(total, min(limit, total), replace=False)
+        return [a.reshape(-1, a.shape[-1])[pick][None].astype(np.float32) for a in arrays]
     strides, dilations, pads, kernel = layer.conv
-    padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     span = tuple((k - 1) * r + 1 for k, r in zip(kernel, dilations))
-    windows = np.lib.stride_tricks.sliding_window_view(padded, span, axis=(2, 3))
-    windows = windows[..., :: dilations[0], :: dilations[1]]
-    out_h = (padded.shape[2] - span[0]) // strides[0] + 1
-    out_w = (padded.shape[3] - span[1]) // strides[1] + 1
+    out_h = (x.shape[2] + pads[0] + pads[2] - span[0]) // strides[0] + 1
+    out_w = (x.shape[3] + pads[1] + pads[3] - span[1]) // strides[1] + 1
     total = x.shape[0] * out_h * out_w
     pick = rng.choice(total, min(limit, total), replace=False)
     n, rest = np.divmod(pick, out_h * out_w)
     oh, ow = np.divmod(rest, out_w)
-    patches = windows[n, :, oh * strides[0], ow * strides[1]]  # [rows, channels, kh, kw]
-    return patches.reshape(len(pick), groups, d).transpose(1, 0, 2).astype(np.float32)
+    rows = []
+    for a in arrays:
+        padded = np.pad(a, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, span, axis=(2, 3))
+        windows = windows[..., :: dilations[0], :: dilations[1]]
+        patches = windows[n, :, oh * strides[0], ow * strides[1]]  # [rows, channels, kh, kw]
+        rows.append(patches.reshape(len(pick), groups, d).transpose(1, 0, 2).astype(np.float32))
+    return rows
 
 
 class _Moments:
@@ -238,8 +246,10 @@ class _Moments:
         self.energy = np.zeros((groups, out))
         self.rows = 0
 
-    def add(self, layer: _Layer, x: np.ndarray) -> None:
-        quantized = _fake_quant(x, layer.act)  # float32 products, float64 sums
+    def add(self, layer: _Layer, x: np.ndarray, quantized: np.ndarray | None = None) -> None:
+        """Fold rows of FP32's input ``x`` in; ``quantized``: the QDQ model's (else ``x`` rounded)."""
+        if quantized is None:
+            quantized = _fake_quant(x, layer.act)  # float32 products, float64 sums
         target = x @ layer.fp32.transpose(0, 2, 1).astype(np.float32)  # [groups, rows, out]
         self.gram += quantized.transpose(0, 2, 1) @ quantized
         self.cross += target.transpose(0, 2, 1) @ quantized
@@ -305,34 +315,43 @@ def _optimise(
     return np.clip(floor.astype(np.float64) + (_rectified(v)[0] >= 0.5), low, high)
 
 
+def _session(model: onnx.ModelProto, outputs: list[str]) -> Any:
+    """An ONNX Runtime CPU session of ``model`` answering ``outputs`` (basic optimisations only)."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in outputs)
+    options = ort.SessionOptions()
+    # Basic level only: the outputs keep their names, and a QDQ model runs as DQ -> float op -> Q.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(
+        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
 def _collect(
     fp32: onnx.ModelProto,
     layers: list[_Layer],
     calibration: Mapping[str, np.ndarray],
-    samples: int,
-    seed: int,
-    deadline: float,
+    plan: tuple[int, int, float],
+    qdq: onnx.ModelProto | None = None,
 ) -> tuple[dict[str, _Moments], int]:
     """Run the FP32 model on the calibration samples in batches; fold layer inputs into moments.
 
-    Batches stop at ``deadline`` (a ``time.perf_counter()`` value) once one has run: fewer
-    samples, not
-    an overrun of the budget. Returns the moments and the number of samples they hold.
+    ``plan`` is (samples, seed, deadline): batches stop at the deadline (a ``perf_counter()``
+    value) once one has run, fewer samples rather than an overrun of the budget. With ``qdq``,
+    each layer's quantized input is the QDQ model's own (upstream rounding included), else
+    FP32's input rounded with its QDQ scale. Returns the moments and the samples they hold.
     """
-    import onnxruntime as ort
-
     from edgesdk.converters.quantization.calibrate import batches, model_batch_size
 
+    samples, seed, deadline = plan
     sources = list(dict.fromkeys(layer.source for layer in layers))
-    model = onnx.ModelProto()
-    model.CopyFrom(fp32)
-    del model.graph.output[:]
-    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(s) for s in sources)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = _session(fp32, sources)
+    quantized = list(dict.fromkeys(layer.quantized for layer in layers))
+    qdq_session = _session(qdq, quantized) if qdq is not None else None
     n = min(samples, len(next(iter(calibration.values()))))
     batch = model_batch_size(fp32) or 4
     n -= n % batch if n >= batch else 0
@@ -343,8 +362,10 @@ def _collect(
     for chunk in batches(calibration, batch, n):
         used += len(next(iter(chunk.values())))
         values = dict(zip(sources, session.run(sources, chunk)))
+        seen = dict(zip(quantized, qdq_session.run(quantized, chunk))) if qdq_session else {}
         for layer in layers:
-            moments[layer.node].add(layer, _rows(layer, values[layer.source], rng, per_batch))
+            arrays = [values[layer.source], *([seen[layer.quantized]] if seen else [])]
+            moments[layer.node].add(layer, *_rows(layer, arrays, rng, per_batch))
         if time.perf_counter() > deadline:
             break
     return moments, used
@@ -417,6 +438,7 @@ def adaround(
     steps: int = 300,
     samples: int = 32,
     seed: int = 0,
+    quantized_inputs: bool = False,
 ) -> MethodResult:
     """Re-round the int8 weights of ``qdq`` (ONNX Runtime's static QDQ of ``fp32``) adaptively.
 
@@ -424,7 +446,9 @@ def adaround(
     cheapest first while ``time_budget_s`` lasts (the input pass counts against it); a layer
     whose adaptive rounding does not lower its output error on the calibration rows keeps
     nearest rounding.
-    ``changed`` is the number of layers whose weights were rewritten.
+    ``changed`` is the number of layers whose weights were rewritten. ``quantized_inputs``
+    feeds each layer the QDQ model's own input (so its rounding also makes up for the rounding
+    upstream) instead of FP32's input rounded with its QDQ scale; the target is FP32's output.
     """
     if time_budget_s < 0 or steps < 1 or samples < 1:
         raise ConversionError(
@@ -453,14 +477,19 @@ def adaround(
     # The inputs may take half the budget (the plan costs their pass only in its products).
     deadline = started + time_budget_s / 2
     moments, used = (
-        _collect(fp32, planned, calibration, samples, seed, deadline) if planned else ({}, 0)
+        _collect(
+            fp32, planned, calibration, (samples, seed, deadline), qdq if quantized_inputs else None
+        )
+        if planned
+        else ({}, 0)
     )
     collected = time.perf_counter() - started
     tried, gains = _round(out, planned, moments, steps, rate, started + time_budget_s)
     changed = len(gains)
     median = f", median output error {np.median(gains):.0%} of nearest's" if gains else ""
     note = (
-        f"AdaRound ({steps} Adam steps, budget {time_budget_s:g} s): {changed} of "
+        f"AdaRound ({steps} Adam steps, {'QDQ' if quantized_inputs else 'FP32'} inputs, "
+        f"budget {time_budget_s:g} s): {changed} of "
         f"{len(layers)} layer(s) rounded adaptively{median}; {tried - changed} tried without gain, "
         f"{len(layers) - tried} kept nearest for lack of time "
         f"(inputs of {used} sample(s) in {collected:.1f} s)"

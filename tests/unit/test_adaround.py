@@ -176,3 +176,17 @@ def test_a_negative_budget_is_refused_naming_it(models):
     fp32, qdq = models
     with pytest.raises(ConversionError, match="time_budget_s must be >= 0.*-1"):
         adaround(qdq, fp32, {"x": _images(8, 1)}, time_budget_s=-1)
+
+
+def test_with_the_qdq_models_own_inputs_layers_are_re_rounded_and_the_note_says_which(models):
+    fp32, qdq = models
+    result = adaround(qdq, fp32, {"x": _images(16, 1)}, time_budget_s=600, quantized_inputs=True)
+    assert result.changed >= 1
+    assert "QDQ inputs" in result.note
+    assert (
+        sum(
+            not np.array_equal(a, b)
+            for a, b in zip(_weights(qdq).values(), _weights(result.model).values())
+        )
+        == result.changed
+    )
