@@ -17,8 +17,11 @@ calibration samples and subtracts it from the bias; so does this module:
    scale ``s_input * s_weight``: the int32 values are shifted (that scale is fine enough that
    rounding the correction costs nothing).
 
-Weight error only: the error the layer's quantized *input* brings is left to the next layers'
-corrections and to the mixed search. Layers without a bias are not given one.
+Weight error only: the error the layer's quantized *input* brings is left to the mixed search.
+:func:`empirical_bias_correction` takes that too (Nagel et al.'s empirical variant): the mean of
+each layer's output in the QDQ model itself (quantized inputs and weights) minus FP32's, taken
+out of the bias; as a correction upstream changes what a layer downstream sees, it is measured
+again after each pass (a few passes). Layers without a bias are not given one.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -35,7 +39,7 @@ from edgesdk.converters.quantization.calibrate import batches, model_batch_size
 from edgesdk.converters.quantization.methods import MethodResult
 from edgesdk.errors import ConversionError
 
-__all__ = ["bias_correction"]
+__all__ = ["bias_correction", "empirical_bias_correction"]
 
 _LAYERS = ("Conv", "Gemm")
 #: Calibration samples the mean error is taken over.
@@ -200,3 +204,102 @@ def _shift(layer: _Layer, error: np.ndarray) -> bool:
         return False
     layer.bias.CopyFrom(numpy_helper.from_array(new, layer.bias.name))
     return True
+
+
+def empirical_bias_correction(qdq: onnx.ModelProto, fp32: onnx.ModelProto, calibration: Mapping[str, np.ndarray],
+                              max_samples: int = 32) -> MethodResult:
+    """A copy of ``qdq`` whose Conv/Gemm biases take out the mean output error of the QDQ model up to them.
+
+    Layer by layer in graph order (a correction upstream changes what a layer downstream sees):
+    the QDQ model, with the corrections so far, runs to the layer on the samples, and its mean
+    output per channel minus FP32's comes out of its bias.
+    """
+    started = time.perf_counter()
+    out = onnx.ModelProto()
+    out.CopyFrom(qdq)
+    layers = _layers(out, fp32)
+    if not layers:
+        return MethodResult(out, 0, "empirical bias correction: no quantized Conv/Gemm with a bias",
+                            time.perf_counter() - started)
+    float_outputs = {n.name: n.output[0] for n in fp32.graph.node}
+    reference = _channel_means(fp32, [float_outputs[x.name] for x in layers], calibration, max_samples)
+    probe = _ProbeWithBiases(out, layers)
+    chunks = probe.chunks(calibration, max_samples)
+    changed = 0
+    for layer, ref in zip(layers, reference):
+        current = probe.mean(layer, chunks)
+        if _shift(layer, current - ref):
+            changed += 1
+    used = sum(len(next(iter(c.values()))) for c in chunks)
+    return MethodResult(out, changed, f"empirical bias correction: {changed} of {len(layers)} quantized Conv/Gemm "
+                        f"biases shifted, layer by layer, by the QDQ model's mean output error on {used} "
+                        "calibration samples", time.perf_counter() - started)
+
+
+def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
+    """A session with ``tensors`` as its outputs, no fusion: each layer's float output stays a tensor."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    for name in tensors:
+        probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _chunks(model: onnx.ModelProto, calibration: Mapping[str, np.ndarray],
+            max_samples: int) -> list[dict[str, np.ndarray]]:
+    fixed = model_batch_size(model)
+    total = min(max_samples, len(next(iter(calibration.values()))))
+    if fixed is not None:
+        total = max(total - total % fixed, fixed)
+    return list(batches(calibration, fixed or 8, total))
+
+
+def _means(session: Any, tensors: list[str], chunks: list[dict[str, np.ndarray]],
+           extra: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Per tensor, its mean per channel (axis 1) over samples and positions."""
+    sums = [np.zeros(0)] * len(tensors)
+    seen = 0
+    for chunk in chunks:
+        size = len(next(iter(chunk.values())))
+        for k, value in enumerate(session.run(tensors, {**chunk, **(extra or {})})):
+            axes = tuple(i for i in range(value.ndim) if i != 1)
+            mean = value.astype(np.float64).mean(axis=axes) * size
+            sums[k] = mean if seen == 0 else sums[k] + mean
+        seen += size
+    return [s / max(seen, 1) for s in sums]
+
+
+def _channel_means(model: onnx.ModelProto, tensors: list[str], calibration: Mapping[str, np.ndarray],
+                   max_samples: int) -> list[np.ndarray]:
+    return _means(_session(model, tensors), tensors, _chunks(model, calibration, max_samples))
+
+
+class _ProbeWithBiases:
+    """The QDQ model once in a session, its layers' biases fed as inputs so corrections need no new session."""
+
+    def __init__(self, model: onnx.ModelProto, layers: list[_Layer]) -> None:
+        self.model, self.layers = model, layers
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        fed = {layer.bias.name for layer in layers}
+        kept = [i for i in probe.graph.initializer if i.name not in fed]
+        del probe.graph.initializer[:]
+        probe.graph.initializer.extend(kept)
+        for layer in layers:
+            probe.graph.input.append(helper.make_tensor_value_info(layer.bias.name, layer.bias.data_type,
+                                                                   list(layer.bias.dims)))
+        self.outputs = {n.name: n.output[0] for n in model.graph.node}
+        self.session = _session(probe, [self.outputs[x.name] for x in layers])
+
+    def chunks(self, calibration: Mapping[str, np.ndarray], max_samples: int) -> list[dict[str, np.ndarray]]:
+        return _chunks(self.model, calibration, max_samples)
+
+    def mean(self, layer: _Layer, chunks: list[dict[str, np.ndarray]]) -> np.ndarray:
+        """The layer's mean output per channel with every bias as it is now."""
+        biases = {x.bias.name: numpy_helper.to_array(x.bias) for x in self.layers}
+        return _means(self.session, [self.outputs[layer.name]], chunks, biases)[0]

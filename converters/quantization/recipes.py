@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 #: Wall seconds adaptive rounding may spend on one model.
 ADAROUND_BUDGET_S = 300.0
 _PRE = ("cle", "smoothquant")
-_POST = ("bias_correction", "adaround")
+_POST = ("bias_correction", "empirical_bias_correction", "adaround")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ class Recipe:
     name: str
     #: Rewrites of the FP32 model before calibration, in order: "cle", "smoothquant".
     pre: tuple[str, ...] = ()
-    #: Edits of the QDQ model after quantization, in order: "bias_correction", "adaround".
+    #: Edits of the QDQ model after quantization, in order: "bias_correction", "empirical_bias_correction",
+    #: "adaround".
     post: tuple[str, ...] = ()
     #: Graph-fix strategy for known traps (:data:`.graph_fixes.STRATEGIES`), or None for none.
     fixes: str | None = "concat"
@@ -76,6 +77,7 @@ RECIPES = (
     Recipe("fix"),
     Recipe("fix-head", fixes="head"),
     Recipe("bc", post=("bias_correction",)),
+    Recipe("ebc", post=("empirical_bias_correction",)),
     Recipe("cle-bc", pre=("cle",), post=("bias_correction",)),
     Recipe("sq-bc", pre=("smoothquant",), post=("bias_correction",)),
     Recipe("cle-ada", pre=("cle",), post=("adaround",)),
@@ -234,7 +236,7 @@ def _pre_method(name: str) -> Callable[[onnx.ModelProto, Mapping[str, np.ndarray
 
 def _post_method(name: str, budget_s: float) -> Callable[[onnx.ModelProto, onnx.ModelProto,
                                                            Mapping[str, np.ndarray]], MethodResult]:
-    if name == "bias_correction":
-        return _module("bias_correction").bias_correction  # type: ignore[no-any-return]
+    if name in ("bias_correction", "empirical_bias_correction"):
+        return getattr(_module("bias_correction"), name)  # type: ignore[no-any-return]
     adaround = _module("adaround").adaround
     return lambda qdq, fp32, calibration: adaround(qdq, fp32, calibration, budget_s)

@@ -93,3 +93,34 @@ def test_a_layer_without_bias_is_left_alone():
     result = bias_correction(qdq, fp32, {"x": RNG.uniform(0, 1, (8, 4, 8, 8)).astype(np.float32)})
     assert result.changed == 1 and "1 of 1" in result.note  # only the gemm has a bias
     assert not any(n.op_type == "Conv" and len(n.input) > 2 for n in result.model.graph.node)
+
+
+def _with_input_qdq(qdq: onnx.ModelProto, step: float) -> onnx.ModelProto:
+    """``qdq`` with the conv's input quantized (uint8, scale ``step``) as ONNX Runtime's quantizer writes it."""
+    model = onnx.ModelProto.FromString(qdq.SerializeToString())
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(step, np.float32), "x_s"),
+                                    numpy_helper.from_array(np.array(0, np.uint8), "x_z")])
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    conv.input[0] = "x_dq"
+    model.graph.node.insert(0, helper.make_node("DequantizeLinear", ["x_q", "x_s", "x_z"], ["x_dq"], name="dq_x"))
+    model.graph.node.insert(0, helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["x_q"], name="q_x"))
+    return model
+
+
+def test_empirical_correction_also_takes_out_the_error_of_quantized_inputs():
+    from edgesdk.converters.quantization.bias_correction import empirical_bias_correction
+
+    step = 0.1
+    qdq, fp32 = _models()
+    qdq = _with_input_qdq(qdq, step)
+
+    def inputs(n: int) -> np.ndarray:  # every input 0.4 of a step above a level: rounding always moves it down
+        return ((RNG.integers(0, 10, (n, 4, 8, 8)) + 0.4) * step).astype(np.float32)
+
+    calibration, held_out = {"x": inputs(32)}, inputs(16)
+    before = np.abs(_mean_error(qdq, fp32, held_out, "c"))
+    weights_only = np.abs(_mean_error(bias_correction(qdq, fp32, calibration).model, fp32, held_out, "c"))
+    result = empirical_bias_correction(qdq, fp32, calibration)
+    after = np.abs(_mean_error(result.model, fp32, held_out, "c"))
+    assert after.max() < before.min() / 10 and after.mean() < weights_only.mean() / 10
+    assert result.changed == 2 and "empirical bias correction: 2 of 2" in result.note
