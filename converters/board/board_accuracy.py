@@ -34,6 +34,9 @@ reported, never a veto.
 the board's reason. When FP32 itself fails on the board there is no board reference: FP32 is
 rejected and every variant keeps this host's accuracy, with a note. An emulator that stops working
 (not a variant's failure) leaves every variant on this host's accuracy.
+
+Without emulation every variant keeps this host's accuracy, except those a fleet device measured
+(``convert(measure_on=...)``): their outputs are that device's, and their basis says so.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import numpy as np
 
 from edgesdk.converters.board.board_outputs import MAX_SAMPLES, board_outputs
 from edgesdk.converters.board.conversion_costs import ConversionCosts
+from edgesdk.converters.board.emulate import Emulator
 from edgesdk.converters.planning.data import EvaluationSplit
 from edgesdk.converters.planning.metrics import Metric
 from edgesdk.converters.planning.planner import Candidate
@@ -101,38 +105,20 @@ def judge_on_board(
     data: BoardEvaluation,
     notify: Callable[[str, int, int], None],
 ) -> list[Candidate]:
-    """``candidates`` with their board accuracy (module doc); unchanged when not emulating."""
+    """``candidates`` with their board accuracy (module doc); unchanged when not emulating, but for
+    variants a fleet device measured (``measure_on``), whose basis names that device."""
     fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
     cost = costs.costs.get("onnx-fp32")
     if costs.emulator is None or fp32 is None or cost is None:
-        return list(candidates)
-    cpu, board = cost.counts[0].cpu, costs.board.name
-    selection, holdout = board_rows(data.split, data.max_samples)
-    rows = np.concatenate([selection, holdout])
-    inputs = {k: v[rows] for k, v in data.evaluation.items()}
-    basis = f"board (emulated {cpu}, {len(rows)} samples)"
-
-    def run(c: Candidate) -> np.ndarray:
-        assert costs.emulator is not None
-        return board_outputs(
-            costs.emulator,
-            c.path,
-            inputs,
-            cpu,
-            max_samples=len(rows),
-            progress=lambda d, t: notify(f"accuracy on the board: {c.name} {d}/{t} samples", d, t),
-        ).outputs
-
+        return [_measured_on(c) for c in candidates]
+    board = _Board(costs.emulator, cost.counts[0].cpu, costs.board.name, data, notify)
     judged = list(candidates)
     try:
-        reference = run(fp32)
+        reference = board.run(fp32)
     except BoardRuntimeError as exc:
-        note = (
-            f"accuracy from this host: FP32 fails on {board}'s runtime, so there is no board "
-            "reference"
-        )
+        note = f"accuracy from this host: FP32 fails on {board.name}'s runtime (no board reference)"
         return [
-            replace(c, rejected=(*c.rejected, f"fails on {board}'s own runtime: {exc}"))
+            replace(c, rejected=(*c.rejected, f"fails on {board.name}'s own runtime: {exc}"))
             if c is fp32
             else replace(c, notes=(*c.notes, note))
             for c in judged
@@ -140,36 +126,72 @@ def judge_on_board(
     except EmulatorError as exc:
         log.warning("accuracy judged on this host's outputs: the board emulator failed (%s)", exc)
         return judged
-    score = _Scorer(data, reference, len(selection), rows)
+    score = _Scorer(data, reference, len(board.selection), board.rows)
     runnable = _runnable(judged, costs, data)
     for i, c in enumerate(judged):
         if c.accelerator is not None:
             continue
         if c is fp32:
-            judged[i] = score.judged(c, reference, basis)
-            continue
-        if c.name not in runnable:
-            if c.name in costs.costs and not c.rejected:
-                judged[i] = replace(c, notes=(*c.notes, _not_run(c, data, runnable)))
-            continue
+            judged[i] = score.judged(c, reference, board.basis)
+        elif c.name in runnable:
+            judged[i] = board.judge(c, score)
+        elif c.name in costs.costs and not c.rejected:
+            judged[i] = replace(c, notes=(*c.notes, _not_run(c, data, runnable)))
+    return judged
+
+
+def _measured_on(c: Candidate) -> Candidate:
+    where = c.measurement.measured_on
+    return c if where == "this host" else replace(c, accuracy_basis=f"measured on {where}")
+
+
+class _Board:
+    """The rows run on the board, and one variant's run there."""
+
+    def __init__(
+        self,
+        emulator: Emulator,
+        cpu: str,
+        name: str,
+        data: BoardEvaluation,
+        notify: Callable[[str, int, int], None],
+    ) -> None:
+        self.emulator, self.cpu, self.name, self.notify = emulator, cpu, name, notify
+        self.selection, holdout = board_rows(data.split, data.max_samples)
+        self.rows = np.concatenate([self.selection, holdout])
+        self.inputs = {k: v[self.rows] for k, v in data.evaluation.items()}
+        self.basis = f"board (emulated {cpu}, {len(self.rows)} samples)"
+
+    def run(self, c: Candidate) -> np.ndarray:
+        """``c``'s first output on the rows, by the board's runtime (progress per sample)."""
+
+        def progress(done: int, total: int) -> None:
+            self.notify(f"accuracy on the board: {c.name} {done}/{total} samples", done, total)
+
+        return board_outputs(
+            self.emulator,
+            c.path,
+            self.inputs,
+            self.cpu,
+            max_samples=len(self.rows),
+            progress=progress,
+        ).outputs
+
+    def judge(self, c: Candidate, score: _Scorer) -> Candidate:
+        """``c`` with its board drops, or rejected with the board's reason."""
         try:
-            outputs = run(c)
+            outputs = self.run(c)
         except BoardRuntimeError as exc:
-            judged[i] = replace(
-                c,
-                rejected=(*c.rejected, f"fails on {board}'s own runtime: {exc}"),
-                accuracy_basis=basis,
-            )
-            continue
+            reason = f"fails on {self.name}'s own runtime: {exc}"
+            return replace(c, rejected=(*c.rejected, reason), accuracy_basis=self.basis)
         except EmulatorError as exc:
             log.warning(
                 "%s: accuracy judged on this host's outputs, the board emulator failed (%s)",
                 c.name,
                 exc,
             )
-            continue
-        judged[i] = score.judged(c, outputs, basis)
-    return judged
+            return c
+        return score.judged(c, outputs, self.basis)
 
 
 def _runnable(
