@@ -30,6 +30,7 @@ search (:func:`.search.search_path`) measures some of them on the evaluation sam
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from edgesdk.converters.quantization.qdq import Block, QdqGraph, units
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Step", "AddedErrorPath", "added_error_path", "BLOCK_OVERHEAD", "BUDGET_S"]
 
@@ -250,6 +253,7 @@ class _Greedy:
         self.floated.extend(added)
         self.prefixes.append(tuple(self.floated))
         self.now = level
+        log.info("mixed precision, step %d: %s", len(self.steps), self.steps[-1].why())
 
 
 def _pick(options: Sequence[_Option], greedy: _Greedy, recheck: int) -> _Option | None:
