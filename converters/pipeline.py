@@ -150,15 +150,16 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
 
     def measure(label: str, path: Path, fmt: str, precision: str, cfg: Mapping[str, Any] | None,
                 notes: tuple[str, ...] = ()) -> Measurement:
+        if costs.active and read_model(path).sha256 not in figures:
+            # counted while this host measures it and the next steps run; waited for to choose
+            notify(f"counting {label} on the board's emulated cores", len(measured), len(measured) + 1)
+            costs.submit(label, path)
         notify(f"measuring {label}", len(measured), len(measured) + 1)
         m = measure_variant(path, board, mode, threads, evaluation)
         if target.measure_on is not None:
             notify(f"measuring {label} on the board", len(measured), len(measured) + 1)
             m = _on_board(m, target.measure_on(path, evaluation), outputs)
             figures[m.sha256] = m.latency_p50_ms
-        elif costs.active and m.sha256 not in figures:  # counted alongside the next steps; waited for to choose
-            notify(f"counting {label} on the board's emulated cores", len(measured), len(measured) + 1)
-            costs.submit(label, path)
         measured[label] = (path, fmt, precision, m, cfg, notes)
         return m
 
