@@ -32,7 +32,7 @@ import numpy as np
 from edgesdk.converters.arguments import check_out_dir
 from edgesdk.converters.board.accelerator_plan import accelerator_candidates
 from edgesdk.converters.board.board_accuracy import BoardEvaluation, judge_on_board
-from edgesdk.converters.board.board_latency import target_point
+from edgesdk.converters.board.board_latency import latency_band, target_point
 from edgesdk.converters.board.conversion_costs import ConversionCosts
 from edgesdk.converters.board.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.board.power import PowerBudget
@@ -473,8 +473,11 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
     measured = {
         "host": {"latency_p50_ms": m.latency_p50_ms, "latency_p95_ms": m.latency_p95_ms, "load_ms": m.load_ms,
                  "peak_memory_mb": m.model_memory_mb, "threads": m.threads, "backend": m.backend},
+        # basis_label and band: where the latency comes from and how far the held-out calibration says it may be off
+        # (band None: unvalidated), as in the convert table.
         "board": {"latency_ms": chosen.estimate.latency_ms, "energy_mj": chosen.estimate.energy_mj,
-                  "basis": chosen.estimate.basis, "runs_on": chosen.runs_on},
+                  "basis": chosen.estimate.basis, "runs_on": chosen.runs_on,
+                  **_band(request.target.board.name, chosen.estimate.basis)},
         # Where it is planned to run and its power there (the target point, or the one a power budget chose).
         "power": {**(chosen.power.to_dict() if chosen.power else {}), "budget": plan.budget.to_dict()},
         "size_bytes": m.size_bytes,
@@ -508,6 +511,11 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
 def _tolerance(precision: str) -> float:
     """The health check's tolerance (absolute and relative): what this host's kernels and the board's may differ by."""
     return 1e-2 if precision in ("fp32", "fp16", "as-given") else 5e-2
+
+
+def _band(board: str, basis: str) -> dict[str, Any]:
+    band = latency_band(board, basis)
+    return {"basis_label": band.label, "band": band.relative}
 
 
 def _runtime_mode(plan: PlanResult, board: DeviceProfile, mode: str) -> tuple[str, int | None]:

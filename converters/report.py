@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from edgesdk.converters.board.board_latency import latency_band
 from edgesdk.converters.board.emulate import InstructionCount
 from edgesdk.converters.planning.data import EvaluationSplit
 from edgesdk.converters.planning.planner import PlanResult
@@ -47,7 +48,10 @@ class ConversionReport:
         ``accuracy_basis`` says whose outputs judge a variant: ``this host`` or ``board (emulated cortex-a76, 64
         samples)``, with ``board_drop``/``board_holdout_drop`` (vs FP32 on the same board) and
         ``host_board_difference`` (largest difference of its board outputs from this host's; None when not run).
-        ``board_latency_ms``/``energy_mj`` are at the asked mode's point; ``power`` has each
+        ``board_latency_ms``/``energy_mj`` are at the asked mode's point; ``board_basis`` labels where the
+        latency comes from (``measured``, ``emulated``, ``scaled``, ``roofline``) and ``board_band`` is the relative
+        band the calibration's held-out half supports for it on this board (0.3: +/-30%; None: unvalidated,
+        ``board_band_text`` says so); ``power`` has each
         variant's planned point (power mode, threads, accelerator), its energy per inference and average
         power with their bases; ``runs_on`` is ``cpu`` or the accelerator and engine (``ampere-gpu TensorRT
         fp16``); ``planned`` is where the bundle runs it.
@@ -69,6 +73,9 @@ class ConversionReport:
                 "host_board_difference": _rounded(c.host_board_difference, 6),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
                 "estimate_basis": c.estimate.basis, "emulated": [_count_row(n) for n in c.estimate.counts],
+                # The label of that basis and the band the calibration's held-out half supports for it on this board
+                # (None: unvalidated), so that a reader knows how far the figure may be from the board's own.
+                **_band_fields(self.profile, c.estimate.basis),
                 # Where the planner would run it (the target point, or under a power budget the best that fits).
                 "power": None if c.power is None else c.power.to_dict(),
                 "rejected": list(c.rejected), "notes": list(c.notes),
@@ -88,6 +95,11 @@ class ConversionReport:
                 "search": None if self.search is None else self.search.to_dict(),
                 "holdout": None if self.holdout is None else self.holdout.to_dict(),
                 "board_estimates": self.board_estimates}
+
+
+def _band_fields(profile: str, basis: str) -> dict[str, Any]:
+    band = latency_band(profile, basis)
+    return {"board_basis": band.label, "board_band": band.relative, "board_band_text": band.text}
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:

@@ -15,11 +15,12 @@ The sources, best first (:class:`LatencyModel`; every figure carries its ``basis
    (:mod:`.emulate`), turned into milliseconds at each core's clock in that mode;
 3. ``estimated``: this host's measured latency scaled by ``perf(host) / perf(board point)``::
 
-       perf = (1 + 0.7 * (threads - 1)) * mean clock (MHz) * mean ipc(core)
+       perf = (1 + e * (threads - 1)) * mean clock (MHz) * mean ipc(core)
 
    ``ipc`` is a per-microarchitecture relative throughput (Cortex-A76 = 1.0; :data:`IPC`,
-   from published per-clock benchmark ratios), and 0.7 the assumed parallel efficiency of
-   each extra thread. It keeps this host's order of the variants on every board, which is
+   from published per-clock benchmark ratios), and ``e`` the busy clusters' thread efficiency
+   (the profile's ``parallel_efficiency``, fitted per board from published 1- and 4-thread runs;
+   else :data:`PARALLEL_EFFICIENCY`). It keeps this host's order of the variants on every board, which is
    wrong where the ISAs differ; emulation exists for that.
 
 An accelerator engine (TensorRT or CUDA on a Jetson's GPU, :mod:`.accelerator_plan`) has its

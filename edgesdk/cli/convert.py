@@ -137,19 +137,22 @@ def _board_figures(paths: tuple[str, ...]) -> tuple[dict[str, float], dict[str, 
 
 
 def _table(report: dict[str, Any]) -> str:
-    header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "runs on (power mode)", "board ms", "mJ", "avg W",
+    from edgesdk.converters.board.board_latency import latency_band
+
+    header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "runs on (power mode)", "board latency", "basis",
+              "mJ", "avg W",
               "int8/DQ-float", f"drop ({report['metric_unit']})", "held-out drop", "accuracy on", "host-board diff",
               "verdict")
     rows = [header]
     for v in report["variants"]:
         verdict = "CHOSEN" if v["chosen"] else ("; ".join(v["rejected"]) or "fits (not chosen)")
         p = v["power"]
-        basis = "" if p["basis"] == "measured on board" else "~"
+        band = latency_band(report["profile"], p["basis"])
         energy = "" if p["energy_basis"].startswith("measured on board") else "~"
         rows.append(("*" if v["chosen"] else "", v["name"], f"{v['size_bytes'] / 1024:.1f}",
                      f"{v['peak_memory_mb']:.1f}", f"{v['latency_p50_ms']:.3f}/{v['latency_p95_ms']:.3f}",
                      _runs_on(v),
-                     f"{basis}{p['latency_ms']:.3f}", f"{energy}{p['energy_mj']:.2f}",
+                     band.describe(p["latency_ms"]), band.label, f"{energy}{p['energy_mj']:.2f}",
                      "-" if p["avg_watts"] is None else f"{energy}{p['avg_watts']:.2f}", _fused(v),
                      *_accuracy(v), verdict))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
@@ -166,6 +169,21 @@ def _accuracy(row: dict[str, Any]) -> tuple[str, str, str, str]:
     difference = row.get("host_board_difference")
     return (f"{drop:.3f}", "-" if held is None else f"{held:.3f}", row.get("accuracy_basis", "this host"),
             "-" if difference is None else f"{difference:.3g}")
+
+
+def _basis_lines(report: dict[str, Any]) -> str:
+    """What each basis label in the table means, and what its band is."""
+    from edgesdk.converters.board.board_latency import BASIS_LABELS, latency_band
+
+    labels = sorted({latency_band(report["profile"], v["power"]["basis"]).label for v in report["variants"]})
+    lines = [f"basis {label}: {BASIS_LABELS[label]}" for label in labels]
+    lines.append("board latency +/-N% = the 90th percentile of that basis's error on this board against published "
+                 "figures held out of its calibration (benchmarks/converter/calibration.py); unvalidated = nothing "
+                 "checks it; variants within each other's band are ties, settled by accuracy, then size")
+    if report["board_estimates"]:
+        lines.append(f"board figures: {report['board_estimates']}")
+    lines.append("~ on mJ and W = modelled, not measured on the board")
+    return "\n".join(lines)
 
 
 def _runs_on(row: dict[str, Any]) -> str:
@@ -445,7 +463,7 @@ def _convert(model: str, profile: str, mode: str, calibration: str | None, evalu
     click.echo(f"planned for power mode {planned['power_mode']} {engine} (runtime mode "
                f"{planned['runtime_mode']}); mJ = energy per inference above idle, avg W = the board's average power "
                "at the asked rate")
-    click.echo(f"~ = not measured on the board: {data['board_estimates']}")
+    click.echo(_basis_lines(data))
     if any(v["estimate_basis"].startswith("estimated GPU roofline") for v in data["variants"]):
         from edgesdk.converters.board.gpu_estimate import EFFICIENCY, PER_KERNEL_US
 
