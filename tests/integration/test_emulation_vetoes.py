@@ -129,7 +129,7 @@ def _conv(path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow  # a real conversion, as tests/integration/test_convert.py: about 100 s here
+@pytest.mark.slow  # a real conversion, as tests/integration/test_convert.py: 50-110 s here
 def test_convert_rejects_a_crashed_and_a_hung_variant_with_the_boards_reason(tmp_path, monkeypatch):
     """Through convert(): FP16 hangs and INT8 dynamic crashes on the emulated board; both are
     rejected with the board's reason in the report's rows (the CLI table's verdict column), FP32
