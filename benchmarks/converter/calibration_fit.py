@@ -14,7 +14,8 @@ shipped constant (``edgesdk.converters.board.calibration_table``) differs from w
 * **bands** (:func:`bands`): what the validation half then says, per board and core: the 90th percentile
   of ``|estimate / published - 1|`` (the *absolute* band), and of the error of the *ratio* of two
   figures of the same source, core and thread count (the *ratio* band: what a comparison of two
-  variants counted on the same core is off by, their shared CPI error cancelling). The 90th
+  variants counted on the same core is off by, their shared CPI error cancelling; ONNX Runtime pairs
+  only, :func:`_ratio_errors`). The 90th
   percentile, because a band a user reads as "the figure is within this" should hold for nearly
   every figure, while the worst of 3 to 8 figures is one source's quirk; numpy's linear
   interpolation, rounded up to the next 5%, so that no band claims a precision the data lacks.
@@ -167,11 +168,17 @@ def band_of(errors: Iterable[float]) -> float | None:
 
 
 def _ratio_errors(rows: list[dict]) -> list[float]:
-    """Errors of the ratio of two estimates against the ratio of their published figures, over pairs of rows of the
-    same source, core, runtime and thread count (the shared CPI and thread rule cancel)."""
+    """Errors of the ratio of two estimates against the ratio of their published figures, over pairs of ONNX Runtime
+    rows of the same source, core and thread count (the shared CPI and thread rule cancel).
+
+    Only ONNX Runtime's: the planner compares two ONNX Runtime variants, while the ratio of two ncnn figures also
+    carries ncnn's own kernel choices per model (Winograd 3x3 convolutions, FP16 storage on Armv8.2), which the
+    counts of ONNX Runtime's kernels cannot follow; those pairs would measure the runtimes' difference instead."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["source"], r["core"], family(r), r["threads"], r.get("mhz"))].append(r)
+        if family(r) != "onnxruntime":
+            continue
+        groups[(r["source"], r["core"], family(r), r.get("threads", 1), r.get("mhz"), r.get("gpu_mode"))].append(r)
     errors = []
     for members in groups.values():
         for a, b in combinations(sorted(members, key=lambda r: r["id"]), 2):

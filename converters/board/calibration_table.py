@@ -3,10 +3,37 @@
 What :mod:`.calibration_constants` ships; ``tests/unit/test_calibration_constants.py`` redoes the fit.
 """
 
-FIT = {
-    "cpi": {"cortex-a55": 1.31, "cortex-a72": 2.37, "cortex-a76": 0.51},
-    "runtime_factor": {"ncnn": 0.34, "onnxruntime": 1.0},
-    "parallel_efficiency": {"default": 0.39},
-    "bands": {"emulated": {}, "roofline": {}},
-    "ratio_bands": {"emulated": {}},
+from typing import Any
+
+FIT: dict[str, Any] = {
+    "cpi": {
+        "cortex-a55": 0.58,
+        "cortex-a72": 0.73,
+        "cortex-a76": 0.2
+    },
+    "runtime_factor": {
+        "ncnn": 1.0,
+        "onnxruntime": 1.0
+    },
+    "parallel_efficiency": {
+        "raspberry-pi-4/cortex-a72": 0.25,
+        "raspberry-pi-5/cortex-a76": 0.25,
+        "rk3588/cortex-a55": 0.73,
+        "rk3588/cortex-a76": 0.72,
+        "default": 0.4
+    },
+    "bands": {
+        "emulated": {
+            "raspberry-pi-4/cortex-a72": 0.35,
+            "raspberry-pi-5/cortex-a76": 0.6,
+            "rk3588/cortex-a55": 1.0,
+            "rk3588/cortex-a76": 0.45
+        },
+        "roofline": {
+            "jetson-orin-nano/ampere-gpu": 0.2
+        }
+    },
+    "ratio_bands": {
+        "emulated": {}
+    }
 }
