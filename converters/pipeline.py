@@ -473,8 +473,8 @@ def _bundle(plan: PlanResult, out: Path, evaluation: Mapping[str, np.ndarray], s
     measured = {
         "host": {"latency_p50_ms": m.latency_p50_ms, "latency_p95_ms": m.latency_p95_ms, "load_ms": m.load_ms,
                  "peak_memory_mb": m.model_memory_mb, "threads": m.threads, "backend": m.backend},
-        # basis_label and band: where the latency comes from and how far the held-out calibration says it may be off
-        # (band None: unvalidated), as in the convert table.
+        # basis_label and band: where the latency comes from and how far the held-out calibration
+        # says it may be off (band None: unvalidated), as in the convert table.
         "board": {"latency_ms": chosen.estimate.latency_ms, "energy_mj": chosen.estimate.energy_mj,
                   "basis": chosen.estimate.basis, "runs_on": chosen.runs_on,
                   **_band(request.target.board.name, chosen.estimate.basis)},

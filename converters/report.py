@@ -48,10 +48,11 @@ class ConversionReport:
         ``accuracy_basis`` says whose outputs judge a variant: ``this host`` or ``board (emulated cortex-a76, 64
         samples)``, with ``board_drop``/``board_holdout_drop`` (vs FP32 on the same board) and
         ``host_board_difference`` (largest difference of its board outputs from this host's; None when not run).
-        ``board_latency_ms``/``energy_mj`` are at the asked mode's point; ``board_basis`` labels where the
-        latency comes from (``measured``, ``emulated``, ``scaled``, ``roofline``) and ``board_band`` is the relative
-        band the calibration's held-out half supports for it on this board (0.3: +/-30%; None: unvalidated,
-        ``board_band_text`` says so); ``power`` has each
+        ``board_latency_ms``/``energy_mj`` are at the asked mode's point; ``board_basis``
+        labels where the latency comes from (``measured``, ``emulated``, ``scaled``,
+        ``roofline``) and ``board_band`` is the relative band the calibration's held-out half
+        supports for it on this board (0.3: +/-30%; None: unvalidated, ``board_band_text`` says
+        so); ``power`` has each
         variant's planned point (power mode, threads, accelerator), its energy per inference and average
         power with their bases; ``runs_on`` is ``cpu`` or the accelerator and engine (``ampere-gpu TensorRT
         fp16``); ``planned`` is where the bundle runs it.
@@ -73,8 +74,8 @@ class ConversionReport:
                 "host_board_difference": _rounded(c.host_board_difference, 6),
                 "board_latency_ms": round(c.estimate.latency_ms, 4), "energy_mj": round(c.estimate.energy_mj, 4),
                 "estimate_basis": c.estimate.basis, "emulated": [_count_row(n) for n in c.estimate.counts],
-                # The label of that basis and the band the calibration's held-out half supports for it on this board
-                # (None: unvalidated), so that a reader knows how far the figure may be from the board's own.
+                # That basis's label and the band the held-out calibration supports for it on this
+                # board (None: unvalidated): how far the figure may be from the board's own.
                 **_band_fields(self.profile, c.estimate.basis),
                 # Where the planner would run it (the target point, or under a power budget the best that fits).
                 "power": None if c.power is None else c.power.to_dict(),

@@ -19,9 +19,9 @@ The sources, best first (:class:`LatencyModel`; every figure carries its ``basis
 
    ``ipc`` is a per-microarchitecture relative throughput (Cortex-A76 = 1.0; :data:`IPC`,
    from published per-clock benchmark ratios), and ``e`` the busy clusters' thread efficiency
-   (the profile's ``parallel_efficiency``, fitted per board from published 1- and 4-thread runs;
-   else :data:`PARALLEL_EFFICIENCY`). It keeps this host's order of the variants on every board, which is
-   wrong where the ISAs differ; emulation exists for that.
+   (the profile's ``parallel_efficiency``, fitted per board from published 1- and 4-thread
+   runs; else :data:`PARALLEL_EFFICIENCY`). It keeps this host's order of the variants on every
+   board, which is wrong where the ISAs differ; emulation exists for that.
 
 An accelerator engine (TensorRT or CUDA on a Jetson's GPU, :mod:`.accelerator_plan`) has its
 own points, one per power mode (``OperatingPoint.accelerator``), and its own source:
@@ -30,13 +30,14 @@ own points, one per power mode (``OperatingPoint.accelerator``), and its own sou
    a fitted efficiency; a board measurement on the accelerator outranks it, scaled between
    modes by the GPU clock.
 
-**Labels and bands** (:func:`latency_band`). Reports name each figure's source with one of four labels,
-``measured`` (1), ``emulated`` (2), ``scaled`` (3) and ``roofline`` (4), and carry the band the
-calibration's held-out half supports for that label on that board (``12 ms +/-30%``; the numbers and
-how they are made: :mod:`.calibration_constants`): the 90th percentile of the held-out error of
-emulated (per core) and roofline figures; 5% for a board measurement at its own point; and no band
-("unvalidated") where nothing validates the figure: a host timing scaled by clocks and :data:`IPC`,
-a board measurement scaled to another point, a board or core without published figures.
+**Labels and bands** (:func:`latency_band`). Reports name each figure's source with one of four
+labels, ``measured`` (1), ``emulated`` (2), ``scaled`` (3) and ``roofline`` (4), and carry the
+band the calibration's held-out half supports for that label on that board (``12 ms +/-30%``;
+the numbers and how they are made: :mod:`.calibration_constants`): the 90th percentile of the
+held-out error of emulated (per core) and roofline figures; 5% for a board measurement at its own
+point; and no band ("unvalidated") where nothing validates the figure: a host timing scaled by
+clocks and :data:`IPC`, a board measurement scaled to another point, a board or core without
+published figures.
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ def board_cost(emulator: Emulator, model: str | os.PathLike[str], inputs: Mappin
 #: What each label means, for reports and the converting guide.
 BASIS_LABELS = {
     "measured": "measured on the board (--measure-on, --board-figures)",
-    "emulated": "instructions counted on the board's emulated core, x cycles per instruction / clock",
+    "emulated": "instructions counted on the board's emulated core x cycles per instruction / clock",
     "scaled": "this host's timing scaled by clock, IPC and threads (unvalidated)",
     "roofline": "the accelerator's roofline estimate (FLOPs and bytes against data-sheet peaks)",
 }
@@ -294,7 +295,8 @@ BASIS_LABELS = {
 
 @dataclass(frozen=True)
 class Band:
-    """How far a board latency may be from the board's own: its basis label and a relative band (None: unvalidated)."""
+    """How far a board latency may be from the board's own: its basis label and a relative band
+    (None: unvalidated)."""
 
     label: str
     relative: float | None
@@ -305,10 +307,12 @@ class Band:
         return "unvalidated" if self.relative is None else f"+/-{self.relative:.0%}"
 
     def describe(self, ms: float) -> str:
-        """``12 ms +/-30%``: the figure to the digits its band supports (2 significant, 3 under a 10% band)."""
+        """``12 ms +/-30%``: the figure to the digits its band supports (2 significant digits, 3
+        under a 10% band)."""
         digits = 3 if self.relative is not None and self.relative < 0.1 else 2
         rounded = float(f"{ms:.{digits}g}")
-        shown = f"{rounded:.{max(0, digits - 1 - int(np.floor(np.log10(abs(rounded)))))}f}" if rounded else "0"
+        decimals = max(0, digits - 1 - int(np.floor(np.log10(abs(rounded))))) if rounded else 0
+        shown = f"{rounded:.{decimals}f}"
         return f"{shown} ms {self.text}"
 
     def to_dict(self) -> dict[str, object]:
@@ -326,11 +330,14 @@ def basis_label(basis: str) -> str:
 
 
 def _cores(basis: str) -> tuple[str, ...]:
-    return tuple(basis.removeprefix("emulated ").split("+")) if basis.startswith("emulated ") else ()
+    if not basis.startswith("emulated "):
+        return ()
+    return tuple(basis.removeprefix("emulated ").split("+"))
 
 
 def _accelerator_keys(board: str) -> tuple[str, ...]:
-    return tuple(k.split("/", 1)[1] for k in FIT["bands"].get("roofline", {}) if k.startswith(f"{board}/"))
+    keys = FIT["bands"].get("roofline", {})
+    return tuple(k.split("/", 1)[1] for k in keys if k.startswith(f"{board}/"))
 
 
 def latency_band(board: str, basis: str) -> Band:
@@ -346,15 +353,16 @@ def latency_band(board: str, basis: str) -> Band:
 
 
 def comparison_band(board: str, basis_a: str, basis_b: str) -> float | None:
-    """How far apart two figures on ``board`` must be before one is known to be faster (a relative gap), or None
-    when the two bases cannot be compared beyond noise.
+    """How far apart two figures on ``board`` must be before one is known to be faster (a relative
+    gap), or None when the two bases cannot be compared beyond noise.
 
-    Two figures of one basis share its systematic error: two variants counted on the same cores share the
-    CPI, the clock and the thread rule, so their *ratio* is off by far less than either figure
-    (:func:`~edgesdk.converters.board.calibration_constants.ratio_band`, where the held-out half has pairs;
-    else the absolute band, the safe side). Two host timings scaled alike differ by this host's noise; two
-    board measurements at one point by theirs. Figures of different bases are compared by their absolute
-    bands (their intervals overlap or not); an unvalidated one gives None.
+    Two figures of one basis share its systematic error: two variants counted on the same cores
+    share the CPI, the clock and the thread rule, so their *ratio* is off by far less than either
+    figure (:func:`~edgesdk.converters.board.calibration_constants.ratio_band`, where the held-out
+    half has pairs; else the absolute band, the safe side). Two host timings scaled alike differ by
+    this host's noise; two board measurements at one point by theirs. Figures of different bases are
+    compared by their absolute bands (their intervals overlap or not); an unvalidated one gives
+    None.
     """
     a, b = latency_band(board, basis_a), latency_band(board, basis_b)
     if basis_a == basis_b:

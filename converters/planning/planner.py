@@ -29,22 +29,24 @@ bundle records the engine (``runs_on``), which the device's runtime then takes.
 A budget below the board's idle power in every mode is an
 :class:`~edgesdk.errors.InfeasibleBudgetError` before anything is measured against it.
 
-**Which variant.** Among variants that fit and whose accuracy drop is within the bound, the
-fastest at its point wins (energy: the lowest energy per inference), unless others are tied with
-it: within the band of the comparison or within noise, whichever is wider. A band is what the
-calibration's held-out half says a figure may be off by (:func:`~edgesdk.converters.board.board_latency.latency_band`);
-two variants counted on the same emulated cores share their CPI's error, so their comparison takes
-the held-out band of the *ratio* of two such figures (much narrower than either figure's absolute
-band); figures of two bases (a measured one and an emulated one) tie within the sum of their absolute
-bands; an unvalidated comparison (host timings scaled, a board without published figures) and two
-board measurements tie within noise, :data:`CLEAR_GAIN` (0.95: the gain edgesdk can tell from
-run-to-run noise, as the side-by-side check in :func:`edgesdk.converters.pipeline.convert`). Among the
-tied ones the most accurate wins (the smaller accuracy drop), then the smaller file, then the one built
-first, and the reason says so ("within the emulated band (...) of X; chose the more accurate"): a
-choice inside the figures' own uncertainty is made on what is known (accuracy, size), and the same
-inputs give the same bundle run after run. A quantized variant slower than FP32 on the board (by the
-same source, on the same engine) is never chosen, unless FP32 does not fit and size is the only way in. Nothing fits:
-:class:`BudgetError` naming the closest variant's figures and the budget.
+**Which variant.** Among variants that fit and whose accuracy drop is within the bound, the fastest
+at its point wins (energy: the lowest energy per inference), unless others are tied with it: within
+the band of the comparison or within noise, whichever is wider. A band is what the calibration's
+held-out half says a figure may be off by
+(:func:`~edgesdk.converters.board.board_latency.latency_band`); two variants counted on the same
+emulated cores share their CPI's error, so their comparison takes the held-out band of the *ratio*
+of two such figures where the held-out half has pairs of ONNX Runtime figures on that core, else the
+absolute band (today every board: published ONNX Runtime pairs are too few); figures of two bases (a
+measured one and an emulated one) tie within the sum of their absolute bands; an unvalidated
+comparison (host timings scaled, a board without published figures) and two board measurements tie
+within noise, :data:`CLEAR_GAIN` (0.95: the gain edgesdk can tell from run-to-run noise, as the
+side-by-side check in :func:`edgesdk.converters.pipeline.convert`). Among the tied ones the most
+accurate wins (the smaller accuracy drop), then the smaller file, then the one built first, and the
+reason says so ("within the emulated band (...) of X; chose the more accurate"): a choice inside the
+figures' own uncertainty is made on what is known (accuracy, size), and the same inputs give the
+same bundle run after run. A quantized variant slower than FP32 on the board (by the same source, on
+the same engine) is never chosen, unless FP32 does not fit and size is the only way in. Nothing
+fits: :class:`BudgetError` naming the closest variant's figures and the budget.
 
 **Held-out check.** A candidate's ``accuracy_drop`` is measured on the *selection*
 samples, the ones every choice of the conversion saw (calibration method, mixed-precision
@@ -329,8 +331,9 @@ def _nothing_fits(judged: Sequence[Candidate], board: DeviceProfile, mode: str, 
 
 
 def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: PowerBudget) -> tuple[Candidate, str]:
-    """The best for the objective at its planned point (the fastest, or the least energy per inference); among
-    those tied with it (:func:`_tolerance`), the most accurate, then the smallest file, then the first built."""
+    """The best for the objective at its planned point (the fastest, or the least energy per
+    inference); among those tied with it (:func:`_tolerance`), the most accurate, then the smallest
+    file, then the first built."""
     energy = budget.objective == "energy"
 
     def figure(c: Candidate) -> float:
@@ -339,7 +342,8 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
 
     best = min(fitting, key=figure)
     near = [c for c in fitting if figure(c) < figure(best) * (1 + _tolerance(best, c, board)[0])]
-    winner = min(near, key=lambda c: (c.judged_drop, c.measurement.size_bytes))  # min keeps the first of equals
+    # Accuracy, then size; min keeps the first built of equals.
+    winner = min(near, key=lambda c: (c.judged_drop, c.measurement.size_bytes))
     power = winner.power
     assert power is not None
     held = "" if winner.judged_holdout_drop is None else f", held-out {winner.judged_holdout_drop:.3g}"
@@ -361,7 +365,8 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
     if all(c.judged_drop > drop for c in others):
         why = "the more accurate"
     elif all(c.measurement.size_bytes > size for c in others if c.judged_drop == drop):
-        why = "the smaller" if all(c.judged_drop == drop for c in others) else "the smaller of the most accurate"
+        equally_accurate = all(c.judged_drop == drop for c in others)
+        why = "the smaller" if equally_accurate else "the smaller of the most accurate"
     else:
         why = "the first built of equally accurate and small ones"
     tied = _tolerance(best, winner if winner is not best else others[0], board)[1]
@@ -370,17 +375,18 @@ def _pick(fitting: list[Candidate], board: DeviceProfile, bound: float, budget: 
                         f"({', '.join(c.name for c in others)}) ({figures})")
     unit = "mJ" if energy else "ms"
     gap, _ = _tolerance(best, winner, board)
-    return winner, (f"within {tied} of {best.name} ({figure(best):.3g} {unit}: less than {gap:.0%} better, "
-                    f"{'which is measurement noise' if tied == 'noise' else 'inside that band'}); chose {why} "
+    inside = "which is measurement noise" if tied == "noise" else "inside that band"
+    return winner, (f"within {tied} of {best.name} ({figure(best):.3g} {unit}: less than {gap:.0%} "
+                    f"better, {inside}); chose {why} "
                     f"(accuracy, then size) ({figures})")
 
 
 def _tolerance(best: Candidate, other: Candidate, board: DeviceProfile) -> tuple[float, str]:
     """How much slower than ``best`` ``other`` may be and still tie with it, and what says so.
 
-    The band of the comparison (:func:`~edgesdk.converters.board.board_latency.comparison_band`): two
-    variants counted on the same emulated cores share the CPI's error, so the held-out band of a
-    *ratio* of two such figures applies, not the absolute band of either; figures of two bases tie
+    The band of the comparison (:func:`comparison_band`): two variants counted on the same emulated
+    cores share the CPI's error, so the held-out band of a *ratio* of two such figures applies where
+    the held-out half has one (else the absolute band); figures of two bases tie
     within the sum of their absolute bands. Never less than measurement noise (:data:`CLEAR_GAIN`),
     and noise alone where the comparison is unvalidated.
     """
@@ -390,5 +396,6 @@ def _tolerance(best: Candidate, other: Candidate, board: DeviceProfile) -> tuple
     if band is None or band <= noise:
         return noise, "noise"
     label = basis_label(best.power.basis)
-    kind = "between variants counted on the same cores" if best.power.basis == other.power.basis else "combined"
+    same = best.power.basis == other.power.basis
+    kind = "between variants counted on the same cores" if same else "combined"
     return band, f"the {label} band ({kind}, +/-{band:.0%})"

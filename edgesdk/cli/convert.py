@@ -139,8 +139,8 @@ def _board_figures(paths: tuple[str, ...]) -> tuple[dict[str, float], dict[str, 
 def _table(report: dict[str, Any]) -> str:
     from edgesdk.converters.board.board_latency import latency_band
 
-    header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "runs on (power mode)", "board latency", "basis",
-              "mJ", "avg W",
+    header = ("", "variant", "size KiB", "peak MiB", "host p50/p95 ms", "runs on (power mode)",
+              "board latency", "basis", "mJ", "avg W",
               "int8/DQ-float", f"drop ({report['metric_unit']})", "held-out drop", "accuracy on", "host-board diff",
               "verdict")
     rows = [header]
@@ -175,11 +175,12 @@ def _basis_lines(report: dict[str, Any]) -> str:
     """What each basis label in the table means, and what its band is."""
     from edgesdk.converters.board.board_latency import BASIS_LABELS, latency_band
 
-    labels = sorted({latency_band(report["profile"], v["power"]["basis"]).label for v in report["variants"]})
-    lines = [f"basis {label}: {BASIS_LABELS[label]}" for label in labels]
-    lines.append("board latency +/-N% = the 90th percentile of that basis's error on this board against published "
-                 "figures held out of its calibration (benchmarks/converter/calibration.py); unvalidated = nothing "
-                 "checks it; variants within each other's band are ties, settled by accuracy, then size")
+    bases = {latency_band(report["profile"], v["power"]["basis"]).label for v in report["variants"]}
+    lines = [f"basis {label}: {BASIS_LABELS[label]}" for label in sorted(bases)]
+    lines.append("board latency +/-N% = the 90th percentile of that basis's error on this board "
+                 "against published figures held out of its calibration "
+                 "(benchmarks/converter/calibration.py); unvalidated = nothing checks it; variants "
+                 "within each other's band are ties, settled by accuracy, then size")
     if report["board_estimates"]:
         lines.append(f"board figures: {report['board_estimates']}")
     lines.append("~ on mJ and W = modelled, not measured on the board")

@@ -1,7 +1,8 @@
-"""The board-latency constants the converter ships are what the calibration's fit half gives, and nothing else.
+"""The board-latency constants the converter ships are what the calibration's fit half gives, and
+nothing else.
 
-The fit (benchmarks/converter/calibration_fit.py) runs on the published figures and the instruction counts
-recorded beside them (benchmarks/converter/data/calibration_counts.yaml, written by
+The fit (benchmarks/converter/calibration_fit.py) runs on the published figures and the instruction
+counts recorded beside them (benchmarks/converter/data/calibration_counts.yaml, written by
 `benchmarks/converter/calibration.py --record`): no emulation, so it is redone here on every run.
 """
 
@@ -15,7 +16,11 @@ import yaml
 
 from benchmarks.converter.calibration_fit import fit_all, speedup_id, split, split_speedups
 from edgesdk import load_profile
-from edgesdk.converters.board.calibration_constants import CYCLES_PER_INSTRUCTION, DERIVED, PARALLEL_EFFICIENCY
+from edgesdk.converters.board.calibration_constants import (
+    CYCLES_PER_INSTRUCTION,
+    DERIVED,
+    PARALLEL_EFFICIENCY,
+)
 from edgesdk.converters.board.calibration_table import FIT
 from edgesdk.converters.board.gpu_estimate import EFFICIENCY, PER_KERNEL_US
 
@@ -34,8 +39,9 @@ def recorded() -> dict:
 
 def test_the_shipped_table_is_what_the_fit_half_gives(data, recorded):
     table, fit = fit_all(data, recorded)
-    # Every CPU figure has its recorded count, except those the recording says it left out (none, once every model
-    # is counted): the fit is over the figures the record names, never a silent subset.
+    # Every CPU figure has its recorded count, except those the recording says it left out (none,
+    # once every model is counted): the fit is over the figures the record names, never a silent
+    # subset.
     assert fit["uncounted"] == recorded.get("uncounted", [])
     assert table == FIT
     # The GPU roofline's efficiency and per-kernel cost too (edgesdk.converters.board.gpu_estimate).
@@ -44,8 +50,12 @@ def test_the_shipped_table_is_what_the_fit_half_gives(data, recorded):
 
 def test_each_profile_carries_the_thread_efficiency_fitted_for_it():
     fitted = {k: v for k, v in FIT["parallel_efficiency"].items() if k != "default"}
-    assert {"raspberry-pi-4/cortex-a72", "raspberry-pi-5/cortex-a76", "rk3588/cortex-a76",
-            "rk3588/cortex-a55"} <= set(fitted)
+    assert {
+        "raspberry-pi-4/cortex-a72",
+        "raspberry-pi-5/cortex-a76",
+        "rk3588/cortex-a76",
+        "rk3588/cortex-a55",
+    } <= set(fitted)
     for key, efficiency in fitted.items():
         board, core = key.split("/")
         cluster = next(c for c in load_profile(board).clusters if c.microarchitecture == core)
@@ -81,11 +91,20 @@ def test_the_validation_half_moves_the_bands_and_never_a_constant(data, recorded
     assert moved["bands"] != table["bands"]  # the bands are the validation half's own measurement
     # ... while the fit half does move the constants, so the equality test above can fail.
     refit, _ = fit_all(_scaled(data, "fit", 1.5), recorded)
-    assert refit["cpi"] != table["cpi"] and refit["parallel_efficiency"] != table["parallel_efficiency"]
+    assert (
+        refit["cpi"] != table["cpi"]
+        and refit["parallel_efficiency"] != table["parallel_efficiency"]
+    )
 
 
 def test_bands_are_rounded_up_to_five_percent_and_cover_the_boards_with_figures():
     emulated = FIT["bands"]["emulated"]
-    assert {"raspberry-pi-4/cortex-a72", "raspberry-pi-5/cortex-a76", "rk3588/cortex-a76"} <= set(emulated)
-    for band in [*emulated.values(), *FIT["bands"]["roofline"].values(), *FIT["ratio_bands"]["emulated"].values()]:
+    assert {"raspberry-pi-4/cortex-a72", "raspberry-pi-5/cortex-a76", "rk3588/cortex-a76"} <= set(
+        emulated
+    )
+    for band in [
+        *emulated.values(),
+        *FIT["bands"]["roofline"].values(),
+        *FIT["ratio_bands"]["emulated"].values(),
+    ]:
         assert band > 0 and round(band * 20, 9) == int(round(band * 20, 9))
