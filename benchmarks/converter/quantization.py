@@ -325,8 +325,8 @@ def model_goals(names: list[str], results: dict, quick: bool) -> list[dict]:
         r = results[name]
         held, on_board = r["chosen_holdout_drop"], _is_board(r.get("chosen_accuracy_basis"))
         held_ok = held is None or held <= BOUND
-        goals.append(goal(f"{name}: chosen variant's held-out drop ({r['metric_unit']}, from the "
-                          f"{r.get('chosen_accuracy_basis', 'host')}'s outputs)", f"<= {BOUND}",
+        goals.append(goal(f"{name}: chosen variant's held-out drop ({r['metric_unit']}; basis: "
+                          f"{r.get('chosen_accuracy_basis', 'this host')})", f"<= {BOUND}",
                           held if held is not None else 0.0, held_ok))
         goals.append(goal(f"{name}: chosen variant's accuracy computed from the board's outputs "
                           f"(basis {r.get('chosen_accuracy_basis')!r})", "board",

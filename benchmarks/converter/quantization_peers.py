@@ -82,7 +82,7 @@ def board_reference(emulator: Emulator, fp32_path: Path, evaluation: np.ndarray,
     selection, holdout = _rows(split, max_samples)
     rows = np.concatenate([selection, holdout])
     inputs = {input_name: evaluation[rows]}
-    log(f"  FP32: board outputs on {len(selection)} + {len(holdout)} held-out samples")
+    log(f"  FP32: board outputs on {len(selection)} selection + {len(holdout)} held-out samples")
     fp32 = board_outputs(emulator, fp32_path, inputs, CPU, max_samples=len(inputs[input_name]))
     return {"inputs": inputs, "rows": rows, "selection": len(selection), "fp32": fp32.outputs}
 
