@@ -16,9 +16,10 @@ PP-OCRv4 recognizer and the PP-OCRv4 text detector (DBNet, 320x320). Per model:
 * every variant also counted on an emulated Cortex-A72 (Raspberry Pi 4), reported;
 * ONNX Runtime's ``quantize_static`` defaults calibrated on the same samples as ours, and
   NNCF's ``quantize_with_accuracy_control`` with the same data and bound (its own venv,
-  ``nncf_peer.py``), both counted on the A76 and scored on the same held-out samples, from
-  the emulated board's outputs on the first ``--peer-board-samples`` of them against FP32's
-  (``quantization_peers.py``); ours must be at least as fast as NNCF's within the bound (when
+  ``nncf_peer.py``), both counted on the A76 and scored from the emulated board's outputs
+  against FP32's there, on the rows ``convert()`` judges ours on (at most
+  ``--peer-board-samples``, 64; ``quantization_peers.py``), selection and held-out alike;
+  ours must be at least as fast as NNCF's within the bound (when
   NNCF misses the bound, ours need only be within it);
 * the proxy check (``quantization_proxy.py``): every ONNX variant counted on an emulated x86 (Haswell)
   against its real latency on this CPU, interleaved.
