@@ -7,12 +7,12 @@ from typing import Any
 
 FIT: dict[str, Any] = {
     "cpi": {
-        "cortex-a55": 0.58,
-        "cortex-a72": 0.73,
-        "cortex-a76": 0.2
+        "cortex-a55": 1.21,
+        "cortex-a72": 1.53,
+        "cortex-a76": 0.41
     },
     "runtime_factor": {
-        "ncnn": 1.0,
+        "ncnn": 0.48,
         "onnxruntime": 1.0
     },
     "parallel_efficiency": {
@@ -25,7 +25,7 @@ FIT: dict[str, Any] = {
     "bands": {
         "emulated": {
             "raspberry-pi-4/cortex-a72": 0.35,
-            "raspberry-pi-5/cortex-a76": 0.6,
+            "raspberry-pi-5/cortex-a76": 0.55,
             "rk3588/cortex-a55": 1.0,
             "rk3588/cortex-a76": 0.45
         },
