@@ -72,12 +72,13 @@ class Recipe:
                                   f"{list(_PRE)}, post-fixes {list(_POST)}")
 
 
-#: Cheapest first: a later recipe that comes out the same as an earlier one is not built again.
+#: Cheapest first: a later recipe that comes out the same as an earlier one is not built again. Empirical bias
+#: correction is not among them: layer by layer it runs the model once per layer (over 20 minutes on the OCR
+#: recognizer on a busy 2-core host); a caller may still name it in a recipe of its own.
 RECIPES = (
     Recipe("fix"),
     Recipe("fix-head", fixes="head"),
     Recipe("bc", post=("bias_correction",)),
-    Recipe("ebc", post=("empirical_bias_correction",)),
     Recipe("cle-bc", pre=("cle",), post=("bias_correction",)),
     Recipe("sq-bc", pre=("smoothquant",), post=("bias_correction",)),
     Recipe("cle-ada", pre=("cle",), post=("adaround",)),
