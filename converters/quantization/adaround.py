@@ -19,6 +19,12 @@ output error plus ``lambda * sum(1 - |2h - 1|^beta)`` with beta annealed from 20
 warm-up without the regulariser, then ``h >= 0.5`` rounds up. A layer keeps its nearest rounding
 unless the hard rounding's error on the calibration rows is lower. Layers are taken cheapest
 first until ``time_budget_s`` is spent; the scales, zero points and graph stay as they were.
+
+Measured (120 s budget on this 2-core host under load, 90 selection samples): it lowers the
+re-rounded layers' output error (median 67% of nearest's on the OCR recognizer, 54% on the
+YOLOv8n detector) but not the models' task loss, which is in the activations: weight rounding
+alone costs the recognizer 2.9 points of text agreement (2.7 re-rounded) against 9.9 for full
+static INT8 (10.3 re-rounded), and the detector (head kept in float) 1.6 against 11.5 (13.8).
 """
 
 from __future__ import annotations

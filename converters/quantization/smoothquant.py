@@ -15,6 +15,12 @@ or the tensor has other readers), the layer is left alone and counted: an explic
 ``1/s`` (``insert_mul=True``) keeps the maths but ONNX Runtime quantizes that Mul's input with
 the same outliers, so it rarely helps. The result is an FP32 model equal to the input up to
 float rounding.
+
+Measured on the PP-OCRv4 recognizer (SVTR neck): 4 of its 9 MatMul inputs fold (LayerNorm ->
+qkv and LayerNorm -> MLP); the attention output projection (behind the heads' reshape) and the
+layers after a Swish do not. Its static INT8 loss did not move (9.9 points of text agreement
+plain, 10.4 smoothed at alpha 0.5, 10.0 at 0.8, on 90 rendered lines): that loss is not in
+those four inputs.
 """
 
 from __future__ import annotations
