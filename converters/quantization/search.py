@@ -212,6 +212,8 @@ def search_path(graph: QdqGraph, path: AddedErrorPath, out_dir: Path, measure: M
     ``bound`` (the evaluation samples are other samples: a step just inside the bound on
     calibration often is not); steps whose calibration drop exceeds the bound are taken as
     failing without being measured. Without a calibration score the search starts at step 1.
+    A path that stopped short of ``margin`` x ``bound`` is continued by the blocks it left in
+    INT8 (:func:`_beyond`), so the timed search can still reach the bound short of FP32.
     """
     started = time.perf_counter()
     steps = path.steps
@@ -224,10 +226,34 @@ def search_path(graph: QdqGraph, path: AddedErrorPath, out_dir: Path, measure: M
         start = next((k for k, s in enumerate(steps, 1) if s.drop <= margin * bound), len(steps))
         failing = max((k for k, s in enumerate(steps[:start - 1], 1) if s.drop > bound), default=0)
     why = ["; ".join(s.why() for s in steps[:k]) for k in range(1, len(steps) + 1)]
-    front, reason = _timed(graph, list(path.prefixes), why, out_dir, measure, bound,
-                           fp32_latency_ms, max_candidates, start, failing)
+    prefixes = list(path.prefixes)
+    if steps[-1].drop > margin * bound:  # the path stopped short: go on towards FP32 (below)
+        for k, block in enumerate(_beyond(graph, path), 1):
+            prefixes.append((*prefixes[-1], block))
+            why.append(f"{why[len(steps) - 1]}; then {k} more block(s) by recovery alone per MAC")
+    front, reason = _timed(graph, prefixes, why, out_dir, measure, bound, fp32_latency_ms,
+                           max_candidates, start, failing)
     return SearchResult((), tuple(front), reason, time.perf_counter() - started, path=path,
                         rule="added error")
+
+
+def _beyond(graph: QdqGraph, path: AddedErrorPath) -> list[Block]:
+    """The blocks the path left in INT8, by what each recovered alone in the INT8 model, per MAC.
+
+    A path cut short (time budget, or no single block moving the metric) would otherwise end
+    the timed search at its last step, short of the bound that more float blocks may meet.
+    """
+    floated = set(path.prefixes[-1])
+    alone = {name: (drop, noise) for name, drop, noise in path.first_round}
+    left = [b for b in graph.blocks if b not in floated]
+    mean = sum(b.macs for b in graph.blocks) / max(len(graph.blocks), 1)
+
+    def priority(block: Block) -> tuple[float, float]:
+        drop, noise = alone.get(block.name, (float("inf"), float("inf")))  # unmeasured: unsafe
+        cost = block.macs + 0.25 * mean
+        return drop / cost, noise / cost
+
+    return sorted(left, key=priority, reverse=True)
 
 
 def _timed(graph: QdqGraph, prefixes: Sequence[tuple[Block, ...]], why: Sequence[str],

@@ -332,3 +332,19 @@ def test_a_residual_unit_is_one_option_and_a_spent_budget_measures_nothing(tmp_p
     assert "unit A .. B (2 blocks)" in {name for name, _, _ in path.first_round}
     spent = added_error_path(graph, source, data, _relative_error, stop_drop=0.0, budget_s=0.0)
     assert spent.steps == () and "spent before any option" in spent.stopped_because
+
+
+def test_a_path_cut_short_is_continued_by_what_blocks_recovered_alone(cancelling, tmp_path):
+    graph, source, data = cancelling
+    calibration, evaluation = {"x": data["x"][:64]}, {"x": data["x"][64:]}
+    reference = run_model(source, evaluation)
+    short = added_error_path(graph, source, calibration, _relative_error, stop_drop=40.0)
+    assert [s.option for s in short.steps] == ["C"] and short.steps[-1].drop > 2.0
+
+    def measure(label: str, path: Path, float_nodes: tuple[str, ...]) -> tuple[float, float]:
+        return _relative_error(reference, run_model(path, evaluation)), 1.0
+
+    result = search.search_path(graph, short, tmp_path, measure, bound=2.0, fp32_latency_ms=2.0)
+    # F recovered the most alone after C (A and B made it worse): it comes next, and the bound holds.
+    assert set(_fewest_within(result, 2.0).float_blocks) == {"C", "F"}
+    assert "then 1 more block(s)" in result.front[-1].why
