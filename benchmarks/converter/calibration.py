@@ -18,7 +18,10 @@ models. This script:
    efficiency per board cluster from the published 1-vs-4-thread pairs, the CPIs and runtime factors
    with each board's own efficiency, the GPU efficiency and per-kernel cost) and measures on the
    **validation half** the bands the converter ships (90th percentile of |estimate / published - 1|
-   per board and core, and of the ratio of two figures of one source);
+   per board and core, and of the ratio of two figures of one source), and reports the ratio band
+   of the held-out models of ``data/proxy_pairs.yaml`` (count ratio against time ratio of real
+   models' variants on this host, recorded by ``proxy_record.py``), which is not shipped
+   (``calibration_fit.py`` says why);
 5. reports each validation figure's error and, per board, the median and worst absolute error and
    the number of sources, against the issue's goals; and whether the shipped table
    (``edgesdk.converters.board.calibration_table``) and the profiles' ``parallel_efficiency`` are
@@ -66,6 +69,7 @@ from edgesdk.converters.board.gpu_estimate import (
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data" / "published_latency.yaml"
 RECORDED = DATA.with_name("calibration_counts.yaml")
+PROXY = DATA.with_name("proxy_pairs.yaml")
 RECORDED_HEADER = (
     "# Instructions per inference of each CPU figure's model (model@input/core, counted by the\n"
     "# converter's Emulator) and each GPU figure's roofline (ms) and kernels: written by\n"
@@ -209,7 +213,8 @@ def main() -> None:
         recorded = {"cpu": cpu_counts, "gpu": rooflines(data), "uncounted": skipped}
     if args.record:
         RECORDED.write_text(RECORDED_HEADER + yaml.safe_dump(recorded, sort_keys=True, width=120))
-    table, fit = fit_all(data, recorded)
+    proxy = yaml.safe_load(PROXY.read_text()) if PROXY.is_file() else None
+    table, fit = fit_all(data, recorded, proxy)
     if args.write:
         write_table(table)
     report(data, table, fit, args)
@@ -234,6 +239,10 @@ def report(data: dict, table: dict[str, Any], fit: dict[str, Any], args: Any) ->
         ]
     )
     log(table_text(rows))
+    for r in fit["proxy"]:
+        log(f"proxy {r['model']}/{r['variant']} ({r['half']}): count ratio {r['count_ratio']:.3f}, "
+            f"time ratio {r['time_ratio']:.3f}, error {r['error']:+.1%}")
+    log(f"proxy ratio band (held-out models; measured, not shipped): {fit['proxy_band']}")
     validation_cpu = [r for r in cpu if r["half"] == "validation"]
     per_board = summarise(validation_cpu)
     per_core = summarise(validation_cpu, key=lambda r: f"{r['board']}/{r['core']}")
@@ -324,6 +333,11 @@ def report(data: dict, table: dict[str, Any], fit: dict[str, Any], args: Any) ->
             "validation_per_core": per_core,
             "validation_gpu": gpu_summary,
             "thread_rule_validation": threads_validation,
+            "proxy_ratio_band_not_shipped": fit["proxy_band"],
+            "proxy_pairs": [
+                {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                for r in fit["proxy"]
+            ],
             "skipped_uncounted": fit["uncounted"],
             "figures": public,
             "table": table_text(rows).splitlines(),
