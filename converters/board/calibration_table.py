@@ -34,6 +34,11 @@ FIT: dict[str, Any] = {
         }
     },
     "ratio_bands": {
-        "emulated": {}
+        "emulated": {
+            "raspberry-pi-4/cortex-a72": 0.1,
+            "raspberry-pi-5/cortex-a76": 0.1,
+            "rk3588/cortex-a55": 0.1,
+            "rk3588/cortex-a76": 0.1
+        }
     }
 }

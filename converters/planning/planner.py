@@ -35,8 +35,10 @@ the band of the comparison or within noise, whichever is wider. A band is what t
 held-out half says a figure may be off by
 (:func:`~edgesdk.converters.board.board_latency.latency_band`); two variants counted on the same
 emulated cores share their CPI's error, so their comparison takes the held-out band of the *ratio*
-of two such figures where the held-out half has pairs of ONNX Runtime figures on that core, else the
-absolute band (today every board: published ONNX Runtime pairs are too few); figures of two bases (a
+of two such figures: published ONNX Runtime pairs where the held-out half has them, else the ratio
+of two counts checked against times on an x86 host, one-sided (10% today on every board with an
+absolute band: the converting guide, "Ties", says how and its limit), else the absolute band;
+figures of two bases (a
 measured one and an emulated one) tie within the sum of their absolute bands; an unvalidated
 comparison (host timings scaled, a board without published figures) and two board measurements tie
 within noise, :data:`CLEAR_GAIN` (0.95: the gain edgesdk can tell from run-to-run noise, as the

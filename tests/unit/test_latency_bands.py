@@ -204,3 +204,15 @@ def test_the_json_and_the_table_show_each_rows_basis_and_band(tmp_path, digits_o
     )
     assert "30.0 ms +/-5%" in line["measured"] and " measured " in line["measured"]
     assert "ms unvalidated" in line["scaled"] and " scaled " in line["scaled"]
+
+
+def test_int8_at_three_quarters_of_fp32_wins_on_speed_and_at_095_ties_with_it():
+    """With the shipped emulated ratio band (10% on the Pi 5's A76), an INT8 variant counted at
+    0.75x FP32 is faster beyond the band and is chosen; one at 0.95x is inside it, a tie that the
+    more accurate FP32 wins."""
+    assert FIT["ratio_bands"]["emulated"]["raspberry-pi-5/cortex-a76"] == 0.1
+    fp32 = _emulated("fp32", 40.0, precision="fp32", size_mb=4.0)
+    quick = choose([fp32, _emulated("int8", 30.0, drop=0.5, size_mb=1.0)], PI5, "latency", 1.0)
+    assert quick.chosen.name == "int8"
+    close = choose([fp32, _emulated("int8", 38.0, drop=0.5, size_mb=1.0)], PI5, "latency", 1.0)
+    assert close.chosen.name == "fp32" and "chose the more accurate" in close.reason
