@@ -33,10 +33,10 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -316,7 +316,7 @@ def _parity(onnx_path: Path, tflite_path: Path, inputs: tuple[TFLiteInput, ...],
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     output_names = [o.name for o in session.get_outputs()]
     by_tf_name = {_tf_name(n): n for n in output_names}
-    runner = import_litert().interpreter(model_path=str(tflite_path)).get_signature_runner()
+    runner = _runner(import_litert().interpreter(model_path=str(tflite_path)), inputs, output_names)
     n = len(eval_inputs[inputs[0].name])
     step = inputs[0].tflite_shape[0] or n  # a static TFLite batch (often 1) is run chunk by chunk
     if n % step:
@@ -339,6 +339,44 @@ def _parity(onnx_path: Path, tflite_path: Path, inputs: tuple[TFLiteInput, ...],
                                       f"{expected[by_tf_name[key]].shape}; cannot check parity")
             worst = max(worst, float(np.max(np.abs(value.astype(np.float64) - reference), initial=0.0)))
     return worst
+
+
+def _runner(interpreter: Any, inputs: tuple[TFLiteInput, ...],
+            output_names: list[str]) -> Callable[..., dict[str, np.ndarray]]:
+    """Call the model as ``runner(**{tf input name: array}) -> {tf output name: array}``.
+
+    Through its SignatureDef when it has one; onnx2tf writes some models without any (PP-OCRv4's
+    text detector), and LiteRT's signature runner then refuses to start, so those run through
+    the interpreter's own tensors, matched by name (or by position when there is one of each).
+    """
+    if interpreter.get_signature_list():
+        return cast("Callable[..., dict[str, np.ndarray]]", interpreter.get_signature_runner())
+    interpreter.allocate_tensors()
+    ins, outs = interpreter.get_input_details(), interpreter.get_output_details()
+
+    def matched(details: list[dict[str, Any]], names: list[str], what: str) -> dict[str, int]:
+        found = {}
+        for name in names:
+            hits = [d["index"] for d in details if name in d["name"]]
+            if len(hits) != 1 and len(details) == len(names) == 1:
+                hits = [details[0]["index"]]
+            if len(hits) != 1:
+                raise ConversionError(
+                    f"the TFLite FP32 model has no SignatureDef and its {what} tensors "
+                    f"{[d['name'] for d in details]} do not name {name!r} once; cannot check parity")
+            found[name] = hits[0]
+        return found
+
+    by_input = matched(ins, [_tf_name(i.name) for i in inputs], "input")
+    by_output = matched(outs, [_tf_name(n) for n in output_names], "output")
+
+    def run(**feeds: np.ndarray) -> dict[str, np.ndarray]:
+        for name, value in feeds.items():
+            interpreter.set_tensor(by_input[name], value)
+        interpreter.invoke()
+        return {name: interpreter.get_tensor(index) for name, index in by_output.items()}
+
+    return run
 
 
 def convert_to_tflite(
