@@ -36,7 +36,7 @@ from benchmarks.shared.models import DATA, MODELS, fetch  # noqa: E402
 from edgesdk.converters.formats import onnx_model  # noqa: E402
 from edgesdk.converters.planning.data import split_evaluation  # noqa: E402
 from edgesdk.converters.planning.metrics import resolve_metric  # noqa: E402
-from edgesdk.converters.quantization import search  # noqa: E402
+from edgesdk.converters.quantization import model_runs, search  # noqa: E402
 from edgesdk.converters.quantization.added_error import added_error_path  # noqa: E402
 from edgesdk.converters.quantization.calibrate import calibrate  # noqa: E402
 from edgesdk.converters.quantization.config import QuantizationConfig  # noqa: E402
@@ -64,12 +64,12 @@ def static_int8(name: str, work: Path) -> dict[str, Any]:
                        work / "ranges", percentile=config.percentile,
                        symmetric=bool(config.activation_symmetric))
     metric = resolve_metric(spec.metric, None)
-    reference = search.run_model(fp32, {spec.input_name: evaluation})[0]
+    reference = model_runs.run_model(fp32, {spec.input_name: evaluation})[0]
     best = None
     for method in config.calibration_methods:
         path = quantize_static_int8(fp32, work / f"int8-{method.value}.onnx", ranges.caches[method],
                                     config, method)
-        out = search.run_model(path, {spec.input_name: evaluation})[0]
+        out = model_runs.run_model(path, {spec.input_name: evaluation})[0]
         drop = metric.drop(reference[split.selection], out[split.selection], None)
         if best is None or drop < best[0]:
             held = metric.drop(reference[split.holdout], out[split.holdout], None)
@@ -90,7 +90,7 @@ def compare(name: str, work: Path, samples: int, budget: float) -> dict[str, Any
     held: dict[str, float] = {}
 
     def measure(label: str, path: Path, nodes: tuple[str, ...]) -> tuple[float, float]:
-        out = search.run_model(path, {key: base["evaluation"]})[0]
+        out = model_runs.run_model(path, {key: base["evaluation"]})[0]
         held[label] = metric.drop(ref[split.holdout], out[split.holdout], None)
         names = set(nodes)
         share = sum(b.macs for b in graph.blocks if set(graph.node_names([b])) <= names) / total

@@ -70,7 +70,7 @@ from edgesdk.converters.formats.onnx_model import fix_input_shapes, load_onnx, s
 from edgesdk.converters.planning.metrics import resolve_metric  # noqa: E402
 from edgesdk.converters.planning.planner import Candidate  # noqa: E402
 from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig  # noqa: E402
-from edgesdk.converters.quantization.search import run_model  # noqa: E402
+from edgesdk.converters.quantization.model_runs import run_model  # noqa: E402
 from edgesdk.converters.report import ConversionReport  # noqa: E402
 
 REPORTED = "raspberry-pi-4"  # PROFILE: the Pi 5

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.converters.quantization.model_runs import relative_noise, run_model
 from edgesdk.converters.quantization.qdq import Block, QdqGraph, units
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,6 @@ class _Measured:
 
     def __init__(self, graph: QdqGraph, float_model: Path | Any, samples: Mapping[str, np.ndarray],
                  score: Score | None) -> None:
-        from edgesdk.converters.quantization.search import relative_noise, run_model
 
         self.graph, self.samples, self.score, self.runs = graph, samples, score, 0
         self._run, self._noise = run_model, relative_noise

@@ -104,6 +104,7 @@ class RecipeVariant:
 
     @property
     def label(self) -> str:
+        """The variant's name in the report: ``onnx-int8-static-<recipe>``."""
         return f"onnx-int8-static-{self.recipe.name}"
 
     def config(self) -> dict[str, Any]:

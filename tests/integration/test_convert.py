@@ -16,7 +16,7 @@ from edgesdk.converters import Bounds, ConversionRequest, Data, Output, Quantiza
 from edgesdk.converters.board.remote import RemoteMeasurement
 from edgesdk.converters.planning.data import split_evaluation
 from edgesdk.converters.planning.metrics import resolve_metric
-from edgesdk.converters.quantization.search import run_model
+from edgesdk.converters.quantization.model_runs import run_model
 from edgesdk.errors import BudgetError, DataError, ModelFormatError
 from edgesdk.runtime.bundle import read_bundle
 from edgesdk.runtime.profiles import list_profiles, profile_from_dict

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgesdk import Runtime
 from edgesdk.cli import cli
 from edgesdk.converters.formats.onnx_model import fix_input_shapes, load_onnx, save_onnx
-from edgesdk.converters.quantization.search import run_model
+from edgesdk.converters.quantization.model_runs import run_model
 from edgesdk.errors import ConversionError, InputError
 from edgesdk.runtime.bundle import read_bundle
 

@@ -16,9 +16,10 @@ from edgesdk.converters.quantization import search
 from edgesdk.converters.quantization.added_error import added_error_path
 from edgesdk.converters.quantization.calibrate import calibrate
 from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig
+from edgesdk.converters.quantization.model_runs import run_model
 from edgesdk.converters.quantization.qdq import OUTPUTS_BLOCK, QdqGraph, units
 from edgesdk.converters.quantization.quantize import quantize_static_int8
-from edgesdk.converters.quantization.search import block_sensitivity, run_model, search_mixed
+from edgesdk.converters.quantization.search import block_sensitivity, search_mixed
 from edgesdk.testing import MLPWeights, random_mlp, write_mlp_onnx
 
 

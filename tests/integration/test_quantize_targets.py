@@ -17,9 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from edgesdk.converters.quantization.calibrate import calibrate
 from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig
 from edgesdk.converters.quantization.decompose import decompose_activations
+from edgesdk.converters.quantization.model_runs import run_model
 from edgesdk.converters.quantization.qdq import QdqGraph, fusion_counts, host_optimized_model
 from edgesdk.converters.quantization.quantize import quantize_dynamic_int8, quantize_static_int8
-from edgesdk.converters.quantization.search import run_model
 
 MINMAX = CalibrationMethod.MINMAX
 
