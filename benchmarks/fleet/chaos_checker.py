@@ -32,7 +32,8 @@ The invariants (the issue's list, made precise):
 - ``server_view``: the server lists each device online, on the version the device runs.
 - ``went_backwards``: a committed target stays committed (or, in an aborted rollout, moves on to
   reverting and reverted), and no target's status moves back to an earlier one (a device going
-  offline mid-install makes its target ``deferred``, from which it may be sent again).
+  offline mid-install makes its target ``deferred``, from which it may be sent again; a deferred
+  target never sent may go back to ``pending`` in a later stage, a re-plan).
 - ``database``: the database holds every rollout the run started, with at least the targets it had
   at its start (late ones are added); each logs one start, one end, and each stage sent once (one
   driver at a time).
@@ -267,8 +268,8 @@ def _went_backwards(h: History) -> list[Violation]:
                 found.append(Violation("went_backwards", f"{rollout_id}/{device}",
                                        f"committed, then {' -> '.join(s.value for s in after[1:])}"))
                 continue
-        for before, now in zip(seen, seen[1:]):
-            if not _forward(before, now):
+        for i, (before, now) in enumerate(zip(seen, seen[1:])):
+            if not _forward(before, now) and not _replanned(seen[: i + 1], now):
                 found.append(Violation("went_backwards", f"{rollout_id}/{device}", f"{before.value} -> {now.value}"))
                 break
     return found
@@ -286,6 +287,18 @@ _RANK = {TargetStatus.PENDING: 0, TargetStatus.SENT: 1, TargetStatus.TIMEOUT: 1,
 #: polls, and may miss the deferral in between).
 _OPEN = frozenset({TargetStatus.SENT, TargetStatus.TIMEOUT, TargetStatus.DEFERRED, TargetStatus.DOWNLOADING,
                    TargetStatus.INSTALLING, TargetStatus.AHEAD})
+
+
+#: Statuses that mean the device was sent its command.
+_WAS_SENT = frozenset({TargetStatus.SENT, TargetStatus.TIMEOUT, TargetStatus.DOWNLOADING, TargetStatus.INSTALLING})
+
+
+def _replanned(so_far: list[TargetStatus], after: TargetStatus) -> bool:
+    """A target never sent, deferred (its device offline when its stage came), may be moved to a
+    later stage as pending again (the store's ``push_back``: its stage filled up with devices that
+    returned first); that is a re-plan, not a step back."""
+    return (so_far[-1] is TargetStatus.DEFERRED and after is TargetStatus.PENDING
+            and not _WAS_SENT & set(so_far))
 
 
 def _forward(before: TargetStatus, after: TargetStatus) -> bool:

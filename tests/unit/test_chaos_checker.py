@@ -239,6 +239,16 @@ def test_a_device_that_went_offline_mid_install_may_be_deferred_and_sent_again(g
     assert check(good) == []
 
 
+def test_a_never_sent_deferred_target_may_be_replanned_pending_but_not_a_sent_one(good):
+    # Seen in a chaos run: offline at the push, deferred, then moved to a later stage (push_back).
+    good.target_statuses[("r1", "b")] = ["pending", "deferred", "pending", "sent", "downloading", "committed"]
+    assert check(good) == []
+
+    def sent_then_pending(h):
+        h.target_statuses[("r1", "b")] = ["pending", "sent", "deferred", "pending", "sent", "committed"]
+    assert _broken(good, sent_then_pending) == [("went_backwards", "r1/b")]
+
+
 def test_two_drivers_a_lost_rollout_or_lost_targets_break_the_database_invariant(good):
     def two_drivers(h):
         h.events.append({"ts": 2.5, "type": "stage_sent", "rollout_id": "r1", "device_id": None,
