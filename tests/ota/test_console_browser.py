@@ -153,9 +153,12 @@ def test_an_operator_logs_in_watches_a_rollout_live_and_aborts_it(console_fleet,
     wait_for(lambda: browser.find_element(By.ID, "phase").is_displayed()
              == (server.status(rollout, targets=False).phase == "waiting_for_promote"), timeout=10,
              what="the phase shown as the server has it")
-    live_time = browser.find_element(By.CSS_SELECTOR, "#live-note time")
-    assert live_time.get_attribute("datetime") == live_time.get_attribute("title")
-    assert live_time.text.endswith(" s ago") and live_time.get_attribute("datetime").endswith("Z")
+    # Read in one script call: the live view replaces the note, so a held element can go stale.
+    stamp, title, shown = browser.execute_script(
+        "var t = document.querySelector('#live-note time');"
+        " return t ? [t.getAttribute('datetime'), t.getAttribute('title'), t.textContent] : [null, null, ''];")
+    assert stamp is not None and stamp == title
+    assert shown.endswith(" s ago") and stamp.endswith("Z")
     print(f"stage change shown {time.monotonic() - promoted:.2f} s after the promote command returned")
     assert browser.execute_script("return window.notReloaded === true;"), "the page reloaded"
     wait_for(lambda: "updated" in text_of(browser, "#live-note"), timeout=10, what="the live view's render to finish")
