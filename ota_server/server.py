@@ -264,7 +264,13 @@ class OTAServer:
                 self.timestamps.tick()
 
     def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        assert self.transport is not None
+        if self.transport is None:
+            # Not started (no broker connection yet): an operator's promote on the admin API or the
+            # console must not fail with a 500. The targets stay sent without progress, and the
+            # stage sender's re-send delivers their commands once the server is connected.
+            log.warning("not connected to the broker yet: %s (%d bytes) is left to the re-send", topic,
+                        len(payload))
+            return
         self.bytes_published += len(payload)
         self.transport.publish(topic, payload, qos=1, retain=retain)
         if "/chunks/" in topic:
