@@ -105,15 +105,14 @@ def summarise(rows: list[dict], key: Any = board_key) -> dict[str, dict[str, Any
 
 def table_text(rows: list[dict]) -> str:
     """The calibration table, one line per figure."""
-    lines = [
-        f"{'figure':<38} {'half':<10} {'source':<26} {'published':>10} {'estimated':>10} {'error':>8}"
-    ]
+    header = f"{'figure':<38} {'half':<10} {'source':<26} {'published':>10} {'estimated':>10}"
+    lines = [f"{header} {'error':>8}"]
     for r in rows:
         estimate = f"{r['estimated_ms']:.2f}" if r.get("estimated_ms") is not None else "-"
         error = f"{r['error']:+.1%}" if r.get("error") is not None else r.get("skipped", "-")
         lines.append(
-            f"{r['id']:<38} {r['half']:<10} {r['source']:<26} {r['latency_ms']:>10.2f} {estimate:>10} "
-            f"{error:>8}"
+            f"{r['id']:<38} {r['half']:<10} {r['source']:<26} "
+            f"{r['latency_ms']:>10.2f} {estimate:>10} {error:>8}"
         )
     return "\n".join(lines)
 

@@ -16,20 +16,12 @@ from edgesdk.converters.board.conversion_costs import ConversionCosts
 from edgesdk.converters.board.emulate import Emulator
 from edgesdk.errors import BoardRuntimeError
 from edgesdk.runtime.profiles import load_profile
+from tests.integration.gather_model import gather as _gather
 
 GUEST = Path(__file__).resolve().parents[2] / "converters" / "board" / "_guest_count.py"
 X = {"x": np.arange(12, dtype=np.float32).reshape(4, 3)}
 
 
-def _gather(path: Path, index: int) -> Path:
-    """y = Gather(x, [index]) over x of 4 rows: a valid graph that every runtime refuses at run time for index >= 4."""
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["x", "i"], ["y"], axis=0)], "gather",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
-        [numpy_helper.from_array(np.array([index], dtype=np.int64), "i")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
 
 
 @pytest.fixture(scope="module")
