@@ -222,7 +222,8 @@ class _Stats:
 
     def update(self, runs: list[dict[str, np.ndarray]]) -> int:
         """Fold the outputs of some runs in; return the bytes of their activations."""
-        seen = {k: (runs[0][k] if len(runs) == 1 else np.concatenate([r[k] for r in runs]))
+        # A scalar activation (a ReduceMean with keepdims=0) has no axis to concatenate runs along.
+        seen = {k: (runs[0][k] if len(runs) == 1 else np.concatenate([np.atleast_1d(r[k]) for r in runs]))
                 for k in runs[0] if k in self.tensors and runs[0][k].size}
         for name, value in seen.items():
             lo, hi = value.min(), value.max()

@@ -7,6 +7,7 @@ needs the board's own wheels (:mod:`edgesdk.converters.board.emulate`).
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,22 @@ def test_full_int8_tflite_has_only_ops_xnnpack_runs_in_int8(mobile_block, sample
     assert not {"HARD_SWISH", "RELU_0_TO_1"} & ops, ops
     assert ops <= {"QUANTIZE", "DEQUANTIZE", "CONV_2D", "DEPTHWISE_CONV_2D", "ADD",
                                                        "MUL", "LOGISTIC", "PAD", "RELU6"}
+
+
+def test_a_scalar_activation_is_calibrated_over_several_batches(tmp_path):
+    """A ReduceMean with keepdims=0 gives a 0-d activation: the runs of a batch are folded in
+    without an axis to join them along (it raised ``zero-dimensional arrays cannot be
+    concatenated``), and its range covers every sample."""
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0),
+             helper.make_node("Mul", ["m", "two"], ["y"])]
+    graph = helper.make_graph(nodes, "scalar", [helper.make_tensor_value_info("x", f, [1, 8])],
+                              [helper.make_tensor_value_info("y", f, [])],
+                              [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    model = tmp_path / "scalar.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    x = np.arange(6 * 8, dtype=np.float32).reshape(6, 8)
+    ranges = calibrate(model, {"x": x}, [MINMAX], tmp_path / "ranges")
+    assert ranges.samples == 6
+    m = json.loads(ranges.caches[MINMAX].read_text())["data"]["m"]
+    assert json.dumps(m).count("3.5") and json.dumps(m).count("43.5"), m
