@@ -31,7 +31,7 @@ import numpy as np
 
 from edgesdk.converters.arguments import check_out_dir
 from edgesdk.converters.board.accelerator_plan import accelerator_candidates
-from edgesdk.converters.board.board_accuracy import BoardEvaluation, judge_on_board
+from edgesdk.converters.board.board_accuracy import BoardEvaluation, BoardJudge
 from edgesdk.converters.board.conversion_costs import ConversionCosts
 from edgesdk.converters.board.measure import Measurement, adapt_layout, latency_ratio, measure_variant
 from edgesdk.converters.board.power import PowerBudget
@@ -240,8 +240,9 @@ def _convert_onnx(request: ConversionRequest, out: Path, notify: Progress) -> Co
                                     holdout_drop=drops.holdout(m),
                                     rejected=(f"fails on {board.name}'s own runtime: {refused}",) if refused else ()))
     candidates += accelerator_candidates(candidates, board, mode, {k: v[:1] for k, v in evaluation.items()})
-    candidates = judge_on_board(candidates, costs, BoardEvaluation(scorer, evaluation, labels, split, bound), notify)
-    plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify)
+    on_board = BoardJudge(costs, BoardEvaluation(scorer, evaluation, labels, split, bound), notify)
+    candidates = on_board.start(candidates)
+    plan = _confirmed(candidates, board, mode, bound, budget, threads, evaluation, notify, on_board)
     bundle = write_chosen_bundle(plan, out, evaluation, source_sha, scorer, request, notify, split, drops.reference_score())
     return ConversionReport(board.name, mode, scorer.name, scorer.unit, bound, plan, bundle,
                             tflite_error, parity, ranges, search, split, costs.note,
@@ -285,33 +286,39 @@ class _Drops:
 
 
 def _confirmed(candidates: list[Candidate], board: DeviceProfile, mode: str, bound: float, budget: PowerBudget,
-               threads: int, evaluation: Mapping[str, np.ndarray], notify: Progress) -> PlanResult:
-    """Plan, then time a chosen variant side by side with FP32; one not clearly faster is rejected; plan again.
+               threads: int, evaluation: Mapping[str, np.ndarray], notify: Progress, on_board: BoardJudge) -> PlanResult:
+    """Plan until the chosen variant has been judged on the board and, where its speed is scaled from this host's,
+    timed side by side with FP32.
 
-    Only for variants whose board latency is scaled from this host's (a board's own figures and emulated
-    counts are not second-guessed by this host's clock) and only while FP32 fits (otherwise size, not
-    speed, is why a variant is chosen).
+    A chosen variant not yet run on the board runs there (:class:`BoardJudge`), and the plan is made again with its
+    board drops. A chosen variant whose board latency is scaled from this host's is timed side by side with FP32; one
+    not clearly faster is rejected and the plan made again. Only while FP32 fits (otherwise size, not speed, is why a
+    variant is chosen); a board's own figures and emulated counts are not second-guessed by this host's clock.
     """
     fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
     while True:
         plan = choose(candidates, board, mode, bound, budget=budget)
         chosen = plan.chosen
+        index = next(i for i, c in enumerate(candidates) if c.name == chosen.name)
+        if on_board.wants(candidates[index]):
+            candidates[index] = on_board.judge(candidates[index])
+            continue
         fp32_judged = next((c for c in plan.candidates if c.name == "onnx-fp32"), None)
         if (fp32 is None or chosen.name == fp32.name or chosen.format != "onnx" or chosen.measurement.measured_on
                 != "this host" or chosen.estimate.basis != "estimated" or fp32_judged is None
                 or any("budget" in r for r in fp32_judged.rejected)):
-            return plan
+            break
         notify(f"timing {chosen.name} side by side with FP32", 0, 1)
         ratio = latency_ratio(chosen.path, fp32.path, board, mode, threads, evaluation)
-        index = next(i for i, c in enumerate(candidates) if c.name == chosen.name)
         note = f"side by side with FP32 on this host: {ratio:.2f}x its latency"
         if ratio <= CLEAR_GAIN:
             candidates[index] = replace(candidates[index], notes=(*candidates[index].notes, note))
-            return choose(candidates, board, mode, bound, budget=budget)
+            break
         candidates[index] = replace(candidates[index], notes=(*candidates[index].notes, note),
                                     rejected=(f"not clearly faster than FP32 when timed side by side ({ratio:.2f}x > "
                                               f"{CLEAR_GAIN})",))
         log.info("%s rejected: %s", chosen.name, note)
+    return choose(on_board.noted(candidates), board, mode, bound, budget=budget)
 
 
 def _on_board(host: Measurement, board: Any, outputs: tuple[TensorSpec, ...]) -> Measurement:

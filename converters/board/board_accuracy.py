@@ -16,12 +16,14 @@ samples:
   ``max_samples`` > 1), the selection rows the rest; in each part evenly spaced rows, in order. So a
   board drop exists on both parts, and the planner's held-out check reads the board's. Without a
   split, every row comes from the selection.
-* **Variants.** A variant is run when it could be chosen on accuracy: emulated, not refused by the
-  board's runtime already, on the CPU, and with a host selection drop within ``MARGIN`` (2) times
-  the bound (a variant far over the bound on this host is not rescued by another machine's
-  rounding). Of those, the ``max_variants`` (6) fastest by their emulated latency; the rest keep
-  this host's accuracy, and a note says why. Accelerator engines (a Jetson's TensorRT) keep their
-  CPU file's host accuracy: the emulated core does not run their kernels.
+* **Variants.** Lazily, in the planner's order: the pipeline plans, and when the variant it would
+  ship has not run on the board, that variant runs there and the planner plans again with its board
+  drops; so every variant that is chosen was judged on the board, and variants that could never be
+  chosen (slower than one that passed, over the bound on this host) cost no emulation. A variant
+  runs when it is emulated, not refused by the board's runtime already, and on the CPU; at most
+  ``max_variants`` (6) besides FP32, after which the rest keep this host's accuracy. The variants
+  that never ran keep this host's accuracy, and a note says why. Accelerator engines (a Jetson's
+  TensorRT) keep their CPU file's host accuracy: the emulated core does not run their kernels.
 
 **The drop.** ``board_drop = metric(FP32 on the board, variant on the board, labels)`` on the
 selection rows, ``board_holdout_drop`` the same on the held-out rows (FP32's own are 0). The planner
@@ -55,14 +57,11 @@ from edgesdk.converters.planning.metrics import Metric
 from edgesdk.converters.planning.planner import Candidate
 from edgesdk.errors import BoardRuntimeError, EmulatorError
 
-__all__ = ["BoardEvaluation", "board_rows", "judge_on_board", "MARGIN", "MAX_VARIANTS"]
+__all__ = ["BoardEvaluation", "BoardJudge", "board_rows", "MAX_VARIANTS"]
 
 log = logging.getLogger(__name__)
 
-#: A variant runs on the board when its host selection drop is at most this many times the bound.
-MARGIN = 2.0
-#: At most this many variants (besides FP32) run on the board: the fastest by their emulated
-#: latency.
+#: At most this many variants (besides FP32) run on the board (module doc, "Variants").
 MAX_VARIANTS = 6
 
 
@@ -99,45 +98,89 @@ def _spaced(rows: np.ndarray, count: int) -> np.ndarray:
     return rows[np.unique(np.linspace(0, len(rows) - 1, count).round().astype(np.int64))]
 
 
-def judge_on_board(
-    candidates: Sequence[Candidate],
-    costs: ConversionCosts,
-    data: BoardEvaluation,
-    notify: Callable[[str, int, int], None],
-) -> list[Candidate]:
-    """``candidates`` with their board accuracy (module doc); unchanged when not emulating, but for
-    variants a fleet device measured (``measure_on``), whose basis names that device."""
-    fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
-    cost = costs.costs.get("onnx-fp32")
-    if costs.emulator is None or fp32 is None or cost is None:
-        return [_measured_on(c) for c in candidates]
-    board = _Board(costs.emulator, cost.counts[0].cpu, costs.board.name, data, notify)
-    judged = list(candidates)
-    try:
-        reference = board.run(fp32)
-    except BoardRuntimeError as exc:
-        note = f"accuracy from this host: FP32 fails on {board.name}'s runtime (no board reference)"
+class BoardJudge:
+    """FP32 on the board once (:meth:`start`), then each variant the planner would ship (:meth:`judge`).
+
+    Without emulation (or with no FP32 to compare with) it is inactive: :meth:`start` returns the
+    candidates unchanged, but for variants a fleet device measured (``measure_on``), whose basis
+    names that device, and :meth:`wants` is False.
+    """
+
+    def __init__(
+        self,
+        costs: ConversionCosts,
+        data: BoardEvaluation,
+        notify: Callable[[str, int, int], None],
+    ) -> None:
+        self.costs, self.data, self.notify = costs, data, notify
+        self.judged: list[str] = []
+        self._board: _Board | None = None
+        self._score: _Scorer | None = None
+
+    def start(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """``candidates`` with FP32 judged on the board (the reference of every board drop)."""
+        fp32 = next((c for c in candidates if c.name == "onnx-fp32"), None)
+        cost = self.costs.costs.get("onnx-fp32")
+        if self.costs.emulator is None or fp32 is None or cost is None:
+            return [_measured_on(c) for c in candidates]
+        board = _Board(self.costs.emulator, cost.counts[0].cpu, self.costs.board.name, self.data, self.notify)
+        try:
+            reference = board.run(fp32)
+        except BoardRuntimeError as exc:
+            note = f"accuracy from this host: FP32 fails on {board.name}'s runtime (no board reference)"
+            return [
+                replace(c, rejected=(*c.rejected, f"fails on {board.name}'s own runtime: {exc}"))
+                if c is fp32
+                else replace(c, notes=(*c.notes, note))
+                for c in candidates
+            ]
+        except EmulatorError as exc:
+            log.warning("accuracy judged on this host's outputs: the board emulator failed (%s)", exc)
+            return list(candidates)
+        self._board = board
+        self._score = _Scorer(self.data, reference, len(board.selection), board.rows)
+        return [self._score.judged(c, reference, board.basis) if c is fp32 else c for c in candidates]
+
+    def wants(self, c: Candidate) -> bool:
+        """True when ``c`` should run on the board before it is shipped (module doc, "Variants")."""
+        return (
+            self._board is not None
+            and self._is_runnable(c)
+            and c.name not in self.judged
+            and len(self.judged) < self.data.max_variants
+        )
+
+    def _is_runnable(self, c: Candidate) -> bool:
+        return (
+            c.name != "onnx-fp32"
+            and c.accelerator is None
+            and c.name in self.costs.costs
+            and c.name not in self.costs.failures
+        )
+
+    def judge(self, c: Candidate) -> Candidate:
+        """``c`` with its board drops, or rejected with the board's reason."""
+        assert self._board is not None and self._score is not None, "start() found no board reference"
+        self.judged.append(c.name)
+        return self._board.judge(c, self._score)
+
+    def noted(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """``candidates``, each variant that could have run on the board but did not with a note why."""
+        if self._board is None:
+            return list(candidates)
+        capped = len(self.judged) >= self.data.max_variants
+        why = (
+            f"the cap of {self.data.max_variants} board runs was reached"
+            if capped
+            else "the planner chose another variant before it"
+        )
+        note = f"accuracy from this host: not run on the board ({why})"
         return [
-            replace(c, rejected=(*c.rejected, f"fails on {board.name}'s own runtime: {exc}"))
-            if c is fp32
-            else replace(c, notes=(*c.notes, note))
-            for c in judged
+            replace(c, notes=(*c.notes, note))
+            if self._is_runnable(c) and c.name not in self.judged and not c.rejected
+            else c
+            for c in candidates
         ]
-    except EmulatorError as exc:
-        log.warning("accuracy judged on this host's outputs: the board emulator failed (%s)", exc)
-        return judged
-    score = _Scorer(data, reference, len(board.selection), board.rows)
-    runnable = _runnable(judged, costs, data)
-    for i, c in enumerate(judged):
-        if c.accelerator is not None:
-            continue
-        if c is fp32:
-            judged[i] = score.judged(c, reference, board.basis)
-        elif c.name in runnable:
-            judged[i] = board.judge(c, score)
-        elif c.name in costs.costs and not c.rejected:
-            judged[i] = replace(c, notes=(*c.notes, _not_run(c, data, runnable)))
-    return judged
 
 
 def _measured_on(c: Candidate) -> Candidate:
@@ -192,33 +235,6 @@ class _Board:
             )
             return c
         return score.judged(c, outputs, self.basis)
-
-
-def _runnable(
-    candidates: Sequence[Candidate], costs: ConversionCosts, data: BoardEvaluation
-) -> set[str]:
-    """Names of the variants that run on the board (module doc, "Variants")."""
-    eligible = [
-        c
-        for c in candidates
-        if c.name != "onnx-fp32"
-        and c.accelerator is None
-        and not c.rejected
-        and c.name in costs.costs
-        and c.name not in costs.failures
-        and c.accuracy_drop <= MARGIN * data.bound
-    ]
-    eligible.sort(key=lambda c: costs.costs[c.name].latency_ms)
-    return {c.name for c in eligible[: data.max_variants]}
-
-
-def _not_run(c: Candidate, data: BoardEvaluation, runnable: set[str]) -> str:
-    if c.accuracy_drop > MARGIN * data.bound:
-        return (
-            f"accuracy from this host: not run on the board (host drop {c.accuracy_drop:.3g} > "
-            f"{MARGIN:g} x the bound)"
-        )
-    return f"accuracy from this host: not run on the board ({len(runnable)} faster variants were)"
 
 
 class _Scorer:

@@ -89,6 +89,9 @@ def _classifier(path: Path) -> Path:
 def _request(
     model: Path, data: dict[str, np.ndarray], out: Path, metric: str, bound: float
 ) -> ConversionRequest:
+    """Static INT8 of the Gemm alone (the Conv stays FP32, so INT8 is slower than FP16 on the
+    A76): FP16 is the variant the planner would ship, so it runs on the board (the board judges
+    lazily, only what would be chosen)."""
     config = QuantizationConfig.arm64()
     config = config.__class__(
         **{
@@ -96,6 +99,7 @@ def _request(
             "calibration_methods": ("minmax",),
             "max_search_candidates": 0,
             "dynamic_op_types": (),
+            "static_op_types": ("Gemm",),
         }
     )
     return ConversionRequest(
@@ -196,7 +200,8 @@ def test_a_variant_the_board_computes_differently_but_to_the_same_classes_is_not
     """FP16 of the classifier: its logits on the board differ from this host's by more than the 0.05
     the old output check allowed (FP16 accumulation on the A76), yet every sample keeps its class
     against FP32 on the board: its board drop is 0, the difference is reported, and nothing rejects
-    it on accuracy."""
+    it on accuracy, and it is chosen. INT8 (of the Gemm alone) is slower than FP16: the planner never
+    chose it, so it never ran on the board and keeps this host's accuracy, with a note saying why."""
     model = _classifier(tmp_path / "classifier.onnx")
     x = np.random.default_rng(2).standard_normal((8, 16, 12, 12)).astype(np.float32)
     report = convert(_request(model, {"x": x}, tmp_path / "out", "top1_agreement", 1.0))
@@ -206,7 +211,11 @@ def test_a_variant_the_board_computes_differently_but_to_the_same_classes_is_not
     assert fp16.board_drop == 0.0 and fp32.board_drop == 0.0
     assert fp16.host_board_difference is not None and fp16.host_board_difference > 0.05
     assert fp32.host_board_difference is not None and fp32.host_board_difference < 0.05
-    assert not [r for r in fp16.rejected if "accuracy" in r or "runtime" in r or "differs" in r]
+    assert not fp16.rejected and fp16.chosen
+    int8 = rows["onnx-int8-static-minmax"]
+    assert int8.estimate.latency_ms > fp16.estimate.latency_ms
+    assert int8.accuracy_basis == "this host" and int8.board_drop is None
+    assert "accuracy from this host: not run on the board (the planner chose another variant before it)" in int8.notes
     row = next(v for v in report.to_dict()["variants"] if v["name"] == "onnx-fp16")
     assert row["accuracy_basis"] == fp16.accuracy_basis and row["host_board_difference"] > 0.05
     manifest = report.bundle.manifest.measured["accuracy"]
@@ -215,17 +224,33 @@ def test_a_variant_the_board_computes_differently_but_to_the_same_classes_is_not
 
 
 def _overflowing(path: Path) -> Path:
-    """y = Gemm(x, [-200, -200, 200, 200]) over x = four equal values v: 0 in FP32. In FP16 on the
-    A76 the partial sum -400 v is past 65504 for v >= 164, so the board answers -inf; x86 computes
-    it in FP32."""
+    """y = Gemm(x, [-200, -200, 200, 200]) + 0 * mean(Conv(z)) over x = four equal values v: 0 in
+    FP32. In FP16 on the A76 the partial sum -400 v is past 65504 for v >= 164, so the board
+    answers -inf; x86 computes it in FP32. The Conv on z makes FP16 faster than FP32 on the A76,
+    so FP16 is what the planner would ship and it runs on the board."""
+    rng = np.random.default_rng(0)
     weights = np.array([[-200.0], [-200.0], [200.0], [200.0]], np.float32)
-    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"])]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["g"]),
+        helper.make_node("Conv", ["z", "cw"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c"], ["m"], keepdims=0),
+        helper.make_node("Mul", ["m", "zero"], ["nothing"]),
+        helper.make_node("Add", ["g", "nothing"], ["y"]),
+    ]
     return _save(
         path,
         nodes,
-        [helper.make_tensor_value_info("x", F, [1, 4])],
+        [
+            helper.make_tensor_value_info("x", F, [1, 4]),
+            helper.make_tensor_value_info("z", F, [1, 16, 12, 12]),
+        ],
         [helper.make_tensor_value_info("y", F, [1, 1])],
-        {"w": weights, "b": np.ones(1, np.float32)},
+        {
+            "w": weights,
+            "b": np.ones(1, np.float32),
+            "cw": (rng.standard_normal((32, 16, 3, 3)) / 12).astype(np.float32),
+            "zero": np.zeros((), np.float32),
+        },
     )
 
 
@@ -233,7 +258,8 @@ def _overflowing(path: Path) -> Path:
 def test_a_variant_answering_infinity_on_the_board_is_vetoed_alone(tmp_path):
     model = _overflowing(tmp_path / "overflowing.onnx")
     x = np.repeat(np.linspace(180, 250, 6, dtype=np.float32)[:, None], 4, axis=1)
-    report = convert(_request(model, {"x": x}, tmp_path / "out", "max_abs_error", 0.05))
+    z = np.random.default_rng(3).standard_normal((6, 16, 12, 12)).astype(np.float32)
+    report = convert(_request(model, {"x": x, "z": z}, tmp_path / "out", "max_abs_error", 0.05))
     rows = {c.name: c for c in report.plan.candidates}
     fp16 = rows["onnx-fp16"]
     assert fp16.accuracy_drop < 1e-6, "this host computes the FP16 variant right"
