@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import COMMAND_TTL_S, PREFIX, Topics, check_id
 from edgesdk.fleet.records import AgentEvent, GroupRelease, RolloutPolicy, RolloutRecord, RolloutState
 from edgesdk.fleet.reports import MAX_REPORT_BYTES
@@ -321,19 +322,32 @@ class OTAServer:
         device, transfer_id, indices = request.device, request.transfer_id, list(request.chunks)
         if self.chunks.serve(device, transfer_id, indices) or self.measurements.serve(device, transfer_id, indices):
             return
-        if self._reopen(transfer_id):
+        if self._reopen(device, transfer_id):
             self.chunks.serve(device, transfer_id, indices)
 
-    def _reopen(self, transfer_id: str) -> bool:
-        """Open a stage's transfer again for a rollout this server drives now (after a restart or a take-over)."""
+    def _reopen(self, device: str, transfer_id: str) -> bool:
+        """Open a stage's transfer again for a rollout this server drives now (after a restart or a take-over), once
+        the store says ``device`` is a target of it.
+
+        The device chooses the id, so nothing is loaded, hashed or remembered for it before that check: a request
+        for a transfer that is not open and not the device's costs a refusal count (``not_target``) and one store
+        read, never an archive load (which runs on the MQTT network thread and stalls every device's reports).
+        """
         match = STAGE_TRANSFER.match(transfer_id)
         # In memory first: every replica hears every chunk request, and only the driver answers.
         if match is None or match["revert"] or match["rollout"] not in self.engine.driving:
             return False
+        if not self.sender.is_target(device, transfer_id):
+            self.chunks.refuse(device, transfer_id)
+            return False
         r = self.db.rollout(match["rollout"], targets=False)
         if r is None or r.state == RolloutState.ABORTED:  # running, or the release its group is reconciled to
             return False
-        info = self.chunks.open(transfer_id, r.model, r.version, match["artifact"])
+        try:
+            info = self.chunks.open(transfer_id, r.model, r.version, match["artifact"])
+        except EdgeSDKError as exc:  # the release's bundle left the repository: no traceback per request
+            log.warning("cannot serve transfer %s to %s: %s", transfer_id, device, exc)
+            return False
         if r.state == RolloutState.COMPLETED:  # a late device resuming the download it began before it went away
             self.chunks.share(transfer_id, r.group)
             self.engine.serving(r.id)

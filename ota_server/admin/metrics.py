@@ -66,7 +66,7 @@ EVENT_KINDS = ("state", "event", "need")
 #: The ``kind`` labels of ``edgesdk_ota_reports_refused_total``: the device topic the message came on.
 REFUSED_KINDS = ("state", "event", "need", "measurement")
 #: Its ``reason`` labels: the report limit's ``flood``, a parser's (edgesdk.fleet.reports), the store's refusal.
-#: ``not_target``: a chunk request for a transfer (or measurement) the device is not a target of.
+#: ``not_target``: a chunk request for a transfer (or measurement) the device is not a target of, open or not.
 REFUSAL_REASONS = ("flood", "length", "json", "type", "range", "id", "missing", "store", "not_target")
 
 # 50 us .. 1 s, then a tail so a stalled database still lands in a bucket of its own.

@@ -36,7 +36,7 @@ import heapq
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +74,30 @@ class _Archive:
         return sum(len(p) for p in self.payloads)
 
 
+class ResendLog(OrderedDict[tuple[str, str], list[int]]):
+    """(device, transfer) -> the chunk indices re-sent to it on request, oldest first.
+
+    Bounded, as a device that asks once a second for an hour would otherwise grow it without end: the newest
+    ``max_keys`` pairs are kept, each with its newest ``max_indices`` indices.
+    """
+
+    def __init__(self, max_keys: int = 4096, max_indices: int = 1024) -> None:
+        super().__init__()
+        self.max_keys, self.max_indices = max_keys, max_indices
+
+    def record(self, device: str, transfer_id: str, index: int) -> None:
+        """Note that chunk ``index`` of ``transfer_id`` went to ``device``."""
+        key = (device, transfer_id)
+        indices = self.get(key)
+        if indices is None:
+            indices = self[key] = []
+            while len(self) > self.max_keys:
+                self.popitem(last=False)
+        indices.append(index)
+        if len(indices) > self.max_indices:
+            del indices[: len(indices) - self.max_indices]
+
+
 class ChunkDistributor:
     """Serves the chunks of open transfers; thread-safe (MQTT handlers and the rollout engine call it)."""
 
@@ -106,8 +130,8 @@ class ChunkDistributor:
         self._transfers: dict[str, tuple[str, str, str | None]] = {}
         #: transfer -> the chunk indexes its broadcasts carry (absent: all).
         self._plans: dict[str, list[int]] = {}
-        #: (device, transfer) -> chunk indices re-sent on request (for tests and benchmarks).
-        self.resent: dict[tuple[str, str], list[int]] = defaultdict(list)
+        #: (device, transfer) -> chunk indices re-sent on request (for tests and benchmarks), bounded.
+        self.resent = ResendLog()
         #: transfer -> the devices it is for (:meth:`allow`).
         self._targets: dict[str, set[str]] = {}
         #: (device, transfer) -> whether ``device`` is a target of ``transfer`` by the store: asked for a device
@@ -116,6 +140,8 @@ class ChunkDistributor:
         self.authorize: Callable[[str, str], bool] | None = None
         #: Requests dropped because the device is not one of the transfer's targets (logged once per transfer).
         self.refused = 0
+        #: Archives loaded, verified and packed to be served (for tests and benchmarks: a non-target causes none).
+        self.loads = 0
         self._refusals_logged: set[str] = set()
         #: How long requests for a shared transfer are gathered (0: each is answered at once), and the largest
         #: archive whose requests are.
@@ -147,6 +173,7 @@ class ChunkDistributor:
                 return self._archives[self._transfers[transfer_id]].info
             archive = self._archives.get(key)
         if archive is None:  # load outside the lock: hashing 2 GiB must not stall chunk requests
+            self.loads += 1
             data, info = self._load(name, version, *([artifact] if artifact else []))
             archive = _Archive(*compress_chunks(data, info, self.min_saving))
         with self._lock:
@@ -302,14 +329,7 @@ class ChunkDistributor:
         if archive is None:
             return False
         if not self._is_target(device, transfer_id):
-            self._on_stranger()
-            with self._lock:
-                self.refused += 1
-                first = transfer_id not in self._refusals_logged
-                self._refusals_logged.add(transfer_id)
-            if first:
-                log.warning("refusing chunks of transfer %s to %s: not one of its targets (further refusals of this "
-                            "transfer are only counted)", transfer_id, device)
+            self.refuse(device, transfer_id)
             return True
         self.requests += 1
         if self._outbox() > self.max_outbox:
@@ -334,6 +354,22 @@ class ChunkDistributor:
         if not self._gather(transfer_id, archive, device, wanted):
             self._resend(archive, transfer_id, device, wanted)
         return True
+
+    def refuse(self, device: str, transfer_id: str) -> None:
+        """Count a chunk request ``device`` may not make: ``transfer_id`` is not one it is a target of.
+
+        Logged once per open transfer; a request for one that is not open (the device chose the id) is only
+        counted, so random ids cost no log line and no memory.
+        """
+        self._on_stranger()
+        with self._lock:
+            self.refused += 1
+            first = transfer_id in self._transfers and transfer_id not in self._refusals_logged
+            if first:
+                self._refusals_logged.add(transfer_id)
+        if first:
+            log.warning("refusing chunks of transfer %s to %s: not one of its targets (further refusals of this "
+                        "transfer are only counted)", transfer_id, device)
 
     def _gather(self, transfer_id: str, archive: _Archive, device: str, wanted: list[int]) -> bool:
         """Hold ``device``'s request for the transfer's next flush; False when its requests are not gathered."""
@@ -391,7 +427,8 @@ class ChunkDistributor:
 
     def _resend(self, archive: _Archive, transfer_id: str, device: str, indices: list[int]) -> None:
         for index in indices:
-            self.resent[(device, transfer_id)].append(index)
+            with self._lock:
+                self.resent.record(device, transfer_id, index)
             self._publish(f"{Topics.device_chunks(device, transfer_id)}/{index}", archive.payloads[index])
 
     def broadcast(self, group: str, transfer_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from edgesdk.fleet.protocol import ArchiveInfo, Topics
-from edgesdk.ota_server.devices.chunks import ChunkDistributor
+from edgesdk.ota_server.devices.chunks import ChunkDistributor, ResendLog
 
 
 def _service():
@@ -56,3 +56,29 @@ def test_broadcast_and_resend_publish_the_hashed_bytes_on_the_right_topics():
     assert not chunks.serve("cam1", "r1-w0", [0]) and sent == []
     chunks.broadcast("cams", "r1-w0")
     assert sent == []
+
+
+def test_the_resend_log_keeps_the_newest_pairs_and_indices_only():
+    """A device asking once a second for an hour must not grow the server's memory (issue 60)."""
+    chunks, _, _, _ = _service()
+    chunks.repeat_s = 0.0
+    chunks.resent = ResendLog(max_keys=3, max_indices=4)
+    chunks.open("r1-w0", "m", "1.0.0")
+    for _ in range(10):
+        chunks.serve("cam1", "r1-w0", [0, 1, 2])
+    assert chunks.resent[("cam1", "r1-w0")] == [2, 0, 1, 2]
+    for device in ("cam2", "cam3", "cam4"):
+        chunks.serve(device, "r1-w0", [1])
+    assert list(chunks.resent) == [("cam2", "r1-w0"), ("cam3", "r1-w0"), ("cam4", "r1-w0")]
+
+
+def test_a_refused_request_for_a_transfer_not_open_is_only_counted():
+    """The device chooses the id: a refusal for one that is not open leaves no log line and nothing remembered."""
+    chunks, loads, _, _ = _service()
+    chunks.authorize = lambda device, transfer: False
+    chunks.open("r1-w0", "m", "1.0.0")
+    for i in range(100):
+        chunks.refuse("stranger", f"r1-w{i + 1}")
+    assert chunks.refused == 100 and chunks._refusals_logged == set()
+    assert chunks.serve("stranger", "r1-w0", [0]) and chunks.refused == 101
+    assert chunks._refusals_logged == {"r1-w0"} and loads == [("m", "1.0.0")] and chunks.loads == 1

@@ -218,6 +218,21 @@ def test_only_a_transfers_targets_get_its_chunks(broker, make_server, make_agent
         assert got[bystander] == [] and got["p1"] == [] and server.chunks.is_open(transfer)
         metrics = server.metrics.render()[0].decode()
         assert 'edgesdk_ota_reports_refused_total{kind="need",reason="not_target"} 4.0' in metrics
+        # Closed again: a non-target naming it, stages that never were, or another board's artifact is refused
+        # before any work (no archive loaded, nothing opened); the target's next request opens it once.
+        server.chunks.close(transfer)
+        loads, refused = server.chunks.loads, server.chunks.refused
+        hostile = [transfer, *(f"{rollout}-w{n}" for n in range(1, 9)), f"{rollout}-w0.rpi5-aarch64",
+                   f"{rollout}-w0.no-such-board"]
+        for asked in hostile:
+            clients[bystander].publish(Topics.need(bystander), json.dumps({"transfer_id": asked,
+                                                                            "chunks": [0]}).encode())
+        wait_for(lambda: server.chunks.refused == refused + len(hostile), what="every hostile request refused")
+        assert server.chunks.loads == loads and not server.chunks.is_open(transfer)
+        assert not any(server.chunks.is_open(t) for t in hostile)
+        clients[target].publish(Topics.need(target), json.dumps({"transfer_id": transfer, "chunks": [3]}).encode())
+        wait_for(lambda: len(got[target]) == 4, what="the target's chunk, the transfer opened again")
+        assert server.chunks.loads == loads + 1 and server.chunks.refused == refused + len(hostile)
     finally:
         for client in clients.values():
             client.close()
