@@ -291,6 +291,7 @@ class RolloutEngine:
         if since >= every and (not work.releases_idle or self.reconciler.serving or since >= self.lease_s / 2):
             self._last_reconcile = now
             self.reconciler.run_releases(now, room, work, self.holder, self.lease_s)
+        self.reconciler.keep_only(driving | self.reconciler.releases)
         if work.reverting or self.reverts.reverting:
             self.reverts.finish(now)
 

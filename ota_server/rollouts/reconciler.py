@@ -134,6 +134,13 @@ class Reconciler:
             self.sender.finish(gone)
         self.releases = releases
 
+    def keep_only(self, rollouts: set[str]) -> None:
+        """Forget what was kept for rollouts not in ``rollouts`` (those driven here and the releases leased here):
+        superseded, finished or driven elsewhere, they would otherwise stay in memory for the server's life."""
+        for kept in (self._chased, self._failed_seen):
+            for gone in set(kept) - rollouts:
+                del kept[gone]
+
     def room(self, in_flight: int) -> int:
         """How many more catch-ups may start now, with ``in_flight`` running across the fleet (the cap less those)."""
         return max(0, self.max_catch_up - in_flight)

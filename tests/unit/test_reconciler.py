@@ -466,3 +466,19 @@ def test_a_state_naming_an_aborted_rollouts_version_leaves_that_rollouts_target_
     (after,) = [t for t in engine.status(aborted).targets if t.device_id == canary]
     assert after.status == before.status != TargetStatus.COMMITTED, (before, after)
     assert engine.status(later).state == RolloutState.COMPLETED
+
+
+def test_what_the_reconciler_keeps_for_a_release_goes_when_the_release_is_superseded(ten_cams):
+    """Issue 60: its chase times and failure counts were kept by rollout id for the server's life."""
+    db, clock, recorder, engine = ten_cams
+    first = _complete(db, clock, recorder, engine)
+    for i in (7, 8, 9):
+        db.upsert_device(f"cam{i}", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    _settle(engine, clock, 1)
+    _commit(engine, first, ["cam7", "cam8", "cam9"], "rolled_back", "health check failed")
+    _settle(engine, clock, 4)
+    assert first in engine.reconciler._chased and first in engine.reconciler._failed_seen
+    second = _complete(db, clock, recorder, engine, version="3.0.0")
+    _settle(engine, clock, 4)
+    assert set(engine.reconciler._chased) | set(engine.reconciler._failed_seen) <= {second}
+    assert first not in engine.reconciler.releases
