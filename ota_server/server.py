@@ -134,7 +134,8 @@ class OTAServer:
         self.chunks = ChunkDistributor(repository.archive, self._publish, min_saving=config.compress_min_saving,
                                        outbox=self._outbox, on_stranger=stranger, coalesce_s=config.chunk_coalesce_s)
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s,
-                                         on_refused=self.reports.refuse, on_stranger=stranger)
+                                         on_refused=self.reports.refuse, on_stranger=stranger,
+                                         admit=lambda device: self.guard.admit(device, "measurement"))
         self.groups = GroupGuard(db, config.require_provisioning, on_refused=self.metrics.group_refused)
         self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups,
                              on_dropped=self.reports.dropped, linger_s=config.ingest_linger_s,

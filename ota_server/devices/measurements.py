@@ -83,7 +83,8 @@ class Measurements:
     def __init__(self, publish: Callable[[str, bytes], None], signing_key: Any, db: FleetDB,
                  timeout_s: float = 600.0, keep: int = 100, max_result_bytes: int = MAX_RESULT_BYTES,
                  on_refused: Callable[[str, str, ReportError], None] | None = None,
-                 on_stranger: Callable[[], None] = lambda: None) -> None:
+                 on_stranger: Callable[[], None] = lambda: None,
+                 admit: Callable[[str], bool] = lambda device: True) -> None:
         if keep < 1:
             raise TransferError(f"keep={keep} must be at least 1: a finished measurement must stay readable")
         self._publish, self._key, self._db = publish, signing_key, db
@@ -96,6 +97,9 @@ class Measurements:
         self._on_refused = on_refused
         #: Called for each chunk request from another device than the measurement's (the server counts it).
         self._on_stranger = on_stranger
+        #: Whether a result message of this device is read now (the server's per-device rate limit): a device with a
+        #: measurement running could otherwise make the server parse results of up to 32 MiB as fast as it sends.
+        self._admit = admit
 
     def request(self, device_id: str, archive: bytes, mode: str, runs: int, timeout_s: float | None = None) -> str:
         """Send ``archive`` (see :func:`edgesdk.fleet.measurement.pack_measurement`) to one online device; its id."""
@@ -143,7 +147,7 @@ class Measurements:
         with self._lock:
             expected = any(m.device == Topics.device_of(topic) and m.status not in _FINISHED
                            for m in self._items.values())
-        if not expected:
+        if not expected or not self._admit(Topics.device_of(topic)):
             return
         try:
             device = check_id(Topics.device_of(topic), "device id")

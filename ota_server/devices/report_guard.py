@@ -7,7 +7,7 @@ single device can grow the queue, the event log and the server's CPU without bou
 agent sends a handful of events per deployment and a state when something changes, so the
 limits below sit far above it.
 
-- **Events** (and chunk requests) pass a token bucket per device: ``burst`` at once, then
+- **Events** (and chunk requests and measurement results) pass one token bucket per device: ``burst`` at once, then
   ``rate`` per second. What is over it is dropped unparsed and counted.
 - **States** are the device's latest word, so none is simply dropped: over its bucket, a state
   waits in :attr:`ReportGuard.deferred` (one per device, a newer replacing an older) until the
@@ -106,8 +106,9 @@ class ReportGuard:
 
     def admit(self, device: str, kind: str) -> bool:
         """True: read this event or chunk request; False: drop it (it is counted)."""
-        if kind not in ("event", "need"):
-            raise EdgeSDKError(f"ReportGuard.admit kind={kind!r} must be 'event' or 'need'; states use admit_state")
+        if kind not in ("event", "need", "measurement"):
+            raise EdgeSDKError(f"ReportGuard.admit kind={kind!r} must be 'event', 'need' or 'measurement'; states use "
+                               "admit_state")
         lim = self.limits
         with self._lock:
             if self._take(self._events, device, lim.event_burst, lim.event_per_s):
@@ -154,7 +155,7 @@ class ReportGuard:
     def _refused(self, device: str, kind: str) -> None:
         flood = self._floods.get(device)
         if flood is None:
-            flood = self._floods[device] = _Flood(self._clock(), dict.fromkeys(("state", "event", "need"), 0))
+            flood = self._floods[device] = _Flood(self._clock(), dict.fromkeys(("state", "event", "need", "measurement"), 0))
         flood.refused[kind] += 1
         if self._on_refused is not None:
             self._on_refused(kind)

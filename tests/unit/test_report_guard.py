@@ -57,11 +57,11 @@ def test_a_flood_is_reported_once_per_period_with_what_was_refused():
     guard.admit_state("cam0", "t", b"3")  # replaces 2
     clock.now += 5
     (report,) = guard.flood_reports()
-    assert report == ("cam0", {"state": 1, "event": 3, "need": 0}, 5.0)
+    assert report == ("cam0", {"state": 1, "event": 3, "need": 0, "measurement": 0}, 5.0)
     guard.admit("cam0", "need")
     assert list(guard.flood_reports()) == []  # within the period: summed into the next report
     clock.now += 60
-    assert list(guard.flood_reports()) == [("cam0", {"state": 0, "event": 0, "need": 1}, 60.0)]
+    assert list(guard.flood_reports()) == [("cam0", {"state": 0, "event": 0, "need": 1, "measurement": 0}, 60.0)]
     assert list(guard.flood_reports()) == []  # nothing refused since
 
 
@@ -83,9 +83,9 @@ def test_limits_that_would_refuse_everything_are_refused(field, value):
         ReportLimits(**{field: value})
 
 
-def test_only_events_and_chunk_requests_are_admitted_by_kind():
+def test_only_events_chunk_requests_and_measurement_results_are_admitted_by_kind():
     guard, _, _ = _guard()
-    with pytest.raises(EdgeSDKError, match="kind='state' must be 'event' or 'need'"):
+    with pytest.raises(EdgeSDKError, match="kind='state' must be 'event', 'need' or 'measurement'"):
         guard.admit("cam0", "state")
 
 
@@ -106,4 +106,27 @@ def test_a_measurement_result_from_a_device_with_none_running_is_not_parsed(tmp_
         assert caplog.messages == []
         measurements.on_result(Topics.measurements("cam0"), garbage)  # cam0 has one running: read, and refused
     assert any("ignoring measurement message" in m for m in caplog.messages)
+    db.close()
+
+
+def test_a_device_flooding_measurement_results_is_read_only_as_far_as_its_bucket(tmp_path, monkeypatch):
+    """Issue 60: results (up to 32 MiB each) bypassed the rate guard; they share the device's event bucket."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from edgesdk.fleet.protocol import Topics
+    from edgesdk.ota_server.devices import measurements as module
+    from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
+
+    guard, _, refused = _guard(event_burst=3, event_per_s=0.001)
+    parsed = []
+    real_parse = module.parse_result
+    monkeypatch.setattr(module, "parse_result", lambda payload, limit: (parsed.append(1), real_parse(payload, limit))[1])
+    db = FleetDB(tmp_path / "fleet.db")
+    db.upsert_devices([DeviceState("cam0", "cams", "online", "digits", "1.0.0", (), 1.0)])
+    measurements = module.Measurements(lambda topic, payload: None, Ed25519PrivateKey.generate(), db,
+                                       admit=lambda device: guard.admit(device, "measurement"))
+    measurements.request("cam0", b"an archive", "latency", 10)
+    for _ in range(20):
+        measurements.on_result(Topics.measurements("cam0"), b"{" * 1000)
+    assert len(parsed) == 3 and refused == ["measurement"] * 17
     db.close()
