@@ -106,6 +106,8 @@ class Reconciler:
         #: The last pass over the releases left devices queued (for want of room under the cap, or beyond what it
         #: read): they are a crowd already, so the next pass need not wait for more to gather.
         self.backlog = False
+        #: Which leased release goes first in the next pass's share of the room (round robin).
+        self._turn = -1
 
     def run_releases(self, now: float, room: int, work: FleetWork, holder: str, lease_s: float) -> None:
         """One pass over the groups with no rollout running: bring their devices to their release (each release
@@ -115,10 +117,17 @@ class Reconciler:
             self.db.drop_unreleased_from_queue()
         releases = set()
         self.backlog = False
-        for r in self.db.lease_releases(holder, now, lease_s):
+        leased = self.db.lease_releases(holder, now, lease_s)
+        # The room is shared between the groups: each in turn (the first one rotates pass by pass) may use an equal
+        # share of what is left, and what a group leaves unused goes to the groups after it. Spent in group order, a
+        # backlog in one group starved the groups after it.
+        self._turn = (self._turn + 1) % max(len(leased), 1)
+        order = leased[self._turn:] + leased[:self._turn]
+        for i, r in enumerate(order):
             releases.add(r.id)
+            share = -(-max(room, 0) // (len(order) - i))  # ceil: the room is never left unused for rounding
             try:
-                sent = self.run(r, room, work)
+                sent = self.run(r, share, work)
             except EdgeSDKError as exc:  # e.g. the release's bundle left the repository: say so, keep the others
                 log.error("group %s: cannot bring devices to release %s %s (%s): %s", r.group, r.model, r.version,
                           r.id, exc)

@@ -482,3 +482,31 @@ def test_what_the_reconciler_keeps_for_a_release_goes_when_the_release_is_supers
     _settle(engine, clock, 4)
     assert set(engine.reconciler._chased) | set(engine.reconciler._failed_seen) <= {second}
     assert first not in engine.reconciler.releases
+
+
+def test_the_catch_up_room_is_shared_between_groups_not_spent_in_group_order(fleet_location):
+    """Issue 60: a backlog in group "a" (alphabetically first) took the whole cap, starving group "b" behind it.
+    With a cap of 4, twelve of a's devices and two of b's returning at once: b's two go in the first pass."""
+    db = FleetDB(fleet_location)
+    for group, count in (("a", 12), ("b", 2)):
+        db.upsert_device(f"{group}0", group, "online", "digits", "1.0.0", ["digits-1.0.0"])
+        for i in range(1, count + 1):
+            db.upsert_device(f"{group}{i}", group, "offline", "digits", "1.0.0", ["digits-1.0.0"])
+    clock, recorder = Clock(), Recorder()
+    engine = RolloutEngine(db, recorder, clock, max_catch_up=4)
+    for group in ("a", "b"):
+        rid = engine.start("digits", "2.0.0", group, ONE_STAGE)
+        for _ in range(10):
+            engine.tick()
+            _commit(engine, rid, [d for _, devices in recorder.stages for d in devices])
+            clock.now += 1.5
+            if engine.status(rid).state != RolloutState.RUNNING:
+                break
+        assert engine.status(rid).state == RolloutState.COMPLETED
+    for group, count in (("a", 12), ("b", 2)):
+        for i in range(1, count + 1):
+            db.upsert_device(f"{group}{i}", group, "online", "digits", "1.0.0", ["digits-1.0.0"])
+    _settle(engine, clock, 2)
+    sent = [d for d, _ in recorder.late]
+    assert len(sent) == 4 and sorted(d for d in sent if d.startswith("b")) == ["b1", "b2"], sent
+    db.close()
