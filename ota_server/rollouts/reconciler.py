@@ -138,10 +138,22 @@ class Reconciler:
             elif r.id in self.serving and not self.db.late_in_flight(r.id):
                 self.serving.discard(r.id)
                 self.sender.finish(r.id)  # its archive is reopened by the next late send or chunk request
+        if work.late_in_flight:
+            self._close_superseded(now)
         for gone in self.serving - releases:  # superseded, or reconciled by another replica now
             self.serving.discard(gone)
             self.sender.finish(gone)
         self.releases = releases
+
+    def _close_superseded(self, now: float) -> None:
+        """Close the late targets a superseded release still has in flight: deferred once offline, timed out once
+        silent past the deploy timeout while online. Nothing is sent to them again (their group's new release reaches
+        their devices); left open, they held catch-up room for good and kept the engine from going idle."""
+        for r in self.db.superseded_in_flight():
+            last = r.stage_count - 1
+            self.db.defer_offline(r.id, last)
+            self.db.time_out_targets(r.id, last, now - r.policy.deploy_timeout_s,
+                                     f"no report in {r.policy.deploy_timeout_s:g} s (late; the release was superseded)")
 
     def keep_only(self, rollouts: set[str]) -> None:
         """Forget what was kept for rollouts not in ``rollouts`` (those driven here and the releases leased here):

@@ -298,6 +298,16 @@ class DesiredStateStore:
         return int(self.sql.rows(f"SELECT COUNT(*) AS n FROM targets WHERE {where}late = 1 AND status IN ({marks})",
                                  (*args, *IN_FLIGHT))[0]["n"])
 
+    def superseded_in_flight(self) -> list[RolloutRecord]:
+        """Completed rollouts that are no longer their group's release (a newer push superseded them) and still have
+        late targets in flight, without their targets or counts: nothing chases those any more."""
+        marks = ",".join("?" * len(IN_FLIGHT))
+        rows = self.sql.rows(
+            "SELECT * FROM rollouts WHERE state = ? AND id NOT IN (SELECT rollout_id FROM group_releases) AND id IN "
+            f"(SELECT rollout_id FROM targets WHERE late = 1 AND status IN ({marks})) ORDER BY id",
+            (RolloutState.COMPLETED.value, *IN_FLIGHT))
+        return [rollout_record(r) for r in rows]
+
     def late_counts(self, rollout_id: str, only: Sequence[TargetStatus] = ()) -> dict[TargetStatus, int]:
         """How many late targets of ``rollout_id`` are in each status (of those in ``only``, if given)."""
         among = f" AND status IN ({','.join('?' * len(only))})" if only else ""

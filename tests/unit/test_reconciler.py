@@ -510,3 +510,25 @@ def test_the_catch_up_room_is_shared_between_groups_not_spent_in_group_order(fle
     sent = [d for d, _ in recorder.late]
     assert len(sent) == 4 and sorted(d for d in sent if d.startswith("b")) == ["b1", "b2"], sent
     db.close()
+
+
+def test_late_targets_of_a_superseded_release_are_closed_once_the_deploy_timeout_passes(ten_cams):
+    """Issue 60: a late target of release R1 still in flight when R2 was pushed was never timed out or deferred: it
+    held catch-up room for good and kept the engine from going idle."""
+    db, clock, recorder, engine = ten_cams
+    first = _complete(db, clock, recorder, engine)
+    db.upsert_device("cam8", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])  # back: a late target of R1
+    db.upsert_device("cam9", "cams", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    _settle(engine, clock, 1)
+    assert db.late_in_flight(first) == 2
+    second = _complete(db, clock, recorder, engine, version="3.0.0")
+    db.upsert_device("cam9", "cams", "offline", "digits", "1.0.0", ["digits-1.0.0"])  # gone again
+    _settle(engine, clock, 2)
+    statuses = {t.device_id: t for t in engine.status(first).targets if t.late}
+    assert statuses["cam9"].status == TargetStatus.DEFERRED and statuses["cam8"].status == TargetStatus.SENT
+    clock.now += FAST.deploy_timeout_s
+    _settle(engine, clock, 2)
+    cam8 = next(t for t in engine.status(first).targets if t.device_id == "cam8")
+    assert cam8.status == TargetStatus.TIMEOUT and "superseded" in cam8.reason
+    assert db.late_in_flight(first) == 0 and db.release("cams").rollout_id == second
+    assert db.work().late_in_flight == 0, "nothing of R1 holds catch-up room or keeps the engine busy"
