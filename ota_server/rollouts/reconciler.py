@@ -138,7 +138,7 @@ class Reconciler:
             elif r.id in self.serving and not self.db.late_in_flight(r.id):
                 self.serving.discard(r.id)
                 self.sender.finish(r.id)  # its archive is reopened by the next late send or chunk request
-        if work.late_in_flight:
+        if work.late_superseded:
             self._close_superseded(now)
         for gone in self.serving - releases:  # superseded, or reconciled by another replica now
             self.serving.discard(gone)

@@ -43,6 +43,8 @@ class FleetWork:
     reverting: bool
     #: Late targets that failed (a change tells the reconciler to look at its releases' flags again).
     late_failed: int
+    #: Late targets in flight of completed rollouts that are no longer their group's release (superseded).
+    late_superseded: int = 0
 
     @property
     def releases_idle(self) -> bool:
@@ -286,10 +288,14 @@ class DesiredStateStore:
             "EXISTS (SELECT 1 FROM devices WHERE reconcile = 1) AS queued, "
             f"(SELECT COUNT(*) FROM targets WHERE late = 1 AND status IN ({marks})) AS late_in_flight, "
             f"EXISTS (SELECT 1 FROM rollouts WHERE {UNSETTLED_ABORT}) AS reverting, "
-            f"(SELECT COUNT(*) FROM targets WHERE late = 1 AND status IN ({','.join('?' * len(FAILED))})) AS failed",
-            (RolloutState.RUNNING.value, *IN_FLIGHT, *UNSETTLED_ABORT_ARGS, *FAILED))[0]
+            f"(SELECT COUNT(*) FROM targets WHERE late = 1 AND status IN ({','.join('?' * len(FAILED))})) AS failed, "
+            f"(SELECT COUNT(*) FROM targets WHERE late = 1 AND status IN ({marks}) AND rollout_id NOT IN "
+            "(SELECT rollout_id FROM group_releases) AND rollout_id IN (SELECT id FROM rollouts WHERE state = ?)) "
+            "AS superseded",
+            (RolloutState.RUNNING.value, *IN_FLIGHT, *UNSETTLED_ABORT_ARGS, *FAILED, *IN_FLIGHT,
+             RolloutState.COMPLETED.value))[0]
         return FleetWork(int(row["running"]), bool(row["queued"]), int(row["late_in_flight"]), bool(row["reverting"]),
-                         int(row["failed"]))
+                         int(row["failed"]), int(row["superseded"]))
 
     def late_in_flight(self, rollout_id: str | None = None) -> int:
         """Late targets (of one rollout, or all) whose command is out and unanswered: the catch-ups running."""
