@@ -333,8 +333,11 @@ class RolloutEngine:
                if stage == r.stage and n):
             return
         if r.stage_settled is None:
-            if not self.gate.waits_for_devices(r, counts):  # a canary whose devices were offline waits for them
-                self.db.settle_stage(r.id, now)
+            # A canary whose devices were offline waits for them.
+            if not self.gate.waits_for_devices(r, counts) and not self.db.settle_stage(
+                    r.id, now, stage=r.stage, holder=self.holder, lease_now=now):
+                log.warning("rollout %s: stage %d not settled by %s: its lease lapsed or the rollout moved on", r.id,
+                            r.stage + 1, self.holder)
             return
         if now - r.stage_settled < policy.health_window_s or not self._verdict(r):
             return  # in its health window, failed its canary verdict (aborted), or waiting (evidence, or promote)

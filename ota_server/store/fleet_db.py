@@ -344,9 +344,15 @@ class FleetDB(DesiredStateStore, ReleaseHistoryStore, CounterStore, VerdictStore
             args += [holder, lease_now]
         return sql, tuple(args)
 
-    def settle_stage(self, rollout_id: str, when: float) -> None:
-        """Every device of the current stage reported at ``when``: the health window starts."""
-        self.sql.execute("UPDATE rollouts SET wave_settled = ?, updated = ? WHERE id = ?", (when, time.time(), rollout_id))
+    def settle_stage(self, rollout_id: str, when: float, *, stage: int, holder: str | None = None,
+                     lease_now: float | None = None) -> bool:
+        """Every device of ``stage`` reported at ``when``: its health window starts. Compare-and-set: only while the
+        rollout runs at ``stage``, not settled yet, and (with ``holder``) under that holder's valid lease; False
+        otherwise. Unfenced, a driver whose lease lapsed could settle the next driver's stage and shorten its health
+        window."""
+        fence, args = self._fence(stage, holder, lease_now)
+        return self.sql.execute(f"UPDATE rollouts SET wave_settled = ?, updated = ? WHERE id = ? AND wave_settled IS "
+                                f"NULL{fence}", (when, time.time(), rollout_id, *args)) == 1
 
     def end_rollout(self, rollout_id: str, state: RolloutState, reason: str, *, stage: int | None = None,
                     holder: str | None = None, lease_now: float | None = None) -> bool:

@@ -80,7 +80,8 @@ def test_the_database_returns_records_whose_json_is_the_api_shape(fleet_location
 
     db.start_stage("r1", 0, time.time())
     db.set_target("r1", "cam0", TargetStatus.COMMITTED)
-    db.settle_stage("r1", 1.0)
+    assert not db.settle_stage("r1", 1.0, stage=1)  # compare-and-set: stage 0 runs
+    assert db.settle_stage("r1", 1.0, stage=0) and not db.settle_stage("r1", 2.0, stage=0)  # settled once
     r = db.rollout("r1")
     assert isinstance(r, RolloutRecord) and r.policy == policy and r.stage == 0 and r.stage_count == 2
     assert r.stage_sizes == (1, 2) and r.counts == {TargetStatus.COMMITTED: 1, TargetStatus.PENDING: 1}

@@ -267,6 +267,9 @@ def test_a_driver_whose_lease_lapsed_cannot_move_a_stage_or_end_the_rollout(ten_
     assert not db.end_rollout(rid, RolloutState.COMPLETED, "stale", stage=r.stage, holder=engine.holder,
                               lease_now=clock())
     assert not engine._abort(r, "stale abort")
+    assert not db.settle_stage(rid, clock(), stage=r.stage, holder=engine.holder, lease_now=clock()), \
+        "a stale driver cannot start the stage's health window (and shorten the holder's)"
+    assert engine.status(rid, targets=False).stage_settled is None
     after = engine.status(rid)
     assert after.state == RolloutState.RUNNING and after.stage == 0 and [s for s, _ in recorder.stages] == [0]
     assert other._send_stage(r, 1), "the holder moves it"
