@@ -136,17 +136,19 @@ def build_server(setup: ServerSetup) -> RunningServer:
             running.inference = serve_inference(repository, setup.inference, config=setup.inference_config,
                                                 grpc_listen=setup.inference_grpc)
         if setup.http is not None:
+            from edgesdk.ota_server.admin.client_guard import LoginLimiter, Proxies
             from edgesdk.ota_server.admin.http_api import HttpServer, create_app
             from edgesdk.ota_server.inference import parse_listen
 
             assert setup.token
             host, port = parse_listen(setup.http)
-            app = create_app(ota, setup.token, metrics=ota.metrics)
+            # One wrong-token count per client for the API and the console: a lockout holds on both.
+            proxies, limiter = Proxies(setup.behind_proxy or ""), LoginLimiter()
+            app = create_app(ota, setup.token, metrics=ota.metrics, proxies=proxies, limiter=limiter)
             if setup.console:
                 from edgesdk.ota_server.console import PREFIX, create_console
-                from edgesdk.ota_server.console.guard import Proxies
 
-                app.mount(PREFIX, create_console(ota, setup.token, proxies=Proxies(setup.behind_proxy or "")))
+                app.mount(PREFIX, create_console(ota, setup.token, proxies=proxies, limiter=limiter))
             running.http = HttpServer(app, host, port).start()
     except BaseException:
         running.stop()

@@ -60,10 +60,10 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--ui", "console", is_flag=True,
               help="Serve the operator console at /ui on the --http address (log in with the admin token).")
 @click.option("--behind-proxy", metavar="ADDRESSES",
-              help="With --ui: the reverse proxies in front of the server (IPs or networks, comma-separated; * for "
-                   "any peer). Their X-Forwarded-Proto: https makes the console's cookies Secure and their "
-                   "X-Forwarded-For names the client that wrong-token lockouts count; from anyone else both are "
-                   "ignored.")
+              help="The reverse proxies in front of the --http address (IPs or networks, comma-separated; * for "
+                   "any peer). Their X-Forwarded-For names the client that wrong-token lockouts count (the admin "
+                   "API's and the console's: one count) and their X-Forwarded-Proto: https makes the console's "
+                   "cookies Secure; from anyone else both are ignored.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="Default: admin.token beside a SQLite --db (with PostgreSQL, give --token or --token-file).")
 @click.option("--replica", is_flag=True,
@@ -150,7 +150,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
     lease_s = positive_seconds(lease, "--lease", "10s")
     reconcile_s = positive_seconds(reconcile_every, "--reconcile-every", "5s")
     if behind_proxy is not None:
-        _check_proxies(behind_proxy, console)
+        _check_proxies(behind_proxy)
     if inference_grpc and not inference_address:
         raise click.UsageError("--inference-grpc serves beside the HTTP endpoint: give --inference HOST:PORT too")
     if offload_url is None and inference_address:
@@ -202,12 +202,10 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
         embedded.stop()
 
 
-def _check_proxies(behind_proxy: str, console: bool) -> None:
-    """--behind-proxy names addresses and comes with --ui (it is the console's setting)."""
-    if not console:
-        raise click.UsageError("--behind-proxy sets whom the console believes: give --ui too")
+def _check_proxies(behind_proxy: str) -> None:
+    """--behind-proxy names addresses."""
     from edgesdk.errors import EdgeSDKError
-    from edgesdk.ota_server.console.guard import Proxies
+    from edgesdk.ota_server.admin.client_guard import Proxies
 
     try:
         Proxies(behind_proxy)

@@ -47,11 +47,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import math
 import threading
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, TransferError
 from edgesdk.fleet.records import RolloutPolicy, TargetStatus, iso_time
+from edgesdk.ota_server.admin.client_guard import LoginLimiter, Proxies
 from edgesdk.ota_server.admin.errors import error_status
 from edgesdk.ota_server.admin.metrics import ServerMetrics
 from edgesdk.ota_server.rollouts.stages import plan_json
@@ -61,12 +63,18 @@ __all__ = ["create_app", "HttpServer"]
 
 
 def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**3,
-               metrics: ServerMetrics | None = None, console: bool = False) -> Any:
+               metrics: ServerMetrics | None = None, console: bool = False, *, proxies: Proxies | None = None,
+               limiter: LoginLimiter | None = None) -> Any:
     """The Starlette app of the admin API for ``server``, answering only requests that carry ``token``.
 
     ``metrics`` enables ``GET /metrics`` (same token: Prometheus sends it as ``authorization`` in
     its scrape config); without it that route answers 404. ``console`` mounts the operator
     console at ``/ui`` (:mod:`edgesdk.ota_server.console`; its login takes the same token).
+
+    Wrong tokens count against the client (``proxies`` says who that is) in ``limiter``, the same
+    :class:`~edgesdk.ota_server.admin.client_guard.LoginLimiter` the console's login uses when it is
+    mounted with it: past its allowance a client is locked out of both (429 with ``Retry-After``,
+    the right token included), so the console's lockout cannot be walked around through the API.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -78,11 +86,26 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
         return JSONResponse({"error": str(exc), "type": type(exc).__name__ if isinstance(exc, Exception) else "Error"},
                             status_code=status)
 
+    proxies = proxies or Proxies()
+    limiter = limiter or LoginLimiter()
+
+    def locked_out(seconds: float) -> JSONResponse:
+        wait = max(1, math.ceil(seconds))
+        response = error(429, f"too many wrong tokens from your address: try again in {wait} s")
+        response.headers["Retry-After"] = str(wait)
+        return response
+
     def guarded(handler: Any) -> Any:
         async def endpoint(request: Request) -> JSONResponse:
+            client = proxies.client(request)
+            if (wait := limiter.retry_after(client)) > 0:  # refused unread: a locked-out client learns nothing
+                return locked_out(wait)
             supplied = request.headers.get("authorization", "")
             if not hmac.compare_digest(supplied.encode(), f"Bearer {token}".encode()):
+                if (wait := limiter.failed(client)) > 0:
+                    return locked_out(wait)
                 return error(401, "missing or wrong token; pass --token or set EDGESDK_TOKEN")
+            limiter.succeeded(client)
             try:
                 return await handler(request)
             except EdgeSDKError as exc:
@@ -242,7 +265,7 @@ def create_app(server: OTAServer, token: str, max_upload_bytes: int = 2 * 1024**
     if console:
         from edgesdk.ota_server.console import PREFIX, create_console
 
-        routes.append(Mount(PREFIX, app=create_console(server, token)))
+        routes.append(Mount(PREFIX, app=create_console(server, token, proxies=proxies, limiter=limiter)))
     return Starlette(routes=[
         *routes,
         Route("/api/bundles", guarded(upload), methods=["POST"]),
@@ -334,7 +357,7 @@ class HttpServer:
         import uvicorn
 
         # proxy_headers off: uvicorn would believe X-Forwarded-* from any loopback peer; the console trusts only the
-        # proxies named with --behind-proxy (edgesdk.ota_server.console.guard).
+        # proxies named with --behind-proxy (edgesdk.ota_server.admin.client_guard).
         self._server = _quiet_server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                                                     proxy_headers=False))
         self._thread = threading.Thread(target=self._server.run, name="admin-http", daemon=True)

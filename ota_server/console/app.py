@@ -20,8 +20,9 @@ Server-rendered Jinja2 pages, a stylesheet and one small script (the live rollou
 Every page but the login needs the session cookie (a GET without one is sent to the login page,
 a POST or event stream gets 403); every POST needs the session's CSRF token (403 without it).
 Cookies are ``Secure`` when the client came over HTTPS (itself, or said by a proxy the operator trusts);
-wrong tokens lock a client out for a growing time (429); form bodies over 4 KiB get 413, unread
-(:mod:`.guard`). A device's malformed details show as "—" and a note, never an error (:mod:`.details`).
+wrong tokens lock a client out for a growing time (429; :mod:`edgesdk.ota_server.admin.client_guard`, one count
+with the admin API); form bodies over 4 KiB get 413, unread (:mod:`.forms`). A device's malformed details show as
+"—" and a note, never an error (:mod:`.details`).
 Times, stages, statuses, boards and verdicts are written one way on every page (:mod:`.display`).
 """
 
@@ -36,12 +37,13 @@ from typing import Any
 from urllib.parse import quote
 
 from edgesdk.errors import ConflictError, EdgeSDKError, NotFoundError
+from edgesdk.ota_server.admin.client_guard import LoginLimiter, Proxies
 from edgesdk.ota_server.admin.errors import error_status
 from edgesdk.ota_server.server import OTAServer
 
 from . import views
 from .display import board, status_pill, status_text, when
-from .guard import FORM_MAX_BYTES, LoginLimiter, Proxies, read_form
+from .forms import FORM_MAX_BYTES, read_form
 from .session import COOKIE, LOGIN_COOKIE, SESSION_S, Sessions
 
 __all__ = ["create_console", "PREFIX"]
@@ -76,7 +78,8 @@ def create_console(server: OTAServer, token: str, proxies: Proxies | None = None
     """The console app for ``server``, its sessions keyed by the admin ``token``.
 
     ``proxies``: the reverse proxies whose ``X-Forwarded-Proto``/``-For`` are believed (default none);
-    ``limiter``: wrong-token lockouts per client (default :class:`~.guard.LoginLimiter`'s 5 free, then 30 s doubling).
+    ``limiter``: wrong-token lockouts per client (default
+    :class:`~edgesdk.ota_server.admin.client_guard.LoginLimiter`'s 5 free, then 30 s doubling).
     """
     import secrets
 

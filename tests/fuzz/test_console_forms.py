@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgesdk.ota_server.admin.client_guard import LoginLimiter
 from edgesdk.ota_server.console.details import parse_details
-from edgesdk.ota_server.console.guard import FORM_MAX_BYTES, LoginLimiter
+from edgesdk.ota_server.console.forms import FORM_MAX_BYTES
 from edgesdk.ota_server.store.fleet_db import DeviceState
 from edgesdk.runtime.signing import generate_keypair, load_private_key, load_public_key
 from tests.fuzz.hostile import EDGE_VALUES, json_values

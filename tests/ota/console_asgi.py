@@ -17,9 +17,9 @@ from typing import Any
 from urllib.parse import unquote, urlencode
 
 from edgesdk.fleet.records import RolloutPolicy
+from edgesdk.ota_server.admin.client_guard import LoginLimiter, Proxies
 from edgesdk.ota_server.admin.http_api import create_app
 from edgesdk.ota_server.console import PREFIX, create_console
-from edgesdk.ota_server.console.guard import LoginLimiter, Proxies
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.server import OTAServer, ServerConfig
 from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
@@ -143,6 +143,8 @@ def console_server(folder: Path, keys: dict, bundle: Path, devices: dict[str, st
                        for d, details in devices.items()])
     rollout = server.start_rollout("digits", "1.0.0", "cams", RolloutPolicy(analysis=False, canary=0.3, waves=(1.0,),
                                                                             health_window_s=3600))
-    app = create_app(server, TOKEN, metrics=server.metrics)
+    # As the server wires them: one wrong-token count for the admin API and the console.
+    limiter = limiter or LoginLimiter()
+    app = create_app(server, TOKEN, metrics=server.metrics, proxies=Proxies(proxies), limiter=limiter)
     app.mount(PREFIX, create_console(server, TOKEN, proxies=Proxies(proxies), limiter=limiter))
     return server, app, rollout

@@ -13,10 +13,11 @@ from urllib.parse import quote
 import pytest
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.ota_server.admin.client_guard import LoginLimiter, Proxies
 from edgesdk.ota_server.admin.http_api import HttpServer
 from edgesdk.ota_server.broker import free_port
 from edgesdk.ota_server.console.details import parse_details
-from edgesdk.ota_server.console.guard import FORM_MAX_BYTES, LoginLimiter, Proxies
+from edgesdk.ota_server.console.forms import FORM_MAX_BYTES
 from edgesdk.ota_server.console.session import COOKIE, LOGIN_COOKIE
 from tests.ota.console_asgi import TOKEN, AsgiConsole, console_server
 
@@ -99,6 +100,27 @@ def test_the_sixth_wrong_token_locks_the_client_out_for_a_growing_time_and_a_rig
     metrics = server.metrics.render()[0].decode()
     assert 'edgesdk_ota_console_logins_refused_total{reason="wrong_token"} 12.0' in metrics
     assert 'edgesdk_ota_console_logins_refused_total{reason="locked_out"} 2.0' in metrics
+
+
+def test_wrong_tokens_on_the_admin_api_and_the_console_share_one_count_and_one_lockout(console):
+    """Issue 60: the console's lockout was bypassed through the admin API, which took the same token with no
+    limit. Three wrong tokens at the login and three in the API's Authorization header lock the client out of both."""
+    _, app, _, clock = console()
+    browser = AsgiConsole(app)
+    api = [("authorization", "Bearer guess")]
+    assert [browser.login("guess").status for _ in range(3)] == [401] * 3
+    assert [browser.request("GET", "/api/devices", headers=api).status for _ in range(2)] == [401] * 2
+    locked = browser.request("GET", "/api/devices", headers=api)
+    assert locked.status == 429 and locked.header("retry-after") == "30"
+    assert json.loads(locked.text)["error"] == "too many wrong tokens from your address: try again in 30 s"
+    right = [("authorization", f"Bearer {TOKEN}")]
+    assert browser.request("GET", "/api/devices", headers=right).status == 429  # the right token too
+    assert browser.login(TOKEN).status == 429  # and the console's login
+    other = AsgiConsole(app, client=("198.51.100.8", 1))
+    assert other.request("GET", "/api/devices", headers=right).status == 200
+    clock.now += 31
+    assert browser.request("GET", "/api/devices", headers=right).status == 200  # a right token resets the count
+    assert [browser.request("GET", "/api/devices", headers=api).status for _ in range(5)] == [401] * 5
 
 
 def test_behind_a_trusted_proxy_the_lockout_counts_the_forwarded_client_and_others_cannot_forge_it(console):
@@ -230,15 +252,13 @@ def test_parse_details_types_every_field_and_names_what_it_dropped():
     assert parse_details([1]).malformed == ("details",) and parse_details(None).malformed == ()
 
 
-def test_edgesdk_server_takes_behind_proxy_with_ui_and_addresses_only(tmp_path):
+def test_edgesdk_server_takes_behind_proxy_addresses_only(tmp_path):
     from click.testing import CliRunner
 
     from edgesdk.cli.server import server
 
     base = ["--broker", "mqtt://127.0.0.1:1", "--repo", str(tmp_path / "repo"), "--db", str(tmp_path / "fleet.db"),
             "--key", __file__]
-    without_ui = CliRunner().invoke(server, [*base, "--behind-proxy", "127.0.0.1"])
-    assert without_ui.exit_code == 2 and "give --ui too" in without_ui.output
     wrong = CliRunner().invoke(server, [*base, "--ui", "--behind-proxy", "127.0.0.1,nginx"])
     assert wrong.exit_code == 2 and "'nginx' is not an IP address or network" in wrong.output
 

@@ -1,14 +1,14 @@
-"""The console's front door: who sent a request and over what, how many wrong tokens it may try, and capped forms.
+"""Who sent a request to the admin address, and how many wrong admin tokens it may try: shared by the admin API and
+the console, so a lockout earned on one holds on the other.
 
 - **Proxies.** ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed only from the proxies the operator names
   (``edgesdk server --behind-proxy ADDRESSES``: IPs or networks, or ``*``). From anyone else they are ignored: the
   client is the connection's peer and the scheme is the connection's own.
 - **Lockout.** Each client (its address, or the forwarded one behind a trusted proxy) may get the admin token wrong
-  :attr:`LoginLimiter.free` times (5); every failure after that locks it out, for twice as long as the one before
-  (30 s, 1 min, 2 min, ... up to an hour). A locked-out client gets 429 with ``Retry-After`` whatever it sends, the
-  right token included; a right login resets its count. Counts live in this process (each replica keeps its own).
-- **Forms.** A console form is a few short fields: a body over :data:`FORM_MAX_BYTES` is refused with 413, and
-  reading stops at the cap (a declared ``Content-Length`` over it is refused before any byte is read).
+  :attr:`LoginLimiter.free` times (5), on the console's login or in the API's ``Authorization`` header alike; every
+  failure after that locks it out, for twice as long as the one before (30 s, 1 min, 2 min, ... up to an hour). A
+  locked-out client gets 429 with ``Retry-After`` whatever it sends, the right token included; a right token resets
+  its count. Counts live in this process (each replica keeps its own).
 """
 
 from __future__ import annotations
@@ -20,14 +20,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
 
 from edgesdk.errors import EdgeSDKError
 
-__all__ = ["FORM_MAX_BYTES", "Proxies", "LoginLimiter", "read_form"]
-
-#: The largest console form body accepted (the login form and the action forms are under 300 bytes).
-FORM_MAX_BYTES = 4096
+__all__ = ["Proxies", "LoginLimiter"]
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -153,18 +149,3 @@ class LoginLimiter:
             del self._records[client]
         while len(self._records) > self.max_clients:
             self._records.popitem(last=False)
-
-
-async def read_form(request: Any, cap: int = FORM_MAX_BYTES) -> dict[str, str] | None:
-    """A urlencoded form's fields (the last value of each), or None when the body is over ``cap`` bytes: then no more
-    than ``cap`` bytes (plus the chunk that crossed it) were read."""
-    declared = request.headers.get("content-length", "").strip()
-    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > cap:
-            return None
-    text = body.decode("utf-8", "replace")
-    return {key: values[-1] for key, values in parse_qs(text).items()}
