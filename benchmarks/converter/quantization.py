@@ -72,6 +72,7 @@ from edgesdk.converters.planning.planner import Candidate  # noqa: E402
 from edgesdk.converters.quantization.config import CalibrationMethod, QuantizationConfig  # noqa: E402
 from edgesdk.converters.quantization.model_runs import run_model  # noqa: E402
 from edgesdk.converters.report import ConversionReport  # noqa: E402
+from edgesdk.errors import EdgeSDKError  # noqa: E402
 
 REPORTED = "raspberry-pi-4"  # PROFILE: the Pi 5
 BOUND = 1.0
@@ -141,22 +142,26 @@ def _variant_rows(report: ConversionReport, emulator: Emulator, sample: dict, qu
     fp32_ms, pi4 = fp32.estimate.latency_ms, load_profile(REPORTED)
     variants = {}
     for c in report.plan.candidates:
-        a72 = board_cost(emulator, c.path, sample, pi4, "latency") \
-            if not quick or c.chosen or c is fp32 else None
-        count = c.estimate.counts[0]
+        a72 = None
+        if (not quick or c.chosen or c is fp32) and c.estimate.counts:  # no counts: it failed on the A76 already
+            try:
+                a72 = board_cost(emulator, c.path, sample, pi4, "latency")
+            except EdgeSDKError as exc:  # a variant the A72's runtime refuses has no A72 figure, the rest go on
+                log(f"  {c.name}: no A72 figure: {exc}")
+        count = c.estimate.counts[0] if c.estimate.counts else None
         variants[c.name] = {
             "a76_ms": round(c.estimate.latency_ms, 4),
             "a76_ratio_vs_fp32": round(c.estimate.latency_ms / fp32_ms, 4),
-            "a76_instructions": round(count.instructions), "basis": c.estimate.basis,
+            "a76_instructions": None if count is None else round(count.instructions), "basis": c.estimate.basis,
             "a72_ratio_vs_fp32": None, "a72_ms": None if a72 is None else round(a72.latency_ms, 4),
             **_ours(c),
             "size_ratio": round(c.measurement.size_bytes / fp32.measurement.size_bytes, 4),
             "host_ms": round(c.measurement.latency_p50_ms, 4),
-            "fusion_a76": None if count.fusion is None else {
+            "fusion_a76": None if count is None or count.fusion is None else {
                 k: v for k, v in count.fusion.to_dict().items() if k != "op_types"},
             "rejected": list(c.rejected), "chosen": c.chosen}
     for row in variants.values():
-        if row["a72_ms"] is not None:
+        if row["a72_ms"] is not None and variants["onnx-fp32"]["a72_ms"]:
             row["a72_ratio_vs_fp32"] = round(row["a72_ms"] / variants["onnx-fp32"]["a72_ms"], 4)
     return variants
 
