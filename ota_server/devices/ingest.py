@@ -14,27 +14,35 @@ A batch that fails to write is handled by why it failed:
 
 - **the connection** (the database restarting, locked, closed: :func:`connection_error`): the batch
   is kept and tried again every ``retry_s``; nothing is dropped;
-- **its data** (a report the store refuses: a value it cannot bind or that overflows a column):
-  the batch is split in halves, each written on its own, until the refused reports stand alone;
-  those are dropped and passed to ``on_dropped`` (the server counts them as refused with reason
-  ``store`` and logs them), and every other report is written. One poisoned report costs about
-  ``2 log2(batch)`` extra transactions, never the fleet's ingest.
+- **its data** (a report the store refuses: a value it cannot bind, encode or that overflows a
+  column: :func:`data_error`): the batch is split in halves, each written on its own, until the
+  refused reports stand alone; those are dropped and passed to ``on_dropped`` (the server counts
+  them as refused with reason ``store`` and logs them), and every other report is written. One
+  poisoned report costs about ``2 log2(batch)`` extra transactions, never the fleet's ingest. The
+  splitting is bounded (:func:`split_budget` transactions a batch, plus one try of each half
+  still pending, at most log2 n): past it, the parts still failing are dropped whole, so an all-bad
+  batch of n costs O(log n) transactions, not 2n - 1.
+- **anything else** is a bug in this server, not bad data: it is logged with its traceback at
+  ERROR and counted in :attr:`Ingest.errors`, and the batch (every report in it counted as
+  dropped) is not split, since every part would fail the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import sqlite3
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesdk.ota_server.devices.provisioning import GroupGuard
 from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB, TargetUpdate
 
-__all__ = ["Ingest", "DeviceEvent", "connection_error"]
+__all__ = ["Ingest", "DeviceEvent", "connection_error", "data_error", "split_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +80,26 @@ def connection_error(exc: BaseException) -> bool:
     return False
 
 
+def data_error(exc: BaseException) -> bool:
+    """True when ``exc`` says the store refused a report's data (not the connection: :func:`connection_error`):
+    a SQLite or psycopg error, a number that overflows a column, text that does not encode, or a payload the JSON
+    encoder refuses."""
+    if isinstance(exc, (sqlite3.Error, OverflowError, UnicodeError)):
+        return True
+    if any(cls.__module__.startswith("psycopg") for cls in type(exc).__mro__):
+        return True
+    if isinstance(exc, (TypeError, ValueError)):  # from json.dumps of an event's payload
+        return any(frame.f_code.co_filename.endswith(("json/encoder.py", "json/__init__.py"))
+                   for frame, _ in traceback.walk_tb(exc.__traceback__))
+    return False
+
+
+def split_budget(size: int) -> int:
+    """Transactions one batch of ``size`` reports may take to isolate the ones the store refuses: room for about
+    four poisoned reports (each costs about ``2 log2(size)``), and a floor for small batches."""
+    return 8 * max(1, math.ceil(math.log2(max(size, 2)))) + 16
+
+
 #: The writer lingers only when fewer reports than this wait behind the one it takes: reports trickling in. Under
 #: load they queue up while it writes, batches fill by themselves, and a linger would only delay the answers a rollout
 #: waits for.
@@ -106,6 +134,8 @@ class Ingest:
         #: Reports the store refused (dropped), and batch writes retried after a connection error.
         self.dropped = 0
         self.retries = 0
+        #: Batches dropped on a server error that was not their data (each logged with its traceback).
+        self.errors = 0
 
     def put(self, report: DeviceState | DeviceEvent) -> None:
         """Queue one report, stamped with the time it arrived."""
@@ -187,25 +217,40 @@ class Ingest:
             self._pending -= len(batch)
             self._idle.notify_all()
 
-    def _write_isolating(self, batch: list[_Item]) -> list[_Item]:
+    def _write_isolating(self, batch: list[_Item], budget: list[int] | None = None) -> list[_Item]:
         """Write ``batch``; on a data error, its halves in order, down to the single reports the store refuses
-        (dropped). A connection error waits and tries the same part again. The reports written."""
+        (dropped), within ``budget`` transactions (then a failing part is dropped whole). A connection error waits
+        and tries the same part again; any other error drops the batch, loudly (module doc). The reports written."""
+        budget = budget if budget is not None else [split_budget(len(batch))]
         while True:
             try:
                 self._write(batch)
-                return batch
             except Exception as exc:
-                if connection_error(exc):  # the database went away: keep the batch, try again
+                if connection_error(exc):  # the database went away: keep the batch, try again (costs no budget)
                     self.retries += 1
                     log.warning("writing %d device reports failed (%s: %s); retrying in %g s", len(batch),
                                 type(exc).__name__, str(exc).strip()[:300], self.retry_s)
                     time.sleep(self.retry_s)
                     continue
-                if len(batch) > 1:
+                budget[0] -= 1
+                if not data_error(exc):
+                    self.errors += 1
+                    log.error("writing %d device reports failed on a server error, not their data; they are dropped",
+                              len(batch), exc_info=exc)
+                    for _, report in batch:
+                        self._drop(report, exc)
+                    return []
+                if len(batch) > 1 and budget[0] >= 2:
                     half = len(batch) // 2
-                    return self._write_isolating(batch[:half]) + self._write_isolating(batch[half:])
-                self._drop(batch[0][1], exc)
+                    return self._write_isolating(batch[:half], budget) + self._write_isolating(batch[half:], budget)
+                if len(batch) > 1:
+                    log.warning("the fleet store refused %d device reports of one batch past its split budget; they "
+                                "are dropped whole", len(batch))
+                for _, report in batch:
+                    self._drop(report, exc)
                 return []
+            budget[0] -= 1
+            return batch
 
     def _drop(self, report: DeviceState | DeviceEvent, exc: BaseException) -> None:
         self.dropped += 1

@@ -4,6 +4,7 @@ device and period."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import threading
@@ -13,7 +14,7 @@ import pytest
 
 from edgesdk.errors import ReportError
 from edgesdk.ota_server.admin.metrics import ServerMetrics
-from edgesdk.ota_server.devices.ingest import DeviceEvent, Ingest, connection_error
+from edgesdk.ota_server.devices.ingest import DeviceEvent, Ingest, connection_error, data_error, split_budget
 from edgesdk.ota_server.devices.report_reader import ReportReader
 from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB
 from tests.ota.conftest import wait_for
@@ -135,3 +136,68 @@ def test_refusals_are_counted_by_kind_and_reason_and_logged_once_per_device_and_
     assert series(found, "edgesdk_ota_reports_refused_total", kind="state", reason="flood") == 0
     good = reader.state("edgesdk/devices/cam1/state", b'{"status": "online", "group": "lab", "runtime": {"count": 1}}')
     assert good is not None and good.details == '{"runtime":{"count":1}}'
+
+
+def _counting_writes(ingest: Ingest) -> list[int]:
+    """Wrap the writer's one-transaction write: the sizes of the parts it tried, in order."""
+    tried: list[int] = []
+    write = ingest._write
+    ingest._write = lambda batch: (tried.append(len(batch)), write(batch))[1]  # type: ignore[method-assign]
+    return tried
+
+
+def test_an_all_bad_batch_costs_a_bounded_number_of_transactions(tmp_path):
+    """Issue 60: splitting had no cap, so an all-bad batch of n cost 2n - 1 transactions. Past the split budget the
+    parts still failing are dropped whole; every report is still counted."""
+    db = FleetDB(str(tmp_path / "fleet.db"))
+    ingest = Ingest(db, linger_s=60.0)
+    try:
+        tried = _counting_writes(ingest)
+        for i in range(512):
+            ingest.put(_state(f"evil{i}", model={"x": i}))
+        assert ingest.flush(hurry=True)
+    finally:
+        ingest.stop()
+        db.close()
+    assert ingest.dropped == 512 and ingest.written == 0 and ingest.errors == 0
+    # Past the budget each pending right half is still tried once (it may be good): at most log2(n) more.
+    assert len(tried) <= split_budget(512) + 9 < 2 * 512 - 1, len(tried)
+
+
+def test_a_server_bug_while_writing_is_an_error_with_its_traceback_not_bad_data(tmp_path, caplog):
+    """Issue 60: a bug in the writer was taken for bad data: the batch split to single rows and each dropped as
+    refused by the store, silently. Now it is logged at ERROR with its traceback, counted, and not split."""
+    db = FleetDB(str(tmp_path / "fleet.db"))
+    dropped: list[str] = []
+    ingest = Ingest(db, linger_s=60.0, on_dropped=lambda device, kind, exc: dropped.append(device))
+    try:
+        tried = _counting_writes(ingest)
+
+        def broken(states):
+            raise AttributeError("'NoneType' object has no attribute 'grp'")
+
+        db.upsert_devices = broken  # type: ignore[method-assign]
+        for i in range(8):
+            ingest.put(_state(f"cam{i}"))
+        with caplog.at_level(logging.ERROR):
+            assert ingest.flush(hurry=True)
+    finally:
+        ingest.stop()
+        db.close()
+    assert ingest.errors == 1 and tried == [8] and ingest.dropped == 8 and sorted(dropped) == [f"cam{i}" for i in
+                                                                                               range(8)]
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "server error, not their data" in record.getMessage() and record.exc_info is not None
+
+
+def test_data_errors_are_told_from_server_errors(tmp_path):
+    live = sqlite3.connect(str(tmp_path / "y.db"))
+    with pytest.raises(OverflowError) as overflow:
+        live.execute("SELECT ?", (2**70,))
+    assert data_error(overflow.value)
+    with pytest.raises(TypeError) as unjsonable:
+        json.dumps({"x": {1, 2}})
+    assert data_error(unjsonable.value)
+    with pytest.raises(TypeError) as bug:
+        len(None)  # type: ignore[arg-type]
+    assert not data_error(bug.value) and not data_error(AttributeError("x")) and not data_error(KeyError("k"))
