@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,10 @@ def build_server(setup: ServerSetup) -> RunningServer:
         db.close()
         raise EdgeSDKError(f"replicas share their fleet state through PostgreSQL, not the SQLite file {setup.db}: "
                            "pass --db postgresql://USER:PASSWORD@HOST:PORT/DATABASE to every replica")
-    ota = setup.server_class(setup.server, repository, db, setup.signing_key, root=setup.root,
+    config = setup.server
+    if config.require_provisioning is None:  # a devices file names every device there is: refuse the others
+        config = replace(config, require_provisioning=bool(setup.devices))
+    ota = setup.server_class(config, repository, db, setup.signing_key, root=setup.root,
                              timestamp_key=setup.timestamp_key)
     if setup.devices:
         try:

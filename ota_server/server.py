@@ -101,8 +101,11 @@ class ServerConfig:
     #: How long late devices' chunk requests for a completed small release are gathered into one group publish (see
     #: :mod:`edgesdk.ota_server.devices.chunks`; 0: each request is answered at once, on its device's topic).
     chunk_coalesce_s: float = 0.2
-    #: Refuse the states of devices nobody provisioned (else a device's first report fixes its group).
-    require_provisioning: bool = False
+    #: Refuse the states of devices nobody provisioned (False: a device's first report fixes its group). None, the
+    #: default: refuse them when the server was given a devices file (:func:`~edgesdk.ota_server.app.build_server`
+    #: with ``ServerSetup.devices``), since then the operator said which devices exist; trust the first report
+    #: otherwise.
+    require_provisioning: bool | None = None
 
 
 class OTAServer:
@@ -136,7 +139,7 @@ class OTAServer:
         self.measurements = Measurements(self._publish, signing_key, db, timeout_s=config.measure_timeout_s,
                                          on_refused=self.reports.refuse, on_stranger=stranger,
                                          admit=lambda device: self.guard.admit(device, "measurement"))
-        self.groups = GroupGuard(db, config.require_provisioning, on_refused=self.metrics.group_refused)
+        self.groups = GroupGuard(db, bool(config.require_provisioning), on_refused=self.metrics.group_refused)
         self.ingest = Ingest(db, observe=self.metrics.observe_event, groups=self.groups,
                              on_dropped=self.reports.dropped, linger_s=config.ingest_linger_s,
                              quiet_s=config.ingest_quiet_s)

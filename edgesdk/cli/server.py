@@ -108,9 +108,10 @@ def _token(token: str | None, token_file: Path) -> str:
 @click.option("--devices", "devices_file", type=click.Path(exists=True, dir_okay=False),
               help="Provision these devices at start: one 'DEVICE_ID GROUP' per line (the file mosquitto-config "
                    "reads). A device's reports must name the group it is provisioned in.")
-@click.option("--require-provisioning", is_flag=True,
-              help="Refuse the reports of devices nobody provisioned (--devices, `edgesdk devices provision`); "
-                   "without it a device's first report puts it in the group it names.")
+@click.option("--require-provisioning/--trust-first-report", default=None,
+              help="Refuse the reports of devices nobody provisioned (--devices, `edgesdk devices provision`), or "
+                   "let a device's first report put it in the group it names. Default: refuse with --devices (the "
+                   "file names every device there is), trust the first report without it.")
 @click.option("--max-catch-up", default=500, show_default=True, type=click.IntRange(min=1), metavar="N",
               help="Devices catching up at once (back from offline, or new to their group) across the fleet; the "
                    "rest wait their turn in the store.")
@@ -127,7 +128,7 @@ def server(ctx: click.Context, broker: str | None, repo: str | None, db: str | N
            inference_address: str | None, inference_grpc: str | None, inference_config: str | None,
            inference_threads: int | None, offload_url: str | None, compress_min_saving: float, no_compress: bool,
            root_file: str | None, timestamp_key: str | None, timestamp_every: str, timestamp_expires: str,
-           devices_file: str | None, require_provisioning: bool, max_catch_up: int, reconcile_every: str) -> None:
+           devices_file: str | None, require_provisioning: bool | None, max_catch_up: int, reconcile_every: str) -> None:
     """Run the OTA server: model repository, fleet state, rollouts over MQTT, admin HTTP API (and, with
     --inference, the KServe V2 endpoint devices offload to)."""
     if ctx.invoked_subcommand is not None:
