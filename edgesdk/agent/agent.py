@@ -99,6 +99,10 @@ class DeviceAgent:
         """Connect, subscribe and publish this device's state; return once the broker accepted all of it. Raises
         BrokerError when it refuses the credentials, a subscription or the state (later ones land in :attr:`refusal`)."""
         cfg = self.config
+        if self.trust is None and cfg.server_key is not None:
+            log.warning("%s: a pinned server key, no root of trust: commands of earlier servers (naming no device, "
+                        "never expiring) are still taken and keys cannot be rotated; for development and migration "
+                        "only, give production devices the fleet's root (--root)", cfg.device_id)
         resume = self.installer.recover()  # before any command: the store must hold a working model
         if resume is not None:
             self._work.put(("activate", resume))
@@ -206,7 +210,10 @@ class DeviceAgent:
     def _handle_command(self, envelope: bytes, resume: bool) -> None:
         try:
             keys = self.trust.command_keys() if self.trust is not None else self.config.server_key
-            command = parse_command(envelope, keys, self.config.allow_unsigned, to=self.config, strict=self.trust is not None)
+            clock = self.config.wall_clock()
+            now = self.trust.command_time(clock) if self.trust is not None else clock
+            command = parse_command(envelope, keys, self.config.allow_unsigned, now=now, to=self.config,
+                                    strict=self.trust is not None)
         except (SignatureError, TransferError) as exc:
             self._event(None, AgentEvent.REJECTED, reason=str(exc))
             return

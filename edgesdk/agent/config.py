@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,9 @@ class AgentConfig:
     #: Put the board in the power mode of each bundle installed (cpufreq governor, clock cap, online cores below
     #: ``sysfs_root``, or ``nvpmodel -m`` on a Jetson) and report ``power_mode_applied``; off: the board is left as is.
     apply_power_mode: bool = False
+    #: The device's wall clock (seconds since the epoch); a test gives a board without a real-time clock one that
+    #: reads 1970 (:mod:`edgesdk.agent.trust_keeper`, "Time without a clock").
+    wall_clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         check_id(self.device_id, "device id")

@@ -21,6 +21,13 @@ A device whose newest timestamp has expired, or that has none, is **stale**: it 
 state and its log, and keeps running its model. A device whose root expired says so too
 (``root_expired``, ``accepts_deploys: false``, a log line) and refuses new deploys
 (:mod:`edgesdk.agent.admission`) until the next root version arrives.
+
+**Time without a clock.** A board without a real-time clock boots in 1970 (or at its last shutdown)
+until NTP sets it, and by that clock every old command looks unexpired: a replay would be taken. So a
+command's expiry is judged at :meth:`TrustKeeper.command_time`: the later of the device's clock and
+the ``issued`` time of the newest signed timestamp it holds (kept across restarts). A clock that reads
+before :data:`CLOCK_SET_AFTER` is not set: with no timestamp to tell the time by, commands are refused
+(the server sends them again) until one arrives.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 
 from edgesdk.errors import SignatureError, TrustError
 from edgesdk.files import write_atomic
+from edgesdk.fleet.records import iso_time
 from edgesdk.fleet.trust import (
     MAX_PENDING_ROOT_BYTES,
     MAX_PENDING_ROOTS,
@@ -50,6 +58,9 @@ from edgesdk.runtime.signing import KeySet
 __all__ = ["TrustKeeper"]
 
 log = logging.getLogger(__name__)
+
+#: A device clock reading before this (2025-01-01 UTC, before this release was built) was never set.
+CLOCK_SET_AFTER = 1735689600.0
 
 
 class TrustKeeper:
@@ -185,6 +196,18 @@ class TrustKeeper:
             self._on_refused(refusal)
         self.check_freshness()
         return refusal
+
+    def command_time(self, clock: float) -> float:
+        """The time a command's expiry is judged at (module doc, "Time without a clock"): the later of ``clock`` (the
+        device's) and the newest timestamp's ``issued``. TrustError when the clock is not set and no timestamp
+        tells the time."""
+        told = self.timestamp.issued if self.timestamp is not None else None
+        if told is None and clock < CLOCK_SET_AFTER:
+            raise TrustError(f"{self._label}: this device's clock reads {iso_time(clock)}, before {iso_time(CLOCK_SET_AFTER)}:"
+                             " it is not set, and no signed timestamp has told the time yet, so no command's expiry "
+                             "can be checked; commands are refused until a timestamp arrives (is the server "
+                             "publishing them with --timestamp-key?) or the clock is set (NTP)")
+        return clock if told is None else max(clock, told)
 
     def stale(self, now: float | None = None) -> bool:
         """No timestamp, or the newest one expired: nobody vouches that this device's view is current."""

@@ -218,6 +218,9 @@ def parse_root(document: bytes) -> tuple[Root, list[tuple[str, bytes]]]:
             KeySet({k: keys[k] for k in keyids}, threshold)  # threshold within 1..len(keyids)
             roles[role] = RoleKeys(keyids, threshold)
         expires = _seconds(signed["expires"])
+        issued = None if signed.get("issued") is None else _seconds(signed["issued"])
+        if issued is not None and issued > expires:
+            raise ValueError(f"issued {signed['issued']} is after expires {signed['expires']}")
         signatures = _signatures(envelope)
     except (KeyError, TypeError, AttributeError, ValueError, SignatureError) as exc:
         raise TrustError(f"root metadata is malformed ({exc}); use a root.json written by `edgesdk keys`") from exc
@@ -289,6 +292,9 @@ class Timestamp:
     #: Group -> digest of the group's current target (:func:`targets_digest`).
     targets: Mapping[str, str]
     raw: bytes
+    #: When the server signed it (None: a server of an earlier release did not say): a device whose own clock is
+    #: not set tells the time by it (:meth:`edgesdk.agent.trust_keeper.TrustKeeper.command_time`).
+    issued: float | None = None
 
     def expired(self, now: float | None = None) -> bool:
         """Whether ``expires`` has passed (at ``now``, default the current time)."""
@@ -307,10 +313,15 @@ def targets_digest(target: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(dict(target))).hexdigest()
 
 
-def new_timestamp(version: int, expires: float, root_version: int, targets: Mapping[str, str]) -> dict[str, Any]:
-    """The ``signed`` part of timestamp metadata (sign it with the ``timestamp`` role's keys)."""
-    return {"_type": "timestamp", "spec_version": SPEC_VERSION, "version": version, "expires": _iso(expires),
-            "root_version": root_version, "targets": dict(targets)}
+def new_timestamp(version: int, expires: float, root_version: int, targets: Mapping[str, str],
+                  issued: float | None = None) -> dict[str, Any]:
+    """The ``signed`` part of timestamp metadata (sign it with the ``timestamp`` role's keys); ``issued``, when the
+    server signs it, tells devices without a real-time clock what time it is."""
+    signed = {"_type": "timestamp", "spec_version": SPEC_VERSION, "version": version, "expires": _iso(expires),
+              "root_version": root_version, "targets": dict(targets)}
+    if issued is not None:
+        signed["issued"] = _iso(issued)
+    return signed
 
 
 def parse_timestamp(document: bytes, root: Root) -> Timestamp:
@@ -330,11 +341,14 @@ def parse_timestamp(document: bytes, root: Root) -> Timestamp:
                                                     for k, v in targets.items()):
             raise ValueError("targets must map group names to hex digests")
         expires = _seconds(signed["expires"])
+        issued = None if signed.get("issued") is None else _seconds(signed["issued"])
+        if issued is not None and issued > expires:
+            raise ValueError(f"issued {signed['issued']} is after expires {signed['expires']}")
         signatures = _signatures(envelope)
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise TrustError(f"timestamp metadata is malformed ({exc}); ignore it") from exc
     root.keyset("timestamp").verify(canonical(signed), signatures, f"timestamp v{version}")
-    return Timestamp(version, expires, root_version, targets, document)
+    return Timestamp(version, expires, root_version, targets, document, issued)
 
 
 class TrustStore:

@@ -58,7 +58,7 @@ class TimestampPublisher:
             return None
         now = self.clock()
         self.version = self.db.next_timestamp_version()
-        signed = new_timestamp(self.version, now + self.expires_s, self.root_version, self.targets())
+        signed = new_timestamp(self.version, now + self.expires_s, self.root_version, self.targets(), issued=now)
         document = sign_metadata(signed, [self.key])
         self._publish(Topics.TIMESTAMP, document, retain=True)
         self._due = time.monotonic() + self.every_s

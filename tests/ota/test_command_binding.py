@@ -18,6 +18,7 @@ from edgesdk.fleet.measurement import pack_measurement
 from edgesdk.fleet.protocol import Topics, _seal, archive_info
 from edgesdk.fleet.records import RolloutPolicy
 from edgesdk.fleet.transport import MqttTransport
+from edgesdk.fleet.trust import new_timestamp, sign_metadata
 from edgesdk.ota_server.broker import LocalMosquitto
 from edgesdk.runtime.signing import load_private_key
 from edgesdk.testing import random_mlp, write_mlp_onnx
@@ -236,3 +237,42 @@ def test_only_a_transfers_targets_get_its_chunks(broker, make_server, make_agent
     finally:
         for client in clients.values():
             client.close()
+
+
+def test_a_device_without_a_clock_refuses_commands_until_a_signed_timestamp_tells_the_time(
+        tmp_path, broker, make_agent, bundles):
+    """Issue 60: a board without a real-time clock boots in 1970, where every old command looks unexpired, so a
+    replay was taken. Now its clock is known to be unset: commands wait for a signed timestamp, and by the time
+    the timestamp tells, the replayed one has expired and is refused; a current one is taken."""
+    root_path, private = key_ceremony.init_fleet(tmp_path / "fleet", {"root": 1}, {"root": 1})
+    commands_key = load_private_key(private["commands"][0])
+    stamp_key = load_private_key(private["timestamp"][0])
+    device = make_agent("cam0", broker.url, server_key=None, root=root_path, wall_clock=lambda: 86_400.0)
+    info = archive_info(pack_bundle(bundles["1.0.0"]))
+    now = time.time()
+
+    def command(deployment: str, issued: float) -> bytes:
+        manifest = {"type": "deploy", "deployment_id": deployment, "transfer_id": f"t-{deployment}", "name": "digits",
+                    "version": "1.0.0", "group": "cams", "rollback": False, "issued_at": issued,
+                    "expires_at": issued + 3600, "archive": info.to_json()}
+        return Binder(commands_key, _seal(commands_key, manifest)).bind("cam0")
+
+    replayed = command("d-old", now - 2 * 86_400)  # recorded two days ago, expired a day and 23 h ago
+    sender = MqttTransport(broker.url, client_id="sender")
+    try:
+        sender.publish(Topics.cmd("cam0"), replayed)
+        wait_for(lambda: len(_rejections(device)) == 1, what="the refusal while the clock is unset")
+        assert "clock reads 1970-01-02T00:00:00Z" in _rejections(device)[0]
+        assert "no signed timestamp has told the time yet" in _rejections(device)[0]
+        stamp = sign_metadata(new_timestamp(1, now + 300, 1, {}, issued=now), [stamp_key])
+        sender.publish(Topics.TIMESTAMP, stamp, retain=True)
+        wait_for(lambda: device.trust.timestamp is not None, what="the timestamp held")
+        sender.publish(Topics.cmd("cam0"), replayed)
+        wait_for(lambda: len(_rejections(device)) == 2, what="the replay's refusal by the timestamp's time")
+        assert "command d-old" in _rejections(device)[1] and "expired 169200 s ago" in _rejections(device)[1]
+        sender.publish(Topics.cmd("cam0"), command("d-new", now))
+        wait_for(lambda: any(e["event"] == "accepted" for e in device.events), what="the current command taken")
+    finally:
+        sender.publish(Topics.TIMESTAMP, b"", retain=True)
+        sender.close()
+    assert not [e for e in device.events if e["event"] in ADMITTED and e.get("deployment_id") == "d-old"]

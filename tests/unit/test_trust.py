@@ -328,3 +328,28 @@ def test_the_server_publishes_growing_versions_with_each_groups_target(tmp_path,
     assert stamps[1].version > stamps[0].version and stamps[0].expires == 1030.0
     assert stamps[0].targets == {} and targets_digest({"model": "m", "version": "1"}) != targets_digest({"model": "m"})
     db.close()
+
+
+def test_a_timestamp_tells_the_time_to_a_device_whose_clock_is_not_set(tmp_path, fleet):
+    """Issue 60: the ``issued`` time of the newest signed timestamp is the device's time floor; a clock before 2025
+    with no timestamp refuses; a timestamp issued after it expires is malformed; an earlier server's has none."""
+    from edgesdk.agent.trust_keeper import CLOCK_SET_AFTER, TrustKeeper
+    from edgesdk.fleet.trust import new_timestamp, parse_timestamp
+
+    root = trust_root(root_doc(fleet))
+    issued = float(int(time.time()))
+    signed = new_timestamp(3, issued + 300, 1, {}, issued=issued)
+    assert parse_timestamp(sign_metadata(signed, [fleet["timestamp"][0]]), root).issued == issued
+    assert parse_timestamp(_timestamp(fleet, 4, issued + 60), root).issued is None
+    late = new_timestamp(5, issued, 1, {}, issued=issued + 60)
+    with pytest.raises(TrustError, match="issued .* is after expires"):
+        parse_timestamp(sign_metadata(late, [fleet["timestamp"][0]]), root)
+    (tmp_path / "root.json").write_bytes(root_doc(fleet))
+    keeper = TrustKeeper(tmp_path / "trust", tmp_path / "root.json", "cam0", lambda reason: None, lambda: None)
+    with pytest.raises(TrustError, match="clock reads 1970-01-01T00:01:40Z, before 2025-01-01T00:00:00Z: it is not set"):
+        keeper.command_time(100.0)
+    assert keeper.command_time(CLOCK_SET_AFTER + 5) == CLOCK_SET_AFTER + 5  # a set clock, no timestamp: its own
+    assert keeper.receive_timestamp(sign_metadata(signed, [fleet["timestamp"][0]])) is None
+    assert keeper.command_time(100.0) == issued and keeper.command_time(issued + 9) == issued + 9
+    again = TrustKeeper(tmp_path / "trust", tmp_path / "root.json", "cam0", lambda reason: None, lambda: None)
+    assert again.command_time(100.0) == issued, "the floor is kept across a restart"
