@@ -74,8 +74,7 @@ class RollbackFloors:
         try:
             manifest = Manifest.from_dict(json.loads((self.store.slots / committed / MANIFEST).read_bytes()))
         except (OSError, ValueError) as exc:  # BundleError included
-            log.warning("rollback floor: cannot read the manifest of %s (%s)", committed, exc)
-            return self.floors
+            return self._unread(committed, exc)
         floor = manifest.rollback_floor
         held = self.floors.get(manifest.name)
         if floor is not None and (held is None or parse_version(floor) > parse_version(held.version)):
@@ -83,6 +82,24 @@ class RollbackFloors:
             write_atomic(self.path, json.dumps(self._as_json(), indent=1, sort_keys=True).encode())
             log.info("rollback floor of %s raised to %s by release %s", manifest.name, floor, manifest.version)
         return self.floors
+
+    def _unread(self, committed: str, exc: Exception) -> dict[str, Floor]:
+        """The floors when the committed slot's manifest cannot be read: the floor that release carries is unknown,
+        so its own version holds for its model (fail closed: nothing below what the device committed runs), in
+        memory only, until the manifest can be read again."""
+        name, _, version = committed.rpartition("-")
+        log.warning("rollback floor: cannot read the manifest of %s (%s); nothing below %s runs until it can",
+                    committed, exc, committed)
+        try:
+            parse_version(version)
+        except BundleError:
+            return self.floors
+        held = self.floors.get(name)
+        if held is not None and not held.refuses(version):
+            return self.floors  # the held floor is as high already
+        unknown = Floor(version, f"{version} (its manifest cannot be read, so the floor it carries is unknown and its "
+                                 "own version holds)")
+        return {**self.floors, name: unknown}
 
     def _as_json(self) -> dict[str, Any]:
         return {model: {"floor": f.version, "set_by": f.set_by} for model, f in sorted(self.floors.items())}

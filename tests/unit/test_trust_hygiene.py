@@ -242,3 +242,26 @@ def test_a_far_ahead_an_oversized_and_a_ninth_waiting_root_are_refused_with_the_
     assert sorted(keeper._pending) == list(range(3, 3 + MAX_PENDING_ROOTS))
     assert keeper.receive(root_doc(fleet, version=2)) is None
     assert keeper.root.version == 2 + MAX_PENDING_ROOTS and not keeper._pending
+
+
+def test_an_unreadable_manifest_of_the_committed_release_fails_closed(tmp_path):
+    """Issue 60: the floor failed open when the committed slot's manifest could not be read (the floor it carries
+    unknown): now its own version holds, so nothing below what the device committed runs; newer releases do."""
+    from edgesdk.agent.admission import below_floor
+    from edgesdk.agent.store import ModelStore, StoreState
+    from edgesdk.fleet.protocol import parse_command, sign_command
+
+    store = ModelStore(tmp_path / "store")
+    (store.slots / "digits-2.0.0").mkdir(parents=True)
+    (store.slots / "digits-2.0.0" / "manifest.json").write_text('{"name": "digits", "vers')  # torn
+    store.save_state(StoreState(committed="digits-2.0.0"))
+    key = Ed25519PrivateKey.generate()
+
+    def rollback(version: str, name: str = "digits"):
+        return parse_command(sign_command(key, type="rollback", deployment_id=f"d{version}", transfer_id=f"d{version}",
+                                          name=name, version=version, group="cams", rollback=True), key.public_key())
+
+    refusal = below_floor(rollback("1.0.0"), store)
+    assert refusal is not None and "digits 1.0.0 is below 2.0.0" in refusal and "cannot be read" in refusal
+    assert below_floor(rollback("2.0.0"), store) is None and below_floor(rollback("2.1.0"), store) is None
+    assert below_floor(rollback("1.0.0", name="other"), store) is None  # another model's floor is its own
