@@ -367,6 +367,12 @@ class OTAServer:
         if stored:
             self.repo.apply_policy(in_use=self._in_use())
             log.info("stored bundle %s %s", manifest.name, manifest.version)
+            # A board's bundle of a version already pushed: its devices that had none get it now.
+            waiting = self.db.requeue_no_artifact(manifest.name, manifest.version)
+            if waiting:
+                log.info("%d devices whose board %s %s had no artifact for are queued for the new one (e.g. %s)",
+                         len(waiting), manifest.name, manifest.version, waiting[0])
+                self._wake.set()
         return {"name": manifest.name, "version": manifest.version, "stored": stored}
 
     def _in_use(self) -> set[tuple[str, str]]:

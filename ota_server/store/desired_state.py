@@ -279,6 +279,26 @@ class DesiredStateStore:
             [(previous, TargetStatus.NO_ARTIFACT.value, "the release has no artifact for the board "
               "it reported", now, rollout_id, device, *waiting) for device, previous in unserved])
 
+    def requeue_no_artifact(self, model: str, version: str) -> list[str]:
+        """A board's bundle of ``model`` ``version`` arrived: the ``no_artifact`` targets of its running or completed
+        rollouts wait again (``pending``) and their devices go into the reconciler's queue, which gives each its
+        board's artifact if there is one now (else ``no_artifact`` again). The devices requeued."""
+        rows = self.sql.rows(
+            "SELECT t.rollout_id AS rollout_id, t.device_id AS device_id FROM targets t JOIN rollouts r ON "
+            "r.id = t.rollout_id WHERE t.status = ? AND r.model = ? AND r.version = ? AND r.state IN (?, ?)",
+            (TargetStatus.NO_ARTIFACT.value, model, version, RolloutState.RUNNING.value,
+             RolloutState.COMPLETED.value))
+        if not rows:
+            return []
+        now = time.time()
+        with self.sql.transaction():
+            self.sql.execute_many(
+                "UPDATE targets SET status = ?, reason = NULL, updated = ? WHERE rollout_id = ? AND device_id = ? "
+                "AND status = ?", [(TargetStatus.PENDING.value, now, r["rollout_id"], r["device_id"],
+                                    TargetStatus.NO_ARTIFACT.value) for r in rows])
+            self.sql.execute_many("UPDATE devices SET reconcile = 1 WHERE id = ?", [(r["device_id"],) for r in rows])
+        return sorted({str(r["device_id"]) for r in rows})
+
     def work(self) -> FleetWork:
         """What there is to do, in one statement from the partial indexes (an idle server runs this and little else
         each tick: its cost follows the work, not the fleet)."""

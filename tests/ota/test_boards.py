@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from edgesdk.errors import ConflictError
+from edgesdk.fleet.archive import pack_bundle
 from edgesdk.fleet.records import TargetStatus
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.runtime.bundle import read_bundle
@@ -29,7 +30,7 @@ def two_boards(tmp_path_factory, keys):
 
 
 def test_a_two_board_release_reaches_each_board_with_its_own_artifact(broker, make_server, make_agent, bundles,
-                                                                      two_boards):
+                                                                      two_boards, keys):
     server = make_server(broker.url)
     server.repo.add(bundles["1.0.0"])
     for bundle in two_boards.values():
@@ -59,6 +60,18 @@ def test_a_two_board_release_reaches_each_board_with_its_own_artifact(broker, ma
     assert sorted((b["profile"], b["artifact"], b["converged"], b["devices"]) for b in group.boards) == [
         ("generic-x86_64", "generic-x86_64", 1, 1), ("jetson-orin-nano", None, 0, 1),
         ("raspberry-pi-5", "raspberry-pi-5", 1, 1)]
+    # Issue 60: the Jetson's bundle of 2.0.0 uploaded afterwards reaches the device that had none (it stayed
+    # no_artifact for good).
+    jetson = make_bundle(two_boards["generic-x86_64"].parent.parent / "jetson", "2.0.0", keys, seed=2,
+                         profile="jetson-orin-nano")
+    assert server.upload(pack_bundle(jetson))["stored"]
+    wait_for(lambda: _installed_profile(agents["cam03"]) == "jetson-orin-nano", timeout=60,
+             what="the Jetson's artifact installed")
+    def cam03():
+        return next(t for t in server.status(done.id).targets if t.device_id == "cam03")
+
+    wait_for(lambda: cam03().status == TargetStatus.COMMITTED, what="its late commit")
+    assert cam03().artifact == "jetson-orin-nano" and cam03().late
 
 
 def test_a_release_with_no_artifact_for_any_board_of_the_group_is_refused_before_anything_is_sent(
