@@ -32,8 +32,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 
 from benchmarks.shared.common import goal, log
-from edgesdk.errors import EdgeSDKError
-from tests.fuzz.targets import ARCHIVES, TARGETS, Target
+from tests.fuzz.targets import ARCHIVES, TARGETS, OutOfBounds, Target, exercise
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +42,8 @@ def _peak_rss_mb() -> float:
 
 
 def _fuzz(target: Target, examples: int, corpus: Any = None) -> dict[str, Any]:
-    tally: dict[str, Any] = {"tried": 0, "accepted": 0, "refused": 0, "escaped": 0, "escapes": {}}
+    tally: dict[str, Any] = {"tried": 0, "accepted": 0, "refused": 0, "escaped": 0, "out_of_bounds": 0,
+                             "escapes": {}}
 
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(target.inputs())
@@ -52,10 +52,10 @@ def _fuzz(target: Target, examples: int, corpus: Any = None) -> dict[str, Any]:
         if corpus is not None:
             pickle.dump((target.name, value), corpus)
         try:
-            target.parse(value)
-            tally["accepted"] += 1
-        except EdgeSDKError:
-            tally["refused"] += 1
+            tally["accepted" if exercise(target, value) else "refused"] += 1
+        except OutOfBounds as exc:  # accepted, but outside the bounds its record must keep
+            tally["out_of_bounds"] += 1
+            tally["escapes"].setdefault("OutOfBounds", f"{exc!s:.500}")
         except Exception as exc:  # noqa: BLE001 (an escape is what this counts)
             tally["escaped"] += 1
             tally["escapes"].setdefault(type(exc).__name__, f"{exc!s:.200} <- {value!r:.300}")
@@ -102,8 +102,8 @@ def run(total_examples: int, atheris_runs: int = 0) -> dict[str, Any]:
                         log(f"fuzzing {name}: {per_target} examples in {rounds} rounds")
                     tally = _fuzz(target, per_target // rounds + (per_target % rounds if r == 0 else 0), f)
                     total = parsers.setdefault(name, {"tried": 0, "accepted": 0, "refused": 0, "escaped": 0,
-                                                      "escapes": {}, "seconds": 0.0})
-                    for key in ("tried", "accepted", "refused", "escaped", "seconds"):
+                                                      "out_of_bounds": 0, "escapes": {}, "seconds": 0.0})
+                    for key in ("tried", "accepted", "refused", "escaped", "out_of_bounds", "seconds"):
                         total[key] += tally[key]
                     for kind, first in tally["escapes"].items():
                         total["escapes"].setdefault(kind, first)
@@ -117,12 +117,15 @@ def run(total_examples: int, atheris_runs: int = 0) -> dict[str, Any]:
     outside = sum(1 for p in parsers.values() for kind in p["escapes"] if kind == "AssertionError") + len(leftovers)
     tried = sum(p["tried"] for p in parsers.values())
     escaped = sum(p["escaped"] for p in parsers.values())
+    out_of_bounds = sum(p["out_of_bounds"] for p in parsers.values())
     growth = (memory["peak_rss_end_mb"] - memory["peak_rss_after_warmup_mb"]
               if memory.get("peak_rss_after_warmup_mb") is not None else float("inf"))
-    results = {"parsers": parsers, "tried": tried, "escaped": escaped, "replay": memory,
+    results = {"parsers": parsers, "tried": tried, "escaped": escaped, "out_of_bounds": out_of_bounds, "replay": memory,
                "peak_rss_growth_mb": round(growth, 1), "archive_work_leftovers": leftovers}
     goals = [goal("hostile inputs tried across the parsers", ">= 100000", tried, tried >= 100_000),
              goal("unhandled exceptions (anything but an EdgeSDKError)", "0", escaped, escaped == 0),
+             goal("accepted records out of their bounds (binding, expiry, ranges)", "0", out_of_bounds,
+                  out_of_bounds == 0),
              goal("writes outside the slot", "0", outside, outside == 0),
              goal("peak RSS growth parsing every input, after a warm-up (MB)", "<= 50", growth, growth <= 50)]
     if atheris_runs:

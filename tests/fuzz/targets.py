@@ -1,8 +1,10 @@
 """Every parser that takes network input, as a fuzz target: what it parses, from what strategy, and the property.
 
 The property is the same for all: an input is accepted as a typed record or refused with an
-:class:`~edgesdk.errors.EdgeSDKError` subclass; nothing else is raised. :func:`exercise` checks it
-for one target and one input. ``tests/fuzz/test_parsers.py`` runs each target under the CI
+:class:`~edgesdk.errors.EdgeSDKError` subclass; nothing else is raised; and where a target names
+its semantic bounds (``Target.bounds``), an accepted record is within them (a command bound to this
+device and unexpired, a chunk index in range, a finite time...), else :class:`OutOfBounds`.
+:func:`exercise` checks it for one target and one input. ``tests/fuzz/test_parsers.py`` runs each target under the CI
 profile; ``benchmarks/security/security.py --part fuzz`` runs them long and counts what it tried.
 
 Signed inputs (commands, roots, timestamps) are signed here with real keys over mutated
@@ -66,23 +68,40 @@ class Keys:
 KEYS = Keys()
 
 
+class OutOfBounds(Exception):
+    """A parser accepted a record outside its semantic bounds (what :attr:`Target.bounds` found)."""
+
+
 @dataclass(frozen=True)
 class Target:
-    """One parser under fuzz: ``inputs()`` builds its strategy, ``parse(value)`` runs it (raising on refusal)."""
+    """One parser under fuzz: ``inputs()`` builds its strategy, ``parse(value)`` runs it (raising on refusal), and
+    ``bounds(record)`` lists how an accepted record breaks the bounds it must keep (empty: none)."""
 
     name: str
     inputs: Callable[[], st.SearchStrategy[Any]]
     parse: Callable[[Any], Any]
+    bounds: Callable[[Any], list[str]] | None = None
 
 
 def exercise(target: Target, value: Any) -> bool:
-    """Run ``target`` on ``value``: True when accepted, False when refused with an EdgeSDKError; anything else
-    raised propagates (the property fails)."""
+    """Run ``target`` on ``value``: True when accepted (within its bounds), False when refused with an EdgeSDKError;
+    an accepted record out of bounds raises :class:`OutOfBounds`, anything else raised propagates (the property
+    fails)."""
     try:
-        target.parse(value)
+        record = target.parse(value)
     except EdgeSDKError:
         return False
+    broken = target.bounds(record) if target.bounds is not None else []
+    if broken:
+        raise OutOfBounds(f"{target.name}: accepted out of bounds: {'; '.join(broken)} <- {value!r:.300}")
     return True
+
+
+def _finite(value: Any, low: float = float("-inf"), high: float = float("inf")) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and low <= value <= high
 
 
 # -- messages a server sends a device ---------------------------------------------------------------------------
@@ -115,6 +134,69 @@ def _parse_command(envelope: bytes) -> Any:
     from edgesdk.fleet.protocol import parse_command
 
     return parse_command(envelope, KEYS.root.keyset("commands"))
+
+
+#: The device and time the bound commands are parsed as and at (fixed: a shrunk failure replays the same way).
+_ME, _NOW = ("cam0", "cams"), 1_900_000_000.0
+
+
+@st.composite
+def _bound_commands(draw: Any) -> bytes:
+    """Commands as a server of this release seals them: bound to a device (this one, another, of another group,
+    or to none) with an expiry around the parse time, over mutated manifests; some bindings damaged or spliced."""
+    from edgesdk.fleet.command_scope import Binder
+
+    manifest = draw(mutated({**_command_manifest(), "issued_at": _NOW - 60,
+                             "expires_at": draw(st.sampled_from([_NOW + 600, _NOW - 1, _NOW, _NOW + 1e-3]))}))
+    envelope = _seal(manifest)
+    to = draw(st.sampled_from(["cam0", "cam1", "gate0", None]))
+    if to is None:
+        return envelope
+    try:
+        bound = Binder(KEYS.commands, envelope).bind(to)
+    except (ValueError, KeyError, TypeError, EdgeSDKError):
+        return envelope
+    spliced = Binder(KEYS.commands, _seal(_command_manifest())).bind("cam0")  # a binding for another manifest
+    head, _, tail = spliced.partition(b',"binding"')
+    return draw(st.sampled_from([bound, bound, bound[:-1] + b',"x":1}', envelope.rstrip(b"}") + b',"binding"' + tail,
+                                 head + b"}"]))
+
+
+def _parse_bound_command(envelope: bytes) -> Any:
+    """As the agent of a device holding a root parses them: bound to it, strict, at a fixed time."""
+    from types import SimpleNamespace
+
+    from edgesdk.fleet.protocol import parse_command
+
+    device, group = _ME
+    return parse_command(envelope, KEYS.root.keyset("commands"), now=_NOW,
+                         to=SimpleNamespace(device_id=device, group=group), strict=True)
+
+
+def _command_bounds(command: Any, strict: bool = False) -> list[str]:
+    """What an accepted command must be: a safe name and a dotted version, a finite issue time, an archive whose
+    chunk sizes add up; strictly parsed (a root-holding device), bound to this device and unexpired at the parse
+    time."""
+    import re
+
+    broken = []
+    version = getattr(command, "version", "0")  # a measure command has none
+    if not re.fullmatch(r"\d+(\.\d+)*", str(version)):
+        broken.append(f"version {version!r}")
+    if not _finite(command.issued_at):
+        broken.append(f"issued_at {command.issued_at!r}")
+    archive = command.archive
+    if archive is not None and (len(archive.chunks) != len(archive.sizes) or sum(archive.sizes) != archive.size
+                                or any(s <= 0 for s in archive.sizes)):
+        broken.append(f"archive {archive.size} in chunks {list(archive.sizes)[:8]}")
+    if strict:
+        if getattr(command, "device", None) != _ME[0]:
+            broken.append(f"bound to {getattr(command, 'device', None)!r}, parsed as {_ME[0]!r}")
+        manifest = json.loads(base64.b64decode(json.loads(command.raw)["manifest"]))
+        expires = manifest.get("expires_at")
+        if not _finite(expires) or expires <= _NOW:
+            broken.append(f"expires_at {expires!r} at parse time {_NOW}")
+    return broken
 
 
 def _chunks() -> st.SearchStrategy[tuple[Any, int, bytes]]:
@@ -291,7 +373,10 @@ def _v2_binary() -> st.SearchStrategy[tuple[bytes, int | None]]:
     length = int(headers[HEADER_LENGTH])
     header = json.loads(body[:length])
     rebuilt = st.tuples(mutated(header).map(encode), st.binary(max_size=64)).map(lambda p: (p[0] + p[1], len(p[0])))
-    return st.one_of(rebuilt, st.tuples(damaged(body), st.one_of(st.just(length), st.integers(-5, 2**40), st.none())))
+    # The untouched request is one of the choices: 150 mutated and damaged ones were all refused in some runs,
+    # and a target that never accepts proves nothing about its records (test_parsers checks both happen).
+    return st.one_of(st.just((body, length)), rebuilt,
+                     st.tuples(damaged(body), st.one_of(st.just(length), st.integers(-5, 2**40), st.none())))
 
 
 def _decode_v2(value: tuple[bytes, int | None] | bytes) -> Any:
@@ -345,16 +430,50 @@ def _decode_grpc(data: bytes) -> Any:
     return decode_inputs(request)
 
 
+def _chunk_request_bounds(request: Any) -> list[str]:
+    from edgesdk.fleet.reports import MAX_CHUNK_INDEX, MAX_CHUNKS_SERVED
+
+    broken = []
+    if len(request.chunks) > MAX_CHUNKS_SERVED:
+        broken.append(f"{len(request.chunks)} chunks > {MAX_CHUNKS_SERVED}")
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= MAX_CHUNK_INDEX for i in request.chunks):
+        broken.append(f"chunk indices {list(request.chunks)[:8]}")
+    return broken
+
+
+def _state_bounds(state: Any) -> list[str]:
+    broken = [f"{name} {value!r}" for name, value in (("energy_mj", state.energy_mj), ("avg_watts", state.avg_watts),
+                                                      ("updated", state.updated), ("session", state.session))
+              if value is not None and not _finite(value)]
+    if state.avg_watts is not None and state.avg_watts < 0:
+        broken.append(f"avg_watts {state.avg_watts} < 0")
+    if state.root_version is not None and not 1 <= state.root_version <= 2**31 - 1:
+        broken.append(f"root_version {state.root_version}")
+    if len(json.dumps(dict(state.details), separators=(",", ":"))) > 32 * 1024:
+        broken.append("details over 32 KiB")
+    return broken
+
+
+def _timestamp_bounds(stamp: Any) -> list[str]:
+    broken = [] if _finite(stamp.expires) else [f"expires {stamp.expires!r}"]
+    if stamp.issued is not None and not (_finite(stamp.issued) and stamp.issued <= stamp.expires):
+        broken.append(f"issued {stamp.issued!r} after expires {stamp.expires!r}")
+    if not 1 <= stamp.version <= 2**63:
+        broken.append(f"version {stamp.version}")
+    return broken
+
+
 TARGETS: dict[str, Target] = {t.name: t for t in [
-    Target("command", _commands, _parse_command),
+    Target("command", _commands, _parse_command, _command_bounds),
+    Target("bound_command", _bound_commands, _parse_bound_command, lambda c: _command_bounds(c, strict=True)),
     Target("chunk", _chunks, _decode_chunk),
     Target("bundle_archive", _archives, _unpack),
     Target("root", _roots, _update_root),
-    Target("timestamp", _timestamps, _parse_timestamp),
+    Target("timestamp", _timestamps, _parse_timestamp, _timestamp_bounds),
     Target("measurement_result", _measurement_results, _parse_result),
-    Target("state", lambda: json_messages(_STATE), _device_report("parse_state")),
+    Target("state", lambda: json_messages(_STATE), _device_report("parse_state"), _state_bounds),
     Target("event", lambda: json_messages(_EVENT), _device_report("parse_event")),
-    Target("chunk_request", lambda: json_messages(_NEED), _device_report("parse_chunk_request")),
+    Target("chunk_request", lambda: json_messages(_NEED), _device_report("parse_chunk_request"), _chunk_request_bounds),
     Target("v2_json", lambda: json_messages(_V2_JSON), _decode_v2),
     Target("v2_binary", _v2_binary, _decode_v2),
     Target("v2_grpc", _grpc_requests, _decode_grpc),
