@@ -459,14 +459,21 @@ class OTAServer:
 
     def provision(self, devices: dict[str, str], source: str = "admin api") -> list[str]:
         """Put devices in groups (device id -> group); the devices that moved. A moved device is queued for its new
-        group's release at once; its agent's reports are refused until they name the new group (``--group``)."""
+        group's release at once and its targets of other groups' rollouts are skipped; its reports naming its old
+        group are recorded under the new one, and the first command of the new group tells its agent
+        (:mod:`edgesdk.ota_server.devices.provisioning`). Its broker ACL is the operator's to regenerate."""
         for device, group in devices.items():
             check_id(device, "device id")
             check_id(group, "group")
         moved = self.db.provision(devices, source)
         if moved:
             self.db.log("devices_moved", {"devices": {d: devices[d] for d in moved}, "source": source})
-            log.info("moved %d devices to other groups (%s)", len(moved), source)
+            log.info("moved %d devices to other groups (%s); their targets of other groups' rollouts are skipped",
+                     len(moved), source)
+            # The broker's ACL is the operator's file: this server cannot rewrite it on another host.
+            log.warning("the broker still lets %d moved devices (e.g. %s) read their old group's broadcast chunks: "
+                        "update the devices file, run `edgesdk server mosquitto-config --devices FILE` and reload "
+                        "the broker (SIGHUP) so each reads only its new group's", len(moved), moved[0])
         self._wake.set()
         return moved
 

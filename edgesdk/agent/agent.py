@@ -25,6 +25,7 @@ this device is being judged), every ``traffic_every_s`` (10 s) until ``judge_s``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -47,7 +48,7 @@ from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.agent.trust_keeper import TrustKeeper
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
-from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, parse_command
+from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, parse_command
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.runtime.measure_worker import EnergyRequest
@@ -62,7 +63,13 @@ class DeviceAgent:
 
     def __init__(self, config: AgentConfig, runtime: ManagedRuntime | None = None,
                  transport_factory: Callable[..., Transport] = MqttTransport) -> None:
-        self.config, self.store = config, ModelStore(config.store)
+        self.store = ModelStore(config.store)
+        assigned = self.store.assigned_group()
+        if assigned is not None and assigned != config.group:  # the server moved it (a signed command said so)
+            log.warning("%s: the server moved this device to group %r (--group says %r): reporting %r; change "
+                        "--group to match", config.device_id, assigned, config.group, assigned)
+            config = dataclasses.replace(config, group=check_id(assigned, "group"))
+        self.config = config
         #: The device's root of trust, when it has one (else commands are checked with ``config.server_key``).
         self.trust = TrustKeeper.open(self.store.root / "trust", config.root, config.device_id,
                                       lambda reason: self._event(None, AgentEvent.REJECTED, reason=reason), self._publish_state)
@@ -158,6 +165,18 @@ class DeviceAgent:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""
         self.event_log.record(about, event, **details)
 
+    def _moved_to(self, group: str) -> None:
+        """A command bound to this device names another group: the operator moved it. Report that group from now
+        on (kept in the store across restarts): the server records the old name under the new group meanwhile,
+        and the device's broadcasts come on the command's group's topic whatever this says."""
+        log.warning("%s: moved by the server from group %r to %r (a command bound to this device says so); "
+                    "reporting %r from now on; change --group to match", self.config.device_id, self.config.group,
+                    group, group)
+        self.store.assign_group(group)
+        self.config = dataclasses.replace(self.config, group=group)
+        self.reporter.config = self.config
+        self._publish_state()
+
     def _publish_state(self) -> None:
         if self.transport is not None:
             self._publish(Topics.state(self.config.device_id), json.dumps(self.state()).encode(), retain=True)
@@ -220,6 +239,8 @@ class DeviceAgent:
         if isinstance(command, MeasureCommand):
             self.measurements.accept(command)
             return
+        if command.device == self.config.device_id and command.group != self.config.group:
+            self._moved_to(command.group)
         slot = self.store.slot_name(command.name, command.version)
         in_flight = self.downloads.get(command.transfer_id) is not None
         verdict = admit(command, self.store.load_state(), self.current_version(), self.store.pointer("current"),

@@ -147,6 +147,10 @@ def offload_endpoint(root: str | os.PathLike[str], slot: str) -> dict[str, str] 
     return {k: str(data[k]) for k in ("url", "model", "version")} if isinstance(data, dict) and "url" in data else None
 
 
+#: The group the server moved the device to (:meth:`ModelStore.assign_group`).
+GROUP_FILE = "group.json"
+
+
 class ModelStore:
     """Slots on disk plus the ``current``/``previous`` pointers and the agent's state file."""
 
@@ -186,6 +190,21 @@ class ModelStore:
             return
         path.parent.mkdir(exist_ok=True)
         _write_json_atomic(path, dict(endpoint))
+
+    def assigned_group(self) -> str | None:
+        """The group the server moved this device to, as a command bound to it said (None: never moved)."""
+        path = self.root / GROUP_FILE
+        try:
+            group = json.loads(path.read_text()).get("group")
+        except FileNotFoundError:
+            return None
+        except (ValueError, AttributeError):  # written atomically by the agent alone: a damaged file names none
+            return None
+        return group if isinstance(group, str) else None
+
+    def assign_group(self, group: str) -> None:
+        """Record the group a command bound to this device moved it to (kept across restarts)."""
+        _write_json_atomic(self.root / GROUP_FILE, {"group": group})
 
     def remember(self, deployment_id: str) -> None:
         """Record a deployment as handled: the replay guard (:mod:`edgesdk.agent.admission`) refuses it again."""

@@ -3,7 +3,10 @@
 Groups are provisioned from the devices file that ``edgesdk server mosquitto-config`` reads
 (``edgesdk devices provision --file``) or one by one through the admin API. A device that
 reports another group is refused and logged; moving a device is an admin action, which puts the
-device in the reconciler's queue for its new group's release. A device nobody provisioned is
+device in the reconciler's queue for its new group's release and skips its targets of other groups'
+rollouts. Until a command of the new group tells its agent (which then reports the new group), a
+moved device's reports naming its old group are recorded under the new one (the claim is never
+followed); any other group is refused. A device nobody provisioned is
 refused when the server requires provisioning (``--require-provisioning``); otherwise its first
 report fixes its group (trust on first use), and from then on the same rule holds.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from edgesdk.ota_server.store.fleet_db import DeviceState, FleetDB
 
@@ -40,11 +44,17 @@ class GroupGuard:
         in the group it names, unless provisioning is required (then it is refused)."""
         if not states:
             return []
-        groups = self.db.provisioned_groups(s.device_id for s in states)
+        moves = self.db.moves(s.device_id for s in states)
         first: dict[str, str] = {}
         kept = []
         for s in states:
-            group = groups.get(s.device_id) or first.get(s.device_id)
+            group, moved_from = moves.get(s.device_id, (None, None))
+            group = group or first.get(s.device_id)
+            if group is not None and s.group == moved_from and moved_from != group:
+                # Moved by the operator, its agent not told yet (or its will, set before it was told): recorded
+                # under the group it is in now. The claim is never followed, so it cannot move itself anywhere.
+                self._moved(s, group)
+                s = replace(s, group=group)
             if group is None and not self.require_provisioning:
                 first[s.device_id] = group = s.group
             if group is None:
@@ -63,6 +73,15 @@ class GroupGuard:
             log.info("provisioned %d devices in the group their first report named (e.g. %s in %s)", len(first),
                      *next(iter(first.items())))
         return kept
+
+    def _moved(self, state: DeviceState, group: str) -> None:
+        now = self._clock()
+        if len(self._logged) > 10_000:
+            self._logged.clear()
+        if now - self._logged.get(state.device_id, float("-inf")) >= _LOG_EVERY_S:
+            self._logged[state.device_id] = now
+            log.info("device %s was moved to %r and still reports %r: recorded in %r until a command of its new "
+                     "group tells its agent", state.device_id, group, state.group, group)
 
     def _refuse(self, state: DeviceState, reason: str, message: str) -> None:
         self.refused += 1

@@ -372,20 +372,44 @@ class DesiredStateStore:
 
     # provisioning: the group an operator put each device in ----------------------------------------------
     def provision(self, devices: Mapping[str, str], source: str) -> list[str]:
-        """Put devices in groups (device id -> group); the devices whose group changed (their reported state moves
-        with them, and they go into the reconciler's queue)."""
+        """Put devices in groups (device id -> group); the devices whose group changed. A moved device's reported
+        state moves with it, it goes into the reconciler's queue, its unfinished targets of other groups' rollouts
+        are skipped (it is no longer theirs), and its old group is kept as ``moved_from`` (its agent reports that
+        name until a command of the new group tells it, and its will keeps it until it reconnects:
+        :class:`~edgesdk.ota_server.devices.provisioning.GroupGuard` records those under the new group)."""
         now = time.time()
         have = self.provisioned_groups(list(devices))
         moved = [d for d, group in devices.items() if d in have and have[d] != group]
+        unfinished = [s.value for s in (TargetStatus.PENDING, TargetStatus.SENT, TargetStatus.DOWNLOADING,
+                                        TargetStatus.INSTALLING, TargetStatus.DEFERRED, TargetStatus.NO_ARTIFACT,
+                                        TargetStatus.AHEAD)]
         with self.sql.transaction():
             self.sql.execute_many(
                 """INSERT INTO provisioned (device_id, grp, source, updated) VALUES (?,?,?,?)
                    ON CONFLICT(device_id) DO UPDATE SET grp=excluded.grp, source=excluded.source,
                    updated=excluded.updated""",
                 [(d, group, source, now) for d, group in sorted(devices.items()) if have.get(d) != group])
+            self.sql.execute_many("UPDATE provisioned SET moved_from = ? WHERE device_id = ?",
+                                  [(have[d], d) for d in moved])
             self.sql.execute_many("UPDATE devices SET grp = ?, reconcile = 1 WHERE id = ?",
                                   [(devices[d], d) for d in moved])
+            self.sql.execute_many(
+                f"UPDATE targets SET status = ?, reason = ?, updated = ? WHERE device_id = ? AND status IN "
+                f"({','.join('?' * len(unfinished))}) AND rollout_id IN (SELECT id FROM rollouts WHERE grp <> ?)",
+                [(TargetStatus.SKIPPED.value, f"the device moved to group {devices[d]}", now, d, *unfinished,
+                  devices[d]) for d in moved])
         return moved
+
+    def moves(self, device_ids: Iterable[str]) -> dict[str, tuple[str, str | None]]:
+        """The provisioned group of each of ``device_ids`` that has one, and the group it was last moved from (None:
+        never moved)."""
+        found: dict[str, tuple[str, str | None]] = {}
+        for chunk in id_chunks(list(dict.fromkeys(device_ids))):
+            for row in self.sql.rows(f"SELECT device_id, grp, moved_from FROM provisioned WHERE device_id IN "
+                                     f"({','.join('?' * len(chunk))})", chunk):
+                found[row["device_id"]] = (row["grp"], row["moved_from"])
+        return found
+
 
     def provisioned_groups(self, device_ids: Iterable[str]) -> dict[str, str]:
         """The provisioned group of each of ``device_ids`` that has one."""

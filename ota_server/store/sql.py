@@ -134,6 +134,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "AND o.model = r.model AND o.created < r.created) AND EXISTS (SELECT 1 FROM targets t "
         "WHERE t.rollout_id = r.id AND t.previous_version IS NOT NULL)",
     )),
+    (15, "moves: the group a moved device was in, whose name its agent reports until it is told of the move", (
+        "ALTER TABLE provisioned ADD COLUMN moved_from TEXT",
+    )),
 )
 
 _TYPES = {"sqlite": {"real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",

@@ -188,7 +188,45 @@ def test_moving_a_device_is_an_admin_action_that_brings_it_to_its_new_group_rele
     wait_for(lambda: _on(mover, "2.0.0"), timeout=60, what="the moved device on lobby's release")
     wait_for(lambda: _target(server, to_lobby, "cam0").status == TargetStatus.COMMITTED, what="its late commit")
     assert server.db.device("cam0").group == "lobby"
-    refused = server.groups.refused
-    mover.stop()  # its own --group still says cams: its reports are refused until its agent is told
-    wait_for(lambda: server.groups.refused > refused, what="the old group's report refused")
-    assert server.db.device("cam0").group == "lobby"
+    # The command that brought it told its agent (issue 60): its --group still says cams, its reports say lobby.
+    assert mover.config.group == "lobby"
+    mover.stop()
+    wait_for(lambda: server.db.device("cam0").status == "offline", what="its offline state recorded")
+    assert server.db.device("cam0").group == "lobby" and server.groups.refused == 0
+
+
+def test_a_moved_device_follows_only_its_new_groups_release(broker, make_server, make_agent, bundles):
+    """Issue 60: a move was half done: the device stayed a target of its old group's running rollout, its states
+    were refused until its --group changed (so its silence counted as a failure), and its agent was never told.
+    Now its old group's unsent target is skipped, its states are recorded under the new group at once, the new
+    group's release reaches it, and the command that brings it tells its agent the group it is in."""
+    server = _server(make_server, broker, bundles)
+    server.provision({"cam0": "cams", "cam1": "cams", "lobby0": "lobby"}, "devices file")
+    agents = {d: make_agent(d, broker.url, group=g) for d, g in (("cam0", "cams"), ("cam1", "cams"),
+                                                               ("lobby0", "lobby"))}
+    _online(server, 2)
+    _online(server, 1, "lobby")
+    lobby_release = server.start_rollout("digits", "1.0.0", "lobby", RolloutPolicy(canary=1.0, waves=(),
+                                                                                     health_window_s=0.0,
+                                                                                     analysis=False))
+    wait_for(lambda: server.status(lobby_release).state == "completed", timeout=60, what="lobby's release")
+    held = RolloutPolicy(canary=0.5, waves=(1.0,), health_window_s=0.0, analysis=False, auto_promote=False)
+    push = server.start_rollout("digits", "2.0.0", "cams", held)
+    planned = server.status(push)
+    (mover,) = [t.device_id for t in planned.targets if t.stage == 1]
+    (canary,) = [t.device_id for t in planned.targets if t.stage == 0]
+    wait_for(lambda: _on(agents[canary], "2.0.0"), timeout=60, what="the canary's install")
+    assert server.provision({mover: "lobby"}) == [mover]
+    moved_target = _target(server, push, mover)
+    assert moved_target.status == TargetStatus.SKIPPED and "moved to group lobby" in moved_target.reason
+    # Its agent still says cams: its state is recorded in lobby, and lobby's release reaches it.
+    wait_for(lambda: _on(agents[mover], "1.0.0"), timeout=60, what="lobby's release on the moved device")
+    wait_for(lambda: agents[mover].config.group == "lobby", what="the agent told of its group")
+    assert agents[mover].store.assigned_group() == "lobby"
+    assert server.db.device(mover).group == "lobby" and server.groups.refused == 0
+    wait_for(lambda: _target(server, lobby_release, mover).status == TargetStatus.COMMITTED, what="its commit")
+    assert _target(server, lobby_release, mover).late
+    server.promote(push)
+    wait_for(lambda: server.status(push).state == "completed", timeout=60, what="cams' rollout")
+    assert _on(agents[mover], "1.0.0"), "the old group's next stage did not take the moved device"
+    assert not [e for e in agents[mover].events if e.get("deployment_id") == push]
