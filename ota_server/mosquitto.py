@@ -132,18 +132,7 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
     broker_user = _broker_user()
     _write_private(out / "passwd", "".join(f"{user}:{password_hash(pw)}\n" for user, pw in passwords.items()),
                    broker_user)
-    acl = [f"user {server_username}", f"topic readwrite {PREFIX}/#", ""]
-    for device, group in devices.items():
-        acl += [f"user {device}",
-                f"topic read {PREFIX}/devices/{device}/cmd",
-                f"topic read {PREFIX}/trust/#",
-                f"topic read {PREFIX}/devices/{device}/chunks/#",
-                f"topic read {PREFIX}/groups/{group}/chunks/#",
-                f"topic readwrite {PREFIX}/devices/{device}/state",
-                f"topic write {PREFIX}/devices/{device}/events",
-                f"topic write {PREFIX}/devices/{device}/need",
-                f"topic write {PREFIX}/devices/{device}/measurements", ""]
-    _write_private(out / "acl", "\n".join(acl), broker_user)
+    write_acl(out, devices, server_username)
     credentials = {}
     for device, group in devices.items():
         path = out / "credentials" / f"{device}.json"
@@ -163,6 +152,29 @@ def write_mosquitto_config(out_dir: str | os.PathLike[str], devices: Mapping[str
     (out / "mosquitto.conf").write_text("\n".join(conf))
     return MosquittoConfig(out / "mosquitto.conf", out / "passwd", out / "acl", credentials, server_username,
                            passwords[server_username], warnings)
+
+
+def write_acl(out_dir: str | os.PathLike[str], devices: Mapping[str, str],
+              server_username: str = "edgesdk-server") -> Path:
+    """Write only the ACL of ``out_dir`` (``acl``) for ``devices`` (device id -> group), leaving the passwords: after
+    a device moved to another group, so it reads that group's broadcast chunks and no longer its old group's.
+    Reload the broker afterwards (SIGHUP, or ``mosquitto_signal -a config-reload``). The path written."""
+    out = Path(out_dir).resolve()
+    acl = [f"user {server_username}", f"topic readwrite {PREFIX}/#", ""]
+    for device, group in devices.items():
+        check_id(device, "device id")
+        check_id(group, "group")
+        acl += [f"user {device}",
+                f"topic read {PREFIX}/devices/{device}/cmd",
+                f"topic read {PREFIX}/trust/#",
+                f"topic read {PREFIX}/devices/{device}/chunks/#",
+                f"topic read {PREFIX}/groups/{group}/chunks/#",
+                f"topic readwrite {PREFIX}/devices/{device}/state",
+                f"topic write {PREFIX}/devices/{device}/events",
+                f"topic write {PREFIX}/devices/{device}/need",
+                f"topic write {PREFIX}/devices/{device}/measurements", ""]
+    _write_private(out / "acl", "\n".join(acl), _broker_user())
+    return out / "acl"
 
 
 def _warnings(out: Path, broker_user: pwd.struct_passwd | None) -> tuple[str, ...]:

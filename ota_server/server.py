@@ -472,8 +472,8 @@ class OTAServer:
                      len(moved), source)
             # The broker's ACL is the operator's file: this server cannot rewrite it on another host.
             log.warning("the broker still lets %d moved devices (e.g. %s) read their old group's broadcast chunks: "
-                        "update the devices file, run `edgesdk server mosquitto-config --devices FILE` and reload "
-                        "the broker (SIGHUP) so each reads only its new group's", len(moved), moved[0])
+                        "update the devices file, run `edgesdk server mosquitto-acl --devices FILE --out DIR` on the "
+                        "broker's host and reload the broker (SIGHUP) so each reads only its new group's", len(moved), moved[0])
         self._wake.set()
         return moved
 

@@ -250,6 +250,21 @@ def inference(repo: str, listen: str, inference_config: str | None, grpc_listen:
     running.stop()
 
 
+@server.command("mosquitto-acl")
+@click.option("--devices", "devices_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="Text file: one 'DEVICE_ID GROUP' per line (the groups as they are now).")
+@click.option("--out", "out_dir", type=click.Path(exists=True, file_okay=False), required=True,
+              help="The directory mosquitto-config wrote.")
+def mosquitto_acl(devices_file: str, out_dir: str) -> None:
+    """Rewrite only the broker's ACL after devices moved groups (the passwords stay); then reload the broker."""
+    from edgesdk.cli.devices import read_devices_file
+    from edgesdk.ota_server.mosquitto import write_acl
+
+    path = write_acl(out_dir, read_devices_file(devices_file))
+    click.echo(f"wrote {path}; reload the broker so moved devices read their new group's chunks only: "
+               "kill -HUP $(pidof mosquitto), or mosquitto_signal -a config-reload")
+
+
 @server.command("mosquitto-config")
 @click.option("--devices", "devices_file", type=click.Path(exists=True, dir_okay=False), required=True,
               help="Text file: one 'DEVICE_ID GROUP' per line.")

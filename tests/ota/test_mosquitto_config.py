@@ -151,3 +151,68 @@ def _listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_after_a_move_the_rewritten_acl_lets_the_device_read_its_new_groups_chunks_only(reachable_dir):
+    """Issue 60: a moved device kept its old group's broker ACL. `edgesdk server mosquitto-acl` rewrites the ACL
+    alone (the passwords stay: the device reconnects with the same credentials) and a SIGHUP makes mosquitto read
+    it: the same subscriptions now deliver the new group's broadcast chunks and not the old group's."""
+    port = free_port()
+    devices = reachable_dir / "devices.txt"
+    devices.write_text("cam01 cams\n")
+    out = reachable_dir / "broker"
+    config = write_mosquitto_config(out, {"cam01": "cams"}, port=port)
+    command = shlex.split(config.command)
+    command[0] = mosquitto_binary() or command[0]
+    with open(reachable_dir / "mosquitto.log", "wb") as log:
+        broker = subprocess.Popen(command, cwd="/", stdout=log, stderr=subprocess.STDOUT)
+    old, new = Topics.group_chunks("cams", "r1-w0") + "/0", Topics.group_chunks("lobby", "r2-w0") + "/0"
+    try:
+        wait_for(lambda: _listening(port) or broker.poll() is not None, what="mosquitto listening")
+        server = _Client(port, out / "credentials" / "server.json")
+        device = _Client(port, out / "credentials" / "cam01.json")
+        for topic in (Topics.group_chunks("cams", "+") + "/+", Topics.group_chunks("lobby", "+") + "/+",
+                      Topics.device_chunks("cam01", "+") + "/+"):
+            device.client.subscribe(topic, qos=1)
+
+        def delivered(marker: bytes) -> set[str]:
+            """Which of the two group topics deliver ``marker`` to the device, the device's own chunk topic (always
+            readable, published last, so delivered after the others) telling when it is done; published again
+            until that arrives, as the subscriptions are acknowledged asynchronously."""
+            own = Topics.device_chunks("cam01", "x") + "/0"
+
+            def arrived() -> bool:
+                if any(t == own and p == marker for t, p in device.messages):
+                    return True
+                for topic in (old, new, own):
+                    server.client.publish(topic, marker, qos=1)
+                return False
+
+            wait_for(arrived, interval=0.3, what="the device's own chunk")
+            return {t for t, p in device.messages if p == marker and t in (old, new)}
+
+        rounds = iter(range(10**6))  # the subscriptions are acknowledged asynchronously: probe until they are on
+        wait_for(lambda: delivered(f"before{next(rounds)}".encode()) == {old}, interval=0.3, what="the old ACL")
+        assert delivered(b"before") == {old}
+        password = (out / "passwd").read_bytes()
+        devices.write_text("cam01 lobby\n")
+        result = CliRunner().invoke(cli, ["server", "mosquitto-acl", "--devices", str(devices), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert "reload the broker" in result.output and (out / "passwd").read_bytes() == password
+        broker.send_signal(1)  # SIGHUP: mosquitto reloads its configuration, the ACL included
+        # Its subscription to lobby's chunks was refused under the old ACL: the agent subscribes to a group's chunk
+        # topic when it accepts a command of that group, so it does so again here.
+        probes = []
+
+        def reloaded() -> bool:
+            device.client.subscribe(Topics.group_chunks("lobby", "+") + "/+", qos=1)
+            probes.append(delivered(f"probe{len(probes)}".encode()))
+            return probes[-1] == {new}
+
+        wait_for(reloaded, interval=0.5, what="the reloaded ACL")
+        assert delivered(b"after") == {new}
+        for client in (server, device):
+            client.close()
+    finally:
+        broker.terminate()
+        broker.wait(timeout=10)
