@@ -1,6 +1,6 @@
-"""Security benchmark (issues 23 and 36): the root of trust, and hostile input from devices, brokers and keys.
+"""Security benchmark (issues 23, 36 and 60): the root of trust, and hostile input from devices, brokers and keys.
 
-    python benchmarks/security/security.py [--quick] [--part all|trust|fuzz|poison|replay|archives|floor] [--devices N]
+    python benchmarks/security/security.py [--quick] [--part all|trust|fuzz|poison|replay|archives|floor|soak] [--devices N]
 
 Part ``trust`` (issue 23):
 
@@ -28,6 +28,9 @@ Issue 36, each part in its own module:
 - ``archives`` (``security_archives.py``): sparse, undeclared, oversized, linked members and archives below the
   bundles threshold through the install and measurement paths: bytes written beyond the signed sizes.
 - ``floor`` (``security_trust.py``): signed rollbacks below the bundles-signed floor; 400 hostile roots.
+
+Issue 60: ``soak`` (``security_soak.py``): one hostile device among 1,000 for a simulated hour (10 minutes of
+wall time): the server's RSS growth, archive work for a non-target, the others' lag against clean phases.
 """
 
 from __future__ import annotations
@@ -267,7 +270,8 @@ def _module_part(module: str) -> Any:
 
 
 _PARTS = {"fuzz": _fuzz, "poison": _module_part("security_poison"), "replay": _module_part("security_replay"),
-          "archives": _module_part("security_archives"), "floor": _module_part("security_trust")}
+          "archives": _module_part("security_archives"), "floor": _module_part("security_trust"),
+          "soak": _module_part("security_soak")}
 
 
 def _trust(args: argparse.Namespace) -> tuple[dict, list]:
