@@ -119,6 +119,14 @@ class RssSampler:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    @staticmethod
+    def parts() -> dict[str, float]:
+        """The resident set by kind (MiB): ``anon`` (heaps: Python's, SQLite's page cache, paho's
+        buffers), ``file`` (mapped files: libraries, SQLite's WAL index), ``shmem``."""
+        lines = Path("/proc/self/status").read_text().splitlines()
+        return {line.split(":")[0][3:].lower(): round(int(line.split()[1]) / 1024, 2)
+                for line in lines if line.startswith(("RssAnon:", "RssFile:", "RssShmem:"))}
+
     def _run(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             self.samples.append(self.rss_mib())
