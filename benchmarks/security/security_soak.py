@@ -190,13 +190,13 @@ class _Soak:
         server = self.server
         cpu0, rss0, loads0 = time.process_time(), self.rss.rss_mib(), server.chunks.loads
         work0, hostile, feeding, sent = WORK.of(HOSTILE), None, threading.Event(), {}
-        self.recorder.begin()
-        started = time.monotonic()
         try:
-            if condition == "hostile":
+            if condition == "hostile":  # the phase starts once it publishes (start-up not timed)
                 hostile = Hostile(self.broker_url, self.phase_s + 600, self.rate, self.reconnect_s)
                 hostile.tell(list(self.transfers), list(self.rollouts))
                 threading.Thread(target=self._feed, args=(hostile, feeding), daemon=True).start()
+            self.recorder.begin()
+            started = time.monotonic()
             time.sleep(1.0)
             state, rollout_s, recorded = self._rollout(version)
             hold_loads0 = server.chunks.loads

@@ -159,7 +159,8 @@ def structures(server: OTAServer) -> dict[str, int]:
             "measurements.items": len(server.measurements._items),
             "reconciler.chased": len(e.reconciler._chased),
             "reconciler.failed_seen": len(e.reconciler._failed_seen),
-            "repo.tables": len(server.repo._tables), "ingest.pending": server.ingest.pending}
+            "repo.tables": len(server.repo._tables), "ingest.pending": server.ingest.pending,
+            "db.bytes": server.db.size_bytes()}
 
 
 def refusals(server: OTAServer) -> dict[str, float]:
