@@ -31,7 +31,11 @@ the scenario did not test anything and says so), their statuses at the check (``
 online ones, ``deferred`` for the away ones), when R1's in-flight count reached 0 relative to the
 check time, the in-flight series, R2's rollout and late counts, and every device's final version.
 
-Measured: see the issue-60 closing note (this module only prints what it measured).
+Measured (quick, 2-core x86_64 shared with other work): 10 R1 targets in flight when R2 completed
+(2.3 s after its push); the 5 away ones deferred at the first pass after R2 completed (7.8 s after
+the push), the 5 online ones timed out 22.9 s after the push, before the check at 24.2 s: 0 in
+flight at the check. The away devices caught up to R2 once back and the engine was idle 8.2 s
+after their return (then held idle for 10 s).
 """
 
 from __future__ import annotations
