@@ -328,6 +328,16 @@ class OTAServer:
             return
         if self._reopen(device, transfer_id):
             self.chunks.serve(device, transfer_id, indices)
+        elif self.config.share_group is None and not self._driven_here(transfer_id):
+            # Nothing serves it (a single server drives every rollout there is): an id the device made up, or a
+            # transfer long closed. A refusal by _reopen (not a target) was counted there. Replicas cannot tell
+            # another's transfer from a made-up one, so they count nothing here.
+            self.metrics.report_refused("need", "unknown")
+
+    def _driven_here(self, transfer_id: str) -> bool:
+        """Whether ``transfer_id`` names a stage of a rollout this server drives."""
+        match = STAGE_TRANSFER.match(transfer_id)
+        return match is not None and match["rollout"] in self.engine.driving
 
     def _reopen(self, device: str, transfer_id: str) -> bool:
         """Open a stage's transfer again for a rollout this server drives now (after a restart or a take-over), once

@@ -12,7 +12,8 @@ This process's counters and latency histogram::
                                                          replaced by newer), length | json | type | range | id |
                                                          missing (malformed: edgesdk.fleet.reports), store (the
                                                          fleet store refused to write it), not_target (a chunk
-                                                         request for a transfer the device is not a target of)
+                                                         request for a transfer the device is not a target of),
+                                                         unknown (for a transfer nothing serves)
     edgesdk_ota_states_refused_group_total{reason}       device states refused for their group; reason:
                                                          wrong_group | unprovisioned
     edgesdk_ota_console_logins_refused_total{reason}     console logins refused; reason: wrong_token |
@@ -67,7 +68,9 @@ EVENT_KINDS = ("state", "event", "need")
 REFUSED_KINDS = ("state", "event", "need", "measurement")
 #: Its ``reason`` labels: the report limit's ``flood``, a parser's (edgesdk.fleet.reports), the store's refusal.
 #: ``not_target``: a chunk request for a transfer (or measurement) the device is not a target of, open or not.
-REFUSAL_REASONS = ("flood", "length", "json", "type", "range", "id", "missing", "store", "not_target")
+#: ``unknown``: a chunk request for a transfer that is not open and that no server serves (a made-up id, or a transfer
+#: long closed; counted by a single server only, as a replica cannot tell another's).
+REFUSAL_REASONS = ("flood", "length", "json", "type", "range", "id", "missing", "store", "not_target", "unknown")
 
 # 50 us .. 1 s, then a tail so a stalled database still lands in a bucket of its own.
 _HANDLING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgesdk.ota_server.devices.provisioning import GroupGuard
 from edgesdk.ota_server.store.fleet_db import DeviceState, EventRow, FleetDB, TargetUpdate
@@ -136,6 +136,8 @@ class Ingest:
         self.retries = 0
         #: Batches dropped on a server error that was not their data (each logged with its traceback).
         self.errors = 0
+        #: Events naming a rollout their device is no target of, written without it (:meth:`_bound_to_targets`).
+        self.unbound_events = 0
 
     def put(self, report: DeviceState | DeviceEvent) -> None:
         """Queue one report, stamped with the time it arrived."""
@@ -273,5 +275,24 @@ class Ingest:
                     updates.append(report.update)
         with self.db.transaction():
             self.db.upsert_devices(self.groups.admit(states) if self.groups is not None else states)
-            self.db.log_many(rows)
+            self.db.log_many(self._bound_to_targets(rows))
             self.db.set_targets(updates)
+
+    def _bound_to_targets(self, rows: list[EventRow]) -> list[EventRow]:
+        """``rows`` with each event's rollout kept only when its device is a target of it: a device names the
+        deployment in its own event, and one that is no target must not write into another rollout's log (the
+        claim is kept in the payload as ``claimed_rollout``, and counted in :attr:`unbound_events`)."""
+        claims: dict[str, set[str]] = {}
+        for row in rows:
+            if row.rollout_id is not None and row.device_id is not None:
+                claims.setdefault(row.rollout_id, set()).add(row.device_id)
+        targets = {(rollout, device) for rollout, devices in claims.items()
+                   for device in self.db.targets_of(rollout, sorted(devices))}
+        kept = []
+        for row in rows:
+            if row.rollout_id is not None and row.device_id is not None and (row.rollout_id, row.device_id) \
+                    not in targets:
+                self.unbound_events += 1
+                row = replace(row, rollout_id=None, payload={**row.payload, "claimed_rollout": row.rollout_id})
+            kept.append(row)
+        return kept

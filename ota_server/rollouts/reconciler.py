@@ -115,25 +115,34 @@ class Reconciler:
         flight."""
         if work.queued:
             self.db.drop_unreleased_from_queue()
-        releases = set()
         self.backlog = False
         leased = self.db.lease_releases(holder, now, lease_s)
+        releases = {r.id for r in leased}
         # The room is shared between the groups: each in turn (the first one rotates pass by pass) may use an equal
-        # share of what is left, and what a group leaves unused goes to the groups after it. Spent in group order, a
-        # backlog in one group starved the groups after it.
+        # share of what is left, and what a group leaves unused goes to the groups after it; what is still left then
+        # goes round again to the groups that used their whole share. Spent in group order, a backlog in one group
+        # starved the groups after it; shared in one round only, a group catching up alone got 1/k of the cap.
         self._turn = (self._turn + 1) % max(len(leased), 1)
         order = leased[self._turn:] + leased[:self._turn]
-        for i, r in enumerate(order):
-            releases.add(r.id)
-            share = -(-max(room, 0) // (len(order) - i))  # ceil: the room is never left unused for rounding
-            try:
-                sent = self.run(r, share, work)
-            except EdgeSDKError as exc:  # e.g. the release's bundle left the repository: say so, keep the others
-                log.error("group %s: cannot bring devices to release %s %s (%s): %s", r.group, r.model, r.version,
-                          r.id, exc)
-                continue
-            room -= sent
-            if sent:
+        sent_by: dict[str, int] = {}
+        first = True  # every release is passed over once, with no room too (its chase, flag and queue)
+        while order and (first or room > 0):
+            hungry = []
+            for i, r in enumerate(order):
+                share = -(-max(room, 0) // (len(order) - i))  # ceil: the room is never left unused for rounding
+                try:
+                    sent = self.run(r, share, work)
+                except EdgeSDKError as exc:  # e.g. the release's bundle left the repository: say so, go on
+                    log.error("group %s: cannot bring devices to release %s %s (%s): %s", r.group, r.model,
+                              r.version, r.id, exc)
+                    continue
+                room -= sent
+                sent_by[r.id] = sent_by.get(r.id, 0) + sent
+                if sent and sent >= share:
+                    hungry.append(r)
+            order, first = hungry, False
+        for r in leased:
+            if sent_by.get(r.id):
                 self.serving.add(r.id)
             elif r.id in self.serving and not self.db.late_in_flight(r.id):
                 self.serving.discard(r.id)

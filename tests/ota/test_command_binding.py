@@ -229,6 +229,13 @@ def test_only_a_transfers_targets_get_its_chunks(broker, make_server, make_agent
             clients[bystander].publish(Topics.need(bystander), json.dumps({"transfer_id": asked,
                                                                             "chunks": [0]}).encode())
         wait_for(lambda: server.chunks.refused == refused + len(hostile), what="every hostile request refused")
+        # Ids nothing serves (no rollout of that name here) cost a counter too, and nothing else (issue 60).
+        made_up = ["r19700101000000-abcdef-w0", "no-such-transfer", "m-12345"]
+        for asked in made_up:
+            clients[bystander].publish(Topics.need(bystander), json.dumps({"transfer_id": asked,
+                                                                            "chunks": [0]}).encode())
+        wait_for(lambda: 'reason="unknown"} 3.0' in server.metrics.render()[0].decode(), what="the unknown ids counted")
+        assert server.chunks.loads == loads and not any(server.chunks.is_open(t) for t in made_up)
         assert server.chunks.loads == loads and not server.chunks.is_open(transfer)
         assert not any(server.chunks.is_open(t) for t in hostile)
         clients[target].publish(Topics.need(target), json.dumps({"transfer_id": transfer, "chunks": [3]}).encode())

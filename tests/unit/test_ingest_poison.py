@@ -201,3 +201,24 @@ def test_data_errors_are_told_from_server_errors(tmp_path):
     with pytest.raises(TypeError) as bug:
         len(None)  # type: ignore[arg-type]
     assert not data_error(bug.value) and not data_error(AttributeError("x")) and not data_error(KeyError("k"))
+
+
+def test_an_event_naming_a_rollout_its_device_is_no_target_of_is_written_without_it(tmp_path):
+    """Issue 60 (found by the soak benchmark): a device that is no target wrote events into another group's
+    rollout log by naming its deployment. The claim is kept in the payload, not as the rollout's event."""
+    from edgesdk.fleet.records import RolloutPolicy
+
+    db = FleetDB(str(tmp_path / "fleet.db"))
+    db.add_rollout("r1", "digits", "2.0.0", "cams", RolloutPolicy(canary=1.0, waves=()), [[("cam0", "1.0.0")]])
+    ingest = Ingest(db, linger_s=60.0)
+    try:
+        for device in ("cam0", "evil"):
+            ingest.put(DeviceEvent(EventRow("committed", {"version": "2.0.0"}, device, "r1", time.time()), None))
+        ingest.put(DeviceEvent(EventRow("failed", {}, "evil", "no-such-rollout", time.time()), None))
+        assert ingest.flush(hurry=True)
+    finally:
+        ingest.stop()
+    assert [(e.device_id, e.type) for e in db.events("r1")] == [("cam0", "committed")]
+    evil = [(e.rollout_id, e.payload.get("claimed_rollout")) for e in db.events(device_id="evil")]
+    assert evil == [(None, "r1"), (None, "no-such-rollout")] and ingest.unbound_events == 2
+    db.close()

@@ -535,3 +535,32 @@ def test_late_targets_of_a_superseded_release_are_closed_once_the_deploy_timeout
     assert cam8.status == TargetStatus.TIMEOUT and "superseded" in cam8.reason
     assert db.late_in_flight(first) == 0 and db.release("cams").rollout_id == second
     assert db.work().late_in_flight == 0, "nothing of R1 holds catch-up room or keeps the engine busy"
+
+
+def test_a_group_catching_up_alone_gets_the_whole_room_whatever_its_turn(fleet_location):
+    """Issue 60 (found by the fairness benchmark): shared in one round, the room went in equal shares to every
+    group with a release, busy or not, so a group catching up alone got half the cap beside one idle group."""
+    db = FleetDB(fleet_location)
+    for group, count in (("a", 0), ("b", 12)):
+        db.upsert_device(f"{group}0", group, "online", "digits", "1.0.0", ["digits-1.0.0"])
+        for i in range(1, count + 1):
+            db.upsert_device(f"{group}{i}", group, "offline", "digits", "1.0.0", ["digits-1.0.0"])
+    clock, recorder = Clock(), Recorder()
+    engine = RolloutEngine(db, recorder, clock, max_catch_up=4)
+    for group in ("a", "b"):
+        rid = engine.start("digits", "2.0.0", group, ONE_STAGE)
+        for _ in range(10):
+            engine.tick()
+            _commit(engine, rid, [d for _, devices in recorder.stages for d in devices])
+            clock.now += 1.5
+            if engine.status(rid).state != RolloutState.RUNNING:
+                break
+    for i in range(1, 13):  # b's twelve come back together
+        db.upsert_device(f"b{i}", "b", "online", "digits", "1.0.0", ["digits-1.0.0"])
+    for turn in range(3):  # one pass each, the first group of the pass alternating between a and b
+        before = len(recorder.late)
+        _settle(engine, clock, 1)
+        assert len(recorder.late) - before == 4 and db.late_in_flight() == 4, (turn, recorder.late)
+        _commit(engine, db.release("b").rollout_id, [d for d, _ in recorder.late[before:]])
+    assert sorted(d for d, _ in recorder.late) == sorted(f"b{i}" for i in range(1, 13))
+    db.close()
