@@ -41,16 +41,15 @@ flight per group sampled every 0.5 s (max, and a thinned series), how many passe
 the pooled figures. Goals: every small-group late target committed in every phase; pooled p99 of B /
 pooled p99 of A <= 2 (the issue's target).
 
-Measured (quick only, 2-core x86_64 shared with other work; the full 5,000-device run is the closing
-note's): small group p99 4.28 s alone, 4.30 s with the backlog, ratio 1.005 (a second run: 4.32 s,
-4.27 s, 0.986); its ten devices went out in the first pass of every phase (10 + 10 in flight: the
-half shares) while the big group took 15-16 s to catch up (180 devices, 11-12 per s). The control
-(group order) on the same harness: 4.32 s alone, 13.4 s with the backlog, ratio 3.10 (missed): the
-small group went out only once the big group's queue was empty, and the big group caught up in 11-12
-s (14-17 per s). The difference in the big group's pace: while only one group is queued, a pass that
-offers it the first turn gives it half the room (its share) and leaves the other half unused until
-the next pass (in flight alternates 10 and 20 under a cap of 20).
-"""
+Measured, full profile (2-core x86_64 shared with two converter benchmarks; 5,000 + 50 devices, cap
+500, a warm-up and 3 mirrored rounds): small group p99 4.29 s alone, 7.02 s with the big backlog,
+ratio 1.64 (goal <= 2, met); every late target committed in all 6 phases; the big group caught up at
+177-187 devices per s with the full cap of 500 in flight. Quick profile (180 + 10, cap 20): ratio
+1.005 (and 0.986), against 3.10 for the ``--control group-order`` pass (its goal missed: the small
+group went out only once the big group's queue was empty). The quick runs also showed the first
+share rule's flaw, since fixed in the reconciler: a group catching up alone was offered half the
+room (its share beside an idle group) and the rest stayed unused until the next pass; what is left
+now goes round again to the groups that used their whole share."""
 
 from __future__ import annotations
 
