@@ -18,13 +18,13 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.protocol import COMMAND_TTL_S, PREFIX, Topics, check_id
 from edgesdk.fleet.records import AgentEvent, GroupRelease, RolloutPolicy, RolloutRecord, RolloutState
 from edgesdk.fleet.reports import MAX_REPORT_BYTES
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.fleet.trust import parse_root
 from edgesdk.ota_server.admin.metrics import ServerMetrics
+from edgesdk.ota_server.devices.chunk_requests import ChunkRequests
 from edgesdk.ota_server.devices.chunks import ChunkDistributor
 from edgesdk.ota_server.devices.freshness import TimestampPublisher
 from edgesdk.ota_server.devices.ingest import DeviceEvent, Ingest
@@ -35,7 +35,7 @@ from edgesdk.ota_server.devices.report_reader import ReportReader
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.ota_server.rollouts.engine import RolloutEngine
 from edgesdk.ota_server.rollouts.release_checks import ReleaseCheck, check_release
-from edgesdk.ota_server.rollouts.stage_sender import STAGE_TRANSFER, StageSender
+from edgesdk.ota_server.rollouts.stage_sender import StageSender
 from edgesdk.ota_server.store.fleet_db import EventRow, FleetDB
 from edgesdk.runtime.boards import artifact_for
 
@@ -158,6 +158,9 @@ class OTAServer:
                                     lease_s=config.lease_s, max_catch_up=config.max_catch_up,
                                     reconcile_s=config.reconcile_s, artifacts=repository.artifacts)
         self.metrics.watch_catch_up(config.max_catch_up, db.late_in_flight)
+        self.requests = ChunkRequests(self.chunks, self.measurements, self.engine, self.sender.is_target,
+                                      lambda rollout_id: db.rollout(rollout_id, targets=False),
+                                      self.metrics.report_refused, single_server=config.share_group is None)
 
     def _outbox(self) -> int:
         return self.transport.unacknowledged if self.transport is not None else 0
@@ -323,52 +326,7 @@ class OTAServer:
         request = self.reports.need(topic, payload)
         if request is None:
             return
-        device, transfer_id, indices = request.device, request.transfer_id, list(request.chunks)
-        if self.chunks.serve(device, transfer_id, indices) or self.measurements.serve(device, transfer_id, indices):
-            return
-        if self._reopen(device, transfer_id):
-            self.chunks.serve(device, transfer_id, indices)
-        elif self.config.share_group is None and not self._driven_here(transfer_id):
-            # Nothing serves it (a single server drives every rollout there is): an id the device made up, or a
-            # transfer long closed. A refusal by _reopen (not a target) was counted there. Replicas cannot tell
-            # another's transfer from a made-up one, so they count nothing here.
-            self.metrics.report_refused("need", "unknown")
-
-    def _driven_here(self, transfer_id: str) -> bool:
-        """Whether ``transfer_id`` names a stage of a rollout this server drives."""
-        match = STAGE_TRANSFER.match(transfer_id)
-        return match is not None and match["rollout"] in self.engine.driving
-
-    def _reopen(self, device: str, transfer_id: str) -> bool:
-        """Open a stage's transfer again for a rollout this server drives now (after a restart or a take-over), once
-        the store says ``device`` is a target of it.
-
-        The device chooses the id, so nothing is loaded, hashed or remembered for it before that check: a request
-        for a transfer that is not open and not the device's costs a refusal count (``not_target``) and one store
-        read, never an archive load (which runs on the MQTT network thread and stalls every device's reports).
-        """
-        match = STAGE_TRANSFER.match(transfer_id)
-        # In memory first: every replica hears every chunk request, and only the driver answers.
-        if match is None or match["revert"] or match["rollout"] not in self.engine.driving:
-            return False
-        if not self.sender.is_target(device, transfer_id):
-            self.chunks.refuse(device, transfer_id)
-            return False
-        r = self.db.rollout(match["rollout"], targets=False)
-        if r is None or r.state == RolloutState.ABORTED:  # running, or the release its group is reconciled to
-            return False
-        try:
-            info = self.chunks.open(transfer_id, r.model, r.version, match["artifact"])
-        except EdgeSDKError as exc:  # the release's bundle left the repository: no traceback per request
-            log.warning("cannot serve transfer %s to %s: %s", transfer_id, device, exc)
-            return False
-        if r.state == RolloutState.COMPLETED:  # a late device resuming the download it began before it went away
-            self.chunks.share(transfer_id, r.group)
-            self.engine.serving(r.id)
-            return True
-        # The whole archive is the plan: which chunks the stage's devices lacked was the first driver's to know.
-        self.chunks.plan(transfer_id, list(range(len(info.chunks))), r.group)
-        return True
+        self.requests.answer(request.device, request.transfer_id, list(request.chunks))
 
     # the admin API's operations ------------------------------------------------------------------
     def upload(self, archive: bytes) -> dict[str, Any]:

@@ -25,7 +25,6 @@ this device is being judged), every ``traffic_every_s`` (10 s) until ``judge_s``
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import queue
@@ -35,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edgesdk.agent.admission import admit, check_still_newer, refused_download
+from edgesdk.agent.command_reader import CommandReader, with_assigned_group
 from edgesdk.agent.config import AgentConfig, resolve_profile
 from edgesdk.agent.downloads import Downloads
 from edgesdk.agent.events import EventLog
@@ -48,7 +48,7 @@ from edgesdk.agent.storage_guard import StorageGuard
 from edgesdk.agent.store import ModelStore, PendingInstall
 from edgesdk.agent.trust_keeper import TrustKeeper
 from edgesdk.errors import BrokerError, EdgeSDKError, SignatureError, TransferError
-from edgesdk.fleet.protocol import Command, MeasureCommand, Topics, check_id, parse_command
+from edgesdk.fleet.protocol import Command, MeasureCommand, Topics
 from edgesdk.fleet.records import AgentEvent
 from edgesdk.fleet.transport import MqttTransport, Transport
 from edgesdk.runtime.measure_worker import EnergyRequest
@@ -64,15 +64,11 @@ class DeviceAgent:
     def __init__(self, config: AgentConfig, runtime: ManagedRuntime | None = None,
                  transport_factory: Callable[..., Transport] = MqttTransport) -> None:
         self.store = ModelStore(config.store)
-        assigned = self.store.assigned_group()
-        if assigned is not None and assigned != config.group:  # the server moved it (a signed command said so)
-            log.warning("%s: the server moved this device to group %r (--group says %r): reporting %r; change "
-                        "--group to match", config.device_id, assigned, config.group, assigned)
-            config = dataclasses.replace(config, group=check_id(assigned, "group"))
-        self.config = config
+        self.config = config = with_assigned_group(config, self.store)  # the group the server moved it to
         #: The device's root of trust, when it has one (else commands are checked with ``config.server_key``).
         self.trust = TrustKeeper.open(self.store.root / "trust", config.root, config.device_id,
                                       lambda reason: self._event(None, AgentEvent.REJECTED, reason=reason), self._publish_state)
+        self.reader = CommandReader(self.trust, self.store)
         self.runtime = runtime
         self.profile = resolve_profile(config, runtime)
         self.installer = Installer(self.store, runtime, lambda: self.trust.root.keyset("bundles") if self.trust else None,
@@ -106,10 +102,6 @@ class DeviceAgent:
         """Connect, subscribe and publish this device's state; return once the broker accepted all of it. Raises
         BrokerError when it refuses the credentials, a subscription or the state (later ones land in :attr:`refusal`)."""
         cfg = self.config
-        if self.trust is None and cfg.server_key is not None:
-            log.warning("%s: a pinned server key, no root of trust: commands of earlier servers (naming no device, "
-                        "never expiring) are still taken and keys cannot be rotated; for development and migration "
-                        "only, give production devices the fleet's root (--root)", cfg.device_id)
         resume = self.installer.recover()  # before any command: the store must hold a working model
         if resume is not None:
             self._work.put(("activate", resume))
@@ -165,18 +157,6 @@ class DeviceAgent:
         """Log and publish a protocol event (:class:`EventLog`), naming the deployment ``about`` is part of."""
         self.event_log.record(about, event, **details)
 
-    def _moved_to(self, group: str) -> None:
-        """A command bound to this device names another group: the operator moved it. Report that group from now
-        on (kept in the store across restarts): the server records the old name under the new group meanwhile,
-        and the device's broadcasts come on the command's group's topic whatever this says."""
-        log.warning("%s: moved by the server from group %r to %r (a command bound to this device says so); "
-                    "reporting %r from now on; change --group to match", self.config.device_id, self.config.group,
-                    group, group)
-        self.store.assign_group(group)
-        self.config = dataclasses.replace(self.config, group=group)
-        self.reporter.config = self.config
-        self._publish_state()
-
     def _publish_state(self) -> None:
         if self.transport is not None:
             self._publish(Topics.state(self.config.device_id), json.dumps(self.state()).encode(), retain=True)
@@ -204,7 +184,8 @@ class DeviceAgent:
                 kind, item = self._work.get(timeout=self.config.retry_interval_s / 2)
             except queue.Empty:
                 self.measurements.expire()
-                self._expire_transfers()
+                for command, reason in self.downloads.expire_deploys(self.config.transfer_timeout_s):
+                    self._event(command, AgentEvent.FAILED, reason=reason)
                 self.downloads.request_missing()
                 if self.trust is not None:
                     self.trust.check_freshness()
@@ -228,19 +209,16 @@ class DeviceAgent:
 
     def _handle_command(self, envelope: bytes, resume: bool) -> None:
         try:
-            keys = self.trust.command_keys() if self.trust is not None else self.config.server_key
-            clock = self.config.wall_clock()
-            now = self.trust.command_time(clock) if self.trust is not None else clock
-            command = parse_command(envelope, keys, self.config.allow_unsigned, now=now, to=self.config,
-                                    strict=self.trust is not None)
+            command = self.reader.read(envelope, self.config)
         except (SignatureError, TransferError) as exc:
             self._event(None, AgentEvent.REJECTED, reason=str(exc))
             return
         if isinstance(command, MeasureCommand):
             self.measurements.accept(command)
             return
-        if command.device == self.config.device_id and command.group != self.config.group:
-            self._moved_to(command.group)
+        if (moved := self.reader.moved(command, self.config)) is not None:  # the server's group, reported from now
+            self.config = self.reporter.config = moved
+            self._publish_state()
         slot = self.store.slot_name(command.name, command.version)
         in_flight = self.downloads.get(command.transfer_id) is not None
         verdict = admit(command, self.store.load_state(), self.current_version(), self.store.pointer("current"),
@@ -270,11 +248,6 @@ class DeviceAgent:
             self._work.put(("complete", command.transfer_id))
         else:
             self.downloads.request_first(transfer, resume)
-
-    def _expire_transfers(self) -> None:
-        for command in self.downloads.expire_deploys(timeout := self.config.transfer_timeout_s):
-            self._event(command, AgentEvent.FAILED, reason=f"the archive did not arrive within {timeout:g} s of its "
-                        "command (a trickle, or chunks withheld); refused")
 
     def _complete(self, transfer_id: str) -> None:
         transfer = self.downloads.get(transfer_id)

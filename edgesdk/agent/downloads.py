@@ -120,14 +120,16 @@ class Downloads:
             return [t for tid, t in self._transfers.items() if isinstance(t.command, kind)
                     and now - self._started.get(tid, now) > timeout_s]
 
-    def expire_deploys(self, timeout_s: float) -> list[Command]:
-        """Give up the deploy transfers started more than ``timeout_s`` ago (their files are deleted); their commands."""
+    def expire_deploys(self, timeout_s: float) -> list[tuple[Command, str]]:
+        """Give up the deploy transfers started more than ``timeout_s`` ago (their files are deleted); their commands,
+        each with the reason its FAILED event gives."""
         expired = []
         for transfer in self.overdue(Command, timeout_s):
             self.pop(transfer.command.transfer_id)
             transfer.discard()
             if isinstance(transfer.command, Command):
-                expired.append(transfer.command)
+                expired.append((transfer.command, f"the archive did not arrive within {timeout_s:g} s of its command "
+                                                  "(a trickle, or chunks withheld); refused"))
         return expired
 
     def close(self) -> None:

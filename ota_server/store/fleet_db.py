@@ -29,6 +29,7 @@ from edgesdk.fleet.records import (
 )
 from edgesdk.ota_server.store.counters import CounterStore
 from edgesdk.ota_server.store.desired_state import DesiredStateStore
+from edgesdk.ota_server.store.event_log import EventLogStore
 from edgesdk.ota_server.store.release_history import ReleaseHistoryStore
 from edgesdk.ota_server.store.rows import (
     DETAIL_KEYS,
@@ -57,7 +58,7 @@ __all__ = ["FleetDB", "EventRecord", "DeviceState", "TargetUpdate", "EventRow", 
            "Provisioning"]
 
 
-class FleetDB(DesiredStateStore, ReleaseHistoryStore, CounterStore, VerdictStore):
+class FleetDB(DesiredStateStore, ReleaseHistoryStore, CounterStore, VerdictStore, EventLogStore):
     """The fleet's devices, rollouts, targets and event log (safe across threads).
 
     ``location`` is a SQLite file path (the embedded default), ``sqlite:///PATH`` or
@@ -475,24 +476,6 @@ class FleetDB(DesiredStateStore, ReleaseHistoryStore, CounterStore, VerdictStore
              now)) == 1
 
     # events --------------------------------------------------------------------------------
-    def log_many(self, events: Sequence[EventRow]) -> None:
-        """Append events (payloads stored as JSON) in one transaction."""
-        now = time.time()
-        self.sql.execute_many("INSERT INTO events (ts, device_id, rollout_id, type, payload) VALUES (?,?,?,?,?)",
-                              [(e.ts or now, e.device_id, e.rollout_id, e.type, json.dumps(e.payload)) for e in events])
-
-    def log(self, type: str, payload: dict[str, Any], device_id: str | None = None,
-            rollout_id: str | None = None) -> None:
-        """Append one event (``payload`` is stored as JSON)."""
-        self.log_many([EventRow(type, payload, device_id, rollout_id)])
-
-    def events(self, rollout_id: str | None = None, device_id: str | None = None) -> list[EventRecord]:
-        """The event log (of one rollout and/or device, if given), oldest first."""
-        where, args = where_clause({"rollout_id": rollout_id, "device_id": device_id})
-        rows = self.sql.rows(f"SELECT * FROM events{where} ORDER BY id", args)
-        return [EventRecord(r["id"], r["ts"], r["device_id"], r["rollout_id"], r["type"], json.loads(r["payload"]))
-                for r in rows]
-
     def size_bytes(self) -> int:
         """The database's size on disk (the SQLite file with its WAL, or PostgreSQL's database size)."""
         return self.sql.size_bytes()

@@ -256,7 +256,7 @@ def test_a_device_without_a_clock_refuses_commands_until_a_signed_timestamp_tell
     stamp_key = load_private_key(private["timestamp"][0])
     device = make_agent("cam0", broker.url, server_key=None, root=root_path, wall_clock=lambda: 86_400.0)
     info = archive_info(pack_bundle(bundles["1.0.0"]))
-    now = time.time()
+    now = float(int(time.time()))  # whole seconds: a timestamp's issued time is written to the second
 
     def command(deployment: str, issued: float) -> bytes:
         manifest = {"type": "deploy", "deployment_id": deployment, "transfer_id": f"t-{deployment}", "name": "digits",

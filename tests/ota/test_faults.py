@@ -178,7 +178,7 @@ class TamperingServer(OTAServer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.chunks = self.sender.chunks = ChunkDistributor(self._tampered_archive, self._publish)
+        self.chunks = self.sender.chunks = self.requests.chunks = ChunkDistributor(self._tampered_archive, self._publish)
 
     def _tampered_archive(self, name, version, artifact=None):
         import io

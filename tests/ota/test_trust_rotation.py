@@ -169,7 +169,7 @@ class MixingServer(OTAServer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.chunks = self.sender.chunks = ChunkDistributor(self._mixed_archive, self._publish)
+        self.chunks = self.sender.chunks = self.requests.chunks = ChunkDistributor(self._mixed_archive, self._publish)
 
     def _mixed_archive(self, name, version, artifact=None):
         data, _ = self.repo.archive(name, "1.0.0" if version == "2.0.0" else version, artifact)
@@ -224,7 +224,7 @@ class WithholdingChunks(ChunkDistributor):
 class TricklingServer(OTAServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.chunks = self.sender.chunks = WithholdingChunks(self.repo.archive, self._publish)
+        self.chunks = self.sender.chunks = self.requests.chunks = WithholdingChunks(self.repo.archive, self._publish)
 
 
 def test_a_trickle_of_chunks_hits_the_transfer_deadline_and_the_device_stays_on_its_version(
