@@ -75,7 +75,8 @@ ids counted, a stranger's events kept out of other rollouts' logs):
   so the hostile device accounts for about 0.3 MiB of it. The server's structures keyed by device or
   transfer had the same sizes at start and end but for the hostile device's own buckets and flood
   record. What grows is native memory with the fleet's normal work (eight rollouts, a store growing
-  on disk; SQLite's page cache alone may take 2 MB, its default cap) and the harness's own lag arrays
+  on disk; SQLite's page cache alone may take 2 MB, its default cap) and the harness's own lag
+  arrays
   in the same process; it was not tracked further.
 - 0 archive loads or hashes while handling the hostile device's messages (goal 0, met).
 - Others' state-to-recorded p99 1.039 s hostile vs 1.020 s clean, ratio 1.02 (goal <= 1.5, met);
@@ -85,9 +86,10 @@ ids counted, a stranger's events kept out of other rollouts' logs):
   its events written under a rollout (3,000 named another group's).
 
 Quick profile (200 devices, 4 phases of 18 s), before those fixes: RSS +2.5%; 0 loads for the
-hostile device; lag ratio 1.00; of its 1,388 chunk requests 384 were dropped uncounted, and 43 of its
-events were written under the other group's rollouts. With ``--trace-memory`` the Python allocations
-still held after a quick run were under 1 MiB while the RSS grew 7 MiB: native memory."""
+hostile device; lag ratio 1.00; of its 1,388 chunk requests 384 were dropped uncounted, and 43 of
+its events were written under the other group's rollouts. With ``--trace-memory`` the Python
+allocations still held after a quick run were under 1 MiB while the RSS grew 7 MiB: native
+memory."""
 
 from __future__ import annotations
 
@@ -382,8 +384,8 @@ def _goals(measured: dict[str, Any], pooled: dict[str, Any], phases: list) -> di
                                     "0", work, work == 0),
         "others_lag_p99_ratio": goal("others' state-to-recorded p99, hostile / clean (pooled)",
                                      "<= 1.5", ratio, ratio <= 1.5),
-        "rollouts_completed": goal("rollouts completed during the soak", f"all {len(phases)}", done,
-                                   done == len(phases)),
+        "rollouts_completed": goal("rollouts completed during the soak", f"all {len(phases)}",
+                                   done, done == len(phases)),
     }
 
 

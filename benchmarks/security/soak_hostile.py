@@ -130,16 +130,14 @@ def _message(rng: random.Random, known: _Known, i: int) -> tuple[str, str, bytes
         )
         payload = json.dumps(result).encode() if rng.random() < 0.8 else b"\xff not json"
         return "measurement", Topics.measurements(HOSTILE), payload
-    state = {
-        "status": "online",
-        "group": HOSTILE_GROUP,
-        "model": "digits",
-        "version": "1.0.0",
-        "updated": time.time(),
-        "session": 1.0,
-        "connection": 1,
-    }
-    return "state/valid", Topics.state(HOSTILE), json.dumps(state).encode()
+    return "state/valid", Topics.state(HOSTILE), _valid_state(session=1.0)
+
+
+def _valid_state(session: float) -> bytes:
+    """A well-formed online state of the hostile device, in its own group (it is never a rollout's target)."""
+    state = {"status": "online", "group": HOSTILE_GROUP, "model": "digits", "version": "1.0.0",
+             "updated": time.time(), "session": session, "connection": 1}
+    return json.dumps(state).encode()
 
 
 def _connect(broker_url: str) -> MqttTransport:
@@ -148,16 +146,7 @@ def _connect(broker_url: str) -> MqttTransport:
         json.dumps({"status": "offline", "group": HOSTILE_GROUP}).encode(),
     )
     client = MqttTransport(broker_url, client_id=f"edgesdk-agent-{HOSTILE}", will=will)
-    state = {
-        "status": "online",
-        "group": HOSTILE_GROUP,
-        "model": "digits",
-        "version": "1.0.0",
-        "updated": time.time(),
-        "session": time.time(),
-        "connection": 1,
-    }
-    client.publish(Topics.state(HOSTILE), json.dumps(state).encode(), retain=True)
+    client.publish(Topics.state(HOSTILE), _valid_state(session=time.time()), retain=True)
     return client
 
 

@@ -99,7 +99,8 @@ def _spaced(rows: np.ndarray, count: int) -> np.ndarray:
 
 
 class BoardJudge:
-    """FP32 on the board once (:meth:`start`), then each variant the planner would ship (:meth:`judge`).
+    """FP32 on the board once (:meth:`start`), then each variant the planner would ship
+    (:meth:`judge`).
 
     Without emulation (or with no FP32 to compare with) it is inactive: :meth:`start` returns the
     candidates unchanged, but for variants a fleet device measured (``measure_on``), whose basis
@@ -123,11 +124,16 @@ class BoardJudge:
         cost = self.costs.costs.get("onnx-fp32")
         if self.costs.emulator is None or fp32 is None or cost is None:
             return [_measured_on(c) for c in candidates]
-        board = _Board(self.costs.emulator, cost.counts[0].cpu, self.costs.board.name, self.data, self.notify)
+        board = _Board(
+            self.costs.emulator, cost.counts[0].cpu, self.costs.board.name, self.data, self.notify
+        )
         try:
             reference = board.run(fp32)
         except BoardRuntimeError as exc:
-            note = f"accuracy from this host: FP32 fails on {board.name}'s runtime (no board reference)"
+            note = (
+                f"accuracy from this host: FP32 fails on {board.name}'s runtime "
+                "(no board reference)"
+            )
             return [
                 replace(c, rejected=(*c.rejected, f"fails on {board.name}'s own runtime: {exc}"))
                 if c is fp32
@@ -135,11 +141,15 @@ class BoardJudge:
                 for c in candidates
             ]
         except EmulatorError as exc:
-            log.warning("accuracy judged on this host's outputs: the board emulator failed (%s)", exc)
+            log.warning(
+                "accuracy judged on this host's outputs: the board emulator failed (%s)", exc
+            )
             return list(candidates)
         self._board = board
         self._score = _Scorer(self.data, reference, len(board.selection), board.rows)
-        return [self._score.judged(c, reference, board.basis) if c is fp32 else c for c in candidates]
+        return [
+            self._score.judged(c, reference, board.basis) if c is fp32 else c for c in candidates
+        ]
 
     def wants(self, c: Candidate) -> bool:
         """True when ``c`` should run on the board before it is shipped (module doc, "Variants")."""
@@ -160,12 +170,15 @@ class BoardJudge:
 
     def judge(self, c: Candidate) -> Candidate:
         """``c`` with its board drops, or rejected with the board's reason."""
-        assert self._board is not None and self._score is not None, "start() found no board reference"
+        assert self._board is not None and self._score is not None, (
+            "start() found no board reference"
+        )
         self.judged.append(c.name)
         return self._board.judge(c, self._score)
 
     def noted(self, candidates: Sequence[Candidate]) -> list[Candidate]:
-        """``candidates``, each variant that could have run on the board but did not with a note why."""
+        """``candidates``, each variant that could have run on the board but did not with a note
+        why."""
         if self._board is None:
             return list(candidates)
         capped = len(self.judged) >= self.data.max_variants

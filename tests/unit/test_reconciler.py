@@ -36,9 +36,9 @@ def _settle(engine, clock, rounds=4):
         engine.tick()
 
 
-def _complete(db, clock, recorder, engine, version="2.0.0", policy=FAST):
-    """Push ``version`` and commit every device it reaches until the rollout completes; its id."""
-    rid = engine.start("digits", version, "cams", policy)
+def _complete(db, clock, recorder, engine, version="2.0.0", policy=FAST, group="cams"):
+    """Push ``version`` to ``group`` and commit every device it reaches until the rollout completes; its id."""
+    rid = engine.start("digits", version, group, policy)
     for _ in range(10):
         engine.tick()
         _commit(engine, rid, [d for _, devices in recorder.stages for d in devices])

@@ -5,7 +5,7 @@ a dispatcher that records; tests/unit/test_reconciler.py has the reconciler's ot
 
 from __future__ import annotations
 
-from edgesdk.fleet.records import RolloutState, TargetStatus
+from edgesdk.fleet.records import TargetStatus
 from edgesdk.ota_server.rollouts.engine import RolloutEngine
 from edgesdk.ota_server.store.fleet_db import FleetDB
 from tests.unit.test_reconciler import FAST, ONE_STAGE, _commit, _complete, _settle
@@ -31,22 +31,8 @@ def test_what_the_reconciler_keeps_for_a_release_goes_when_the_release_is_supers
 def test_the_catch_up_room_is_shared_between_groups_not_spent_in_group_order(fleet_location):
     """Issue 60: a backlog in group "a" (alphabetically first) took the whole cap, starving group "b" behind it.
     With a cap of 4, twelve of a's devices and two of b's returning at once: b's two go in the first pass."""
-    db = FleetDB(fleet_location)
-    for group, count in (("a", 12), ("b", 2)):
-        db.upsert_device(f"{group}0", group, "online", "digits", "1.0.0", ["digits-1.0.0"])
-        for i in range(1, count + 1):
-            db.upsert_device(f"{group}{i}", group, "offline", "digits", "1.0.0", ["digits-1.0.0"])
-    clock, recorder = Clock(), Recorder()
-    engine = RolloutEngine(db, recorder, clock, max_catch_up=4)
-    for group in ("a", "b"):
-        rid = engine.start("digits", "2.0.0", group, ONE_STAGE)
-        for _ in range(10):
-            engine.tick()
-            _commit(engine, rid, [d for _, devices in recorder.stages for d in devices])
-            clock.now += 1.5
-            if engine.status(rid).state != RolloutState.RUNNING:
-                break
-        assert engine.status(rid).state == RolloutState.COMPLETED
+    db = _two_groups(fleet_location, {"a": 12, "b": 2})
+    clock, recorder, engine = _two_groups_released(db)
     for group, count in (("a", 12), ("b", 2)):
         for i in range(1, count + 1):
             db.upsert_device(f"{group}{i}", group, "online", "digits", "1.0.0", ["digits-1.0.0"])
@@ -81,21 +67,8 @@ def test_late_targets_of_a_superseded_release_are_closed_once_the_deploy_timeout
 def test_a_group_catching_up_alone_gets_the_whole_room_whatever_its_turn(fleet_location):
     """Issue 60 (found by the fairness benchmark): shared in one round, the room went in equal shares to every
     group with a release, busy or not, so a group catching up alone got half the cap beside one idle group."""
-    db = FleetDB(fleet_location)
-    for group, count in (("a", 0), ("b", 12)):
-        db.upsert_device(f"{group}0", group, "online", "digits", "1.0.0", ["digits-1.0.0"])
-        for i in range(1, count + 1):
-            db.upsert_device(f"{group}{i}", group, "offline", "digits", "1.0.0", ["digits-1.0.0"])
-    clock, recorder = Clock(), Recorder()
-    engine = RolloutEngine(db, recorder, clock, max_catch_up=4)
-    for group in ("a", "b"):
-        rid = engine.start("digits", "2.0.0", group, ONE_STAGE)
-        for _ in range(10):
-            engine.tick()
-            _commit(engine, rid, [d for _, devices in recorder.stages for d in devices])
-            clock.now += 1.5
-            if engine.status(rid).state != RolloutState.RUNNING:
-                break
+    db = _two_groups(fleet_location, {"a": 0, "b": 12})
+    clock, recorder, engine = _two_groups_released(db)
     for i in range(1, 13):  # b's twelve come back together
         db.upsert_device(f"b{i}", "b", "online", "digits", "1.0.0", ["digits-1.0.0"])
     for turn in range(3):  # one pass each, the first group of the pass alternating between a and b
@@ -105,3 +78,21 @@ def test_a_group_catching_up_alone_gets_the_whole_room_whatever_its_turn(fleet_l
         _commit(engine, db.release("b").rollout_id, [d for d, _ in recorder.late[before:]])
     assert sorted(d for d, _ in recorder.late) == sorted(f"b{i}" for i in range(1, 13))
     db.close()
+
+
+def _two_groups(fleet_location, away: dict[str, int]) -> FleetDB:
+    """Groups with one online device each (``a0``, ``b0``...) and ``away[group]`` offline ones, on digits 1.0.0."""
+    db = FleetDB(fleet_location)
+    for group, count in away.items():
+        for i in range(count + 1):
+            db.upsert_device(f"{group}{i}", group, "offline" if i else "online", "digits", "1.0.0", ["digits-1.0.0"])
+    return db
+
+
+def _two_groups_released(db: FleetDB) -> tuple[Clock, Recorder, RolloutEngine]:
+    """An engine with a catch-up cap of 4 that pushed 2.0.0 to groups a and b (each completed: its release)."""
+    clock, recorder = Clock(), Recorder()
+    engine = RolloutEngine(db, recorder, clock, max_catch_up=4)
+    for group in ("a", "b"):
+        _complete(db, clock, recorder, engine, policy=ONE_STAGE, group=group)
+    return clock, recorder, engine
