@@ -35,6 +35,9 @@ One model per process (the lead's full run), the extras alone, then the goals ov
     python benchmarks/converter/quantization.py --models ocr_det --no-extras --partial DIR
     python benchmarks/converter/quantization.py --models none --partial DIR
     python benchmarks/converter/quantization.py --combine DIR
+
+NNCF's row alone, into an earlier model's results (``nncf_rerun.py``):
+``--models ocr_rec --nncf-into DIR``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from benchmarks.converter.nncf_rerun import nncf_into  # noqa: E402
 from benchmarks.converter.quantization_peers import (  # noqa: E402
     MAX_SAMPLES,
     PROFILE,
@@ -399,6 +403,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--combine", type=Path, default=None,
                         help="run nothing: read DIR/NAME.json (and DIR/extras.json) written by --partial runs, which "
                              "may have run in separate processes, and print the goals over all of them")
+    parser.add_argument("--nncf-into", type=Path, default=None,
+                        help="run only NNCF's row for --models and write it into DIR/NAME.json of "
+                             "an earlier --partial run (nncf_rerun.py); then --combine DIR")
     args = parser.parse_args()
     args.names = ["orientation"] if args.quick else [n.strip() for n in args.models.split(",")
                                                      if n.strip() and n.strip() != "none"]
@@ -434,6 +441,13 @@ def main() -> None:
         combine(args.combine, names, params, args.quick)
         return
     emulator = Emulator()
+    if args.nncf_into is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = {name: {"nncf_accuracy_control": nncf_into(
+                args.nncf_into, name, Path(tmp), 128, EVAL[name], emulator,
+                params["peer_board_samples"])} for name in names}
+        emit("quantization", {**params, "nncf_into": str(args.nncf_into)}, rows, [])
+        return
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -121,9 +121,10 @@ def peer_row(path: Path, fp32_ms: float, emulator: Emulator, sample: dict, outpu
 
 
 def nncf_row(name: str, fixed: Path, work: Path, feeds_cal: dict, evaluation: np.ndarray,
-              split: EvaluationSplit, score: Callable[[Path], dict]) -> dict:
+              split: EvaluationSplit, score: Callable[[Path], dict],
+              timeout_s: float = 3600) -> dict:
     """NNCF's accuracy control on our selection samples, scored by ``score(path)`` as the other
-    peers are."""
+    peers are; ``timeout_s`` bounds NNCF's run."""
     spec = MODELS[name]
     metric_name, metric_file, max_drop = NNCF_METRIC[name]
     log(f"{name}: NNCF quantize_with_accuracy_control, max drop {max_drop} {metric_name}, "
@@ -132,7 +133,7 @@ def nncf_row(name: str, fixed: Path, work: Path, feeds_cal: dict, evaluation: np
     try:
         peer = nncf_accuracy_control(
             fixed, feeds_cal, {spec.input_name: evaluation[split.selection]}, None, metric_name,
-            max_drop, work / f"{name}-nncf.onnx", timeout_s=3600,
+            max_drop, work / f"{name}-nncf.onnx", timeout_s=timeout_s,
             metric_file=Path(__file__).with_name("nncf_metrics.py") if metric_file else None)
     except NncfError as exc:
         return {"error": str(exc)[-500:]}
