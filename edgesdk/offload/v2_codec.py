@@ -56,7 +56,10 @@ __all__ = [
     "InferRequest",
     "InferResponse",
     "RequestedOutput",
+    "MAX_RANK",
+    "MAX_TENSOR_BYTES",
     "datatype_of",
+    "declared_shape",
     "dtype_of",
     "encode_request",
     "decode_request",
@@ -228,11 +231,37 @@ def _split(body: bytes, header_length: int | None, fast: bool) -> tuple[dict[str
     return header, memoryview(body)[header_length:]
 
 
-def _shape(entry: dict[str, Any], name: str) -> tuple[int, ...]:
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise InputError(f"tensor {name!r}: shape {shape!r} must be a list of non-negative integers")
-    return tuple(shape)
+#: Most dimensions a tensor may declare: NumPy describes no array of more (64 since NumPy 2), and no
+#: model edgesdk serves takes over a handful.
+MAX_RANK = 32
+#: Most bytes a declared shape may describe, counting every zero dimension as 1 (1 TiB). A shape like
+#: ``[0, 2**62, 2**62]`` holds no data, yet NumPy cannot describe even that empty array ("array is too
+#: big") once its other dimensions multiply past the address space; no tensor a server takes is this big.
+MAX_TENSOR_BYTES = 2**40
+
+
+def declared_shape(name: str, shape: Any, datatype: Any) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+    """The shape, dtype and element count a tensor declares, checked with Python ints before NumPy sees them.
+
+    InputError naming the tensor and the value for anything but a list of at most :data:`MAX_RANK`
+    non-negative integers whose extent (zeros counted as 1) times the item size is at most
+    :data:`MAX_TENSOR_BYTES`, or a datatype :func:`dtype_of` does not know. HTTP (JSON and binary)
+    and gRPC requests go through this one check.
+    """
+    if not isinstance(shape, (list, tuple)) \
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InputError(f"tensor {name!r}: shape {shape!r:.200} must be a list of non-negative integers; send "
+                         "the tensor's actual sizes")
+    dtype = dtype_of(datatype)
+    if len(shape) > MAX_RANK:
+        raise InputError(f"tensor {name!r}: shape has {len(shape)} dimensions, over the {MAX_RANK} a tensor may "
+                         "have; send the tensor's actual shape")
+    extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize
+    if extent > MAX_TENSOR_BYTES:
+        raise InputError(f"tensor {name!r}: shape {list(shape)} of {datatype} describes {extent} bytes (a zero "
+                         f"dimension counted as 1), over the {MAX_TENSOR_BYTES} bytes a tensor may have; send "
+                         "the tensor's actual shape")
+    return tuple(shape), dtype, math.prod(shape)
 
 
 def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str, np.ndarray]:
@@ -251,9 +280,7 @@ def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str,
         name = entry["name"]
         if name in tensors:
             raise InputError(f"tensor {name!r} appears twice in {what}")
-        shape = _shape(entry, name)
-        dtype = dtype_of(entry.get("datatype", ""))
-        count = math.prod(shape)
+        shape, dtype, count = declared_shape(name, entry.get("shape"), entry.get("datatype", ""))
         params = entry.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:

@@ -15,17 +15,25 @@ INVALID_ARGUMENT, a full queue UNAVAILABLE (retryable), a message over ``max_bod
 RESOURCE_EXHAUSTED, anything else INTERNAL. ``ModelReady`` of an unknown model answers
 ``ready: false``, as Triton does, rather than failing.
 
-The server is grpcio's synchronous one: each call runs whole in one of :data:`WORKERS` threads
-(decode, then :meth:`~.models.LoadedModel.infer_blocking`: the model's batcher or runner, as over
-HTTP; a provably short run in place). On a 16-8-4 MLP it costs less server CPU per request than
-``grpc.aio`` did (0.61-0.81 ms against 0.75-1.03 ms, one core, 1 and 8 clients): aio hands every
-call from grpc's completion queue to its event loop and back.
+The server is grpcio's synchronous one: each call runs whole in one worker thread (decode, then
+:meth:`~.models.LoadedModel.infer_blocking`: the model's batcher or runner, as over HTTP; a provably
+short run in place). On a 16-8-4 MLP it costs less server CPU per request than ``grpc.aio`` did
+(0.61-0.81 ms against 0.75-1.03 ms, one core, 1 and 8 clients): aio hands every call from grpc's
+completion queue to its event loop and back.
+
+Limits (:class:`GrpcServer`'s parameters; the defaults below): a call waiting for its model holds its
+thread, so there are at least as many workers as the largest model queue (``max_queue``) plus
+:data:`SPARE_WORKERS` for health and metadata: a full queue answers UNAVAILABLE from the model, it
+does not wait unseen for a thread. At most ``max_concurrent_calls`` calls (default: the workers)
+are in the server at once, counted by grpc itself before it reads the message: one more gets
+RESOURCE_EXHAUSTED at once, so no call waits for a thread and the memory held is at most the cap
+times ``max_receive_bytes`` (default: the HTTP body cap, ``max_body_bytes``, 64 MiB). An answer
+over ``max_send_bytes`` (:data:`MAX_SEND_BYTES`) fails RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,22 +41,35 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError, InputError, NotFoundError
-from edgesdk.offload.v2_codec import datatype_of, dtype_of
+from edgesdk.offload.v2_codec import datatype_of, declared_shape, dtype_of
 
 from . import edgesdk_v2_grpc_pb2 as pb
+from .config import InferenceConfig
 from .metrics import InferenceMetrics
 from .models import LoadedModel, ModelRegistry
 from .request_path import http_status, run_request_blocking
 
-__all__ = ["SERVICE", "GrpcServer", "decode_inputs"]
+__all__ = ["SERVICE", "MAX_SEND_BYTES", "SPARE_WORKERS", "GrpcServer", "decode_inputs", "default_workers"]
 
 log = logging.getLogger(__name__)
 
 #: The service's full name, as the V2 protocol publishes it (method paths are ``/SERVICE/Method``).
 SERVICE = "inference.GRPCInferenceService"
-#: Calls served at once. A call waiting for its model (queued behind others for the runner or the batcher)
-#: holds its thread, so there are more threads than runs at a time: health and metadata calls still answer.
-WORKERS = 32
+#: Worker threads beyond the largest model queue: health, readiness and metadata answer while a model's
+#: whole queue waits for it (each waiting call holds a thread).
+SPARE_WORKERS = 8
+#: Fewest worker threads, whatever the queues (the service's default before the queue rule was 32).
+MIN_WORKERS = 32
+#: Largest answer the service sends (64 MiB, the HTTP body cap's default): a bigger one fails RESOURCE_EXHAUSTED.
+MAX_SEND_BYTES = 64 * 1024 * 1024
+
+
+def default_workers(config: InferenceConfig) -> int:
+    """Worker threads for ``config``: its largest model queue plus :data:`SPARE_WORKERS`, at least
+    :data:`MIN_WORKERS`."""
+    queues = [m.batching.max_queue for m in config.models or ()] or [config.default_batching.max_queue]
+    return max(MIN_WORKERS, max(queues) + SPARE_WORKERS)
+
 
 #: V2 datatype -> the ``InferTensorContents`` list that carries it (FP16 has none: send it raw).
 _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -65,20 +86,10 @@ def _grpc_code(exc: BaseException) -> Any:
                                                                                          grpc.StatusCode.INTERNAL)
 
 
-#: Largest dimension an input may name: a shape of huge dimensions (with a zero among them) names no data, but
-#: numpy cannot even describe the empty array.
-_MAX_DIM = 2**31
-
-
 def _tensor(entry: Any, raw: bytes | None) -> np.ndarray:
     """One input tensor from its proto entry and, when the request sends raw contents, its blob."""
     name = entry.name
-    dtype = dtype_of(entry.datatype)
-    shape = tuple(entry.shape)
-    if any(not 0 <= d <= _MAX_DIM for d in shape):
-        raise InputError(f"input {name!r}: shape {list(shape)} has a negative dimension or one over {_MAX_DIM}; send "
-                         "the actual sizes")
-    count = math.prod(shape)
+    shape, dtype, count = declared_shape(name, list(entry.shape), entry.datatype)
     if raw is not None:
         expected = count * dtype.itemsize
         if len(raw) != expected:
@@ -200,10 +211,25 @@ def _handlers(servicer: _Servicer) -> Any:
 
 
 class GrpcServer:
-    """grpcio serving ``registry`` on ``host:port`` from :data:`WORKERS` threads; :meth:`start`, :meth:`stop`."""
+    """grpcio serving ``registry`` on ``host:port``; :meth:`start`, :meth:`stop`.
 
-    def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics, host: str, port: int) -> None:
+    ``workers`` (None: :func:`default_workers` of the registry's config), ``max_concurrent_calls``
+    (None: ``workers``; one more call gets RESOURCE_EXHAUSTED at once), ``max_receive_bytes`` (None:
+    the config's ``max_body_bytes``) and ``max_send_bytes`` are the limits the module docstring states.
+    """
+
+    def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics, host: str, port: int, *,
+                 workers: int | None = None, max_concurrent_calls: int | None = None,
+                 max_receive_bytes: int | None = None, max_send_bytes: int = MAX_SEND_BYTES) -> None:
         self.registry, self.metrics, self.host, self.port = registry, metrics, host, port
+        self.workers = default_workers(registry.config) if workers is None else workers
+        self.max_concurrent_calls = self.workers if max_concurrent_calls is None else max_concurrent_calls
+        self.max_receive_bytes = registry.config.max_body_bytes if max_receive_bytes is None else max_receive_bytes
+        self.max_send_bytes = max_send_bytes
+        for what, value in (("workers", self.workers), ("max_concurrent_calls", self.max_concurrent_calls),
+                            ("max_receive_bytes", self.max_receive_bytes), ("max_send_bytes", max_send_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"the inference gRPC service's {what} is {value!r}; it must be a positive integer")
         self._server: Any = None
 
     @property
@@ -215,9 +241,10 @@ class GrpcServer:
         """Serve in the background; returns once the port is bound (EdgeSDKError naming the address otherwise)."""
         import grpc
 
-        server = grpc.server(ThreadPoolExecutor(WORKERS, thread_name_prefix="inference-grpc"), options=[
-            ("grpc.max_receive_message_length", self.registry.config.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inference-grpc")
+        server = grpc.server(pool, maximum_concurrent_rpcs=self.max_concurrent_calls, options=[
+            ("grpc.max_receive_message_length", self.max_receive_bytes),
+            ("grpc.max_send_message_length", self.max_send_bytes),
             # grpc sets SO_REUSEPORT by default: a second server on a taken port would bind and split the calls.
             ("grpc.so_reuseport", 0),
         ])

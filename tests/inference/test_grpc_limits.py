@@ -1,0 +1,94 @@
+"""The gRPC service's limits over a real grpc server on loopback: concurrent calls, workers, message sizes."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from edgesdk.errors import InputError
+from edgesdk.ota_server.inference import BatchingConfig, InferenceConfig, ServedModel
+from edgesdk.ota_server.inference.grpc_service import MAX_SEND_BYTES, SPARE_WORKERS, GrpcServer
+from tests.inference.conftest import WIDTH_IN, WIDTH_OUT
+from tests.inference.http import wait_until
+
+#: Bounds each call, so a call that waits where it should have been refused fails the test instead of hanging it.
+CALL_TIMEOUT_S = 30
+
+
+def _request(rows: int = 1) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[rows, WIDTH_IN])
+    request.raw_input_contents.append(np.ones((rows, WIDTH_IN), "<f4").tobytes())
+    return request
+
+
+@pytest.fixture
+def grpc_of(serve):
+    """Factory: ``grpc_of(max_queue, **GrpcServer limits)`` -> (stub, the model's batcher) over a served mlp."""
+    started: list[tuple[GrpcServer, grpc.Channel]] = []
+
+    def factory(max_queue: int = 8, **limits: int):
+        batching = BatchingConfig(max_queue=max_queue, max_queue_delay_us=0)
+        endpoint = serve(models=[ServedModel("mlp", batching=batching)])
+        server = GrpcServer(endpoint.registry, endpoint.metrics, "127.0.0.1", 0, **limits).start()
+        channel = grpc.insecure_channel(server.address)
+        started.append((server, channel))
+        return server, service_pb2_grpc.GRPCInferenceServiceStub(channel), endpoint.registry.get("mlp").batcher
+
+    yield factory
+    for server, channel in started:
+        channel.close()
+        server.stop(0)
+
+
+def _code(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value.code()
+
+
+def test_a_call_over_the_concurrency_cap_is_resource_exhausted_and_the_held_ones_finish(grpc_of):
+    server, stub, batcher = grpc_of(max_queue=8, max_concurrent_calls=2)
+    with batcher.paused():
+        held = [stub.ModelInfer.future(_request(), timeout=CALL_TIMEOUT_S) for _ in range(2)]
+        wait_until(lambda: batcher.depth == 2, "two calls waiting for the batcher")
+        # Without a cap the third call would queue behind the paused batcher until its timeout.
+        assert _code(lambda: stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)) \
+            == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert [len(f.result().raw_output_contents[0]) for f in held] == [WIDTH_OUT * 4] * 2
+    assert len(stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S).raw_output_contents[0]) == WIDTH_OUT * 4
+
+
+def test_a_whole_model_queue_waits_on_workers_and_health_still_answers(grpc_of):
+    queue = 40  # more than the 32 workers the service had: 8 calls waited unseen for a thread
+    server, stub, batcher = grpc_of(max_queue=queue)
+    assert server.workers >= queue + SPARE_WORKERS and server.max_concurrent_calls == server.workers
+    with batcher.paused():
+        held = [stub.ModelInfer.future(_request(), timeout=CALL_TIMEOUT_S) for _ in range(queue)]
+        wait_until(lambda: batcher.depth == queue, f"{queue} calls in the model's queue")
+        assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=CALL_TIMEOUT_S).live
+        assert stub.ModelReady(service_pb2.ModelReadyRequest(name="mlp"), timeout=CALL_TIMEOUT_S).ready
+        # The queue is full: the model refuses at once (retryable), the call does not wait for a thread.
+        assert _code(lambda: stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)) == grpc.StatusCode.UNAVAILABLE
+    assert sum(len(f.result().raw_output_contents[0]) == WIDTH_OUT * 4 for f in held) == queue
+
+
+def test_messages_over_the_receive_or_send_limit_are_resource_exhausted(grpc_of):
+    server, stub, _ = grpc_of(max_receive_bytes=2048, max_send_bytes=256)
+    assert _code(lambda: stub.ModelInfer(_request(rows=40), timeout=CALL_TIMEOUT_S)) \
+        == grpc.StatusCode.RESOURCE_EXHAUSTED  # 40 x 16 float32 = 2,560 bytes in
+    assert _code(lambda: stub.ModelInfer(_request(rows=20), timeout=CALL_TIMEOUT_S)) \
+        == grpc.StatusCode.RESOURCE_EXHAUSTED  # 1,280 bytes in, 320 bytes of output out
+    assert len(stub.ModelInfer(_request(rows=2), timeout=CALL_TIMEOUT_S).raw_output_contents[0]) == 2 * WIDTH_OUT * 4
+
+
+def test_the_stated_defaults_and_bad_limits(serve):
+    endpoint = serve(config=InferenceConfig(max_body_bytes=4096))
+    server = GrpcServer(endpoint.registry, endpoint.metrics, "127.0.0.1", 0)
+    assert (server.max_receive_bytes, server.max_send_bytes) == (4096, MAX_SEND_BYTES)
+    assert server.workers >= InferenceConfig().default_batching.max_queue + SPARE_WORKERS
+    for bad in ({"workers": 0}, {"max_concurrent_calls": -1}, {"max_send_bytes": True}):
+        with pytest.raises(InputError, match=f"{next(iter(bad))} is"):
+            GrpcServer(endpoint.registry, endpoint.metrics, "127.0.0.1", 0, **bad)
