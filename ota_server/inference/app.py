@@ -3,8 +3,10 @@
 No authentication (it is the data plane; bind it to a private address). Errors are
 ``{"error": message}`` with 400 (bad request: malformed JSON, wrong name/datatype/shape, a
 binary size that does not match the body, a model that cannot run here), 404 (unknown model,
-version or path), 413 (body over the cap, refused before it is read whole) or 503 (the model's
-queue is full); never a 500 for anything a client sends.
+version or path), 413 (body over ``max_body_bytes``, refused before it is read whole), 429 (a
+version load over ``version_loads_per_minute``, with Retry-After), 503 (the model's queue is full,
+or a transport limit: requests in flight, bytes held; with Retry-After) or 504 (the request's
+``timeout`` parameter passed before it ran); never a 500 for anything a client sends.
 
     GET  /v2                                            {"name", "version", "extensions"}
     GET  /v2/health/live | /v2/health/ready             200 {"live"|"ready": true}
@@ -12,6 +14,13 @@ queue is full); never a 500 for anything a client sends.
     GET  /v2/models/{name}[/versions/{v}]/ready         200 {"name", "ready": true}
     POST /v2/models/{name}[/versions/{v}]/infer         JSON or binary tensor data extension
     GET  /metrics                                       Prometheus text exposition
+
+Nothing a request sends or asks for holds the event loop for long: JSON bodies over 64 KiB are
+decoded in a thread, over ``json_worker_bytes`` in a worker process (:mod:`.json_worker`); JSON
+outputs of more than :data:`~.json_encode.SLICE_VALUES` values are written in slices that yield
+to the loop (:mod:`.json_encode`); the transport limits of :mod:`.http_limits` bound requests in
+flight and bytes held, and never apply to health. Binary tensors skip all of that work: large
+tensors are faster sent and asked for as binary data.
 """
 
 from __future__ import annotations
@@ -21,149 +30,182 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError, InputError
-from edgesdk.offload.v2_codec import BINARY_EXTENSION, HEADER_LENGTH, decode_request, encode_response
+from edgesdk.errors import EdgeSDKError
+from edgesdk.offload.v2_codec import BINARY_EXTENSION, InferRequest, decode_request, encode_response
 
+from .deadline import timeout_us
+from .http_body import header_length, read_body
+from .http_limits import BodyBudget, InFlightLimit
+from .json_encode import encode_response_sliced, needs_slices
+from .json_worker import JsonDecodeWorker
 from .metrics import InferenceMetrics
 from .models import LoadedModel, ModelRegistry
-from .request_path import BodyTooLargeError, http_status, model_for, run_request
+from .request_path import http_status, model_for, retry_after, run_request
 
-__all__ = ["create_inference_app", "SERVER_NAME"]
+__all__ = ["create_inference_app", "InferenceRoutes", "SERVER_NAME"]
 
 log = logging.getLogger(__name__)
 
 #: ``name`` in ``GET /v2``.
 SERVER_NAME = "edgesdk"
-#: JSON parts up to this size are decoded on the event loop; larger ones in a worker thread.
+#: JSON parts up to this size are decoded on the event loop; larger ones in a worker thread (then process).
 _INLINE_DECODE_BYTES = 64 * 1024
 
 
-def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> Any:
-    """The Starlette app serving ``registry``'s models and ``metrics`` at ``/metrics``."""
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
+def _error(status: int, message: str, exc: BaseException | None = None) -> Any:
+    from starlette.responses import JSONResponse
 
-    from edgesdk import __version__
+    retry = retry_after(exc) if exc is not None else None
+    return JSONResponse({"error": message}, status_code=status, headers={"Retry-After": retry} if retry else None)
 
-    max_body = registry.config.max_body_bytes
-    # Large JSON bodies are decoded off the loop, one at a time in arrival order: decoding holds the GIL, so
-    # more threads would only interleave the requests and stretch every one of them (the tail most).
-    decoder = ThreadPoolExecutor(1, thread_name_prefix="v2-json-decode")
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status)
+def _failure(exc: BaseException, path: str) -> Any:
+    """The error answer of a failed request (a 500 is logged with its traceback)."""
+    status = http_status(exc)
+    if status == 500:
+        log.exception("inference request to %s failed", path, exc_info=exc)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+    return _error(status, str(exc), exc)
 
-    async def read_body(request: Request) -> bytes:
-        """The body, refused as soon as it is known to be over the cap (by Content-Length, or while streaming)."""
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                raise InputError(f"Content-Length {declared!r} is not a number") from None
-            if size > max_body:
-                raise BodyTooLargeError(f"the body of {size} bytes is over this endpoint's {max_body}-byte limit; "
-                                        "send a smaller batch")
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise InputError(f"Content-Encoding {encoding!r} is not supported; send the body uncompressed")
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > max_body:
-                raise BodyTooLargeError(f"the body is over this endpoint's {max_body}-byte limit; send a smaller batch")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
-    def header_length(request: Request) -> int | None:
-        text = request.headers.get(HEADER_LENGTH)
-        if text is None:
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise InputError(f"{HEADER_LENGTH} {text!r} is not a number; send the byte length of the JSON part") \
-                from None
+class InferenceRoutes:
+    """The handlers of the V2 routes over one registry; each is an ``async (request) -> response``."""
 
-    async def server_metadata(request: Request) -> JSONResponse:
+    def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics) -> None:
+        self.registry, self.metrics, self.config = registry, metrics, registry.config
+        # Mid-size JSON bodies are decoded off the loop, one at a time in arrival order: decoding holds the GIL,
+        # so more threads would only interleave the requests and stretch every one of them (the tail most).
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="v2-json-decode")
+        self.json_worker = JsonDecodeWorker()
+        self.budget = BodyBudget(self.config.max_buffered_bytes, self.refused)
+
+    def refused(self, reason: str) -> None:
+        """Count one request refused by a transport limit."""
+        self.metrics.refused.labels(reason).inc()
+
+    def close(self) -> None:
+        """Stop the decode thread and the decode worker process."""
+        self._decoder.shutdown(wait=False)
+        self.json_worker.close()
+
+    async def server_metadata(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        from edgesdk import __version__
+
         return JSONResponse({"name": SERVER_NAME, "version": __version__, "extensions": [BINARY_EXTENSION]})
 
-    async def live(request: Request) -> JSONResponse:
+    async def live(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
         return JSONResponse({"live": True})
 
-    async def ready(request: Request) -> JSONResponse:
-        if not registry.repository.root.is_dir():
-            return error(503, f"the model repository {registry.repository.root} is not there")
+    async def ready(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if not self.registry.repository.root.is_dir():
+            return _error(503, f"the model repository {self.registry.repository.root} is not there")
         return JSONResponse({"ready": True})
 
-    async def named_model(request: Request) -> LoadedModel:
-        return await model_for(registry, request.path_params["name"], request.path_params.get("version"))
+    async def _named_model(self, request: Any) -> LoadedModel:
+        return await model_for(self.registry, request.path_params["name"], request.path_params.get("version"))
 
-    async def model_metadata(request: Request) -> JSONResponse:
-        try:
-            model = await named_model(request)
-            return JSONResponse(model.metadata(registry.versions(model.name)))
-        except EdgeSDKError as exc:
-            return error(http_status(exc), str(exc))
+    async def model_metadata(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
 
-    async def model_ready(request: Request) -> JSONResponse:
         try:
-            model = await named_model(request)
+            model = await self._named_model(request)
+            return JSONResponse(model.metadata(self.registry.versions(model.name)))
         except EdgeSDKError as exc:
-            return error(http_status(exc), str(exc))
+            return _error(http_status(exc), str(exc), exc)
+
+    async def model_ready(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        try:
+            model = await self._named_model(request)
+        except EdgeSDKError as exc:
+            return _error(http_status(exc), str(exc), exc)
         return JSONResponse({"name": model.name, "version": model.version, "ready": True})
 
-    async def infer(request: Request) -> Response:
+    async def decode(self, body: bytes | memoryview, length: int | None) -> InferRequest:
+        """The request, decoded where it holds the loop least: JSON parts over ``json_worker_bytes`` in the worker
+        process, over 64 KiB in a thread, others here; binary tensors are views, so only their header counts."""
+        size = length if length is not None else len(body)
+        if size > self.config.json_worker_bytes:
+            return await self.json_worker.decode(body, length)
+        if size > _INLINE_DECODE_BYTES:
+            return await asyncio.get_running_loop().run_in_executor(self._decoder, decode_request, body, length)
+        return decode_request(body, length)  # type: ignore[arg-type]
+
+    async def infer(self, request: Any) -> Any:
+        from starlette.responses import Response, StreamingResponse
+
         decoded: Any = None
+        held = [0]  # bytes of this request's body counted in the budget
 
-        async def decode(model: LoadedModel) -> tuple[dict[str, Any], list[str]]:
+        async def decode(model: LoadedModel) -> tuple[Any, ...]:
             nonlocal decoded
-            body = await read_body(request)
-            length = header_length(request)
-            # JSON over this size is decoded off the loop; binary tensors are views, so only their header counts.
-            if (length if length is not None else len(body)) > _INLINE_DECODE_BYTES:
-                decoded = await asyncio.get_running_loop().run_in_executor(decoder, decode_request, body, length)
-            else:
-                decoded = decode_request(body, length)
-            return decoded.inputs, [o.name for o in decoded.outputs]
+            body = await read_body(request, self.config.max_body_bytes, self.budget, held)
+            decoded = await self.decode(body, header_length(request))
+            return decoded.inputs, [o.name for o in decoded.outputs], timeout_us(decoded.parameters)
 
-        def respond(model: LoadedModel, outputs: dict[str, Any]) -> Response:
-            content, headers = encode_response(model.name, model.version, outputs,
-                                               binary={n for n in outputs if decoded.wants_binary(n)},
-                                               request_id=decoded.id)
-            return Response(content, headers=headers)
+        async def respond(model: LoadedModel, outputs: dict[str, Any]) -> Any:
+            binary = {n for n in outputs if decoded.wants_binary(n)}
+            if not needs_slices(outputs, binary):
+                content, headers = encode_response(model.name, model.version, outputs, binary=binary,
+                                                   request_id=decoded.id)
+                return Response(content, headers=headers)
+            parts, headers = await encode_response_sliced(model.name, model.version, outputs, binary=binary,
+                                                          request_id=decoded.id)
+            headers["Content-Length"] = str(sum(len(p) for p in parts))
+            return StreamingResponse(_each(parts), headers=headers)
 
         try:
-            response: Response = await run_request(registry, metrics, request.path_params["name"],
-                                                   request.path_params.get("version"), decode, respond)
-            return response
+            return await run_request(self.registry, self.metrics, request.path_params["name"],
+                                     request.path_params.get("version"), decode, respond)
         except Exception as exc:
-            status = http_status(exc)
-            if status == 500:
-                log.exception("inference request to %s failed", request.url.path)
-                return error(500, f"internal error: {type(exc).__name__}: {exc}")
-            return error(status, str(exc))
+            return _failure(exc, request.url.path)
+        finally:
+            self.budget.release(held[0])
 
-    async def prometheus(request: Request) -> Response:
-        content, content_type = metrics.exposition()
+    def app(self) -> Any:
+        """The ASGI app of these routes behind :class:`~.http_limits.InFlightLimit` (health and metrics pass it)."""
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        paths = [Route("/v2", self.server_metadata, methods=["GET"]),
+                 Route("/v2/health/live", self.live, methods=["GET"]),
+                 Route("/v2/health/ready", self.ready, methods=["GET"]),
+                 Route("/metrics", self.prometheus, methods=["GET"])]
+        for path in ["/v2/models/{name}", "/v2/models/{name}/versions/{version}"]:
+            paths += [Route(path, self.model_metadata, methods=["GET"]),
+                      Route(path + "/ready", self.model_ready, methods=["GET"]),
+                      Route(path + "/infer", self.infer, methods=["POST"])]
+        app = Starlette(routes=paths, exception_handlers={404: self.not_found, 405: self.not_found})
+        return InFlightLimit(app, self.config.max_concurrent_requests, self.refused)
+
+    async def prometheus(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        content, content_type = self.metrics.exposition()
         return Response(content, headers={"Content-Type": content_type})
 
-    async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        status = exc.status_code if isinstance(exc, HTTPException) else 404
-        return error(status, f"{request.method} {request.url.path}: {'no such path' if status == 404 else 'not allowed'}"
-                             "; the KServe V2 paths are /v2, /v2/health/{live,ready}, /v2/models/{name}[/versions/{v}]"
-                             "[/ready|/infer], and /metrics")
+    async def not_found(self, request: Any, exc: Exception) -> Any:
+        from starlette.exceptions import HTTPException
 
-    model_paths = ["/v2/models/{name}", "/v2/models/{name}/versions/{version}"]
-    routes = [Route("/v2", server_metadata, methods=["GET"]),
-              Route("/v2/health/live", live, methods=["GET"]),
-              Route("/v2/health/ready", ready, methods=["GET"]),
-              Route("/metrics", prometheus, methods=["GET"])]
-    for path in model_paths:
-        routes += [Route(path, model_metadata, methods=["GET"]),
-                   Route(path + "/ready", model_ready, methods=["GET"]),
-                   Route(path + "/infer", infer, methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        return _error(status, f"{request.method} {request.url.path}: {'no such path' if status == 404 else 'not allowed'}"
+                              "; the KServe V2 paths are /v2, /v2/health/{live,ready}, /v2/models/{name}[/versions/{v}]"
+                              "[/ready|/infer], and /metrics")
+
+
+async def _each(parts: list[bytes]) -> Any:
+    for part in parts:
+        yield part
+
+
+def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> Any:
+    """The ASGI app serving ``registry``'s models and ``metrics`` at ``/metrics``, behind the transport limits
+    (:meth:`InferenceRoutes.app`; keep the routes to close them)."""
+    return InferenceRoutes(registry, metrics).app()

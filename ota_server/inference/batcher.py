@@ -12,6 +12,10 @@ requests arrive faster than the batch in hand would finish: the average gap betw
 must be shorter than the average compute time of that many rows. A lone client, whose next
 request comes only after its answer, then never waits; a crowd fills the batch. Until both
 averages exist (the first requests) it waits as configured.
+
+A request may carry a deadline (:mod:`.deadline`): one whose deadline has passed when a batch is
+gathered is answered with :class:`~.deadline.DeadlineExceededError` and never run. The batch
+thread runs below the event loop's priority (:mod:`.priority`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import numpy as np
 from edgesdk.errors import BackendError, EdgeSDKError
 
 from .config import BatchingConfig
+from .deadline import DeadlineExceededError, check
 from .metrics import ModelMetrics
+from .priority import below_the_event_loop
 
 __all__ = ["Batcher", "QueueFullError", "BatcherClosedError"]
 
@@ -61,6 +67,7 @@ class _Pending:
     key: Hashable
     future: Future[Outputs]
     queued_at: float
+    deadline: float | None = None
 
 
 def _kind(inputs: dict[str, np.ndarray]) -> tuple[int, Hashable]:
@@ -77,8 +84,8 @@ class Batcher:
     """Queue and batch thread of one model version; :meth:`submit` returns a Future of that request's outputs."""
 
     def __init__(self, run: RunFn, config: BatchingConfig, metrics: ModelMetrics | None = None,
-                 name: str = "batcher") -> None:
-        self._run, self.config, self._metrics = run, config, metrics
+                 name: str = "batcher", clock: Callable[[], float] = time.perf_counter) -> None:
+        self._run, self.config, self._metrics, self._clock = run, config, metrics, clock
         self._queue: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -100,8 +107,11 @@ class Batcher:
         """True once :meth:`close` was called."""
         return self._closed
 
-    def submit(self, inputs: dict[str, np.ndarray]) -> Future[Outputs]:
-        """Queue one request; QueueFullError at once when ``max_queue`` requests already wait."""
+    def submit(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> Future[Outputs]:
+        """Queue one request; QueueFullError at once when ``max_queue`` requests already wait.
+
+        ``deadline`` (in the batcher's clock, ``time.perf_counter`` unless given): the request is
+        dropped with DeadlineExceededError if a batch is gathered after it."""
         rows, key = _kind(inputs)
         future: Future[Outputs] = Future()
         with self._cond:
@@ -110,11 +120,11 @@ class Batcher:
             if len(self._queue) >= self.config.max_queue:
                 raise QueueFullError(f"the queue holds {len(self._queue)} requests, its max_queue; retry later, or "
                                      "raise max_queue in the inference config")
-            now = time.perf_counter()
+            now = self._clock()
             if self._last_arrival is not None:
                 self._gaps.append(now - self._last_arrival)
             self._last_arrival = now
-            self._queue.append(_Pending(inputs, rows, key, future, now))
+            self._queue.append(_Pending(inputs, rows, key, future, now, deadline))
             self._gauge()
             self._cond.notify_all()
         return future
@@ -145,10 +155,14 @@ class Batcher:
 
     def _take(self) -> list[_Pending] | None:
         """The next batch, or None once closed and drained (called with the lock held)."""
-        while not self._closed and (not self._queue or self._paused):
-            self._cond.wait()
-        if not self._queue:
-            return None
+        while True:
+            while not self._closed and (not self._queue or self._paused):
+                self._cond.wait()
+            if not self._queue:
+                return None
+            self._drop_expired()
+            if self._queue:
+                break
         first = self._queue[0]
         deadline = first.queued_at + self.config.max_queue_delay_us / 1e6
         while True:
@@ -158,7 +172,7 @@ class Batcher:
                 if item.key == first.key and (not batch or rows + item.rows <= self.config.preferred_batch_size):
                     batch.append(item)
                     rows += item.rows
-            now = time.perf_counter()
+            now = self._clock()
             if rows >= self.config.preferred_batch_size or now >= deadline or self._closed:
                 break
             patience = self._patience(rows)
@@ -173,6 +187,19 @@ class Batcher:
         self._gauge()
         return batch
 
+    def _drop_expired(self) -> None:
+        """Answer every queued request whose deadline has passed with DeadlineExceededError (lock held)."""
+        now = self._clock()
+        expired = [item for item in self._queue if item.deadline is not None and now >= item.deadline]
+        for item in expired:
+            self._queue.remove(item)
+            try:
+                check(item.deadline, now, f"{1e3 * (now - item.queued_at):.1f} ms in the batch queue")
+            except DeadlineExceededError as exc:
+                item.future.set_exception(exc)
+        if expired:
+            self._gauge()
+
     def _patience(self, rows: int) -> float | None:
         """How long to wait for the next arrival: None waits as configured, 0 or less runs the batch now."""
         if not self.config.adaptive_queue_delay or not self._gaps or self._row_seconds is None:
@@ -183,6 +210,7 @@ class Batcher:
         return _GAP_PATIENCE * gap
 
     def _loop(self) -> None:
+        below_the_event_loop()
         while True:
             with self._cond:
                 batch = self._take()
@@ -191,7 +219,7 @@ class Batcher:
             self._execute(batch)
 
     def _execute(self, batch: list[_Pending]) -> None:
-        started = time.perf_counter()
+        started = self._clock()
         rows = sum(item.rows for item in batch)
         if self._metrics is not None:
             for item in batch:
@@ -202,7 +230,7 @@ class Batcher:
             else:
                 inputs = {name: np.concatenate([item.inputs[name] for item in batch]) for name in batch[0].inputs}
             outputs = self._run(inputs)
-            elapsed = time.perf_counter() - started
+            elapsed = self._clock() - started
             with self._cond:
                 self._row_seconds = _average(self._row_seconds, elapsed / rows)
             if self._metrics is not None:

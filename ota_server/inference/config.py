@@ -84,14 +84,32 @@ class InferenceConfig:
     """The whole endpoint: which models (None: every model in the repository, newest version, default batching).
 
     ``threads`` is ONNX Runtime's intra-op thread count per session (None: ORT's default);
-    ``max_sessions`` bounds the sessions kept loaded (least recently used are dropped);
-    bodies over ``max_body_bytes`` are refused with 413 before they are read whole.
+    ``max_sessions`` bounds the sessions kept loaded (least recently used are dropped).
+    HTTP transport limits (health and ``/metrics`` are never subject to them):
+
+    - ``max_body_bytes`` (64 MiB): a larger body is refused with 413, by its Content-Length before
+      any of it is read, or as soon as a body of unknown length streams past it;
+    - ``max_concurrent_requests`` (64): infer and model requests in flight at once (body read,
+      queued, running or being answered); one more is answered 503 with Retry-After at once;
+    - ``max_buffered_bytes`` (256 MiB): request bodies held in memory at once, counted by
+      Content-Length when the request is admitted (or as a body of unknown length streams); a
+      body that would go over waits for nothing: 503 with Retry-After. With the defaults the
+      bodies of 500 concurrent slow uploads hold at most 256 MiB of the server's memory;
+    - ``version_loads_per_minute`` (6): loads of a version other than a model's default one
+      (:mod:`.load_limit`); over it, 429 with Retry-After;
+    - ``json_worker_bytes`` (1 MiB): JSON parts of requests over this size are decoded in a
+      worker process (:mod:`.json_worker`), so the parse holds neither the loop nor its GIL;
+      binary tensors (the binary data extension) need no parse and are always faster.
     """
 
     models: tuple[ServedModel, ...] | None = None
     threads: int | None = None
     max_sessions: int = 8
     max_body_bytes: int = 64 * 1024 * 1024
+    max_concurrent_requests: int = 64
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    version_loads_per_minute: int = 6
+    json_worker_bytes: int = 1024 * 1024
     #: Batching for models not listed in ``models`` when ``models`` is None.
     default_batching: BatchingConfig = field(default_factory=BatchingConfig)
 
@@ -106,7 +124,12 @@ class InferenceConfig:
         if self.threads is not None:
             _positive("InferenceConfig", "threads", self.threads)
         _positive("InferenceConfig", "max_sessions", self.max_sessions)
-        _positive("InferenceConfig", "max_body_bytes", self.max_body_bytes)
+        for name in ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes", "version_loads_per_minute",
+                     "json_worker_bytes"):
+            _positive("InferenceConfig", name, getattr(self, name))
+        if self.max_buffered_bytes < self.max_body_bytes:
+            raise InputError(f"InferenceConfig.max_buffered_bytes ({self.max_buffered_bytes}) is below max_body_bytes "
+                             f"({self.max_body_bytes}): a body at the limit could never be taken; raise it")
         if not isinstance(self.default_batching, BatchingConfig):
             raise InputError("InferenceConfig.default_batching must be a BatchingConfig")
 

@@ -45,6 +45,7 @@ from edgesdk.offload.v2_codec import datatype_of, declared_shape, dtype_of
 
 from . import edgesdk_v2_grpc_pb2 as pb
 from .config import InferenceConfig
+from .grpc_wire import join_response, split_request
 from .metrics import InferenceMetrics
 from .models import LoadedModel, ModelRegistry
 from .request_path import http_status, run_request_blocking
@@ -110,10 +111,14 @@ def _tensor(entry: Any, raw: bytes | None) -> np.ndarray:
         raise InputError(f"input {name!r}: a value in contents.{field} does not fit {entry.datatype} ({exc})") from None
 
 
-def decode_inputs(request: Any) -> dict[str, np.ndarray]:
-    """The input tensors of a ``ModelInferRequest``; InputError naming the tensor and the misfit."""
+def decode_inputs(request: Any, raw_contents: list[Any] | None = None) -> dict[str, np.ndarray]:
+    """The input tensors of a ``ModelInferRequest``; InputError naming the tensor and the misfit.
+
+    ``raw_contents``: the raw inputs when they were taken out of the message (:func:`~.grpc_wire.split_request`,
+    views of the received bytes); None reads ``request.raw_input_contents``.
+    """
     entries = list(request.inputs)
-    raw = list(request.raw_input_contents)
+    raw = list(request.raw_input_contents) if raw_contents is None else raw_contents
     if not entries:
         raise InputError("the request has no inputs; send at least one tensor in 'inputs'")
     if raw and len(raw) != len(entries):
@@ -127,13 +132,15 @@ def decode_inputs(request: Any) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _infer_response(model: LoadedModel, request_id: str, outputs: dict[str, np.ndarray]) -> Any:
+def _infer_response(model: LoadedModel, request_id: str, outputs: dict[str, np.ndarray]) -> bytes:
+    """The serialized ``ModelInferResponse``: every output as raw contents, each copied once (:mod:`.grpc_wire`)."""
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request_id)
+    raw = []
     for name, value in outputs.items():
         datatype = datatype_of(value.dtype)
         response.outputs.add(name=name, datatype=datatype, shape=value.shape)
-        response.raw_output_contents.append(np.ascontiguousarray(value, dtype=dtype_of(datatype)).tobytes())
-    return response
+        raw.append(np.ascontiguousarray(value, dtype=dtype_of(datatype)))
+    return join_response(response, raw)
 
 
 class _Servicer:
@@ -171,9 +178,11 @@ class _Servicer:
                 getattr(response, side).add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
         return response
 
-    def model_infer(self, request: Any, context: Any) -> Any:
+    def model_infer(self, data: bytes, context: Any) -> bytes:
+        """One inference: ``data`` is the serialized request as grpc received it, the answer its serialized reply."""
+        request, raw = split_request(data)
         return run_request_blocking(self.registry, self.metrics, request.model_name, request.model_version or None,
-                                    lambda model: (decode_inputs(request), [output.name for output in request.outputs]),
+                                    lambda model: (decode_inputs(request, raw), [o.name for o in request.outputs]),
                                     lambda model, outputs: _infer_response(model, request.id, outputs))
 
 
@@ -197,16 +206,18 @@ def _guarded(method: Method, name: str) -> Method:
 def _handlers(servicer: _Servicer) -> Any:
     import grpc
 
+    # ModelInfer takes and gives bytes: its tensors are not copied through protobuf's parser (see grpc_wire.py).
     methods: dict[str, tuple[Method, Any, Any]] = {
         "ServerLive": (servicer.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
         "ServerReady": (servicer.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
         "ServerMetadata": (servicer.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
         "ModelReady": (servicer.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
         "ModelMetadata": (servicer.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-        "ModelInfer": (servicer.model_infer, pb.ModelInferRequest, pb.ModelInferResponse)}
+        "ModelInfer": (servicer.model_infer, None, None)}
     return grpc.method_handlers_generic_handler(SERVICE, {
-        name: grpc.unary_unary_rpc_method_handler(_guarded(method, name), request_deserializer=request.FromString,
-                                                  response_serializer=response.SerializeToString)
+        name: grpc.unary_unary_rpc_method_handler(
+            _guarded(method, name), request_deserializer=request and request.FromString,
+            response_serializer=response and response.SerializeToString)
         for name, (method, request, response) in methods.items()})
 
 

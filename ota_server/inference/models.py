@@ -4,6 +4,10 @@ A request without a version runs the version pinned in the endpoint's configurat
 newest stored version, looked up again on every request (a version pushed a moment ago is served
 without a restart). Sessions are kept per (name, version), the least recently used dropped beyond
 ``InferenceConfig.max_sessions``; a batched model's session comes with its :class:`Batcher`.
+Sessions are built in a thread below the event loop's priority, so ONNX Runtime's intra-op pool
+threads (created with the session) inherit it (:mod:`.priority`); loads of a version other than a
+model's default are rate-limited (:mod:`.load_limit`). A request's deadline (:mod:`.deadline`) is
+checked before it waits and again before it runs.
 """
 
 from __future__ import annotations
@@ -20,23 +24,23 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.errors import BackendError, BundleError, EdgeSDKError, InputError, ModelFormatError, NotFoundError
+from edgesdk.errors import BackendError, BundleError, InputError, ModelFormatError, NotFoundError
 from edgesdk.offload.v2_codec import datatype_of
 from edgesdk.ota_server.repository import ModelRepository
 from edgesdk.runtime.tensors import TensorSpec
 
 from .batcher import Batcher, BatcherClosedError, QueueFullError
 from .config import BatchingConfig, InferenceConfig, ServedModel
+from .deadline import check
+from .load_limit import LoadBudget
 from .metrics import InferenceMetrics, ModelMetrics
+from .priority import RUN_NICENESS, below_the_event_loop
 from .run_cost import RunCost, elements
 
-__all__ = ["LoadedModel", "ModelRegistry", "PLATFORM"]
+__all__ = ["LoadedModel", "ModelRegistry", "PLATFORM", "RUN_NICENESS"]
 
 #: The ``platform`` of every model in ``GET /v2/models/{name}`` (Triton's name for ONNX Runtime models).
 PLATFORM = "onnxruntime_onnx"
-#: How much lower than the event loop worker threads run model code (nice levels).
-RUN_NICENESS = 5
-
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
               "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(uint16)": "uint16",
               "tensor(int32)": "int32", "tensor(uint32)": "uint32", "tensor(int64)": "int64",
@@ -48,19 +52,6 @@ def _spec(arg: Any, where: str) -> TensorSpec:
         raise ModelFormatError(f"{where}: tensor {arg.name!r} has type {arg.type}, which the endpoint cannot serve")
     shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
     return TensorSpec(arg.name, shape, np.dtype(_ORT_TYPES[arg.type]))
-
-
-def _below_the_event_loop() -> None:
-    """Run this worker thread at a lower priority than the event loop (Linux: a thread's nice value is its own).
-
-    The loop's work is short by design (parsing, health, metrics, runs proven short); a model run
-    sharing its core otherwise holds it for a scheduler slice each time the loop wakes: health took
-    up to 10 ms (p99) beside a 0.3 s run on one core (benchmarks/endpoint/offload.py, event loop section).
-    """
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + RUN_NICENESS)
-    except (AttributeError, OSError):  # not Linux, or not allowed: the runs keep the loop's priority
-        pass
 
 
 def v2_shape(spec: TensorSpec) -> list[int]:
@@ -86,7 +77,7 @@ class LoadedModel:
         # it has would all be slowed: at 8 clients on one core that put p99 at 111 ms against Triton's 88 ms.
         self._slots = threading.BoundedSemaphore(batching.max_queue)
         self._runner = ThreadPoolExecutor(instances, thread_name_prefix=f"run-{name}-{version}",
-                                          initializer=_below_the_event_loop)
+                                          initializer=below_the_event_loop)
         #: Recent unbatched runs: whether the next one may go on the event loop (only when provably short).
         self.run_cost = RunCost()
         # What a run would block the loop for. A session on one intra-op thread computes on the calling thread, so
@@ -128,28 +119,32 @@ class LoadedModel:
             raise BackendError(f"model {self.name} {self.version} failed on this input: {exc}") from None
         return {spec.name: np.asarray(value) for spec, value in zip(self.outputs, values)}
 
-    def submit(self, inputs: dict[str, np.ndarray]) -> Future[dict[str, np.ndarray]] | None:
+    def submit(self, inputs: dict[str, np.ndarray],
+               deadline: float | None = None) -> Future[dict[str, np.ndarray]] | None:
         """Queue checked inputs with the batcher; None when the model runs unbatched (QueueFullError when full)."""
         if self.batcher is None:
             return None
         try:
-            return self.batcher.submit(inputs)
+            return self.batcher.submit(inputs, deadline)
         except BatcherClosedError:
             return None  # unloaded a moment ago: the session still works, run it directly
 
-    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Check and run one request, batched when the model batches; QueueFullError when its queue is full."""
+    async def infer(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
+        """Check and run one request, batched when the model batches; QueueFullError when its queue is full,
+        DeadlineExceededError when ``deadline`` (``time.perf_counter`` seconds) passes before it runs."""
         inputs = self.check(inputs)
-        future = self.submit(inputs)
+        check(deadline, time.perf_counter(), "for its body and model")
+        future = self.submit(inputs, deadline)
         if future is not None:
             return await asyncio.wrap_future(future)
         with self._slot():
             if self.run_cost.inline(elements(inputs)):
                 return self._run_measured(inputs)
             try:
-                running = asyncio.get_running_loop().run_in_executor(self._runner, self._run_measured, inputs)
+                running = asyncio.get_running_loop().run_in_executor(self._runner, self._run_measured, inputs,
+                                                                     deadline)
             except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it anyway
-                return await asyncio.to_thread(self._run_measured, inputs)
+                return await asyncio.to_thread(self._run_measured, inputs, deadline)
             return await running
 
     @contextmanager
@@ -163,8 +158,10 @@ class LoadedModel:
         finally:
             self._slots.release()
 
-    def _run_measured(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        started, cost_from = time.perf_counter(), self._run_clock()
+    def _run_measured(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
+        started = time.perf_counter()
+        check(deadline, started, "for a runner")
+        cost_from = self._run_clock()
         outputs = self.run(inputs)
         cost = self._run_clock() - cost_from
         self.metrics.compute_seconds.observe(time.perf_counter() - started)
@@ -179,20 +176,21 @@ class LoadedModel:
             self.batcher.close()
         self._runner.shutdown(wait=False)
 
-    def infer_blocking(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer_blocking(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
         """:meth:`infer` for a thread that may wait for the answer (the gRPC service's workers): the same batcher,
-        ``max_queue`` and runner; a run provably short by :attr:`run_cost` goes in the calling thread instead."""
+        ``max_queue``, runner and deadline; a run provably short by :attr:`run_cost` goes in the calling thread."""
         inputs = self.check(inputs)
-        future = self.submit(inputs)
+        check(deadline, time.perf_counter(), "for its body and model")
+        future = self.submit(inputs, deadline)
         if future is not None:
             return future.result()
         with self._slot():
             if self.run_cost.inline(elements(inputs)):
                 return self._run_measured(inputs)
             try:
-                running = self._runner.submit(self._run_measured, inputs)
+                running = self._runner.submit(self._run_measured, inputs, deadline)
             except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it here
-                return self._run_measured(inputs)
+                return self._run_measured(inputs, deadline)
             return running.result()
 
 
@@ -206,6 +204,9 @@ class ModelRegistry:
         self._load_lock = threading.Lock()
         self._versions: dict[str, tuple[int, list[str]]] = {}
         self._served: dict[str, ServedModel] = {}
+        self.load_budget = LoadBudget(config.version_loads_per_minute)
+        # Sessions are built here, below the loop's priority: ORT's pool threads inherit this thread's nice value.
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader", initializer=below_the_event_loop)
 
     def names(self) -> list[str]:
         """The models this endpoint serves that have a stored version."""
@@ -267,12 +268,16 @@ class ModelRegistry:
             return model
 
     def load(self, name: str, version: str) -> LoadedModel:
-        """The model's session, loaded from its bundle when not cached (blocking: ORT builds the session)."""
+        """The model's session, loaded from its bundle when not cached (blocking: ORT builds the session in a
+        thread below the loop's priority); VersionLoadLimitError when ``version`` is not the model's default
+        one and loading it now would go over ``version_loads_per_minute``."""
         with self._load_lock:
             model = self.cached(name, version)
             if model is not None:
                 return model
-            model = self._open(name, version)
+            if version != self.resolve(name, None):
+                self.load_budget.take(f"model {name} version {version}")
+            model = self._loader.submit(self._open, name, version).result()
             with self._lock:
                 self._loaded[(name, version)] = model
                 evicted = []
@@ -324,14 +329,5 @@ class ModelRegistry:
             models, self._loaded = list(self._loaded.values()), OrderedDict()
         for model in models:
             model.close()
+        self._loader.shutdown(wait=False)
 
-
-def failure_reason(exc: BaseException) -> str:
-    """The ``reason`` label of a failed request."""
-    if isinstance(exc, QueueFullError):
-        return "queue_full"
-    if isinstance(exc, NotFoundError):
-        return "not_found"
-    if isinstance(exc, EdgeSDKError):
-        return "bad_request"
-    return "error"

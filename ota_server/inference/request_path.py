@@ -3,47 +3,77 @@
 The HTTP routes (:mod:`.app`) and the gRPC service share this path, so both answer from the
 same registry, batcher and metrics, and fail for the same reasons: :func:`run_request` on an
 event loop (HTTP), :func:`run_request_blocking` in a worker thread (gRPC). A transport supplies
-two callables: ``decode(model)`` turns its request into inputs and the output names asked for
-(an empty list asks for all), and ``respond(model, outputs)`` builds its answer. Errors propagate
-after they are counted; the transport maps them to its own status (:func:`http_status`).
+two callables: ``decode(model)`` turns its request into inputs, the output names asked for
+(an empty list asks for all) and, optionally third, the request's ``timeout`` in microseconds
+(:mod:`.deadline`; None: none), and ``respond(model, outputs)`` builds its answer (over HTTP it may
+be awaitable: big JSON is written in slices). Errors propagate after they are counted; the
+transport maps them to its own status (:func:`http_status`).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError, InputError, NotFoundError
 
 from .batcher import QueueFullError
+from .deadline import DeadlineExceededError
+from .http_limits import BusyError
+from .json_worker import DecodeWorkerError
+from .load_limit import VersionLoadLimitError
 from .metrics import UNKNOWN_MODEL, InferenceMetrics
-from .models import LoadedModel, ModelRegistry, failure_reason
+from .models import LoadedModel, ModelRegistry
 
-__all__ = ["BodyTooLargeError", "http_status", "model_for", "run_request", "run_request_blocking"]
+__all__ = ["BodyTooLargeError", "http_status", "failure_reason", "model_for", "run_request", "run_request_blocking"]
 
 T = TypeVar("T")
-Decoded = tuple[dict[str, np.ndarray], Sequence[str]]
+#: ``(inputs, wanted)`` or ``(inputs, wanted, timeout_us)``.
+Decoded = tuple[Any, ...]
 
 
 class BodyTooLargeError(EdgeSDKError):
     """A request body is over the endpoint's ``max_body_bytes``; answered with 413 (gRPC: RESOURCE_EXHAUSTED)."""
 
 
+#: Failure -> (HTTP status, ``reason`` label); the first class that matches, else 400 for an EdgeSDKError, else 500.
+_FAILURES: tuple[tuple[type[BaseException], int, str], ...] = (
+    (NotFoundError, 404, "not_found"),
+    (BodyTooLargeError, 413, "too_large"),
+    (QueueFullError, 503, "queue_full"),
+    (BusyError, 503, "busy"),
+    (DecodeWorkerError, 503, "error"),
+    (VersionLoadLimitError, 429, "load_limit"),
+    (DeadlineExceededError, 504, "deadline"),
+)
+
+
 def http_status(exc: BaseException) -> int:
-    """The HTTP status of a failed request: 404 unknown model or version, 413, 503 queue full, 400, else 500."""
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, BodyTooLargeError):
-        return 413
-    if isinstance(exc, QueueFullError):
-        return 503
-    if isinstance(exc, EdgeSDKError):
-        return 400
-    return 500
+    """The HTTP status of a failed request: 404 unknown model or version, 413 body too large, 429 version loads
+    over their budget, 503 queue full or a transport limit, 504 deadline passed, 400 other bad input, else 500."""
+    for kind, status, _ in _FAILURES:
+        if isinstance(exc, kind):
+            return status
+    return 400 if isinstance(exc, EdgeSDKError) else 500
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The ``reason`` label of a failed request."""
+    for kind, _, reason in _FAILURES:
+        if isinstance(exc, kind):
+            return reason
+    return "bad_request" if isinstance(exc, EdgeSDKError) else "error"
+
+
+def retry_after(exc: BaseException) -> str | None:
+    """The ``Retry-After`` header value for a failure a client should retry later, else None."""
+    value = getattr(exc, "retry_after", None)
+    return value if isinstance(value, str) else None
 
 
 async def model_for(registry: ModelRegistry, name: str, version: str | None) -> LoadedModel:
@@ -82,9 +112,15 @@ def _selected(model: LoadedModel, outputs: dict[str, np.ndarray], wanted: Sequen
     return {n: outputs[n] for n in names}
 
 
+def _deadline(started: float, decoded: Decoded) -> float | None:
+    """The request's deadline in ``time.perf_counter`` seconds: ``started`` plus its timeout, if it has one."""
+    timeout = decoded[2] if len(decoded) > 2 else None
+    return None if timeout is None else started + timeout / 1e6
+
+
 async def run_request(registry: ModelRegistry, metrics: InferenceMetrics, name: str, version: str | None,
                       decode: Callable[[LoadedModel], Awaitable[Decoded]],
-                      respond: Callable[[LoadedModel, dict[str, np.ndarray]], T]) -> T:
+                      respond: Callable[[LoadedModel, dict[str, np.ndarray]], T | Awaitable[T]]) -> T:
     """Serve one infer request through ``decode`` and ``respond``; every failure is counted, then raised."""
     started = time.perf_counter()
     try:
@@ -93,8 +129,12 @@ async def run_request(registry: ModelRegistry, metrics: InferenceMetrics, name: 
         _unknown_model(metrics, exc)
         raise
     with _counted(model, started):
-        inputs, wanted = await decode(model)
-        return respond(model, _selected(model, await model.infer(inputs), wanted))
+        decoded = await decode(model)
+        outputs = await model.infer(decoded[0], _deadline(started, decoded))
+        answer = respond(model, _selected(model, outputs, decoded[1]))
+        if inspect.isawaitable(answer):
+            return await answer  # type: ignore[no-any-return]
+        return answer
 
 
 def run_request_blocking(registry: ModelRegistry, metrics: InferenceMetrics, name: str, version: str | None,
@@ -108,5 +148,6 @@ def run_request_blocking(registry: ModelRegistry, metrics: InferenceMetrics, nam
         _unknown_model(metrics, exc)
         raise
     with _counted(model, started):
-        inputs, wanted = decode(model)
-        return respond(model, _selected(model, model.infer_blocking(inputs), wanted))
+        decoded = decode(model)
+        outputs = model.infer_blocking(decoded[0], _deadline(started, decoded))
+        return respond(model, _selected(model, outputs, decoded[1]))

@@ -28,8 +28,10 @@ class InferenceServer:
     """A started endpoint: ``url`` (``http://HOST:PORT``), ``grpc_address`` (``HOST:PORT`` or None), its
     ``registry`` and ``metrics``; :meth:`stop` ends it."""
 
-    def __init__(self, registry: Any, metrics: Any, http: Any, grpc: Any = None) -> None:
+    def __init__(self, registry: Any, metrics: Any, http: Any, grpc: Any = None, routes: Any = None) -> None:
         self.registry, self.metrics, self.http, self.grpc = registry, metrics, http, grpc
+        #: The HTTP routes (:class:`~.app.InferenceRoutes`): their decode worker, body budget.
+        self.routes = routes
 
     @property
     def url(self) -> str:
@@ -46,6 +48,8 @@ class InferenceServer:
         if self.grpc is not None:
             self.grpc.stop()
         self.http.stop()
+        if self.routes is not None:
+            self.routes.close()
         self.registry.close()
 
     def __enter__(self) -> InferenceServer:
@@ -67,7 +71,7 @@ def serve_inference(repo: str | os.PathLike[str] | ModelRepository, listen: str,
     """
     from edgesdk.ota_server.admin.http_api import HttpServer
 
-    from .app import create_inference_app
+    from .app import InferenceRoutes
     from .metrics import InferenceMetrics
     from .models import ModelRegistry
 
@@ -87,11 +91,13 @@ def serve_inference(repo: str | os.PathLike[str] | ModelRepository, listen: str,
 
         grpc_host, grpc_port = parse_listen(grpc_listen, allow_any_port=True)
         grpc = GrpcServer(registry, metrics, grpc_host, grpc_port).start()
-    http = HttpServer(create_inference_app(registry, metrics), host, port)
+    routes = InferenceRoutes(registry, metrics)
+    http = HttpServer(routes.app(), host, port)
     try:
         http.start()
     except BaseException:
         if grpc is not None:
             grpc.stop()
+        routes.close()
         raise
-    return InferenceServer(registry, metrics, http, grpc)
+    return InferenceServer(registry, metrics, http, grpc, routes)
