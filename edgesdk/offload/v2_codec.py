@@ -33,6 +33,8 @@ from edgesdk.errors import InputError
 from .v2_json import NotExact, Numbers, fast_header
 
 T = TypeVar("T")
+#: A body as received: bytes, or a view of a buffer the server read it into (one byte per item).
+Body = bytes | bytearray | memoryview
 
 _fast_loads: Callable[[bytes], Any] | None
 try:  # the [server] extra installs orjson: several times faster on tensors sent as JSON; a device needs none
@@ -209,7 +211,7 @@ def encode_response(model_name: str, model_version: str | None, outputs: Mapping
     return _body(header, blobs)
 
 
-def _split(body: bytes, header_length: int | None, fast: bool) -> tuple[dict[str, Any], memoryview]:
+def _split(body: Body, header_length: int | None, fast: bool) -> tuple[dict[str, Any], memoryview]:
     """The JSON header as a dict and the binary part that follows it.
 
     ``fast``: tensors' ``data`` lists may come back as :class:`~.v2_json.Numbers` (see :mod:`.v2_json`).
@@ -317,7 +319,7 @@ def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str,
     return tensors
 
 
-def _exactly(decode: Callable[[bytes, int | None, bool], T], body: bytes, header_length: int | None) -> T:
+def _exactly(decode: Callable[[Body, int | None, bool], T], body: Body, header_length: int | None) -> T:
     """``decode`` with the fast JSON path, or the standard one when the fast one is not sure or finds a fault
     (then the standard path's answer and error message are the ones given)."""
     try:
@@ -326,7 +328,7 @@ def _exactly(decode: Callable[[bytes, int | None, bool], T], body: bytes, header
         return decode(body, header_length, False)
 
 
-def decode_request(body: bytes, header_length: int | None) -> InferRequest:
+def decode_request(body: Body, header_length: int | None) -> InferRequest:
     """Decode an inference request body; ``header_length`` is the ``Inference-Header-Content-Length`` (or None).
 
     Binary input tensors are read-only views of ``body``; JSON ones are parsed as :mod:`.v2_json` says.
@@ -334,12 +336,12 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     return _exactly(_decode_request, body, header_length)
 
 
-def decode_response(body: bytes, header_length: int | None) -> InferResponse:
+def decode_response(body: Body, header_length: int | None) -> InferResponse:
     """Decode an inference response body; ``header_length`` is the ``Inference-Header-Content-Length`` (or None)."""
     return _exactly(_decode_response, body, header_length)
 
 
-def _decode_request(body: bytes, header_length: int | None, fast: bool) -> InferRequest:
+def _decode_request(body: Body, header_length: int | None, fast: bool) -> InferRequest:
     header, rest = _split(body, header_length, fast)
     inputs = _tensors(header.get("inputs"), rest, "inputs", copy=False)
     if not inputs:
@@ -363,7 +365,7 @@ def _decode_request(body: bytes, header_length: int | None, fast: bool) -> Infer
                         bool(params.get("binary_data_output", False)), params)
 
 
-def _decode_response(body: bytes, header_length: int | None, fast: bool) -> InferResponse:
+def _decode_response(body: Body, header_length: int | None, fast: bool) -> InferResponse:
     header, rest = _split(body, header_length, fast)
     if not isinstance(header.get("model_name"), str):
         raise InputError(f"the response has no model_name; not a KServe V2 inference response: {header!r:.200}")
