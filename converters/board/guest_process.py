@@ -3,7 +3,11 @@
 Each count (:mod:`.emulate`) is a ``qemu-user`` process running the board's Python. It is started in
 a process group of its own, so that a timeout, an :meth:`GuestProcesses.abort` (emulation turned off
 while other counts still run) or this interpreter's exit kills every process of it, and none is left
-behind to burn a core. :func:`signal_name` puts a native crash's return code in words.
+behind to burn a core. The exit includes SIGTERM (what a service manager or ``timeout`` sends):
+Python's default for it ends the interpreter without its exit handlers, so a guest counting for up
+to its 900 s timeout outlived the conversion; the first :class:`GuestProcesses` made on the main
+thread therefore ends the guests on SIGTERM and then dies of it, unless the program has a SIGTERM
+handler of its own. :func:`signal_name` puts a native crash's return code in words.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class GuestProcesses:
         self._live: set[subprocess.Popen[str]] = set()
         self._aborted: set[int] = set()
         _ALL.add(self)
+        _end_all_on_sigterm()
 
     def run(self, command: Sequence[str], env: Mapping[str, str], timeout_s: float,
             cwd: Path) -> GuestExit:
@@ -104,3 +109,17 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
 def _end_all() -> None:
     for guests in list(_ALL):
         guests.abort()
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _end_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # then die of it, as the default would have
+
+
+def _end_all_on_sigterm() -> None:
+    """Install :func:`_on_sigterm`, where Python lets us (the main thread) and nobody else has."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
