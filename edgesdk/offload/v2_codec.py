@@ -236,33 +236,35 @@ def _split(body: Body, header_length: int | None, fast: bool) -> tuple[dict[str,
 #: Most dimensions a tensor may declare: NumPy describes no array of more (64 since NumPy 2), and no
 #: model edgesdk serves takes over a handful.
 MAX_RANK = 32
-#: Most bytes a declared shape may describe, counting every zero dimension as 1 (1 TiB). A shape like
-#: ``[0, 2**62, 2**62]`` holds no data, yet NumPy cannot describe even that empty array ("array is too
-#: big") once its other dimensions multiply past the address space; no tensor a server takes is this big.
+#: Most bytes a declared shape may describe, counting every zero dimension as 1 (1 TiB). A shape
+#: like ``[0, 2**62, 2**62]`` holds no data, yet NumPy cannot describe even that empty array
+#: ("array is too big") once its other dimensions multiply past the address space; no tensor a
+#: server takes is this big.
 MAX_TENSOR_BYTES = 2**40
 
 
-def declared_shape(name: str, shape: Any, datatype: Any) -> tuple[tuple[int, ...], np.dtype[Any], int]:
-    """The shape, dtype and element count a tensor declares, checked with Python ints before NumPy sees them.
+def declared_shape(name: str, shape: Any, datatype: Any
+                   ) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+    """The shape, dtype and element count a tensor declares, checked before NumPy sees them.
 
     InputError naming the tensor and the value for anything but a list of at most :data:`MAX_RANK`
     non-negative integers whose extent (zeros counted as 1) times the item size is at most
     :data:`MAX_TENSOR_BYTES`, or a datatype :func:`dtype_of` does not know. HTTP (JSON and binary)
-    and gRPC requests go through this one check.
+    and gRPC requests go through this one check, in Python ints (which do not overflow).
     """
     if not isinstance(shape, (list, tuple)) \
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise InputError(f"tensor {name!r}: shape {shape!r:.200} must be a list of non-negative integers; send "
-                         "the tensor's actual sizes")
+        raise InputError(f"tensor {name!r}: shape {shape!r:.200} must be a list of non-negative "
+                         "integers; send the tensor's actual sizes")
     dtype = dtype_of(datatype)
     if len(shape) > MAX_RANK:
-        raise InputError(f"tensor {name!r}: shape has {len(shape)} dimensions, over the {MAX_RANK} a tensor may "
-                         "have; send the tensor's actual shape")
+        raise InputError(f"tensor {name!r}: shape has {len(shape)} dimensions, over the {MAX_RANK} "
+                         "a tensor may have; send the tensor's actual shape")
     extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize
     if extent > MAX_TENSOR_BYTES:
-        raise InputError(f"tensor {name!r}: shape {list(shape)} of {datatype} describes {extent} bytes (a zero "
-                         f"dimension counted as 1), over the {MAX_TENSOR_BYTES} bytes a tensor may have; send "
-                         "the tensor's actual shape")
+        raise InputError(f"tensor {name!r}: shape {list(shape)} of {datatype} describes {extent} "
+                         f"bytes (a zero dimension counted as 1), over the {MAX_TENSOR_BYTES} "
+                         "bytes a tensor may have; send the tensor's actual shape")
     return tuple(shape), dtype, math.prod(shape)
 
 
@@ -319,7 +321,8 @@ def _tensors(entries: Any, rest: memoryview, what: str, copy: bool) -> dict[str,
     return tensors
 
 
-def _exactly(decode: Callable[[Body, int | None, bool], T], body: Body, header_length: int | None) -> T:
+def _exactly(decode: Callable[[Body, int | None, bool], T], body: Body,
+             header_length: int | None) -> T:
     """``decode`` with the fast JSON path, or the standard one when the fast one is not sure or finds a fault
     (then the standard path's answer and error message are the ones given)."""
     try:

@@ -21,7 +21,7 @@ short run in place). On a 16-8-4 MLP it costs less server CPU per request than `
 (0.61-0.81 ms against 0.75-1.03 ms, one core, 1 and 8 clients): aio hands every call from grpc's
 completion queue to its event loop and back.
 
-Limits (:class:`GrpcServer`'s parameters; the defaults below): a call waiting for its model holds its
+Limits (:class:`GrpcServer`'s parameters; defaults below): a call waiting for its model holds its
 thread, so there are at least as many workers as the largest model queue (``max_queue``) plus
 :data:`SPARE_WORKERS` for health and metadata: a full queue answers UNAVAILABLE from the model, it
 does not wait unseen for a thread. At most ``max_concurrent_calls`` calls (default: the workers)
@@ -50,25 +50,28 @@ from .metrics import InferenceMetrics
 from .models import LoadedModel, ModelRegistry
 from .request_path import http_status, run_request_blocking
 
-__all__ = ["SERVICE", "MAX_SEND_BYTES", "SPARE_WORKERS", "GrpcServer", "decode_inputs", "default_workers"]
+__all__ = ["SERVICE", "MAX_SEND_BYTES", "MIN_WORKERS", "SPARE_WORKERS", "GrpcServer",
+           "decode_inputs", "default_workers"]
 
 log = logging.getLogger(__name__)
 
 #: The service's full name, as the V2 protocol publishes it (method paths are ``/SERVICE/Method``).
 SERVICE = "inference.GRPCInferenceService"
-#: Worker threads beyond the largest model queue: health, readiness and metadata answer while a model's
-#: whole queue waits for it (each waiting call holds a thread).
+#: Worker threads beyond the largest model queue: health, readiness and metadata answer while a
+#: model's whole queue waits for it (each waiting call holds a thread).
 SPARE_WORKERS = 8
 #: Fewest worker threads, whatever the queues (the service's default before the queue rule was 32).
 MIN_WORKERS = 32
-#: Largest answer the service sends (64 MiB, the HTTP body cap's default): a bigger one fails RESOURCE_EXHAUSTED.
+#: Largest answer the service sends (64 MiB, the HTTP body cap's default): a bigger one fails
+#: RESOURCE_EXHAUSTED.
 MAX_SEND_BYTES = 64 * 1024 * 1024
 
 
 def default_workers(config: InferenceConfig) -> int:
     """Worker threads for ``config``: its largest model queue plus :data:`SPARE_WORKERS`, at least
     :data:`MIN_WORKERS`."""
-    queues = [m.batching.max_queue for m in config.models or ()] or [config.default_batching.max_queue]
+    queues = [m.batching.max_queue for m in config.models or ()] \
+        or [config.default_batching.max_queue]
     return max(MIN_WORKERS, max(queues) + SPARE_WORKERS)
 
 
@@ -114,8 +117,9 @@ def _tensor(entry: Any, raw: bytes | None) -> np.ndarray:
 def decode_inputs(request: Any, raw_contents: list[Any] | None = None) -> dict[str, np.ndarray]:
     """The input tensors of a ``ModelInferRequest``; InputError naming the tensor and the misfit.
 
-    ``raw_contents``: the raw inputs when they were taken out of the message (:func:`~.grpc_wire.split_request`,
-    views of the received bytes); None reads ``request.raw_input_contents``.
+    ``raw_contents``: the raw inputs when they were taken out of the message
+    (:func:`~.grpc_wire.split_request`: views of the received bytes); None reads
+    ``request.raw_input_contents``.
     """
     entries = list(request.inputs)
     raw = list(request.raw_input_contents) if raw_contents is None else raw_contents
@@ -133,7 +137,7 @@ def decode_inputs(request: Any, raw_contents: list[Any] | None = None) -> dict[s
 
 
 def _infer_response(model: LoadedModel, request_id: str, outputs: dict[str, np.ndarray]) -> bytes:
-    """The serialized ``ModelInferResponse``: every output as raw contents, each copied once (:mod:`.grpc_wire`)."""
+    """The serialized ``ModelInferResponse``: raw outputs, each copied once (:mod:`.grpc_wire`)."""
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request_id)
     raw = []
     for name, value in outputs.items():
@@ -179,10 +183,14 @@ class _Servicer:
         return response
 
     def model_infer(self, data: bytes, context: Any) -> bytes:
-        """One inference: ``data`` is the serialized request as grpc received it, the answer its serialized reply."""
+        """One inference: ``data`` is the request as grpc received it; returns the reply's bytes."""
         request, raw = split_request(data)
-        return run_request_blocking(self.registry, self.metrics, request.model_name, request.model_version or None,
-                                    lambda model: (decode_inputs(request, raw), [o.name for o in request.outputs]),
+
+        def decode(model: LoadedModel) -> tuple[dict[str, np.ndarray], list[str]]:
+            return decode_inputs(request, raw), [output.name for output in request.outputs]
+
+        return run_request_blocking(self.registry, self.metrics, request.model_name,
+                                    request.model_version or None, decode,
                                     lambda model, outputs: _infer_response(model, request.id, outputs))
 
 
@@ -206,7 +214,7 @@ def _guarded(method: Method, name: str) -> Method:
 def _handlers(servicer: _Servicer) -> Any:
     import grpc
 
-    # ModelInfer takes and gives bytes: its tensors are not copied through protobuf's parser (see grpc_wire.py).
+    # ModelInfer takes and gives bytes: its tensors skip protobuf's copies (see grpc_wire.py).
     methods: dict[str, tuple[Method, Any, Any]] = {
         "ServerLive": (servicer.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
         "ServerReady": (servicer.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
@@ -226,21 +234,28 @@ class GrpcServer:
 
     ``workers`` (None: :func:`default_workers` of the registry's config), ``max_concurrent_calls``
     (None: ``workers``; one more call gets RESOURCE_EXHAUSTED at once), ``max_receive_bytes`` (None:
-    the config's ``max_body_bytes``) and ``max_send_bytes`` are the limits the module docstring states.
+    the config's ``max_body_bytes``) and ``max_send_bytes`` are the limits the module docstring
+    states.
     """
 
     def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics, host: str, port: int, *,
                  workers: int | None = None, max_concurrent_calls: int | None = None,
-                 max_receive_bytes: int | None = None, max_send_bytes: int = MAX_SEND_BYTES) -> None:
+                 max_receive_bytes: int | None = None,
+                 max_send_bytes: int = MAX_SEND_BYTES) -> None:
         self.registry, self.metrics, self.host, self.port = registry, metrics, host, port
         self.workers = default_workers(registry.config) if workers is None else workers
-        self.max_concurrent_calls = self.workers if max_concurrent_calls is None else max_concurrent_calls
-        self.max_receive_bytes = registry.config.max_body_bytes if max_receive_bytes is None else max_receive_bytes
+        self.max_concurrent_calls = self.workers if max_concurrent_calls is None \
+            else max_concurrent_calls
+        self.max_receive_bytes = registry.config.max_body_bytes if max_receive_bytes is None \
+            else max_receive_bytes
         self.max_send_bytes = max_send_bytes
-        for what, value in (("workers", self.workers), ("max_concurrent_calls", self.max_concurrent_calls),
-                            ("max_receive_bytes", self.max_receive_bytes), ("max_send_bytes", max_send_bytes)):
+        for what, value in (("workers", self.workers),
+                            ("max_concurrent_calls", self.max_concurrent_calls),
+                            ("max_receive_bytes", self.max_receive_bytes),
+                            ("max_send_bytes", max_send_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"the inference gRPC service's {what} is {value!r}; it must be a positive integer")
+                raise InputError(f"the inference gRPC service's {what} is {value!r}; it must be a "
+                                 "positive integer")
         self._server: Any = None
 
     @property

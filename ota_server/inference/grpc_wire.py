@@ -1,4 +1,4 @@
-"""``ModelInfer`` messages with their raw tensor bytes left where they arrived: no copy in, one copy out.
+"""``ModelInfer`` messages with their raw tensors left where they arrived: no copy in, one copy out.
 
 Why: with protobuf's own parser, the gRPC service copied every raw input twice after grpc handed
 it the message (into the parser's arena, then into a new ``bytes`` on reading the field), where
@@ -38,7 +38,10 @@ _FIXED = {1: 8, 5: 4}
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` and the position after it; InputError when it runs off the end or past 10 bytes."""
+    """The varint at ``pos`` and the position after it.
+
+    InputError when it runs off the end or past 10 bytes.
+    """
     value = shift = 0
     for end in range(pos, min(pos + 10, len(data))):
         byte = data[end]
@@ -46,8 +49,8 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, end + 1
         shift += 7
-    raise InputError(f"the ModelInferRequest is not a protobuf message: a varint at byte {pos} of {len(data)} does "
-                     "not end; send a serialized inference.ModelInferRequest")
+    raise InputError(f"the ModelInferRequest is not a protobuf message: a varint at byte {pos} of "
+                     f"{len(data)} does not end; send a serialized inference.ModelInferRequest")
 
 
 def _field_end(data: bytes, pos: int, wire: int) -> tuple[int, int]:
@@ -59,12 +62,13 @@ def _field_end(data: bytes, pos: int, wire: int) -> tuple[int, int]:
     if wire == _LENGTH_DELIMITED:
         length, start = _varint(data, pos)
         return start, start + length
-    raise InputError(f"the ModelInferRequest has a field of wire type {wire} at byte {pos}, which this service does "
-                     "not read (groups are obsolete); send a serialized inference.ModelInferRequest")
+    raise InputError(f"the ModelInferRequest has a field of wire type {wire} at byte {pos}, which "
+                     "this service does not read (groups are obsolete); send a serialized "
+                     "inference.ModelInferRequest")
 
 
 def split_request(data: bytes) -> tuple[Any, list[memoryview]]:
-    """A ``ModelInferRequest`` without its ``raw_input_contents``, and those as views of ``data``, in order."""
+    """A ``ModelInferRequest`` without its ``raw_input_contents``, and those as views of ``data``"""
     view = memoryview(data)
     kept: list[memoryview] = []
     raw: list[memoryview] = []
@@ -73,8 +77,8 @@ def split_request(data: bytes) -> tuple[Any, list[memoryview]]:
         key, value_at = _varint(data, pos)
         start, end = _field_end(data, value_at, key & 7)
         if end > len(data):
-            raise InputError(f"the ModelInferRequest ends {end - len(data)} bytes short of its field {key >> 3} "
-                             f"(byte {pos} of {len(data)}); the message was truncated")
+            raise InputError(f"the ModelInferRequest ends {end - len(data)} bytes short of its "
+                             f"field {key >> 3} (at byte {pos} of {len(data)}); it was cut off")
         if key >> 3 == _RAW_INPUTS and key & 7 == _LENGTH_DELIMITED:
             raw.append(view[start:end])
         else:
@@ -99,8 +103,9 @@ def _varint_bytes(value: int) -> bytes:
 
 
 def join_response(response: Any, raw_outputs: Iterable[Any]) -> bytes:
-    """``response`` (a ``ModelInferResponse`` without raw outputs) serialized, then each of ``raw_outputs`` (bytes-like,
-    C-contiguous) as one ``raw_output_contents`` entry: the same bytes protobuf would write, each tensor copied once."""
+    """``response`` (a ``ModelInferResponse`` without raw outputs) serialized, then each of
+    ``raw_outputs`` (bytes-like, C-contiguous) as one ``raw_output_contents`` entry: the bytes
+    protobuf would write, each tensor copied once."""
     key = _varint_bytes(_RAW_OUTPUTS << 3 | _LENGTH_DELIMITED)
     parts: list[Any] = [response.SerializeToString()]
     for blob in raw_outputs:

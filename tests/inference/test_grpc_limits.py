@@ -1,4 +1,4 @@
-"""The gRPC service's limits over a real grpc server on loopback: concurrent calls, workers, message sizes."""
+"""The gRPC service's limits, over a real grpc server on loopback: calls, workers, message sizes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from edgesdk.ota_server.inference.grpc_service import MAX_SEND_BYTES, SPARE_WORK
 from tests.inference.conftest import WIDTH_IN, WIDTH_OUT
 from tests.inference.http import wait_until
 
-#: Bounds each call, so a call that waits where it should have been refused fails the test instead of hanging it.
+#: Bounds each call: one that waits where it should have been refused fails the test, not hang it.
 CALL_TIMEOUT_S = 30
 
 
@@ -26,7 +26,7 @@ def _request(rows: int = 1) -> service_pb2.ModelInferRequest:
 
 @pytest.fixture
 def grpc_of(serve):
-    """Factory: ``grpc_of(max_queue, **GrpcServer limits)`` -> (stub, the model's batcher) over a served mlp."""
+    """Factory: ``grpc_of(max_queue, **GrpcServer limits)`` -> (server, stub, the mlp's batcher)."""
     started: list[tuple[GrpcServer, grpc.Channel]] = []
 
     def factory(max_queue: int = 8, **limits: int):
@@ -35,7 +35,8 @@ def grpc_of(serve):
         server = GrpcServer(endpoint.registry, endpoint.metrics, "127.0.0.1", 0, **limits).start()
         channel = grpc.insecure_channel(server.address)
         started.append((server, channel))
-        return server, service_pb2_grpc.GRPCInferenceServiceStub(channel), endpoint.registry.get("mlp").batcher
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return server, stub, endpoint.registry.get("mlp").batcher
 
     yield factory
     for server, channel in started:
@@ -58,7 +59,8 @@ def test_a_call_over_the_concurrency_cap_is_resource_exhausted_and_the_held_ones
         assert _code(lambda: stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)) \
             == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert [len(f.result().raw_output_contents[0]) for f in held] == [WIDTH_OUT * 4] * 2
-    assert len(stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S).raw_output_contents[0]) == WIDTH_OUT * 4
+    answer = stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)
+    assert len(answer.raw_output_contents[0]) == WIDTH_OUT * 4
 
 
 def test_a_whole_model_queue_waits_on_workers_and_health_still_answers(grpc_of):
@@ -69,9 +71,11 @@ def test_a_whole_model_queue_waits_on_workers_and_health_still_answers(grpc_of):
         held = [stub.ModelInfer.future(_request(), timeout=CALL_TIMEOUT_S) for _ in range(queue)]
         wait_until(lambda: batcher.depth == queue, f"{queue} calls in the model's queue")
         assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=CALL_TIMEOUT_S).live
-        assert stub.ModelReady(service_pb2.ModelReadyRequest(name="mlp"), timeout=CALL_TIMEOUT_S).ready
-        # The queue is full: the model refuses at once (retryable), the call does not wait for a thread.
-        assert _code(lambda: stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)) == grpc.StatusCode.UNAVAILABLE
+        ready = service_pb2.ModelReadyRequest(name="mlp")
+        assert stub.ModelReady(ready, timeout=CALL_TIMEOUT_S).ready
+        # The queue is full: the model refuses at once (retryable); no call waits for a thread.
+        assert _code(lambda: stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)) \
+            == grpc.StatusCode.UNAVAILABLE
     assert sum(len(f.result().raw_output_contents[0]) == WIDTH_OUT * 4 for f in held) == queue
 
 
@@ -81,7 +85,8 @@ def test_messages_over_the_receive_or_send_limit_are_resource_exhausted(grpc_of)
         == grpc.StatusCode.RESOURCE_EXHAUSTED  # 40 x 16 float32 = 2,560 bytes in
     assert _code(lambda: stub.ModelInfer(_request(rows=20), timeout=CALL_TIMEOUT_S)) \
         == grpc.StatusCode.RESOURCE_EXHAUSTED  # 1,280 bytes in, 320 bytes of output out
-    assert len(stub.ModelInfer(_request(rows=2), timeout=CALL_TIMEOUT_S).raw_output_contents[0]) == 2 * WIDTH_OUT * 4
+    answer = stub.ModelInfer(_request(rows=2), timeout=CALL_TIMEOUT_S)
+    assert len(answer.raw_output_contents[0]) == 2 * WIDTH_OUT * 4
 
 
 def test_the_stated_defaults_and_bad_limits(serve):

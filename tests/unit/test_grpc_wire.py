@@ -1,4 +1,4 @@
-"""The gRPC service's own walk of ModelInfer messages (ota_server/inference/grpc_wire.py) against protobuf's parser.
+"""The gRPC service's own walk of ModelInfer messages (grpc_wire.py) against protobuf's parser.
 
 The service no longer hands requests to protobuf whole: it takes the raw input tensors out as views
 of the received bytes. These tests hold it to protobuf's answers on valid, damaged and random
@@ -40,7 +40,8 @@ def test_raw_inputs_are_views_of_the_received_bytes_not_copies():
     owner = tensor.base
     while isinstance(owner, np.ndarray):
         owner = owner.base
-    assert isinstance(owner, memoryview) and owner.obj is data  # grpc's bytes: protobuf's parser copied them twice
+    # grpc's bytes themselves: protobuf's parser copied them twice.
+    assert isinstance(owner, memoryview) and owner.obj is data
 
 
 def _same_as_protobuf(data: bytes) -> None:
@@ -51,13 +52,14 @@ def _same_as_protobuf(data: bytes) -> None:
     try:
         request, raw = split_request(data)
     except InputError as exc:
-        # Refused where protobuf refuses, or for an obsolete group field, which the service does not read.
+        # Refused where protobuf refuses, or for an obsolete group field (not read by the service).
         assert expected is None or "wire type" in str(exc), (data, exc)
         return
     assert expected is not None, data
     request.raw_input_contents.extend(bytes(r) for r in raw)
     assert request == expected
-    assert request.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
+    assert request.SerializeToString(deterministic=True) \
+        == expected.SerializeToString(deterministic=True)
 
 
 @settings(max_examples=400, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -81,7 +83,8 @@ def test_an_answer_is_the_bytes_protobuf_would_write():
     outputs = {"y": np.arange(6, dtype="<f4").reshape(2, 3), "z": np.array([1, 2], "<i8")}
     response = pb.ModelInferResponse(model_name="m", model_version="1.0.0", id="7")
     for name, value in outputs.items():
-        response.outputs.add(name=name, datatype="FP32" if value.dtype.kind == "f" else "INT64", shape=value.shape)
+        datatype = "FP32" if value.dtype.kind == "f" else "INT64"
+        response.outputs.add(name=name, datatype=datatype, shape=value.shape)
     data = join_response(response, outputs.values())
     response.raw_output_contents.extend(v.tobytes() for v in outputs.values())
     assert data == response.SerializeToString()
