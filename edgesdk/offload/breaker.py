@@ -1,14 +1,23 @@
-"""The circuit breaker in front of the cloud: failures open it, time half-opens it, one probe closes it.
+"""The circuit breaker in front of the cloud: failures open it, time half-opens it, only the probe closes it.
 
 ::
 
     closed --(breaker_failures consecutive failures)--> open --(reset_s later)--> half_open
-    half_open --(the one probe succeeds)--> closed;  half_open --(the probe fails)--> open
+    half_open --(the probe succeeds: probe_success)--> closed
+    half_open --(the probe fails: probe_failure)--> open
 
 Only a closed breaker :meth:`~CircuitBreaker.allow` s user requests. The half-open probe is
 claimed with :meth:`~CircuitBreaker.claim_probe` by whoever sends it out of band (the dispatcher
-calls the cloud model's readiness, as Envoy's and Finagle's outlier detection do), so no user
-request waits on a cloud that was down. The clock is injectable, so tests drive it without sleeping.
+sends the cloud model one small inference, as Envoy's and Finagle's outlier detection probe
+a host), so no user request waits on a cloud that was down.
+
+**Only the probe moves an open breaker.** User requests are sent only while it is closed, so a
+user request that ends while it is open or half-open was sent before it opened: a straggler. Its
+late success says the cloud answered *then*, not that it answers now, and must not close the
+breaker (it would send a burst of work to a cloud that may still be failing); its late failure
+is already counted. So :meth:`success` and :meth:`failure` count only while closed, and
+:meth:`probe_success` / :meth:`probe_failure` are what half-open listens to. The clock is
+injectable, so tests drive it without sleeping.
 """
 
 from __future__ import annotations
@@ -64,18 +73,29 @@ class CircuitBreaker:
             return False
 
     def success(self) -> None:
-        """A cloud request succeeded: close the breaker and forget earlier failures."""
+        """A user request succeeded: while closed, forget earlier failures; open or half-open, nothing (a straggler)."""
+        with self._lock:
+            if self._state == CLOSED:
+                self._failures = 0
+
+    def probe_success(self) -> None:
+        """The probe succeeded: close the breaker and forget earlier failures."""
         with self._lock:
             self._state, self._failures, self._probe_out = CLOSED, 0, False
 
+    def probe_failure(self) -> None:
+        """The probe failed: open (again) for another ``reset_s``."""
+        with self._lock:
+            self._open()
+
     def failure(self) -> bool:
-        """A cloud request failed or timed out; returns True when this failure opened the breaker."""
+        """A user request failed or timed out; returns True when this failure opened the breaker.
+
+        Counted only while closed: open or half-open, it is a straggler sent before the breaker opened.
+        """
         with self._lock:
             self._tick()
-            if self._state == HALF_OPEN:
-                self._open()
-                return True
-            if self._state == OPEN:
+            if self._state != CLOSED:
                 return False
             self._failures += 1
             if self._failures >= self._threshold:

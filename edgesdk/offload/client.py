@@ -15,6 +15,12 @@ Servers differ, and the client copes:
   (:func:`edgesdk.offload.v2_codec.error_message`);
 - results are checked against the local model's outputs: same names, shapes the model
   allows, dtypes cast only within their kind (FP64 -> FP32 yes, FP32 -> INT64 no).
+
+**The deadline travels with the request.** :meth:`V2Client.infer` takes the request's deadline
+and sends what is left of it as the V2 ``timeout`` request parameter, in microseconds, as Triton
+reads it (in the JSON ``parameters`` object; a binary-tensor request carries the same object in
+its JSON header part), so a server can drop work nobody waits for any more. The same deadline,
+when it is sooner than ``timeout_ms``, bounds connecting, sending and reading the answer.
 """
 
 from __future__ import annotations
@@ -36,9 +42,12 @@ from edgesdk.offload import v2_codec as v2
 from edgesdk.offload.policy import OffloadPolicy
 from edgesdk.runtime.tensors import TensorSpec
 
-__all__ = ["V2Client"]
+__all__ = ["V2Client", "TIMEOUT_PARAMETER"]
 
 log = logging.getLogger(__name__)
+
+#: The V2 request parameter that carries the time left to the deadline, in microseconds (Triton's name and unit).
+TIMEOUT_PARAMETER = "timeout"
 
 #: Statuses with which some servers refuse a binary body they do not understand.
 _BINARY_REFUSALS = frozenset({400, 415, 422, 500, 501})
@@ -110,8 +119,8 @@ class V2Client:
 
     # --- connections -------------------------------------------------------------------------------------------
 
-    def _connect(self) -> http.client.HTTPConnection:
-        timeout = self.policy.connect_timeout_ms / 1e3
+    def _connect(self, limit_s: float) -> http.client.HTTPConnection:
+        timeout = min(self.policy.connect_timeout_ms / 1e3, limit_s)
         conn: http.client.HTTPConnection
         if self._https:
             conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
@@ -149,25 +158,31 @@ class V2Client:
                 return
         conn.close()
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None,
+                deadline: float | None = None) -> tuple[int, dict[str, str], bytes]:
         """One HTTP exchange on a pooled connection: (status, headers with lower-case names, body).
 
-        Connection failures and timeouts raise a transient :class:`OffloadError` (status None).
+        ``deadline`` (:func:`time.monotonic` time) bounds the whole exchange when it is sooner than
+        ``timeout_ms``. Connection failures and timeouts raise a transient :class:`OffloadError` (status None).
         """
         url = self._prefix + path
         for attempt in (0, 1):
             conn, reused = self._take()
             try:
+                until = time.monotonic() + self.policy.timeout_ms / 1e3
+                if deadline is not None and deadline < until:
+                    until = deadline
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the request's deadline passed before it was sent")
                 if conn is None:
-                    conn = self._connect()
-                deadline = time.monotonic() + self.policy.timeout_ms / 1e3
+                    conn = self._connect(left)
                 sock = conn.sock
                 assert sock is not None
-                sock.settimeout(self.policy.timeout_ms / 1e3)
+                sock.settimeout(max(until - time.monotonic(), 1e-3))
                 conn.request(method, url, body=body, headers=dict(headers or {}))
                 response = conn.getresponse()
-                data = _read_until(response, sock, deadline)
+                data = _read_until(response, sock, until)
             except (OSError, http.client.HTTPException) as exc:
                 if conn is not None:
                     conn.close()
@@ -270,15 +285,18 @@ class V2Client:
         self._outputs = outputs
         self.configured = True
 
-    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run ``feeds`` (validated local inputs) on the server; outputs by name, as the local model gives them."""
+    def infer(self, feeds: Mapping[str, np.ndarray], deadline: float | None = None,
+              request_id: str | None = None) -> dict[str, np.ndarray]:
+        """Run ``feeds`` (validated local inputs) on the server; outputs by name, as the local model gives them.
+
+        ``deadline`` (:func:`time.monotonic` time) is when the answer is no use any more: what is left of it
+        goes to the server as the ``timeout`` parameter and bounds the wait here (see the module doc).
+        ``request_id`` is the V2 request ``id`` (the dispatcher marks its probes with it).
+        """
         binary = self.binary
-        try:
-            status, headers, data = self._post(feeds, binary)
-        except OffloadError:
-            raise
+        status, headers, data = self._post(feeds, binary, deadline, request_id)
         if status != 200 and binary and not self._binary_worked and status in _BINARY_REFUSALS:
-            json_status, json_headers, json_data = self._post(feeds, False)
+            json_status, json_headers, json_data = self._post(feeds, False, deadline, request_id)
             if json_status == 200:
                 log.warning("offload: %s refused binary tensors (HTTP %d: %s); sending JSON tensors from now on",
                             self.model_label, status, v2.error_message(data, status)[:200])
@@ -297,9 +315,14 @@ class V2Client:
                                transient=True) from None
         return self._check(response.outputs)
 
-    def _post(self, feeds: Mapping[str, np.ndarray], binary: bool) -> tuple[int, dict[str, str], bytes]:
-        body, headers = v2.encode_request(feeds, binary_inputs=binary, binary_outputs=binary)
-        return self.request("POST", self._model_path + "/infer", body, headers)
+    def _post(self, feeds: Mapping[str, np.ndarray], binary: bool, deadline: float | None,
+              request_id: str | None) -> tuple[int, dict[str, str], bytes]:
+        parameters = {}
+        if deadline is not None:  # what is left of it, at least 1 us (0 would read as "no timeout" to Triton)
+            parameters[TIMEOUT_PARAMETER] = max(int((deadline - time.monotonic()) * 1e6), 1)
+        body, headers = v2.encode_request(feeds, binary_inputs=binary, binary_outputs=binary, request_id=request_id,
+                                          parameters=parameters)
+        return self.request("POST", self._model_path + "/infer", body, headers, deadline)
 
     def _check(self, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results: dict[str, np.ndarray] = {}

@@ -1,47 +1,57 @@
 """The dispatcher behind ``predict_async``: one bounded local queue, the cloud, and the rule between them.
 
-Routing of each request, decided at once when it is submitted:
+Every request under an offload policy has a deadline: ``latency_slo_ms`` after its submission
+(:mod:`edgesdk.offload.deadline`). Routing of each request, decided at once when it is submitted:
 
-1. heavy (``heavy=True``, or inputs of at least ``heavy_input_bytes``) -> the cloud, if it is available;
+1. heavy (``heavy=True``, or inputs of at least ``heavy_input_bytes``) -> the cloud, if it may
+   take it (below);
 2. local, if the predicted local latency (:class:`~edgesdk.offload.predictor.LatencyPredictor`:
    its calibrated tail) is within ``latency_slo_ms`` and the local queue has room;
-3. the cloud, if it is available and either the local queue is full or the cloud's recent round
-   trips (a moving average of successful ones; unknown counts as 0) are shorter than the
-   predicted local latency: a cloud slower than waiting here does not get the work;
+3. the cloud, if it may take it: offload configured, fewer than ``max_cloud_inflight`` requests
+   open, the breaker closed, and the cloud *predicted to meet the objective* (its latency is
+   tracked like the device's: :mod:`edgesdk.offload.cloud_latency`, measured by user requests
+   and by a small probe inference; :mod:`edgesdk.offload.cloud_side` says when it is measured and
+   what an unmeasured cloud gets: at most one request at a time);
 4. local, if the queue has room (never worse than local-only when the cloud is down or slow);
-5. otherwise :class:`~edgesdk.errors.OverloadedError`, at once; nothing is queued.
+5. otherwise :class:`~edgesdk.errors.OverloadedError`, at once, saying why: the local
+   prediction and queue, the cloud's prediction (or why it may not take work) and the
+   objective. Nothing is queued, and a cloud slower than the objective gets no user request.
 
-The cloud estimate is refreshed only by cloud requests, so a cloud that was slow is tried again
-when the local queue fills (step 3) or for heavy requests.
+**The deadline travels.** A cloud request sends what is left of its deadline to the server (the
+V2 ``timeout`` parameter, microseconds) and waits no longer than that for the answer. One whose
+deadline passed before it could be sent is dropped with
+:class:`~edgesdk.offload.deadline.DeadlineExceededError` unsent.
 
-The cloud is *available* when offload is configured, not disabled by a configuration error,
-below ``max_cloud_inflight``, and the circuit breaker is closed.
+**Fallback.** A cloud request that fails or times out is run locally only if it can still make
+its objective there: its time left at least the *expected* local latency at the place it would
+take (the mean, not the tail: a request with a fair chance is served). Otherwise it is dropped
+with :class:`~edgesdk.offload.deadline.DeadlineExceededError` naming the objective and how late
+it would be: re-queued, it would run late *and* push back work that can still make its
+objective (a request that timed out at its deadline is always dropped so). One that may still
+make it is queued in the order of its submission among the waiting requests (at the front it
+would push every one submitted after it back by a service time). At the bound its future fails
+with :class:`~edgesdk.errors.OverloadedError`, as a new request would be refused: the bound is
+what keeps local latency bounded, and a cloud that dies under load would otherwise add up to
+``max_cloud_inflight`` requests to a full queue (measured by benchmarks/endpoint/offload.py: the
+local p99 rose 27% over local-only at 2x load). Nothing is lost: every future ends with a result
+or an error.
 
-**Probes out of band.** No user request probes a cloud the breaker has given up on. Once the
-breaker half-opens, the request that finds it so starts a probe in the background (the model's V2
-readiness call, after checking its metadata if that is still due) and is itself routed as if the
-cloud were down. The probe's answer closes the breaker or opens it again; nobody waits on it.
-
-**Fallback.** A cloud request that fails or times out is run locally, when the local queue has
-room, in the order of its submission among the waiting requests: one that timed out is the
-oldest admitted work and goes first, one that failed at once waits behind those submitted before
-it (re-queuing it at the front would push every one of them back by a service time). At the bound
-its future fails with :class:`~edgesdk.errors.OverloadedError`, as a new request would be
-refused: the bound is what keeps local latency bounded, and a cloud that dies under load
-would otherwise add up to ``max_cloud_inflight`` requests to a full queue (measured by
-benchmarks/endpoint/offload.py: the local p99 rose 27% over local-only at 2x load). Nothing is lost:
-every future ends with a result or an error.
+**Cold start.** Before the first local run ends the local predictor has nothing to go on; the
+dispatcher seeds it with the latency the model's bundle measured for this board
+(``expected_latency_s`` of the local model, when it has one: :class:`edgesdk.Runtime` reads it
+from the bundle's manifest), so a burst at start does not fill the local queue blind.
 
 One worker thread runs local requests one at a time (the model itself uses the runtime's
 threads and cores); cloud requests run on up to ``max_cloud_inflight`` threads, one
 keep-alive connection each. :meth:`Dispatcher.close` fails the requests still waiting with a
 clear :class:`~edgesdk.errors.BackendError`, lets the running ones finish (cloud ones within
-their timeout) and returns: it never hangs.
+their deadline) and returns: it never hangs.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -52,9 +62,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edgesdk.errors import BackendError, OffloadError, OverloadedError
+from edgesdk.errors import BackendError, OverloadedError
 from edgesdk.offload.breaker import CircuitBreaker
 from edgesdk.offload.client import V2Client, input_bytes
+from edgesdk.offload.cloud_latency import CloudLatency
+from edgesdk.offload.cloud_side import CloudSide, timed_out
+from edgesdk.offload.deadline import DeadlineExceededError
 from edgesdk.offload.policy import OffloadPolicy
 from edgesdk.offload.predictor import LatencyPredictor, Prediction
 from edgesdk.runtime.stats import LatencyStats, StatsSnapshot
@@ -66,6 +79,10 @@ log = logging.getLogger(__name__)
 
 #: The local queue bound of ``predict_async`` without an offload policy.
 DEFAULT_LOCAL_QUEUE = 8
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if math.isfinite(seconds) else "unknown (no run measured yet)"
 
 
 class LocalModel(Protocol):
@@ -97,15 +114,20 @@ class _Job:
     #: What the local prediction was when the job was admitted locally (None: routed to the cloud).
     prediction: Prediction | None = None
 
+    def elapsed_s(self) -> float:
+        """Seconds since submission."""
+        return (time.perf_counter_ns() - self.submitted_ns) / 1e9
 
-class Dispatcher:
+
+class Dispatcher(CloudSide):
     """Routes ``predict_async`` requests between a local model and, with a policy, a KServe V2 endpoint.
 
     ``model`` is read at every request (so a ManagedRuntime may swap what it returns). With a
-    ``policy`` the cloud model is checked against ``model``'s inputs at construction: an
-    unknown model or different inputs raise OffloadError; an unreachable server only logs
-    one warning and opens the breaker, and the check is retried by the half-open probe.
-    ``clock`` drives the predictor and the breaker (tests pass a fake one).
+    ``policy`` the cloud model is checked against ``model``'s inputs at construction and its
+    latency measured once (one small inference): an unknown model or different inputs raise
+    OffloadError; an unreachable server only logs one warning and opens the breaker, and the
+    check is retried by the half-open probe. ``clock`` drives the predictor, the cloud's
+    latency and the breaker (tests pass a fake one); deadlines are real time.
     """
 
     def __init__(self, model: Callable[[], LocalModel], policy: OffloadPolicy | None = None,
@@ -115,10 +137,12 @@ class Dispatcher:
             raise BackendError(f"max_local_queue must be an integer >= 1, got {max_local_queue!r}")
         self._model = model
         self.policy = policy
+        self._clock = clock
         self.max_local_queue = policy.max_local_queue if policy is not None else max_local_queue
         self.predictor = LatencyPredictor(policy.predictor_alpha if policy else 0.2, clock)
-        #: Recent cloud round trips (sent -> answered), fed by observe(); unknown (None) counts as 0.
-        self.cloud_latency = LatencyPredictor(policy.predictor_alpha if policy else 0.2, clock)
+        self._seed_local()
+        #: The cloud's round trips and requests in flight: its predicted latency (edgesdk.offload.cloud_latency).
+        self.cloud_latency = CloudLatency(clock)
         self.breaker: CircuitBreaker | None = None
         self._client: V2Client | None = None
         self._retired_clients: list[V2Client] = []
@@ -128,13 +152,15 @@ class Dispatcher:
         self._queue: deque[_Job] = deque()
         self._running = False
         self._cloud_inflight = 0
-        self._probe: threading.Thread | None = None
         self._closed = False
         self._worker: threading.Thread | None = None
         self._disabled: str | None = None
         self._paths = {"local": LatencyStats(stats_window), "cloud": LatencyStats(stats_window)}
         self.refused = 0
         self.fallbacks = 0
+        #: Requests dropped because they could no longer meet their objective (also counted in ``refused``).
+        self.dropped = 0
+        self._init_cloud()
         if policy is not None:
             self.breaker = CircuitBreaker(policy.breaker_failures, policy.breaker_reset_s, clock)
             self._client = V2Client(policy)
@@ -142,97 +168,20 @@ class Dispatcher:
             if configure:
                 self._configure_at_start()
 
-    # --- configuration -------------------------------------------------------------------------------------------
-
-    def _configure_at_start(self) -> None:
-        assert self._client is not None and self.breaker is not None
+    def _seed_local(self) -> None:
+        """Seed the local predictor with the bundle's measured latency for this board, when the model has one."""
         try:
-            model = self._model()
-            inputs, outputs = model.inputs, model.outputs
+            seed = getattr(self._model(), "expected_latency_s", None)
         except BackendError:
-            return  # no model yet (a ManagedRuntime before its first install): the first cloud request configures
-        try:
-            self._client.configure(inputs, outputs)
-        except OffloadError as exc:
-            if not exc.transient:
-                self.close()
-                raise
-            self.breaker.trip()
-            log.warning("offload: %s cannot be reached (%s); running locally, retrying in %g s", self._client.model_label,
-                        exc, self.breaker_reset_s)
+            return  # no model yet (a ManagedRuntime before its first install)
+        if isinstance(seed, (int, float)) and seed > 0 and hasattr(self.predictor, "seed"):
+            self.predictor.seed(float(seed))
 
     @property
-    def breaker_reset_s(self) -> float:
-        """Seconds between probes of an open breaker (0 without offload)."""
-        return self.policy.breaker_reset_s if self.policy else 0.0
-
-    def model_changed(self, policy: OffloadPolicy | None = None) -> None:
-        """The local model was replaced: check the cloud model against it again before the next cloud request.
-
-        ``policy`` retargets the cloud side (e.g. the version of the endpoint that matches the new local
-        model); it must keep the queue and concurrency settings. Cloud requests in flight finish on the old client.
-        """
-        if policy is not None and self.policy is not None and policy != self.policy:
-            if (policy.max_local_queue, policy.max_cloud_inflight) != (self.policy.max_local_queue,
-                                                                       self.policy.max_cloud_inflight):
-                raise OffloadError("a retargeted offload policy must keep max_local_queue and max_cloud_inflight")
-            if self._client is not None:
-                self._retired_clients.append(self._client)  # closed in close(): requests may still be using it
-            self.policy, self._client = policy, V2Client(policy)
-        if self._client is not None:
-            self._client.configured = False
-            self._disabled = None  # a model that did not match the cloud's may have been replaced by one that does
-
-    def _ensure_configured(self) -> None:
-        assert self._client is not None
-        if self._client.configured:
-            return
-        with self._configure_lock:
-            if self._client.configured:
-                return
-            model = self._model()
-            try:
-                self._client.configure(model.inputs, model.outputs)
-            except OffloadError as exc:
-                if not exc.transient:
-                    self._disabled = str(exc)
-                    log.error("offload disabled: %s", exc)
-                raise
-            log.info("offload: %s configured (binary tensors: %s)", self._client.model_label, self._client.binary)
+    def _slo_s(self) -> float:
+        return self.policy.latency_slo_ms / 1e3 if self.policy else float("inf")
 
     # --- submission ----------------------------------------------------------------------------------------------
-
-    def _cloud_available(self, claim: bool) -> bool:
-        """Called with the lock held; ``claim`` starts the background probe of a half-open breaker."""
-        if self.breaker is None or self._disabled is not None:
-            return False
-        assert self.policy is not None
-        if self._cloud_inflight >= self.policy.max_cloud_inflight:
-            return False
-        if self.breaker.allow():
-            return True
-        if claim and not self._closed and self.breaker.claim_probe():
-            self._probe = threading.Thread(target=self._run_probe, name="edgesdk-offload-probe", daemon=True)
-            self._probe.start()
-        return False
-
-    def _run_probe(self) -> None:
-        """The half-open probe: the cloud model's metadata check (if due) and its readiness call; no user request."""
-        assert self._client is not None and self.breaker is not None
-        try:
-            self._ensure_configured()
-            ready = self._client.ready()
-        except Exception as exc:  # any failure keeps the breaker open; the reason is logged once per probe
-            ready, reason = False, str(exc)
-        else:
-            reason = "the model is not ready"
-        if ready:
-            log.info("offload: %s answers again; circuit breaker closed", self._client.model_label)
-            self.breaker.success()
-        else:
-            self.breaker.failure()
-            log.info("offload: probe of %s failed (%s); all work local for %g s more", self._client.model_label, reason,
-                     self.breaker_reset_s)
 
     def _is_heavy(self, feeds: dict[str, np.ndarray], heavy: bool | None) -> bool:
         if heavy is not None:
@@ -245,26 +194,44 @@ class Dispatcher:
         with self._lock:
             return self._route(feeds, heavy, claim=False)[0]
 
-    def _route(self, feeds: dict[str, np.ndarray], heavy: bool | None, claim: bool) -> tuple[str, Prediction | None]:
-        """Where a request goes, with the local prediction it was judged on (None when the local side was not asked)."""
-        if self._is_heavy(feeds, heavy) and self._cloud_available(claim):
-            return "cloud", None
+    def _route(self, feeds: dict[str, np.ndarray], heavy: bool | None,
+               claim: bool) -> tuple[str, Prediction | None, str]:
+        """Where a request goes, the local prediction it was judged on (None when the local side was not asked),
+        and why the cloud may or may not take it."""
+        slo_s = self._slo_s
+        why = ""
+        if self._is_heavy(feeds, heavy):
+            fits, why = self._cloud_fits(slo_s, claim)
+            if fits:
+                return "cloud", None, why
         room = len(self._queue) + self._running < self.max_local_queue
-        slo_s = self.policy.latency_slo_ms / 1e3 if self.policy else float("inf")
         prediction = self.predictor.predict(len(self._queue))
         if room and prediction.tail_s <= slo_s:
-            return "local", prediction
-        # Local would break the SLO: the cloud, unless its recent round trips are slower than waiting here.
-        cloud_s = self.cloud_latency.service_s or 0.0
-        if (not room or cloud_s < prediction.tail_s) and self._cloud_available(claim):
-            return "cloud", None
-        return ("local" if room else "refused"), prediction
+            return "local", prediction, why
+        # Local would break the objective: the cloud, if it is predicted to meet it.
+        if not why:
+            fits, why = self._cloud_fits(slo_s, claim)
+            if fits:
+                return "cloud", None, why
+        return ("local" if room else "refused"), prediction, why
+
+    def _refusal(self, prediction: Prediction | None, why: str) -> OverloadedError:
+        held = len(self._queue) + self._running
+        if self.policy is None:
+            return OverloadedError(f"request refused: the local queue is full ({held}/{self.max_local_queue}) and no "
+                                   "offload policy; slow the request rate, drop this input or raise max_local_queue")
+        local = _ms(prediction.tail_s) if prediction is not None else "unknown"
+        return OverloadedError(
+            f"request refused: the local queue is full ({held}/{self.max_local_queue}; local predicted {local} "
+            f"with {len(self._queue)} queued), {why}, objective {self.policy.latency_slo_ms:g} ms; slow the "
+            "request rate, drop this input, or raise max_local_queue / max_cloud_inflight")
 
     def submit(self, inputs: Any, heavy: bool | None = None) -> Future[Any]:
         """Validate ``inputs`` against the local model and route them; a Future of what ``predict`` returns.
 
-        Raises at once: InputError for bad inputs, OverloadedError when the local queue and the
-        cloud are both full, BackendError after :meth:`close`.
+        Raises at once: InputError for bad inputs, OverloadedError when neither the local queue nor
+        the cloud can take the request (with the reason), BackendError after :meth:`close`. The Future
+        may fail with DeadlineExceededError (a cloud request that can no longer make its objective).
         """
         model = self._model()
         feeds = validate_inputs(model.inputs, inputs, model.check_finite)
@@ -272,17 +239,16 @@ class Dispatcher:
         with self._lock:
             if self._closed:
                 raise BackendError("this runtime is closed; create a new one to run predictions")
-            where, job.prediction = self._route(feeds, heavy, claim=True)
+            where, job.prediction, why = self._route(feeds, heavy, claim=True)
             if where == "refused":
                 self.refused += 1
-                cloud = (f", {self._cloud_inflight}/{self.policy.max_cloud_inflight} cloud requests open, breaker "
-                         f"{self._breaker_state()}") if self.policy else " and no offload policy"
-                raise OverloadedError(f"request refused: the local queue is full ({len(self._queue) + self._running}/"
-                                      f"{self.max_local_queue}){cloud}; slow the request rate, drop this input or "
-                                      "raise max_local_queue / max_cloud_inflight")
+                raise self._refusal(job.prediction, why)
+            if self.policy is not None:
+                self._keep_probe_input(feeds)
             if where == "local":
                 self._enqueue(job)
                 return job.future
+            job.prediction = None
             self._cloud_inflight += 1
             assert self._executor is not None
             # Under the lock: close() marks the dispatcher closed under it before shutting the executor down.
@@ -291,7 +257,7 @@ class Dispatcher:
 
     def _enqueue(self, job: _Job) -> None:
         """Queue ``job`` in submission order (a cloud fallback may be older than some waiting jobs); lock held."""
-        later = next((i for i, queued in enumerate(self._queue) if queued.submitted_ns > job.submitted_ns), None)
+        later = self._place(job)
         if later is None:
             self._queue.append(job)
         else:
@@ -300,6 +266,10 @@ class Dispatcher:
             self._worker = threading.Thread(target=self._work, name="edgesdk-local", daemon=True)
             self._worker.start()
         self._lock.notify_all()
+
+    def _place(self, job: _Job) -> int | None:
+        """Where ``job`` goes in the queue by submission order (None: at the back); lock held."""
+        return next((i for i, queued in enumerate(self._queue) if queued.submitted_ns > job.submitted_ns), None)
 
     # --- execution -----------------------------------------------------------------------------------------------
 
@@ -354,14 +324,25 @@ class Dispatcher:
                 self._cloud_inflight -= 1
             return
         job.started = True
+        left = self._slo_s - job.elapsed_s()
+        if left <= 0:  # waited for a thread past its deadline: nobody needs the answer any more
+            with self._lock:
+                self._cloud_inflight -= 1
+                self._drop(job, "it waited for a cloud connection past its objective and was not sent", 0.0)
+            return
+        latency = self.cloud_latency
+        token = latency.begin()
         try:
             self._ensure_configured()
-            sent = time.perf_counter()
-            outputs = self._client.infer(job.feeds)
-            self.cloud_latency.observe(time.perf_counter() - sent)
+            outputs = self._client.infer(job.feeds, deadline=time.monotonic() + left)
         except Exception as exc:
+            if timed_out(exc):
+                latency.end_censored(token)
+            else:
+                latency.end(token, answered=False)
             self._cloud_failed(job, exc)
             return
+        latency.end(token, answered=True)
         self.breaker.success()
         with self._lock:
             self._cloud_inflight -= 1
@@ -387,8 +368,29 @@ class Dispatcher:
                     f"{self.max_local_queue}); slow the request rate, check the offload server, or raise "
                     "max_local_queue"))
                 return
+            place = self._place(job)
+            expected = self.predictor.predict(len(self._queue) if place is None else place).expected_s
+            if job.elapsed_s() + expected > self._slo_s:
+                what = "timed out" if timed_out(exc) else "failed"
+                self._drop(job, f"the cloud {what} ({exc}) and running it here is predicted to take "
+                                f"{_ms(expected)} more", expected)
+                return
             self.fallbacks += 1
             self._enqueue(job)
+
+    def _drop(self, job: _Job, why: str, more_s: float) -> None:
+        """Fail ``job`` with DeadlineExceededError: it cannot make its objective any more; lock held."""
+        assert self.policy is not None
+        self.refused += 1
+        self.dropped += 1
+        objective = self.policy.latency_slo_ms
+        elapsed_ms = job.elapsed_s() * 1e3
+        late = elapsed_ms + more_s * 1e3 - objective
+        how_late = f"{late:.1f} ms late" if math.isfinite(late) else "how late is unknown"
+        job.future.set_exception(DeadlineExceededError(
+            f"request dropped {elapsed_ms:.1f} ms after submission: it cannot meet its {objective:g} ms objective "
+            f"any more ({how_late}): {why}; it was not re-queued ahead of work that can still make its "
+            "objective. Slow the request rate, or raise latency_slo_ms if late answers are of use", objective, late))
 
     # --- state ---------------------------------------------------------------------------------------------------
 
@@ -423,8 +425,7 @@ class Dispatcher:
                                                       "a new runtime"))
         if worker is not None and worker is not threading.current_thread():
             worker.join()
-        if self._probe is not None and self._probe is not threading.current_thread():
-            self._probe.join()  # within the client's timeout
+        self._join_probe()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         for client in [*self._retired_clients, *([self._client] if self._client is not None else [])]:

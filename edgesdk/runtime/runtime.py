@@ -210,10 +210,13 @@ class Runtime(AsyncPredictions):
             profile = detect_device()
         self.profile = load_profile(profile)
         self.check_finite = check_finite
+        #: Whether the bundle's figures describe this board (False without a bundle).
+        self._bundle_fits = False
         if self.bundle is not None:
             note = _other_board_note(self.bundle.manifest.target_profile, self.profile, detected)
             if note:
                 log.warning("bundle %s: %s", self.bundle.path, note)
+            self._bundle_fits = note is None
         try:
             kind = BackendKind(backend)
         except ValueError:
@@ -274,6 +277,26 @@ class Runtime(AsyncPredictions):
     def outputs(self) -> tuple[TensorSpec, ...]:
         """What :meth:`predict` returns, in model order (the keys of its dict for multi-output models)."""
         return self._backend.outputs
+
+    @property
+    def expected_latency_s(self) -> float | None:
+        """The latency of one run the bundle measured for this board, in seconds; None without a bundle whose
+        figures describe this board.
+
+        The manifest's ``measured.board.latency_ms`` (the converter's figure for the target board),
+        else ``measured.host.latency_p50_ms`` (measured where it was converted), when the bundle was
+        made for this profile (or for any board of this architecture). ``predict_async`` seeds its
+        latency predictor with it until the first local run ends (:mod:`edgesdk.offload.dispatcher`).
+        """
+        if self.bundle is None or not self._bundle_fits:
+            return None
+        measured = self.bundle.manifest.measured
+        for section, key in (("board", "latency_ms"), ("host", "latency_p50_ms")):
+            figures = measured.get(section)
+            value = figures.get(key) if isinstance(figures, dict) else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+                return float(value) / 1e3
+        return None
 
     def predict(self, inputs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
         """Run one inference.

@@ -14,6 +14,10 @@ the ways real servers fail:
 - ``trickle``: send the headers, then a byte every 20 ms until :attr:`release`.
 
 :meth:`wait_held` waits (with a deadline) until a number of requests are inside the handler.
+The dispatcher's probe inferences (request id ``edgesdk-probe-N``) are counted in :attr:`probes`, not in
+:attr:`infers`/:attr:`binary_bodies` (user requests); :attr:`requests` keeps every inference request's decoded
+``id`` and ``parameters`` (the deadline travels there); :attr:`on_infer`, when set, is called before each answer
+(tests advance a fake clock with it: a cloud that is slow on the dispatcher's clock).
 """
 
 from __future__ import annotations
@@ -81,9 +85,13 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in (f"/v2/models/{fake.name}/infer", f"/v2/models/{fake.name}/versions/1/infer"):
             self._json(404, {"error": f"unknown model at {self.path}"})
             return
+        probe = _request_id(body, length).startswith("edgesdk-probe")
         with fake.cond:
-            fake.infers += 1
-            fake.binary_bodies += length is not None
+            if probe:
+                fake.probes += 1
+            else:
+                fake.infers += 1
+                fake.binary_bodies += length is not None
             fake.held += 1
             fake.cond.notify_all()
         try:
@@ -94,6 +102,8 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.cond.notify_all()
 
     def _infer(self, fake: FakeV2Server, body: bytes, length: str | None) -> None:
+        if fake.on_infer is not None:
+            fake.on_infer()
         mode = fake.mode
         if mode in ("hold", "slow", "kill"):
             fake.release.wait(30)
@@ -122,6 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             request = v2.decode_request(body, int(length) if length is not None else None)
+            fake.requests.append({"id": request.id, "parameters": dict(request.parameters), "binary": bool(length)})
             names = [i.name for i in fake.session.get_inputs()]
             outputs = fake.session.run(None, {n: request.inputs[n] for n in names})
         except (InputError, KeyError, ValueError) as exc:
@@ -162,7 +173,9 @@ class FakeV2Server:
         self.output_dtype: Any = None
         self.release = threading.Event()
         self.cond = threading.Condition()
-        self.infers = self.binary_bodies = self.gets = self.held = self.connections = 0
+        self.infers = self.binary_bodies = self.gets = self.held = self.connections = self.probes = 0
+        self.requests: list[dict[str, Any]] = []
+        self.on_infer: Any = None
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: _Server | None = None
@@ -206,6 +219,16 @@ class FakeV2Server:
     def __exit__(self, *exc: object) -> None:
         self.release.set()
         self.stop()
+
+
+def _request_id(body: bytes, length: str | None) -> str:
+    """The V2 request's ``id`` ('' when it has none or does not decode)."""
+    try:
+        header = json.loads(body[:int(length)] if length is not None else body)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    value = header.get("id") if isinstance(header, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int64)": np.int64,

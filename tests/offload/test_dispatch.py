@@ -14,17 +14,20 @@ import pytest
 
 from edgesdk import OffloadPolicy, Runtime
 from edgesdk.errors import BackendError, InputError, OffloadError, OverloadedError
+from edgesdk.offload.deadline import DeadlineExceededError
 from edgesdk.offload.dispatcher import Dispatcher
 from edgesdk.ota_server.broker import free_port
 from tests.offload.conftest import GatedModel
 from tests.offload.fake_v2 import FakeV2Server, wait_until
 
-SLOW_DEVICE_S = 10.0  # what the predictor is told a local run takes, so that every request would break the SLO
+SLOW_DEVICE_S = 1000.0  # what the predictor is told a local run takes, so that every request would break the SLO
+#: The objective of these tests: a deadline cloud requests really wait for, as long as the other waits in these tests.
+SLO_MS = 30_000
 
 
 def _policy(server_or_url, **settings) -> OffloadPolicy:
     url = server_or_url if isinstance(server_or_url, str) else server_or_url.url
-    return OffloadPolicy(url, "mlp", **{"latency_slo_ms": 50, "max_local_queue": 16, "max_cloud_inflight": 8,
+    return OffloadPolicy(url, "mlp", **{"latency_slo_ms": SLO_MS, "max_local_queue": 16, "max_cloud_inflight": 8,
                                         "timeout_ms": 2000, **settings})
 
 
@@ -87,19 +90,9 @@ def test_when_the_device_has_room_again_work_comes_back(local, cloud, frames, cl
     assert cloud.infers == 0
 
 
-def test_a_cloud_slower_than_waiting_here_gets_work_only_when_the_local_queue_is_full(local, cloud, frames, clock,
-                                                                                    dispatchers):
-    dispatcher = dispatchers(local, _policy(cloud, max_local_queue=2), clock)
-    dispatcher.cloud_latency.observe(60.0)  # its round trips take longer than the 10 s a local run is said to take
-    assert dispatcher.route(dispatcher_feeds(frames)) == "local"
-    gated = GatedModel(local)
-    slow_cloud = dispatchers(gated, _policy(cloud, max_local_queue=2), clock)
-    slow_cloud.cloud_latency.observe(60.0)
-    futures = [slow_cloud.submit(x) for x in frames[0][:3]]  # two fill the local queue, the third has to go
-    gated.gate.set()
-    _check(futures, frames)
-    stats = slow_cloud.snapshot(local.stats())
-    assert (stats.paths["local"].count, stats.paths["cloud"].count) == (2, 1)
+def _fast_again(dispatcher) -> None:
+    for _ in range(60):
+        dispatcher.predictor.observe(0.001)
 
 
 def dispatcher_feeds(frames):
@@ -141,11 +134,12 @@ def test_cloud_unreachable_at_start_runs_local_warns_once_and_the_probe_reconnec
     assert len(_offload_warnings(caplog)) == 1  # still the one warning: a failed probe is not news
 
     with FakeV2Server(local.info.model, port=port) as server:
-        clock.now += 30  # half-open again: the probe configures the client (metadata) and asks for readiness
+        clock.now += 30  # half-open again: the probe configures the client (metadata) and sends one small inference
         _check([dispatcher.submit(frames[0][3])], frames, [3])
         dispatcher._probe.join(timeout=10)  # noqa: SLF001
         assert dispatcher.snapshot(local.stats()).breaker == "closed"
-        assert server.infers == 0, "the probe is the readiness call, not a user request"
+        assert (server.infers, server.probes) == (0, 1), "the probe is its own small inference, not a user request"
+        assert dispatcher.cloud_latency.predict().samples == 1  # and its round trip is the cloud's first measurement
         _check([dispatcher.submit(x) for x in frames[0]], frames)
         assert server.infers == 8
 
@@ -163,6 +157,7 @@ def test_cloud_killed_mid_run_every_request_finishes_locally(local, cloud, frame
     cloud.mode = "kill"
     futures = [dispatcher.submit(x) for x in frames[0][:4]]
     cloud.wait_held(4)
+    _fast_again(dispatcher)  # so the failed requests can still make their objective here
     cloud.stop()  # nothing listens any more; the held requests are dropped without an answer
     cloud.release.set()
     _check(futures, frames)  # all four ran locally after their cloud connection dropped
@@ -176,6 +171,8 @@ def test_cloud_killed_mid_run_every_request_finishes_locally(local, cloud, frame
 @pytest.mark.parametrize("fault", ["500 error", "422 detail", "text", "malformed"])
 def test_cloud_errors_are_typed_counted_by_the_breaker_and_served_locally(local, cloud, frames, clock, dispatchers,
                                                                          fault):
+    # Measured at construction while it answered; heavy requests go to it first and, failing, run here in time.
+    dispatcher = dispatchers(local, _policy(cloud, breaker_failures=2, binary=False), clock, slow_device=False)
     if fault == "500 error":
         cloud.fail(500, b'{"error": "model crashed"}')
     elif fault == "422 detail":
@@ -184,21 +181,28 @@ def test_cloud_errors_are_typed_counted_by_the_breaker_and_served_locally(local,
         cloud.fail(502, b"Bad Gateway", "text/plain")
     else:
         cloud.mode = "malformed"
-    dispatcher = dispatchers(local, _policy(cloud, breaker_failures=2, binary=False), clock)
     for i in range(4):  # one at a time: two go to the cloud and fail over, then the open breaker keeps work local
-        _check([dispatcher.submit(frames[0][i])], frames, [i])
+        _check([dispatcher.submit(frames[0][i], heavy=True)], frames, [i])
     stats = dispatcher.snapshot(local.stats())
     assert (stats.paths["cloud"].errors, stats.fallbacks, stats.paths["local"].count) == (2, 2, 4)
     assert stats.breaker == "open" and cloud.infers == 2
 
 
-def test_a_cloud_slower_than_the_timeout_falls_back_to_local(local, cloud, frames, clock, dispatchers, caplog):
+def test_a_cloud_request_that_times_out_at_its_deadline_is_dropped_not_run_late_here(local, cloud, frames, clock,
+                                                                                    dispatchers, caplog):
+    """The deadline (200 ms), not timeout_ms (20 s), bounds the wait; the late request is not run locally after it."""
+    gated = GatedModel(local)
+    dispatcher = dispatchers(gated, _policy(cloud, latency_slo_ms=200, timeout_ms=20_000, breaker_failures=1), clock)
     cloud.mode = "slow"
-    dispatcher = dispatchers(local, _policy(cloud, timeout_ms=200, breaker_failures=1), clock)
     with caplog.at_level(logging.WARNING):
-        _check([dispatcher.submit(frames[0][0])], frames)
+        future = dispatcher.submit(frames[0][0])
+        with pytest.raises(DeadlineExceededError, match=r"cannot meet its 200 ms objective any more \(\d+\.\d ms "
+                                                        r"late\): the cloud timed out") as caught:
+            future.result(timeout=15)  # the old rule waited the 20 s timeout, then ran it here
+    assert caught.value.objective_ms == 200 and caught.value.late_ms > 0
     stats = dispatcher.snapshot(local.stats())
-    assert (stats.paths["cloud"].errors, stats.fallbacks, stats.breaker) == (1, 1, "open")
+    assert (stats.paths["cloud"].errors, stats.fallbacks, stats.breaker, gated.calls) == (1, 0, "open", [])
+    assert dispatcher.dropped == 1
     assert any("breaker open" in w and "timed out" in w for w in _offload_warnings(caplog))
 
 
@@ -223,7 +227,8 @@ def test_both_sides_full_is_refused_at_once_and_nothing_is_lost(local, cloud, fr
     running = dispatcher.submit(frames[0][1])  # the cloud is full: local, and the worker blocks on the gate
     assert gated.entered.acquire(timeout=30)
     waiting = dispatcher.submit(frames[0][2])
-    with pytest.raises(OverloadedError, match=r"local queue is full \(2/2\), 1/1 cloud requests open, breaker closed"):
+    with pytest.raises(OverloadedError, match=r"local queue is full \(2/2; local predicted [\d.]+ ms with 1 "
+                                                 r"queued\), 1/1 cloud requests open, objective 30000 ms"):
         dispatcher.submit(frames[0][3])
     assert dispatcher.snapshot(local.stats()).refused == 1
     gated.gate.set()
@@ -242,6 +247,7 @@ def _cloud_dies_with_two_local(local, cloud, frames, clock, dispatchers, max_loc
     running = dispatcher.submit(frames[0][1])
     assert gated.entered.acquire(timeout=30)
     waiting = dispatcher.submit(frames[0][2])
+    _fast_again(dispatcher)  # the failed cloud request could still make its objective here
     cloud.release.set()
     return gated, dispatcher, (to_cloud, running, waiting)
 
@@ -327,12 +333,14 @@ def test_runtime_rejects_a_queue_bound_that_contradicts_its_policy(wide_onnx, cl
 
 def test_the_real_predictor_learns_from_the_first_local_run(wide_onnx, cloud, frames):
     """No fake clock: the first request runs locally (nothing known yet); no local run fits a 1 µs SLO after that,
-    and the cloud's round trip is not known yet either, so the second goes to the cloud."""
+    nor does the cloud's measured round trip, so the next one runs locally too (there is room), late."""
     with Runtime(wide_onnx, threads=1, offload=_policy(cloud, latency_slo_ms=0.001)) as rt:
         results = [rt.predict_async(x).result(timeout=30) for x in frames[0][:2]]
         stats = rt.stats()
+        assert rt.dispatcher is not None and rt.dispatcher.predictor.predict(0).tail_s > 1e-6
+        assert rt.dispatcher.cloud_latency.predict().tail_s > 1e-6
     assert all(np.allclose(r, w, atol=1e-5) for r, w in zip(results, frames[1]))
-    assert (stats.paths["local"].count, stats.paths["cloud"].count) == (1, 1)
+    assert (stats.paths["local"].count, stats.paths["cloud"].count, cloud.infers, cloud.probes) == (2, 0, 0, 1)
 
 
 def test_stats_as_dict_is_json_with_the_paths(local, cloud, frames, clock, dispatchers):
@@ -358,9 +366,7 @@ def test_a_request_whose_cloud_call_fails_at_once_waits_behind_those_submitted_b
         dispatcher.predictor.observe(0.001)  # a fast device: the first three stay local
     futures = [dispatcher.submit(x) for x in frames[0][:3]]
     assert gated.entered.acquire(timeout=10)  # the first runs (held); two wait
-    for _ in range(20):
-        dispatcher.predictor.observe(SLOW_DEVICE_S)  # now saturated: the fourth goes to the cloud, which refuses at once
-    futures.append(dispatcher.submit(frames[0][3]))
+    futures.append(dispatcher.submit(frames[0][3], heavy=True))  # to the cloud first, which refuses at once
     wait_until(lambda: dispatcher.fallbacks == 1, what="the cloud failure's fallback")
     gated.gate.set()
     _check(futures, frames)

@@ -168,8 +168,27 @@ def test_breaker_half_opens_after_reset_and_lets_one_out_of_band_probe_through()
     assert not breaker.allow()  # user requests never probe
     assert breaker.claim_probe() is True
     assert breaker.claim_probe() is False  # only one
-    breaker.success()
+    breaker.probe_success()
     assert breaker.state == CLOSED and breaker.allow() and breaker.allow()
+
+
+def test_a_stragglers_late_success_does_not_close_an_open_or_half_open_breaker():
+    """Requests sent before the breaker opened may still answer; only the probe says the cloud answers now."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(2, 10.0, clock)
+    breaker.failure()
+    assert breaker.failure() is True
+    breaker.success()  # a request sent while it was closed answers late
+    assert breaker.state == OPEN and not breaker.allow()
+    clock.now += 10
+    assert breaker.state == HALF_OPEN and breaker.claim_probe()
+    breaker.success()  # another straggler, while the probe is out
+    assert breaker.failure() is False  # and a straggler's failure neither reopens it nor counts
+    assert breaker.state == HALF_OPEN and not breaker.allow() and not breaker.claim_probe()
+    breaker.probe_success()
+    assert breaker.state == CLOSED and breaker.allow()
+    assert breaker.failure() is False  # closed again: the count started from zero
+    assert breaker.opened == 1
 
 
 def test_a_failed_probe_opens_the_breaker_for_another_period():
@@ -179,7 +198,7 @@ def test_a_failed_probe_opens_the_breaker_for_another_period():
     assert breaker.state == OPEN
     clock.now += 5
     assert breaker.claim_probe()
-    assert breaker.failure() is True
+    breaker.probe_failure()
     assert breaker.state == OPEN
     clock.now += 4.9
     assert not breaker.claim_probe()
