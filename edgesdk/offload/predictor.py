@@ -15,30 +15,63 @@ each request ahead of it and for itself::
 
     expected = remaining + service x (waiting + 1)
 
-``remaining`` counts the running request's elapsed time as what it says about the rest: the
-mean of ``s - elapsed`` over the recent service times ``s`` longer than ``elapsed`` (a run that
-has gone on for a while is, if anything, a long one), not ``max(mean - elapsed, 0)``, which says
-"done any moment" for every run past the mean.
+``service`` is the back-to-back average, or the median of the last ``RECENT_RUNS`` back-to-back
+runs when that is higher: a device that just slowed down (throttling, a neighbour) shows it in
+its last runs several runs before an average with weight ``alpha`` catches up, and every request
+admitted meanwhile would be admitted on the old speed. ``remaining`` counts the running
+request's elapsed time as what it says about the rest: the mean of ``s - elapsed`` over the
+recent service times ``s`` longer than ``elapsed``, not ``max(mean - elapsed, 0)``.
 
-**The margin, calibrated.** The routing decision compares the SLO with a tail, not the mean.
-Each local request's actual latency (submission to result) is compared with the expected latency
-it was admitted on; the residual, scaled by ``sqrt(runs)`` (the service times the estimate sums),
-is kept for the last ``RESIDUALS`` requests. The prediction's tail is::
+**The margin grows linearly with the runs summed.** Routing compares the SLO with a tail, not
+the mean. Each local request's actual latency (submission to result) is compared with the
+expected latency it was admitted on; the residual is divided by ``runs`` (the service times the
+estimate sums, the running one included) and kept, with ``runs``, for the last ``RESIDUALS``
+requests. The tail of a new prediction over ``n`` runs is::
 
-    predicted = expected + p99(residual / sqrt(runs)) x sqrt(runs)
+    predicted = expected + n x max(p99(residual / runs), p99 of the same at n's depth)
 
-so whatever the estimate misses (service times that vary together, a slower first run, the
-hand-off between threads) is measured and added, at the percentile the SLO is about. Until
-``MIN_RESIDUALS`` requests have been seen the margin is ``2 x deviation x sqrt(runs)``, with the
-deviation the moving average of back-to-back runs' distance from their average (TCP's round-trip
-variance estimate, RFC 6298). :meth:`LatencyPredictor.calibration` says how well it holds:
-predicted against actual p50 and p99, and the share of requests over their own predicted tail.
-The clock is injectable, so tests drive it without sleeping.
+Why linear, not ``sqrt(runs)``: errors that are independent from run to run grow with the
+square root of the runs, but the slowdowns that matter on a device (thermal throttling,
+frequency scaling, a noisy neighbour) hit every queued run together, so their error is
+proportional to the work queued. Scaling by ``sqrt(runs)`` learns the per-run spread at the
+shallow depths most requests see and extrapolates it to a deep queue as if the runs were
+independent: in a probe the margin at 9 queued runs was 15 ms against a 45 ms real excess.
+Scaling by ``runs`` is exact for a correlated slowdown and errs on the safe side for independent
+noise (by ``sqrt(runs)``, and the SLO bounds how deep an admitted queue is). The depth term
+conditions on where deep queues come from: a queue grows when the device is slow, so deep
+queues are over-represented in slow spells and their residuals can be larger per run than the
+pooled ones; where a depth bucket (runs 1, 2-3, 4-7, 8-15, ...) has ``MIN_BUCKET`` residuals
+its own p99 counts too, and the larger of the two sets the margin.
+
+**Before the residuals are enough** (``MIN_RESIDUALS``) the margin is
+``2 x deviation x runs``, with the deviation the moving average of back-to-back runs' distance
+from their average. As in TCP's round-trip variance (RFC 6298: ``RTTVAR = R / 2`` on the first
+sample) the deviation starts at half the first sample, not at 0 (which made the first margins
+about 5x too small).
+
+**Cold start.** :meth:`LatencyPredictor.seed` gives a prior service time (e.g. the bundle's
+measured latency) used, with a deviation of half of it, until the first real run ends; the first
+real sample then replaces it. Without a seed, before any run has ended, nothing is known: the
+one request that finds the worker idle and the queue empty is predicted 0 (``basis`` ``first``:
+it runs locally and teaches the predictor), every other one is predicted infinite (``basis``
+``unknown``), so at most one request is admitted on no evidence and a burst at start does not
+fill the local queue blind. (A request routed in the microseconds between the worker taking the
+first job from the queue and starting it would also see an idle worker.)
+
+**Calibration, out of sample.** :meth:`LatencyPredictor.calibration` reports, over the recent
+settled requests, the share that took longer than the tail they were admitted on. Each tail was
+computed before its request ran, but the first ``MIN_RESIDUALS`` requests taught the margin
+(they were admitted on the deviation or the seed): the goal figure,
+``over_tail_after_warmup``, counts only requests admitted on a calibrated margin; about 1% when
+a p99 margin holds. ``predicted_p99_ms`` against ``actual_p99_ms`` compares distributions built
+from the same residuals (in sample: it can look perfect while the margin is short), and is kept
+as a report only. The clock is injectable, so tests drive it without sleeping.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections import deque
@@ -48,45 +81,73 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.errors import OffloadError
+
 __all__ = ["LatencyPredictor", "Prediction"]
 
 #: A run that starts within this long of the previous one's end ran back to back.
 BACK_TO_BACK_S = 0.001
-#: Deviations in the margin before the residuals are enough to calibrate it.
+#: Deviations per run in the margin before the residuals are enough to calibrate it.
 MARGIN_DEVIATIONS = 2.0
+#: The deviation a first sample (or a seed) starts with, as a share of it (RFC 6298: R / 2).
+FIRST_DEVIATION = 0.5
 #: The percentile of the residuals added to a prediction (the SLO is a p99 objective).
 TAIL_PERCENTILE = 99.0
-#: Residuals (and service times) remembered: about the last few seconds at the loads offload is for.
+#: Residuals (and service times) remembered: the last few seconds at the loads offload is for.
 RESIDUALS = 500
-#: Residuals before their percentile replaces the deviation margin (a p99 of fewer is its maximum).
+#: Residuals before their percentile replaces the deviation margin (the warm-up).
 MIN_RESIDUALS = 50
+#: Residuals at one depth bucket before that bucket's own percentile counts.
+MIN_BUCKET = 20
+#: Back-to-back runs whose median can raise the service time above its moving average.
+RECENT_RUNS = 2
 
 
 def _average(mean: float | None, sample: float, alpha: float) -> float:
     return sample if mean is None else alpha * sample + (1 - alpha) * mean
 
 
+def _bucket(runs: int) -> int:
+    """Depth bucket of a prediction over ``runs`` service times: 1, 2-3, 4-7, 8-15, ..."""
+    return max(runs, 1).bit_length()
+
+
 @dataclass(frozen=True)
 class Prediction:
-    """One request's predicted latency (seconds): the expected value and the calibrated margin above it."""
+    """One request's predicted latency (seconds): the expected value and the margin above it."""
 
-    #: remaining + service x (waiting + 1).
+    #: remaining + service x (waiting + 1); infinite when nothing is known (``basis`` unknown).
     expected_s: float
     #: The margin that makes ``expected_s`` the tail the SLO is compared with.
     margin_s: float
-    #: Service times the expectation sums; 0 when nothing was known yet (such a prediction teaches nothing).
+    #: Service times the expectation sums; 0 when nothing was known (such a prediction teaches
+    #: nothing and is not settled).
     runs: int
+    #: What the margin rests on: ``residuals`` (calibrated), ``deviation`` (warm-up), ``seed``
+    #: (the prior, before any run ended), ``first`` (nothing known: the one request admitted to
+    #: learn) or ``unknown`` (nothing known and a request already out to learn it).
+    basis: str = "residuals"
 
     @property
     def tail_s(self) -> float:
-        """What routing compares with the SLO: the expected latency plus the margin (never below 0)."""
+        """What routing compares with the SLO: expected latency plus margin (never below 0)."""
         return max(self.expected_s + self.margin_s, 0.0)
+
+
+@dataclass(frozen=True)
+class _Settled:
+    expected: float
+    runs: int
+    tail: float
+    actual: float
+    calibrated: bool  # admitted on the residuals' margin (after the warm-up)
 
 
 class LatencyPredictor:
     """Tracks the local worker's service times and predicts a new request's latency (seconds).
 
-    With no sample yet the prediction is 0: the first requests run locally and teach it.
+    Before any run has ended (and without :meth:`seed`) only a lone request is admitted on no
+    evidence: see the module doc.
     """
 
     def __init__(self, alpha: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
@@ -94,23 +155,30 @@ class LatencyPredictor:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self._alpha, self._clock = alpha, clock
         self._lock = threading.Lock()
+        self._seed_s: float | None = None  # the prior, until the first real sample
         self._busy_s: float | None = None  # back-to-back runs
         self._idle_s: float | None = None  # runs that started after idle
         self._deviation_s = 0.0
-        self._recent_busy: deque[float] = deque(maxlen=RESIDUALS)
-        self._recent_idle: deque[float] = deque(maxlen=RESIDUALS)
+        self._recent_busy: deque[float] = deque(maxlen=RECENT_RUNS)
+        # Each run's time over the average of its kind before it: the shape of the runs, whatever
+        # the device's speed now (a slowdown would make absolute samples understate what is left).
+        self._shape_busy: deque[float] = deque(maxlen=RESIDUALS)
+        self._shape_idle: deque[float] = deque(maxlen=RESIDUALS)
         self._running_since: float | None = None
         self._running_busy = False
         self._ended_at: float | None = None
-        self._residuals: deque[float] = deque(maxlen=RESIDUALS)  # (actual - expected) / sqrt(runs)
-        self._tail_z: float | None = None  # p99 of the residuals, recomputed when they change
-        self._settled: deque[tuple[float, int, float, float]] = deque(maxlen=RESIDUALS)  # expected, runs, tail, actual
+        # (actual - expected) / runs, with runs
+        self._residuals: deque[tuple[float, int]] = deque(maxlen=RESIDUALS)
+        self._scales: dict[int, float] | None = None  # p99 per depth bucket, 0 = pooled; cached
+        self._settled: deque[_Settled] = deque(maxlen=RESIDUALS)
+        self._settled_count = 0
 
     @property
     def service_s(self) -> float | None:
-        """The moving average of back-to-back service times (of runs after idle until there is one), or None."""
+        """The moving average of back-to-back service times (of runs after idle until there is
+        one; the seed until any run ended), or None."""
         with self._lock:
-            return self._busy_s if self._busy_s is not None else self._idle_s
+            return self._known()
 
     @property
     def idle_service_s(self) -> float | None:
@@ -118,15 +186,41 @@ class LatencyPredictor:
         with self._lock:
             return self._idle_s
 
+    @property
+    def settled_count(self) -> int:
+        """Requests settled so far (a running total: a benchmark's window is a difference)."""
+        with self._lock:
+            return self._settled_count
+
+    def _known(self) -> float | None:
+        if self._busy_s is not None:
+            return self._busy_s
+        return self._idle_s if self._idle_s is not None else self._seed_s
+
+    def seed(self, service_s: float) -> None:
+        """A prior service time (seconds; e.g. the bundle's measured latency), used until the first
+        real run ends, with a deviation of half of it. Ignored once a real run has been measured:
+        measurements on this device win over a prior."""
+        number = isinstance(service_s, (int, float)) and not isinstance(service_s, bool)
+        if not number or not math.isfinite(service_s) or service_s <= 0:
+            raise OffloadError("latency predictor seed must be a positive finite number of "
+                               f"seconds, got {service_s!r}; pass the bundle's measured latency "
+                               "in seconds (e.g. latency_ms / 1000)")
+        with self._lock:
+            if self._busy_s is None and self._idle_s is None:
+                self._seed_s = float(service_s)
+                self._deviation_s = FIRST_DEVIATION * self._seed_s
+
     def begin(self) -> None:
         """A local request starts running now."""
         with self._lock:
             now = self._clock()
             self._running_since = now
-            self._running_busy = self._ended_at is not None and now - self._ended_at <= BACK_TO_BACK_S
+            ended = self._ended_at
+            self._running_busy = ended is not None and now - ended <= BACK_TO_BACK_S
 
     def end(self, record: bool = True) -> None:
-        """The running request finished; ``record`` False (a failed run) leaves the averages as they were."""
+        """The running request finished; ``record`` False (a failed run) leaves the averages."""
         with self._lock:
             started, self._running_since = self._running_since, None
             self._ended_at = self._clock()
@@ -136,91 +230,145 @@ class LatencyPredictor:
             if self._running_busy:
                 self._add_busy(took)
             else:
+                self._first_sample(took)
+                self._shape_idle.append(took / self._idle_s if self._idle_s else 1.0)
                 self._idle_s = _average(self._idle_s, took, self._alpha)
-                self._recent_idle.append(took)
 
     def observe(self, service_s: float) -> None:
-        """Add one service time measured elsewhere (e.g. a warm-up run, or a cloud round trip)."""
+        """Add one service time measured elsewhere (e.g. a warm-up run), as a back-to-back run."""
         with self._lock:
             self._add_busy(service_s)
 
+    def _first_sample(self, took: float) -> None:
+        """The first real sample replaces the seed and starts the deviation at half of it."""
+        if self._busy_s is None and self._idle_s is None:
+            self._seed_s = None
+            self._deviation_s = FIRST_DEVIATION * took
+
     def _add_busy(self, took: float) -> None:
+        self._first_sample(took)
         if self._busy_s is not None:
             self._deviation_s = _average(self._deviation_s, abs(took - self._busy_s), self._alpha)
+        self._shape_busy.append(took / self._busy_s if self._busy_s else 1.0)
         self._busy_s = _average(self._busy_s, took, self._alpha)
         self._recent_busy.append(took)
 
-    def _remaining(self, elapsed: float, mean: float, recent: deque[float]) -> float:
-        """Expected time left of a run that has gone on for ``elapsed`` (see the module doc)."""
-        left = [s - elapsed for s in recent if s > elapsed]
+    def _each(self) -> float | None:
+        """The service time of a queued run: the average, or the recent runs' median if higher."""
+        each = self._known()
+        if each is not None and self._busy_s is not None and len(self._recent_busy) == RECENT_RUNS:
+            each = max(each, statistics.median(self._recent_busy))
+        return each
+
+    def _remaining(self, elapsed: float, mean: float, shape: deque[float]) -> float:
+        """Expected time left of a run that has gone on for ``elapsed``, if its kind now takes
+        ``mean`` on average (see the module doc)."""
+        if mean <= 0:
+            return 0.0
+        gone = elapsed / mean
+        left = [ratio - gone for ratio in shape if ratio > gone]
         if left:
-            return sum(left) / len(left)
-        if recent:  # longer than every recent run: expect it to end within about one deviation
+            return mean * sum(left) / len(left)
+        if shape:  # longer than every recent run: expect it to end within about one deviation
             return self._deviation_s
         return max(mean - elapsed, 0.0)
 
     def predict(self, waiting: int) -> Prediction:
-        """The prediction for a request queued behind ``waiting`` others (the running one not counted in it)."""
+        """The prediction for a request queued behind ``waiting`` others (the running one not
+        counted in it)."""
         with self._lock:
-            each = self._busy_s if self._busy_s is not None else self._idle_s
-            if each is None:
-                return Prediction(0.0, 0.0, 0)
-            first = self._idle_s if self._idle_s is not None else each  # a run that finds the worker idle
+            each = self._each()
+            if each is None:  # nothing known: one lone request learns, nothing queues blind
+                if self._running_since is None and waiting == 0:
+                    return Prediction(0.0, 0.0, 0, "first")
+                return Prediction(math.inf, 0.0, 0, "unknown")
+            first = max(self._idle_s or 0.0, each)  # a run that finds the worker idle
             runs = waiting + 1
             if self._running_since is not None:
                 busy = self._running_busy and self._busy_s is not None
                 elapsed = self._clock() - self._running_since
-                expected = self._remaining(elapsed, each if busy else first,
-                                           self._recent_busy if busy else self._recent_idle or self._recent_busy)
-                expected += each * runs
+                shape = self._shape_busy if busy else self._shape_idle or self._shape_busy
+                own = each if busy else first  # what a run of the running one's kind takes
+                expected = self._remaining(elapsed, own, shape)
+                # A run already longer than its kind's average says the device is that slow now.
+                expected += max(each, each * elapsed / own) * runs
                 runs += 1
             else:
                 expected = first + each * waiting
-            return Prediction(expected, self._margin(runs), runs)
+            margin, basis = self._margin(runs)
+            return Prediction(expected, margin, runs, basis)
 
     def predict_s(self, waiting: int) -> float:
-        """The tail latency (seconds) of a request queued behind ``waiting`` others: what routing compares."""
+        """The tail latency (seconds) of a request queued behind ``waiting`` others."""
         return self.predict(waiting).tail_s
 
-    def _margin(self, runs: int) -> float:
-        if self._tail_z is None and len(self._residuals) >= MIN_RESIDUALS:
-            self._tail_z = float(np.percentile(np.fromiter(self._residuals, float), TAIL_PERCENTILE))
-        if self._tail_z is None:
-            return MARGIN_DEVIATIONS * self._deviation_s * math.sqrt(runs)
-        return self._tail_z * math.sqrt(runs)
+    def _margin(self, runs: int) -> tuple[float, str]:
+        if len(self._residuals) < MIN_RESIDUALS:
+            basis = "seed" if self._seed_s is not None else "deviation"
+            return MARGIN_DEVIATIONS * self._deviation_s * runs, basis
+        if self._scales is None:
+            self._scales = _scales(self._residuals)
+        pooled = self._scales[0]
+        return max(pooled, self._scales.get(_bucket(runs), pooled)) * runs, "residuals"
 
     def settle(self, prediction: Prediction, actual_s: float) -> None:
-        """A request admitted on ``prediction`` took ``actual_s`` from submission to result: keep the residual."""
+        """A request admitted on ``prediction`` took ``actual_s`` from submission to result."""
         if prediction.runs == 0:
             return
         with self._lock:
-            self._residuals.append((actual_s - prediction.expected_s) / math.sqrt(prediction.runs))
-            self._tail_z = None
-            self._settled.append((prediction.expected_s, prediction.runs, prediction.tail_s, actual_s))
+            residual = (actual_s - prediction.expected_s) / prediction.runs
+            self._residuals.append((residual, prediction.runs))
+            self._scales = None
+            self._settled.append(_Settled(prediction.expected_s, prediction.runs, prediction.tail_s,
+                                          actual_s, prediction.basis == "residuals"))
+            self._settled_count += 1
 
     def calibration(self, last: int | None = None) -> dict[str, Any] | None:
-        """How well the predictions held over the last settled requests (``last`` of them: all kept when None), in
-        milliseconds; None before any.
+        """How the predictions held over the last settled requests (``last`` of them; all kept
+        when None), in milliseconds; None before any.
 
-        ``predicted_p50_ms``/``predicted_p99_ms`` are percentiles of the latency the predictor
-        expects for those requests (each request's expected latency plus every recent residual at
-        its width); ``actual_*`` of what they took. ``over_predicted_tail`` is the share of requests
-        that took longer than the tail they were admitted on (1% when the p99 margin holds).
-        ``margin`` says whether the residuals (``calibrated``) or the deviation (``deviation``) set it.
+        ``over_tail_after_warmup`` is the goal figure: the share of requests admitted on a
+        calibrated margin (``requests_after_warmup`` of them; None when there are none) that took
+        longer than the tail they were admitted on (1% when the p99 margin holds);
+        ``over_predicted_tail`` counts the warm-up requests too. ``predicted_p50_ms`` and
+        ``predicted_p99_ms`` spread each request's expected latency by every recent residual at
+        its runs (in sample, a report only), ``actual_*`` are what they took. ``margin`` says
+        whether the residuals (``calibrated``) or the deviation (``deviation``) set it now.
         """
         with self._lock:
-            settled, residuals = list(self._settled), np.fromiter(self._residuals, float)
+            settled, residuals = list(self._settled), list(self._residuals)
             margin = "calibrated" if len(self._residuals) >= MIN_RESIDUALS else "deviation"
         if last is not None:
             keep = max(last, 0)
-            settled, residuals = settled[max(len(settled) - keep, 0):] if keep else [], residuals[max(len(residuals) - keep, 0):]
+            settled = settled[len(settled) - keep:] if keep else []
+            residuals = residuals[len(residuals) - keep:] if keep else []
         if not settled:
             return None
-        expected, runs, tail, actual = (np.array(column, float) for column in zip(*settled))
-        spread = expected[:, None] + residuals[None, :] * np.sqrt(runs)[:, None]
+        expected = np.array([s.expected for s in settled])
+        runs = np.array([s.runs for s in settled], float)
+        actual = np.array([s.actual for s in settled])
+        over = actual > np.array([s.tail for s in settled])
+        after = np.array([s.calibrated for s in settled])
+        scaled = np.array([r for r, _ in residuals], float)
+        spread = expected[:, None] + scaled[None, :] * runs[:, None]
         return {"requests": len(settled), "margin": margin,
                 "predicted_p50_ms": float(np.percentile(spread, 50) * 1e3),
                 "predicted_p99_ms": float(np.percentile(spread, 99) * 1e3),
                 "actual_p50_ms": float(np.percentile(actual, 50) * 1e3),
                 "actual_p99_ms": float(np.percentile(actual, 99) * 1e3),
-                "over_predicted_tail": float(np.mean(actual > tail))}
+                "over_predicted_tail": float(np.mean(over)),
+                "requests_after_warmup": int(after.sum()),
+                "over_after_warmup": int(over[after].sum()),
+                "over_tail_after_warmup": float(np.mean(over[after])) if after.any() else None}
+
+
+def _scales(residuals: deque[tuple[float, int]]) -> dict[int, float]:
+    """The p99 of residual / runs: pooled (key 0) and per depth bucket with enough residuals."""
+    scaled = np.array([r for r, _ in residuals], float)
+    buckets = np.array([_bucket(n) for _, n in residuals])
+    out = {0: float(np.percentile(scaled, TAIL_PERCENTILE))}
+    for bucket in np.unique(buckets):
+        chosen = scaled[buckets == bucket]
+        if len(chosen) >= MIN_BUCKET:
+            out[int(bucket)] = float(np.percentile(chosen, TAIL_PERCENTILE))
+    return out
