@@ -78,6 +78,7 @@ class InferenceRoutes:
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="v2-json-decode")
         self.json_worker = JsonDecodeWorker()
         self.budget = BodyBudget(self.config.max_buffered_bytes, self.refused)
+        self.in_flight = InFlightLimit(None, self.config.max_concurrent_requests, self.refused)
 
     def refused(self, reason: str) -> None:
         """Count one request refused by a transport limit."""
@@ -182,8 +183,8 @@ class InferenceRoutes:
             paths += [Route(path, self.model_metadata, methods=["GET"]),
                       Route(path + "/ready", self.model_ready, methods=["GET"]),
                       Route(path + "/infer", self.infer, methods=["POST"])]
-        app = Starlette(routes=paths, exception_handlers={404: self.not_found, 405: self.not_found})
-        return InFlightLimit(app, self.config.max_concurrent_requests, self.refused)
+        self.in_flight.app = Starlette(routes=paths, exception_handlers={404: self.not_found, 405: self.not_found})
+        return self.in_flight
 
     async def prometheus(self, request: Any) -> Any:
         from starlette.responses import Response
