@@ -29,6 +29,8 @@ command -v qemu-aarch64 >/dev/null 2>&1 || apt_packages+=(qemu-user)
 # The operator console's browser tests drive Debian's chromium through its WebDriver (tests/ota/test_console_browser.py).
 command -v chromium >/dev/null 2>&1 || apt_packages+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || apt_packages+=(chromium-driver)
+# benchmarks/endpoint/endpoint.py's load generator: h2load, in C, so the servers saturate before it does.
+command -v h2load >/dev/null 2>&1 || apt_packages+=(nghttp2-client)
 # benchmarks/endpoint/endpoint.py's PyTriton peer: Triton's Python backend stub links the system libpython3.11,
 # so its venv is made from the system python3.11 (benchmarks/endpoint/endpoint_peers.py).
 if [ -x /usr/bin/python3.11 ]; then
