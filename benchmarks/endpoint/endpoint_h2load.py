@@ -81,7 +81,8 @@ def h2load_command(request: Request, clients: int, body_file: Path, log_file: Pa
     else:
         url = f"{request.target}/v2/models/{request.model}/infer"
         headers, protocol = request.headers, ["--h1"]
-    load = ["-n", "1", "-c", "1"] if seconds is None else ["-c", str(clients), "-D", f"{seconds:g}"]
+    load = ["-n", "1", "-c", "1"] if seconds is None else \
+        ["-c", str(clients), "-D", f"{round(seconds * 1000)}ms"]
     logged = ["--log-file", str(log_file)] if log_file is not None else []
     header_args = [arg for name, value in headers.items() for arg in ("-H", f"{name}: {value}")]
     return [h2load_path(), *protocol, *load, "-m", "1", "-t", "1", "-d", str(body_file), *logged,
@@ -95,7 +96,8 @@ def _run(command: list[str], cpu: int | None) -> tuple[str, float, float]:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, preexec_fn=pin)
     assert process.stdout is not None
-    output = process.stdout.read().decode(errors="replace")
+    with process.stdout:
+        output = process.stdout.read().decode(errors="replace")
     _, status, usage = os.wait4(process.pid, 0)  # its own rusage: what the generator spent
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
