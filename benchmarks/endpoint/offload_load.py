@@ -1,6 +1,12 @@
 """The load of benchmarks/endpoint/offload.py: our endpoint as a process on its own CPU, an open-loop
 Poisson generator for a device runtime, and closed-loop tritonclient clients (loopback only,
-bounded in count and time)."""
+bounded in count and time).
+
+An open-loop run may change in its middle (:class:`Switch`): the arrival rate from then on (a
+step in load) and an action taken at that instant (e.g. the device slowed down). The run keeps
+when it started and when it switched on ``time.monotonic``, the latency predictor's clock, so a
+predictor's calibration can be read over the run's requests or the ones admitted after the
+switch."""
 
 from __future__ import annotations
 
@@ -110,6 +116,9 @@ class OpenLoopRun:
     max_lag_ms: float
     paths: dict[str, int]
     errors: list[str]
+    #: ``time.monotonic()`` when the first arrival was due, and when the switch happened (or None).
+    started_mono: float = 0.0
+    switched_mono: float | None = None
 
     def figures(self, slo_s: float) -> dict[str, Any]:
         """The run's numbers for the JSON (ms, counts, per second)."""
@@ -132,14 +141,38 @@ class OpenLoopRun:
                 "generator_max_lag_ms": round(self.max_lag_ms, 3), "errors": self.errors[:3]}
 
 
+@dataclass(frozen=True)
+class Switch:
+    """A change ``at_s`` seconds into a run: arrivals at ``rate`` from then on (None: unchanged),
+    and ``action`` called at that instant (None: nothing)."""
+
+    at_s: float
+    rate: float | None = None
+    action: Callable[[], None] | None = None
+
+
+def arrival_times(rate: float, count: int, max_s: float, seed: int,
+                  switch: Switch | None = None) -> np.ndarray:
+    """Poisson arrival times (s): at most ``count``, within ``max_s``; at ``switch.rate`` after
+    ``switch.at_s`` (memoryless: the first gap after the switch starts at the switch)."""
+    rng = np.random.default_rng(seed)
+    if switch is None or switch.rate is None:
+        arrivals = np.cumsum(rng.exponential(1.0 / rate, count))
+        return arrivals[arrivals <= max_s]
+    before = np.cumsum(rng.exponential(1.0 / rate, count))
+    before = before[before < switch.at_s]
+    after = switch.at_s + np.cumsum(rng.exponential(1.0 / switch.rate, count))
+    joined = np.concatenate([before, after])[:count]
+    return joined[joined <= max_s]
+
+
 def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, max_s: float, seed: int,
-              drain_s: float) -> OpenLoopRun:
-    """Poisson arrivals at ``rate``/s: ``count`` requests or ``max_s`` seconds of arrivals, whichever is first."""
+              drain_s: float, switch: Switch | None = None) -> OpenLoopRun:
+    """Poisson arrivals at ``rate``/s: ``count`` requests or ``max_s`` seconds of arrivals,
+    whichever is first; with ``switch``, the run changes at ``switch.at_s``."""
     from edgesdk import OverloadedError
 
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, count))
-    arrivals = arrivals[arrivals <= max_s]
+    arrivals = arrival_times(rate, count, max_s, seed, switch)
     latencies: list[float] = []
     errors: list[str] = []
     counts = {"refused": 0, "failed": 0, "done": 0}
@@ -147,6 +180,7 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
     all_done = threading.Event()
     submitted = [0]
     lag = [0.0]
+    marks: dict[str, float] = {}
     finished_generating = threading.Event()
     before = path_counts(runtime)
 
@@ -165,9 +199,21 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
             if finished_generating.is_set() and counts["done"] >= submitted[0]:
                 all_done.set()
 
+    def switch_now(start: float) -> None:
+        assert switch is not None
+        delay = start + switch.at_s - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if switch.action is not None:
+            switch.action()
+        marks["switched"] = time.monotonic()
+
     def generate() -> None:
         start = time.perf_counter() + 0.02
+        marks["started"] = time.monotonic() + 0.02
         for i, at in enumerate(arrivals):
+            if switch is not None and "switched" not in marks and at >= switch.at_s:
+                switch_now(start)
             scheduled = start + float(at)
             delay = scheduled - time.perf_counter()
             if delay > 0:
@@ -198,7 +244,8 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
         # Refused at submission: no future (OverloadedError raised by predict_async); "submitted" counts futures.
         return OpenLoopRun(rate, float(arrivals[-1]) if len(arrivals) else max_s, list(latencies), counts["refused"],
                            counts["failed"], unfinished, submitted[0], lag[0] * 1e3,
-                           {k: after.get(k, 0) - before.get(k, 0) for k in after}, list(errors))
+                           {k: after.get(k, 0) - before.get(k, 0) for k in after}, list(errors),
+                           marks.get("started", 0.0), marks.get("switched"))
 
 
 # tritonclient ----------------------------------------------------------------------------------------

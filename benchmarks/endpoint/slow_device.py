@@ -20,6 +20,11 @@ core that is uniformly ``factor`` times slower:
 
 Each is measured back to back (p50, p99) and isolated (requests 2 target-latencies apart,
 p50), and scored by the sum of absolute log ratios to ``factor`` x the unthrottled figures.
+
+:class:`MidRunSlowdown` makes the chosen device ``by`` (1.5) times slower in the middle of a run,
+by the same means: the k-fold model's runs go to one with ``round(by x k)`` copies (a
+:class:`SlowableRuntime` sends ``predict`` there while it is set), or the quota's share of the
+CPU is divided by ``by``. Either hits every queued run at once, as throttling or a neighbour does.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.endpoint.cpu_quota import MIN_QUOTA_US, CpuQuota, QuotaUnavailable, periods
+from benchmarks.endpoint.cpu_quota import MIN_QUOTA_US, V1, V2, CpuQuota, QuotaUnavailable, periods
 from benchmarks.shared.common import log
+from edgesdk import Runtime
 
-__all__ = ["BOARD", "Slowdown", "pi4_factor", "call_latencies", "k_fold_model", "calibrate"]
+__all__ = ["BOARD", "Slowdown", "pi4_factor", "call_latencies", "k_fold_model", "calibrate",
+           "SlowableRuntime", "MidRunSlowdown"]
 
 BOARD = "raspberry-pi-4"
 
@@ -86,6 +93,9 @@ class Slowdown:
     kind: str
     model_path: Path
     quota: CpuQuota | None = None
+    #: Copies of the model in ``model_path`` (the k-fold slow-down), and the model they copy.
+    k: int = 1
+    base_path: Path | None = None
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
         """The quota, or nothing to enter."""
@@ -188,10 +198,82 @@ def calibrate(make_runtime: Callable[[Path], Any], model_path: Path, inputs: lis
     if "period_us" in best:
         slowdown = Slowdown(best["kind"], model_path, CpuQuota(best["quota_factor"], best["period_us"]))
     else:
-        slowdown = Slowdown(best["kind"], slowed)
+        slowdown = Slowdown(best["kind"], slowed, k=k, base_path=model_path)
     figures.update(candidates=candidates, chosen=best["kind"],
                    p50_over_unthrottled=best["p50_ms"] / unthrottled["p50_ms"],
                    p99_over_unthrottled=best["p99_ms"] / unthrottled["p99_ms"],
                    isolated_p50_over_unthrottled=best["isolated_p50_ms"] / unthrottled["p50_ms"])
     log(f"device: slowed by {best['kind']}")
     return slowdown, figures
+
+
+class SlowableRuntime(Runtime):
+    """A Runtime whose ``predict`` (also the local runs of ``predict_async``) goes to ``slower``,
+    another Runtime of the same model's inputs and outputs, while that is set."""
+
+    slower: Any = None
+
+    def predict(self, inputs: Any) -> Any:  # type: ignore[override]
+        """The slower runtime's answer while it is set, else this one's."""
+        slower = self.slower
+        return slower.predict(inputs) if slower is not None else super().predict(inputs)
+
+
+class MidRunSlowdown:
+    """The device ``by`` times slower between :meth:`engage` and :meth:`release` (see the module
+    doc); ``factor`` is the slow-down it really applies (copies are whole)."""
+
+    def __init__(self, slowdown: Slowdown, by: float, work: Path,
+                 make_runtime: Callable[[Path], Any], sample: np.ndarray) -> None:
+        self.slowdown, self._runtime = slowdown, None
+        self._device: SlowableRuntime | None = None
+        if slowdown.quota is not None:
+            quota = slowdown.quota
+            self._slow_quota_us = max(MIN_QUOTA_US, int(round(quota.quota_us / by)))
+            self.factor = quota.quota_us / self._slow_quota_us
+            self.label = (f"quota {quota.quota_us} -> {self._slow_quota_us} us per "
+                          f"{quota.period_us} us")
+            return
+        if slowdown.base_path is None:
+            raise ValueError("a k-fold slow-down needs the model it copies (Slowdown.base_path)")
+        copies = max(slowdown.k + 1, round(by * slowdown.k))
+        self.factor = copies / slowdown.k
+        self.label = f"model run {slowdown.k} -> {copies} times"
+        base = slowdown.base_path
+        path = k_fold_model(base, copies, work / f"k{copies}-{base.name}")
+        self._runtime = make_runtime(path)
+        self._runtime.predict(sample)  # the session's first run is slow; not in a measured run
+
+    @property
+    def slower(self) -> Any:
+        """The slower model's runtime (k-fold), or None (the quota's share is changed instead)."""
+        return self._runtime
+
+    def _quota_file(self, quota_us: int) -> tuple[Path, str]:
+        quota = self.slowdown.quota
+        assert quota is not None
+        if (V1 / quota.name).exists():
+            return V1 / quota.name / "cpu.cfs_quota_us", str(quota_us)
+        return V2 / quota.name / "cpu.max", f"{quota_us} {quota.period_us}"
+
+    def engage(self, device: SlowableRuntime) -> None:
+        """From now on the device is ``factor`` times slower (inside the slow-down's context)."""
+        if self._runtime is not None:
+            device.slower, self._device = self._runtime, device
+            return
+        path, value = self._quota_file(self._slow_quota_us)
+        path.write_text(value)
+
+    def release(self) -> None:
+        """The device at its calibrated speed again."""
+        if self._device is not None:
+            self._device.slower, self._device = None, None
+        elif self.slowdown.quota is not None:
+            path, value = self._quota_file(self.slowdown.quota.quota_us)
+            path.write_text(value)
+
+    def close(self) -> None:
+        """Release, and close the slower model's runtime."""
+        self.release()
+        if self._runtime is not None:
+            self._runtime.close()

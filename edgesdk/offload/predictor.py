@@ -127,6 +127,8 @@ class Prediction:
     #: (the prior, before any run ended), ``first`` (nothing known: the one request admitted to
     #: learn) or ``unknown`` (nothing known and a request already out to learn it).
     basis: str = "residuals"
+    #: When it was made, on the predictor's clock (for ``calibration(since=...)``).
+    made_s: float = 0.0
 
     @property
     def tail_s(self) -> float:
@@ -136,6 +138,7 @@ class Prediction:
 
 @dataclass(frozen=True)
 class _Settled:
+    made: float
     expected: float
     runs: int
     tail: float
@@ -277,16 +280,17 @@ class LatencyPredictor:
         """The prediction for a request queued behind ``waiting`` others (the running one not
         counted in it)."""
         with self._lock:
+            now = self._clock()
             each = self._each()
             if each is None:  # nothing known: one lone request learns, nothing queues blind
                 if self._running_since is None and waiting == 0:
-                    return Prediction(0.0, 0.0, 0, "first")
-                return Prediction(math.inf, 0.0, 0, "unknown")
+                    return Prediction(0.0, 0.0, 0, "first", now)
+                return Prediction(math.inf, 0.0, 0, "unknown", now)
             first = max(self._idle_s or 0.0, each)  # a run that finds the worker idle
             runs = waiting + 1
             if self._running_since is not None:
                 busy = self._running_busy and self._busy_s is not None
-                elapsed = self._clock() - self._running_since
+                elapsed = now - self._running_since
                 shape = self._shape_busy if busy else self._shape_idle or self._shape_busy
                 own = each if busy else first  # what a run of the running one's kind takes
                 expected = self._remaining(elapsed, own, shape)
@@ -296,7 +300,7 @@ class LatencyPredictor:
             else:
                 expected = first + each * waiting
             margin, basis = self._margin(runs)
-            return Prediction(expected, margin, runs, basis)
+            return Prediction(expected, margin, runs, basis, now)
 
     def predict_s(self, waiting: int) -> float:
         """The tail latency (seconds) of a request queued behind ``waiting`` others."""
@@ -319,13 +323,16 @@ class LatencyPredictor:
             residual = (actual_s - prediction.expected_s) / prediction.runs
             self._residuals.append((residual, prediction.runs))
             self._scales = None
-            self._settled.append(_Settled(prediction.expected_s, prediction.runs, prediction.tail_s,
-                                          actual_s, prediction.basis == "residuals"))
+            self._settled.append(_Settled(prediction.made_s, prediction.expected_s, prediction.runs,
+                                          prediction.tail_s, actual_s,
+                                          prediction.basis == "residuals"))
             self._settled_count += 1
 
-    def calibration(self, last: int | None = None) -> dict[str, Any] | None:
+    def calibration(self, last: int | None = None,
+                    since: float | None = None) -> dict[str, Any] | None:
         """How the predictions held over the last settled requests (``last`` of them; all kept
-        when None), in milliseconds; None before any.
+        when None; with ``since``, only those admitted on a prediction made at or after that time
+        on the predictor's clock), in milliseconds; None before any.
 
         ``over_tail_after_warmup`` is the goal figure: the share of requests admitted on a
         calibrated margin (``requests_after_warmup`` of them; None when there are none) that took
@@ -342,6 +349,8 @@ class LatencyPredictor:
             keep = max(last, 0)
             settled = settled[len(settled) - keep:] if keep else []
             residuals = residuals[len(residuals) - keep:] if keep else []
+        if since is not None:
+            settled = [s for s in settled if s.made >= since]
         if not settled:
             return None
         expected = np.array([s.expected for s in settled])

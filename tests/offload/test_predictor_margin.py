@@ -185,3 +185,25 @@ def test_calibration_leaves_out_the_requests_that_taught_the_margin():
     first = early.predict(0)
     early.settle(first, first.expected_s)
     assert early.calibration()["over_tail_after_warmup"] is None  # no evidence: no figure
+
+
+def test_calibration_since_a_time_counts_the_requests_admitted_from_then_on():
+    """A benchmark's window (a run, or the requests after a slowdown began) by admission time."""
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.5, clock)
+    for _ in range(40):
+        predictor.observe(0.010)
+    for _ in range(MIN_RESIDUALS):
+        warm = predictor.predict(0)
+        predictor.settle(warm, warm.expected_s)
+    clock.now += 1.0
+    before = predictor.predict(0)
+    clock.now += 1.0
+    switch = clock.now
+    after = predictor.predict(0)
+    predictor.settle(before, before.tail_s + 0.001)  # admitted before the switch: over its tail
+    predictor.settle(after, after.tail_s)
+    report = predictor.calibration(since=switch)
+    assert report["requests"] == 1 and report["over_tail_after_warmup"] == 0.0
+    assert predictor.calibration(since=switch - 1.5)["over_after_warmup"] == 1
+    assert predictor.calibration(since=clock.now + 1) is None
