@@ -1,12 +1,18 @@
 """The dispatcher's cloud side: configuring the client, measuring the cloud, and whether it may take a request.
 
 **Whether the cloud may take a request** (:meth:`CloudSide._cloud_fits`, asked with the
-dispatcher's lock held): offload configured and not disabled by a configuration error, fewer
-than ``max_cloud_inflight`` requests open, the circuit breaker closed, and the cloud *predicted
-to meet the objective*: the tail of :class:`~edgesdk.offload.cloud_latency.CloudLatency` (p99
-of recent round trips, at least the age of the oldest request in flight) within
-``latency_slo_ms``. A cloud slower than the objective gets no user request at all: overflow is
-refused at once instead (the dispatcher says why).
+dispatcher's lock held) is one of three verdicts:
+
+- *fits*: offload configured and not disabled by a configuration error, fewer than
+  ``max_cloud_inflight`` requests open, the circuit breaker closed, and the cloud *predicted to
+  meet the objective*: the tail of :class:`~edgesdk.offload.cloud_latency.CloudLatency` (p99 of
+  recent round trips, at least the age of the oldest request in flight) within ``latency_slo_ms``;
+- *slow*: it answers, but that tail is beyond the objective. It gets no user request at all,
+  and work the device cannot serve within the objective either is refused at once (the
+  dispatcher says why): a cloud that answers is there, and the objective holds;
+- *unavailable*: down (breaker open or half-open), disabled, full, or a first measurement in
+  flight. The device then behaves as it would without offload (its bounded queue), which is
+  what a cloud outage should cost.
 
 **Measuring.** The cloud is measured by one small real inference, the *probe*: the model's
 inputs as zeros (free dimensions 1), or a copy of the first real input once there is one, sent
@@ -49,12 +55,14 @@ from edgesdk.offload.policy import OffloadPolicy
 if TYPE_CHECKING:
     from edgesdk.offload.dispatcher import LocalModel
 
-__all__ = ["CloudSide", "PROBE_ID", "UNMEASURED_INFLIGHT", "timed_out"]
+__all__ = ["CloudSide", "PROBE_ID", "UNMEASURED_INFLIGHT", "timed_out", "FITS", "SLOW", "UNAVAILABLE"]
 
 log = logging.getLogger("edgesdk.offload.dispatcher")
 
 #: The V2 request id prefix of the probe's inferences.
 PROBE_ID = "edgesdk-probe"
+#: The cloud's verdicts on a request (:meth:`CloudSide._cloud_fits`).
+FITS, SLOW, UNAVAILABLE = "fits", "slow", "unavailable"
 #: User requests in flight at once to a cloud whose latency is not measured yet.
 UNMEASURED_INFLIGHT = 1
 
@@ -159,31 +167,33 @@ class CloudSide:
 
     # --- the verdict ---------------------------------------------------------------------------------------------
 
-    def _cloud_fits(self, slo_s: float, claim: bool) -> tuple[bool, str]:
-        """Whether a request may go to the cloud now, and why (for a refusal's message); lock held.
+    def _cloud_fits(self, slo_s: float, claim: bool) -> tuple[str, str]:
+        """Whether a request may go to the cloud now (``FITS``), the cloud answers but is predicted to miss
+        the objective (``SLOW``), or it cannot take work (``UNAVAILABLE``: no policy, disabled, full, breaker
+        not closed, or a measurement already in flight), and why (for a refusal's message); lock held.
 
         ``claim`` lets this call start a probe that is due (see the module doc).
         """
         if self.breaker is None or self.policy is None:
-            return False, "no offload policy"
+            return UNAVAILABLE, "no offload policy"
         if self._disabled is not None:
-            return False, f"offload disabled ({self._disabled})"
+            return UNAVAILABLE, f"offload disabled ({self._disabled})"
         if self._cloud_inflight >= self.policy.max_cloud_inflight:
-            return False, f"{self._cloud_inflight}/{self.policy.max_cloud_inflight} cloud requests open"
+            return UNAVAILABLE, f"{self._cloud_inflight}/{self.policy.max_cloud_inflight} cloud requests open"
         if not self.breaker.allow():
             if claim and not self._closed and not self._probe_out() and self.breaker.claim_probe():
                 self._start_probe(half_open=True)
-            return False, f"cloud breaker {self.breaker.state}"
+            return UNAVAILABLE, f"cloud breaker {self.breaker.state}"
         prediction = self.cloud_latency.predict()
         if prediction.tail_s is not None and prediction.tail_s > slo_s:
             self._remeasure_if_due(claim)
-            return False, prediction.describe()
+            return SLOW, prediction.describe()
         if prediction.samples == 0:  # not measured: a trickle while the probe measures
             self._remeasure_if_due(claim)
             if self._cloud_inflight < UNMEASURED_INFLIGHT:
-                return True, prediction.describe()
-            return False, f"{prediction.describe()} ({self._cloud_inflight} request measuring it)"
-        return True, prediction.describe()
+                return FITS, prediction.describe()
+            return UNAVAILABLE, f"{prediction.describe()} ({self._cloud_inflight} request measuring it)"
+        return FITS, prediction.describe()
 
     def _remeasure_if_due(self, claim: bool) -> None:
         """Start a measuring probe when none was sent nor answered for ``breaker_reset_s`` (breaker closed); lock held."""

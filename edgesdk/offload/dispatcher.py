@@ -12,10 +12,13 @@ Every request under an offload policy has a deadline: ``latency_slo_ms`` after i
    tracked like the device's: :mod:`edgesdk.offload.cloud_latency`, measured by user requests
    and by a small probe inference; :mod:`edgesdk.offload.cloud_side` says when it is measured and
    what an unmeasured cloud gets: at most one request at a time);
-4. local, if the queue has room (never worse than local-only when the cloud is down or slow);
-5. otherwise :class:`~edgesdk.errors.OverloadedError`, at once, saying why: the local
-   prediction and queue, the cloud's prediction (or why it may not take work) and the
-   objective. Nothing is queued, and a cloud slower than the objective gets no user request.
+4. refused, if the cloud answers but is predicted to miss the objective: neither side would
+   meet it, and a cloud that answers gets no work it cannot do in time;
+5. local, if the queue has room, when the cloud cannot take work (down, full, disabled): the
+   device is then what it would be without offload, never worse;
+6. otherwise :class:`~edgesdk.errors.OverloadedError`. Refusals (4 and 6) come at once and
+   say why: the local prediction and queue, the cloud's prediction (or why it may not take
+   work) and the objective. Nothing is queued.
 
 **The deadline travels.** A cloud request sends what is left of its deadline to the server (the
 V2 ``timeout`` parameter, microseconds) and waits no longer than that for the answer. One whose
@@ -66,7 +69,7 @@ from edgesdk.errors import BackendError, OverloadedError
 from edgesdk.offload.breaker import CircuitBreaker
 from edgesdk.offload.client import V2Client, input_bytes
 from edgesdk.offload.cloud_latency import CloudLatency
-from edgesdk.offload.cloud_side import CloudSide, timed_out
+from edgesdk.offload.cloud_side import FITS, SLOW, CloudSide, timed_out
 from edgesdk.offload.deadline import DeadlineExceededError
 from edgesdk.offload.policy import OffloadPolicy
 from edgesdk.offload.predictor import LatencyPredictor, Prediction
@@ -199,20 +202,22 @@ class Dispatcher(CloudSide):
         """Where a request goes, the local prediction it was judged on (None when the local side was not asked),
         and why the cloud may or may not take it."""
         slo_s = self._slo_s
-        why = ""
+        verdict = None
         if self._is_heavy(feeds, heavy):
-            fits, why = self._cloud_fits(slo_s, claim)
-            if fits:
+            verdict, why = self._cloud_fits(slo_s, claim)
+            if verdict == FITS:
                 return "cloud", None, why
         room = len(self._queue) + self._running < self.max_local_queue
         prediction = self.predictor.predict(len(self._queue))
         if room and prediction.tail_s <= slo_s:
-            return "local", prediction, why
+            return "local", prediction, ""
         # Local would break the objective: the cloud, if it is predicted to meet it.
-        if not why:
-            fits, why = self._cloud_fits(slo_s, claim)
-            if fits:
+        if verdict is None:
+            verdict, why = self._cloud_fits(slo_s, claim)
+            if verdict == FITS:
                 return "cloud", None, why
+        if verdict == SLOW:  # a cloud that answers, too slowly: neither side meets the objective
+            return "refused", prediction, why
         return ("local" if room else "refused"), prediction, why
 
     def _refusal(self, prediction: Prediction | None, why: str) -> OverloadedError:
@@ -221,10 +226,11 @@ class Dispatcher(CloudSide):
             return OverloadedError(f"request refused: the local queue is full ({held}/{self.max_local_queue}) and no "
                                    "offload policy; slow the request rate, drop this input or raise max_local_queue")
         local = _ms(prediction.tail_s) if prediction is not None else "unknown"
+        full = ", full" if held >= self.max_local_queue else ""
         return OverloadedError(
-            f"request refused: the local queue is full ({held}/{self.max_local_queue}; local predicted {local} "
-            f"with {len(self._queue)} queued), {why}, objective {self.policy.latency_slo_ms:g} ms; slow the "
-            "request rate, drop this input, or raise max_local_queue / max_cloud_inflight")
+            f"request refused: local predicted {local} with {len(self._queue)} queued ({held}/{self.max_local_queue} "
+            f"in the local queue{full}), {why}, objective {self.policy.latency_slo_ms:g} ms; slow the request rate, "
+            "drop this input, or raise max_local_queue / max_cloud_inflight")
 
     def submit(self, inputs: Any, heavy: bool | None = None) -> Future[Any]:
         """Validate ``inputs`` against the local model and route them; a Future of what ``predict`` returns.

@@ -227,8 +227,8 @@ def test_both_sides_full_is_refused_at_once_and_nothing_is_lost(local, cloud, fr
     running = dispatcher.submit(frames[0][1])  # the cloud is full: local, and the worker blocks on the gate
     assert gated.entered.acquire(timeout=30)
     waiting = dispatcher.submit(frames[0][2])
-    with pytest.raises(OverloadedError, match=r"local queue is full \(2/2; local predicted [\d.]+ ms with 1 "
-                                                 r"queued\), 1/1 cloud requests open, objective 30000 ms"):
+    with pytest.raises(OverloadedError, match=r"local predicted [\d.]+ ms with 1 queued \(2/2 in the local "
+                                                 r"queue, full\), 1/1 cloud requests open, objective 30000 ms"):
         dispatcher.submit(frames[0][3])
     assert dispatcher.snapshot(local.stats()).refused == 1
     gated.gate.set()
@@ -333,14 +333,16 @@ def test_runtime_rejects_a_queue_bound_that_contradicts_its_policy(wide_onnx, cl
 
 def test_the_real_predictor_learns_from_the_first_local_run(wide_onnx, cloud, frames):
     """No fake clock: the first request runs locally (nothing known yet); no local run fits a 1 µs SLO after that,
-    nor does the cloud's measured round trip, so the next one runs locally too (there is room), late."""
+    nor does the cloud's measured round trip, so the next one is refused at once, saying so."""
     with Runtime(wide_onnx, threads=1, offload=_policy(cloud, latency_slo_ms=0.001)) as rt:
-        results = [rt.predict_async(x).result(timeout=30) for x in frames[0][:2]]
+        result = rt.predict_async(frames[0][0]).result(timeout=30)
+        with pytest.raises(OverloadedError, match=r"local predicted [\d.]+ ms with 0 queued .* cloud predicted "
+                                                  r"[\d.]+ ms .* objective 0.001 ms"):
+            rt.predict_async(frames[0][1])
         stats = rt.stats()
-        assert rt.dispatcher is not None and rt.dispatcher.predictor.predict(0).tail_s > 1e-6
-        assert rt.dispatcher.cloud_latency.predict().tail_s > 1e-6
-    assert all(np.allclose(r, w, atol=1e-5) for r, w in zip(results, frames[1]))
-    assert (stats.paths["local"].count, stats.paths["cloud"].count, cloud.infers, cloud.probes) == (2, 0, 0, 1)
+    assert np.allclose(result, frames[1][0], atol=1e-5)
+    assert (stats.paths["local"].count, stats.paths["cloud"].count, stats.refused) == (1, 0, 1)
+    assert (cloud.infers, cloud.probes) == (0, 1)
 
 
 def test_stats_as_dict_is_json_with_the_paths(local, cloud, frames, clock, dispatchers):
