@@ -75,6 +75,7 @@ from benchmarks.endpoint.offload_calibration import (  # noqa: E402
     calibration_of,
     pooled,
     run_scenarios,
+    teach,
 )
 from benchmarks.endpoint.offload_load import Cloud, open_loop, triton_infer  # noqa: E402
 from benchmarks.endpoint.slow_device import (  # noqa: E402
@@ -277,6 +278,7 @@ def run_device(args: argparse.Namespace, quick: bool, rounds: int, run_s: float,
     down = device_runtime(model_path, max_local_queue, down_policy)
     spare.kill()
     results["policy"] = {"latency_slo_ms": slo_ms, "max_local_queue": max_local_queue, "timeout_ms": timeout_ms}
+    results["predictor_taught"] = teach(offloaded, inputs, 60.0 if quick else 120.0)
     runtimes = {"off": local, "on": offloaded, "down": down}
     runs = sweep(args, rounds, run_s, drain_s, inputs, runtimes, capacity, slo_ms / 1e3, midrun)
     results["open_loop"] = {name: {mode: {"rounds": per, **medians(per)}

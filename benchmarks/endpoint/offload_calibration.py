@@ -5,8 +5,10 @@ than the tail they were admitted on. Each local request's tail is computed befor
 the residuals of requests that ended before it; the share that exceeded it is read from the
 predictor (:meth:`~edgesdk.offload.predictor.LatencyPredictor.calibration`) over the requests
 admitted during a run (``since`` the run's start on the predictor's clock), leaving out the
-warm-up: requests admitted before the margin was calibrated (the ones that taught it). Shares
-are pooled over rounds (over-tail requests / requests) per scenario:
+warm-up: requests admitted before the margin was calibrated (the ones that taught it). Before
+the sweep the offload runtime is taught in a closed loop (:func:`teach`, two requests in flight)
+until its predictor has settled more than the warm-up, so every measured run is out of sample.
+Shares are pooled over rounds (over-tail requests / requests) per scenario:
 
 - **1x** and **2x**: the offload-on runs of the load sweep (the predictor taught by the runs
   before them in the same runtime);
@@ -24,17 +26,41 @@ not a goal: it scored 0% error in a probe while the deep-queue margin was 3x sho
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Any
 
 from benchmarks.endpoint.offload_load import OpenLoopRun, Switch, open_loop
 from benchmarks.shared.common import goal, log
+from edgesdk.offload.predictor import MIN_RESIDUALS
 
-__all__ = ["calibration_of", "run_scenarios", "pooled", "calibration_goals", "SCENARIOS"]
+__all__ = ["teach", "calibration_of", "run_scenarios", "pooled", "calibration_goals", "SCENARIOS"]
 
 #: Scenario names as they appear in ``results["calibration"]``, in the goals' order.
 SCENARIOS = ("1x", "2x", "step_1x_to_2x", "slowdown_1.5x")
 #: The share of local requests over their admitted tail that a p99 objective allows (the issue's).
 MAX_OVER_TAIL = 0.02
+
+
+def teach(runtime: Any, inputs: list[Any], max_s: float, extra: int = 10) -> dict[str, Any]:
+    """``predict_async`` in a closed loop, two in flight, until the predictor has settled
+    ``MIN_RESIDUALS + extra`` requests or ``max_s`` passed: what it settled, and how long."""
+    predictor = runtime.dispatcher.predictor
+    wanted = predictor.settled_count + MIN_RESIDUALS + extra
+    started = time.perf_counter()
+    pending = deque(runtime.predict_async(inputs[i % len(inputs)]) for i in range(2))
+    sent = 2
+    while predictor.settled_count < wanted and time.perf_counter() - started < max_s:
+        pending.popleft().result()
+        pending.append(runtime.predict_async(inputs[sent % len(inputs)]))
+        sent += 1
+    for future in pending:
+        future.result()
+    taught = {"settled": predictor.settled_count, "wanted": wanted, "sent": sent,
+              "seconds": time.perf_counter() - started}
+    log(f"predictor taught: {taught['settled']} settled of {wanted} wanted in "
+        f"{taught['seconds']:.1f} s")
+    return taught
 
 
 def calibration_of(runtime: Any, run: OpenLoopRun) -> dict[str, Any]:
