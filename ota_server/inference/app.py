@@ -10,7 +10,8 @@ or a transport limit: requests in flight, bytes held; with Retry-After) or 504 (
 
     GET  /v2                                            {"name", "version", "extensions"}
     GET  /v2/health/live | /v2/health/ready             200 {"live"|"ready": true}
-    GET  /v2/models/{name}[/versions/{v}]               metadata: name, versions, platform, inputs, outputs
+    GET  /v2/models/{name}[/versions/{v}]               metadata: name, versions, platform, inputs,
+    outputs
     GET  /v2/models/{name}[/versions/{v}]/ready         200 {"name", "ready": true}
     POST /v2/models/{name}[/versions/{v}]/infer         JSON or binary tensor data extension
     GET  /metrics                                       Prometheus text exposition
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 
 #: ``name`` in ``GET /v2``.
 SERVER_NAME = "edgesdk"
-#: JSON parts up to this size are decoded on the event loop; larger ones in a worker thread (then process).
+#: JSON parts up to this size are decoded on the event loop; larger ones in a worker thread (then
+#: process).
 _INLINE_DECODE_BYTES = 64 * 1024
 
 
@@ -56,7 +58,9 @@ def _error(status: int, message: str, exc: BaseException | None = None) -> Any:
     from starlette.responses import JSONResponse
 
     retry = retry_after(exc) if exc is not None else None
-    return JSONResponse({"error": message}, status_code=status, headers={"Retry-After": retry} if retry else None)
+    return JSONResponse(
+        {"error": message}, status_code=status, headers={"Retry-After": retry} if retry else None
+    )
 
 
 def _failure(exc: BaseException, path: str) -> Any:
@@ -69,12 +73,15 @@ def _failure(exc: BaseException, path: str) -> Any:
 
 
 class InferenceRoutes:
-    """The handlers of the V2 routes over one registry; each is an ``async (request) -> response``."""
+    """The handlers of the V2 routes over one registry; each is an ``async (request) ->
+    response``."""
 
     def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics) -> None:
         self.registry, self.metrics, self.config = registry, metrics, registry.config
-        # Mid-size JSON bodies are decoded off the loop, one at a time in arrival order: decoding holds the GIL,
-        # so more threads would only interleave the requests and stretch every one of them (the tail most).
+        # Mid-size JSON bodies are decoded off the loop, one at a time in arrival order: decoding
+        # holds the GIL,
+        # so more threads would only interleave the requests and stretch every one of them (the
+        # tail most).
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="v2-json-decode")
         self.json_worker = JsonDecodeWorker()
         self.budget = BodyBudget(self.config.max_buffered_bytes, self.refused)
@@ -94,7 +101,9 @@ class InferenceRoutes:
 
         from edgesdk import __version__
 
-        return JSONResponse({"name": SERVER_NAME, "version": __version__, "extensions": [BINARY_EXTENSION]})
+        return JSONResponse(
+            {"name": SERVER_NAME, "version": __version__, "extensions": [BINARY_EXTENSION]}
+        )
 
     async def live(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -109,7 +118,9 @@ class InferenceRoutes:
         return JSONResponse({"ready": True})
 
     async def _named_model(self, request: Any) -> LoadedModel:
-        return await model_for(self.registry, request.path_params["name"], request.path_params.get("version"))
+        return await model_for(
+            self.registry, request.path_params["name"], request.path_params.get("version")
+        )
 
     async def model_metadata(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -130,13 +141,17 @@ class InferenceRoutes:
         return JSONResponse({"name": model.name, "version": model.version, "ready": True})
 
     async def decode(self, body: bytes | memoryview, length: int | None) -> InferRequest:
-        """The request, decoded where it holds the loop least: JSON parts over ``json_worker_bytes`` in the worker
-        process, over 64 KiB in a thread, others here; binary tensors are views, so only their header counts."""
+        """The request, decoded where it holds the loop least: JSON parts over
+        ``json_worker_bytes`` in the worker
+        process, over 64 KiB in a thread, others here; binary tensors are views, so only their
+        header counts."""
         size = length if length is not None else len(body)
         if size > self.config.json_worker_bytes:
             return await self.json_worker.decode(body, length)
         if size > _INLINE_DECODE_BYTES:
-            return await asyncio.get_running_loop().run_in_executor(self._decoder, decode_request, body, length)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._decoder, decode_request, body, length
+            )
         return decode_request(body, length)  # type: ignore[arg-type]
 
     async def infer(self, request: Any) -> Any:
@@ -154,36 +169,51 @@ class InferenceRoutes:
         async def respond(model: LoadedModel, outputs: dict[str, Any]) -> Any:
             binary = {n for n in outputs if decoded.wants_binary(n)}
             if not needs_slices(outputs, binary):
-                content, headers = encode_response(model.name, model.version, outputs, binary=binary,
-                                                   request_id=decoded.id)
+                content, headers = encode_response(
+                    model.name, model.version, outputs, binary=binary, request_id=decoded.id
+                )
                 return Response(content, headers=headers)
-            parts, headers = await encode_response_sliced(model.name, model.version, outputs, binary=binary,
-                                                          request_id=decoded.id)
+            parts, headers = await encode_response_sliced(
+                model.name, model.version, outputs, binary=binary, request_id=decoded.id
+            )
             headers["Content-Length"] = str(sum(len(p) for p in parts))
             return StreamingResponse(_each(parts), headers=headers)
 
         try:
-            return await run_request(self.registry, self.metrics, request.path_params["name"],
-                                     request.path_params.get("version"), decode, respond)
+            return await run_request(
+                self.registry,
+                self.metrics,
+                request.path_params["name"],
+                request.path_params.get("version"),
+                decode,
+                respond,
+            )
         except Exception as exc:
             return _failure(exc, request.url.path)
         finally:
             self.budget.release(held[0])
 
     def app(self) -> Any:
-        """The ASGI app of these routes behind :class:`~.http_limits.InFlightLimit` (health and metrics pass it)."""
+        """The ASGI app of these routes behind :class:`~.http_limits.InFlightLimit` (health and
+        metrics pass it)."""
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        paths = [Route("/v2", self.server_metadata, methods=["GET"]),
-                 Route("/v2/health/live", self.live, methods=["GET"]),
-                 Route("/v2/health/ready", self.ready, methods=["GET"]),
-                 Route("/metrics", self.prometheus, methods=["GET"])]
+        paths = [
+            Route("/v2", self.server_metadata, methods=["GET"]),
+            Route("/v2/health/live", self.live, methods=["GET"]),
+            Route("/v2/health/ready", self.ready, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+        ]
         for path in ["/v2/models/{name}", "/v2/models/{name}/versions/{version}"]:
-            paths += [Route(path, self.model_metadata, methods=["GET"]),
-                      Route(path + "/ready", self.model_ready, methods=["GET"]),
-                      Route(path + "/infer", self.infer, methods=["POST"])]
-        self.in_flight.app = Starlette(routes=paths, exception_handlers={404: self.not_found, 405: self.not_found})
+            paths += [
+                Route(path, self.model_metadata, methods=["GET"]),
+                Route(path + "/ready", self.model_ready, methods=["GET"]),
+                Route(path + "/infer", self.infer, methods=["POST"]),
+            ]
+        self.in_flight.app = Starlette(
+            routes=paths, exception_handlers={404: self.not_found, 405: self.not_found}
+        )
         return self.in_flight
 
     async def prometheus(self, request: Any) -> Any:
@@ -196,9 +226,13 @@ class InferenceRoutes:
         from starlette.exceptions import HTTPException
 
         status = exc.status_code if isinstance(exc, HTTPException) else 404
-        return _error(status, f"{request.method} {request.url.path}: {'no such path' if status == 404 else 'not allowed'}"
-                              "; the KServe V2 paths are /v2, /v2/health/{live,ready}, /v2/models/{name}[/versions/{v}]"
-                              "[/ready|/infer], and /metrics")
+        return _error(
+            status,
+            f"{request.method} {request.url.path}: "
+            f"{'no such path' if status == 404 else 'not allowed'}; the KServe V2 paths are /v2, "
+            "/v2/health/{live,ready}, /v2/models/{name}[/versions/{v}]"
+            "[/ready|/infer], and /metrics",
+        )
 
 
 async def _each(parts: list[bytes]) -> Any:
@@ -207,6 +241,7 @@ async def _each(parts: list[bytes]) -> Any:
 
 
 def create_inference_app(registry: ModelRegistry, metrics: InferenceMetrics) -> Any:
-    """The ASGI app serving ``registry``'s models and ``metrics`` at ``/metrics``, behind the transport limits
+    """The ASGI app serving ``registry``'s models and ``metrics`` at ``/metrics``, behind the
+    transport limits
     (:meth:`InferenceRoutes.app`; keep the routes to close them)."""
     return InferenceRoutes(registry, metrics).app()

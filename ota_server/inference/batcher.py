@@ -107,7 +107,8 @@ class Batcher:
         """True once :meth:`close` was called."""
         return self._closed
 
-    def submit(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> Future[Outputs]:
+    def submit(self, inputs: dict[str, np.ndarray],
+               deadline: float | None = None) -> Future[Outputs]:
         """Queue one request; QueueFullError at once when ``max_queue`` requests already wait.
 
         ``deadline`` (in the batcher's clock, ``time.perf_counter`` unless given): the request is
@@ -188,13 +189,16 @@ class Batcher:
         return batch
 
     def _drop_expired(self) -> None:
-        """Answer every queued request whose deadline has passed with DeadlineExceededError (lock held)."""
+        """Answer every queued request whose deadline has passed with DeadlineExceededError
+        (called with the lock held)."""
         now = self._clock()
-        expired = [item for item in self._queue if item.deadline is not None and now >= item.deadline]
+        expired = [item for item in self._queue
+                   if item.deadline is not None and now >= item.deadline]
         for item in expired:
             self._queue.remove(item)
             try:
-                check(item.deadline, now, f"{1e3 * (now - item.queued_at):.1f} ms in the batch queue")
+                waited = 1e3 * (now - item.queued_at)
+                check(item.deadline, now, f"{waited:.1f} ms in the batch queue")
             except DeadlineExceededError as exc:
                 item.future.set_exception(exc)
         if expired:

@@ -11,6 +11,12 @@ Frozen dataclasses checked when built, and :func:`load_inference_config`, which 
         adaptive_queue_delay: true  # wait only while requests arrive faster than a batch finishes
         max_queue: 64
         batching: true
+    limits:                         # optional (inference_config_from_file reads it): the transport
+      max_body_bytes: 67108864      # limits of InferenceConfig (its docstring: defaults and why)
+      max_concurrent_requests: 64
+      max_buffered_bytes: 268435456
+      version_loads_per_minute: 6
+      json_worker_bytes: 1048576
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError, InputError
 
-__all__ = ["BatchingConfig", "ServedModel", "InferenceConfig", "load_inference_config"]
+__all__ = ["BatchingConfig", "ServedModel", "InferenceConfig", "load_inference_config",
+           "inference_config_from_file", "LIMIT_KEYS"]
 
 
 def _positive(owner: str, name: str, value: Any, minimum: int = 1) -> None:
@@ -124,12 +131,13 @@ class InferenceConfig:
         if self.threads is not None:
             _positive("InferenceConfig", "threads", self.threads)
         _positive("InferenceConfig", "max_sessions", self.max_sessions)
-        for name in ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes", "version_loads_per_minute",
-                     "json_worker_bytes"):
+        for name in ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes",
+                     "version_loads_per_minute", "json_worker_bytes"):
             _positive("InferenceConfig", name, getattr(self, name))
         if self.max_buffered_bytes < self.max_body_bytes:
-            raise InputError(f"InferenceConfig.max_buffered_bytes ({self.max_buffered_bytes}) is below max_body_bytes "
-                             f"({self.max_body_bytes}): a body at the limit could never be taken; raise it")
+            raise InputError(f"InferenceConfig.max_buffered_bytes ({self.max_buffered_bytes}) is "
+                             f"below max_body_bytes ({self.max_body_bytes}): a body at the limit "
+                             "could never be taken; raise it")
         if not isinstance(self.default_batching, BatchingConfig):
             raise InputError("InferenceConfig.default_batching must be a BatchingConfig")
 
@@ -144,13 +152,14 @@ class InferenceConfig:
 
 
 _MODEL_KEYS = {"name", "version", "batching"} | {f.name for f in fields(BatchingConfig)} - {"enabled"}
+#: The keys of the YAML's ``limits`` mapping: InferenceConfig fields.
+LIMIT_KEYS = ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes",
+              "version_loads_per_minute", "json_worker_bytes", "max_sessions")
 
 
-def load_inference_config(path: str | os.PathLike[str]) -> tuple[ServedModel, ...]:
-    """The served models of a YAML file (see the module doc); InputError naming the file and entry otherwise."""
+def _read(path: Path, keys: set[str]) -> dict[str, Any]:
     import yaml
 
-    path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -158,9 +167,39 @@ def load_inference_config(path: str | os.PathLike[str]) -> tuple[ServedModel, ..
             from None
     except yaml.YAMLError as exc:
         raise InputError(f"the inference config {path} is not valid YAML ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("models"), list) or set(data) - {"models"}:
-        raise InputError(f"the inference config {path} must be a mapping with one key 'models' holding a list, "
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list) or set(data) - keys:
+        shape = ("one key 'models'" if keys == {"models"}
+                 else "the key 'models' (and optionally 'limits')")
+        raise InputError(f"the inference config {path} must be a mapping with {shape} holding a "
+                         "list, "
                          f"e.g. 'models: [{{name: digits}}]'; got {data!r:.200}")
+    return data
+
+
+def inference_config_from_file(path: str | os.PathLike[str],
+                               threads: int | None = None) -> InferenceConfig:
+    """The whole InferenceConfig of a YAML file: its ``models`` and its optional ``limits`` (see
+    the module doc); ``threads`` as :class:`InferenceConfig` takes it."""
+    path = Path(path)
+    data = _read(path, {"models", "limits"})
+    limits = data.get("limits") or {}
+    if not isinstance(limits, dict) or set(limits) - set(LIMIT_KEYS):
+        raise InputError(f"{path}: limits must be a mapping of {list(LIMIT_KEYS)}, "
+                         f"got {limits!r:.200}")
+    try:
+        return InferenceConfig(models=_served(path, data), threads=threads, **limits)
+    except EdgeSDKError as exc:
+        raise type(exc)(f"{path}: {exc}") from None
+
+
+def load_inference_config(path: str | os.PathLike[str]) -> tuple[ServedModel, ...]:
+    """The served models of a YAML file without ``limits`` (read a file with them by
+    :func:`inference_config_from_file`); InputError naming the file and entry otherwise."""
+    path = Path(path)
+    return _served(path, _read(path, {"models"}))
+
+
+def _served(path: Path, data: dict[str, Any]) -> tuple[ServedModel, ...]:
     served = []
     for number, entry in enumerate(data["models"], 1):
         where = f"{path}: models[{number}]"

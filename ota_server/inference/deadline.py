@@ -23,24 +23,31 @@ TIMEOUT_PARAMETER = "timeout"
 
 
 class DeadlineExceededError(EdgeSDKError):
-    """The request's ``timeout`` passed before it could run; answered with 504 and not run at all."""
+    """The request's ``timeout`` passed before it could run; answered with 504 and not run at
+    all."""
 
 
 def timeout_us(parameters: dict[str, Any]) -> int | None:
-    """The request's ``timeout`` in microseconds, or None for none; InputError naming a value that is not one."""
+    """The request's ``timeout`` in microseconds, or None for none; InputError naming a value that
+    is not one."""
     value = parameters.get(TIMEOUT_PARAMETER)
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InputError(f"parameters.timeout is {value!r}; it must be a whole number of microseconds >= 0 "
-                         "(0: no deadline)")
+        raise InputError(
+            f"parameters.timeout is {value!r}; it must be a whole number of microseconds >= 0 "
+            "(0: no deadline)"
+        )
     return value or None
 
 
 def check(deadline: float | None, now: float, where: str) -> None:
-    """DeadlineExceededError when ``deadline`` (perf_counter seconds) has passed at ``now``; ``where`` says what
+    """DeadlineExceededError when ``deadline`` (perf_counter seconds) has passed at ``now``;
+    ``where`` says what
     the request was waiting for."""
     if deadline is not None and now >= deadline:
-        raise DeadlineExceededError(f"Request timeout expired: the request's deadline passed {1e3 * (now - deadline):.1f} "
-                                    f"ms ago while it waited {where}; it was not run. Send a longer "
-                                    "parameters.timeout, or retry where the queue is shorter")
+        raise DeadlineExceededError(
+            f"Request timeout expired: the request's deadline passed {1e3 * (now - deadline):.1f} "
+            f"ms ago while it waited {where}; it was not run. Send a longer "
+            "parameters.timeout, or retry where the queue is shorter"
+        )

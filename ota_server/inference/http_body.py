@@ -1,4 +1,5 @@
-"""Reading an infer request's body within the limits: 413 before it is read whole, bytes held counted.
+"""Reading an infer request's body within the limits: 413 before it is read whole, bytes held
+counted.
 
 A body is refused with :class:`BodyTooLargeError` (413) as soon as it is known to be over
 ``max_body_bytes``: by its Content-Length before any of it is read, or while a body of unknown
@@ -33,17 +34,24 @@ def _declared(request: Any, max_body: int) -> int | None:
     except ValueError:
         raise InputError(f"Content-Length {declared!r} is not a number") from None
     if size > max_body:
-        raise BodyTooLargeError(f"the body of {size} bytes is over this endpoint's {max_body}-byte limit; "
-                                "send a smaller batch")
+        raise BodyTooLargeError(
+            f"the body of {size} bytes is over this endpoint's {max_body}-byte limit; "
+            "send a smaller batch"
+        )
     return size
 
 
-async def read_body(request: Any, max_body: int, budget: BodyBudget, held: list[int]) -> bytes | memoryview:
-    """The whole body; every byte counted in ``budget`` is added to ``held[0]`` for the caller to release."""
+async def read_body(
+    request: Any, max_body: int, budget: BodyBudget, held: list[int]
+) -> bytes | memoryview:
+    """The whole body; every byte counted in ``budget`` is added to ``held[0]`` for the caller to
+    release."""
     size = _declared(request, max_body)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
-        raise InputError(f"Content-Encoding {encoding!r} is not supported; send the body uncompressed")
+        raise InputError(
+            f"Content-Encoding {encoding!r} is not supported; send the body uncompressed"
+        )
     if size is not None:
         budget.reserve(size)
         held[0] += size
@@ -52,7 +60,9 @@ async def read_body(request: Any, max_body: int, budget: BodyBudget, held: list[
     async for chunk in request.stream():
         total += len(chunk)
         if total > max_body:
-            raise BodyTooLargeError(f"the body is over this endpoint's {max_body}-byte limit; send a smaller batch")
+            raise BodyTooLargeError(
+                f"the body is over this endpoint's {max_body}-byte limit; send a smaller batch"
+            )
         budget.reserve(len(chunk))
         held[0] += len(chunk)
         chunks.append(chunk)
@@ -68,10 +78,10 @@ async def _into_buffer(request: Any, size: int) -> bytes | memoryview:
         if buffer is None and len(chunk) == size:
             return chunk  # the whole body in one piece: no copy
         if buffer is None:
-            buffer = memoryview(np.empty(size, dtype=np.uint8))
+            buffer = np.empty(size, dtype=np.uint8).data  # untouched pages: not zero-filled here
         if offset + len(chunk) > size:
             raise InputError(f"the body is longer than its Content-Length ({size} bytes)")
-        buffer[offset:offset + len(chunk)] = chunk
+        buffer[offset : offset + len(chunk)] = chunk
         offset += len(chunk)
     if offset != size and not (buffer is None and size == 0):
         raise InputError(f"the body ended after {offset} of its Content-Length's {size} bytes")
@@ -86,5 +96,6 @@ def header_length(request: Any) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise InputError(f"{HEADER_LENGTH} {text!r} is not a number; send the byte length of the JSON part") \
-            from None
+        raise InputError(
+            f"{HEADER_LENGTH} {text!r} is not a number; send the byte length of the JSON part"
+        ) from None

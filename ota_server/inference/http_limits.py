@@ -28,7 +28,8 @@ __all__ = ["BusyError", "BodyBudget", "InFlightLimit", "UNLIMITED_PATHS", "RETRY
 
 #: Paths the limits never apply to: health must answer under any load, metrics must show it.
 UNLIMITED_PATHS = ("/v2/health/live", "/v2/health/ready", "/metrics", "/v2")
-#: The ``Retry-After`` of a 503 for a limit: a request in flight or a body in memory is usually gone by then.
+#: The ``Retry-After`` of a 503 for a limit: a request in flight or a body in memory is usually
+#: gone by then.
 RETRY_AFTER_S = 1
 
 Scope = MutableMapping[str, Any]
@@ -37,13 +38,15 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class BusyError(EdgeSDKError):
-    """A transport limit is reached (requests in flight, bytes held); answered 503 with ``Retry-After``."""
+    """A transport limit is reached (requests in flight, bytes held); answered 503 with
+    ``Retry-After``."""
 
     retry_after = str(RETRY_AFTER_S)
 
 
 class BodyBudget:
-    """Bytes of request bodies held now, against ``limit`` (used on the event loop only: no lock)."""
+    """Bytes of request bodies held now, against ``limit`` (used on the event loop only: no
+    lock)."""
 
     def __init__(self, limit: int, refused: Callable[[str], None] = lambda reason: None) -> None:
         self.limit, self.held, self._refused = limit, 0, refused
@@ -52,8 +55,11 @@ class BodyBudget:
         """Count ``size`` more bytes held, or BusyError when that would go over the limit."""
         if self.held + size > self.limit:
             self._refused("memory")
-            raise BusyError(f"the endpoint holds {self.held} bytes of request bodies and this one needs {size} more, "
-                            f"over its max_buffered_bytes ({self.limit}); retry in {RETRY_AFTER_S} s")
+            raise BusyError(
+                f"the endpoint holds {self.held} bytes of request bodies and this one needs "
+                f"{size} more, "
+                f"over its max_buffered_bytes ({self.limit}); retry in {RETRY_AFTER_S} s"
+            )
         self.held += size
 
     def release(self, size: int) -> None:
@@ -62,9 +68,12 @@ class BodyBudget:
 
 
 class InFlightLimit:
-    """ASGI middleware: at most ``limit`` requests in flight on the limited paths, the next one 503 at once."""
+    """ASGI middleware: at most ``limit`` requests in flight on the limited paths, the next one 503
+    at once."""
 
-    def __init__(self, app: Any, limit: int, refused: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(
+        self, app: Any, limit: int, refused: Callable[[str], None] = lambda reason: None
+    ) -> None:
         self.app, self.limit, self.in_flight, self._refused = app, limit, 0, refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -73,8 +82,11 @@ class InFlightLimit:
             return
         if self.in_flight >= self.limit:
             self._refused("in_flight")
-            await _refuse(send, f"the endpoint has {self.in_flight} requests in flight, its max_concurrent_requests; "
-                                f"retry in {RETRY_AFTER_S} s")
+            await _refuse(
+                send,
+                f"the endpoint has {self.in_flight} requests in flight, its "
+                f"max_concurrent_requests; retry in {RETRY_AFTER_S} s",
+            )
             return
         self.in_flight += 1
         try:
@@ -85,7 +97,16 @@ class InFlightLimit:
 
 async def _refuse(send: Send, message: str) -> None:
     body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"retry-after", str(RETRY_AFTER_S).encode()), (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(RETRY_AFTER_S).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -8,7 +8,8 @@ first such body, niced below the loop (:data:`WORKER_NICENESS`: on a shared core
 first), fed one body at a time in arrival order (more workers would share the same cores and
 stretch every parse). The body goes over a pipe (the writes release the GIL) and each decoded
 tensor comes back as raw bytes read straight into its array, so this process holds the GIL only
-for copies of pipe-sized pieces. The worker decodes with :func:`~edgesdk.offload.v2_codec.decode_request`,
+for copies of pipe-sized pieces. The worker decodes with
+:func:`~edgesdk.offload.v2_codec.decode_request`,
 the same function as every other path, so answers and error messages are the same.
 
 Binary tensors (the binary data extension) need no parse at all: send large tensors that way.
@@ -37,7 +38,8 @@ WORKER_NICENESS = 10
 
 
 class DecodeWorkerError(EdgeSDKError):
-    """The decode worker process ended while decoding a body (killed, out of memory); answered with 503."""
+    """The decode worker process ended while decoding a body (killed, out of memory); answered with
+    503."""
 
 
 def _serve(conn: Any, niceness: int) -> None:
@@ -62,15 +64,20 @@ def _serve(conn: Any, niceness: int) -> None:
         except Exception as exc:  # reported to the parent, which logs it as a 500
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             continue
-        arrays = [a if a.flags.c_contiguous else a.copy() for a in request.inputs.values()]  # 0-d stays 0-d
+        arrays = [
+            a if a.flags.c_contiguous else a.copy() for a in request.inputs.values()
+        ]  # 0-d stays 0-d
         specs = [(name, a.dtype.str, a.shape) for name, a in zip(request.inputs, arrays)]
-        conn.send(("ok", request.id, request.outputs, request.binary_outputs, request.parameters, specs))
+        conn.send(
+            ("ok", request.id, request.outputs, request.binary_outputs, request.parameters, specs)
+        )
         for array in arrays:
             conn.send_bytes(array.reshape(-1).view(np.uint8))
 
 
 class JsonDecodeWorker:
-    """The worker process and the one thread that talks to it; :meth:`decode` is awaited on the loop."""
+    """The worker process and the one thread that talks to it; :meth:`decode` is awaited on the
+    loop."""
 
     def __init__(self, niceness: int = WORKER_NICENESS) -> None:
         self.niceness = niceness
@@ -86,12 +93,12 @@ class JsonDecodeWorker:
         """The worker process's id, or None before the first body (or after it ended)."""
         return self._process.pid if self._process is not None else None
 
-    async def decode(self, body: bytes | bytearray, header_length: int | None) -> InferRequest:
+    async def decode(self, body: bytes | memoryview, header_length: int | None) -> InferRequest:
         """The decoded request, as :func:`~edgesdk.offload.v2_codec.decode_request` gives it."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._talker, self.decode_blocking, body, header_length)
 
-    def decode_blocking(self, body: bytes | bytearray, header_length: int | None) -> InferRequest:
+    def decode_blocking(self, body: bytes | memoryview, header_length: int | None) -> InferRequest:
         """:meth:`decode` from a thread that may wait."""
         with self._lock:
             conn = self._connection()
@@ -102,7 +109,9 @@ class JsonDecodeWorker:
                 if reply[0] == "input":
                     raise InputError(reply[1])
                 if reply[0] == "error":
-                    raise RuntimeError(f"decoding the body failed in the worker process: {reply[1]}")
+                    raise RuntimeError(
+                        f"decoding the body failed in the worker process: {reply[1]}"
+                    )
                 _, request_id, outputs, binary_outputs, parameters, specs = reply
                 inputs = {}
                 for name, dtype, shape in specs:
@@ -111,14 +120,18 @@ class JsonDecodeWorker:
                     inputs[name] = array
             except (EOFError, OSError) as exc:
                 self._stop()
-                raise DecodeWorkerError(f"the JSON decode worker process ended ({exc!r}); retry the request, or "
-                                        "send the tensors as binary data") from None
+                raise DecodeWorkerError(
+                    f"the JSON decode worker process ended ({exc!r}); retry the request, or "
+                    "send the tensors as binary data"
+                ) from None
             self.decoded += 1
         return InferRequest(request_id, inputs, outputs, binary_outputs, parameters)
 
     def _connection(self) -> Any:
-        """The pipe to a running worker, started now if there is none (a fresh interpreter: this process runs
-        threads, so it is never forked, and it is not re-imported as multiprocessing's spawn would)."""
+        """The pipe to a running worker, started now if there is none (a fresh interpreter: this
+        process runs
+        threads, so it is never forked, and it is not re-imported as multiprocessing's spawn
+        would)."""
         from multiprocessing.connection import Connection
 
         if self._process is None or self._process.poll() is not None:
@@ -127,7 +140,9 @@ class JsonDecodeWorker:
             with ours, theirs:
                 self._process = subprocess.Popen(
                     [sys.executable, "-m", __name__, str(theirs.fileno()), str(self.niceness)],
-                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                )
                 self._conn = Connection(ours.detach())
         return self._conn
 

@@ -1,4 +1,5 @@
-"""How often requests may make the endpoint load a model version that is not the one it serves by default.
+"""How often requests may make the endpoint load a model version that is not the one it serves by
+default.
 
 The data plane has no authentication, and ``/v2/models/{name}/versions/{v}`` (infer, metadata or
 ready) loads version v when it is not loaded. A client cycling through stored versions therefore
@@ -25,7 +26,8 @@ __all__ = ["LoadBudget", "VersionLoadLimitError"]
 
 
 class VersionLoadLimitError(EdgeSDKError):
-    """Loading another version now would go over ``version_loads_per_minute``; retry after ``retry_after_s``."""
+    """Loading another version now would go over ``version_loads_per_minute``; retry after
+    ``retry_after_s``."""
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
@@ -50,12 +52,17 @@ class LoadBudget:
         """Spend one load on ``what``, or VersionLoadLimitError saying when one is free."""
         with self._lock:
             now = self._clock()
-            self._tokens = min(float(self.per_minute), self._tokens + (now - self._at) * self.per_minute / 60.0)
+            self._tokens = min(
+                float(self.per_minute), self._tokens + (now - self._at) * self.per_minute / 60.0
+            )
             self._at = now
             if self._tokens >= 1.0:
                 self._tokens -= 1.0
                 return
             wait = (1.0 - self._tokens) * 60.0 / self.per_minute
-        raise VersionLoadLimitError(f"loading {what} would go over this endpoint's version_loads_per_minute "
-                                    f"({self.per_minute}); retry in {wait:.1f} s, or send requests to the "
-                                    "default version (no /versions/ in the path)", wait)
+        raise VersionLoadLimitError(
+            f"loading {what} would go over this endpoint's version_loads_per_minute "
+            f"({self.per_minute}); retry in {wait:.1f} s, or send requests to the "
+            "default version (no /versions/ in the path)",
+            wait,
+        )

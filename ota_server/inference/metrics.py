@@ -5,15 +5,17 @@ does not know are counted under ``model="_unknown"`` so a client cannot grow the
 
     edgesdk_inference_requests_total{model,version}            every infer request
     edgesdk_inference_failures_total{model,version,reason}     reason: bad_request, not_found, too_large,
-                                                               queue_full, deadline (its timeout passed
-                                                               before it ran), load_limit, busy, error
+                                                               queue_full, deadline (its timeout
+                                                               passed before it ran), load_limit,
+                                                               busy, error
     edgesdk_inference_request_seconds{model,version}           whole request, body read to response ready
     edgesdk_inference_queue_seconds{model,version}             time a request waited for its batch to start
     edgesdk_inference_compute_seconds{model,version}           one ONNX Runtime call (a whole batch)
     edgesdk_inference_batch_size{model,version}                requests' rows in one ONNX Runtime call
     edgesdk_inference_queue_depth{model,version}               requests waiting for the batcher now
-    edgesdk_inference_refused_total{reason}                    HTTP requests refused by a transport limit
-                                                               before a model was chosen: in_flight, memory
+    edgesdk_inference_refused_total{reason}                    HTTP requests refused by a transport
+                                                               limit before a model was chosen:
+                                                               in_flight, memory
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class InferenceMetrics:
                                          buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("edgesdk_inference_batch_size", "Rows in one ONNX Runtime call.", labels,
                                     buckets=_BATCH_BUCKETS, registry=self.registry)
-        self.refused = Counter("edgesdk_inference_refused", "HTTP requests refused by a transport limit.", ("reason",),
+        self.refused = Counter("edgesdk_inference_refused",
+                               "HTTP requests refused by a transport limit.", ("reason",),
                                registry=self.registry)
         self.queue_depth = Gauge("edgesdk_inference_queue_depth", "Requests waiting for the batcher.", labels,
                                  registry=self.registry)

@@ -129,9 +129,11 @@ class LoadedModel:
         except BatcherClosedError:
             return None  # unloaded a moment ago: the session still works, run it directly
 
-    async def infer(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
-        """Check and run one request, batched when the model batches; QueueFullError when its queue is full,
-        DeadlineExceededError when ``deadline`` (``time.perf_counter`` seconds) passes before it runs."""
+    async def infer(self, inputs: dict[str, np.ndarray],
+                    deadline: float | None = None) -> dict[str, np.ndarray]:
+        """Check and run one request, batched when the model batches; QueueFullError when its queue
+        is full, DeadlineExceededError when ``deadline`` (``time.perf_counter`` seconds) passes
+        before it runs."""
         inputs = self.check(inputs)
         check(deadline, time.perf_counter(), "for its body and model")
         future = self.submit(inputs, deadline)
@@ -141,8 +143,8 @@ class LoadedModel:
             if self.run_cost.inline(elements(inputs)):
                 return self._run_measured(inputs)
             try:
-                running = asyncio.get_running_loop().run_in_executor(self._runner, self._run_measured, inputs,
-                                                                     deadline)
+                running = asyncio.get_running_loop().run_in_executor(
+                    self._runner, self._run_measured, inputs, deadline)
             except RuntimeError:  # evicted from the cache a moment ago: the session still works, run it anyway
                 return await asyncio.to_thread(self._run_measured, inputs, deadline)
             return await running
@@ -158,7 +160,8 @@ class LoadedModel:
         finally:
             self._slots.release()
 
-    def _run_measured(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
+    def _run_measured(self, inputs: dict[str, np.ndarray],
+                      deadline: float | None = None) -> dict[str, np.ndarray]:
         started = time.perf_counter()
         check(deadline, started, "for a runner")
         cost_from = self._run_clock()
@@ -176,9 +179,11 @@ class LoadedModel:
             self.batcher.close()
         self._runner.shutdown(wait=False)
 
-    def infer_blocking(self, inputs: dict[str, np.ndarray], deadline: float | None = None) -> dict[str, np.ndarray]:
-        """:meth:`infer` for a thread that may wait for the answer (the gRPC service's workers): the same batcher,
-        ``max_queue``, runner and deadline; a run provably short by :attr:`run_cost` goes in the calling thread."""
+    def infer_blocking(self, inputs: dict[str, np.ndarray],
+                       deadline: float | None = None) -> dict[str, np.ndarray]:
+        """:meth:`infer` for a thread that may wait for the answer (the gRPC service's workers): the
+        same batcher, ``max_queue``, runner and deadline; a run provably short by
+        :attr:`run_cost` goes in the calling thread."""
         inputs = self.check(inputs)
         check(deadline, time.perf_counter(), "for its body and model")
         future = self.submit(inputs, deadline)
@@ -205,8 +210,10 @@ class ModelRegistry:
         self._versions: dict[str, tuple[int, list[str]]] = {}
         self._served: dict[str, ServedModel] = {}
         self.load_budget = LoadBudget(config.version_loads_per_minute)
-        # Sessions are built here, below the loop's priority: ORT's pool threads inherit this thread's nice value.
-        self._loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader", initializer=below_the_event_loop)
+        # Sessions are built here, below the loop's priority: ORT's pool threads inherit this
+        # thread's nice value.
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="model-loader",
+                                          initializer=below_the_event_loop)
 
     def names(self) -> list[str]:
         """The models this endpoint serves that have a stored version."""
@@ -268,9 +275,10 @@ class ModelRegistry:
             return model
 
     def load(self, name: str, version: str) -> LoadedModel:
-        """The model's session, loaded from its bundle when not cached (blocking: ORT builds the session in a
-        thread below the loop's priority); VersionLoadLimitError when ``version`` is not the model's default
-        one and loading it now would go over ``version_loads_per_minute``."""
+        """The model's session, loaded from its bundle when not cached (blocking: ORT builds the
+        session in a thread below the loop's priority); VersionLoadLimitError when ``version`` is
+        not the model's default one and loading it now would go over
+        ``version_loads_per_minute``."""
         with self._load_lock:
             model = self.cached(name, version)
             if model is not None:

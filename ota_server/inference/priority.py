@@ -1,4 +1,5 @@
-"""Threads that run model code run at a lower priority than the endpoint's event loop (Linux nice values).
+"""Threads that run model code run at a lower priority than the endpoint's event loop (Linux nice
+values).
 
 The loop's work is short by design (parsing headers, health, metrics, runs proven short); a model
 run sharing its core at the same priority holds it for a scheduler slice each time the loop
@@ -26,8 +27,10 @@ def loop_niceness() -> int:
 
 
 def below_the_event_loop() -> None:
-    """Lower the calling thread to :data:`RUN_NICENESS` below the loop; a thread already there stays as it is
-    (an unprivileged thread could not come back up). Not Linux, or not allowed: it keeps its priority."""
+    """Lower the calling thread to :data:`RUN_NICENESS` below the loop; a thread already there
+    stays as it is
+    (an unprivileged thread could not come back up). Not Linux, or not allowed: it keeps its
+    priority."""
     try:
         target = loop_niceness() + RUN_NICENESS
         tid = threading.get_native_id()

@@ -30,7 +30,8 @@ from .load_limit import VersionLoadLimitError
 from .metrics import UNKNOWN_MODEL, InferenceMetrics
 from .models import LoadedModel, ModelRegistry
 
-__all__ = ["BodyTooLargeError", "http_status", "failure_reason", "model_for", "run_request", "run_request_blocking"]
+__all__ = ["BodyTooLargeError", "http_status", "failure_reason", "retry_after", "model_for",
+           "run_request", "run_request_blocking"]
 
 T = TypeVar("T")
 #: ``(inputs, wanted)`` or ``(inputs, wanted, timeout_us)``.
@@ -41,7 +42,8 @@ class BodyTooLargeError(EdgeSDKError):
     """A request body is over the endpoint's ``max_body_bytes``; answered with 413 (gRPC: RESOURCE_EXHAUSTED)."""
 
 
-#: Failure -> (HTTP status, ``reason`` label); the first class that matches, else 400 for an EdgeSDKError, else 500.
+#: Failure -> (HTTP status, ``reason`` label); the first class that matches, else 400 for an
+#: EdgeSDKError, else 500.
 _FAILURES: tuple[tuple[type[BaseException], int, str], ...] = (
     (NotFoundError, 404, "not_found"),
     (BodyTooLargeError, 413, "too_large"),
@@ -54,8 +56,9 @@ _FAILURES: tuple[tuple[type[BaseException], int, str], ...] = (
 
 
 def http_status(exc: BaseException) -> int:
-    """The HTTP status of a failed request: 404 unknown model or version, 413 body too large, 429 version loads
-    over their budget, 503 queue full or a transport limit, 504 deadline passed, 400 other bad input, else 500."""
+    """The HTTP status of a failed request: 404 unknown model or version, 413 body too large, 429
+    version loads over their budget, 503 queue full or a transport limit, 504 deadline passed, 400
+    other bad input, else 500."""
     for kind, status, _ in _FAILURES:
         if isinstance(exc, kind):
             return status
@@ -113,14 +116,16 @@ def _selected(model: LoadedModel, outputs: dict[str, np.ndarray], wanted: Sequen
 
 
 def _deadline(started: float, decoded: Decoded) -> float | None:
-    """The request's deadline in ``time.perf_counter`` seconds: ``started`` plus its timeout, if it has one."""
+    """The request's deadline in ``time.perf_counter`` seconds: ``started`` plus its timeout, if
+    it has one."""
     timeout = decoded[2] if len(decoded) > 2 else None
     return None if timeout is None else started + timeout / 1e6
 
 
 async def run_request(registry: ModelRegistry, metrics: InferenceMetrics, name: str, version: str | None,
                       decode: Callable[[LoadedModel], Awaitable[Decoded]],
-                      respond: Callable[[LoadedModel, dict[str, np.ndarray]], T | Awaitable[T]]) -> T:
+                      respond: Callable[[LoadedModel, dict[str, np.ndarray]],
+                                        T | Awaitable[T]]) -> T:
     """Serve one infer request through ``decode`` and ``respond``; every failure is counted, then raised."""
     started = time.perf_counter()
     try:

@@ -28,7 +28,8 @@ class InferenceServer:
     """A started endpoint: ``url`` (``http://HOST:PORT``), ``grpc_address`` (``HOST:PORT`` or None), its
     ``registry`` and ``metrics``; :meth:`stop` ends it."""
 
-    def __init__(self, registry: Any, metrics: Any, http: Any, grpc: Any = None, routes: Any = None) -> None:
+    def __init__(self, registry: Any, metrics: Any, http: Any, grpc: Any = None,
+                 routes: Any = None) -> None:
         self.registry, self.metrics, self.http, self.grpc = registry, metrics, http, grpc
         #: The HTTP routes (:class:`~.app.InferenceRoutes`): their decode worker, body budget.
         self.routes = routes

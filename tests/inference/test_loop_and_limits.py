@@ -1,4 +1,5 @@
-"""No request stalls the endpoint's event loop, and its transport limits hold (issue 61), over real HTTP.
+"""No request stalls the endpoint's event loop, and its transport limits hold (issue 61), over real
+HTTP.
 
 Each test fails under the old rules: a 10^6-float JSON answer was written in one call on the loop;
 big JSON bodies were parsed in a thread holding the GIL; any number of requests and bodies were
@@ -32,14 +33,20 @@ SIDE = 1000  # the outer product of a [1, SIDE] input is SIDE**2 = 10^6 floats
 
 
 def write_outer_onnx(path: Path) -> Path:
-    """``x: float32[1, SIDE]`` -> ``y = x^T x: float32[SIDE, SIDE]``: a tiny request with a 10^6-float answer."""
+    """``x: float32[1, SIDE]`` -> ``y = x^T x: float32[SIDE, SIDE]``: a tiny request with a
+    10^6-float answer."""
     import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]), helper.make_node("MatMul", ["xt", "x"], ["y"])],
-        "outer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SIDE])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [SIDE, SIDE])])
+        [
+            helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+            helper.make_node("MatMul", ["xt", "x"], ["y"]),
+        ],
+        "outer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SIDE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [SIDE, SIDE])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(path))
     return path
@@ -50,13 +57,29 @@ def outer_endpoint(tmp_path, serve):
     x = np.linspace(-1, 1, SIDE, dtype=np.float32)[None]
     repo = ModelRepository(tmp_path / "outer-repo", allow_unsigned=True)
     spec = BundleSpec("outer", "1.0.0", "onnx-fp32", "generic-x86_64", "latency")
-    repo.add(bundle_from_model(tmp_path / "outer", write_outer_onnx(tmp_path / "outer.onnx"), spec, {"x": x}).path)
-    return serve(repository=repo, threads=1, models=[ServedModel("outer", batching=BatchingConfig(enabled=False))])
+    repo.add(
+        bundle_from_model(
+            tmp_path / "outer", write_outer_onnx(tmp_path / "outer.onnx"), spec, {"x": x}
+        ).path
+    )
+    return serve(
+        repository=repo,
+        threads=1,
+        models=[ServedModel("outer", batching=BatchingConfig(enabled=False))],
+    )
 
 
 def json_body(name: str, x: np.ndarray, **parameters: object) -> bytes:
-    body: dict[str, object] = {"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
-                                           "data": x.reshape(-1).tolist()}]}
+    body: dict[str, object] = {
+        "inputs": [
+            {
+                "name": name,
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "data": x.reshape(-1).tolist(),
+            }
+        ]
+    }
     if parameters:
         body["parameters"] = parameters
     return json.dumps(body).encode()
@@ -67,7 +90,8 @@ def health(endpoint) -> int:
 
 
 def test_health_answers_while_a_big_json_answer_is_written(outer_endpoint, monkeypatch):
-    """The writer stops after its first slice until health has been answered: only a loop that runs other
+    """The writer stops after its first slice until health has been answered: only a loop that runs
+    other
     requests between slices gets there (before, the whole answer was one json.dumps in one turn)."""
     writing, answered, waited = threading.Event(), threading.Event(), []
     turn = json_encode._turn
@@ -83,8 +107,15 @@ def test_health_answers_while_a_big_json_answer_is_written(outer_endpoint, monke
     monkeypatch.setattr(json_encode, "_turn", first_turn_waits_for_health)
     x = np.linspace(-1, 1, SIDE, dtype=np.float32)[None]
     result = {}
-    infer = threading.Thread(target=lambda: result.update(answer=request(
-        f"{outer_endpoint.url}/v2/models/outer/infer", json_body("x", x), {"Content-Type": "application/json"})))
+    infer = threading.Thread(
+        target=lambda: result.update(
+            answer=request(
+                f"{outer_endpoint.url}/v2/models/outer/infer",
+                json_body("x", x),
+                {"Content-Type": "application/json"},
+            )
+        )
+    )
     infer.start()
     assert writing.wait(60), "the answer was never written in slices"
     assert health(outer_endpoint) == 200
@@ -101,11 +132,19 @@ def worker_endpoint(serve):
     return serve(config=InferenceConfig(json_worker_bytes=64 * 1024))
 
 
-def test_big_json_bodies_are_parsed_in_a_niced_worker_process_while_health_answers(worker_endpoint, bundles):
-    """The worker is stopped (SIGSTOP) while it holds a body: health still answers, so the parse holds neither
+def test_big_json_bodies_are_parsed_in_a_niced_worker_process_while_health_answers(
+    worker_endpoint, bundles
+):
+    """The worker is stopped (SIGSTOP) while it holds a body: health still answers, so the parse
+    holds neither
     the loop nor its GIL (before, it ran in a thread holding the GIL for the whole parse)."""
-    x = np.random.default_rng(0).standard_normal((400, WIDTH_IN)).astype(np.float32)  # ~130 KB of JSON
-    url, headers = f"{worker_endpoint.url}/v2/models/mlp/infer", {"Content-Type": "application/json"}
+    x = (
+        np.random.default_rng(0).standard_normal((400, WIDTH_IN)).astype(np.float32)
+    )  # ~130 KB of JSON
+    url, headers = (
+        f"{worker_endpoint.url}/v2/models/mlp/infer",
+        {"Content-Type": "application/json"},
+    )
     status, _, body = request(url, json_body("input", x), headers)
     assert status == 200
     worker = worker_endpoint.routes.json_worker
@@ -115,7 +154,9 @@ def test_big_json_bodies_are_parsed_in_a_niced_worker_process_while_health_answe
     os.kill(worker.pid, signal.SIGSTOP)
     result = {}
     try:
-        infer = threading.Thread(target=lambda: result.update(answer=request(url, json_body("input", x), headers)))
+        infer = threading.Thread(
+            target=lambda: result.update(answer=request(url, json_body("input", x), headers))
+        )
         infer.start()
         wait_until(worker._lock.locked, "the second body to reach the worker")
         assert health(worker_endpoint) == 200 and infer.is_alive()
@@ -133,7 +174,10 @@ class SlowUpload:
 
     def __init__(self, url: str, body: bytes, sent: int = 10) -> None:
         parts = urlsplit(url)
-        self.body, self.conn = body, http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+        self.body, self.conn = (
+            body,
+            http.client.HTTPConnection(parts.hostname, parts.port, timeout=60),
+        )
         self.conn.putrequest("POST", parts.path)
         self.conn.putheader("Content-Type", "application/json")
         self.conn.putheader("Content-Length", str(len(body)))
@@ -142,7 +186,7 @@ class SlowUpload:
         self.sent = sent
 
     def finish(self) -> int:
-        self.conn.send(self.body[self.sent:])
+        self.conn.send(self.body[self.sent :])
         response = self.conn.getresponse()
         response.read()
         self.conn.close()
@@ -151,25 +195,39 @@ class SlowUpload:
 
 @pytest.fixture
 def limited_endpoint(serve):
-    return serve(config=InferenceConfig(max_concurrent_requests=2, max_body_bytes=4096, max_buffered_bytes=6000))
+    return serve(
+        config=InferenceConfig(
+            max_concurrent_requests=2, max_body_bytes=4096, max_buffered_bytes=6000
+        )
+    )
 
 
-def test_requests_over_the_concurrency_limit_get_503_at_once_and_health_still_answers(limited_endpoint):
+def test_requests_over_the_concurrency_limit_get_503_at_once_and_health_still_answers(
+    limited_endpoint,
+):
     """Before, every request was taken: the third one waited with the others."""
     url = f"{limited_endpoint.url}/v2/models/mlp/infer"
     body = json_body("input", np.ones((1, WIDTH_IN), np.float32))
     uploads = [SlowUpload(url, body), SlowUpload(url, body)]
     wait_until(lambda: limited_endpoint.routes.in_flight.in_flight == 2, "both uploads in flight")
     status, headers, answer = request(url, body, {"Content-Type": "application/json"})
-    assert status == 503 and headers["Retry-After"] == "1" and "max_concurrent_requests" in json.loads(answer)["error"]
-    assert health(limited_endpoint) == 200 and request(f"{limited_endpoint.url}/v2/health/ready")[0] == 200
+    assert (
+        status == 503
+        and headers["Retry-After"] == "1"
+        and "max_concurrent_requests" in json.loads(answer)["error"]
+    )
+    assert (
+        health(limited_endpoint) == 200
+        and request(f"{limited_endpoint.url}/v2/health/ready")[0] == 200
+    )
     assert [upload.finish() for upload in uploads] == [200, 200]
     assert request(url, body, {"Content-Type": "application/json"})[0] == 200
     assert sample(limited_endpoint, "edgesdk_inference_refused", "_total", model=None) == 1
 
 
 def test_bodies_over_the_memory_budget_get_503_before_they_are_read(limited_endpoint):
-    """Two bodies of 4,000 declared bytes do not fit a 6,000-byte budget: the second is refused from its header."""
+    """Two bodies of 4,000 declared bytes do not fit a 6,000-byte budget: the second is refused
+    from its header."""
     url = f"{limited_endpoint.url}/v2/models/mlp/infer"
     held = SlowUpload(url, b" " * 4000)
     wait_until(lambda: limited_endpoint.routes.budget.held == 4000, "the first body to be counted")
@@ -182,10 +240,13 @@ def test_bodies_over_the_memory_budget_get_503_before_they_are_read(limited_endp
 
 
 def test_the_batcher_and_onnx_runtime_pool_threads_run_below_the_loop(serve):
-    """Sessions are built in a niced thread, so ORT's intra-op pool inherits it (before: the loop's priority)."""
+    """Sessions are built in a niced thread, so ORT's intra-op pool inherits it (before: the loop's
+    priority)."""
     endpoint = serve(threads=2)
     before = set(os.listdir("/proc/self/task"))
-    model = endpoint.registry.get("mlp")  # batched: a batch thread, and a 2-thread session (one pool thread)
+    model = endpoint.registry.get(
+        "mlp"
+    )  # batched: a batch thread, and a 2-thread session (one pool thread)
     created = set(os.listdir("/proc/self/task")) - before
 
     def niceness(tid: str) -> int:
@@ -200,7 +261,8 @@ def test_the_batcher_and_onnx_runtime_pool_threads_run_below_the_loop(serve):
 
 
 def test_a_request_whose_timeout_passed_is_answered_504_and_not_run(endpoint):
-    """Triton's ``timeout`` parameter (microseconds): 1 us is over before the request can run. Before: run, 200."""
+    """Triton's ``timeout`` parameter (microseconds): 1 us is over before the request can run.
+    Before: run, 200."""
     model = endpoint.registry.get("fixed")  # unbatched: its runs go through model.run
     runs = []
     run = model.run
@@ -209,9 +271,14 @@ def test_a_request_whose_timeout_passed_is_answered_504_and_not_run(endpoint):
     x = np.ones((1, WIDTH_IN), np.float32)
     status, message = error_of(request(url, json_body("input", x, timeout=1), headers))
     assert status == 504 and "Request timeout expired" in message and runs == []
-    assert request(url, json_body("input", x, timeout=60_000_000), headers)[0] == 200 and runs == [1]
+    assert request(url, json_body("input", x, timeout=60_000_000), headers)[0] == 200 and runs == [
+        1
+    ]
     metrics = request(f"{endpoint.url}/metrics")[2].decode()
-    assert 'edgesdk_inference_failures_total{model="fixed",reason="deadline",version="1.0.0"} 1.0' in metrics
+    assert (
+        'edgesdk_inference_failures_total{model="fixed",reason="deadline",version="1.0.0"} 1.0'
+        in metrics
+    )
 
 
 def test_tritonclients_timeout_is_honoured_on_binary_requests(endpoint):
@@ -226,7 +293,8 @@ def test_tritonclients_timeout_is_honoured_on_binary_requests(endpoint):
 
 
 def test_loading_versions_other_than_the_default_is_rate_limited(tmp_path, repo, bundles, serve):
-    """One load a minute: a client cycling through stored versions gets 429 after the first, the default version
+    """One load a minute: a client cycling through stored versions gets 429 after the first, the
+    default version
     and versions already loaded are served. Before: every version was loaded on demand."""
     repo.add(bundles["mlp-2"])
     repo.add(make_bundle(tmp_path / "mlp-15", "mlp", "1.5.0", seed=5))
@@ -237,4 +305,6 @@ def test_loading_versions_other_than_the_default_is_rate_limited(tmp_path, repo,
     assert status == 429 and int(headers["Retry-After"]) >= 1
     assert "version_loads_per_minute" in json.loads(body)["error"]
     assert request(ready.format("1.0.0"))[0] == 200  # loaded already: no load needed
-    assert request(f"{endpoint.url}/v2/models/mlp/ready")[0] == 200  # the default (2.0.0) is never limited
+    assert (
+        request(f"{endpoint.url}/v2/models/mlp/ready")[0] == 200
+    )  # the default (2.0.0) is never limited

@@ -1,15 +1,15 @@
-"""The endpoint's deadline, version-load budget and sliced JSON writer, alone (no server, no network, fake clocks)."""
+"""The endpoint's deadline, version-load budget and sliced JSON writer, alone (no server, no
+network, fake clocks)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
 import pytest
 
 from edgesdk.errors import InputError
-from edgesdk.offload.v2_codec import decode_response, encode_response
+from edgesdk.offload.v2_codec import decode_response
 from edgesdk.ota_server.inference import BatchingConfig, json_encode
 from edgesdk.ota_server.inference.batcher import Batcher
 from edgesdk.ota_server.inference.deadline import DeadlineExceededError, timeout_us
@@ -32,7 +32,9 @@ def test_a_request_whose_deadline_passes_in_the_batch_queue_is_dropped_before_it
         runs.append(inputs["x"].shape[0])
         return {"y": inputs["x"] * 2}
 
-    batcher = Batcher(run, BatchingConfig(preferred_batch_size=8, max_queue_delay_us=0), clock=clock)
+    batcher = Batcher(
+        run, BatchingConfig(preferred_batch_size=8, max_queue_delay_us=0), clock=clock
+    )
     try:
         with batcher.paused():
             late = batcher.submit({"x": np.ones((1, 2), np.float32)}, deadline=clock.now + 0.010)
@@ -72,10 +74,14 @@ def _decoded(parts: list[bytes], headers: dict[str, str]):
 
 
 def test_a_big_json_output_is_written_in_slices_with_the_loop_turning_between_them():
-    """Before: one json.dumps of the whole output, in one turn of the loop (no other task ran meanwhile)."""
+    """Before: one json.dumps of the whole output, in one turn of the loop (no other task ran
+    meanwhile)."""
     rng = np.random.default_rng(0)
-    outputs = {"big": rng.standard_normal((1000, 1000)).astype(np.float32),
-               "ids": np.arange(10, dtype=np.int64), "raw": np.ones(3, np.float16)}
+    outputs = {
+        "big": rng.standard_normal((1000, 1000)).astype(np.float32),
+        "ids": np.arange(10, dtype=np.int64),
+        "raw": np.ones(3, np.float16),
+    }
 
     async def encode_with_probe():
         turns, done = 0, False
@@ -89,7 +95,9 @@ def test_a_big_json_output_is_written_in_slices_with_the_loop_turning_between_th
         task = asyncio.ensure_future(probe())
         await asyncio.sleep(0)
         before = turns
-        encoded = await json_encode.encode_response_sliced("m", "1", outputs, binary={"raw"}, request_id="r")
+        encoded = await json_encode.encode_response_sliced(
+            "m", "1", outputs, binary={"raw"}, request_id="r"
+        )
         during, done = turns - before, True
         await task
         return encoded, during
@@ -104,8 +112,38 @@ def test_a_big_json_output_is_written_in_slices_with_the_loop_turning_between_th
 
 
 def test_non_finite_values_are_written_as_the_standard_encoder_writes_them():
-    """orjson would write NaN and infinities as null, which reads back as another value (or fails)."""
+    """orjson would write NaN and infinities as null, which reads back as another value (or
+    fails)."""
     values = np.array([np.nan, np.inf, -np.inf, 1.5] * 5000, np.float32)
     parts, headers = asyncio.run(json_encode.encode_response_sliced("m", None, {"y": values}))
     assert b"null" not in b"".join(parts)
     np.testing.assert_array_equal(_decoded(parts, headers).outputs["y"], values)  # NaN == NaN here
+
+
+def test_the_limits_are_read_from_the_inference_config_file(tmp_path):
+    from edgesdk.ota_server.inference.config import (
+        InferenceConfig,
+        inference_config_from_file,
+        load_inference_config,
+    )
+
+    path = tmp_path / "inference.yaml"
+    path.write_text(
+        "models: [{name: digits}]\n"
+        "limits: {max_concurrent_requests: 8, version_loads_per_minute: 2}\n"
+    )
+    config = inference_config_from_file(path, threads=1)
+    assert (config.max_concurrent_requests, config.version_loads_per_minute, config.threads) == (
+        8,
+        2,
+        1,
+    )
+    assert (
+        config.max_body_bytes == InferenceConfig().max_body_bytes
+        and config.models[0].name == "digits"
+    )
+    with pytest.raises(InputError, match="one key 'models'"):
+        load_inference_config(path)  # would drop the limits silently
+    path.write_text("models: []\nlimits: {max_body_bytes: 0}\n")
+    with pytest.raises(InputError, match="inference.yaml: InferenceConfig.max_body_bytes is 0"):
+        inference_config_from_file(path)
