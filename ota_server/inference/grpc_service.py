@@ -8,6 +8,8 @@ It serves the same :class:`~.models.ModelRegistry` (so the same sessions, batche
 Tensors: input data comes either as ``raw_input_contents`` (one little-endian blob per input,
 all inputs or none, as tritonclient sends them) or in the typed ``contents`` lists; FP16 only
 raw, since the protocol has no FP16 list. Outputs always go back as ``raw_output_contents``.
+``ModelInfer`` messages skip protobuf's copies of the tensors (:mod:`.grpc_wire`): raw inputs are
+views of the bytes grpc received, raw outputs are written once.
 
 Failures map to gRPC status codes the way the REST routes map them to HTTP ones (through
 :func:`~.request_path.http_status`): unknown model or version NOT_FOUND, a bad request
