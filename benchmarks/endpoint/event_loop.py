@@ -1,29 +1,29 @@
-"""The endpoint's event loop under requests that used to stall it: does health still answer within
-5 ms?
+"""The endpoint's event loop under requests that used to stall it: does health still answer within 5
+ms?
 
-``edgesdk server inference`` runs in a subprocess pinned to one CPU (``--threads 1``); this
-process, pinned to another, polls ``GET /v2/health/live`` on a keep-alive connection while one
-heavy request is in flight and times every answer that came back before the request ended.
-Absolute milliseconds on a shared 2-core host: the goals are the issue's (p99 <= 5 ms), the
-figures are distorted by whatever else runs here.
+``edgesdk server inference`` runs in a subprocess pinned to one CPU (``--threads 1``); this process,
+pinned to another, polls ``GET /v2/health/live`` on a keep-alive connection while one heavy request
+is in flight and times every answer that came back before the request ended. Absolute milliseconds
+on a shared 2-core host: the goals are the issue's (p99 <= 5 ms), the figures are distorted by
+whatever else runs here.
 
-1. A long request (issue 39; also run by benchmarks/endpoint/offload.py): a model whose cost
-   grows with the square of its sequence length (``edgesdk.testing.write_attention_onnx``, width
-   256, unbatched) first sees short requests (length 16, the kind it may run on its loop), then
-   requests of length 4,096 (binary tensors, about 65,000 times the work).
+1. A long request (issue 39; also run by benchmarks/endpoint/offload.py): a model whose cost grows
+   with the square of its sequence length (``edgesdk.testing.write_attention_onnx``, width 256,
+   unbatched) first sees short requests (length 16, the kind it may run on its loop), then requests
+   of length 4,096 (binary tensors, about 65,000 times the work).
 2. A 10^6-float JSON answer: ``y = x^T x`` of a ``[1, 1000]`` input, asked for as JSON (the V2
    default). Before issue 61 it was one ``json.dumps`` on the loop (about 1 s here); now it is
-   written in slices that yield to the loop (ota_server/inference/json_encode.py). The client
-   reads the 11 MB answer without parsing it (a parse here would stall this process's poller).
-3. A 32 MiB JSON request: the sum of a ``[1, L]`` input sent as JSON numbers. Before, it was
-   parsed in a thread holding the GIL for the whole parse; now in a niced worker process
+   written in slices that yield to the loop (ota_server/inference/json_encode.py). The client reads
+   the 11 MB answer without parsing it (a parse here would stall this process's poller).
+3. A 32 MiB JSON request: the sum of a ``[1, L]`` input sent as JSON numbers. Before, it was parsed
+   in a thread holding the GIL for the whole parse; now in a niced worker process
    (ota_server/inference/json_worker.py).
-4. 500 concurrent slow uploads: 500 connections each announce a 1 MiB JSON body and trickle
-   1 KiB per socket every 100 ms. Measured: the server's RSS (``/proc/PID/status`` VmRSS,
-   sampled every 50 ms) over its RSS before, against the bound the transport limits state:
-   ``min(max_buffered_bytes, max_concurrent_requests x 1 MiB)`` of bodies plus 64 KiB per
-   connection (socket and protocol buffers); how many uploads were refused (503) or held; and
-   every health answer during the trickle (all must be 200).
+4. 500 concurrent slow uploads: 500 connections each announce a 1 MiB JSON body and trickle 1 KiB
+   per socket every 100 ms. Measured: the server's RSS (``/proc/PID/status`` VmRSS, sampled every 50
+   ms) over its RSS before, against the bound the transport limits state: ``min(max_buffered_bytes,
+   max_concurrent_requests x 1 MiB)`` of bodies plus 64 KiB per connection (socket and protocol
+   buffers); how many uploads were refused (503) or held; and every health answer during the trickle
+   (all must be 200).
 
     python benchmarks/endpoint/event_loop.py [--quick]
 """

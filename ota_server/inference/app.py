@@ -1,27 +1,26 @@
 """The Starlette app of the inference endpoint: the KServe V2 (Open Inference Protocol) REST API.
 
-No authentication (it is the data plane; bind it to a private address). Errors are
-``{"error": message}`` with 400 (bad request: malformed JSON, wrong name/datatype/shape, a
-binary size that does not match the body, a model that cannot run here), 404 (unknown model,
-version or path), 413 (body over ``max_body_bytes``, refused before it is read whole), 429 (a
-version load over ``version_loads_per_minute``, with Retry-After), 503 (the model's queue is full,
-or a transport limit: requests in flight, bytes held; with Retry-After) or 504 (the request's
-``timeout`` parameter passed before it ran); never a 500 for anything a client sends.
+No authentication (it is the data plane; bind it to a private address). Errors are ``{"error":
+message}`` with 400 (bad request: malformed JSON, wrong name/datatype/shape, a binary size that does
+not match the body, a model that cannot run here), 404 (unknown model, version or path), 413 (body
+over ``max_body_bytes``, refused before it is read whole), 429 (a version load over
+``version_loads_per_minute``, with Retry-After), 503 (the model's queue is full, or a transport
+limit: requests in flight, bytes held; with Retry-After) or 504 (the request's ``timeout`` parameter
+passed before it ran); never a 500 for anything a client sends.
 
     GET  /v2                                            {"name", "version", "extensions"}
     GET  /v2/health/live | /v2/health/ready             200 {"live"|"ready": true}
-    GET  /v2/models/{name}[/versions/{v}]               metadata: name, versions, platform, inputs,
-    outputs
+    GET  /v2/models/{name}[/versions/{v}]               name, versions, platform, inputs, outputs
     GET  /v2/models/{name}[/versions/{v}]/ready         200 {"name", "ready": true}
     POST /v2/models/{name}[/versions/{v}]/infer         JSON or binary tensor data extension
     GET  /metrics                                       Prometheus text exposition
 
 Nothing a request sends or asks for holds the event loop for long: JSON bodies over 64 KiB are
 decoded in a thread, over ``json_worker_bytes`` in a worker process (:mod:`.json_worker`); JSON
-outputs of more than :data:`~.json_encode.SLICE_VALUES` values are written in slices that yield
-to the loop (:mod:`.json_encode`); the transport limits of :mod:`.http_limits` bound requests in
-flight and bytes held, and never apply to health. Binary tensors skip all of that work: large
-tensors are faster sent and asked for as binary data.
+outputs of more than :data:`~.json_encode.SLICE_VALUES` values are written in slices that yield to
+the loop (:mod:`.json_encode`); the transport limits of :mod:`.http_limits` bound requests in flight
+and bytes held, and never apply to health. Binary tensors skip all of that work: large tensors are
+faster sent and asked for as binary data.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from edgesdk.offload.v2_codec import BINARY_EXTENSION, InferRequest, decode_requ
 from .deadline import timeout_us
 from .http_body import header_length, read_body
 from .http_limits import BodyBudget, InFlightLimit
-from .json_encode import encode_response_sliced, needs_slices
+from .json_encode import SLICE_VALUES, encode_response_sliced, needs_slices
 from .json_worker import JsonDecodeWorker
 from .metrics import InferenceMetrics
 from .models import LoadedModel, ModelRegistry
@@ -84,8 +83,17 @@ class InferenceRoutes:
         # tail most).
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="v2-json-decode")
         self.json_worker = JsonDecodeWorker()
+        self._advised = False
         self.budget = BodyBudget(self.config.max_buffered_bytes, self.refused)
         self.in_flight = InFlightLimit(None, self.config.max_concurrent_requests, self.refused)
+
+    def _advise(self, what: str) -> None:
+        """Say once per endpoint that large tensors are faster as binary data."""
+        if not self._advised:
+            self._advised = True
+            log.info("%s went through the big-JSON path (parsed in a worker process, or written in "
+                     "slices); clients sending or asking for large tensors as binary data "
+                     "(binary_data, binary_data_output) skip that work and are faster", what)
 
     def refused(self, reason: str) -> None:
         """Count one request refused by a transport limit."""
@@ -97,6 +105,7 @@ class InferenceRoutes:
         self.json_worker.close()
 
     async def server_metadata(self, request: Any) -> Any:
+        """``GET /v2``: the server's name, version and extensions."""
         from starlette.responses import JSONResponse
 
         from edgesdk import __version__
@@ -106,11 +115,13 @@ class InferenceRoutes:
         )
 
     async def live(self, request: Any) -> Any:
+        """``GET /v2/health/live``: answered from its own path, never behind a limit."""
         from starlette.responses import JSONResponse
 
         return JSONResponse({"live": True})
 
     async def ready(self, request: Any) -> Any:
+        """``GET /v2/health/ready``: 503 when the repository is not there."""
         from starlette.responses import JSONResponse
 
         if not self.registry.repository.root.is_dir():
@@ -123,6 +134,7 @@ class InferenceRoutes:
         )
 
     async def model_metadata(self, request: Any) -> Any:
+        """``GET /v2/models/{name}[/versions/{v}]``: the V2 model metadata."""
         from starlette.responses import JSONResponse
 
         try:
@@ -132,6 +144,7 @@ class InferenceRoutes:
             return _error(http_status(exc), str(exc), exc)
 
     async def model_ready(self, request: Any) -> Any:
+        """``GET .../ready``: the model loads (or is loaded); its name and version."""
         from starlette.responses import JSONResponse
 
         try:
@@ -142,11 +155,11 @@ class InferenceRoutes:
 
     async def decode(self, body: bytes | memoryview, length: int | None) -> InferRequest:
         """The request, decoded where it holds the loop least: JSON parts over
-        ``json_worker_bytes`` in the worker
-        process, over 64 KiB in a thread, others here; binary tensors are views, so only their
-        header counts."""
+        ``json_worker_bytes`` in the worker process, over 64 KiB in a thread, others here; binary
+        tensors are views, so only their header counts."""
         size = length if length is not None else len(body)
         if size > self.config.json_worker_bytes:
+            self._advise(f"a JSON body of {size} bytes")
             return await self.json_worker.decode(body, length)
         if size > _INLINE_DECODE_BYTES:
             return await asyncio.get_running_loop().run_in_executor(
@@ -155,6 +168,7 @@ class InferenceRoutes:
         return decode_request(body, length)  # type: ignore[arg-type]
 
     async def infer(self, request: Any) -> Any:
+        """``POST .../infer``: one inference, JSON or binary tensors, within the limits."""
         from starlette.responses import Response, StreamingResponse
 
         decoded: Any = None
@@ -173,6 +187,7 @@ class InferenceRoutes:
                     model.name, model.version, outputs, binary=binary, request_id=decoded.id
                 )
                 return Response(content, headers=headers)
+            self._advise(f"a JSON answer of more than {SLICE_VALUES} values")
             parts, headers = await encode_response_sliced(
                 model.name, model.version, outputs, binary=binary, request_id=decoded.id
             )
@@ -217,12 +232,14 @@ class InferenceRoutes:
         return self.in_flight
 
     async def prometheus(self, request: Any) -> Any:
+        """``GET /metrics``: the Prometheus exposition."""
         from starlette.responses import Response
 
         content, content_type = self.metrics.exposition()
         return Response(content, headers={"Content-Type": content_type})
 
     async def not_found(self, request: Any, exc: Exception) -> Any:
+        """404 and 405 answers in the V2 error form, naming the paths there are."""
         from starlette.exceptions import HTTPException
 
         status = exc.status_code if isinstance(exc, HTTPException) else 404

@@ -1,13 +1,13 @@
 """A request's deadline: the KServe V2 / Triton ``timeout`` request parameter, in microseconds.
 
-A client that will give up on an answer after some time says so with ``parameters.timeout``
-(JSON requests carry it in their body, binary ones in their JSON header, gRPC in the request's
+A client that will give up on an answer after some time says so with ``parameters.timeout`` (JSON
+requests carry it in their body, binary ones in their JSON header, gRPC in the request's
 ``parameters``); 0 or absent means no deadline, as in Triton. The deadline counts from when the
 endpoint began the request. A request whose deadline passes while it waits (for its body, its
 model's load, its batch or a runner) is dropped before it runs and answered with
 :class:`DeadlineExceededError`: HTTP 504 (the answer would come too late to be used; 503 stays
-"overloaded, retry"), counted as ``reason="deadline"``. A request already running finishes:
-ONNX Runtime cannot be interrupted, and its rows may share a batch with live requests.
+"overloaded, retry"), counted as ``reason="deadline"``. A request already running finishes: ONNX
+Runtime cannot be interrupted, and its rows may share a batch with live requests.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """The HTTP endpoint's transport limits: requests in flight and request bytes held in memory.
 
-Without them every request was taken, and every body buffered whole up to ``max_body_bytes``
-(64 MiB): 500 slow uploads could make the server hold 500 bodies. Now (defaults in
+Without them every request was taken, and every body buffered whole up to ``max_body_bytes`` (64
+MiB): 500 slow uploads could make the server hold 500 bodies. Now (defaults in
 :class:`~.config.InferenceConfig`):
 
 - at most ``max_concurrent_requests`` requests are in flight on the limited paths (everything but
   health, ``/metrics`` and ``GET /v2``); one more is answered 503 with ``Retry-After`` before its
   body is read, by :class:`InFlightLimit`, an ASGI middleware in front of the routes;
-- at most ``max_buffered_bytes`` of request bodies are held at once, counted by
-  :class:`BodyBudget` when a body is admitted (by its Content-Length) or as it streams (no
-  length); a body that would go over is answered 503 with ``Retry-After``, without waiting;
+- at most ``max_buffered_bytes`` of request bodies are held at once, counted by :class:`BodyBudget`
+  when a body is admitted (by its Content-Length) or as it streams (no length); a body that would go
+  over is answered 503 with ``Retry-After``, without waiting;
 - a body over ``max_body_bytes`` is answered 413 (:mod:`.http_body`).
 
-Health is answered from its own path: it passes the middleware without being counted and never
-waits for anything a request holds. Refusals are counted in ``edgesdk_inference_refused_total``.
+Health is answered from its own path: it passes the middleware without being counted and never waits
+for anything a request holds. Refusals are counted in ``edgesdk_inference_refused_total``.
 """
 
 from __future__ import annotations

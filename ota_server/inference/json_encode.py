@@ -1,19 +1,19 @@
 """Big JSON responses, written on the event loop in slices that give the loop its turn between them.
 
 JSON is the V2 default, and an output of 10^6 floats written the usual way (``tolist`` and one
-``json.dumps``) held the loop for about 1 s here: health and every other request waited. Neither
-a thread nor orjson alone helps, since both hold the GIL for the whole call. So an output of more
-than :data:`SLICE_VALUES` values is written slice by slice, each slice straight from the array by
-orjson (``OPT_SERIALIZE_NUMPY``: no Python number per value, about 0.25 ms per slice here), and the
-loop runs what is waiting (``await asyncio.sleep(0)``) between slices: a health check waits for at
-most one slice. A process would not be cheaper: the values are here already, and sending 4 MB
-away to get 11 MB of text back costs more than writing it. Binary outputs (the binary data
-extension) are copied as they are, which is always faster; clients should ask for them.
+``json.dumps``) held the loop for about 1 s here: health and every other request waited. Neither a
+thread nor orjson alone helps, since both hold the GIL for the whole call. So an output of more than
+:data:`SLICE_VALUES` values is written slice by slice, each slice straight from the array by orjson
+(``OPT_SERIALIZE_NUMPY``: no Python number per value, about 0.25 ms per slice here), and the loop
+runs what is waiting (``await asyncio.sleep(0)``) between slices: a health check waits for at most
+one slice. A process would not be cheaper: the values are here already, and sending 4 MB away to get
+11 MB of text back costs more than writing it. Binary outputs (the binary data extension) are copied
+as they are, which is always faster; clients should ask for them.
 
 The JSON value is the one :func:`~edgesdk.offload.v2_codec.encode_response` writes; floats may be
-spelled shorter (FP32 0.1 is ``0.1``, not ``0.10000000149011612``) but read back as the same
-value. A slice holding NaN or an infinity is written by :func:`json.dumps` as before (orjson would
-write ``null``), and so is every slice where orjson is not installed.
+spelled shorter (FP32 0.1 is ``0.1``, not ``0.10000000149011612``) but read back as the same value.
+A slice holding NaN or an infinity is written by :func:`json.dumps` as before (orjson would write
+``null``), and so is every slice where orjson is not installed.
 """
 
 from __future__ import annotations

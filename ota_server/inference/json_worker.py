@@ -1,16 +1,15 @@
 """JSON request bodies over ``json_worker_bytes`` are decoded in a worker process, not in this one.
 
 Parsing a 32 MiB JSON body of numbers takes about 0.25 s of CPU in C (pysimdjson or orjson), which
-holds the GIL throughout: in a thread it stalls the event loop as surely as on it (health waited
-for the whole parse). A JSON text is one value, so its parse cannot be sliced the way a response
-is written (:mod:`.json_encode`); it goes to another process instead: one worker, started at the
-first such body, niced below the loop (:data:`WORKER_NICENESS`: on a shared core the loop goes
-first), fed one body at a time in arrival order (more workers would share the same cores and
-stretch every parse). The body goes over a pipe (the writes release the GIL) and each decoded
-tensor comes back as raw bytes read straight into its array, so this process holds the GIL only
-for copies of pipe-sized pieces. The worker decodes with
-:func:`~edgesdk.offload.v2_codec.decode_request`,
-the same function as every other path, so answers and error messages are the same.
+holds the GIL throughout: in a thread it stalls the event loop as surely as on it (health waited for
+the whole parse). A JSON text is one value, so its parse cannot be sliced the way a response is
+written (:mod:`.json_encode`); it goes to another process instead: one worker, started at the first
+such body, niced below the loop (:data:`WORKER_NICENESS`: on a shared core the loop goes first), fed
+one body at a time in arrival order (more workers would share the same cores and stretch every
+parse). The body goes over a pipe (the writes release the GIL) and each decoded tensor comes back as
+raw bytes read straight into its array, so this process holds the GIL only for copies of pipe-sized
+pieces. The worker decodes with :func:`~edgesdk.offload.v2_codec.decode_request`, the same function
+as every other path, so answers and error messages are the same.
 
 Binary tensors (the binary data extension) need no parse at all: send large tensors that way.
 """

@@ -2,12 +2,12 @@
 values).
 
 The loop's work is short by design (parsing headers, health, metrics, runs proven short); a model
-run sharing its core at the same priority holds it for a scheduler slice each time the loop
-wakes: health took up to 10 ms (p99) beside a 0.3 s run on one core (benchmarks/endpoint/offload.py,
-event loop section). On Linux a thread's nice value is its own and a new thread inherits its
-creator's, so :func:`below_the_event_loop` is called by every thread that runs models (the
-unbatched runners, each batcher thread) and by the thread that builds ONNX Runtime sessions,
-whose intra-op pool threads are created with the session and so inherit it.
+run sharing its core at the same priority holds it for a scheduler slice each time the loop wakes:
+health took up to 10 ms (p99) beside a 0.3 s run on one core (benchmarks/endpoint/offload.py, event
+loop section). On Linux a thread's nice value is its own and a new thread inherits its creator's, so
+:func:`below_the_event_loop` is called by every thread that runs models (the unbatched runners, each
+batcher thread) and by the thread that builds ONNX Runtime sessions, whose intra-op pool threads are
+created with the session and so inherit it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ HTTP.
 Each test fails under the old rules: a 10^6-float JSON answer was written in one call on the loop;
 big JSON bodies were parsed in a thread holding the GIL; any number of requests and bodies were
 taken; the batcher and ONNX Runtime's pool ran at the loop's priority; any client could make the
-endpoint load every stored version; the ``timeout`` parameter was ignored. Waits are on events
-(or on the server reaching a state), never against a clock.
+endpoint load every stored version; the ``timeout`` parameter was ignored. Waits are on events (or
+on the server reaching a state), never against a clock.
 """
 
 from __future__ import annotations
