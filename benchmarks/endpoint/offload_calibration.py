@@ -45,19 +45,30 @@ MAX_OVER_TAIL = 0.02
 def teach(runtime: Any, inputs: list[Any], max_s: float, extra: int = 10) -> dict[str, Any]:
     """``predict_async`` in a closed loop, two in flight, until the predictor has settled
     ``MIN_RESIDUALS + extra`` requests or ``max_s`` passed: what it settled, and how long."""
+    from edgesdk import OverloadedError
+
     predictor = runtime.dispatcher.predictor
     wanted = predictor.settled_count + MIN_RESIDUALS + extra
     started = time.perf_counter()
-    pending = deque(runtime.predict_async(inputs[i % len(inputs)]) for i in range(2))
-    sent = 2
+    pending: deque[Any] = deque()
+    sent = refused = 0
     while predictor.settled_count < wanted and time.perf_counter() - started < max_s:
-        pending.popleft().result()
-        pending.append(runtime.predict_async(inputs[sent % len(inputs)]))
-        sent += 1
+        while len(pending) < 2:
+            try:
+                pending.append(runtime.predict_async(inputs[sent % len(inputs)]))
+            except OverloadedError:  # refused at once: wait for one in flight, then try again
+                refused += 1
+                break
+            finally:
+                sent += 1
+        if pending:
+            pending.popleft().exception()  # an error is the dispatcher's answer; keep teaching
+        else:
+            time.sleep(0.01)  # everything refused: let the device and the cloud drain
     for future in pending:
-        future.result()
+        future.exception()
     taught = {"settled": predictor.settled_count, "wanted": wanted, "sent": sent,
-              "seconds": time.perf_counter() - started}
+              "refused": refused, "seconds": time.perf_counter() - started}
     log(f"predictor taught: {taught['settled']} settled of {wanted} wanted in "
         f"{taught['seconds']:.1f} s")
     return taught

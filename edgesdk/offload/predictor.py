@@ -15,12 +15,20 @@ each request ahead of it and for itself::
 
     expected = remaining + service x (waiting + 1)
 
-``service`` is the back-to-back average, or the median of the last ``RECENT_RUNS`` back-to-back
-runs when that is higher: a device that just slowed down (throttling, a neighbour) shows it in
-its last runs several runs before an average with weight ``alpha`` catches up, and every request
-admitted meanwhile would be admitted on the old speed. ``remaining`` counts the running
-request's elapsed time as what it says about the rest: the mean of ``s - elapsed`` over the
-recent service times ``s`` longer than ``elapsed``, not ``max(mean - elapsed, 0)``.
+Each term follows the device's speed now, since a slowdown (throttling, a neighbour) hits every
+queued run at once and the requests admitted before the estimate catches up are the ones that
+overrun:
+
+- ``service`` is the back-to-back average, or the median of the last ``RECENT_RUNS``
+  back-to-back runs when that is higher (the last runs show a slowdown several runs before an
+  average with weight ``alpha`` does), or the running run's elapsed time scaled to a
+  back-to-back run when that is higher still (a run already longer than the average says the
+  device is that slow now); a run that finds the worker idle counts at least that;
+- ``remaining`` counts the running run's elapsed time as what it says about the rest: the mean
+  of ``r x mean - elapsed`` over the recent runs' shapes ``r`` (each run's time over the
+  average before it) longer than ``elapsed``, with ``mean`` today's average: absolute samples
+  would say, after a slowdown, that a run is nearly done when half of it is left; and not
+  ``max(mean - elapsed, 0)``, which says "done any moment" for every run past the mean.
 
 **The margin grows linearly with the runs summed.** Routing compares the SLO with a tail, not
 the mean. Each local request's actual latency (submission to result) is compared with the
@@ -44,10 +52,10 @@ pooled ones; where a depth bucket (runs 1, 2-3, 4-7, 8-15, ...) has ``MIN_BUCKET
 its own p99 counts too, and the larger of the two sets the margin.
 
 **Before the residuals are enough** (``MIN_RESIDUALS``) the margin is
-``2 x deviation x runs``, with the deviation the moving average of back-to-back runs' distance
-from their average. As in TCP's round-trip variance (RFC 6298: ``RTTVAR = R / 2`` on the first
-sample) the deviation starts at half the first sample, not at 0 (which made the first margins
-about 5x too small).
+``2 x deviation x runs``, with the deviation the moving average of runs' distance from the
+average of their kind (back to back or after idle). As in TCP's round-trip variance (RFC 6298:
+``RTTVAR = R / 2`` on the first sample) the deviation starts at half the first sample, not at 0
+(which made the first margins about 5x too small).
 
 **Cold start.** :meth:`LatencyPredictor.seed` gives a prior service time (e.g. the bundle's
 measured latency) used, with a deviation of half of it, until the first real run ends; the first
@@ -234,6 +242,9 @@ class LatencyPredictor:
                 self._add_busy(took)
             else:
                 self._first_sample(took)
+                if self._idle_s is not None:  # the spread around its own kind's average
+                    spread = abs(took - self._idle_s)
+                    self._deviation_s = _average(self._deviation_s, spread, self._alpha)
                 self._shape_idle.append(took / self._idle_s if self._idle_s else 1.0)
                 self._idle_s = _average(self._idle_s, took, self._alpha)
 

@@ -207,3 +207,18 @@ def test_calibration_since_a_time_counts_the_requests_admitted_from_then_on():
     assert report["requests"] == 1 and report["over_tail_after_warmup"] == 0.0
     assert predictor.calibration(since=switch - 1.5)["over_after_warmup"] == 1
     assert predictor.calibration(since=clock.now + 1) is None
+
+
+def test_the_deviation_also_settles_when_every_run_finds_the_worker_idle():
+    """Light load, or most work offloaded: every local run starts after idle. Their spread must
+    still bring the first sample's deviation (half of it) down, or the margin stays at a whole
+    service time a run."""
+    clock = FakeClock()
+    predictor = LatencyPredictor(0.2, clock)
+    for _ in range(30):
+        clock.now += 1.0  # idle in between
+        predictor.begin()
+        clock.now += 0.100
+        predictor.end()
+    assert predictor.idle_service_s == pytest.approx(0.100)
+    assert predictor.predict(0).margin_s < 0.001  # 2 x 50 ms x 0.8^29
