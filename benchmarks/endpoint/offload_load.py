@@ -119,6 +119,8 @@ class OpenLoopRun:
     #: ``time.monotonic()`` when the first arrival was due, and when the switch happened (or None).
     started_mono: float = 0.0
     switched_mono: float | None = None
+    #: The first refusals' messages (they say why neither side took the request).
+    refusals: list[str] | None = None
 
     def figures(self, slo_s: float) -> dict[str, Any]:
         """The run's numbers for the JSON (ms, counts, per second)."""
@@ -138,7 +140,8 @@ class OpenLoopRun:
                 "share_offloaded": self.paths.get("cloud", 0) / ran if ran else 0.0,
                 "fallbacks": self.paths.get("fallbacks", 0), "refused": self.refused, "failed": self.failed,
                 "unfinished": self.unfinished,
-                "generator_max_lag_ms": round(self.max_lag_ms, 3), "errors": self.errors[:3]}
+                "generator_max_lag_ms": round(self.max_lag_ms, 3), "errors": self.errors[:3],
+                "refusals": (self.refusals or [])[:3]}
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
     arrivals = arrival_times(rate, count, max_s, seed, switch)
     latencies: list[float] = []
     errors: list[str] = []
+    refusals: list[str] = []
     counts = {"refused": 0, "failed": 0, "done": 0}
     lock = threading.Lock()
     all_done = threading.Event()
@@ -222,9 +226,11 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
                 lag[0] = max(lag[0], -delay)
             try:
                 future = runtime.predict_async(inputs[i % len(inputs)])
-            except OverloadedError:
+            except OverloadedError as exc:
                 with lock:
                     counts["refused"] += 1
+                    if len(refusals) < 3:
+                        refusals.append(str(exc)[:300])
                 continue
             with lock:
                 submitted[0] += 1
@@ -245,7 +251,7 @@ def open_loop(runtime: Any, inputs: list[np.ndarray], rate: float, count: int, m
         return OpenLoopRun(rate, float(arrivals[-1]) if len(arrivals) else max_s, list(latencies), counts["refused"],
                            counts["failed"], unfinished, submitted[0], lag[0] * 1e3,
                            {k: after.get(k, 0) - before.get(k, 0) for k in after}, list(errors),
-                           marks.get("started", 0.0), marks.get("switched"))
+                           marks.get("started", 0.0), marks.get("switched"), list(refusals))
 
 
 # tritonclient ----------------------------------------------------------------------------------------
