@@ -34,11 +34,9 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,9 +44,16 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.endpoint.event_loop_health import health_during, percentiles  # noqa: E402
+from benchmarks.endpoint.event_loop_uploads import (  # noqa: E402
+    TRICKLE_BYTES,
+    TRICKLE_S,
+    UPLOAD_BYTES,
+    UPLOADS,
+    run_slow_uploads,
+)
 from benchmarks.endpoint.offload_load import Cloud  # noqa: E402
 from benchmarks.shared.common import emit, goal, log, summary  # noqa: E402
-from edgesdk.ota_server.inference import InferenceConfig  # noqa: E402
 from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
 from edgesdk.runtime.bundle import BundleSpec  # noqa: E402
 from edgesdk.runtime.bundling import bundle_from_model  # noqa: E402
@@ -58,8 +63,6 @@ WIDTH = 256
 SHORT, LONG = 16, 4096
 SIDE = 1000  # x^T x of a [1, SIDE] input: SIDE**2 = 10^6 floats
 BODY_BYTES = 32 * 1024 * 1024
-UPLOADS, UPLOAD_BYTES, TRICKLE_BYTES, TRICKLE_S = 500, 1024 * 1024, 1024, 0.1
-CONNECTION_BYTES = 64 * 1024  # per connection: socket and protocol buffers, in the stated RSS bound
 
 
 def _tokens(length: int) -> np.ndarray:
@@ -78,79 +81,6 @@ def _infer(url: str, x: np.ndarray) -> float:
         started = time.perf_counter()
         client.infer("attention", [tensor])
         return time.perf_counter() - started
-
-
-def health_while(port: int, done: threading.Event) -> list[float]:
-    """Seconds of every ``GET /v2/health/live`` answered before ``done`` was set (keep-alive)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    seconds: list[float] = []
-    try:
-        while not done.is_set():
-            started = time.perf_counter()
-            connection.request("GET", "/v2/health/live")
-            response = connection.getresponse()
-            response.read()
-            if response.status != 200:
-                raise RuntimeError(f"health answered {response.status}")
-            if not done.is_set():
-                seconds.append(time.perf_counter() - started)
-    finally:
-        connection.close()
-    return seconds
-
-
-def _percentiles(seconds: list[float]) -> dict[str, float | int]:
-    if not seconds:
-        return {"answers": 0}
-    return {
-        "answers": len(seconds),
-        "p50": statistics.median(seconds) * 1e3,
-        "p99": float(np.percentile(seconds, 99)) * 1e3,
-        "max": max(seconds) * 1e3,
-    }
-
-
-def _idle(port: int, seconds: float) -> list[float]:
-    """Health seconds for ``seconds`` with nothing else in flight: the host's own latency, for
-    context."""
-    done = threading.Event()
-    timer = threading.Timer(seconds, done.set)
-    timer.start()
-    try:
-        return health_while(port, done)
-    finally:
-        timer.cancel()
-
-
-def health_during(
-    port: int, heavy: Any, rounds: int
-) -> tuple[list[float], list[float], list[float]]:
-    """Health seconds while each of ``rounds`` calls of ``heavy()`` is in flight, health seconds
-    for as long
-    with nothing in flight (before or after, alternating each round), and the calls' own seconds."""
-    health: list[float] = []
-    idle: list[float] = []
-    heavy_s: list[float] = []
-    for number in range(rounds):
-        if number % 2:
-            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2)
-        done = threading.Event()
-
-        def run(done: threading.Event = done) -> None:
-            try:
-                started = time.perf_counter()
-                heavy()
-                heavy_s.append(time.perf_counter() - started)
-            finally:
-                done.set()
-
-        runner = threading.Thread(target=run)
-        runner.start()
-        health += health_while(port, done)
-        runner.join()
-        if not number % 2:
-            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2)
-    return health, idle, heavy_s
 
 
 def run_event_loop(work: Path, cpu: int, quick: bool) -> dict[str, Any]:
@@ -182,7 +112,7 @@ def run_event_loop(work: Path, cpu: int, quick: bool) -> dict[str, Any]:
             "p99": float(np.percentile(health, 99)) * 1e3,
             "max": max(health) * 1e3,
         },
-        "health_idle_ms": _percentiles(idle),
+        "health_idle_ms": percentiles(idle),
     }
 
 
@@ -283,8 +213,8 @@ def run_big_answer(server: Cloud, rounds: int) -> dict[str, Any]:
         "answer_bytes": len(answer),
         "values": SIDE * SIDE,
         "request_ms": summary(heavy),
-        "health_ms": _percentiles(health),
-        "health_idle_ms": _percentiles(idle),
+        "health_ms": percentiles(health),
+        "health_idle_ms": percentiles(idle),
     }
 
 
@@ -304,97 +234,8 @@ def run_big_body(server: Cloud, rounds: int) -> dict[str, Any]:
         "body_mib": len(body) / 2**20,
         "values": int(x.size),
         "request_ms": summary(heavy),
-        "health_ms": _percentiles(health),
-        "health_idle_ms": _percentiles(idle),
-    }
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def _open_upload(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(
-        f"POST /v2/models/total/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-        f"\r\nContent-Length: {UPLOAD_BYTES}\r\n\r\n".encode()
-        + b" " * TRICKLE_BYTES
-    )
-    sock.setblocking(False)
-    return sock
-
-
-def _trickle(
-    socks: dict[int, socket.socket],
-    refused: set[int],
-    seconds: float,
-    stop: threading.Event,
-    rss: list[int],
-    pid: int,
-) -> None:
-    """Send TRICKLE_BYTES on every open upload each TRICKLE_S; an upload answered or closed is
-    refused."""
-    chunk, ends = b" " * TRICKLE_BYTES, time.monotonic() + seconds
-    next_send = 0.0
-    while time.monotonic() < ends:
-        rss.append(_rss(pid))
-        if time.monotonic() >= next_send:
-            next_send = time.monotonic() + TRICKLE_S
-            for number, sock in socks.items():
-                if number in refused:
-                    continue
-                try:
-                    if sock.recv(4096, socket.MSG_PEEK):
-                        refused.add(number)  # the server answered (503) before the body was read
-                        continue
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    refused.add(number)
-                    continue
-                try:
-                    sock.send(chunk)
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    refused.add(number)
-        time.sleep(0.05)
-    stop.set()
-
-
-def run_slow_uploads(server: Cloud, seconds: float) -> dict[str, Any]:
-    """RSS growth and health while UPLOADS connections trickle their bodies for ``seconds``."""
-    assert server.process is not None
-    pid, defaults = server.process.pid, InferenceConfig()
-    before = _rss(pid)
-    socks = {number: _open_upload(server.port) for number in range(UPLOADS)}
-    refused: set[int] = set()
-    rss: list[int] = []
-    stop = threading.Event()
-    trickler = threading.Thread(target=_trickle, args=(socks, refused, seconds, stop, rss, pid))
-    trickler.start()
-    health = health_while(server.port, stop)
-    trickler.join()
-    for sock in socks.values():
-        sock.close()
-    bodies = min(defaults.max_buffered_bytes, defaults.max_concurrent_requests * UPLOAD_BYTES)
-    bound = bodies + UPLOADS * CONNECTION_BYTES
-    return {
-        "uploads": UPLOADS,
-        "declared_bytes_each": UPLOAD_BYTES,
-        "seconds": seconds,
-        "refused_503": len(refused),
-        "held": UPLOADS - len(refused),
-        "rss_before_mib": before / 2**20,
-        "rss_max_mib": max(rss) / 2**20,
-        "rss_growth_mib": (max(rss) - before) / 2**20,
-        "stated_bound_mib": bound / 2**20,
-        "bound": f"min(max_buffered_bytes {defaults.max_buffered_bytes}, max_concurrent_requests "
-        f"{defaults.max_concurrent_requests} x {UPLOAD_BYTES}) + {UPLOADS} x {CONNECTION_BYTES}",
-        "health_ms": _percentiles(health),
+        "health_ms": percentiles(health),
+        "health_idle_ms": percentiles(idle),
     }
 
 

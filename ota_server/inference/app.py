@@ -176,7 +176,8 @@ class InferenceRoutes:
 
         async def decode(model: LoadedModel) -> tuple[Any, ...]:
             nonlocal decoded
-            body = await read_body(request, self.config.max_body_bytes, self.budget, held)
+            body = await read_body(request, self.config.max_body_bytes, self.budget, held,
+                                   self.config.max_body_seconds)
             decoded = await self.decode(body, header_length(request))
             return decoded.inputs, [o.name for o in decoded.outputs], timeout_us(decoded.parameters)
 

@@ -17,6 +17,7 @@ Frozen dataclasses checked when built, and :func:`load_inference_config`, which 
       max_buffered_bytes: 268435456
       version_loads_per_minute: 6
       json_worker_bytes: 1048576
+      max_body_seconds: 60
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ class InferenceConfig:
       (:mod:`.load_limit`); over it, 429 with Retry-After;
     - ``json_worker_bytes`` (1 MiB): JSON parts of requests over this size are decoded in a
       worker process (:mod:`.json_worker`), so the parse holds neither the loop nor its GIL;
-      binary tensors (the binary data extension) need no parse and are always faster.
+      binary tensors (the binary data extension) need no parse and are always faster;
+    - ``max_body_seconds`` (60): a body not received within it is answered 408, so a slow upload
+      holds one of the ``max_concurrent_requests`` places for a bounded time.
     """
 
     models: tuple[ServedModel, ...] | None = None
@@ -117,6 +120,7 @@ class InferenceConfig:
     max_buffered_bytes: int = 256 * 1024 * 1024
     version_loads_per_minute: int = 6
     json_worker_bytes: int = 1024 * 1024
+    max_body_seconds: float = 60.0
     #: Batching for models not listed in ``models`` when ``models`` is None.
     default_batching: BatchingConfig = field(default_factory=BatchingConfig)
 
@@ -134,6 +138,10 @@ class InferenceConfig:
         for name in ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes",
                      "version_loads_per_minute", "json_worker_bytes"):
             _positive("InferenceConfig", name, getattr(self, name))
+        seconds = self.max_body_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise InputError(f"InferenceConfig.max_body_seconds is {seconds!r}; it must be a "
+                             "number of seconds > 0")
         if self.max_buffered_bytes < self.max_body_bytes:
             raise InputError(f"InferenceConfig.max_buffered_bytes ({self.max_buffered_bytes}) is "
                              f"below max_body_bytes ({self.max_body_bytes}): a body at the limit "
@@ -154,7 +162,7 @@ class InferenceConfig:
 _MODEL_KEYS = {"name", "version", "batching"} | {f.name for f in fields(BatchingConfig)} - {"enabled"}
 #: The keys of the YAML's ``limits`` mapping: InferenceConfig fields.
 LIMIT_KEYS = ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes",
-              "version_loads_per_minute", "json_worker_bytes", "max_sessions")
+              "version_loads_per_minute", "json_worker_bytes", "max_sessions", "max_body_seconds")
 
 
 def _read(path: Path, keys: set[str]) -> dict[str, Any]:

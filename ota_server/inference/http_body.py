@@ -12,6 +12,7 @@ or zero-fills the whole body at once (a join of 64 MiB held it for several milli
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from edgesdk.errors import InputError
 from edgesdk.offload.v2_codec import HEADER_LENGTH
 
-from .http_limits import BodyBudget
+from .http_limits import BodyBudget, BodyTimeoutError
 from .request_path import BodyTooLargeError
 
 __all__ = ["read_body", "header_length"]
@@ -42,10 +43,22 @@ def _declared(request: Any, max_body: int) -> int | None:
 
 
 async def read_body(
+    request: Any, max_body: int, budget: BodyBudget, held: list[int], seconds: float = 60.0
+) -> bytes | memoryview:
+    """The whole body within ``seconds``; every byte counted in ``budget`` is added to ``held[0]``
+    for the caller to release."""
+    try:
+        return await asyncio.wait_for(_read(request, max_body, budget, held), seconds)
+    except asyncio.TimeoutError:
+        raise BodyTimeoutError(
+            f"the body did not arrive within this endpoint's max_body_seconds ({seconds:g} s); "
+            "send it faster, or smaller"
+        ) from None
+
+
+async def _read(
     request: Any, max_body: int, budget: BodyBudget, held: list[int]
 ) -> bytes | memoryview:
-    """The whole body; every byte counted in ``budget`` is added to ``held[0]`` for the caller to
-    release."""
     size = _declared(request, max_body)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):

@@ -10,7 +10,8 @@ MiB): 500 slow uploads could make the server hold 500 bodies. Now (defaults in
 - at most ``max_buffered_bytes`` of request bodies are held at once, counted by :class:`BodyBudget`
   when a body is admitted (by its Content-Length) or as it streams (no length); a body that would go
   over is answered 503 with ``Retry-After``, without waiting;
-- a body over ``max_body_bytes`` is answered 413 (:mod:`.http_body`).
+- a body over ``max_body_bytes`` is answered 413, and one that has not arrived within
+  ``max_body_seconds`` 408, so slow uploads hold a place for a bounded time (:mod:`.http_body`).
 
 Health is answered from its own path: it passes the middleware without being counted and never waits
 for anything a request holds. Refusals are counted in ``edgesdk_inference_refused_total``.
@@ -24,7 +25,8 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError
 
-__all__ = ["BusyError", "BodyBudget", "InFlightLimit", "UNLIMITED_PATHS", "RETRY_AFTER_S"]
+__all__ = ["BusyError", "BodyBudget", "BodyTimeoutError", "InFlightLimit", "UNLIMITED_PATHS",
+           "RETRY_AFTER_S"]
 
 #: Paths the limits never apply to: health must answer under any load, metrics must show it.
 UNLIMITED_PATHS = ("/v2/health/live", "/v2/health/ready", "/metrics", "/v2")
@@ -42,6 +44,11 @@ class BusyError(EdgeSDKError):
     ``Retry-After``."""
 
     retry_after = str(RETRY_AFTER_S)
+
+
+class BodyTimeoutError(EdgeSDKError):
+    """The body did not arrive within ``max_body_seconds``; answered 408 (a slow upload must not
+    hold one of the ``max_concurrent_requests`` places for ever)."""
 
 
 class BodyBudget:

@@ -24,7 +24,7 @@ from edgesdk.errors import EdgeSDKError, InputError, NotFoundError
 
 from .batcher import QueueFullError
 from .deadline import DeadlineExceededError
-from .http_limits import BusyError
+from .http_limits import BodyTimeoutError, BusyError
 from .json_worker import DecodeWorkerError
 from .load_limit import VersionLoadLimitError
 from .metrics import UNKNOWN_MODEL, InferenceMetrics
@@ -47,6 +47,7 @@ class BodyTooLargeError(EdgeSDKError):
 _FAILURES: tuple[tuple[type[BaseException], int, str], ...] = (
     (NotFoundError, 404, "not_found"),
     (BodyTooLargeError, 413, "too_large"),
+    (BodyTimeoutError, 408, "body_timeout"),
     (QueueFullError, 503, "queue_full"),
     (BusyError, 503, "busy"),
     (DecodeWorkerError, 503, "error"),

@@ -308,3 +308,16 @@ def test_loading_versions_other_than_the_default_is_rate_limited(tmp_path, repo,
     assert (
         request(f"{endpoint.url}/v2/models/mlp/ready")[0] == 200
     )  # the default (2.0.0) is never limited
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_frees_its_place(serve):
+    """A slow upload held one of the in-flight places for as long as it liked (before: no limit)."""
+    endpoint = serve(config=InferenceConfig(max_concurrent_requests=1, max_body_seconds=0.2))
+    url = f"{endpoint.url}/v2/models/mlp/infer"
+    stalled = SlowUpload(url, json_body("input", np.ones((1, WIDTH_IN), np.float32)))
+    response = stalled.conn.getresponse()  # the server's own timer ends it; the rest is never sent
+    assert response.status == 408 and "max_body_seconds" in json.loads(response.read())["error"]
+    stalled.conn.close()
+    wait_until(lambda: endpoint.routes.in_flight.in_flight == 0, "the place to be freed")
+    body = json_body("input", np.ones((1, WIDTH_IN), np.float32))
+    assert request(url, body, {"Content-Type": "application/json"})[0] == 200
