@@ -1,4 +1,4 @@
-"""Closed-loop KServe V2 load from client processes pinned to one CPU (for benchmarks/endpoint/endpoint.py).
+"""KServe V2 requests encoded once, as real clients send them, and checked one at a time (for the endpoint benchmark).
 
 Each client is a process of its own (no GIL shared between clients) holding one keep-alive
 ``http.client`` connection or one gRPC channel. The request is encoded once, before the window:
@@ -10,25 +10,19 @@ response is decoded by tritonclient's ``parse_response_body`` and its output rea
 1x3x224x224 tensor as JSON costs the client more than the server's decode; doing it per request
 would let the client CPU, not the server, set every server's pace alike.
 
-The window opens for all clients at once, after each has sent a warm-up request; a client stops
-at the window's end or after its share of ``max_requests`` (answered or failed). Figures:
-completed requests per second, latency percentiles over all clients, failures with their first
-messages, the clients' CPU per second of window (near 1.0 on one CPU: the clients set the pace)
-and the server's.
+The load itself comes from h2load (``endpoint_h2load.py``): these Python clients saturated their
+own core near 5,300 requests/s, before the servers did. :func:`connect` still makes one real
+client's request, to check the answer h2load's responses are compared with.
 """
 
 from __future__ import annotations
 
 import http.client
-import multiprocessing
-import os
-import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-__all__ = ["ENCODINGS", "Request", "encode_request", "connect", "closed_loop", "percentiles", "tree_cpu_s"]
+__all__ = ["ENCODINGS", "Request", "encode_request", "connect", "percentiles", "tree_cpu_s"]
 
 
 @dataclass(frozen=True)
@@ -123,35 +117,6 @@ def connect(request: Request) -> _Http | _Grpc:
     return _Grpc(request) if request.target.startswith("grpc://") else _Http(request)
 
 
-def _client(request: Request, cpu: int | None, ready: Any, go: Any, start_at: Any, seconds: float, limit: int,
-            results: Any) -> None:
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    latencies: list[float] = []
-    errors: list[str] = []
-    failed = 0
-    connection = connect(request)
-    try:
-        connection.call()  # warm-up: connection open, first response decoded
-    except Exception as exc:
-        errors.append(f"warm-up: {type(exc).__name__}: {exc}"[:300])
-    ready.wait()
-    go.wait()
-    stop = start_at.value + seconds
-    cpu_before = time.process_time()
-    while time.monotonic() < stop and len(latencies) + failed < limit:
-        started = time.perf_counter()
-        try:
-            connection.call()
-            latencies.append(time.perf_counter() - started)
-        except Exception as exc:  # counted; the figure is completed requests
-            failed += 1
-            errors.append(f"{type(exc).__name__}: {exc}"[:300])
-            connection.close()
-            connection = connect(request)
-    results.put((latencies, failed, errors[:3], time.process_time() - cpu_before, time.monotonic()))
-
-
 def percentiles(seconds: list[float]) -> dict[str, float]:
     """p50, p90, p99 and max of latencies in seconds, as milliseconds."""
     values = np.asarray(seconds) * 1e3
@@ -172,35 +137,3 @@ def tree_cpu_s(pid: int) -> float:
         return total
     except psutil.Error:
         return 0.0
-
-
-def closed_loop(request: Request, clients: int, seconds: float, max_requests: int, client_cpu: int | None,
-                server_pid: int | None = None) -> dict[str, Any]:
-    """``clients`` processes (pinned to ``client_cpu``) sending ``request`` back to back for ``seconds``."""
-    context = multiprocessing.get_context("spawn")
-    ready, go = context.Barrier(clients + 1), context.Event()
-    start_at = context.Value("d", 0.0)
-    results = context.Queue()
-    processes = [context.Process(target=_client, args=(request, client_cpu, ready, go, start_at, seconds,
-                                                       max(1, max_requests // clients), results), daemon=True)
-                 for _ in range(clients)]
-    for process in processes:
-        process.start()
-    ready.wait(120)
-    server_before = tree_cpu_s(server_pid) if server_pid else 0.0
-    start_at.value = time.monotonic()
-    go.set()
-    gathered = [results.get(timeout=seconds + 120) for _ in processes]
-    elapsed = max(g[4] for g in gathered) - start_at.value  # to the last client's last answer
-    server_cpu = (tree_cpu_s(server_pid) - server_before) if server_pid else None
-    for process in processes:
-        process.join(30)
-    latencies = [t for g in gathered for t in g[0]]
-    completed = len(latencies)
-    return {"clients": clients, "requests": completed, "failed": sum(g[1] for g in gathered),
-            "seconds": elapsed, "throughput_rps": completed / elapsed,
-            "latency_ms": percentiles(latencies) if latencies else None,
-            "client_cpu_per_s": round(sum(g[3] for g in gathered) / elapsed, 3),
-            "server_cpu_per_s": None if server_cpu is None else round(server_cpu / elapsed, 3),
-            "server_cpu_ms_per_request": None if server_cpu is None or not completed else 1e3 * server_cpu / completed,
-            "errors": sorted({e for g in gathered for e in g[2]})[:3]}

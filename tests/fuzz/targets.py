@@ -416,18 +416,12 @@ def _grpc_requests(draw: Any) -> bytes:
 
 
 def _decode_grpc(data: bytes) -> Any:
-    """As grpcio does it: a body that is no ModelInferRequest is refused by the framework before the servicer."""
-    from google.protobuf.message import DecodeError
-
-    from edgesdk.errors import InputError
-    from edgesdk.ota_server.inference import edgesdk_v2_grpc_pb2 as pb
+    """As ModelInfer does it: the received bytes split (raw inputs as views), then decoded; a body
+    that is no ModelInferRequest is an InputError from the split."""
     from edgesdk.ota_server.inference.grpc_service import decode_inputs
+    from edgesdk.ota_server.inference.grpc_wire import split_request
 
-    try:
-        request = pb.ModelInferRequest.FromString(data)
-    except DecodeError as exc:
-        raise InputError(f"not a ModelInferRequest ({exc})") from exc
-    return decode_inputs(request)
+    return decode_inputs(*split_request(data))
 
 
 def _chunk_request_bounds(request: Any) -> list[str]:
