@@ -25,17 +25,22 @@ completion queue to its event loop and back.
 
 Limits (:class:`GrpcServer`'s parameters; defaults below): a call waiting for its model holds its
 thread, so there are at least as many workers as the largest model queue (``max_queue``) plus
-:data:`SPARE_WORKERS` for health and metadata: a full queue answers UNAVAILABLE from the model, it
-does not wait unseen for a thread. At most ``max_concurrent_calls`` calls (default: the workers)
-are in the server at once, counted by grpc itself before it reads the message: one more gets
-RESOURCE_EXHAUSTED at once, so no call waits for a thread and the memory held is at most the cap
-times ``max_receive_bytes`` (default: the HTTP body cap, ``max_body_bytes``, 64 MiB). An answer
-over ``max_send_bytes`` (:data:`MAX_SEND_BYTES`) fails RESOURCE_EXHAUSTED.
+twice :data:`SPARE_WORKERS` (some for calls past the queue, some for health and metadata): a full queue answers UNAVAILABLE from the model, it
+does not wait unseen for a thread. At most ``max_concurrent_calls`` inference calls (default: the
+workers less :data:`SPARE_WORKERS`) run at once: one more gets RESOURCE_EXHAUSTED at once, and the
+spare workers stay free for health, readiness and metadata whatever the inference load. grpc
+itself counts every call, before it reads the message, up to the workers: past that a call of any
+kind gets RESOURCE_EXHAUSTED, so no call waits for a thread and the memory held is at most the
+workers times ``max_receive_bytes`` (default: the HTTP body cap, ``max_body_bytes``, 64 MiB).
+That outer count is the one place health can be refused: by calls that hold a worker while their
+message arrives (slow uploads, which grpc reads on the call's thread) filling every worker. An
+answer over ``max_send_bytes`` (:data:`MAX_SEND_BYTES`) fails RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -48,6 +53,7 @@ from edgesdk.offload.v2_codec import datatype_of, declared_shape, dtype_of
 from . import edgesdk_v2_grpc_pb2 as pb
 from .config import InferenceConfig
 from .grpc_wire import join_response, split_request
+from .http_limits import BusyError
 from .metrics import InferenceMetrics
 from .models import LoadedModel, ModelRegistry
 from .request_path import http_status, run_request_blocking
@@ -70,11 +76,13 @@ MAX_SEND_BYTES = 64 * 1024 * 1024
 
 
 def default_workers(config: InferenceConfig) -> int:
-    """Worker threads for ``config``: its largest model queue plus :data:`SPARE_WORKERS`, at least
-    :data:`MIN_WORKERS`."""
+    """Worker threads for ``config``: its largest model queue plus twice :data:`SPARE_WORKERS`, at
+    least :data:`MIN_WORKERS`: the inference cap (workers less the spare) then lies past the
+    queue, so a full queue is answered by the model (UNAVAILABLE, retry soon), and the spare
+    workers are left for health."""
     queues = [m.batching.max_queue for m in config.models or ()] \
         or [config.default_batching.max_queue]
-    return max(MIN_WORKERS, max(queues) + SPARE_WORKERS)
+    return max(MIN_WORKERS, max(queues) + 2 * SPARE_WORKERS)
 
 
 #: V2 datatype -> the ``InferTensorContents`` list that carries it (FP16 has none: send it raw).
@@ -87,6 +95,8 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
 def _grpc_code(exc: BaseException) -> Any:
     import grpc
 
+    if isinstance(exc, BusyError):  # a transport limit: over HTTP 503, in gRPC's words this
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return {404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
             503: grpc.StatusCode.UNAVAILABLE, 400: grpc.StatusCode.INVALID_ARGUMENT}.get(http_status(exc),
                                                                                          grpc.StatusCode.INTERNAL)
@@ -152,8 +162,11 @@ def _infer_response(model: LoadedModel, request_id: str, outputs: dict[str, np.n
 class _Servicer:
     """The service's methods; each takes the request message and the call's context."""
 
-    def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics) -> None:
+    def __init__(self, registry: ModelRegistry, metrics: InferenceMetrics,
+                 max_infer_calls: int) -> None:
         self.registry, self.metrics = registry, metrics
+        self.max_infer_calls = max_infer_calls
+        self._infer_slots = threading.BoundedSemaphore(max_infer_calls)
 
     def server_live(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -185,7 +198,19 @@ class _Servicer:
         return response
 
     def model_infer(self, data: bytes, context: Any) -> bytes:
-        """One inference: ``data`` is the request as grpc received it; returns the reply's bytes."""
+        """One inference: ``data`` is the request as grpc received it; returns the reply's bytes.
+
+        Past ``max_infer_calls`` running at once, RESOURCE_EXHAUSTED at once (the spare workers
+        are health's)."""
+        if not self._infer_slots.acquire(blocking=False):
+            raise BusyError(f"{self.max_infer_calls} inference calls are running, the most this "
+                            "server takes at once; retry later, or raise --grpc-max-calls")
+        try:
+            return self._infer(data)
+        finally:
+            self._infer_slots.release()
+
+    def _infer(self, data: bytes) -> bytes:
         request, raw = split_request(data)
 
         def decode(model: LoadedModel) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -234,8 +259,9 @@ def _handlers(servicer: _Servicer) -> Any:
 class GrpcServer:
     """grpcio serving ``registry`` on ``host:port``; :meth:`start`, :meth:`stop`.
 
-    ``workers`` (None: :func:`default_workers` of the registry's config), ``max_concurrent_calls``
-    (None: ``workers``; one more call gets RESOURCE_EXHAUSTED at once), ``max_receive_bytes`` (None:
+    ``workers`` (None: :func:`default_workers` of the registry's config; grpc refuses calls past
+    it), ``max_concurrent_calls`` (inference calls; None: ``workers`` less
+    :data:`SPARE_WORKERS`, at least 1; it must leave one worker for health), ``max_receive_bytes`` (None:
     the config's ``max_body_bytes``) and ``max_send_bytes`` are the limits the module docstring
     states.
     """
@@ -246,8 +272,8 @@ class GrpcServer:
                  max_send_bytes: int = MAX_SEND_BYTES) -> None:
         self.registry, self.metrics, self.host, self.port = registry, metrics, host, port
         self.workers = default_workers(registry.config) if workers is None else workers
-        self.max_concurrent_calls = self.workers if max_concurrent_calls is None \
-            else max_concurrent_calls
+        self.max_concurrent_calls = max(self.workers - SPARE_WORKERS, 1) \
+            if max_concurrent_calls is None else max_concurrent_calls
         self.max_receive_bytes = registry.config.max_body_bytes if max_receive_bytes is None \
             else max_receive_bytes
         self.max_send_bytes = max_send_bytes
@@ -258,6 +284,10 @@ class GrpcServer:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"the inference gRPC service's {what} is {value!r}; it must be a "
                                  "positive integer")
+        if self.workers > 1 and self.max_concurrent_calls >= self.workers:
+            raise InputError(f"the inference gRPC service's max_concurrent_calls is "
+                             f"{self.max_concurrent_calls} with {self.workers} workers; leave "
+                             "workers for health and metadata (at most workers - 1)")
         self._server: Any = None
 
     @property
@@ -270,13 +300,14 @@ class GrpcServer:
         import grpc
 
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inference-grpc")
-        server = grpc.server(pool, maximum_concurrent_rpcs=self.max_concurrent_calls, options=[
+        server = grpc.server(pool, maximum_concurrent_rpcs=self.workers, options=[
             ("grpc.max_receive_message_length", self.max_receive_bytes),
             ("grpc.max_send_message_length", self.max_send_bytes),
             # grpc sets SO_REUSEPORT by default: a second server on a taken port would bind and split the calls.
             ("grpc.so_reuseport", 0),
         ])
-        server.add_generic_rpc_handlers((_handlers(_Servicer(self.registry, self.metrics)),))
+        servicer = _Servicer(self.registry, self.metrics, self.max_concurrent_calls)
+        server.add_generic_rpc_handlers((_handlers(servicer),))
         try:
             bound = server.add_insecure_port(self.address)
         except RuntimeError as exc:  # grpc raises when the address cannot be bound

@@ -58,6 +58,10 @@ def test_a_call_over_the_concurrency_cap_is_resource_exhausted_and_the_held_ones
         # Without a cap the third call would queue behind the paused batcher until its timeout.
         assert _code(lambda: stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)) \
             == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # The cap is the inference calls': health and readiness still answer at it.
+        assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=CALL_TIMEOUT_S).live
+        ready = service_pb2.ModelReadyRequest(name="mlp")
+        assert stub.ModelReady(ready, timeout=CALL_TIMEOUT_S).ready
     assert [len(f.result().raw_output_contents[0]) for f in held] == [WIDTH_OUT * 4] * 2
     answer = stub.ModelInfer(_request(), timeout=CALL_TIMEOUT_S)
     assert len(answer.raw_output_contents[0]) == WIDTH_OUT * 4
@@ -66,7 +70,8 @@ def test_a_call_over_the_concurrency_cap_is_resource_exhausted_and_the_held_ones
 def test_a_whole_model_queue_waits_on_workers_and_health_still_answers(grpc_of):
     queue = 40  # more than the 32 workers the service had: 8 calls waited unseen for a thread
     server, stub, batcher = grpc_of(max_queue=queue)
-    assert server.workers >= queue + SPARE_WORKERS and server.max_concurrent_calls == server.workers
+    assert server.workers >= queue + SPARE_WORKERS
+    assert server.max_concurrent_calls == server.workers - SPARE_WORKERS >= queue
     with batcher.paused():
         held = [stub.ModelInfer.future(_request(), timeout=CALL_TIMEOUT_S) for _ in range(queue)]
         wait_until(lambda: batcher.depth == queue, f"{queue} calls in the model's queue")
@@ -94,6 +99,7 @@ def test_the_stated_defaults_and_bad_limits(serve):
     server = GrpcServer(endpoint.registry, endpoint.metrics, "127.0.0.1", 0)
     assert (server.max_receive_bytes, server.max_send_bytes) == (4096, MAX_SEND_BYTES)
     assert server.workers >= InferenceConfig().default_batching.max_queue + SPARE_WORKERS
-    for bad in ({"workers": 0}, {"max_concurrent_calls": -1}, {"max_send_bytes": True}):
-        with pytest.raises(InputError, match=f"{next(iter(bad))} is"):
+    for bad in ({"workers": 0}, {"max_concurrent_calls": -1}, {"max_send_bytes": True},
+                {"workers": 4, "max_concurrent_calls": 4}):
+        with pytest.raises(InputError, match="max_concurrent_calls is|workers is|bytes is"):
             GrpcServer(endpoint.registry, endpoint.metrics, "127.0.0.1", 0, **bad)
