@@ -2,35 +2,81 @@
 
 A poller on a keep-alive connection times every ``GET /v2/health/live`` answered while something
 else is in flight, and the same for as long with nothing in flight (the host's own latency,
-before and after alternating each round)."""
+before and after alternating each round). The heavy requests are sent by another process
+(:class:`PostingProcess`, pinned like this one): reading an 11 MB answer or sending a 32 MiB body
+from a thread here would hold this process's GIL, and the poller would time the client, not the
+server."""
 
 from __future__ import annotations
 
 import http.client
+import multiprocessing
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["health_while", "health_during", "percentiles"]
+__all__ = ["LoopCpu", "health_while", "health_during", "percentiles", "post", "PostingProcess"]
 
 
-def health_while(port: int, done: threading.Event) -> list[float]:
-    """Seconds of every ``GET /v2/health/live`` answered before ``done`` was set (keep-alive)."""
+def _on_cpu(stat: Path) -> int:
+    try:
+        return int(stat.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class LoopCpu:
+    """CPU seconds the server's event-loop thread has run, from ``/proc/PID/task/TID/schedstat``
+    (nanoseconds on CPU). The loop's thread is the one whose CPU time grows most while 200
+    health requests are answered (Python does not give its threads' names to the OS).
+
+    Read before and after each health request, it says how much of that request's latency the
+    loop spent running (its own work, or a request holding it) rather than waiting for a CPU
+    another process held: a figure of the server's, where the host's load distorts wall time. The
+    kernel updates the figure at context switches and scheduler ticks, so one sample may include
+    up to a tick of CPU run just before the request: an upper bound."""
+
+    def __init__(self, pid: int, port: int) -> None:
+        stats = list(Path(f"/proc/{pid}/task").glob("*/schedstat"))
+        before = {stat: _on_cpu(stat) for stat in stats}
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            for _ in range(200):
+                connection.request("GET", "/v2/health/live")
+                connection.getresponse().read()
+        finally:
+            connection.close()
+        self._stat = max(stats, key=lambda stat: _on_cpu(stat) - before[stat])
+
+    def seconds(self) -> float:
+        """The thread's CPU seconds so far."""
+        return int(self._stat.read_text().split()[0]) / 1e9
+
+
+def health_while(port: int, done: threading.Event, loop: LoopCpu | None = None,
+                 loop_cpu: list[float] | None = None) -> list[float]:
+    """Seconds of every ``GET /v2/health/live`` answered before ``done`` was set (keep-alive);
+    with ``loop``, the loop thread's CPU seconds during each answer go to ``loop_cpu``."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     seconds: list[float] = []
     try:
         while not done.is_set():
+            cpu = loop.seconds() if loop is not None else 0.0
             started = time.perf_counter()
             connection.request("GET", "/v2/health/live")
             response = connection.getresponse()
             response.read()
+            elapsed = time.perf_counter() - started
             if response.status != 200:
                 raise RuntimeError(f"health answered {response.status}")
             if not done.is_set():
-                seconds.append(time.perf_counter() - started)
+                seconds.append(elapsed)
+                if loop is not None and loop_cpu is not None:
+                    loop_cpu.append(loop.seconds() - cpu)
     finally:
         connection.close()
     return seconds
@@ -48,30 +94,32 @@ def percentiles(seconds: list[float]) -> dict[str, float | int]:
     }
 
 
-def _idle(port: int, seconds: float) -> list[float]:
+def _idle(port: int, seconds: float, loop: LoopCpu | None, loop_cpu: list[float]) -> list[float]:
     """Health seconds for ``seconds`` with nothing else in flight: the host's own latency, for
     context."""
     done = threading.Event()
     timer = threading.Timer(seconds, done.set)
     timer.start()
     try:
-        return health_while(port, done)
+        return health_while(port, done, loop, loop_cpu)
     finally:
         timer.cancel()
 
 
 def health_during(
-    port: int, heavy: Any, rounds: int
-) -> tuple[list[float], list[float], list[float]]:
-    """Health seconds while each of ``rounds`` calls of ``heavy()`` is in flight, health seconds
-    for as long
-    with nothing in flight (before or after, alternating each round), and the calls' own seconds."""
+    port: int, heavy: Any, rounds: int, loop: LoopCpu | None = None
+) -> dict[str, Any]:
+    """Health while each of ``rounds`` calls of ``heavy()`` is in flight, and for as long with
+    nothing in flight (before or after, alternating each round), in ms (:func:`percentiles`); with
+    ``loop``, the loop thread's CPU during each answer too; the calls' own seconds (``heavy_s``)."""
     health: list[float] = []
     idle: list[float] = []
     heavy_s: list[float] = []
+    cpu: list[float] = []
+    idle_cpu: list[float] = []
     for number in range(rounds):
         if number % 2:
-            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2)
+            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2, loop, idle_cpu)
         done = threading.Event()
 
         def run(done: threading.Event = done) -> None:
@@ -84,8 +132,73 @@ def health_during(
 
         runner = threading.Thread(target=run)
         runner.start()
-        health += health_while(port, done)
+        health += health_while(port, done, loop, cpu)
         runner.join()
         if not number % 2:
-            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2)
-    return health, idle, heavy_s
+            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2, loop, idle_cpu)
+    out: dict[str, Any] = {"health_ms": percentiles(health), "health_idle_ms": percentiles(idle),
+                           "heavy_s": heavy_s}
+    if loop is not None:
+        out["loop_cpu_per_health_ms"] = percentiles(cpu)
+        out["loop_cpu_per_health_idle_ms"] = percentiles(idle_cpu)
+    return out
+
+
+def post(port: int, path: str, body: bytes) -> bytes:
+    """One POST on a new connection; the answer's bytes (RuntimeError for a status other than
+    200)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = response.read()
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise RuntimeError(f"{path} answered {response.status}: {answer[:300]!r}")
+    return answer
+
+
+def _serve_posts(conn: Any) -> None:
+    """The posting process: for each (port, path, body file) sent, POST the file's bytes (read once)
+    and send back (seconds, answer bytes, error or None)."""
+    bodies: dict[str, bytes] = {}
+    while True:
+        try:
+            port, path, body_file = conn.recv()
+        except EOFError:
+            return
+        if body_file not in bodies:
+            bodies[body_file] = Path(body_file).read_bytes()
+        started = time.perf_counter()
+        try:
+            size = len(post(port, path, bodies[body_file]))
+            conn.send((time.perf_counter() - started, size, None))
+        except Exception as exc:  # reported to the parent, which raises it
+            conn.send((0.0, 0, repr(exc)))
+
+
+class PostingProcess:
+    """A process that sends heavy POSTs on request (spawned: it inherits this one's CPU
+    affinity)."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve_posts, args=(child,), daemon=True)
+        self._process.start()
+        child.close()
+
+    def post(self, port: int, path: str, body_file: Path) -> float:
+        """POST ``body_file``'s bytes to ``path``; the seconds it took (RuntimeError if it
+        failed)."""
+        self._conn.send((port, path, str(body_file)))
+        seconds, _, error = self._conn.recv()
+        if error is not None:
+            raise RuntimeError(f"the POST to {path} failed: {error}")
+        return float(seconds)
+
+    def close(self) -> None:
+        """End the process (it exits when its pipe closes)."""
+        self._conn.close()
+        self._process.join(timeout=10)

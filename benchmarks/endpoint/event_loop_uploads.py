@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.endpoint.event_loop_health import health_while, percentiles
+from benchmarks.endpoint.event_loop_health import LoopCpu, health_while, percentiles
 from benchmarks.endpoint.offload_load import Cloud
 from edgesdk.ota_server.inference import InferenceConfig
 
@@ -94,6 +94,7 @@ def run_slow_uploads(server: Cloud, seconds: float) -> dict[str, Any]:
     """RSS growth and health while UPLOADS connections trickle their bodies for ``seconds``."""
     assert server.process is not None
     pid, defaults = server.process.pid, InferenceConfig()
+    loop = LoopCpu(pid, server.port)
     before = _rss(pid)
     socks = {number: _open_upload(server.port) for number in range(UPLOADS)}
     refused: set[int] = set()
@@ -101,7 +102,8 @@ def run_slow_uploads(server: Cloud, seconds: float) -> dict[str, Any]:
     stop = threading.Event()
     trickler = threading.Thread(target=_trickle, args=(socks, refused, seconds, stop, rss, pid))
     trickler.start()
-    health = health_while(server.port, stop)
+    loop_cpu: list[float] = []
+    health = health_while(server.port, stop, loop, loop_cpu)
     trickler.join()
     for sock in socks.values():
         sock.close()
@@ -120,4 +122,5 @@ def run_slow_uploads(server: Cloud, seconds: float) -> dict[str, Any]:
         "bound": f"min(max_buffered_bytes {defaults.max_buffered_bytes}, max_concurrent_requests "
         f"{defaults.max_concurrent_requests} x {UPLOAD_BYTES}) + {UPLOADS} x {CONNECTION_BYTES}",
         "health_ms": percentiles(health),
+        "loop_cpu_per_health_ms": percentiles(loop_cpu),
     }
