@@ -306,7 +306,7 @@ class LatencyPredictor:
                 own = each if busy else first  # what a run of the running one's kind takes
                 expected = self._remaining(elapsed, own, shape)
                 # A run already longer than its kind's average says the device is that slow now.
-                expected += max(each, each * elapsed / own) * runs
+                expected += max(each, each * elapsed / own if own > 0 else 0.0) * runs
                 runs += 1
             else:
                 expected = first + each * waiting
