@@ -58,20 +58,26 @@ class CloudPrediction:
     oldest_inflight_s: float
 
     def describe(self) -> str:
-        """``cloud predicted 12.3 ms (p99 of 40 round trips, 2 in flight)``, or why it is not known."""
+        """``cloud predicted 12.3 ms (p99 of 40 round trips, 2 in flight)``, or why it is not known.
+        """
         if self.tail_s is None:
             return "cloud latency not measured yet"
         shown = "over its timeout" if math.isinf(self.tail_s) else f"{self.tail_s * 1e3:.1f} ms"
-        return f"cloud predicted {shown} (p99 of {self.samples} round trips, {self.inflight} in flight)"
+        return (f"cloud predicted {shown} (p99 of {self.samples} round trips, "
+                f"{self.inflight} in flight)")
 
 
 class CloudLatency:
-    """Round trips to the cloud and the requests in flight; :meth:`predict` says the tail a new request would see."""
+    """Round trips to the cloud and the requests in flight; :meth:`predict` says the tail a new
+    request would see."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, horizon_s: float = CLOUD_HORIZON_S) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, horizon_s: float = CLOUD_HORIZON_S
+    ) -> None:
         self._clock, self._horizon_s = clock, horizon_s
         self._lock = threading.Lock()
-        self._samples: deque[tuple[float, float]] = deque(maxlen=CLOUD_SAMPLES)  # (when, seconds; inf: censored)
+        # (when, seconds; inf: censored)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=CLOUD_SAMPLES)
         self._tail: float | None = None  # p99 of the samples, recomputed when they change
         self._inflight: dict[int, float] = {}
         self._tokens = count()
@@ -85,8 +91,10 @@ class CloudLatency:
             return token
 
     def end(self, token: int, answered: bool) -> float:
-        """The request ``token`` ended: ``answered`` keeps its round trip; a request that failed at once (refused,
-        reset) says nothing about the latency and is only no longer in flight. Returns its round trip."""
+        """The request ``token`` ended: ``answered`` keeps its round trip; a request that failed at
+        once (refused,
+        reset) says nothing about the latency and is only no longer in flight. Returns its round
+        trip."""
         with self._lock:
             started = self._inflight.pop(token, None)
             took = max(self._clock() - started, 0.0) if started is not None else 0.0
@@ -95,7 +103,8 @@ class CloudLatency:
             return took
 
     def end_censored(self, token: int) -> float:
-        """The request ``token`` timed out: its round trip is longer than anyone waited (kept as infinite)."""
+        """The request ``token`` timed out: its round trip is longer than anyone waited (kept as
+        infinite)."""
         with self._lock:
             started = self._inflight.pop(token, None)
             self._add(math.inf)
@@ -135,4 +144,6 @@ class CloudLatency:
             tail = self._tail
             if tail is None and not self._inflight:
                 return CloudPrediction(None, 0, 0, 0.0)
-            return CloudPrediction(max(tail or 0.0, oldest), len(self._samples), len(self._inflight), oldest)
+            return CloudPrediction(
+                max(tail or 0.0, oldest), len(self._samples), len(self._inflight), oldest
+            )

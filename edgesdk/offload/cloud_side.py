@@ -1,4 +1,5 @@
-"""The dispatcher's cloud side: configuring the client, measuring the cloud, and whether it may take a request.
+"""The dispatcher's cloud side: configuring the client, measuring the cloud, and whether it may
+take a request.
 
 **Whether the cloud may take a request** (:meth:`CloudSide._cloud_fits`, asked with the
 dispatcher's lock held) is one of three verdicts:
@@ -55,7 +56,15 @@ from edgesdk.offload.policy import OffloadPolicy
 if TYPE_CHECKING:
     from edgesdk.offload.dispatcher import LocalModel
 
-__all__ = ["CloudSide", "PROBE_ID", "UNMEASURED_INFLIGHT", "timed_out", "FITS", "SLOW", "UNAVAILABLE"]
+__all__ = [
+    "CloudSide",
+    "PROBE_ID",
+    "UNMEASURED_INFLIGHT",
+    "timed_out",
+    "FITS",
+    "SLOW",
+    "UNAVAILABLE",
+]
 
 log = logging.getLogger("edgesdk.offload.dispatcher")
 
@@ -68,16 +77,21 @@ UNMEASURED_INFLIGHT = 1
 
 
 def timed_out(exc: BaseException) -> bool:
-    """Whether a cloud failure was a timeout (the answer did not come in time), not a refusal or reset."""
+    """Whether a cloud failure was a timeout (the answer did not come in time), not a refusal or
+    reset."""
     return isinstance(exc.__cause__, (TimeoutError, socket.timeout))
 
 
 def _zeros(model: LocalModel) -> dict[str, np.ndarray]:
-    return {spec.name: np.zeros(tuple(1 if d is None else d for d in spec.shape), spec.dtype) for spec in model.inputs}
+    return {
+        spec.name: np.zeros(tuple(1 if d is None else d for d in spec.shape), spec.dtype)
+        for spec in model.inputs
+    }
 
 
 class CloudSide:
-    """Mixin of :class:`~edgesdk.offload.dispatcher.Dispatcher`: the cloud's configuration, probe and verdict.
+    """Mixin of :class:`~edgesdk.offload.dispatcher.Dispatcher`: the cloud's configuration, probe
+    and verdict.
 
     The dispatcher sets the attributes below before calling anything here.
     """
@@ -99,14 +113,18 @@ class CloudSide:
         self._probe: threading.Thread | None = None
         self._probe_feeds: dict[str, np.ndarray] | None = None
         self._probes = count(1)
-        self._probe_sent: float | None = None  # when the last background probe was sent (the dispatcher's clock)
+        #: Probe inferences sent so far (a running total; the paths count user requests).
+        self.probes_sent = 0
+        self._probe_sent: float | None = (
+            None  # when the last background probe was sent (the dispatcher's clock)
+        )
 
     @property
     def breaker_reset_s(self) -> float:
         """Seconds between probes of an open breaker (0 without offload)."""
         return self.policy.breaker_reset_s if self.policy else 0.0
 
-    # --- configuration -------------------------------------------------------------------------------------------
+    # --- configuration ----------------------------------------------------------------------------
 
     def _configure_at_start(self) -> None:
         """Check the cloud model against the local one and measure it once (see the module doc)."""
@@ -115,7 +133,9 @@ class CloudSide:
             model = self._model()
             inputs, outputs = model.inputs, model.outputs
         except BackendError:
-            return  # no model yet (a ManagedRuntime before its first install): the first cloud request configures
+            # no model yet (a ManagedRuntime before its first install): the first cloud request
+            # configures
+            return
         try:
             self._client.configure(inputs, outputs)
             self._measure()
@@ -124,26 +144,40 @@ class CloudSide:
                 self.close()
                 raise
             self.breaker.trip()
-            log.warning("offload: %s cannot be reached or measured (%s); running locally, retrying in %g s",
-                        self._client.model_label, exc, self.breaker_reset_s)
+            log.warning(
+                "offload: %s cannot be reached or measured (%s); running locally, retrying in %g s",
+                self._client.model_label,
+                exc,
+                self.breaker_reset_s,
+            )
 
     def model_changed(self, policy: OffloadPolicy | None = None) -> None:
-        """The local model was replaced: check the cloud model against it again before the next cloud request.
+        """The local model was replaced: check the cloud model against it again before the next
+        cloud request.
 
-        ``policy`` retargets the cloud side (e.g. the version of the endpoint that matches the new local
-        model); it must keep the queue and concurrency settings. Cloud requests in flight finish on the old
-        client. The cloud's latency is measured again (another model may run at another speed there).
+        ``policy`` retargets the cloud side (e.g. the version of the endpoint that matches the new
+        local
+        model); it must keep the queue and concurrency settings. Cloud requests in flight finish on
+        the old
+        client. The cloud's latency is measured again (another model may run at another speed
+        there).
         """
         if policy is not None and self.policy is not None and policy != self.policy:
-            if (policy.max_local_queue, policy.max_cloud_inflight) != (self.policy.max_local_queue,
-                                                                       self.policy.max_cloud_inflight):
-                raise OffloadError("a retargeted offload policy must keep max_local_queue and max_cloud_inflight")
+            if (policy.max_local_queue, policy.max_cloud_inflight) != (
+                self.policy.max_local_queue,
+                self.policy.max_cloud_inflight,
+            ):
+                raise OffloadError(
+                    "a retargeted offload policy must keep max_local_queue and max_cloud_inflight"
+                )
             if self._client is not None:
-                self._retired_clients.append(self._client)  # closed in close(): requests may still be using it
+                # closed in close(): requests may still be using it
+                self._retired_clients.append(self._client)
             self.policy, self._client = policy, V2Client(policy)
         if self._client is not None:
             self._client.configured = False
-            self._disabled = None  # a model that did not match the cloud's may have been replaced by one that does
+            # a model that did not match the cloud's may have been replaced by one that does
+            self._disabled = None
             with self._lock:
                 self._probe_feeds = None
                 self.cloud_latency = CloudLatency(self._clock)
@@ -163,14 +197,21 @@ class CloudSide:
                     self._disabled = str(exc)
                     log.error("offload disabled: %s", exc)
                 raise
-            log.info("offload: %s configured (binary tensors: %s)", self._client.model_label, self._client.binary)
+            log.info(
+                "offload: %s configured (binary tensors: %s)",
+                self._client.model_label,
+                self._client.binary,
+            )
 
-    # --- the verdict ---------------------------------------------------------------------------------------------
+    # --- the verdict ------------------------------------------------------------------------------
 
     def _cloud_fits(self, slo_s: float, claim: bool) -> tuple[str, str]:
-        """Whether a request may go to the cloud now (``FITS``), the cloud answers but is predicted to miss
-        the objective (``SLOW``), or it cannot take work (``UNAVAILABLE``: no policy, disabled, full, breaker
-        not closed, or a measurement already in flight), and why (for a refusal's message); lock held.
+        """Whether a request may go to the cloud now (``FITS``), the cloud answers but is predicted
+        to miss
+        the objective (``SLOW``), or it cannot take work (``UNAVAILABLE``: no policy, disabled,
+        full, breaker
+        not closed, or a measurement already in flight), and why (for a refusal's message); lock
+        held.
 
         ``claim`` lets this call start a probe that is due (see the module doc).
         """
@@ -179,7 +220,10 @@ class CloudSide:
         if self._disabled is not None:
             return UNAVAILABLE, f"offload disabled ({self._disabled})"
         if self._cloud_inflight >= self.policy.max_cloud_inflight:
-            return UNAVAILABLE, f"{self._cloud_inflight}/{self.policy.max_cloud_inflight} cloud requests open"
+            return (
+                UNAVAILABLE,
+                f"{self._cloud_inflight}/{self.policy.max_cloud_inflight} cloud requests open",
+            )
         if not self.breaker.allow():
             if claim and not self._closed and not self._probe_out() and self.breaker.claim_probe():
                 self._start_probe(half_open=True)
@@ -192,16 +236,27 @@ class CloudSide:
             self._remeasure_if_due(claim)
             if self._cloud_inflight < UNMEASURED_INFLIGHT:
                 return FITS, prediction.describe()
-            return UNAVAILABLE, f"{prediction.describe()} ({self._cloud_inflight} request measuring it)"
+            return (
+                UNAVAILABLE,
+                f"{prediction.describe()} ({self._cloud_inflight} request measuring it)",
+            )
         return FITS, prediction.describe()
 
     def _remeasure_if_due(self, claim: bool) -> None:
-        """Start a measuring probe when none was sent nor answered for ``breaker_reset_s`` (breaker closed); lock held."""
-        last = max((t for t in (self.cloud_latency.measured_at, self._probe_sent) if t is not None), default=None)
-        if claim and not self._closed and (last is None or self._clock() - last >= self.breaker_reset_s):
+        """Start a measuring probe when none was sent nor answered for ``breaker_reset_s`` (breaker
+        closed); lock held."""
+        last = max(
+            (t for t in (self.cloud_latency.measured_at, self._probe_sent) if t is not None),
+            default=None,
+        )
+        if (
+            claim
+            and not self._closed
+            and (last is None or self._clock() - last >= self.breaker_reset_s)
+        ):
             self._start_probe(half_open=False)
 
-    # --- the probe -----------------------------------------------------------------------------------------------
+    # --- the probe --------------------------------------------------------------------------------
 
     def _probe_out(self) -> bool:
         return self._probe is not None and self._probe.is_alive()
@@ -211,8 +266,9 @@ class CloudSide:
         if self._probe_out():
             return
         self._probe_sent = self._clock()
-        self._probe = threading.Thread(target=self._run_probe, args=(half_open,), name="edgesdk-offload-probe",
-                                       daemon=True)
+        self._probe = threading.Thread(
+            target=self._run_probe, args=(half_open,), name="edgesdk-offload-probe", daemon=True
+        )
         self._probe.start()
 
     def _probe_input(self) -> dict[str, np.ndarray]:
@@ -220,7 +276,8 @@ class CloudSide:
         return feeds if feeds is not None else _zeros(self._model())
 
     def _keep_probe_input(self, feeds: dict[str, np.ndarray]) -> None:
-        """The first real input is what later probes send (a copy: the caller may reuse its buffers)."""
+        """The first real input is what later probes send (a copy: the caller may reuse its
+        buffers)."""
         if self._probe_feeds is None:
             self._probe_feeds = {name: np.array(value, copy=True) for name, value in feeds.items()}
 
@@ -228,10 +285,13 @@ class CloudSide:
         """One small real inference, timed into the cloud's latency; its round trip in seconds."""
         assert self._client is not None
         latency = self.cloud_latency
+        self.probes_sent += 1
         token = latency.begin()
         try:
             deadline = time.monotonic() + self._client.policy.timeout_ms / 1e3
-            self._client.infer(self._probe_input(), deadline, request_id=f"{PROBE_ID}-{next(self._probes)}")
+            self._client.infer(
+                self._probe_input(), deadline, request_id=f"{PROBE_ID}-{next(self._probes)}"
+            )
         except OffloadError as exc:
             if timed_out(exc):
                 latency.end_censored(token)
@@ -244,23 +304,33 @@ class CloudSide:
         return latency.end(token, answered=True)
 
     def _run_probe(self, half_open: bool) -> None:
-        """The probe (see the module doc): the model's metadata check if due, then one small inference."""
+        """The probe (see the module doc): the model's metadata check if due, then one small
+        inference."""
         assert self._client is not None and self.breaker is not None
         try:
             self._ensure_configured()
             took = self._measure()
-        except Exception as exc:  # any failure keeps (or counts toward) the breaker open; logged once per probe
+        except (
+            Exception
+        ) as exc:  # any failure keeps (or counts toward) the breaker open; logged once per probe
             if half_open:
                 self.breaker.probe_failure()
             else:
                 self.breaker.failure()
-            log.info("offload: probe of %s failed (%s); all work local for %g s more", self._client.model_label, exc,
-                     self.breaker_reset_s)
+            log.info(
+                "offload: probe of %s failed (%s); all work local for %g s more",
+                self._client.model_label,
+                exc,
+                self.breaker_reset_s,
+            )
             return
         if half_open:
             self.breaker.probe_success()
-            log.info("offload: %s answers again (%.1f ms); circuit breaker closed", self._client.model_label,
-                     took * 1e3)
+            log.info(
+                "offload: %s answers again (%.1f ms); circuit breaker closed",
+                self._client.model_label,
+                took * 1e3,
+            )
         else:
             self.breaker.success()
 
@@ -268,4 +338,3 @@ class CloudSide:
         probe = self._probe
         if probe is not None and probe is not threading.current_thread():
             probe.join()  # within the client's timeout
-

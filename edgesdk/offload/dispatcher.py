@@ -1,4 +1,5 @@
-"""The dispatcher behind ``predict_async``: one bounded local queue, the cloud, and the rule between them.
+"""The dispatcher behind ``predict_async``: one bounded local queue, the cloud, and the rule
+between them.
 
 Every request under an offload policy has a deadline: ``latency_slo_ms`` after its submission
 (:mod:`edgesdk.offload.deadline`). Routing of each request, decided at once when it is submitted:
@@ -104,7 +105,8 @@ class LocalModel(Protocol):
 
     @property
     def check_finite(self) -> bool:
-        """Refuse NaN and Inf in floating inputs (as the model's own ``predict`` does), also before offloading."""
+        """Refuse NaN and Inf in floating inputs (as the model's own ``predict`` does), also before
+        offloading."""
 
 
 @dataclass
@@ -123,7 +125,8 @@ class _Job:
 
 
 class Dispatcher(CloudSide):
-    """Routes ``predict_async`` requests between a local model and, with a policy, a KServe V2 endpoint.
+    """Routes ``predict_async`` requests between a local model and, with a policy, a KServe V2
+    endpoint.
 
     ``model`` is read at every request (so a ManagedRuntime may swap what it returns). With a
     ``policy`` the cloud model is checked against ``model``'s inputs at construction and its
@@ -133,10 +136,20 @@ class Dispatcher(CloudSide):
     latency and the breaker (tests pass a fake one); deadlines are real time.
     """
 
-    def __init__(self, model: Callable[[], LocalModel], policy: OffloadPolicy | None = None,
-                 max_local_queue: int = DEFAULT_LOCAL_QUEUE, clock: Callable[[], float] = time.monotonic,
-                 configure: bool = True, stats_window: int = 1000) -> None:
-        if not isinstance(max_local_queue, int) or isinstance(max_local_queue, bool) or max_local_queue < 1:
+    def __init__(
+        self,
+        model: Callable[[], LocalModel],
+        policy: OffloadPolicy | None = None,
+        max_local_queue: int = DEFAULT_LOCAL_QUEUE,
+        clock: Callable[[], float] = time.monotonic,
+        configure: bool = True,
+        stats_window: int = 1000,
+    ) -> None:
+        if (
+            not isinstance(max_local_queue, int)
+            or isinstance(max_local_queue, bool)
+            or max_local_queue < 1
+        ):
             raise BackendError(f"max_local_queue must be an integer >= 1, got {max_local_queue!r}")
         self._model = model
         self.policy = policy
@@ -144,7 +157,8 @@ class Dispatcher(CloudSide):
         self.max_local_queue = policy.max_local_queue if policy is not None else max_local_queue
         self.predictor = LatencyPredictor(policy.predictor_alpha if policy else 0.2, clock)
         self._seed_local()
-        #: The cloud's round trips and requests in flight: its predicted latency (edgesdk.offload.cloud_latency).
+        #: The cloud's round trips and requests in flight: its predicted latency
+        #: (edgesdk.offload.cloud_latency).
         self.cloud_latency = CloudLatency(clock)
         self.breaker: CircuitBreaker | None = None
         self._client: V2Client | None = None
@@ -161,18 +175,21 @@ class Dispatcher(CloudSide):
         self._paths = {"local": LatencyStats(stats_window), "cloud": LatencyStats(stats_window)}
         self.refused = 0
         self.fallbacks = 0
-        #: Requests dropped because they could no longer meet their objective (also counted in ``refused``).
+        #: Requests dropped because they could no longer meet their objective (also in ``refused``).
         self.dropped = 0
         self._init_cloud()
         if policy is not None:
             self.breaker = CircuitBreaker(policy.breaker_failures, policy.breaker_reset_s, clock)
             self._client = V2Client(policy)
-            self._executor = ThreadPoolExecutor(policy.max_cloud_inflight, thread_name_prefix="edgesdk-offload")
+            self._executor = ThreadPoolExecutor(
+                policy.max_cloud_inflight, thread_name_prefix="edgesdk-offload"
+            )
             if configure:
                 self._configure_at_start()
 
     def _seed_local(self) -> None:
-        """Seed the local predictor with the bundle's measured latency for this board, when the model has one."""
+        """Seed the local predictor with the bundle's measured latency for this board, when the
+        model has one."""
         try:
             seed = getattr(self._model(), "expected_latency_s", None)
         except BackendError:
@@ -184,7 +201,7 @@ class Dispatcher(CloudSide):
     def _slo_s(self) -> float:
         return self.policy.latency_slo_ms / 1e3 if self.policy else float("inf")
 
-    # --- submission ----------------------------------------------------------------------------------------------
+    # --- submission -------------------------------------------------------------------------------
 
     def _is_heavy(self, feeds: dict[str, np.ndarray], heavy: bool | None) -> bool:
         if heavy is not None:
@@ -193,13 +210,16 @@ class Dispatcher(CloudSide):
         return limit is not None and input_bytes(feeds) >= limit
 
     def route(self, feeds: dict[str, np.ndarray], heavy: bool | None = None) -> str:
-        """Where a request would go now: ``local``, ``cloud`` or ``refused`` (claims nothing; for tests and tools)."""
+        """Where a request would go now: ``local``, ``cloud`` or ``refused`` (claims nothing; for
+        tests and tools)."""
         with self._lock:
             return self._route(feeds, heavy, claim=False)[0]
 
-    def _route(self, feeds: dict[str, np.ndarray], heavy: bool | None,
-               claim: bool) -> tuple[str, Prediction | None, str]:
-        """Where a request goes, the local prediction it was judged on (None when the local side was not asked),
+    def _route(
+        self, feeds: dict[str, np.ndarray], heavy: bool | None, claim: bool
+    ) -> tuple[str, Prediction | None, str]:
+        """Where a request goes, the local prediction it was judged on (None when the local side
+        was not asked),
         and why the cloud may or may not take it."""
         slo_s = self._slo_s
         verdict = None
@@ -223,20 +243,26 @@ class Dispatcher(CloudSide):
     def _refusal(self, prediction: Prediction | None, why: str) -> OverloadedError:
         held = len(self._queue) + self._running
         if self.policy is None:
-            return OverloadedError(f"request refused: the local queue is full ({held}/{self.max_local_queue}) and no "
-                                   "offload policy; slow the request rate, drop this input or raise max_local_queue")
+            return OverloadedError(
+                f"request refused: the local queue is full ({held}/{self.max_local_queue}) and no "
+                "offload policy; slow the request rate, drop this input or raise max_local_queue"
+            )
         local = _ms(prediction.tail_s) if prediction is not None else "unknown"
         full = ", full" if held >= self.max_local_queue else ""
         return OverloadedError(
-            f"request refused: local predicted {local} with {len(self._queue)} queued ({held}/{self.max_local_queue} "
-            f"in the local queue{full}), {why}, objective {self.policy.latency_slo_ms:g} ms; slow the request rate, "
-            "drop this input, or raise max_local_queue / max_cloud_inflight")
+            f"request refused: local predicted {local} with {len(self._queue)} queued "
+            f"({held}/{self.max_local_queue} in the local queue{full}), {why}, objective "
+            f"{self.policy.latency_slo_ms:g} ms; slow the request rate, "
+            "drop this input, or raise max_local_queue / max_cloud_inflight"
+        )
 
     def submit(self, inputs: Any, heavy: bool | None = None) -> Future[Any]:
-        """Validate ``inputs`` against the local model and route them; a Future of what ``predict`` returns.
+        """Validate ``inputs`` against the local model and route them; a Future of what ``predict``
+        returns.
 
         Raises at once: InputError for bad inputs, OverloadedError when neither the local queue nor
-        the cloud can take the request (with the reason), BackendError after :meth:`close`. The Future
+        the cloud can take the request (with the reason), BackendError after :meth:`close`. The
+        Future
         may fail with DeadlineExceededError (a cloud request that can no longer make its objective).
         """
         model = self._model()
@@ -257,12 +283,14 @@ class Dispatcher(CloudSide):
             job.prediction = None
             self._cloud_inflight += 1
             assert self._executor is not None
-            # Under the lock: close() marks the dispatcher closed under it before shutting the executor down.
+            # Under the lock: close() marks the dispatcher closed under it before shutting the
+            # executor down.
             self._executor.submit(self._run_cloud, job)
         return job.future
 
     def _enqueue(self, job: _Job) -> None:
-        """Queue ``job`` in submission order (a cloud fallback may be older than some waiting jobs); lock held."""
+        """Queue ``job`` in submission order (a cloud fallback may be older than some waiting jobs);
+        lock held."""
         later = self._place(job)
         if later is None:
             self._queue.append(job)
@@ -275,13 +303,17 @@ class Dispatcher(CloudSide):
 
     def _place(self, job: _Job) -> int | None:
         """Where ``job`` goes in the queue by submission order (None: at the back); lock held."""
-        return next((i for i, queued in enumerate(self._queue) if queued.submitted_ns > job.submitted_ns), None)
+        return next(
+            (i for i, queued in enumerate(self._queue) if queued.submitted_ns > job.submitted_ns),
+            None,
+        )
 
-    # --- execution -----------------------------------------------------------------------------------------------
+    # --- execution --------------------------------------------------------------------------------
 
     @staticmethod
     def _shape(job: _Job, outputs: dict[str, np.ndarray]) -> Any:
-        """The cloud's outputs in the form ``predict`` returns (one array for single-output models)."""
+        """The cloud's outputs in the form ``predict`` returns (one array for single-output models).
+        """
         if len(job.outputs) == 1:
             return outputs[job.outputs[0].name]
         return outputs
@@ -334,7 +366,9 @@ class Dispatcher(CloudSide):
         if left <= 0:  # waited for a thread past its deadline: nobody needs the answer any more
             with self._lock:
                 self._cloud_inflight -= 1
-                self._drop(job, "it waited for a cloud connection past its objective and was not sent", 0.0)
+                self._drop(
+                    job, "it waited for a cloud connection past its objective and was not sent", 0.0
+                )
             return
         latency = self.cloud_latency
         token = latency.begin()
@@ -359,33 +393,52 @@ class Dispatcher(CloudSide):
         assert self.breaker is not None
         self._paths["cloud"].record_error()
         if self.breaker.failure():  # one warning when a working cloud starts failing
-            log.warning("offload: circuit breaker open after %s; all work local for %g s", exc, self.breaker_reset_s)
+            log.warning(
+                "offload: circuit breaker open after %s; all work local for %g s",
+                exc,
+                self.breaker_reset_s,
+            )
         with self._lock:
             self._cloud_inflight -= 1
             if self._closed:
-                job.future.set_exception(BackendError(f"the runtime was closed while a cloud request failed ({exc}); "
-                                                      "it could not be run locally any more"))
+                job.future.set_exception(
+                    BackendError(
+                        f"the runtime was closed while a cloud request failed ({exc}); "
+                        "it could not be run locally any more"
+                    )
+                )
                 return
             held = len(self._queue) + self._running
             if held >= self.max_local_queue:
                 self.refused += 1
-                job.future.set_exception(OverloadedError(
-                    f"request refused: the cloud failed ({exc}) and the local queue is full ({held}/"
-                    f"{self.max_local_queue}); slow the request rate, check the offload server, or raise "
-                    "max_local_queue"))
+                job.future.set_exception(
+                    OverloadedError(
+                        f"request refused: the cloud failed ({exc}) and the local queue is full "
+                        f"({held}/{self.max_local_queue}); slow the request rate, check the "
+                        "offload server, or raise "
+                        "max_local_queue"
+                    )
+                )
                 return
             place = self._place(job)
-            expected = self.predictor.predict(len(self._queue) if place is None else place).expected_s
+            expected = self.predictor.predict(
+                len(self._queue) if place is None else place
+            ).expected_s
             if job.elapsed_s() + expected > self._slo_s:
                 what = "timed out" if timed_out(exc) else "failed"
-                self._drop(job, f"the cloud {what} ({exc}) and running it here is predicted to take "
-                                f"{_ms(expected)} more", expected)
+                self._drop(
+                    job,
+                    f"the cloud {what} ({exc}) and running it here is predicted to take "
+                    f"{_ms(expected)} more",
+                    expected,
+                )
                 return
             self.fallbacks += 1
             self._enqueue(job)
 
     def _drop(self, job: _Job, why: str, more_s: float) -> None:
-        """Fail ``job`` with DeadlineExceededError: it cannot make its objective any more; lock held."""
+        """Fail ``job`` with DeadlineExceededError: it cannot make its objective any more; lock
+        held."""
         assert self.policy is not None
         self.refused += 1
         self.dropped += 1
@@ -393,12 +446,18 @@ class Dispatcher(CloudSide):
         elapsed_ms = job.elapsed_s() * 1e3
         late = elapsed_ms + more_s * 1e3 - objective
         how_late = f"{late:.1f} ms late" if math.isfinite(late) else "how late is unknown"
-        job.future.set_exception(DeadlineExceededError(
-            f"request dropped {elapsed_ms:.1f} ms after submission: it cannot meet its {objective:g} ms objective "
-            f"any more ({how_late}): {why}; it was not re-queued ahead of work that can still make its "
-            "objective. Slow the request rate, or raise latency_slo_ms if late answers are of use", objective, late))
+        job.future.set_exception(
+            DeadlineExceededError(
+                f"request dropped {elapsed_ms:.1f} ms after submission: it cannot meet its "
+                f"{objective:g} ms objective any more ({how_late}): {why}; it was not re-queued "
+                "ahead of work that can still make its objective. Slow the request rate, or raise "
+                "latency_slo_ms if late answers are of use",
+                objective,
+                late,
+            )
+        )
 
-    # --- state ---------------------------------------------------------------------------------------------------
+    # --- state ------------------------------------------------------------------------------------
 
     def _breaker_state(self) -> str | None:
         if self.breaker is None:
@@ -406,19 +465,26 @@ class Dispatcher(CloudSide):
         return "disabled" if self._disabled is not None else self.breaker.state
 
     def snapshot(self, overall: StatsSnapshot) -> StatsSnapshot:
-        """``overall`` plus where requests ran: per-path figures, refused and fallback counts, breaker state."""
+        """``overall`` plus where requests ran: per-path figures, refused and fallback counts,
+        breaker state."""
         with self._lock:
             refused, fallbacks = self.refused, self.fallbacks
-        return replace(overall, paths={name: stats.snapshot() for name, stats in self._paths.items()},
-                       refused=refused, fallbacks=fallbacks, breaker=self._breaker_state(),
-                       calibration=self.predictor.calibration())
+        return replace(
+            overall,
+            paths={name: stats.snapshot() for name, stats in self._paths.items()},
+            refused=refused,
+            fallbacks=fallbacks,
+            breaker=self._breaker_state(),
+            calibration=self.predictor.calibration(),
+        )
 
     def path_counts(self) -> tuple[int, int]:
         """Running totals of requests run locally and sent to the cloud, failed ones included."""
         return self._paths["local"].counters()[0], self._paths["cloud"].counters()[0]
 
     def close(self) -> None:
-        """Stop taking requests, fail the waiting ones, let the running ones finish; safe to call twice."""
+        """Stop taking requests, fail the waiting ones, let the running ones finish; safe to call
+        twice."""
         with self._lock:
             self._closed = True
             waiting = list(self._queue)
@@ -427,12 +493,18 @@ class Dispatcher(CloudSide):
             worker = self._worker
         for job in waiting:
             if not job.future.done():
-                job.future.set_exception(BackendError("the runtime was closed before this request ran; submit it to "
-                                                      "a new runtime"))
+                job.future.set_exception(
+                    BackendError(
+                        "the runtime was closed before this request ran; submit it to a new runtime"
+                    )
+                )
         if worker is not None and worker is not threading.current_thread():
             worker.join()
         self._join_probe()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        for client in [*self._retired_clients, *([self._client] if self._client is not None else [])]:
+        for client in [
+            *self._retired_clients,
+            *([self._client] if self._client is not None else []),
+        ]:
             client.close()
