@@ -109,6 +109,10 @@ class CloudSide:
     _disabled: str | None
     _clock: Callable[[], float]
 
+    def close(self) -> None:
+        """Provided by the dispatcher (stops its workers and closes the clients)."""
+        raise NotImplementedError
+
     def _init_cloud(self) -> None:
         self._probe: threading.Thread | None = None
         self._probe_feeds: dict[str, np.ndarray] | None = None

@@ -29,13 +29,15 @@ class OffloadPolicy:
     >>> policy = OffloadPolicy("http://10.0.0.5:8000", "digits", latency_slo_ms=50)   # doctest: +SKIP
     >>> rt = edgesdk.Runtime("model.onnx", offload=policy)                             # doctest: +SKIP
 
-    A request runs locally while its predicted local latency (recent service time x the
-    requests ahead of it, plus the p99 of recent prediction errors; see
-    :mod:`edgesdk.offload.predictor`) stays within
-    ``latency_slo_ms`` and the local queue has room; otherwise it goes to the cloud while the
-    circuit breaker is closed and fewer than ``max_cloud_inflight`` cloud requests are open;
-    otherwise locally if the queue has room; otherwise it is refused with
-    :class:`~edgesdk.errors.OverloadedError`. Every bad value is an :class:`OffloadError`
+    A request runs locally while its predicted local latency (see
+    :mod:`edgesdk.offload.predictor`) stays within ``latency_slo_ms`` and the local queue has
+    room; otherwise it goes to the cloud when the cloud is predicted to meet the objective
+    (its measured round trips: :mod:`edgesdk.offload.cloud_latency`), the circuit breaker is
+    closed and fewer than ``max_cloud_inflight`` cloud requests are open. A cloud that answers
+    too slowly gets no user request: such work is refused at once with
+    :class:`~edgesdk.errors.OverloadedError` saying why. A cloud that is down or full leaves the
+    device as it is without offload: local while the queue has room, else refused. The rule in
+    full is in :mod:`edgesdk.offload.dispatcher`. Every bad value is an :class:`OffloadError`
     naming the field.
     """
 
@@ -45,14 +47,18 @@ class OffloadPolicy:
     model: str
     #: A pinned model version on the server; None lets the server pick (its newest).
     version: str | None = None
-    #: The latency a request should see (queueing included); beyond it work goes to the cloud.
+    #: The latency a request should see (queueing included): beyond it work goes to the cloud. It is
+    #: also each request's deadline, counted from submission: a cloud request carries what is left
+    #: of it (the V2 ``timeout`` parameter) and waits no longer; one that can no longer make it is
+    #: dropped.
     latency_slo_ms: float = 100.0
     #: Requests admitted locally and not finished (the running one included). At the bound work goes to the
     #: cloud, or is refused when the cloud is full too; bounded so latency cannot grow without limit.
     max_local_queue: int = 8
     #: Cloud requests open at once; each has its own keep-alive connection.
     max_cloud_inflight: int = 4
-    #: Socket timeout of a cloud request (sending, and waiting for each read of the answer).
+    #: The longest a cloud request waits for its answer, in all (sooner when its deadline is
+    #: sooner), and what the probe waits for its measurement (keep it above the cloud's round trip).
     timeout_ms: float = 1000.0
     #: Timeout of opening a connection; short, so an unreachable cloud costs little.
     connect_timeout_ms: float = 300.0
@@ -60,7 +66,8 @@ class OffloadPolicy:
     heavy_input_bytes: int | None = None
     #: Consecutive cloud failures (errors or timeouts) that open the circuit breaker: all work stays local.
     breaker_failures: int = 3
-    #: Seconds the breaker stays open before one out-of-band probe (the model's V2 readiness call) is sent.
+    #: Seconds the breaker stays open before one out-of-band probe (one small inference) is sent;
+    #: also how often a cloud too slow for the objective (or not measured) is measured again.
     breaker_reset_s: float = 10.0
     #: True: binary tensors; False: JSON tensors; None: binary when the server lists ``binary_tensor_data``.
     binary: bool | None = None
