@@ -13,8 +13,11 @@ Every request under an offload policy has a deadline: ``latency_slo_ms`` after i
    tracked like the device's: :mod:`edgesdk.offload.cloud_latency`, measured by user requests
    and by a small probe inference; :mod:`edgesdk.offload.cloud_side` says when it is measured and
    what an unmeasured cloud gets: at most one request at a time);
-4. refused, if the cloud answers but is predicted to miss the objective: neither side would
-   meet it, and a cloud that answers gets no work it cannot do in time;
+4. refused, if the cloud answers but is predicted to miss the objective and the device is
+   busy: neither side would meet it, and a cloud that answers gets no work it cannot do in
+   time. An idle device still takes the request: nothing waits behind it, it is the soonest
+   answer there is, and its run measures the device again (refusing on a prediction alone would
+   keep a pessimistic one forever, with nothing run to correct it);
 5. local, if the queue has room, when the cloud cannot take work (down, full, disabled): the
    device is then what it would be without offload, never worse;
 6. otherwise :class:`~edgesdk.errors.OverloadedError`. Refusals (4 and 6) come at once and
@@ -236,7 +239,8 @@ class Dispatcher(CloudSide):
             verdict, why = self._cloud_fits(slo_s, claim)
             if verdict == FITS:
                 return "cloud", None, why
-        if verdict == SLOW:  # a cloud that answers, too slowly: neither side meets the objective
+        idle = not self._queue and not self._running
+        if verdict == SLOW and not idle:  # a cloud that answers, too slowly: neither side makes it
             return "refused", prediction, why
         return ("local" if room else "refused"), prediction, why
 

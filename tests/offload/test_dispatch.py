@@ -332,16 +332,16 @@ def test_runtime_rejects_a_queue_bound_that_contradicts_its_policy(wide_onnx, cl
 
 
 def test_the_real_predictor_learns_from_the_first_local_run(wide_onnx, cloud, frames):
-    """No fake clock: the first request runs locally (nothing known yet); no local run fits a 1 µs SLO after that,
-    nor does the cloud's measured round trip, so the next one is refused at once, saying so."""
+    """No fake clock: the first request runs locally (nothing known yet); no local run fits a 1 µs
+    SLO after that, nor does the cloud's measured round trip: the next one, on an idle device, runs
+    here (the soonest answer there is), not on a cloud predicted to miss the objective."""
     with Runtime(wide_onnx, threads=1, offload=_policy(cloud, latency_slo_ms=0.001)) as rt:
-        result = rt.predict_async(frames[0][0]).result(timeout=30)
-        with pytest.raises(OverloadedError, match=r"local predicted [\d.]+ ms with 0 queued .* cloud predicted "
-                                                  r"[\d.]+ ms .* objective 0.001 ms"):
-            rt.predict_async(frames[0][1])
+        results = [rt.predict_async(x).result(timeout=30) for x in frames[0][:2]]
         stats = rt.stats()
-    assert np.allclose(result, frames[1][0], atol=1e-5)
-    assert (stats.paths["local"].count, stats.paths["cloud"].count, stats.refused) == (1, 0, 1)
+        assert rt.dispatcher is not None and rt.dispatcher.predictor.predict(0).tail_s > 1e-6
+        assert rt.dispatcher.cloud_latency.predict().tail_s > 1e-6
+    assert all(np.allclose(r, w, atol=1e-5) for r, w in zip(results, frames[1]))
+    assert (stats.paths["local"].count, stats.paths["cloud"].count, stats.refused) == (2, 0, 0)
     assert (cloud.infers, cloud.probes) == (0, 1)
 
 

@@ -83,11 +83,10 @@ def test_a_slow_cloud_is_measured_again_by_the_probe_and_gets_work_once_it_is_fa
     _slow_on_the_clock(cloud, clock, 3 * SLO_S)
     dispatcher = dispatchers(local, _policy(cloud, breaker_reset_s=10), clock)
     dispatcher.predictor.observe(SLOW_DEVICE_S)
-    assert dispatcher.route({"input": frames[0][0]}) == "refused"
+    assert dispatcher.route({"input": frames[0][0]}) == "local"  # the device is idle: soonest here
     cloud.on_infer = None  # the cloud recovers; only a measurement can tell
     clock.now += 31  # the slow round trip leaves the horizon once a newer one is measured
-    with pytest.raises(OverloadedError, match=r"cloud predicted 90000\.0 ms"):
-        dispatcher.submit(frames[0][0])  # refused; and a probe goes out: it is due
+    _check([dispatcher.submit(frames[0][0])], frames)  # local; and a probe goes out: it is due
     dispatcher._probe.join(timeout=10)  # noqa: SLF001 - the probe's thread, to read its outcome
     assert (cloud.probes, cloud.infers) == (2, 0)
     assert dispatcher.cloud_latency.predict().tail_s == pytest.approx(0.0)
@@ -107,13 +106,13 @@ def test_an_overloaded_but_ready_cloud_does_not_make_the_breaker_flap(local, clo
     for round_ in range(3):  # heavy requests: the cloud first, whenever it may take them
         clock.now += 10  # half-open, then due again: the request that finds it so sends the probe
         try:
-            dispatcher.submit(frames[0][round_], heavy=True).result(timeout=30)
+            dispatcher.submit(frames[0][round_], heavy=True).result(timeout=30)  # here: idle
         except OverloadedError:
-            pass  # the cloud is too slow and so is the device: refused; the probe is the point
+            pass  # not expected; the probe is the point
         dispatcher._probe.join(timeout=10)  # noqa: SLF001
         assert dispatcher.breaker.state == "closed"  # the probe answered: the cloud works...
         # ...too slowly for the objective: no user request goes there.
-        assert dispatcher.route({"input": frames[0][0]}, heavy=True) == "refused"
+        assert dispatcher.route({"input": frames[0][0]}, heavy=True) == "local"
     assert (cloud.infers, dispatcher.breaker.opened) == (0, 1)
 
 
