@@ -63,8 +63,14 @@ def _error(status: int, message: str, exc: BaseException | None = None) -> Any:
 
 
 def _failure(exc: BaseException, path: str) -> Any:
-    """The error answer of a failed request (a 500 is logged with its traceback)."""
+    """The error answer of a failed request (a 500 is logged with its traceback; a client that
+    left before its body was read is not a server fault, and nobody reads its answer)."""
+    from starlette.requests import ClientDisconnect
+
     status = http_status(exc)
+    if isinstance(exc, ClientDisconnect):
+        log.debug("the client of %s left before its body was read", path)
+        return _error(400, "the client disconnected before its body was read")
     if status == 500:
         log.exception("inference request to %s failed", path, exc_info=exc)
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")

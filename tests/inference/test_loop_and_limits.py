@@ -170,9 +170,13 @@ def test_big_json_bodies_are_parsed_in_a_niced_worker_process_while_health_answe
 
 
 class SlowUpload:
-    """An infer request whose headers are sent and whose body is held back until :meth:`finish`."""
+    """An infer request whose headers are sent and whose body is held back until :meth:`finish`
+    (every one is closed when its test ends, however it ends)."""
+
+    opened: list[SlowUpload] = []
 
     def __init__(self, url: str, body: bytes, sent: int = 10) -> None:
+        SlowUpload.opened.append(self)
         parts = urlsplit(url)
         self.body, self.conn = (
             body,
@@ -191,6 +195,13 @@ class SlowUpload:
         response.read()
         self.conn.close()
         return response.status
+
+
+@pytest.fixture(autouse=True)
+def close_uploads():
+    yield
+    while SlowUpload.opened:
+        SlowUpload.opened.pop().conn.close()
 
 
 @pytest.fixture
