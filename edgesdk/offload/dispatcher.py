@@ -30,18 +30,14 @@ deadline passed before it could be sent is dropped with
 :class:`~edgesdk.offload.deadline.DeadlineExceededError` unsent.
 
 **Fallback.** A cloud request that fails or times out is run locally only if it can still make
-its objective there: its time left at least the *expected* local latency at the place it would
-take (the mean, not the tail: a request with a fair chance is served). Otherwise it is dropped
-with :class:`~edgesdk.offload.deadline.DeadlineExceededError` naming the objective and how late
-it would be: re-queued, it would run late *and* push back work that can still make its
-objective (a request that timed out at its deadline is always dropped so). One that may still
-make it is queued in the order of its submission among the waiting requests (at the front it
-would push every one submitted after it back by a service time). At the bound its future fails
-with :class:`~edgesdk.errors.OverloadedError`, as a new request would be refused: the bound is
-what keeps local latency bounded, and a cloud that dies under load would otherwise add up to
-``max_cloud_inflight`` requests to a full queue (measured by benchmarks/endpoint/offload.py: the
-local p99 rose 27% over local-only at 2x load). Nothing is lost: every future ends with a result
-or an error.
+its objective there, in the order of its submission among the waiting requests; otherwise it is
+dropped with :class:`~edgesdk.offload.deadline.DeadlineExceededError` instead of running late
+ahead of work that still can (:mod:`edgesdk.offload.cloud_requests` says how it is judged). At
+the bound its future fails with :class:`~edgesdk.errors.OverloadedError`, as a new request
+would be refused: the bound is what keeps local latency bounded, and a cloud that dies under
+load would otherwise add up to ``max_cloud_inflight`` requests to a full queue (measured by
+benchmarks/endpoint/offload.py: the local p99 rose 27% over local-only at 2x load). Nothing is
+lost: every future ends with a result or an error.
 
 **Cold start.** Before the first local run ends the local predictor has nothing to go on; the
 dispatcher seeds it with the latency the model's bundle measured for this board
@@ -58,7 +54,6 @@ their deadline) and returns: it never hangs.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -73,8 +68,8 @@ from edgesdk.errors import BackendError, OverloadedError
 from edgesdk.offload.breaker import CircuitBreaker
 from edgesdk.offload.client import V2Client, input_bytes
 from edgesdk.offload.cloud_latency import CloudLatency
-from edgesdk.offload.cloud_side import FITS, SLOW, CloudSide, timed_out
-from edgesdk.offload.deadline import DeadlineExceededError
+from edgesdk.offload.cloud_requests import CloudRequests, ms
+from edgesdk.offload.cloud_side import FITS, SLOW, CloudSide
 from edgesdk.offload.policy import OffloadPolicy
 from edgesdk.offload.predictor import LatencyPredictor, Prediction
 from edgesdk.runtime.stats import LatencyStats, StatsSnapshot
@@ -86,10 +81,6 @@ log = logging.getLogger(__name__)
 
 #: The local queue bound of ``predict_async`` without an offload policy.
 DEFAULT_LOCAL_QUEUE = 8
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if math.isfinite(seconds) else "unknown (no run measured yet)"
 
 
 class LocalModel(Protocol):
@@ -127,7 +118,7 @@ class _Job:
         return (time.perf_counter_ns() - self.submitted_ns) / 1e9
 
 
-class Dispatcher(CloudSide):
+class Dispatcher(CloudRequests, CloudSide):
     """Routes ``predict_async`` requests between a local model and, with a policy, a KServe V2
     endpoint.
 
@@ -200,10 +191,6 @@ class Dispatcher(CloudSide):
         if isinstance(seed, (int, float)) and seed > 0 and hasattr(self.predictor, "seed"):
             self.predictor.seed(float(seed))
 
-    @property
-    def _slo_s(self) -> float:
-        return self.policy.latency_slo_ms / 1e3 if self.policy else float("inf")
-
     # --- submission -------------------------------------------------------------------------------
 
     def _is_heavy(self, feeds: dict[str, np.ndarray], heavy: bool | None) -> bool:
@@ -251,7 +238,7 @@ class Dispatcher(CloudSide):
                 f"request refused: the local queue is full ({held}/{self.max_local_queue}) and no "
                 "offload policy; slow the request rate, drop this input or raise max_local_queue"
             )
-        local = _ms(prediction.tail_s) if prediction is not None else "unknown"
+        local = ms(prediction.tail_s) if prediction is not None else "unknown"
         full = ", full" if held >= self.max_local_queue else ""
         return OverloadedError(
             f"request refused: local predicted {local} with {len(self._queue)} queued "
@@ -314,14 +301,6 @@ class Dispatcher(CloudSide):
 
     # --- execution --------------------------------------------------------------------------------
 
-    @staticmethod
-    def _shape(job: _Job, outputs: dict[str, np.ndarray]) -> Any:
-        """The cloud's outputs in the form ``predict`` returns (one array for single-output models).
-        """
-        if len(job.outputs) == 1:
-            return outputs[job.outputs[0].name]
-        return outputs
-
     def _work(self) -> None:
         while True:
             with self._lock:
@@ -358,108 +337,6 @@ class Dispatcher(CloudSide):
         if job.prediction is not None:
             self.predictor.settle(job.prediction, took_ns / 1e9)
         job.future.set_result(result)
-
-    def _run_cloud(self, job: _Job) -> None:
-        assert self._client is not None and self.breaker is not None
-        if not job.future.set_running_or_notify_cancel():
-            with self._lock:
-                self._cloud_inflight -= 1
-            return
-        job.started = True
-        left = self._slo_s - job.elapsed_s()
-        if left <= 0:  # waited for a thread past its deadline: nobody needs the answer any more
-            with self._lock:
-                self._cloud_inflight -= 1
-                self._drop(
-                    job, "it waited for a cloud connection past its objective and was not sent", 0.0
-                )
-            return
-        latency = self.cloud_latency
-        token = latency.begin()
-        try:
-            self._ensure_configured()
-            outputs = self._client.infer(job.feeds, deadline=time.monotonic() + left)
-        except Exception as exc:
-            if timed_out(exc):
-                latency.end_censored(token)
-            else:
-                latency.end(token, answered=False)
-            self._cloud_failed(job, exc)
-            return
-        latency.end(token, answered=True)
-        self.breaker.success()
-        with self._lock:
-            self._cloud_inflight -= 1
-        self._paths["cloud"].record(time.perf_counter_ns() - job.submitted_ns)
-        job.future.set_result(self._shape(job, outputs))
-
-    def _cloud_failed(self, job: _Job, exc: Exception) -> None:
-        assert self.breaker is not None
-        self._paths["cloud"].record_error()
-        if self.breaker.failure():  # one warning when a working cloud starts failing
-            log.warning(
-                "offload: circuit breaker open after %s; all work local for %g s",
-                exc,
-                self.breaker_reset_s,
-            )
-        with self._lock:
-            self._cloud_inflight -= 1
-            if self._closed:
-                job.future.set_exception(
-                    BackendError(
-                        f"the runtime was closed while a cloud request failed ({exc}); "
-                        "it could not be run locally any more"
-                    )
-                )
-                return
-            held = len(self._queue) + self._running
-            if held >= self.max_local_queue:
-                self.refused += 1
-                job.future.set_exception(
-                    OverloadedError(
-                        f"request refused: the cloud failed ({exc}) and the local queue is full "
-                        f"({held}/{self.max_local_queue}); slow the request rate, check the "
-                        "offload server, or raise "
-                        "max_local_queue"
-                    )
-                )
-                return
-            place = self._place(job)
-            expected = self.predictor.predict(
-                len(self._queue) if place is None else place
-            ).expected_s
-            if job.elapsed_s() + expected > self._slo_s:
-                what = "timed out" if timed_out(exc) else "failed"
-                self._drop(
-                    job,
-                    f"the cloud {what} ({exc}) and running it here is predicted to take "
-                    f"{_ms(expected)} more",
-                    expected,
-                )
-                return
-            self.fallbacks += 1
-            self._enqueue(job)
-
-    def _drop(self, job: _Job, why: str, more_s: float) -> None:
-        """Fail ``job`` with DeadlineExceededError: it cannot make its objective any more; lock
-        held."""
-        assert self.policy is not None
-        self.refused += 1
-        self.dropped += 1
-        objective = self.policy.latency_slo_ms
-        elapsed_ms = job.elapsed_s() * 1e3
-        late = elapsed_ms + more_s * 1e3 - objective
-        how_late = f"{late:.1f} ms late" if math.isfinite(late) else "how late is unknown"
-        job.future.set_exception(
-            DeadlineExceededError(
-                f"request dropped {elapsed_ms:.1f} ms after submission: it cannot meet its "
-                f"{objective:g} ms objective any more ({how_late}): {why}; it was not re-queued "
-                "ahead of work that can still make its objective. Slow the request rate, or raise "
-                "latency_slo_ms if late answers are of use",
-                objective,
-                late,
-            )
-        )
 
     # --- state ------------------------------------------------------------------------------------
 
