@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoopCpu", "health_while", "health_during", "percentiles", "post", "PostingProcess"]
+__all__ = ["LoopCpu", "health_while", "health_beside", "health_during", "percentiles", "post",
+           "PostingProcess"]
 
 
 def _on_cpu(stat: Path) -> int:
@@ -106,41 +107,67 @@ def _idle(port: int, seconds: float, loop: LoopCpu | None, loop_cpu: list[float]
         timer.cancel()
 
 
+def _in_flight(port: int, heavy: Any, loop: LoopCpu | None, health: list[float],
+               cpu: list[float]) -> float:
+    """Poll health while one call of ``heavy()`` is in flight; the call's seconds."""
+    done, took = threading.Event(), []
+
+    def run() -> None:
+        try:
+            started = time.perf_counter()
+            heavy()
+            took.append(time.perf_counter() - started)
+        finally:
+            done.set()
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    health += health_while(port, done, loop, cpu)
+    runner.join()
+    if not took:
+        raise RuntimeError("the heavy request failed (see above)")
+    return took[0]
+
+
+def health_beside(port: int, heavies: dict[str, Any], rounds: int,
+                  loop: LoopCpu | None = None) -> dict[str, Any]:
+    """Health while each call of each of ``heavies`` is in flight (all of them each round, their
+    order rotating), and for as long with nothing in flight (before or after, alternating), in ms
+    (:func:`percentiles`); with ``loop``, the loop thread's CPU during each answer too. Per name:
+    ``health_ms``, ``loop_cpu_per_health_ms``, the calls' own seconds ``heavy_s``; ``idle``: the
+    same with nothing in flight."""
+    names = list(heavies)
+    raw = {name: ([], [], []) for name in [*names, "idle"]}  # health, cpu, seconds
+    for number in range(rounds):
+        for name in names[number % len(names):] + names[:number % len(names)]:
+            health, cpu, took = raw[name]
+            if number % 2:
+                _idle_for(port, took[-1] if took else 0.2, loop, raw["idle"])
+            took.append(_in_flight(port, heavies[name], loop, health, cpu))
+            if not number % 2:
+                _idle_for(port, took[-1], loop, raw["idle"])
+    out: dict[str, Any] = {}
+    for name, (health, cpu, took) in raw.items():
+        out[name] = {"health_ms": percentiles(health), "heavy_s": took}
+        if loop is not None:
+            out[name]["loop_cpu_per_health_ms"] = percentiles(cpu)
+    return out
+
+
+def _idle_for(port: int, seconds: float, loop: LoopCpu | None, idle: Any) -> None:
+    idle[0].extend(_idle(port, seconds, loop, idle[1]))
+
+
 def health_during(
     port: int, heavy: Any, rounds: int, loop: LoopCpu | None = None
 ) -> dict[str, Any]:
-    """Health while each of ``rounds`` calls of ``heavy()`` is in flight, and for as long with
-    nothing in flight (before or after, alternating each round), in ms (:func:`percentiles`); with
-    ``loop``, the loop thread's CPU during each answer too; the calls' own seconds (``heavy_s``)."""
-    health: list[float] = []
-    idle: list[float] = []
-    heavy_s: list[float] = []
-    cpu: list[float] = []
-    idle_cpu: list[float] = []
-    for number in range(rounds):
-        if number % 2:
-            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2, loop, idle_cpu)
-        done = threading.Event()
-
-        def run(done: threading.Event = done) -> None:
-            try:
-                started = time.perf_counter()
-                heavy()
-                heavy_s.append(time.perf_counter() - started)
-            finally:
-                done.set()
-
-        runner = threading.Thread(target=run)
-        runner.start()
-        health += health_while(port, done, loop, cpu)
-        runner.join()
-        if not number % 2:
-            idle += _idle(port, heavy_s[-1] if heavy_s else 0.2, loop, idle_cpu)
-    out: dict[str, Any] = {"health_ms": percentiles(health), "health_idle_ms": percentiles(idle),
-                           "heavy_s": heavy_s}
+    """:func:`health_beside` for one kind of heavy call: ``health_ms``, ``health_idle_ms``, and
+    with ``loop`` ``loop_cpu_per_health_ms`` and ``loop_cpu_per_health_idle_ms``; ``heavy_s``."""
+    measured = health_beside(port, {"heavy": heavy}, rounds, loop)
+    out = dict(measured["heavy"])
+    out["health_idle_ms"] = measured["idle"]["health_ms"]
     if loop is not None:
-        out["loop_cpu_per_health_ms"] = percentiles(cpu)
-        out["loop_cpu_per_health_idle_ms"] = percentiles(idle_cpu)
+        out["loop_cpu_per_health_idle_ms"] = measured["idle"]["loop_cpu_per_health_ms"]
     return out
 
 
