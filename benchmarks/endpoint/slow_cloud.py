@@ -102,40 +102,64 @@ def cloud_round_trip_ms(url: str, x: np.ndarray, calls: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def overload(
-    runtime: Any, inputs: list[np.ndarray], rate: float, seconds: float, seed: int, drain_s: float
-) -> dict[str, Any]:
-    """Poisson arrivals at ``rate`` for ``seconds``: admitted latencies (scheduled arrival to
-    result), refusal
-    times, and how admitted requests ended."""
-    from edgesdk import OverloadedError
-    from edgesdk.offload.deadline import DeadlineExceededError
+class _Outcomes:
+    """What happened to one run's requests, filled from the generator and the futures' callbacks."""
 
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.latencies: list[float] = []  # admitted and answered: scheduled arrival to result
+        self.refusals: list[float] = []  # how long predict_async took to refuse
+        self.refusal_cpu: list[float] = []  # the refusing thread's CPU in it (the rest: waiting)
+        self.ended = {"dropped": 0, "failed": 0}
+        self.errors: list[str] = []
+        self.futures: list[Future[Any]] = []
+
+    def finished(self, scheduled: float, future: Future[Any]) -> None:
+        from edgesdk.offload.deadline import DeadlineExceededError
+
+        now = time.perf_counter()
+        exc = future.exception()
+        with self.lock:
+            if exc is None:
+                self.latencies.append(now - scheduled)
+            elif isinstance(exc, DeadlineExceededError):
+                self.ended["dropped"] += 1
+            else:
+                self.ended["failed"] += 1
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def submit(self, runtime: Any, x: np.ndarray, scheduled: float) -> None:
+        from edgesdk import OverloadedError
+
+        asked, asked_cpu = time.perf_counter(), time.thread_time()
+        try:
+            future = runtime.predict_async(x)
+        except OverloadedError:
+            self.refusals.append(time.perf_counter() - asked)
+            self.refusal_cpu.append(time.thread_time() - asked_cpu)
+            return
+        self.futures.append(future)
+        future.add_done_callback(lambda f: self.finished(scheduled, f))
+
+    def unfinished_after(self, drain_s: float) -> int:
+        deadline = time.monotonic() + drain_s
+        unfinished = 0
+        for future in self.futures:
+            try:
+                future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                unfinished += 1
+        return unfinished
+
+
+def overload(runtime: Any, inputs: list[np.ndarray], rate: float, seconds: float, seed: int,
+             drain_s: float) -> dict[str, Any]:
+    """Poisson arrivals at ``rate`` for ``seconds``: admitted latencies (scheduled arrival to
+    result), refusal times, and how admitted requests ended."""
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, int(rate * seconds * 1.5) + 10))
     arrivals = arrivals[arrivals <= seconds]
-    latencies: list[float] = []
-    refusals: list[float] = []
-    refusal_cpu: list[
-        float
-    ] = []  # the generator thread's CPU time in each refusal: the rest is waiting for a CPU
-    ended = {"dropped": 0, "failed": 0}
-    errors: list[str] = []
-    lock = threading.Lock()
-    futures: list[Future[Any]] = []
-
-    def finished(scheduled: float, future: Future[Any]) -> None:
-        now = time.perf_counter()
-        exc = future.exception()
-        with lock:
-            if exc is None:
-                latencies.append(now - scheduled)
-            elif isinstance(exc, DeadlineExceededError):
-                ended["dropped"] += 1
-            else:
-                ended["failed"] += 1
-                errors.append(f"{type(exc).__name__}: {exc}"[:300])
-
+    out = _Outcomes()
     start = time.perf_counter() + 0.02
     lag = 0.0
     for i, at in enumerate(arrivals):
@@ -145,34 +169,14 @@ def overload(
             time.sleep(delay)
         else:
             lag = max(lag, -delay)
-        asked, asked_cpu = time.perf_counter(), time.thread_time()
-        try:
-            future = runtime.predict_async(inputs[i % len(inputs)])
-        except OverloadedError:
-            refusals.append(time.perf_counter() - asked)
-            refusal_cpu.append(time.thread_time() - asked_cpu)
-            continue
-        futures.append(future)
-        future.add_done_callback(lambda f, s=scheduled: finished(s, f))
-    deadline = time.monotonic() + drain_s
-    unfinished = 0
-    for future in futures:
-        try:
-            future.exception(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            unfinished += 1
-    with lock:
-        return {
-            "arrivals": len(arrivals),
-            "admitted": len(futures),
-            "latencies_s": list(latencies),
-            "refusals_s": list(refusals),
-            "refusal_cpu_p99_ms": _pct(refusal_cpu, 99),
-            **dict(ended),
-            "unfinished": unfinished,
-            "errors": errors[:3],
-            "generator_max_lag_ms": lag * 1e3,
-        }
+        out.submit(runtime, inputs[i % len(inputs)], scheduled)
+    unfinished = out.unfinished_after(drain_s)
+    with out.lock:
+        return {"arrivals": len(arrivals), "admitted": len(out.futures),
+                "latencies_s": list(out.latencies), "refusals_s": list(out.refusals),
+                "refusal_cpu_p99_ms": _pct(out.refusal_cpu, 99), **dict(out.ended),
+                "unfinished": unfinished, "errors": out.errors[:3],
+                "generator_max_lag_ms": lag * 1e3}
 
 
 def _pct(values: list[float], q: float, scale: float = 1e3) -> float | None:
@@ -222,21 +226,72 @@ def one_round(
     return figures, lat, ref
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="one short round (CI smoke, under 3 minutes)"
-    )
+    parser.add_argument("--quick", action="store_true",
+                        help="one short round (CI smoke, under 3 minutes)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per round, seconds")
-    parser.add_argument(
-        "--slo-multiple", type=float, default=4.0, help="objective = this x local median service"
-    )
+    parser.add_argument("--slo-multiple", type=float, default=4.0,
+                        help="objective = this x local median service")
     parser.add_argument("--max-local-queue", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    rounds, seconds = (1, 8.0) if args.quick else (args.rounds, args.seconds)
+    return parser.parse_args()
 
+
+def measure_device(model_path: Path, inputs: list[np.ndarray], args: argparse.Namespace,
+                   ) -> dict[str, Any]:
+    """The device's median service time (ms) and closed-loop capacity (requests/s), local only."""
+    from edgesdk import Runtime
+
+    quick = args.quick
+    local = Runtime(model_path, profile=PROFILE, threads=1, max_local_queue=args.max_local_queue)
+    try:
+        service = measure_service(local, inputs, 3 if quick else 7, 10 if quick else 30)
+        measure_capacity(local, inputs, 1.0)
+        capacity = statistics.median(measure_capacity(local, inputs, 2.0 if quick else 5.0)
+                                     for _ in range(3))
+    finally:
+        local.close()
+    return {"service_ms": service, "capacity_rps": capacity}
+
+
+def run_rounds(cloud: Cloud, model_path: Path, inputs: list[np.ndarray], args: argparse.Namespace,
+               results: dict[str, Any]) -> None:
+    """The overload rounds through a runtime offloading to ``cloud``; into ``results``."""
+    from edgesdk import OffloadPolicy, Runtime
+
+    slo_ms, capacity = results["slo_ms"], results["device"]["capacity_rps"]
+    rounds, seconds = (1, 8.0) if args.quick else (args.rounds, args.seconds)
+    policy = OffloadPolicy(cloud.url, MODEL, latency_slo_ms=slo_ms, max_cloud_inflight=8,
+                           max_local_queue=args.max_local_queue, timeout_ms=10 * slo_ms)
+    per, lat, ref = [], [], []
+    with Runtime(model_path, profile=PROFILE, threads=1, offload=policy) as runtime:
+        dispatcher = runtime.dispatcher
+        tail = dispatcher.cloud_latency.predict().tail_s
+        results["cloud"]["measured_by_probe_ms"] = tail * 1e3 if tail else None
+        for _ in range(20):  # the local predictor's first runs, outside the timed rounds
+            runtime.predict_async(inputs[0]).result()
+        for r in range(rounds):
+            rate = LOAD_X * capacity
+            log(f"round {r + 1}/{rounds}: {LOAD_X:g}x = {rate:.1f}/s for {seconds:g} s")
+            figures, round_lat, round_ref = one_round(runtime, cloud.url, inputs, rate, seconds,
+                                                      args.seed + r, slo_ms)
+            per.append(figures)
+            lat += round_lat
+            ref += round_ref
+        # Evidence that the server's counter is read at all: the round trips and probes are in it.
+        results["cloud"]["server_requests_total"] = server_requests(cloud.url)
+        results["cloud"]["probes_total"] = dispatcher.probes_sent
+    results["rounds"] = per
+    results["pooled"] = {
+        "completed": len(lat), "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
+        "refused": len(ref), "refusal_p50_ms": _pct(ref, 50), "refusal_p99_ms": _pct(ref, 99),
+        **{key: sum(f[key] for f in per) for key in ("dropped", "failed", "unfinished")}}
+
+
+def main() -> None:
+    args = _arguments()
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) < 2:
         log(f"needs 2 usable CPUs (device and cloud); this process may use {usable}")
@@ -245,99 +300,28 @@ def main() -> None:
     os.sched_setaffinity(0, {device_cpu})
     model_path = models.fetch(MODEL)
     pages = models.DATA[MODEL](16, args.seed)
-    inputs = [np.ascontiguousarray(pages[i : i + 1]) for i in range(len(pages))]
-    from edgesdk import OffloadPolicy, Runtime
-
-    local = Runtime(model_path, profile=PROFILE, threads=1, max_local_queue=args.max_local_queue)
-    service = measure_service(local, inputs, 3 if args.quick else 7, 10 if args.quick else 30)
-    measure_capacity(local, inputs, 1.0)
-    capacity = statistics.median(
-        measure_capacity(local, inputs, 2.0 if args.quick else 5.0) for _ in range(3)
-    )
-    local.close()
-    slo_ms = args.slo_multiple * service["median"]
+    inputs = [np.ascontiguousarray(pages[i:i + 1]) for i in range(len(pages))]
+    device = measure_device(model_path, inputs, args)
+    slo_ms = args.slo_multiple * device["service_ms"]["median"]
     k = math.ceil(CLOUD_OVER_SLO * args.slo_multiple)
-    log(
-        f"device service {service['median']:.2f} ms, capacity {capacity:.1f}/s, "
-        f"objective {slo_ms:.1f} ms; "
-        f"cloud serves the model {k}x over"
-    )
-    results: dict[str, Any] = {
-        "device": {"service_ms": service, "capacity_rps": capacity},
-        "slo_ms": slo_ms,
-    }
+    log(f"device service {device['service_ms']['median']:.2f} ms, capacity "
+        f"{device['capacity_rps']:.1f}/s, objective {slo_ms:.1f} ms; the cloud runs the model {k}x")
+    results: dict[str, Any] = {"device": device, "slo_ms": slo_ms}
     with tempfile.TemporaryDirectory() as tmp:
         cloud = build_cloud(Path(tmp), model_path, inputs[0], k, cloud_cpu)
         try:
             rtt = cloud_round_trip_ms(cloud.url, inputs[0], 5 if args.quick else 15)
-            results["cloud"] = {
-                "copies": k,
-                "round_trip_ms": rtt,
-                "round_trip_over_slo": rtt / slo_ms,
-            }
+            results["cloud"] = {"copies": k, "round_trip_ms": rtt,
+                                "round_trip_over_slo": rtt / slo_ms}
             log(f"cloud round trip {rtt:.1f} ms = {rtt / slo_ms:.2f}x the objective")
-            policy = OffloadPolicy(
-                cloud.url,
-                MODEL,
-                latency_slo_ms=slo_ms,
-                max_local_queue=args.max_local_queue,
-                max_cloud_inflight=8,
-                timeout_ms=10 * slo_ms,
-            )
-            with Runtime(model_path, profile=PROFILE, threads=1, offload=policy) as runtime:
-                dispatcher = runtime.dispatcher
-                prediction = dispatcher.cloud_latency.predict()
-                results["cloud"]["measured_by_probe_ms"] = (
-                    prediction.tail_s * 1e3 if prediction.tail_s else None
-                )
-                for _ in range(20):  # the local predictor's first runs, outside the timed rounds
-                    runtime.predict_async(inputs[0]).result()
-                per, lat, ref = [], [], []
-                for r in range(rounds):
-                    rate = LOAD_X * capacity
-                    log(f"round {r + 1}/{rounds}: {LOAD_X:g}x = {rate:.1f}/s for {seconds:g} s")
-                    figures, round_lat, round_ref = one_round(
-                        runtime,
-                        cloud.url,
-                        inputs,
-                        LOAD_X * capacity,
-                        seconds,
-                        args.seed + r,
-                        slo_ms,
-                    )
-                    per.append(figures)
-                    lat += round_lat
-                    ref += round_ref
-                # Evidence that the server's counter is read at all: the round-trip calls and the
-                # probes are in it.
-                results["cloud"]["server_requests_total"] = server_requests(cloud.url)
-                results["cloud"]["probes_total"] = dispatcher.probes_sent
+            run_rounds(cloud, model_path, inputs, args, results)
         finally:
             cloud.stop()
-    results["rounds"] = per
-    results["pooled"] = {
-        "completed": len(lat),
-        "p50_ms": _pct(lat, 50),
-        "p99_ms": _pct(lat, 99),
-        "refused": len(ref),
-        "refusal_p50_ms": _pct(ref, 50),
-        "refusal_p99_ms": _pct(ref, 99),
-        "dropped": sum(f["dropped"] for f in per),
-        "failed": sum(f["failed"] for f in per),
-        "unfinished": sum(f["unfinished"] for f in per),
-    }
-    params = {
-        "quick": args.quick,
-        "rounds": rounds,
-        "seconds": seconds,
-        "load_x_capacity": LOAD_X,
-        "slo_multiple": args.slo_multiple,
-        "max_local_queue": args.max_local_queue,
-        "device_cpu": device_cpu,
-        "cloud_cpu": cloud_cpu,
-        "cloud_copies": k,
-        "latency_from": "scheduled arrival",
-    }
+    params = {"quick": args.quick, "rounds": len(results["rounds"]),
+              "seconds": 8.0 if args.quick else args.seconds, "load_x_capacity": LOAD_X,
+              "slo_multiple": args.slo_multiple, "max_local_queue": args.max_local_queue,
+              "device_cpu": device_cpu, "cloud_cpu": cloud_cpu, "cloud_copies": k,
+              "latency_from": "scheduled arrival"}
     emit("slow_cloud", params, results, goals_of(results))
 
 
