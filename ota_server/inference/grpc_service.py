@@ -13,8 +13,10 @@ views of the bytes grpc received, raw outputs are written once.
 
 Failures map to gRPC status codes the way the REST routes map them to HTTP ones (through
 :func:`~.request_path.http_status`): unknown model or version NOT_FOUND, a bad request
-INVALID_ARGUMENT, a full queue UNAVAILABLE (retryable), a message over ``max_body_bytes``
-RESOURCE_EXHAUSTED, anything else INTERNAL. ``ModelReady`` of an unknown model answers
+INVALID_ARGUMENT, a full queue UNAVAILABLE (retryable), a message over ``max_body_bytes``, a
+transport limit or a version load over its budget RESOURCE_EXHAUSTED, a deadline passed before the
+run DEADLINE_EXCEEDED (:func:`call_timeout_us`: the ``timeout`` parameter or the call's own
+deadline, whichever is sooner), anything else INTERNAL. ``ModelReady`` of an unknown model answers
 ``ready: false``, as Triton does, rather than failing.
 
 The server is grpcio's synchronous one: each call runs whole in one worker thread (decode, then
@@ -25,7 +27,8 @@ completion queue to its event loop and back.
 
 Limits (:class:`GrpcServer`'s parameters; defaults below): a call waiting for its model holds its
 thread, so there are at least as many workers as the largest model queue (``max_queue``) plus
-twice :data:`SPARE_WORKERS` (some for calls past the queue, some for health and metadata): a full queue answers UNAVAILABLE from the model, it
+twice :data:`SPARE_WORKERS` (some for calls past the queue, some for health and metadata): a full
+queue answers UNAVAILABLE from the model, it
 does not wait unseen for a thread. At most ``max_concurrent_calls`` inference calls (default: the
 workers less :data:`SPARE_WORKERS`) run at once: one more gets RESOURCE_EXHAUSTED at once, and the
 spare workers stay free for health, readiness and metadata whatever the inference load. grpc
@@ -52,6 +55,7 @@ from edgesdk.offload.v2_codec import datatype_of, declared_shape, dtype_of
 
 from . import edgesdk_v2_grpc_pb2 as pb
 from .config import InferenceConfig
+from .deadline import TIMEOUT_PARAMETER, timeout_us
 from .grpc_wire import join_response, split_request
 from .http_limits import BusyError
 from .metrics import InferenceMetrics
@@ -98,8 +102,26 @@ def _grpc_code(exc: BaseException) -> Any:
     if isinstance(exc, BusyError):  # a transport limit: over HTTP 503, in gRPC's words this
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     return {404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+            429: grpc.StatusCode.RESOURCE_EXHAUSTED, 504: grpc.StatusCode.DEADLINE_EXCEEDED,
             503: grpc.StatusCode.UNAVAILABLE, 400: grpc.StatusCode.INVALID_ARGUMENT}.get(http_status(exc),
                                                                                          grpc.StatusCode.INTERNAL)
+
+
+def call_timeout_us(request: Any, context: Any) -> int | None:
+    """The call's deadline in microseconds: the sooner of the request's ``timeout`` parameter (as
+    tritonclient sends it, ``deadline.py``) and the gRPC call's own deadline; None for neither."""
+    timeouts = []
+    if TIMEOUT_PARAMETER in request.parameters:
+        entry = request.parameters[TIMEOUT_PARAMETER]
+        choice = entry.WhichOneof("parameter_choice")
+        value = getattr(entry, choice) if choice in ("int64_param", "uint64_param") else entry
+        timeouts.append(timeout_us({TIMEOUT_PARAMETER: value if isinstance(value, int)
+                                    else str(value).strip() or None}))
+    remaining = context.time_remaining() if context is not None else None
+    if remaining is not None:
+        timeouts.append(max(int(remaining * 1e6), 1))
+    known = [t for t in timeouts if t is not None]
+    return min(known) if known else None
 
 
 def _tensor(entry: Any, raw: bytes | None) -> np.ndarray:
@@ -206,15 +228,16 @@ class _Servicer:
             raise BusyError(f"{self.max_infer_calls} inference calls are running, the most this "
                             "server takes at once; retry later, or raise --grpc-max-calls")
         try:
-            return self._infer(data)
+            return self._infer(data, context)
         finally:
             self._infer_slots.release()
 
-    def _infer(self, data: bytes) -> bytes:
+    def _infer(self, data: bytes, context: Any) -> bytes:
         request, raw = split_request(data)
 
-        def decode(model: LoadedModel) -> tuple[dict[str, np.ndarray], list[str]]:
-            return decode_inputs(request, raw), [output.name for output in request.outputs]
+        def decode(model: LoadedModel) -> tuple[dict[str, np.ndarray], list[str], int | None]:
+            return (decode_inputs(request, raw), [output.name for output in request.outputs],
+                    call_timeout_us(request, context))
 
         return run_request_blocking(self.registry, self.metrics, request.model_name,
                                     request.model_version or None, decode,

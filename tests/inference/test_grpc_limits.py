@@ -103,3 +103,19 @@ def test_the_stated_defaults_and_bad_limits(serve):
                 {"workers": 4, "max_concurrent_calls": 4}):
         with pytest.raises(InputError, match="max_concurrent_calls is|workers is|bytes is"):
             GrpcServer(endpoint.registry, endpoint.metrics, "127.0.0.1", 0, **bad)
+
+
+def test_a_call_whose_deadline_passed_before_it_ran_is_deadline_exceeded(grpc_of):
+    """Triton's ``timeout`` parameter (microseconds), as tritonclient.grpc sends it: 1 us is over
+    before the call can run. (The call's own gRPC deadline is read the same way, but a client
+    gives up by itself at it, so only the parameter shows what the server does.)"""
+    server, stub, batcher = grpc_of(max_queue=8)
+    late = _request()
+    late.parameters["timeout"].int64_param = 1
+    assert _code(lambda: stub.ModelInfer(late, timeout=CALL_TIMEOUT_S)) \
+        == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert batcher.depth == 0
+    in_time = _request()
+    in_time.parameters["timeout"].int64_param = 60_000_000
+    assert len(stub.ModelInfer(in_time, timeout=CALL_TIMEOUT_S).raw_output_contents[0]) \
+        == WIDTH_OUT * 4
