@@ -215,9 +215,10 @@ def _check_proxies(behind_proxy: str) -> None:
 
 
 def _inference_config(path: str | None, threads: int | None) -> Any:
-    from edgesdk.ota_server.inference import InferenceConfig, load_inference_config
+    from edgesdk.ota_server.inference import InferenceConfig
+    from edgesdk.ota_server.inference.config import inference_config_from_file
 
-    return InferenceConfig(models=load_inference_config(path) if path else None, threads=threads)
+    return inference_config_from_file(path, threads) if path else InferenceConfig(threads=threads)
 
 
 def _wait_for_signal() -> None:

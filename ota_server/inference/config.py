@@ -18,6 +18,9 @@ Frozen dataclasses checked when built, and :func:`load_inference_config`, which 
       version_loads_per_minute: 6
       json_worker_bytes: 1048576
       max_body_seconds: 60
+      grpc_workers: null            # gRPC (grpc_service.py): null = the largest queue + 16, >= 32
+      grpc_max_concurrent_calls: null   # inference calls at once; null = grpc_workers - 8
+      grpc_max_send_bytes: 67108864
 """
 
 from __future__ import annotations
@@ -110,6 +113,15 @@ class InferenceConfig:
       binary tensors (the binary data extension) need no parse and are always faster;
     - ``max_body_seconds`` (60): a body not received within it is answered 408, so a slow upload
       holds one of the ``max_concurrent_requests`` places for a bounded time.
+
+    gRPC limits (:class:`~.grpc_service.GrpcServer`; a message over ``max_body_bytes`` is refused
+    there too):
+
+    - ``grpc_workers`` (None: the largest model queue plus 16, at least 32): threads, and the
+      calls of any kind grpc takes at once;
+    - ``grpc_max_concurrent_calls`` (None: ``grpc_workers`` less 8): inference calls at once; one
+      more gets RESOURCE_EXHAUSTED, and the other workers stay free for health and metadata;
+    - ``grpc_max_send_bytes`` (64 MiB): a bigger answer fails RESOURCE_EXHAUSTED.
     """
 
     models: tuple[ServedModel, ...] | None = None
@@ -121,6 +133,9 @@ class InferenceConfig:
     version_loads_per_minute: int = 6
     json_worker_bytes: int = 1024 * 1024
     max_body_seconds: float = 60.0
+    grpc_workers: int | None = None
+    grpc_max_concurrent_calls: int | None = None
+    grpc_max_send_bytes: int = 64 * 1024 * 1024
     #: Batching for models not listed in ``models`` when ``models`` is None.
     default_batching: BatchingConfig = field(default_factory=BatchingConfig)
 
@@ -136,8 +151,11 @@ class InferenceConfig:
             _positive("InferenceConfig", "threads", self.threads)
         _positive("InferenceConfig", "max_sessions", self.max_sessions)
         for name in ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes",
-                     "version_loads_per_minute", "json_worker_bytes"):
+                     "version_loads_per_minute", "json_worker_bytes", "grpc_max_send_bytes"):
             _positive("InferenceConfig", name, getattr(self, name))
+        for name in ("grpc_workers", "grpc_max_concurrent_calls"):
+            if getattr(self, name) is not None:
+                _positive("InferenceConfig", name, getattr(self, name))
         seconds = self.max_body_seconds
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
             raise InputError(f"InferenceConfig.max_body_seconds is {seconds!r}; it must be a "
@@ -162,7 +180,8 @@ class InferenceConfig:
 _MODEL_KEYS = {"name", "version", "batching"} | {f.name for f in fields(BatchingConfig)} - {"enabled"}
 #: The keys of the YAML's ``limits`` mapping: InferenceConfig fields.
 LIMIT_KEYS = ("max_body_bytes", "max_concurrent_requests", "max_buffered_bytes",
-              "version_loads_per_minute", "json_worker_bytes", "max_sessions", "max_body_seconds")
+              "version_loads_per_minute", "json_worker_bytes", "max_sessions", "max_body_seconds",
+              "grpc_workers", "grpc_max_concurrent_calls", "grpc_max_send_bytes")
 
 
 def _read(path: Path, keys: set[str]) -> dict[str, Any]:

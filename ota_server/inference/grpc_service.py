@@ -226,7 +226,8 @@ class _Servicer:
         are health's)."""
         if not self._infer_slots.acquire(blocking=False):
             raise BusyError(f"{self.max_infer_calls} inference calls are running, the most this "
-                            "server takes at once; retry later, or raise --grpc-max-calls")
+                            "server takes at once; retry later, or raise grpc_max_concurrent_calls in the "
+                            "inference config's limits")
         try:
             return self._infer(data, context)
         finally:

@@ -91,7 +91,10 @@ def serve_inference(repo: str | os.PathLike[str] | ModelRepository, listen: str,
         from .grpc_service import GrpcServer
 
         grpc_host, grpc_port = parse_listen(grpc_listen, allow_any_port=True)
-        grpc = GrpcServer(registry, metrics, grpc_host, grpc_port).start()
+        limits = registry.config
+        grpc = GrpcServer(registry, metrics, grpc_host, grpc_port, workers=limits.grpc_workers,
+                          max_concurrent_calls=limits.grpc_max_concurrent_calls,
+                          max_send_bytes=limits.grpc_max_send_bytes).start()
     routes = InferenceRoutes(registry, metrics)
     http = HttpServer(routes.app(), host, port)
     try:

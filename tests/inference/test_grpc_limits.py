@@ -119,3 +119,20 @@ def test_a_call_whose_deadline_passed_before_it_ran_is_deadline_exceeded(grpc_of
     in_time.parameters["timeout"].int64_param = 60_000_000
     assert len(stub.ModelInfer(in_time, timeout=CALL_TIMEOUT_S).raw_output_contents[0]) \
         == WIDTH_OUT * 4
+
+
+def test_the_inference_config_files_limits_reach_the_grpc_server(serve, tmp_path):
+    """``limits:`` in the file ``--inference-config`` names (the CLI reads it whole) set the gRPC
+    service's workers, inference-call cap and answer size, and a bad one is refused by name."""
+    from edgesdk.ota_server.inference.config import inference_config_from_file
+
+    path = tmp_path / "inference.yaml"
+    path.write_text("models:\n  - name: mlp\nlimits:\n  grpc_workers: 12\n"
+                    "  grpc_max_concurrent_calls: 3\n  grpc_max_send_bytes: 4096\n")
+    endpoint = serve(config=inference_config_from_file(path), grpc_listen="127.0.0.1:0")
+    grpc_server = endpoint.grpc
+    assert (grpc_server.workers, grpc_server.max_concurrent_calls, grpc_server.max_send_bytes) \
+        == (12, 3, 4096)
+    path.write_text("models:\n  - name: mlp\nlimits:\n  grpc_max_concurrent_calls: 0\n")
+    with pytest.raises(InputError, match="grpc_max_concurrent_calls"):
+        inference_config_from_file(path)
