@@ -37,6 +37,8 @@ once, where they cross into edgesdk, with ``raise ... from exc``::
     ├── BrokerError                  exit 21  the MQTT broker refused this client (credentials, ACL)
     ├── OverloadedError              exit 22  predict_async() refused a request at once: the local queue and
     │                                         the cloud offload are both full (load shedding)
+    │   └── DeadlineExceededError    exit 32  a request dropped unrun: it could no longer meet its
+    │                                         deadline (latency objective, or the V2 timeout)
     ├── StorageError                 exit 23  the device's store has no room for an update (or its retention
     │                                         settings are invalid)
     ├── EmulatorError                exit 24  the board emulator (qemu-user and its aarch64 userland) is
@@ -78,6 +80,7 @@ __all__ = [
     "ReleaseCheckError",
     "BrokerError",
     "OverloadedError",
+    "DeadlineExceededError",
     "StorageError",
     "EmulatorError",
     "BoardRuntimeError",
@@ -267,6 +270,26 @@ class OverloadedError(EdgeSDKError):
     """
 
     exit_code = 22
+
+
+class DeadlineExceededError(OverloadedError):
+    """A request was dropped unrun because it can no longer meet its deadline.
+
+    On the device (``predict_async`` under an offload policy) the deadline is the latency
+    objective from submission; on the inference endpoint it is the request's V2 ``timeout``
+    parameter (answered 504, gRPC DEADLINE_EXCEEDED). A kind of :class:`OverloadedError` (load
+    shed, nothing ran), so a caller that drops refused frames drops these too. ``objective_ms`` is
+    the objective and ``late_ms`` how far past it the request is, or would be, when dropped (None
+    where not known).
+    """
+
+    exit_code = 32
+
+    def __init__(self, message: str, objective_ms: float | None = None,
+                 late_ms: float | None = None) -> None:
+        super().__init__(message)
+        self.objective_ms = objective_ms
+        self.late_ms = late_ms
 
 
 class StorageError(EdgeSDKError):

@@ -10,20 +10,6 @@ its socket. Work that can no longer make its objective is dropped with
 
 from __future__ import annotations
 
-from edgesdk.errors import OverloadedError
+from edgesdk.errors import DeadlineExceededError
 
-__all__ = ["DeadlineExceededError"]
-
-
-class DeadlineExceededError(OverloadedError):
-    """A request was dropped because it can no longer meet its latency objective.
-
-    A kind of :class:`~edgesdk.errors.OverloadedError` (load shed, nothing ran to the end), so a
-    caller that drops refused frames drops these too. ``objective_ms`` is the objective and
-    ``late_ms`` how far past it the request is, or would be, when dropped.
-    """
-
-    def __init__(self, message: str, objective_ms: float, late_ms: float) -> None:
-        super().__init__(message)
-        self.objective_ms = objective_ms
-        self.late_ms = late_ms
+__all__ = ["DeadlineExceededError"]  # one error for the device and the endpoint (edgesdk.errors)

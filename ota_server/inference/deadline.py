@@ -14,17 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError, InputError
+from edgesdk.errors import DeadlineExceededError, InputError
 
 __all__ = ["DeadlineExceededError", "TIMEOUT_PARAMETER", "timeout_us", "check"]
 
 #: The request parameter carrying the deadline (Triton's name and unit: microseconds).
 TIMEOUT_PARAMETER = "timeout"
-
-
-class DeadlineExceededError(EdgeSDKError):
-    """The request's ``timeout`` passed before it could run; answered with 504 and not run at
-    all."""
 
 
 def timeout_us(parameters: dict[str, Any]) -> int | None:

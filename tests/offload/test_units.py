@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from edgesdk import OffloadPolicy
@@ -70,10 +72,11 @@ def test_policy_is_frozen():
         policy.model = "other"  # type: ignore[misc]
 
 
-def test_predictor_is_zero_until_it_has_seen_a_run():
+def test_predictor_admits_one_lone_request_until_it_has_seen_a_run():
     predictor = LatencyPredictor(0.5, FakeClock())
     assert predictor.service_s is None
-    assert predictor.predict_s(10) == 0.0
+    assert predictor.predict_s(0) == 0.0  # the lone request that teaches it
+    assert predictor.predict_s(10) == math.inf  # nothing queues blind (the old rule said 0)
 
 
 def test_predictor_multiplies_service_time_by_the_queue_ahead_plus_what_is_left_of_the_running_one():
@@ -83,13 +86,15 @@ def test_predictor_multiplies_service_time_by_the_queue_ahead_plus_what_is_left_
     clock.now += 0.010
     predictor.end()
     assert predictor.service_s == pytest.approx(0.010)
-    assert predictor.predict_s(0) == pytest.approx(0.010)
-    assert predictor.predict_s(3) == pytest.approx(0.040)
+    assert predictor.predict(0).expected_s == pytest.approx(0.010)
+    assert predictor.predict(3).expected_s == pytest.approx(0.040)
     predictor.begin()  # one running for 4 ms: 6 ms of it left
     clock.now += 0.004
-    assert predictor.predict_s(2) == pytest.approx(0.030 + 0.006)
-    clock.now += 0.016  # overran its estimate: nothing left of it is counted
-    assert predictor.predict_s(0) == pytest.approx(0.010)
+    assert predictor.predict(2).expected_s == pytest.approx(0.030 + 0.006)
+    # Overran every run seen: about one deviation (5 ms, half the first run) left, and a run that
+    # has already taken 20 ms says the device takes that long now.
+    clock.now += 0.016
+    assert predictor.predict(0).expected_s == pytest.approx(0.005 + 0.020)
     predictor.end()  # 20 ms, back to back: the first sample of that kind; the one after idle stays apart
     assert predictor.service_s == pytest.approx(0.020)
     assert predictor.idle_service_s == pytest.approx(0.010)
@@ -111,23 +116,22 @@ def test_queued_requests_are_predicted_at_the_back_to_back_time_not_the_slower_o
     assert predictor.idle_service_s == pytest.approx(0.064)
     assert predictor.service_s == pytest.approx(0.049, rel=0.02)
     clock.now += 1.0  # the worker idles: a lone request will start cold
-    assert predictor.predict_s(0) == pytest.approx(0.064, rel=0.02)
+    assert predictor.predict(0).expected_s == pytest.approx(0.064, rel=0.02)
     # Three queued behind a cold first run: 64 + 3 x 49 (counting each at 64 would say 256 ms).
-    assert predictor.predict_s(3) == pytest.approx(0.064 + 3 * 0.049, rel=0.02)
+    assert predictor.predict(3).expected_s == pytest.approx(0.064 + 3 * 0.049, rel=0.02)
 
 
 def test_the_margin_grows_with_the_spread_of_runs_and_the_runs_counted():
     clock = FakeClock()
     steady, spread = LatencyPredictor(0.5, clock), LatencyPredictor(0.5, clock)
-    for took in (0.050, 0.050, 0.050, 0.050):
-        steady.observe(took)
-    for took in (0.040, 0.060, 0.040, 0.060):
+    for took in (0.050,) * 12:
+        steady.observe(took)  # the deviation starts at 25 ms (half the first) and halves each run
+    for took in (0.040, 0.060) * 6:
         spread.observe(took)
-    assert steady.predict_s(3) == pytest.approx(4 * 0.050)
-    margin_1 = spread.predict_s(0) - spread.service_s
-    margin_4 = spread.predict_s(3) - 4 * spread.service_s
-    assert margin_1 > 0.01  # two deviations of about 15 ms
-    assert margin_4 == pytest.approx(2 * margin_1)  # sqrt(4) runs
+    assert steady.predict_s(3) == pytest.approx(4 * 0.050, rel=0.01)
+    margin_1, margin_4 = spread.predict(0).margin_s, spread.predict(3).margin_s
+    assert margin_1 > 0.01  # two deviations of about 13 ms
+    assert margin_4 == pytest.approx(4 * margin_1)  # linear in the runs: a slowdown hits them all
 
 
 def test_predictor_ignores_failed_runs_and_takes_outside_samples():
@@ -213,22 +217,25 @@ def test_a_running_request_past_the_mean_is_expected_to_run_as_long_as_the_recen
     for took in (0.010, 0.010, 0.010, 0.050):
         run(predictor, clock, took)
     predictor.begin()
-    clock.now += 0.020  # past the 10 ms runs: only the 50 ms one lasted this long, so about 30 ms are left
+    clock.now += 0.020  # 20 ms in: every recent run, at today's 30 ms average, lasted longer
     each = predictor.service_s
-    assert predictor.predict(0).expected_s == pytest.approx(0.030 + each)  # max(mean - 20 ms, 0) said 0 + each
+    assert each == pytest.approx(0.030)
+    # The runs' shapes (time over the average before each): 1, 1 and 5. At today's 30 ms average a
+    # run has 10, 10 and 130 ms left: 50 ms on average; max(mean - 20 ms, 0) said 10.
+    assert predictor.predict(0).expected_s == pytest.approx(0.050 + each)
 
 
 def test_the_margin_becomes_the_p99_of_recent_residuals_once_there_are_enough():
     clock = FakeClock()
     predictor = LatencyPredictor(0.5, clock)
     for _ in range(10):
-        predictor.observe(0.010)  # steady: no deviation, so the fallback margin is 0
+        predictor.observe(0.010)  # steady: the deviation (5 ms at first) has halved 9 times
     first = predictor.predict(0)
-    assert first.margin_s == 0 and first.tail_s == pytest.approx(0.010)
+    assert first.margin_s == pytest.approx(0, abs=1e-4) and first.tail_s == pytest.approx(0.010, abs=1e-4)
     for i in range(100):  # the requests took 0..9.9 ms longer than expected: what the estimate misses
         predictor.settle(first, first.expected_s + i * 1e-4)
     assert predictor.predict(0).margin_s == pytest.approx(0.0099, abs=2e-4)
-    assert predictor.predict(3).margin_s == pytest.approx(2 * predictor.predict(0).margin_s)  # sqrt(4) runs
+    assert predictor.predict(3).margin_s == pytest.approx(4 * predictor.predict(0).margin_s)  # 4 runs, linear
     assert predictor.predict_s(0) == pytest.approx(0.010 + 0.0099, abs=2e-4)
 
 

@@ -40,7 +40,7 @@ def test_public_api_is_exactly_the_documented_names():
         "UnsupportedOpError", "DataError", "BundleError", "HealthCheckError", "RolloutError", "RolloutTimeoutError",
         "NotFoundError", "ConflictError", "BrokerError", "ManagedRuntime", "OverloadedError", "OffloadPolicy",
         "StorageError", "EmulatorError", "SensorError", "InfeasibleBudgetError", "TrustError", "ReleaseCheckError",
-        "BoardRuntimeError", "RolloutInconclusiveError",
+        "BoardRuntimeError", "RolloutInconclusiveError", "DeadlineExceededError",
     }
     for name in edgesdk.__all__:
         assert getattr(edgesdk, name) is not None
