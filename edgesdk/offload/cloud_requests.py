@@ -156,7 +156,9 @@ class CloudRequests:
             expected = self.predictor.predict(
                 len(self._queue) if place is None else place
             ).expected_s
-            if job.elapsed_s() + expected > self._slo_s:
+            # Nothing known of the device yet (no run, no seed: an infinite expectation) is no
+            # evidence it would be late: the request runs here, as it would without offload.
+            if math.isfinite(expected) and job.elapsed_s() + expected > self._slo_s:
                 what = "timed out" if timed_out(exc) else "failed"
                 self._drop(
                     job,

@@ -54,6 +54,7 @@ their deadline) and returns: it never hangs.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -188,7 +189,8 @@ class Dispatcher(CloudRequests, CloudSide):
             seed = getattr(self._model(), "expected_latency_s", None)
         except BackendError:
             return  # no model yet (a ManagedRuntime before its first install)
-        if isinstance(seed, (int, float)) and seed > 0 and hasattr(self.predictor, "seed"):
+        if isinstance(seed, (int, float)) and not isinstance(seed, bool) \
+                and math.isfinite(seed) and seed > 0:
             self.predictor.seed(float(seed))
 
     # --- submission -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from edgesdk.offload.dispatcher import Dispatcher
 from edgesdk.runtime.bundle import BundleSpec, HealthCheck
 from edgesdk.runtime.bundling import bundle_from_model
 from tests.offload.conftest import GatedModel
+from tests.offload.fake_v2 import wait_until
 from tests.offload.test_dispatch import SLO_MS, SLOW_DEVICE_S, _check, _policy
 
 #: The objective (s); the slow cloud takes 3x as long on the fake clock.
@@ -182,3 +183,22 @@ def test_the_local_predictor_starts_from_the_latency_the_bundle_measured(tmp_pat
         assert rt.expected_latency_s == pytest.approx(0.040)
         dispatcher = rt._ensure_dispatcher()  # noqa: SLF001 - made at the first predict_async
         assert dispatcher.predictor.predict(3).expected_s == pytest.approx(0.040 * 4, rel=0.01)
+
+
+def test_a_cloud_failure_before_the_devices_first_run_ends_falls_back_here_not_dropped(
+        local, cloud, frames, clock, dispatchers):
+    """With no run ended and no seed the device's expectation is unknown (infinite); that is no
+    evidence the request would be late here, so it waits here, as it would without offload (it
+    was dropped as "predicted to take inf ms")."""
+    gated = GatedModel(local)
+    dispatcher = dispatchers(gated, _policy(cloud, max_local_queue=4), clock)
+    running = dispatcher.submit(frames[0][0])
+    assert gated.entered.acquire(timeout=30)  # the device's first run has begun, not ended
+    assert dispatcher.predictor.predict(0).basis == "unknown"
+    cloud.fail(500, b'{"error": "boom"}')
+    fell_back = dispatcher.submit(frames[0][1], heavy=True)  # heavy: to the cloud, which fails
+    wait_until(lambda: dispatcher.fallbacks + dispatcher.dropped == 1, 30,
+               "the cloud's failure handled while the first run still runs")
+    gated.gate.set()
+    _check([running, fell_back], frames, [0, 1])
+    assert (dispatcher.fallbacks, dispatcher.dropped) == (1, 0)
