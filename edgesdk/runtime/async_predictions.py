@@ -70,13 +70,15 @@ class AsyncPredictions:
         """Queue one inference; a :class:`concurrent.futures.Future` of what ``predict`` would return.
 
         Inputs are validated at once (:class:`InputError`). The request runs on the local queue
-        or, with an offload policy, on the cloud endpoint, whichever keeps the latency SLO (the
-        rule is in :mod:`edgesdk.offload.dispatcher`); ``heavy=True`` sends it to the cloud first
-        when the cloud is available (None: decided by the policy's ``heavy_input_bytes``). When
-        the local queue and the cloud are both full it is refused at once with
-        :class:`OverloadedError`; nothing queues without bound. A cloud request that fails runs
-        locally, so its Future still gets the local result. On a ManagedRuntime, local runs go
-        to the model active when they start.
+        or, with an offload policy, on the cloud endpoint, whichever is predicted to meet the
+        latency objective (the rule is in :mod:`edgesdk.offload.dispatcher`); ``heavy=True``
+        sends it to the cloud first when the cloud may take it (None: decided by the policy's
+        ``heavy_input_bytes``). When neither side has room, or neither is predicted to meet the
+        objective, it is refused at once with :class:`OverloadedError` saying why; nothing queues
+        without bound. A cloud request that fails runs locally when it can still make its
+        objective there; otherwise its Future fails with :class:`DeadlineExceededError` (a kind
+        of OverloadedError). On a ManagedRuntime, local runs go to the model active when they
+        start.
         """
         if self._closed:
             raise BackendError(f"this {type(self).__name__} is closed; create a new one to run predictions")
