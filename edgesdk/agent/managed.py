@@ -211,6 +211,14 @@ class ManagedRuntime(AsyncPredictions):
         with self._cond:
             return self._active.bundle if self._active else None
 
+    @property
+    def expected_latency_s(self) -> float | None:
+        """The active bundle's measured latency of one run on this board (seconds; see
+        :attr:`Runtime.expected_latency_s`), None before an install or without one: what
+        ``predict_async`` seeds its predictor with."""
+        with self._cond:
+            return self._active.runtime.expected_latency_s if self._active else None
+
     def predict(self, inputs: Any) -> Any:
         """Like :meth:`Runtime.predict`; waits (up to ``wait_timeout_s``) while no model is active."""
         with self._cond:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgesdk import Runtime
+from edgesdk import ManagedRuntime, Runtime
 from edgesdk.errors import OverloadedError
 from edgesdk.offload.deadline import DeadlineExceededError
 from edgesdk.offload.dispatcher import Dispatcher
@@ -179,10 +179,12 @@ def test_the_local_predictor_starts_from_the_latency_the_bundle_measured(tmp_pat
     spec = BundleSpec("wide", "1.0.0", "onnx-fp32", "generic-x86_64", "latency",
                       health_check=HealthCheck(), measured={"host": {"latency_p50_ms": 40.0}})
     bundle_from_model(tmp_path / "b", wide_mlp[1], spec, {"input": frames[0][0]})
-    with Runtime(tmp_path / "b", profile="generic-x86_64", threads=1) as rt:
-        assert rt.expected_latency_s == pytest.approx(0.040)
-        dispatcher = rt._ensure_dispatcher()  # noqa: SLF001 - made at the first predict_async
-        assert dispatcher.predictor.predict(3).expected_s == pytest.approx(0.040 * 4, rel=0.01)
+    for made in (Runtime, ManagedRuntime):  # a managed app reads its active bundle's figure
+        with made(tmp_path / "b", profile="generic-x86_64") as rt:
+            assert rt.expected_latency_s == pytest.approx(0.040)
+            dispatcher = rt._ensure_dispatcher()  # noqa: SLF001 - made at the first predict_async
+            assert dispatcher.predictor.predict(3).expected_s == pytest.approx(0.040 * 4,
+                                                                               rel=0.01)
 
 
 def test_a_cloud_failure_before_the_devices_first_run_ends_falls_back_here_not_dropped(
