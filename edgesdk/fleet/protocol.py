@@ -452,6 +452,8 @@ def parse_command(envelope: bytes, public_key: Any | None, allow_unsigned: bool 
         m = json.loads(body)
         check_expiry(m, time.time() if now is None else now, required=strict)
         if to is not None:
+            if m.get("group") is not None:  # checked first: the target check logs and compares it
+                check_id(m["group"], "group")
             check_target(m, bound, to, strict)
         archive = _parse_archive(m["archive"], max_size)
         if m["type"] == "measure":

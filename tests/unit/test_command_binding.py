@@ -68,6 +68,16 @@ def test_a_device_the_server_moved_follows_a_command_bound_to_it_for_its_new_gro
     assert command.group == "lobby" and "restart the agent with --group lobby" in caplog.text
 
 
+def test_a_signed_command_whose_group_is_no_group_name_is_refused_before_it_is_followed(caplog):
+    """The fuzz run's finding: a bound command naming a list as its group was "followed" (the
+    target check logged the whole hostile value as the group to restart with) and only refused
+    after; the group is now checked first."""
+    hostile = [[], {"": -702, "P": None}] * 200
+    with caplog.at_level(logging.WARNING), pytest.raises(TransferError, match="group .* must be"):
+        parse_command(_deploy("cam0", group=hostile), PUB, to=_to("cam0", "cams"), strict=True)
+    assert "restart the agent" not in caplog.text
+
+
 def test_a_binding_spliced_onto_another_manifest_or_signed_by_another_key_is_refused():
     ours, other = json.loads(_deploy("cam01")), json.loads(_deploy(group="cams", reverts="1.0.0"))
     spliced = {**other, "binding": ours["binding"], "binding_signature": ours["binding_signature"]}
