@@ -37,12 +37,31 @@ T = TypeVar("T")
 Body = bytes | bytearray | memoryview
 
 _fast_loads: Callable[[bytes], Any] | None
-_fast_dumps: Callable[[Any], bytes] | None
+_fast_dumps: Callable[..., bytes] | None
+_NUMPY_OPTION = 0
 try:  # the [server] extra installs orjson: several times faster on tensors sent as JSON; a device needs none
+    from orjson import OPT_SERIALIZE_NUMPY as _NUMPY_OPTION
     from orjson import dumps as _fast_dumps
     from orjson import loads as _fast_loads
 except ImportError:
     _fast_loads = _fast_dumps = None
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """Whether every number of ``values`` is finite (integers always are)."""
+    return values.dtype.kind != "f" or bool(np.isfinite(values).all())
+
+
+def write_json(value: Any, finite: bool) -> bytes:
+    """``value`` (JSON-ready, or a NumPy array) as compact JSON. orjson writes it when it is
+    installed and ``finite`` says every number is finite (the same values, faster); else the
+    standard library, which spells NaN and infinities as the V2 peers read them (orjson would
+    write ``null``)."""
+    if finite and _fast_dumps is not None:
+        return _fast_dumps(value, option=_NUMPY_OPTION)
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _loads(data: bytes) -> Any:
@@ -62,6 +81,8 @@ __all__ = [
     "RequestedOutput",
     "MAX_RANK",
     "MAX_TENSOR_BYTES",
+    "all_finite",
+    "write_json",
     "datatype_of",
     "declared_shape",
     "dtype_of",
@@ -160,16 +181,12 @@ def _header(tensor: np.ndarray, name: str, binary: bool) -> tuple[dict[str, Any]
         entry["parameters"] = {"binary_data_size": len(raw)}
         return entry, raw, True
     entry["data"] = tensor.reshape(-1).tolist()
-    return entry, b"", tensor.dtype.kind != "f" or bool(np.isfinite(tensor).all())
+    return entry, b"", all_finite(tensor)
 
 
 def _body(header: dict[str, Any], blobs: list[bytes], finite: bool) -> tuple[bytes, dict[str, str]]:
-    """The body and headers; orjson writes the JSON when it is installed and every number is finite
-    (the same values; the standard library's spelling of NaN and infinities, which orjson lacks)."""
-    if finite and _fast_dumps is not None:
-        text = _fast_dumps(header)
-    else:
-        text = json.dumps(header, separators=(",", ":")).encode()
+    """The body and headers (the JSON part by :func:`write_json`)."""
+    text = write_json(header, finite)
     if not any(blobs):
         return text, {"Content-Type": "application/json"}
     return text + b"".join(blobs), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(text))}

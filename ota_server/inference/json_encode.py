@@ -25,19 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.offload.v2_codec import DATATYPES, HEADER_LENGTH, datatype_of
+from edgesdk.offload.v2_codec import DATATYPES, HEADER_LENGTH, all_finite, datatype_of, write_json
 
 __all__ = ["SLICE_VALUES", "needs_slices", "encode_response_sliced"]
 
 #: Values written per slice, between two turns of the loop (orjson: about 0.25 ms of CPU here).
 SLICE_VALUES = 8192
-
-_orjson: Any
-try:  # the [server] extra installs it
-    import orjson as _orjson
-except ImportError:
-    _orjson = None
-
 
 def needs_slices(outputs: Mapping[str, np.ndarray], binary: Collection[str]) -> bool:
     """Whether any output sent as JSON has more than :data:`SLICE_VALUES` values."""
@@ -54,12 +47,7 @@ async def _turn() -> None:
 
 def _slice_text(values: np.ndarray) -> bytes:
     """The JSON numbers of a 1-D slice, comma-separated, without brackets."""
-    finite = values.dtype.kind != "f" or bool(np.isfinite(values).all())
-    if _orjson is not None and finite:
-        text: bytes = _orjson.dumps(values, option=_orjson.OPT_SERIALIZE_NUMPY)
-    else:
-        text = json.dumps(values.tolist(), separators=(",", ":")).encode()
-    return text[1:-1]
+    return write_json(values, all_finite(values))[1:-1]
 
 
 async def _data(flat: np.ndarray, parts: list[bytes]) -> None:
