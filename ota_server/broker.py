@@ -149,7 +149,17 @@ class EmbeddedBroker:
         self._loop = asyncio.new_event_loop()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            self._broker = Broker(config, loop=self._loop)
+            # amqtt asks for the *current* loop while it is built: after an asyncio.run() on this
+            # thread there is none (RuntimeError), so its own loop is current for that moment.
+            try:
+                previous: asyncio.AbstractEventLoop | None = asyncio.get_event_loop()
+            except RuntimeError:
+                previous = None
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._broker = Broker(config, loop=self._loop)
+            finally:
+                asyncio.set_event_loop(previous)
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-broker", daemon=True)
         self._thread.start()
         # start() returns once the listener is bound (no TCP probe: amqtt leaks a socket on a bare connect).
