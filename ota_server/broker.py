@@ -158,6 +158,9 @@ class EmbeddedBroker:
             asyncio.set_event_loop(self._loop)
             try:
                 self._broker = Broker(config, loop=self._loop)
+            except BaseException:
+                self._loop.close()  # else it is collected later, in whatever runs then
+                raise
             finally:
                 asyncio.set_event_loop(previous)
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-broker", daemon=True)
