@@ -147,24 +147,21 @@ class EmbeddedBroker:
         config = {"listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}"}},
                   "auth": {"allow-anonymous": True}, "topic-check": {"enabled": False}}
         self._loop = asyncio.new_event_loop()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            # amqtt asks for the *current* loop while it is built: after an asyncio.run() on this
-            # thread there is none (RuntimeError), so its own loop is current for that moment.
-            try:
-                previous: asyncio.AbstractEventLoop | None = asyncio.get_event_loop()
-            except RuntimeError:
-                previous = None
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._broker = Broker(config, loop=self._loop)
-            except BaseException:
-                self._loop.close()  # else it is collected later, in whatever runs then
-                raise
-            finally:
-                asyncio.set_event_loop(previous)
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-broker", daemon=True)
         self._thread.start()
+
+        async def build() -> Broker:
+            # Built on its own loop: amqtt binds futures to the *current* loop while it is built,
+            # which on the caller's thread is another loop, or none after an asyncio.run() there.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return Broker(config, loop=self._loop)
+
+        try:
+            self._broker = asyncio.run_coroutine_threadsafe(build(), self._loop).result(timeout=10)
+        except BaseException:
+            self._stop_loop()
+            raise
         # start() returns once the listener is bound (no TCP probe: amqtt leaks a socket on a bare connect).
         try:
             asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=10)
