@@ -109,9 +109,10 @@ class CloudSide:
     _disabled: str | None
     _clock: Callable[[], float]
 
-    def close(self) -> None:
-        """Provided by the dispatcher (stops its workers and closes the clients)."""
-        raise NotImplementedError
+    if TYPE_CHECKING:  # declared for the type checker only: the dispatcher defines it
+
+        def close(self) -> None:
+            """Stop the dispatcher's workers and close the clients."""
 
     def _init_cloud(self) -> None:
         self._probe: threading.Thread | None = None
