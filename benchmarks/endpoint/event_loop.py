@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -62,7 +61,7 @@ from benchmarks.endpoint.event_loop_uploads import (  # noqa: E402
     UPLOADS,
     run_slow_uploads,
 )
-from benchmarks.endpoint.offload_load import Cloud  # noqa: E402
+from benchmarks.endpoint.offload_load import Cloud, pin_two_cpus  # noqa: E402
 from benchmarks.shared.common import emit, goal, log, summary  # noqa: E402
 from edgesdk.ota_server.repository import ModelRepository  # noqa: E402
 from edgesdk.runtime.bundle import BundleSpec  # noqa: E402
@@ -302,12 +301,7 @@ def main() -> None:
         "--quick", action="store_true", help="fewer rounds, shorter trickle (CI smoke run)"
     )
     args = parser.parse_args()
-    usable = sorted(os.sched_getaffinity(0))
-    if len(usable) < 2:
-        log(f"needs 2 usable CPUs (client and server); this process may use {usable}")
-        sys.exit(1)
-    client_cpu, server_cpu = usable[0], usable[1]
-    os.sched_setaffinity(0, {client_cpu})
+    client_cpu, server_cpu = pin_two_cpus("client", "server")
     rounds, seconds = (3, 5.0) if args.quick else (10, 30.0)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="event-loop-") as tmp:

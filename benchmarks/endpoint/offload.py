@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -77,7 +76,7 @@ from benchmarks.endpoint.offload_calibration import (  # noqa: E402
     run_scenarios,
     teach,
 )
-from benchmarks.endpoint.offload_load import Cloud, open_loop, triton_infer  # noqa: E402
+from benchmarks.endpoint.offload_load import Cloud, open_loop, pin_two_cpus, triton_infer  # noqa: E402
 from benchmarks.endpoint.slow_device import (  # noqa: E402
     MidRunSlowdown,
     SlowableRuntime,
@@ -180,12 +179,7 @@ def main() -> None:
     triton_s = 2.0 if quick else 8.0
     clients = 8
 
-    usable = sorted(os.sched_getaffinity(0))
-    if len(usable) < 2:
-        log(f"needs 2 usable CPUs (device and cloud); this process may use {usable}")
-        sys.exit(1)
-    device_cpu, cloud_cpu = usable[0], usable[1]
-    os.sched_setaffinity(0, {device_cpu})
+    device_cpu, cloud_cpu = pin_two_cpus("device", "cloud")
     model_path = models.fetch(MODEL)
     log(f"model {model_path.name}; device CPU {device_cpu}, cloud CPU {cloud_cpu}")
     import onnx

@@ -27,8 +27,20 @@ import numpy as np
 
 from edgesdk.ota_server.broker import free_port
 
-
 # the cloud ------------------------------------------------------------------------------------------
+
+def pin_two_cpus(this: str, other: str) -> tuple[int, int]:
+    """The first two CPUs this process may use; pins this process to the first (``this`` names
+    its role, ``other`` the second's, for the message). Exits with a message on fewer than two."""
+    from benchmarks.shared.common import log
+
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        log(f"needs 2 usable CPUs ({this} and {other}); this process may use {usable}")
+        sys.exit(1)
+    os.sched_setaffinity(0, {usable[0]})
+    return usable[0], usable[1]
+
 def _edgesdk_command() -> list[str]:
     script = Path(sys.executable).with_name("edgesdk")
     if script.exists():

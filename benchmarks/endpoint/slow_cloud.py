@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -50,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.endpoint.offload import measure_capacity, measure_service  # noqa: E402
-from benchmarks.endpoint.offload_load import Cloud, triton_infer  # noqa: E402
+from benchmarks.endpoint.offload_load import Cloud, pin_two_cpus, triton_infer  # noqa: E402
 from benchmarks.endpoint.slow_device import k_fold_model  # noqa: E402
 from benchmarks.shared import models  # noqa: E402
 from benchmarks.shared.common import emit, goal, log  # noqa: E402
@@ -292,12 +291,7 @@ def run_rounds(cloud: Cloud, model_path: Path, inputs: list[np.ndarray], args: a
 
 def main() -> None:
     args = _arguments()
-    usable = sorted(os.sched_getaffinity(0))
-    if len(usable) < 2:
-        log(f"needs 2 usable CPUs (device and cloud); this process may use {usable}")
-        sys.exit(1)
-    device_cpu, cloud_cpu = usable[0], usable[1]
-    os.sched_setaffinity(0, {device_cpu})
+    device_cpu, cloud_cpu = pin_two_cpus("device", "cloud")
     model_path = models.fetch(MODEL)
     pages = models.DATA[MODEL](16, args.seed)
     inputs = [np.ascontiguousarray(pages[i:i + 1]) for i in range(len(pages))]
