@@ -28,9 +28,10 @@ def timeout_us(parameters: dict[str, Any]) -> int | None:
     value = parameters.get(TIMEOUT_PARAMETER)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
         raise InputError(
-            f"parameters.timeout is {value!r}; it must be a whole number of microseconds >= 0 "
+            f"parameters.timeout is {value!r:.40}; it must be a whole number of microseconds, "
+            "0 to 2**63 - 1 "
             "(0: no deadline)"
         )
     return value or None

@@ -51,7 +51,7 @@ def test_a_request_whose_deadline_passes_in_the_batch_queue_is_dropped_before_it
 def test_the_timeout_parameter_is_microseconds_and_zero_means_none():
     assert timeout_us({"timeout": 2500}) == 2500
     assert timeout_us({}) is None and timeout_us({"timeout": 0}) is None
-    for bad in (-1, 1.5, "10", True):
+    for bad in (-1, 1.5, "10", True, 2**70, 10**400):  # a huge int overflowed the deadline's float
         with pytest.raises(InputError, match=r"parameters.timeout is .*microseconds"):
             timeout_us({"timeout": bad})
 
